@@ -1,0 +1,1 @@
+//! sluice-checkpoint (in progress).

@@ -1,0 +1,39 @@
+//! Compute kernels for sluice. Activations are f32; weights stay in their stored format
+//! (f32, bf16, MXFP4) and are widened inside the kernel.
+//!
+//! **Batch invariance.** Every dot product is reduced in one canonical order (see
+//! [`matmul`]): the result for one (output row, input row) pair never depends on how many
+//! rows are in the call, how many threads run, or which ISA tier is selected. A T-row
+//! verification pass therefore gives bit-for-bit the logits of T single-row passes.
+
+pub mod matmul;
+pub mod ops;
+
+pub use matmul::{matmul, Matrix, WeightFormat};
+
+/// Errors from constructing kernel operands.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KernelError {
+    /// The byte length of a weight buffer does not match its declared shape and format.
+    #[error("{what}: expected {expected} bytes for a {rows}x{cols} {format} matrix, got {got}")]
+    Length {
+        /// Which buffer (weights, packed nibbles, scales).
+        what: &'static str,
+        /// Declared output rows.
+        rows: usize,
+        /// Declared input columns.
+        cols: usize,
+        /// Weight format.
+        format: &'static str,
+        /// Expected byte length.
+        expected: usize,
+        /// Actual byte length.
+        got: usize,
+    },
+    /// MXFP4 needs the input width to be a multiple of the 32-element block.
+    #[error("MXFP4 matrix width {cols} is not a multiple of 32")]
+    BlockWidth {
+        /// Declared input columns.
+        cols: usize,
+    },
+}

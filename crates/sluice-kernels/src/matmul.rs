@@ -1,0 +1,211 @@
+//! Weight matrices in their stored formats and the batch-invariant matmul over them.
+//!
+//! `out[t, r] = Σ_c W[r, c] · x[t, c]` for a weight `W [rows, cols]` stored row-major
+//! (PyTorch `Linear` layout, `[out, in]`) and activations `x [t, cols]`.
+//!
+//! **Canonical reduction order** (every tier must reproduce it bit for bit):
+//! 16 f32 accumulators `acc[0..16]` start at +0.0; element `c` is folded into lane `c % 16`
+//! with a fused multiply-add, `acc[c % 16] = fma(W[r, c], x[t, c], acc[c % 16])`, in increasing
+//! `c`; then the lanes are summed as a tree: `acc[l] += acc[l + 8]` for `l < 8`, then `+4`,
+//! `+2`, `+1`; the result is `acc[0]`. This is exactly what one AVX-512 register (or two AVX2
+//! registers, or four NEON registers) computes, so SIMD tiers equal the scalar reference.
+//! Weight elements are widened exactly (bf16 → f32, E2M1 × 2^(s−127) → f32) before the FMA.
+
+use crate::KernelError;
+use sluice_core::bf16_to_f32;
+
+/// Storage format of a weight matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// Little-endian IEEE f32.
+    F32,
+    /// Little-endian bf16.
+    Bf16,
+    /// OCP MXFP4: E2M1 nibbles (low nibble first) in blocks of 32 along `cols`, one E8M0 scale
+    /// byte per block (`2^(s − 127)`).
+    Mxfp4,
+}
+
+impl WeightFormat {
+    /// Short lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::Mxfp4 => "mxfp4",
+        }
+    }
+}
+
+/// A borrowed weight matrix `[rows, cols]` in its stored format. Buffers are raw little-endian
+/// bytes with no alignment requirement (safetensors offsets need not be aligned).
+#[derive(Debug, Clone, Copy)]
+pub struct Matrix<'a> {
+    rows: usize,
+    cols: usize,
+    format: WeightFormat,
+    data: &'a [u8],
+    scales: &'a [u8],
+}
+
+/// E2M1 code → value (bit 3 is the sign; code 8 is −0.0).
+pub const E2M1: [f32; 16] =
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+
+/// E8M0 scale byte → `2^(s − 127)` as f32 (s = 0 gives 2^-127, a subnormal; 255 gives NaN).
+#[inline]
+pub fn e8m0_to_f32(s: u8) -> f32 {
+    match s {
+        0 => f32::from_bits(0x0040_0000),
+        255 => f32::NAN,
+        _ => f32::from_bits(u32::from(s) << 23),
+    }
+}
+
+impl<'a> Matrix<'a> {
+    fn check(
+        what: &'static str,
+        rows: usize,
+        cols: usize,
+        f: WeightFormat,
+        expected: usize,
+        got: usize,
+    ) -> Result<(), KernelError> {
+        if expected == got {
+            Ok(())
+        } else {
+            Err(KernelError::Length { what, rows, cols, format: f.name(), expected, got })
+        }
+    }
+
+    /// An f32 matrix over `data` (`rows * cols * 4` bytes).
+    pub fn f32(rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, KernelError> {
+        Self::check("weights", rows, cols, WeightFormat::F32, rows * cols * 4, data.len())?;
+        Ok(Self { rows, cols, format: WeightFormat::F32, data, scales: &[] })
+    }
+
+    /// A bf16 matrix over `data` (`rows * cols * 2` bytes).
+    pub fn bf16(rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, KernelError> {
+        Self::check("weights", rows, cols, WeightFormat::Bf16, rows * cols * 2, data.len())?;
+        Ok(Self { rows, cols, format: WeightFormat::Bf16, data, scales: &[] })
+    }
+
+    /// An MXFP4 matrix: `packed` is `[rows, cols/2]`, `scales` is `[rows, cols/32]`.
+    pub fn mxfp4(
+        rows: usize,
+        cols: usize,
+        packed: &'a [u8],
+        scales: &'a [u8],
+    ) -> Result<Self, KernelError> {
+        if cols % 32 != 0 {
+            return Err(KernelError::BlockWidth { cols });
+        }
+        let f = WeightFormat::Mxfp4;
+        Self::check("packed nibbles", rows, cols, f, rows * cols / 2, packed.len())?;
+        Self::check("scales", rows, cols, f, rows * cols / 32, scales.len())?;
+        Ok(Self { rows, cols, format: f, data: packed, scales })
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Storage format.
+    pub fn format(&self) -> WeightFormat {
+        self.format
+    }
+
+    /// Raw weight bytes (packed nibbles for MXFP4).
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+
+    /// E8M0 scale bytes (empty unless MXFP4).
+    pub fn scales(&self) -> &'a [u8] {
+        self.scales
+    }
+
+    /// Bytes of weights (and scales) this matrix occupies.
+    pub fn byte_len(&self) -> usize {
+        self.data.len() + self.scales.len()
+    }
+
+    /// Element `(r, c)` widened to f32 (slow; for references and tests).
+    pub fn get(&self, r: usize, c: usize) -> f32 {
+        match self.format {
+            WeightFormat::F32 => {
+                let i = (r * self.cols + c) * 4;
+                f32::from_le_bytes([
+                    self.data[i],
+                    self.data[i + 1],
+                    self.data[i + 2],
+                    self.data[i + 3],
+                ])
+            }
+            WeightFormat::Bf16 => {
+                let i = (r * self.cols + c) * 2;
+                bf16_to_f32(u16::from_le_bytes([self.data[i], self.data[i + 1]]))
+            }
+            WeightFormat::Mxfp4 => {
+                let b = self.data[r * self.cols / 2 + c / 2];
+                let nib = if c % 2 == 0 { b & 0x0F } else { b >> 4 };
+                let s = self.scales[r * self.cols / 32 + c / 32];
+                E2M1[usize::from(nib)] * e8m0_to_f32(s)
+            }
+        }
+    }
+
+    /// Writes row `r` widened to f32 into `out` (`cols` long).
+    pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
+        for (c, o) in out.iter_mut().enumerate().take(self.cols) {
+            *o = self.get(r, c);
+        }
+    }
+}
+
+/// Folds a finished 16-lane accumulator in the canonical tree order.
+#[inline(always)]
+pub fn reduce16(mut acc: [f32; 16]) -> f32 {
+    for w in [8, 4, 2, 1] {
+        for l in 0..w {
+            acc[l] += acc[l + w];
+        }
+    }
+    acc[0]
+}
+
+/// Scalar reference dot product of row `r` with `x` in the canonical order.
+pub fn dot_row_scalar(m: &Matrix<'_>, r: usize, x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    for (c, &xc) in x.iter().enumerate().take(m.cols) {
+        acc[c % 16] = m.get(r, c).mul_add(xc, acc[c % 16]);
+    }
+    reduce16(acc)
+}
+
+/// Scalar reference for [`matmul`]: single-threaded, element by element.
+pub fn matmul_scalar(m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32]) {
+    for ti in 0..t {
+        let xr = &x[ti * m.cols..(ti + 1) * m.cols];
+        for r in 0..m.rows {
+            out[ti * m.rows + r] = dot_row_scalar(m, r, xr);
+        }
+    }
+}
+
+/// `out[t, r] = Σ_c W[r, c] · x[t, c]` in the canonical order (see the module docs).
+///
+/// # Panics
+/// If `x` is not `t * cols` long or `out` is not `t * rows` long (callers size them from the
+/// matrix shape, so a mismatch is a programming error).
+pub fn matmul(m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32]) {
+    assert_eq!(x.len(), t * m.cols, "matmul: x length");
+    assert_eq!(out.len(), t * m.rows, "matmul: out length");
+    matmul_scalar(m, x, t, out);
+}

@@ -1,0 +1,168 @@
+//! Row-wise operations on f32 activations: norms, activations, softmax, the KDA causal
+//! convolution and delta-rule recurrence. Each works on one row (or one head) at a time, so a
+//! row's result never depends on the other rows in a pass. Reductions over a row accumulate in
+//! f64 in index order: deterministic and well inside the f32 error budget.
+
+/// `out = w ⊙ x / sqrt(mean(x²) + eps)`; `w = None` means no weight (AttnRes keys).
+pub fn rms_norm(x: &[f32], w: Option<&[f32]>, eps: f32, out: &mut [f32]) {
+    let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    #[allow(clippy::cast_precision_loss)]
+    let mean = ss / x.len() as f64;
+    #[allow(clippy::cast_possible_truncation)]
+    let inv = (1.0 / (mean + f64::from(eps)).sqrt()) as f32;
+    match w {
+        Some(w) => {
+            for ((o, &v), &wi) in out.iter_mut().zip(x).zip(w) {
+                *o = wi * (v * inv);
+            }
+        }
+        None => {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = v * inv;
+            }
+        }
+    }
+}
+
+/// In-place `x / sqrt(Σx² + eps)` (fla `l2norm`: eps inside the square root, on the sum).
+pub fn l2_norm_inplace(x: &mut [f32], eps: f32) {
+    let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    #[allow(clippy::cast_possible_truncation)]
+    let inv = (1.0 / (ss + f64::from(eps)).sqrt()) as f32;
+    for v in x {
+        *v *= inv;
+    }
+}
+
+/// Logistic sigmoid.
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `x · σ(x)`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x * sigmoid(x)
+}
+
+/// SiTU-GLU: `[β·tanh(g/β)·σ(g)] · [β_lin·tanh(u/β_lin)]` (σ takes the unclipped gate). A `None`
+/// linear beta leaves the up branch unclipped.
+pub fn situ_glu(gate: &[f32], up: &[f32], beta: f32, linear_beta: Option<f32>, out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        let gg = beta * (g / beta).tanh() * sigmoid(g);
+        let uu = match linear_beta {
+            Some(lb) => lb * (u / lb).tanh(),
+            None => u,
+        };
+        *o = gg * uu;
+    }
+}
+
+/// SiLU-GLU: `silu(g) · u`.
+pub fn silu_glu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = silu(g) * u;
+    }
+}
+
+/// In-place numerically stable softmax.
+pub fn softmax_inplace(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += f64::from(*v);
+    }
+    #[allow(clippy::cast_possible_truncation)]
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Dot product accumulated in f64 in index order (for short vectors: attention scores, AttnRes
+/// logits, state reads).
+#[inline]
+pub fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum()
+}
+
+/// One step of a causal depthwise convolution of kernel `k` followed by SiLU.
+///
+/// `hist` holds the previous `k − 1` inputs per channel, oldest first, laid out
+/// `[k − 1, channels]`; `w` is `[channels, k]` (PyTorch `Conv1d` weight `[C, 1, k]`), tap `k − 1`
+/// multiplies the current input. `hist` is shifted to include `y` afterwards.
+pub fn causal_conv_silu_step(hist: &mut [f32], y: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
+    let c = y.len();
+    debug_assert_eq!(hist.len(), (k - 1) * c);
+    debug_assert_eq!(w.len(), k * c);
+    for ch in 0..c {
+        let mut acc = 0.0f64;
+        for j in 0..k - 1 {
+            acc += f64::from(w[ch * k + j]) * f64::from(hist[j * c + ch]);
+        }
+        acc += f64::from(w[ch * k + k - 1]) * f64::from(y[ch]);
+        #[allow(clippy::cast_possible_truncation)]
+        let u = acc as f32;
+        out[ch] = silu(u);
+    }
+    if k > 1 {
+        hist.copy_within(c.., 0);
+        hist[(k - 2) * c..].copy_from_slice(y);
+    }
+}
+
+/// One KDA (gated delta rule) step for one head with state `s [dk, dv]` (row = key channel):
+/// decay rows by `exp(g)`, predict `kᵀS`, write `β k (v − kᵀS)ᵀ`, read `o = Sᵀ q` from the
+/// updated state. `q` is already scaled and normalised, `k` normalised.
+pub fn kda_step(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    o: &mut [f32],
+) {
+    let dk = k.len();
+    let dv = v.len();
+    debug_assert_eq!(s.len(), dk * dv);
+    // 1) decay key rows (fla naive_recurrent_kda: S = S * exp(g)[..., None])
+    for i in 0..dk {
+        let d = g[i].exp();
+        for x in &mut s[i * dv..(i + 1) * dv] {
+            *x *= d;
+        }
+    }
+    // 2) prediction with the decayed state, 3) rank-1 delta write
+    let mut pred = vec![0.0f64; dv];
+    for i in 0..dk {
+        let ki = f64::from(k[i]);
+        for (p, &x) in pred.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
+            *p += ki * f64::from(x);
+        }
+    }
+    for i in 0..dk {
+        let bk = beta * k[i];
+        for (j, x) in s[i * dv..(i + 1) * dv].iter_mut().enumerate() {
+            #[allow(clippy::cast_possible_truncation)]
+            let err = (f64::from(v[j]) - pred[j]) as f32;
+            *x += bk * err;
+        }
+    }
+    // 4) read the updated state
+    let mut acc = vec![0.0f64; dv];
+    for i in 0..dk {
+        let qi = f64::from(q[i]);
+        for (a, &x) in acc.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
+            *a += qi * f64::from(x);
+        }
+    }
+    for (oj, a) in o.iter_mut().zip(acc) {
+        #[allow(clippy::cast_possible_truncation)]
+        {
+            *oj = a as f32;
+        }
+    }
+}

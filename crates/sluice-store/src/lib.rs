@@ -1,0 +1,1 @@
+//! sluice-store (in progress).
