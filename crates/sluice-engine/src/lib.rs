@@ -1,1 +1,26 @@
-//! sluice-engine (in progress).
+//! The sluice engine: turns prompts into tokens. It owns decoding (greedy today; sampling and
+//! speculative decoding build on the same pass/commit contract), the tokenizer and chat format
+//! glue, and run statistics. It never speaks HTTP and never touches weights directly.
+
+pub mod generate;
+
+pub use generate::{argmax, generate, GenerateOptions, Generation, Stats};
+
+/// Errors from the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The model failed.
+    #[error(transparent)]
+    Model(#[from] sluice_models::ModelError),
+    /// No prompt tokens.
+    #[error("empty prompt: give at least one token")]
+    EmptyPrompt,
+    /// A prompt id is not in the vocabulary.
+    #[error("prompt token id {id} is out of vocabulary (the model has {vocab} tokens)")]
+    TokenOutOfVocab {
+        /// The offending id.
+        id: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+}

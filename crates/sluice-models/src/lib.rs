@@ -1,1 +1,156 @@
-//! sluice-models (in progress).
+//! Model families for sluice: one module per family (config, tensor roster, forward pass,
+//! sequence state with transactions). Adding a family touches its own module and the one
+//! `match` on `config.json`'s `architectures` in [`load`].
+//!
+//! Models never do I/O themselves: spine weights are byte slices of the opened checkpoint and
+//! routed experts come from a `sluice_store::ExpertStore`.
+
+pub mod kimi_k3;
+
+use sluice_checkpoint::{Checkpoint, CheckpointError};
+use std::sync::Arc;
+
+/// Which rows of a pass need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitRows {
+    /// Every row (verification passes).
+    All,
+    /// Only the last row (prefill, plain decoding).
+    Last,
+}
+
+/// Errors from loading or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The checkpoint is missing a tensor or has the wrong dtype/shape (names file and tensor).
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The expert store failed.
+    #[error(transparent)]
+    Store(#[from] sluice_store::StoreError),
+    /// The configuration is invalid or unsupported.
+    #[error("invalid model config: {0}")]
+    Config(String),
+    /// `config.json` names an architecture sluice does not implement.
+    #[error("unknown architecture {0:?}: sluice supports KimiK3ForConditionalGeneration and KimiLinearForCausalLM (Kimi K3)")]
+    UnknownArchitecture(String),
+    /// A pass was asked to run on no tokens.
+    #[error("empty input: a pass needs at least one token")]
+    EmptyInput,
+    /// A token id is not in the vocabulary.
+    #[error("token id {id} is out of range for a vocabulary of {vocab}")]
+    TokenOutOfRange {
+        /// The offending id.
+        id: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+    /// The previous pass was neither committed nor rolled back.
+    #[error("a pass of {0} rows is still pending: commit or roll it back first")]
+    PendingPass(usize),
+}
+
+/// A loaded model of any supported family.
+#[derive(Debug)]
+pub enum Model {
+    /// Kimi K3.
+    KimiK3(kimi_k3::KimiK3),
+}
+
+/// Architectures that map to Kimi K3.
+const KIMI_K3_ARCHS: [&str; 2] = ["KimiK3ForConditionalGeneration", "KimiLinearForCausalLM"];
+
+/// Loads the model `config.json` names.
+pub fn load(ckpt: Arc<Checkpoint>) -> Result<Model, ModelError> {
+    let archs = ckpt.config().architectures();
+    let arch = archs.first().cloned().unwrap_or_default();
+    match arch.as_str() {
+        a if KIMI_K3_ARCHS.contains(&a) => Ok(Model::KimiK3(kimi_k3::KimiK3::load(ckpt)?)),
+        other => Err(ModelError::UnknownArchitecture(other.to_string())),
+    }
+}
+
+/// Sequence state of any supported family.
+#[derive(Debug, Clone)]
+pub enum State {
+    /// Kimi K3 state.
+    KimiK3(kimi_k3::state::K3State),
+}
+
+impl State {
+    /// Publishes the first `n` rows of the staged pass.
+    pub fn commit(&mut self, n: usize) {
+        match self {
+            Self::KimiK3(s) => s.commit(n),
+        }
+    }
+
+    /// Discards the staged pass.
+    pub fn rollback(&mut self) {
+        match self {
+            Self::KimiK3(s) => s.rollback(),
+        }
+    }
+
+    /// Committed positions.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::KimiK3(s) => s.len(),
+        }
+    }
+
+    /// True before any position is committed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes held.
+    pub fn byte_len(&self) -> usize {
+        match self {
+            Self::KimiK3(s) => s.byte_len(),
+        }
+    }
+}
+
+impl Model {
+    /// A fresh sequence state.
+    pub fn new_state(&self) -> State {
+        match self {
+            Self::KimiK3(m) => State::KimiK3(m.new_state()),
+        }
+    }
+
+    /// Vocabulary size (rows of the logits).
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Self::KimiK3(m) => m.config().vocab_size,
+        }
+    }
+
+    /// Family name for display.
+    pub fn family(&self) -> &'static str {
+        match self {
+            Self::KimiK3(_) => "kimi_k3",
+        }
+    }
+
+    /// Expert-store counters.
+    pub fn store_stats(&self) -> sluice_store::StoreStats {
+        match self {
+            Self::KimiK3(m) => m.experts().stats(),
+        }
+    }
+
+    /// Runs one pass of `tokens` after the committed positions; see [`kimi_k3::KimiK3::forward`].
+    pub fn forward(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        rows: LogitRows,
+        trace: Option<&mut kimi_k3::Trace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        match (self, state) {
+            (Self::KimiK3(m), State::KimiK3(s)) => m.forward(s, tokens, rows, trace),
+        }
+    }
+}

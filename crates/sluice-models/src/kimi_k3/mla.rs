@@ -1,0 +1,119 @@
+//! Gated NoPE multi-head latent attention over the T rows of a pass (K3.md §2.3; mlx-lm
+//! `KimiK3MLAAttention`).
+//!
+//! The cache holds, per position, the normalised latent `kv_a_layernorm(c_kv)` (kv_lora values)
+//! and the shared `k_pe` (rope-width values, never rotated: K3 is NoPE but the 64 dims exist).
+//! Attention runs in the absorbed form: `q_lat[h] = W_UKᵀ[h] · q_nope[h]`, score =
+//! `(q_lat·lat + q_pe·k_pe) / √(nope + rope)`, `out[h] = W_UV[h] · Σ p·lat`, then the sigmoid
+//! output gate and `o_proj`. Each row only reads positions up to its own (causal), and every
+//! reduction runs per (row, head) in position order, so a row's output never depends on T.
+
+use super::config::K3Config;
+use super::state::MlaLayer;
+use super::weights::MlaWeights;
+use super::Ctx;
+use rayon::prelude::*;
+use sluice_kernels::ops::{dot_f64, rms_norm, sigmoid, softmax_inplace};
+use sluice_kernels::{matmul, Matrix, WeightFormat};
+
+/// Runs the layer on `x [T, d]`, appending T rows to the cache (staged until commit).
+pub(crate) fn forward(ctx: &Ctx<'_>, w: &MlaWeights, c: &K3Config, st: &mut MlaLayer, x: &[f32], t: usize) -> Vec<f32> {
+    let h = c.num_attention_heads;
+    let (nope, rope, vd) = (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim);
+    let (ql, kl) = (c.q_lora_rank, c.kv_lora_rank);
+    let qd = nope + rope;
+
+    // q = q_b(RMSNorm_1e-6(q_a x)); eps 1e-6 is the KimiRMSNorm default (K3.md §0.2).
+    let qa = ctx.mm(&w.q_a, x, t);
+    let mut qa_n = vec![0.0f32; t * ql];
+    for (i, o) in qa.chunks_exact(ql).zip(qa_n.chunks_exact_mut(ql)) {
+        rms_norm(i, Some(&w.q_a_norm), 1e-6, o);
+    }
+    let q = ctx.mm(&w.q_b, &qa_n, t);
+    let ckv = ctx.mm(&w.kv_a, x, t);
+    let past = st.lat.len() / kl;
+    for row in ckv.chunks_exact(kl + rope) {
+        let mut lat = vec![0.0f32; kl];
+        rms_norm(&row[..kl], Some(&w.kv_a_norm), 1e-6, &mut lat);
+        st.lat.extend_from_slice(&lat);
+        st.pe.extend_from_slice(&row[kl..]);
+    }
+    let total = past + t;
+    let scale = (qd as f32).powf(-0.5);
+    let kv_b = w.kv_b.get(ctx.ckpt);
+    let kv_b_bytes = kv_b.data();
+    let per_head_bytes = kv_b_bytes.len() / h;
+    let (lat_all, pe_all) = (&st.lat, &st.pe);
+
+    // Per head: absorbed attention for every row.
+    let heads: Vec<Vec<f32>> = (0..h)
+        .into_par_iter()
+        .map(|hi| {
+            let wh = &kv_b_bytes[hi * per_head_bytes..(hi + 1) * per_head_bytes];
+            let wm = rows_of(&kv_b, nope + vd, wh);
+            let row_bytes = per_head_bytes / (nope + vd);
+            let w_uv = rows_of(&kv_b, vd, &wh[nope * row_bytes..]);
+            let mut out = vec![0.0f32; t * vd];
+            let mut wrow = vec![0.0f32; kl];
+            let mut q_lat = vec![0.0f64; kl];
+            for ti in 0..t {
+                let qrow = &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
+                // q_lat = W_UKᵀ q_nope (sum over the nope index in order).
+                q_lat.iter_mut().for_each(|v| *v = 0.0);
+                for (i, &qn) in qrow[..nope].iter().enumerate() {
+                    wm.row_to_f32(i, &mut wrow);
+                    for (a, &wv) in q_lat.iter_mut().zip(&wrow) {
+                        *a += f64::from(qn) * f64::from(wv);
+                    }
+                }
+                #[allow(clippy::cast_possible_truncation)]
+                let q_lat32: Vec<f32> = q_lat.iter().map(|&v| v as f32).collect();
+                let upto = past + ti + 1;
+                let mut scores: Vec<f32> = (0..upto)
+                    .map(|pos| {
+                        let s = dot_f64(&q_lat32, &lat_all[pos * kl..(pos + 1) * kl])
+                            + dot_f64(&qrow[nope..], &pe_all[pos * rope..(pos + 1) * rope]);
+                        #[allow(clippy::cast_possible_truncation)]
+                        let s = s as f32;
+                        s * scale
+                    })
+                    .collect();
+                softmax_inplace(&mut scores);
+                let mut ctxv = vec![0.0f64; kl];
+                for (pos, &pr) in scores.iter().enumerate() {
+                    for (a, &l) in ctxv.iter_mut().zip(&lat_all[pos * kl..(pos + 1) * kl]) {
+                        *a += f64::from(pr) * f64::from(l);
+                    }
+                }
+                #[allow(clippy::cast_possible_truncation)]
+                let ctx32: Vec<f32> = ctxv.iter().map(|&v| v as f32).collect();
+                matmul(&w_uv, &ctx32, 1, &mut out[ti * vd..(ti + 1) * vd]);
+            }
+            out
+        })
+        .collect();
+    debug_assert_eq!(total, st.lat.len() / kl);
+
+    let mut attn = vec![0.0f32; t * h * vd];
+    for (hi, out) in heads.iter().enumerate() {
+        for ti in 0..t {
+            attn[ti * h * vd + hi * vd..ti * h * vd + (hi + 1) * vd].copy_from_slice(&out[ti * vd..(ti + 1) * vd]);
+        }
+    }
+    if let Some(g) = &w.g_proj {
+        let gate = ctx.mm(g, x, t);
+        for (a, &gv) in attn.iter_mut().zip(&gate) {
+            *a *= sigmoid(gv);
+        }
+    }
+    ctx.mm(&w.o_proj, &attn, t)
+}
+
+/// A block of whole rows of `m` (given as its bytes) as a matrix of the same format.
+fn rows_of<'a>(m: &Matrix<'_>, rows: usize, bytes: &'a [u8]) -> Matrix<'a> {
+    let r = match m.format() {
+        WeightFormat::F32 => Matrix::f32(rows, m.cols(), bytes),
+        _ => Matrix::bf16(rows, m.cols(), bytes),
+    };
+    r.expect("invariant: a whole-row slice of a checked matrix")
+}

@@ -1,0 +1,300 @@
+//! Kimi K3 (`KimiK3ForConditionalGeneration`, text model `kimi_linear`): AttnRes over KDA and
+//! gated NoPE MLA layers, a dense layer 0, latent MoE with MXFP4 routed experts, untied lm_head.
+//! The math follows K3.md §2 and mlx-lm 0.32.2 `models/kimi_k3.py`, the golden reference; each
+//! file cites the reference function it ports.
+//!
+//! A pass runs T positions layer-major. Everything a pass changes in sequence state is staged in
+//! [`K3State`] until `commit(n)` / `rollback()`.
+
+pub mod config;
+mod kda;
+mod mla;
+pub mod moe;
+pub mod state;
+pub mod weights;
+
+use crate::{LogitRows, ModelError};
+use config::{AttnKind, K3Config};
+use sluice_checkpoint::Checkpoint;
+use sluice_kernels::ops::{rms_norm, softmax_inplace};
+use sluice_kernels::matmul;
+use sluice_store::{ExpertStore, ExpertTensorNames, MappedExperts};
+use state::{K3State, LayerShape, LayerState};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use weights::{Attn, Ffn, K3Weights, Mat};
+
+pub use moe::Route;
+
+/// Per-stage tensors captured during a pass, for stage-by-stage comparison with goldens.
+#[derive(Debug, Default)]
+pub struct Trace {
+    /// Stage name (`embed`, `layer{i}.attn_in`, `layer{i}.attn_out`, `layer{i}.mlp_in`,
+    /// `layer{i}.mlp_out`, `final_hidden`) → `[T, d]` row-major f32.
+    pub tensors: BTreeMap<String, Vec<f32>>,
+    /// MoE layer → per-row routes.
+    pub routes: BTreeMap<usize, Vec<Route>>,
+}
+
+impl Trace {
+    fn put(trace: &mut Option<&mut Trace>, name: impl FnOnce() -> String, v: &[f32]) {
+        if let Some(t) = trace.as_deref_mut() {
+            t.tensors.insert(name(), v.to_vec());
+        }
+    }
+}
+
+/// What a pass needs besides the weights: the checkpoint bytes and the expert store.
+pub(crate) struct Ctx<'a> {
+    pub(crate) ckpt: &'a Checkpoint,
+    pub(crate) experts: &'a dyn ExpertStore,
+}
+
+impl Ctx<'_> {
+    /// `x [t, cols] → [t, rows]` through a spine matrix.
+    pub(crate) fn mm(&self, m: &Mat, x: &[f32], t: usize) -> Vec<f32> {
+        let mut out = vec![0.0f32; t * m.rows()];
+        matmul(&m.get(self.ckpt), x, t, &mut out);
+        out
+    }
+}
+
+/// The loaded Kimi K3 model.
+pub struct KimiK3 {
+    cfg: K3Config,
+    ckpt: Arc<Checkpoint>,
+    weights: K3Weights,
+    experts: Arc<dyn ExpertStore>,
+}
+
+impl std::fmt::Debug for KimiK3 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KimiK3").field("layers", &self.cfg.num_hidden_layers).finish_non_exhaustive()
+    }
+}
+
+/// Names of one K3 expert's six tensors (w1 gate, w2 down, w3 up; packed + scale).
+pub fn expert_tensor_names(prefix: &str, layer: usize, e: usize) -> [String; 6] {
+    let p = format!("{prefix}model.layers.{layer}.block_sparse_moe.experts.{e}");
+    [
+        format!("{p}.w1.weight_packed"),
+        format!("{p}.w1.weight_scale"),
+        format!("{p}.w2.weight_packed"),
+        format!("{p}.w2.weight_scale"),
+        format!("{p}.w3.weight_packed"),
+        format!("{p}.w3.weight_scale"),
+    ]
+}
+
+impl KimiK3 {
+    /// Loads the model from an opened checkpoint, serving experts in place from its shards.
+    pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self, ModelError> {
+        let cfg = K3Config::from_json(ckpt.config().text_config())?;
+        let moe_layers: Vec<usize> = (0..cfg.num_hidden_layers).filter(|&i| cfg.is_moe(i)).collect();
+        let names = ExpertTensorNames {
+            names: expert_tensor_names,
+            inter: cfg.moe_intermediate_size as u64,
+            hidden: cfg.expert_width() as u64,
+        };
+        let experts = MappedExperts::open(ckpt.clone(), cfg.num_hidden_layers, &moe_layers, cfg.num_experts, &names)?;
+        Self::with_store(ckpt, Arc::new(experts))
+    }
+
+    /// Loads the spine from `ckpt` and takes routed experts from `experts`.
+    pub fn with_store(ckpt: Arc<Checkpoint>, experts: Arc<dyn ExpertStore>) -> Result<Self, ModelError> {
+        let cfg = K3Config::from_json(ckpt.config().text_config())?;
+        let weights = K3Weights::load(&ckpt, &cfg)?;
+        Ok(Self { cfg, ckpt, weights, experts })
+    }
+
+    /// The typed configuration.
+    pub fn config(&self) -> &K3Config {
+        &self.cfg
+    }
+
+    /// The expert store in use.
+    pub fn experts(&self) -> &Arc<dyn ExpertStore> {
+        &self.experts
+    }
+
+    /// A fresh, empty sequence state.
+    pub fn new_state(&self) -> K3State {
+        let c = &self.cfg;
+        let shapes: Vec<LayerShape> = (0..c.num_hidden_layers)
+            .map(|i| match c.attn_kind(i) {
+                AttnKind::Kda => LayerShape::Kda {
+                    heads: c.linear_attn_config.num_heads,
+                    dim: c.linear_attn_config.head_dim,
+                    conv_len: (c.linear_attn_config.short_conv_kernel_size - 1) * 3 * c.kda_proj(),
+                },
+                AttnKind::Mla => LayerShape::Mla { lat_dim: c.kv_lora_rank, pe_dim: c.qk_rope_head_dim },
+            })
+            .collect();
+        K3State::new(&shapes)
+    }
+
+    /// Runs `tokens` (T ≥ 1 positions after the state's committed ones) through the model,
+    /// staging the state changes, and returns the logits of the rows `rows` asks for
+    /// (`[rows, vocab]`). The caller must `commit(n)` or `rollback()` the state afterwards.
+    pub fn forward(
+        &self,
+        state: &mut K3State,
+        tokens: &[u32],
+        rows: LogitRows,
+        mut trace: Option<&mut Trace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.cfg;
+        let t = tokens.len();
+        if t == 0 {
+            return Err(ModelError::EmptyInput);
+        }
+        if let Some(p) = state.pending() {
+            return Err(ModelError::PendingPass(p));
+        }
+        for &id in tokens {
+            if id as usize >= c.vocab_size {
+                return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
+            }
+        }
+        let d = c.hidden_size;
+        let ctx = Ctx { ckpt: &self.ckpt, experts: self.experts.as_ref() };
+        let embed = self.weights.embed.get(&self.ckpt);
+        let mut h = vec![0.0f32; t * d];
+        for (ti, &id) in tokens.iter().enumerate() {
+            embed.row_to_f32(id as usize, &mut h[ti * d..(ti + 1) * d]);
+        }
+        Trace::put(&mut trace, || "embed".into(), &h);
+        state.begin(t);
+        let result = self.layers(&ctx, state, h, t, &mut trace);
+        let hidden = match result {
+            Ok(hd) => hd,
+            Err(e) => {
+                state.rollback();
+                return Err(e);
+            }
+        };
+        Trace::put(&mut trace, || "final_hidden".into(), &hidden);
+        let sel: Vec<usize> = match rows {
+            LogitRows::All => (0..t).collect(),
+            LogitRows::Last => vec![t - 1],
+        };
+        let mut normed = vec![0.0f32; sel.len() * d];
+        for (j, &ti) in sel.iter().enumerate() {
+            rms_norm(&hidden[ti * d..(ti + 1) * d], Some(&self.weights.norm), c.rms_norm_eps, &mut normed[j * d..(j + 1) * d]);
+        }
+        Ok(ctx.mm(&self.weights.lm_head, &normed, sel.len()))
+    }
+
+    fn layers(
+        &self,
+        ctx: &Ctx<'_>,
+        state: &mut K3State,
+        embed: Vec<f32>,
+        t: usize,
+        trace: &mut Option<&mut Trace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.cfg;
+        let d = c.hidden_size;
+        let eps = c.rms_norm_eps;
+        let mut anchors: Vec<Vec<f32>> = Vec::new();
+        let mut prefix: Option<Vec<f32>> = Some(embed);
+        let norm_rows = |x: &[f32], w: &[f32]| {
+            let mut o = vec![0.0f32; x.len()];
+            for (i, r) in x.chunks_exact(d).zip(o.chunks_exact_mut(d)) {
+                rms_norm(i, Some(w), eps, r);
+            }
+            o
+        };
+        for (i, lw) in self.weights.layers.iter().enumerate() {
+            let cur = prefix.take().expect("invariant: prefix is set between layers");
+            // mlx-lm KimiK3DecoderLayer.__call__: mix with the old anchors, then bank the raw
+            // layer input at a block boundary and restart the partial sum at the attention output.
+            let mixed = match &lw.attn_res {
+                Some(wr) => attn_res(&anchors, &cur, wr, d, eps),
+                None => cur.clone(),
+            };
+            let block_start = c.attn_res_block_size.is_some_and(|b| i % b == 0);
+            let partial = if block_start {
+                anchors.push(cur);
+                None
+            } else {
+                Some(cur)
+            };
+            let a_in = norm_rows(&mixed, &lw.input_norm);
+            Trace::put(trace, || format!("layer{i}.attn_in"), &a_in);
+            let a = match (&lw.attn, &mut state.layers[i]) {
+                (Attn::Kda(w), LayerState::Kda(s)) => kda::forward(ctx, w, c, s, &a_in, t),
+                (Attn::Mla(w), LayerState::Mla(s)) => mla::forward(ctx, w, c, s, &a_in, t),
+                _ => return Err(ModelError::Config(format!("layer {i}: state kind does not match weights"))),
+            };
+            Trace::put(trace, || format!("layer{i}.attn_out"), &a);
+            // Without AttnRes `partial` is the layer input, so this is the plain residual.
+            let mut p = match partial {
+                Some(mut p) => {
+                    add_into(&mut p, &a);
+                    p
+                }
+                None => a,
+            };
+            let mixed = match &lw.mlp_res {
+                Some(wr) => attn_res(&anchors, &p, wr, d, eps),
+                None => p.clone(),
+            };
+            let m_in = norm_rows(&mixed, &lw.post_norm);
+            Trace::put(trace, || format!("layer{i}.mlp_in"), &m_in);
+            let m = match &lw.ffn {
+                Ffn::Dense(w) => moe::mlp(ctx, w, c, &m_in, t),
+                Ffn::Moe(w) => moe::forward(ctx, w, c, i, &m_in, t, trace)?,
+            };
+            Trace::put(trace, || format!("layer{i}.mlp_out"), &m);
+            add_into(&mut p, &m);
+            prefix = Some(p);
+        }
+        let last = prefix.expect("invariant: prefix is set after the last layer");
+        Ok(match &self.weights.output_res {
+            Some(wr) => attn_res(&anchors, &last, wr, d, eps),
+            None => last,
+        })
+    }
+}
+
+fn add_into(dst: &mut [f32], src: &[f32]) {
+    for (a, b) in dst.iter_mut().zip(src) {
+        *a += b;
+    }
+}
+
+/// Block Attention Residuals for every row (mlx-lm `_attn_res_combine`): logits
+/// `(v · w_eff) · rsqrt(mean(v²) + eps)` for each anchor and the partial sum, softmax over the
+/// sources (prefix last), and the softmax-weighted sum of the **raw** sources. With no anchors
+/// the partial sum passes through unchanged.
+fn attn_res(anchors: &[Vec<f32>], partial: &[f32], w_eff: &[f32], d: usize, eps: f32) -> Vec<f32> {
+    if anchors.is_empty() {
+        return partial.to_vec();
+    }
+    let t = partial.len() / d;
+    let mut out = vec![0.0f32; partial.len()];
+    let mut logits = vec![0.0f32; anchors.len() + 1];
+    for ti in 0..t {
+        let r = ti * d..(ti + 1) * d;
+        for (j, src) in anchors.iter().map(|a| &a[r.clone()]).chain(std::iter::once(&partial[r.clone()])).enumerate() {
+            let dot: f64 = src.iter().zip(w_eff).map(|(&v, &w)| f64::from(v) * f64::from(w)).sum();
+            let ss: f64 = src.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            #[allow(clippy::cast_precision_loss)]
+            let inv = 1.0 / (ss / d as f64 + f64::from(eps)).sqrt();
+            #[allow(clippy::cast_possible_truncation)]
+            {
+                logits[j] = (dot * inv) as f32;
+            }
+        }
+        softmax_inplace(&mut logits);
+        let o = &mut out[r.clone()];
+        for (j, src) in anchors.iter().map(|a| &a[r.clone()]).chain(std::iter::once(&partial[r.clone()])).enumerate() {
+            let pj = logits[j];
+            for (a, &v) in o.iter_mut().zip(src) {
+                *a += pj * v;
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,158 @@
+//! Latent MoE over the T rows of a pass (K3.md §2.4; mlx-lm `KimiK3SparseMoE`,
+//! `_group_expert_select`).
+//!
+//! Router: `σ(x · gateᵀ)` in f32; `+ e_score_correction_bias` for **selection only**; top-k;
+//! weights are the unbiased scores renormalised (`/ (Σ + 1e-20)`) then × `routed_scaling_factor`
+//! (before the latent norm, as vLLM and mlx-lm apply it). Experts run in the latent width on
+//! `routed_expert_down_proj x`; the weighted sum is combined per row in router order (score
+//! descending, ties by lower id), RMSNorm'd, projected up, and the shared experts (on the full
+//! hidden `x`, unweighted) are added. The union of experts over the T rows is requested from
+//! the store once per pass; each expert runs on all its rows in one batch-invariant matmul.
+
+use super::config::K3Config;
+use super::weights::{MlpWeights, MoeWeights};
+use super::{Ctx, Trace};
+use crate::ModelError;
+use sluice_kernels::ops::{rms_norm, sigmoid, situ_glu};
+use sluice_kernels::{matmul, Matrix};
+use sluice_store::ExpertView;
+
+/// One row's routing: expert ids and weights in router order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// Selected expert ids, best biased score first.
+    pub ids: Vec<u32>,
+    /// Combination weights aligned with `ids` (renormalised and scaled).
+    pub weights: Vec<f32>,
+}
+
+/// Selects experts for one row of router logits.
+pub(crate) fn route(logits: &[f32], bias: &[f32], c: &K3Config) -> Route {
+    let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
+    let mut order: Vec<u32> = (0..u32::try_from(scores.len()).unwrap_or(u32::MAX)).collect();
+    let choice = |i: u32| scores[i as usize] + bias[i as usize];
+    order.sort_by(|&a, &b| choice(b).total_cmp(&choice(a)).then(a.cmp(&b)));
+    order.truncate(c.num_experts_per_token);
+    let mut w: Vec<f32> = order.iter().map(|&i| scores[i as usize]).collect();
+    if c.num_experts_per_token > 1 && c.moe_renormalize {
+        let sum: f32 = w.iter().sum::<f32>() + 1e-20;
+        for v in &mut w {
+            *v /= sum;
+        }
+    }
+    for v in &mut w {
+        *v *= c.routed_scaling_factor;
+    }
+    Route { ids: order, weights: w }
+}
+
+/// Dense SiTU-GLU MLP on `x [T, d_in]`.
+pub(crate) fn mlp(ctx: &Ctx<'_>, w: &MlpWeights, c: &K3Config, x: &[f32], t: usize) -> Vec<f32> {
+    let g = ctx.mm(&w.gate, x, t);
+    let u = ctx.mm(&w.up, x, t);
+    let mut a = vec![0.0f32; g.len()];
+    situ_glu(&g, &u, c.situ_beta(), c.activation_situ_linear_beta, &mut a);
+    ctx.mm(&w.down, &a, t)
+}
+
+/// Runs the MoE block of `layer` on `x [T, d]` (the `post_attention_layernorm` output).
+pub(crate) fn forward(
+    ctx: &Ctx<'_>,
+    w: &MoeWeights,
+    c: &K3Config,
+    layer: usize,
+    x: &[f32],
+    t: usize,
+    trace: &mut Option<&mut Trace>,
+) -> Result<Vec<f32>, ModelError> {
+    let d = c.hidden_size;
+    let e = c.num_experts;
+    let lat_w = c.expert_width();
+    let inter = c.moe_intermediate_size;
+    let k = c.num_experts_per_token;
+
+    let logits = ctx.mm(&w.router, x, t);
+    let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, &w.bias, c)).collect();
+    let z = match &w.down {
+        Some(m) => ctx.mm(m, x, t),
+        None => x.to_vec(),
+    };
+
+    // Union of experts over the pass, each with the (row, slot) pairs that chose it.
+    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
+    for (ti, r) in routes.iter().enumerate() {
+        for (slot, &id) in r.ids.iter().enumerate() {
+            users[id as usize].push((ti, slot));
+        }
+    }
+    let ids: Vec<u32> = (0..e).filter(|&i| !users[i].is_empty()).map(|i| i as u32).collect();
+    // out[ti][slot] = E_id(z_ti); combined after all experts arrive, in router order.
+    let mut outs = vec![0.0f32; t * k * lat_w];
+    let mut xin = Vec::new();
+    let mut gate = Vec::new();
+    let mut up = Vec::new();
+    let mut act = Vec::new();
+    let mut y = Vec::new();
+    ctx.experts.for_each(layer, &ids, &mut |id, v: ExpertView<'_>| {
+        let rows = &users[id as usize];
+        let n = rows.len();
+        xin.clear();
+        for &(ti, _) in rows {
+            xin.extend_from_slice(&z[ti * lat_w..(ti + 1) * lat_w]);
+        }
+        let m1 = Matrix::mxfp4(inter, lat_w, v.w1_packed, v.w1_scale);
+        let m3 = Matrix::mxfp4(inter, lat_w, v.w3_packed, v.w3_scale);
+        let m2 = Matrix::mxfp4(lat_w, inter, v.w2_packed, v.w2_scale);
+        let (Ok(m1), Ok(m2), Ok(m3)) = (m1, m2, m3) else {
+            return Err(sluice_store::StoreError::Consumer(format!(
+                "expert {id} of layer {layer} has byte lengths that do not match its shape"
+            )));
+        };
+        gate.resize(n * inter, 0.0);
+        up.resize(n * inter, 0.0);
+        act.resize(n * inter, 0.0);
+        y.resize(n * lat_w, 0.0);
+        matmul(&m1, &xin, n, &mut gate);
+        matmul(&m3, &xin, n, &mut up);
+        situ_glu(&gate, &up, c.situ_beta(), c.activation_situ_linear_beta, &mut act);
+        matmul(&m2, &act, n, &mut y);
+        for (j, &(ti, slot)) in rows.iter().enumerate() {
+            let dst = (ti * k + slot) * lat_w;
+            outs[dst..dst + lat_w].copy_from_slice(&y[j * lat_w..(j + 1) * lat_w]);
+        }
+        Ok(())
+    })?;
+
+    let mut comb = vec![0.0f32; t * lat_w];
+    for (ti, r) in routes.iter().enumerate() {
+        let acc = &mut comb[ti * lat_w..(ti + 1) * lat_w];
+        for (slot, &wt) in r.weights.iter().enumerate() {
+            let src = &outs[(ti * k + slot) * lat_w..(ti * k + slot + 1) * lat_w];
+            for (a, &s) in acc.iter_mut().zip(src) {
+                *a += wt * s;
+            }
+        }
+    }
+    if let Some(nw) = &w.norm {
+        let mut normed = vec![0.0f32; comb.len()];
+        for (i, o) in comb.chunks_exact(lat_w).zip(normed.chunks_exact_mut(lat_w)) {
+            rms_norm(i, Some(nw), c.rms_norm_eps, o);
+        }
+        comb = normed;
+    }
+    let mut out = match &w.up {
+        Some(m) => ctx.mm(m, &comb, t),
+        None => comb,
+    };
+    if let Some(sh) = &w.shared {
+        let s = mlp(ctx, sh, c, x, t);
+        for (o, v) in out.iter_mut().zip(&s) {
+            *o += v;
+        }
+    }
+    debug_assert_eq!(out.len(), t * d);
+    if let Some(tr) = trace.as_deref_mut() {
+        tr.routes.insert(layer, routes);
+    }
+    Ok(out)
+}

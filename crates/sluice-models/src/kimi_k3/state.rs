@@ -1,0 +1,201 @@
+//! Kimi K3 sequence state with transactions.
+//!
+//! A pass over T rows stages its changes: KDA layers compute into a working copy of their state
+//! and remember each row's recurrence inputs; MLA layers append T rows past the committed length.
+//! [`K3State::commit`]`(n)` publishes exactly the first n rows — the working state as is when
+//! n = T, otherwise the committed state advanced by replaying the n rows' recurrence (the same
+//! `kda_step` calls in the same order, so bit-identical to having run n rows) — and
+//! [`K3State::rollback`] discards the pass. Nothing in the state depends on position except the
+//! order of updates (K3 is NoPE and has no rotary embedding).
+
+use sluice_kernels::ops::kda_step;
+
+/// One row's recurrence inputs for every head (kept so `commit(n < T)` can replay them).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KdaRow {
+    /// Pre-conv projections `[q; k; v]`, 3·P values (the conv window holds pre-conv inputs).
+    pub(crate) pre_conv: Vec<f32>,
+    /// Normalised q (scaled), normalised k, v: `[H, D]` each.
+    pub(crate) q: Vec<f32>,
+    pub(crate) k: Vec<f32>,
+    pub(crate) v: Vec<f32>,
+    /// Log-decay `[H, D]`.
+    pub(crate) g: Vec<f32>,
+    /// β per head.
+    pub(crate) beta: Vec<f32>,
+}
+
+/// KDA recurrent state: `s [H, Dk, Dv]` and the conv window `[kernel − 1, 3·P]`.
+#[derive(Debug, Clone)]
+pub(crate) struct KdaState {
+    pub(crate) s: Vec<f32>,
+    pub(crate) conv: Vec<f32>,
+}
+
+/// A KDA layer's committed state and the staged pass.
+#[derive(Debug, Clone)]
+pub(crate) struct KdaLayer {
+    pub(crate) committed: KdaState,
+    pub(crate) work: KdaState,
+    pub(crate) rows: Vec<KdaRow>,
+    pub(crate) heads: usize,
+    pub(crate) dim: usize,
+}
+
+impl KdaLayer {
+    fn new(heads: usize, dim: usize, conv_len: usize) -> Self {
+        let st = KdaState { s: vec![0.0; heads * dim * dim], conv: vec![0.0; conv_len] };
+        Self { committed: st.clone(), work: st, rows: Vec::new(), heads, dim }
+    }
+
+    /// Starts a pass: the working state begins as the committed state.
+    pub(crate) fn begin(&mut self) {
+        self.work.s.copy_from_slice(&self.committed.s);
+        self.work.conv.copy_from_slice(&self.committed.conv);
+        self.rows.clear();
+    }
+
+    fn commit(&mut self, n: usize) {
+        if n == self.rows.len() {
+            std::mem::swap(&mut self.committed, &mut self.work);
+        } else if n > 0 {
+            let (h, d) = (self.heads, self.dim);
+            let mut o = vec![0.0f32; d];
+            for row in &self.rows[..n] {
+                for hi in 0..h {
+                    let r = hi * d..(hi + 1) * d;
+                    kda_step(
+                        &mut self.committed.s[hi * d * d..(hi + 1) * d * d],
+                        &row.q[r.clone()],
+                        &row.k[r.clone()],
+                        &row.v[r.clone()],
+                        &row.g[r],
+                        row.beta[hi],
+                        &mut o,
+                    );
+                }
+                let c = row.pre_conv.len();
+                let conv = &mut self.committed.conv;
+                if !conv.is_empty() {
+                    conv.copy_within(c.., 0);
+                    let len = conv.len();
+                    conv[len - c..].copy_from_slice(&row.pre_conv);
+                }
+            }
+        }
+        self.rows.clear();
+    }
+}
+
+/// An MLA layer's latent cache: `lat [len, kv_lora]` (normalised) and `k_pe [len, rope]`.
+#[derive(Debug, Clone)]
+pub(crate) struct MlaLayer {
+    pub(crate) lat: Vec<f32>,
+    pub(crate) pe: Vec<f32>,
+    pub(crate) lat_dim: usize,
+    pub(crate) pe_dim: usize,
+}
+
+impl MlaLayer {
+    fn truncate(&mut self, len: usize) {
+        self.lat.truncate(len * self.lat_dim);
+        self.pe.truncate(len * self.pe_dim);
+    }
+}
+
+/// Per-layer state.
+#[derive(Debug, Clone)]
+pub(crate) enum LayerState {
+    Kda(KdaLayer),
+    Mla(MlaLayer),
+}
+
+/// Everything a Kimi K3 sequence carries between passes.
+#[derive(Debug, Clone)]
+pub struct K3State {
+    pub(crate) layers: Vec<LayerState>,
+    committed: usize,
+    pending: Option<usize>,
+}
+
+/// Shapes needed to build an empty state.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum LayerShape {
+    Kda { heads: usize, dim: usize, conv_len: usize },
+    Mla { lat_dim: usize, pe_dim: usize },
+}
+
+impl K3State {
+    pub(crate) fn new(shapes: &[LayerShape]) -> Self {
+        let layers = shapes
+            .iter()
+            .map(|s| match *s {
+                LayerShape::Kda { heads, dim, conv_len } => LayerState::Kda(KdaLayer::new(heads, dim, conv_len)),
+                LayerShape::Mla { lat_dim, pe_dim } => {
+                    LayerState::Mla(MlaLayer { lat: Vec::new(), pe: Vec::new(), lat_dim, pe_dim })
+                }
+            })
+            .collect();
+        Self { layers, committed: 0, pending: None }
+    }
+
+    /// Committed positions.
+    pub fn len(&self) -> usize {
+        self.committed
+    }
+
+    /// True before any position is committed.
+    pub fn is_empty(&self) -> bool {
+        self.committed == 0
+    }
+
+    /// Rows staged by the last pass and not yet committed or rolled back.
+    pub fn pending(&self) -> Option<usize> {
+        self.pending
+    }
+
+    pub(crate) fn begin(&mut self, t: usize) {
+        self.pending = Some(t);
+        for l in &mut self.layers {
+            if let LayerState::Kda(k) = l {
+                k.begin();
+            }
+        }
+    }
+
+    /// Publishes the first `n` rows of the staged pass (clamped to the rows staged).
+    pub fn commit(&mut self, n: usize) {
+        let Some(t) = self.pending.take() else { return };
+        let n = n.min(t);
+        self.committed += n;
+        for l in &mut self.layers {
+            match l {
+                LayerState::Kda(k) => k.commit(n),
+                LayerState::Mla(m) => m.truncate(self.committed),
+            }
+        }
+    }
+
+    /// Discards the staged pass.
+    pub fn rollback(&mut self) {
+        if self.pending.take().is_some() {
+            for l in &mut self.layers {
+                match l {
+                    LayerState::Kda(k) => k.rows.clear(),
+                    LayerState::Mla(m) => m.truncate(self.committed),
+                }
+            }
+        }
+    }
+
+    /// Bytes this state holds (charged to the memory budget by the engine).
+    pub fn byte_len(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kda(k) => 4 * (k.committed.s.len() + k.work.s.len() + 2 * k.committed.conv.len()),
+                LayerState::Mla(m) => 4 * (m.lat.capacity() + m.pe.capacity()),
+            })
+            .sum()
+    }
+}
