@@ -1,0 +1,355 @@
+//! Opening a checkpoint directory into one validated tensor manifest.
+//!
+//! [`Checkpoint::open`] reads `config.json`, then either the shard index
+//! (`model.safetensors.index.json`) or a single `model.safetensors`, maps every shard, parses
+//! and validates every header, and cross-checks the index against the headers. After that
+//! the manifest is trusted: lookups return [`TensorEntry`] values whose byte ranges are known
+//! to lie inside their shard, and [`Checkpoint::expect`] checks dtype and shape once, at
+//! model load, with an error that names the shard file.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Component, Path, PathBuf};
+
+use memmap2::Mmap;
+use serde::Deserialize;
+use serde_json::Value;
+use sluice_core::DType;
+
+use crate::config::CheckpointConfig;
+use crate::safetensors::parse_header;
+use crate::{CheckpointError, Result};
+
+/// File name of the shard index.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// File name of an unsharded checkpoint.
+pub const SINGLE_FILE: &str = "model.safetensors";
+
+/// Prefix of language-model tensors in multimodal releases such as Kimi K3.
+pub const LANGUAGE_MODEL_PREFIX: &str = "language_model.";
+
+/// One tensor of the manifest. Its byte range was validated against its shard at open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorEntry {
+    /// Full tensor name as stored (including any `language_model.` prefix).
+    pub name: String,
+    /// Index of the shard holding it, into [`Checkpoint::shard_paths`].
+    pub shard: usize,
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions, outermost first.
+    pub shape: Vec<u64>,
+    /// Absolute offset of the first byte in the shard file.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl TensorEntry {
+    /// Absolute offset one past the last byte in the shard file.
+    pub fn end(&self) -> u64 {
+        self.offset + self.len
+    }
+
+    /// Number of elements (product of the shape; 1 for a scalar).
+    pub fn numel(&self) -> u64 {
+        // Validated at open: numel × dtype size == len, so this cannot overflow.
+        self.shape.iter().product()
+    }
+}
+
+/// The index file as written: `{"metadata": {...}, "weight_map": {tensor: shard_file}}`.
+#[derive(Deserialize)]
+struct RawIndex {
+    #[serde(default)]
+    metadata: Option<Value>,
+    weight_map: BTreeMap<String, String>,
+}
+
+/// One mapped shard.
+#[derive(Debug)]
+struct Shard {
+    map: Mmap,
+    metadata: BTreeMap<String, String>,
+}
+
+/// An opened, validated checkpoint directory.
+#[derive(Debug)]
+pub struct Checkpoint {
+    dir: PathBuf,
+    config: CheckpointConfig,
+    shard_paths: Vec<PathBuf>,
+    shards: Vec<Shard>,
+    tensors: BTreeMap<String, TensorEntry>,
+    index_metadata: Option<Value>,
+    prefix: &'static str,
+}
+
+impl Checkpoint {
+    /// Opens the checkpoint directory `dir`: reads `config.json`, the shard index (or the
+    /// single `model.safetensors`), maps every shard and validates every header.
+    ///
+    /// Shard names in the index must be plain file names in `dir`; symbolic links (as in a
+    /// Hugging Face cache snapshot) are followed.
+    ///
+    /// # Safety note
+    ///
+    /// Shards are memory-mapped read-only. The files must not be truncated or modified while
+    /// the checkpoint is open: doing so is outside this type's contract (reads of a truncated
+    /// mapping fault with SIGBUS, and a modified file may change bytes already validated).
+    /// sluice itself never writes to a file it has opened as a checkpoint.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let config = CheckpointConfig::load(dir)?;
+        let index_path = dir.join(INDEX_FILE);
+        let (weight_map, index_metadata) = match std::fs::read(&index_path) {
+            Ok(bytes) => {
+                let raw: RawIndex = serde_json::from_slice(&bytes).map_err(|source| {
+                    CheckpointError::BadJson { path: index_path.clone(), source }
+                })?;
+                (Some(raw.weight_map), raw.metadata)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, None),
+            Err(e) => return Err(CheckpointError::io(index_path, e)),
+        };
+
+        // Shard file name → one tensor the index places there (for error messages).
+        let mut shard_names: BTreeMap<&str, &str> = BTreeMap::new();
+        match &weight_map {
+            Some(map) => {
+                if map.is_empty() {
+                    return Err(CheckpointError::BadStructure {
+                        path: index_path,
+                        reason: "weight_map lists no tensors".to_owned(),
+                    });
+                }
+                for (tensor, shard) in map {
+                    if !is_plain_file_name(shard) {
+                        return Err(CheckpointError::UnsafeShardName {
+                            index: index_path,
+                            shard: shard.clone(),
+                        });
+                    }
+                    shard_names.entry(shard).or_insert(tensor);
+                }
+            }
+            None => {
+                if !dir.join(SINGLE_FILE).exists() {
+                    return Err(CheckpointError::NoWeights { dir: dir.to_path_buf() });
+                }
+                shard_names.insert(SINGLE_FILE, "");
+            }
+        }
+
+        let mut shard_paths = Vec::with_capacity(shard_names.len());
+        let mut shards = Vec::with_capacity(shard_names.len());
+        let mut tensors: BTreeMap<String, TensorEntry> = BTreeMap::new();
+        for (i, (&name, &example)) in shard_names.iter().enumerate() {
+            let path = dir.join(name);
+            let map = map_shard(&path).map_err(|e| match e {
+                CheckpointError::Io { source, .. }
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    CheckpointError::MissingShard {
+                        dir: dir.to_path_buf(),
+                        shard: name.to_owned(),
+                        tensor_example: example.to_owned(),
+                    }
+                }
+                other => other,
+            })?;
+            let header = parse_header(&path, &map)?;
+            for info in header.tensors {
+                if let Some(first) = tensors.get(&info.name) {
+                    return Err(CheckpointError::DuplicateTensor {
+                        tensor: info.name,
+                        first: shard_paths.get(first.shard).cloned().unwrap_or_default(),
+                        second: path,
+                    });
+                }
+                let entry = TensorEntry {
+                    name: info.name.clone(),
+                    shard: i,
+                    dtype: info.dtype,
+                    shape: info.shape,
+                    offset: info.data_start,
+                    len: info.len,
+                };
+                tensors.insert(info.name, entry);
+            }
+            shards.push(Shard { map, metadata: header.metadata });
+            shard_paths.push(path);
+        }
+
+        if let Some(map) = &weight_map {
+            let position: BTreeMap<&str, usize> =
+                shard_names.keys().enumerate().map(|(i, &name)| (name, i)).collect();
+            for (tensor, shard) in map {
+                let want = position.get(shard.as_str());
+                if want.is_none() || tensors.get(tensor).map(|e| &e.shard) != want {
+                    return Err(CheckpointError::TensorNotInShard {
+                        shard: dir.join(shard),
+                        tensor: tensor.clone(),
+                    });
+                }
+            }
+        }
+
+        let prefix = match tensors.range(LANGUAGE_MODEL_PREFIX.to_owned()..).next() {
+            Some((name, _)) if name.starts_with(LANGUAGE_MODEL_PREFIX) => LANGUAGE_MODEL_PREFIX,
+            _ => "",
+        };
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            config,
+            shard_paths,
+            shards,
+            tensors,
+            index_metadata,
+            prefix,
+        })
+    }
+
+    /// The parsed `config.json`.
+    pub fn config(&self) -> &CheckpointConfig {
+        &self.config
+    }
+
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Every shard file, in the order [`TensorEntry::shard`] indexes (sorted by file name).
+    pub fn shard_paths(&self) -> &[PathBuf] {
+        &self.shard_paths
+    }
+
+    /// Every tensor, sorted by name.
+    pub fn tensors(&self) -> impl ExactSizeIterator<Item = &TensorEntry> + '_ {
+        self.tensors.values()
+    }
+
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// True when the checkpoint holds no tensors (only possible for an empty single file).
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// The tensor called `name`, if present.
+    pub fn get(&self, name: &str) -> Option<&TensorEntry> {
+        self.tensors.get(name)
+    }
+
+    /// The tensor called `name`, or [`CheckpointError::MissingTensor`].
+    pub fn tensor(&self, name: &str) -> Result<&TensorEntry> {
+        self.tensors.get(name).ok_or_else(|| CheckpointError::MissingTensor {
+            dir: self.dir.clone(),
+            tensor: name.to_owned(),
+        })
+    }
+
+    /// The tensor called `name`, checked to have `dtype` and `shape`. Errors name the shard.
+    pub fn expect(&self, name: &str, dtype: DType, shape: &[u64]) -> Result<&TensorEntry> {
+        let entry = self.tensor(name)?;
+        if entry.dtype != dtype {
+            return Err(CheckpointError::DTypeMismatch {
+                file: self.shard_file(entry).to_path_buf(),
+                tensor: name.to_owned(),
+                expected: dtype,
+                got: entry.dtype,
+            });
+        }
+        if entry.shape != shape {
+            return Err(CheckpointError::ShapeMismatch {
+                file: self.shard_file(entry).to_path_buf(),
+                tensor: name.to_owned(),
+                expected: shape.to_vec(),
+                got: entry.shape.clone(),
+            });
+        }
+        Ok(entry)
+    }
+
+    /// The bytes of `entry`, straight from the shard's memory map.
+    ///
+    /// # Panics
+    ///
+    /// If `entry` did not come from this checkpoint (entries from [`Checkpoint::get`] and
+    /// friends were validated at open and always fit).
+    pub fn bytes(&self, entry: &TensorEntry) -> &[u8] {
+        let range = usize::try_from(entry.offset)
+            .ok()
+            .zip(usize::try_from(entry.len).ok())
+            .and_then(|(start, len)| Some(start..start.checked_add(len)?));
+        range
+            .and_then(|r| self.shards.get(entry.shard)?.map.get(r))
+            .expect("invariant: entry belongs to this checkpoint, validated at open")
+    }
+
+    /// The shard file holding `entry` (empty if `entry` is not from this checkpoint).
+    pub fn shard_file(&self, entry: &TensorEntry) -> &Path {
+        self.shard_paths.get(entry.shard).map_or(Path::new(""), PathBuf::as_path)
+    }
+
+    /// The `__metadata__` map of shard `shard`, if that shard exists.
+    pub fn shard_metadata(&self, shard: usize) -> Option<&BTreeMap<String, String>> {
+        self.shards.get(shard).map(|s| &s.metadata)
+    }
+
+    /// The index's `metadata` object (usually `{"total_size": N}`), if an index was read.
+    pub fn index_metadata(&self) -> Option<&Value> {
+        self.index_metadata.as_ref()
+    }
+
+    /// `"language_model."` when tensors carry that prefix (the K3 multimodal release), else
+    /// `""`. Model ports prepend it to the names in their tensor roster.
+    pub fn name_prefix(&self) -> &str {
+        self.prefix
+    }
+}
+
+/// True when `name` is a single normal path component: no separators, no `..`, not absolute.
+pub(crate) fn is_plain_file_name(name: &str) -> bool {
+    if name.contains(['/', '\\', '\0']) {
+        return false;
+    }
+    let mut parts = Path::new(name).components();
+    matches!((parts.next(), parts.next()), (Some(Component::Normal(p)), None) if p == name)
+}
+
+/// Opens and maps one shard read-only.
+fn map_shard(path: &Path) -> Result<Mmap> {
+    let file = File::open(path).map_err(|e| CheckpointError::io(path, e))?;
+    let len = file.metadata().map_err(|e| CheckpointError::io(path, e))?.len();
+    if len < 8 {
+        // Also avoids mapping an empty file, which some platforms refuse.
+        return Err(CheckpointError::FileTooShort { path: path.to_path_buf(), len });
+    }
+    // SAFETY: the mapping is read-only and sluice never writes to a checkpoint it has open.
+    // Memory safety additionally requires that no other process truncates or rewrites the
+    // file while it is mapped; that is outside our contract and documented on
+    // `Checkpoint::open`. Every range later read from the map is validated against its
+    // length by `parse_header` first.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| CheckpointError::io(path, e))?;
+    Ok(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_file_names() {
+        for ok in ["model.safetensors", "model-00001-of-000096.safetensors", "a..b"] {
+            assert!(is_plain_file_name(ok), "{ok}");
+        }
+        for bad in ["", ".", "..", "../evil", "/etc/passwd", "a/b", "a\\b", "./a", "a/", "a\0b"] {
+            assert!(!is_plain_file_name(bad), "{bad:?}");
+        }
+    }
+}
