@@ -2,6 +2,7 @@
 //! speculative decoding build on the same pass/commit contract), the tokenizer and chat format
 //! glue, and run statistics. It never speaks HTTP and never touches weights directly.
 
+pub mod demo;
 pub mod generate;
 
 pub use generate::{argmax, generate, GenerateOptions, Generation, Stats};
@@ -12,6 +13,15 @@ pub enum EngineError {
     /// The model failed.
     #[error(transparent)]
     Model(#[from] sluice_models::ModelError),
+    /// A file operation failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
     /// No prompt tokens.
     #[error("empty prompt: give at least one token")]
     EmptyPrompt,

@@ -9,8 +9,10 @@
 pub mod config;
 mod kda;
 mod mla;
+pub mod inventory;
 pub mod moe;
 pub mod state;
+pub mod synth;
 pub mod weights;
 
 use crate::{LogitRows, ModelError};

@@ -1,0 +1,228 @@
+//! The built-in demo model: a tiny Kimi K3 in the published layout with **random weights** and
+//! a small byte-level rank-BPE tokenizer, written deterministically into the cache directory on
+//! first use. It makes `sluice run --prompt ...` work on a fresh machine with no download and
+//! runs through exactly the loading and expert-store path of a real checkpoint. Its output is
+//! meaningless by design; every command that uses it says so.
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+use sluice_models::kimi_k3::synth::{release_config, write_checkpoint};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Directory name of the demo model inside the cache (bump the version when its bytes change).
+pub const DEMO_NAME: &str = "demo-kimi-k3-v1";
+/// Seed of the demo weights.
+pub const DEMO_SEED: u64 = 0x5151_1CE0;
+/// BPE merges of the demo tokenizer.
+const DEMO_MERGES: usize = 256;
+/// Marker written last: a directory without it is incomplete and is rebuilt.
+const COMPLETE: &str = ".sluice-complete";
+
+/// Text the demo tokenizer's merges are learned from.
+const CORPUS: &str = "sluice runs mixture-of-experts language models that are far larger than \
+the memory of the machine. It keeps the spine of the model resident and streams the routed \
+experts that each position selects from the disk, while the full target model decides every \
+token. The quick brown fox jumps over the lazy dog. Hello, world! What is the capital of \
+France? The capital of France is Paris. Once upon a time, there was a little model that \
+wanted to be exact. It read its experts from the disk, one layer at a time, and it never \
+skipped a single one. Numbers: 1, 2, 3, 10, 100, 1000, 2026. Code: fn main() { println!(\"hi\"); }";
+
+/// The demo's text config: K3's structure (KDA + MLA layers, AttnRes blocks, dense layer 0,
+/// latent MoE with MXFP4 experts, last layer MLA) at toy widths.
+pub fn demo_text_config(vocab_size: usize) -> Value {
+    json!({
+        "model_type": "kimi_linear",
+        "architectures": ["KimiLinearForCausalLM"],
+        "vocab_size": vocab_size,
+        "hidden_size": 128,
+        "num_hidden_layers": 7,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "intermediate_size": 256,
+        "rms_norm_eps": 1e-5,
+        "linear_attn_config": {
+            "kda_layers": [1, 2, 3, 5, 6], "full_attn_layers": [4, 7], "num_heads": 4, "head_dim": 32,
+            "short_conv_kernel_size": 4, "use_full_rank_gate": true, "gate_lower_bound": -5.0
+        },
+        "hidden_act": "situ",
+        "activation_situ_beta": 4.0,
+        "activation_situ_linear_beta": 25.0,
+        "attn_res_block_size": 3,
+        "q_lora_rank": 64,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "mla_use_nope": true,
+        "mla_use_output_gate": true,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "num_experts": 32,
+        "num_experts_per_token": 4,
+        "num_shared_experts": 2,
+        "moe_intermediate_size": 64,
+        "routed_expert_hidden_size": 64,
+        "latent_moe_use_norm": true,
+        "moe_router_activation_func": "sigmoid",
+        "topk_method": "noaux_tc",
+        "use_grouped_topk": true,
+        "num_expert_group": 1,
+        "topk_group": 1,
+        "moe_renormalize": true,
+        "routed_scaling_factor": 1.0,
+        "num_nextn_predict_layers": 0,
+        "tie_word_embeddings": false
+    })
+}
+
+/// Learns `merges` byte-pair merges over `text` (words split before spaces; most frequent pair
+/// first, ties broken by the smaller pair) and returns the rank table: 256 single bytes, then
+/// one token per merge.
+pub fn train_byte_bpe(text: &str, merges: usize) -> Vec<Vec<u8>> {
+    let mut ranks: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+    let mut words: Vec<Vec<Vec<u8>>> = Vec::new();
+    let mut cur = String::new();
+    for ch in text.chars() {
+        if ch == ' ' && !cur.is_empty() {
+            words.push(cur.bytes().map(|b| vec![b]).collect());
+            cur.clear();
+        }
+        cur.push(ch);
+    }
+    if !cur.is_empty() {
+        words.push(cur.bytes().map(|b| vec![b]).collect());
+    }
+    for _ in 0..merges {
+        let mut counts: BTreeMap<(Vec<u8>, Vec<u8>), usize> = BTreeMap::new();
+        for w in &words {
+            for p in w.windows(2) {
+                *counts.entry((p[0].clone(), p[1].clone())).or_default() += 1;
+            }
+        }
+        let Some((best, _)) = counts.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))) else { break };
+        let (a, b) = best.clone();
+        let merged: Vec<u8> = [a.as_slice(), b.as_slice()].concat();
+        if ranks.contains(&merged) {
+            break;
+        }
+        for w in &mut words {
+            let mut i = 0;
+            while i + 1 < w.len() {
+                if w[i] == a && w[i + 1] == b {
+                    w[i] = merged.clone();
+                    w.remove(i + 1);
+                }
+                i += 1;
+            }
+        }
+        ranks.push(merged);
+    }
+    ranks
+}
+
+/// K3's reserved special spellings at their offsets from the first special id.
+pub fn k3_special_tokens() -> Vec<String> {
+    (0..256)
+        .map(|i| match i {
+            0 => "[BOS]".into(),
+            1 => "[EOS]".into(),
+            2 => "<|end_of_msg|>".into(),
+            3 => "<|open|>".into(),
+            4 => "<|close|>".into(),
+            5 => "<|sep|>".into(),
+            6 => "[start_header_id]".into(),
+            7 => "[end_header_id]".into(),
+            9 => "[EOT]".into(),
+            18 => "<|media_begin|>".into(),
+            19 => "<|media_content|>".into(),
+            20 => "<|media_end|>".into(),
+            21 => "<|media_pad|>".into(),
+            254 => "[UNK]".into(),
+            255 => "[PAD]".into(),
+            _ => format!("<|reserved_token_{i}|>"),
+        })
+        .collect()
+}
+
+fn write_tokenizer(dir: &Path, ranks: &[Vec<u8>]) -> std::io::Result<()> {
+    let mut model = String::new();
+    for (i, tok) in ranks.iter().enumerate() {
+        model.push_str(&base64::engine::general_purpose::STANDARD.encode(tok));
+        model.push(' ');
+        model.push_str(&i.to_string());
+        model.push('\n');
+    }
+    std::fs::write(dir.join("tiktoken.model"), model)?;
+    let n = ranks.len();
+    let mut added = serde_json::Map::new();
+    for (i, s) in k3_special_tokens().into_iter().enumerate() {
+        added.insert(
+            (n + i).to_string(),
+            json!({"content": s, "lstrip": false, "normalized": false, "rstrip": false, "single_word": false, "special": true}),
+        );
+    }
+    let cfg = json!({
+        "added_tokens_decoder": added,
+        "bos_token": "[BOS]",
+        "eos_token": "<|end_of_msg|>",
+        "pad_token": "[PAD]",
+        "unk_token": "[UNK]",
+        "tokenizer_class": "TikTokenTokenizer",
+        "model_max_length": 1048576
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_vec_pretty(&cfg).map_err(std::io::Error::other)?)
+}
+
+/// The default cache directory: `$SLUICE_CACHE`, else `$XDG_CACHE_HOME/sluice`, else
+/// `~/.cache/sluice`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(p) = std::env::var_os("SLUICE_CACHE") {
+        return PathBuf::from(p);
+    }
+    if let Some(p) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(p).join("sluice");
+    }
+    std::env::var_os("HOME").map_or_else(|| PathBuf::from(".sluice-cache"), |h| PathBuf::from(h).join(".cache/sluice"))
+}
+
+/// Returns the demo model directory under `cache`, writing it first if it is absent or
+/// incomplete. Writing goes to a temporary sibling that is renamed into place when complete.
+pub fn ensure_demo_model(cache: &Path) -> Result<PathBuf, crate::EngineError> {
+    let dir = cache.join(DEMO_NAME);
+    if dir.join(COMPLETE).is_file() {
+        return Ok(dir);
+    }
+    let io = |e: std::io::Error, p: &Path| crate::EngineError::Io { path: p.to_path_buf(), source: e };
+    std::fs::create_dir_all(cache).map_err(|e| io(e, cache))?;
+    let tmp = cache.join(format!("{DEMO_NAME}.tmp-{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| io(e, &tmp))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(|e| io(e, &tmp))?;
+    let ranks = train_byte_bpe(CORPUS, DEMO_MERGES);
+    let text = demo_text_config(ranks.len() + 256);
+    let config = release_config(&text, ranks.len() as u64);
+    write_checkpoint(&tmp, &config, &text, DEMO_SEED, &mut |_, _| {})?;
+    write_tokenizer(&tmp, &ranks).map_err(|e| io(e, &tmp))?;
+    std::fs::write(
+        tmp.join("generation_config.json"),
+        format!("{{\"bos_token_id\": {}, \"eos_token_id\": {}}}\n", ranks.len(), ranks.len() + 2),
+    )
+    .map_err(|e| io(e, &tmp))?;
+    std::fs::write(tmp.join("README.md"), "Random-weight demo model written by sluice. Its output is meaningless by design.\n")
+        .map_err(|e| io(e, &tmp))?;
+    std::fs::write(tmp.join(COMPLETE), b"").map_err(|e| io(e, &tmp))?;
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(|e| io(e, &dir))?;
+    }
+    match std::fs::rename(&tmp, &dir) {
+        Ok(()) => Ok(dir),
+        // Another process finished first: use its copy.
+        Err(_) if dir.join(COMPLETE).is_file() => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Ok(dir)
+        }
+        Err(e) => Err(io(e, &dir)),
+    }
+}

@@ -1,0 +1,265 @@
+//! Synthetic Kimi K3 checkpoints in the published layout (K3.md §3): `config.json` in the
+//! multimodal form with `text_config`, one shard per layer plus a last shard for the globals,
+//! named `model-{i:05}-of-{n:06}.safetensors`, tensor names under `language_model.`, MXFP4
+//! experts (six tensors back to back), F32 KDA small tensors, BF16 elsewhere. Values are
+//! random but deterministic from a seed, at any scale: the built-in demo model is tiny; a K3
+//! "slice" keeps K3's real per-layer dimensions with fewer layers and experts.
+
+use super::config::{AttnKind, K3Config};
+use super::expert_tensor_names;
+use crate::ModelError;
+use serde_json::{json, Value};
+use sluice_checkpoint::{write_index, write_json_atomic, ShardWriter, TensorSpec};
+use sluice_core::{f32_to_bf16_rne, DType};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Deterministic SplitMix64 stream.
+#[derive(Debug, Clone)]
+pub struct SplitMix(u64);
+
+impl SplitMix {
+    /// A stream from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        #[allow(clippy::cast_precision_loss)]
+        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        2.0 * u - 1.0
+    }
+}
+
+/// How a tensor's values are drawn.
+#[derive(Debug, Clone, Copy)]
+enum Init {
+    /// Uniform ±a.
+    Uniform(f32),
+    /// 1 ± a (norm weights).
+    AroundOne(f32),
+    /// `ln(U(1, 16))` for the first `n` entries, zeros after (A_log padding).
+    ALog(usize),
+    /// Random nibbles.
+    Packed,
+    /// E8M0 scales uniformly in `lo..=hi`.
+    Scale(u8, u8),
+}
+
+struct Tensor {
+    name: String,
+    dtype: DType,
+    shape: Vec<u64>,
+    init: Init,
+}
+
+fn t(name: String, dtype: DType, shape: &[usize], init: Init) -> Tensor {
+    Tensor { name, dtype, shape: shape.iter().map(|&s| s as u64).collect(), init }
+}
+
+fn lin(name: String, rows: usize, cols: usize) -> Tensor {
+    #[allow(clippy::cast_precision_loss)]
+    let a = (3.0 / cols as f32).sqrt();
+    t(name, DType::BF16, &[rows, cols], Init::Uniform(a))
+}
+
+fn norm(name: String, n: usize) -> Tensor {
+    t(name, DType::BF16, &[n], Init::AroundOne(0.1))
+}
+
+/// The tensors of layer `i`, in storage order.
+fn layer_tensors(c: &K3Config, i: usize) -> Vec<Tensor> {
+    let p = format!("language_model.model.layers.{i}");
+    let d = c.hidden_size;
+    let mut v = vec![
+        norm(format!("{p}.input_layernorm.weight"), d),
+        norm(format!("{p}.post_attention_layernorm.weight"), d),
+    ];
+    if c.attn_res_block_size.is_some() {
+        for s in ["self_attention_res", "mlp_res"] {
+            v.push(norm(format!("{p}.{s}_norm.weight"), d));
+            v.push(t(format!("{p}.{s}_proj.weight"), DType::BF16, &[1, d], Init::Uniform(0.5)));
+        }
+    }
+    let a = format!("{p}.self_attn");
+    match c.attn_kind(i) {
+        AttnKind::Kda => {
+            let la = &c.linear_attn_config;
+            let pw = c.kda_proj();
+            let k = la.short_conv_kernel_size;
+            for n in ["q", "k", "v"] {
+                v.push(lin(format!("{a}.{n}_proj.weight"), pw, d));
+            }
+            for n in ["q", "k", "v"] {
+                v.push(t(format!("{a}.{n}_conv1d.weight"), DType::F32, &[pw, 1, k], Init::Uniform(0.5)));
+            }
+            v.push(lin(format!("{a}.f_a_proj.weight"), la.head_dim, d));
+            v.push(lin(format!("{a}.f_b_proj.weight"), pw, la.head_dim));
+            v.push(lin(format!("{a}.b_proj.weight"), la.num_heads, d));
+            let a_len = la.num_heads.max(la.head_dim);
+            v.push(t(format!("{a}.A_log"), DType::F32, &[a_len], Init::ALog(la.num_heads)));
+            v.push(t(format!("{a}.dt_bias"), DType::F32, &[pw], Init::Uniform(1.0)));
+            v.push(t(format!("{a}.o_norm.weight"), DType::F32, &[la.head_dim], Init::AroundOne(0.1)));
+            v.push(lin(format!("{a}.g_proj.weight"), pw, d));
+            v.push(lin(format!("{a}.o_proj.weight"), d, pw));
+        }
+        AttnKind::Mla => {
+            let h = c.num_attention_heads;
+            v.push(lin(format!("{a}.q_a_proj.weight"), c.q_lora_rank, d));
+            v.push(norm(format!("{a}.q_a_layernorm.weight"), c.q_lora_rank));
+            v.push(lin(format!("{a}.q_b_proj.weight"), h * c.mla_qk_dim(), c.q_lora_rank));
+            v.push(lin(format!("{a}.kv_a_proj_with_mqa.weight"), c.kv_lora_rank + c.qk_rope_head_dim, d));
+            v.push(norm(format!("{a}.kv_a_layernorm.weight"), c.kv_lora_rank));
+            v.push(lin(format!("{a}.kv_b_proj.weight"), h * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank));
+            v.push(lin(format!("{a}.g_proj.weight"), h * c.v_head_dim, d));
+            v.push(lin(format!("{a}.o_proj.weight"), d, h * c.v_head_dim));
+        }
+    }
+    if c.is_moe(i) {
+        let m = format!("{p}.block_sparse_moe");
+        let (e, lat, inter) = (c.num_experts, c.expert_width(), c.moe_intermediate_size);
+        let sh = inter * c.num_shared_experts;
+        v.push(lin(format!("{m}.gate.weight"), e, d));
+        v.push(t(format!("{m}.gate.e_score_correction_bias"), DType::F32, &[e], Init::Uniform(0.05)));
+        v.push(lin(format!("{m}.routed_expert_down_proj.weight"), lat, d));
+        v.push(norm(format!("{m}.routed_expert_norm.weight"), lat));
+        v.push(lin(format!("{m}.routed_expert_up_proj.weight"), d, lat));
+        v.push(lin(format!("{m}.shared_experts.gate_proj.weight"), sh, d));
+        v.push(lin(format!("{m}.shared_experts.up_proj.weight"), sh, d));
+        v.push(lin(format!("{m}.shared_experts.down_proj.weight"), d, sh));
+        // Scales 2^-9..2^-5 keep E2M1 (|v| ≤ 6) weights near 1/√fan_in for typical widths.
+        let shapes = [[inter, lat / 2], [inter, lat / 32], [lat, inter / 2], [lat, inter / 32], [inter, lat / 2], [inter, lat / 32]];
+        for ex in 0..e {
+            for (k, name) in expert_tensor_names("language_model.", i, ex).into_iter().enumerate() {
+                let init = if k % 2 == 0 { Init::Packed } else { Init::Scale(118, 122) };
+                v.push(t(name, DType::U8, &shapes[k], init));
+            }
+        }
+    } else {
+        let mp = format!("{p}.mlp");
+        v.push(lin(format!("{mp}.gate_proj.weight"), c.intermediate_size, d));
+        v.push(lin(format!("{mp}.up_proj.weight"), c.intermediate_size, d));
+        v.push(lin(format!("{mp}.down_proj.weight"), d, c.intermediate_size));
+    }
+    v
+}
+
+fn global_tensors(c: &K3Config) -> Vec<Tensor> {
+    let d = c.hidden_size;
+    let g = "language_model.";
+    let mut v = vec![
+        t(format!("{g}model.embed_tokens.weight"), DType::BF16, &[c.vocab_size, d], Init::Uniform(1.0)),
+        norm(format!("{g}model.norm.weight"), d),
+        lin(format!("{g}lm_head.weight"), c.vocab_size, d),
+    ];
+    if c.attn_res_block_size.is_some() {
+        v.push(norm(format!("{g}model.output_attn_res_norm.weight"), d));
+        v.push(t(format!("{g}model.output_attn_res_proj.weight"), DType::BF16, &[1, d], Init::Uniform(0.5)));
+    }
+    v
+}
+
+/// Fills `out` with `n` values of `init` encoded as `dtype`.
+fn fill(rng: &mut SplitMix, init: Init, dtype: DType, n: usize, out: &mut Vec<u8>) {
+    out.clear();
+    for i in 0..n {
+        let x = match init {
+            Init::Uniform(a) => a * rng.uniform(),
+            Init::AroundOne(a) => 1.0 + a * rng.uniform(),
+            Init::ALog(h) => {
+                if i < h {
+                    (8.5 + 7.5 * rng.uniform()).ln()
+                } else {
+                    0.0
+                }
+            }
+            Init::Packed => {
+                #[allow(clippy::cast_possible_truncation)]
+                out.push(rng.next_u64() as u8);
+                continue;
+            }
+            Init::Scale(lo, hi) => {
+                let span = u64::from(hi - lo) + 1;
+                #[allow(clippy::cast_possible_truncation)]
+                out.push(lo + (rng.next_u64() % span) as u8);
+                continue;
+            }
+        };
+        match dtype {
+            DType::F32 => out.extend_from_slice(&x.to_le_bytes()),
+            _ => out.extend_from_slice(&f32_to_bf16_rne(x).to_le_bytes()),
+        }
+    }
+}
+
+/// The multimodal `config.json` wrapping `text_config` as the release does.
+pub fn release_config(text_config: &Value, vocab_base: u64) -> Value {
+    json!({
+        "architectures": ["KimiK3ForConditionalGeneration"],
+        "model_type": "kimi_k3",
+        "bos_token_id": vocab_base,
+        "eos_token_id": vocab_base + 2,
+        "pad_token_id": vocab_base + 255,
+        "dtype": "bfloat16",
+        "tie_word_embeddings": false,
+        "text_config": text_config,
+    })
+}
+
+/// Writes a synthetic checkpoint of `text_config` into `dir` (created if needed). `config` is
+/// the full `config.json` to write. `progress(done, total)` is called with bytes written.
+/// Returns the bytes of tensor data written.
+pub fn write_checkpoint(
+    dir: &Path,
+    config: &Value,
+    text_config: &Value,
+    seed: u64,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<u64, ModelError> {
+    let c = K3Config::from_json(text_config)?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| ModelError::Config(format!("cannot create {}: {e}", dir.display())))?;
+    let mut groups: Vec<Vec<Tensor>> = (0..c.num_hidden_layers).map(|i| layer_tensors(&c, i)).collect();
+    groups.push(global_tensors(&c));
+    let n = groups.len();
+    let bytes_of = |t: &Tensor| t.shape.iter().product::<u64>() * t.dtype.size();
+    let total: u64 = groups.iter().flatten().map(bytes_of).sum();
+    let mut weight_map = BTreeMap::new();
+    let mut done = 0u64;
+    let mut buf = Vec::new();
+    for (gi, g) in groups.iter().enumerate() {
+        let file = format!("model-{:05}-of-{:06}.safetensors", gi + 1, n);
+        let specs: Vec<TensorSpec> = g.iter().map(|t| TensorSpec::new(t.name.clone(), t.dtype, t.shape.clone())).collect();
+        let mut w = ShardWriter::create(&dir.join(&file), specs, None)?;
+        for tensor in g {
+            // One stream per tensor name keeps every tensor's values independent of the others.
+            let mut rng = SplitMix::new(seed ^ fnv1a(&tensor.name));
+            let numel = usize::try_from(tensor.shape.iter().product::<u64>())
+                .map_err(|_| ModelError::Config(format!("{} is too large for this platform", tensor.name)))?;
+            fill(&mut rng, tensor.init, tensor.dtype, numel, &mut buf);
+            w.write_tensor(&tensor.name, &buf)?;
+            done += bytes_of(tensor);
+            progress(done, total);
+            weight_map.insert(tensor.name.clone(), file.clone());
+        }
+        w.finish()?;
+    }
+    write_index(dir, &weight_map, total)?;
+    write_json_atomic(&dir.join("config.json"), config)?;
+    Ok(total)
+}
+
+/// FNV-1a hash of a name (seeds per-tensor streams).
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}

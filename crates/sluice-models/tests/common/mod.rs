@@ -1,0 +1,76 @@
+//! Shared helpers for the Kimi K3 golden tests: fixture paths and a reader for the golden
+//! tensors that `tools/gen_k3_goldens.py` wrote next to each tiny checkpoint.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use sluice_checkpoint::{parse_header, Checkpoint};
+use sluice_core::DType;
+use sluice_models::kimi_k3::KimiK3;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The fixture directory of `name` (`tiny-a`, `tiny-b`).
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3").join(name)
+}
+
+/// Loads a fixture model.
+pub fn load(name: &str) -> KimiK3 {
+    let ckpt = Arc::new(Checkpoint::open(&fixture(name)).expect("fixture opens"));
+    KimiK3::load(ckpt).expect("fixture loads")
+}
+
+/// Golden tensors of one fixture.
+pub struct Golden {
+    pub f32s: BTreeMap<String, (Vec<u64>, Vec<f32>)>,
+    pub i32s: BTreeMap<String, (Vec<u64>, Vec<i32>)>,
+    pub json: serde_json::Value,
+}
+
+impl Golden {
+    pub fn load(name: &str) -> Self {
+        let dir = fixture(name);
+        let path = dir.join("golden.safetensors");
+        let bytes = std::fs::read(&path).expect("golden.safetensors");
+        let h = parse_header(&path, &bytes).expect("golden header");
+        let mut f32s = BTreeMap::new();
+        let mut i32s = BTreeMap::new();
+        for t in h.tensors {
+            let b = &bytes[t.data_start as usize..(t.data_start + t.len) as usize];
+            match t.dtype {
+                DType::F32 => {
+                    let v = b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+                    f32s.insert(t.name, (t.shape, v));
+                }
+                DType::I32 => {
+                    let v = b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+                    i32s.insert(t.name, (t.shape, v));
+                }
+                other => panic!("unexpected golden dtype {other}"),
+            }
+        }
+        let json = serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
+        Self { f32s, i32s, json }
+    }
+
+    pub fn f(&self, name: &str) -> &[f32] {
+        &self.f32s.get(name).unwrap_or_else(|| panic!("golden {name}")).1
+    }
+
+    pub fn ids(&self, name: &str) -> Vec<u32> {
+        self.i32s.get(name).unwrap_or_else(|| panic!("golden {name}")).1.iter().map(|&v| v as u32).collect()
+    }
+}
+
+/// Relative L2 distance ‖a − b‖ / ‖b‖ in f64.
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    let num: f64 = a.iter().zip(b).map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2)).sum();
+    let den: f64 = b.iter().map(|&y| f64::from(y).powi(2)).sum();
+    (num / den.max(1e-300)).sqrt()
+}
+
+/// Largest absolute difference.
+pub fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
