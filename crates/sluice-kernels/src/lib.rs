@@ -6,10 +6,13 @@
 //! rows are in the call, how many threads run, or which ISA tier is selected. A T-row
 //! verification pass therefore gives bit-for-bit the logits of T single-row passes.
 
+mod arch;
+pub mod isa;
 pub mod matmul;
 pub mod ops;
 
-pub use matmul::{matmul, Matrix, WeightFormat};
+pub use isa::{isa, Isa, IsaError};
+pub use matmul::{matmul, matmul_with, Matrix, WeightFormat};
 
 /// Errors from constructing kernel operands.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -10,8 +10,15 @@
 //! `+2`, `+1`; the result is `acc[0]`. This is exactly what one AVX-512 register (or two AVX2
 //! registers, or four NEON registers) computes, so SIMD tiers equal the scalar reference.
 //! Weight elements are widened exactly (bf16 → f32, E2M1 × 2^(s−127) → f32) before the FMA.
+//!
+//! [`matmul`] runs on the tier chosen by [`crate::isa::isa`] and splits output rows (never a
+//! reduction) across the current rayon pool, so neither the tier nor the thread count nor the
+//! number of activation rows changes a result bit; [`matmul_with`] picks the tier explicitly.
 
+use crate::arch::{self, Row, GROUP};
+use crate::isa::{self, Isa};
 use crate::KernelError;
+use rayon::prelude::*;
 use sluice_core::bf16_to_f32;
 
 /// Storage format of a weight matrix.
@@ -97,7 +104,7 @@ impl<'a> Matrix<'a> {
         packed: &'a [u8],
         scales: &'a [u8],
     ) -> Result<Self, KernelError> {
-        if cols % 32 != 0 {
+        if !cols.is_multiple_of(32) {
             return Err(KernelError::BlockWidth { cols });
         }
         let f = WeightFormat::Mxfp4;
@@ -154,10 +161,22 @@ impl<'a> Matrix<'a> {
             }
             WeightFormat::Mxfp4 => {
                 let b = self.data[r * self.cols / 2 + c / 2];
-                let nib = if c % 2 == 0 { b & 0x0F } else { b >> 4 };
+                let nib = if c.is_multiple_of(2) { b & 0x0F } else { b >> 4 };
                 let s = self.scales[r * self.cols / 32 + c / 32];
                 E2M1[usize::from(nib)] * e8m0_to_f32(s)
             }
+        }
+    }
+
+    /// Row `r` in its stored format.
+    pub(crate) fn row(&self, r: usize) -> Row<'a> {
+        match self.format {
+            WeightFormat::F32 => Row::F32(&self.data[r * self.cols * 4..(r + 1) * self.cols * 4]),
+            WeightFormat::Bf16 => Row::Bf16(&self.data[r * self.cols * 2..(r + 1) * self.cols * 2]),
+            WeightFormat::Mxfp4 => Row::Mxfp4 {
+                packed: &self.data[r * self.cols / 2..(r + 1) * self.cols / 2],
+                scales: &self.scales[r * self.cols / 32..(r + 1) * self.cols / 32],
+            },
         }
     }
 
@@ -199,13 +218,102 @@ pub fn matmul_scalar(m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32]) {
     }
 }
 
-/// `out[t, r] = Σ_c W[r, c] · x[t, c]` in the canonical order (see the module docs).
+/// `out[t, r] = Σ_c W[r, c] · x[t, c]` in the canonical order (see the module docs), on the
+/// process-wide tier [`isa::isa`] and the current rayon pool.
 ///
 /// # Panics
 /// If `x` is not `t * cols` long or `out` is not `t * rows` long (callers size them from the
 /// matrix shape, so a mismatch is a programming error).
 pub fn matmul(m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32]) {
+    matmul_with(isa::isa(), m, x, t, out);
+}
+
+/// Below this many output rows a call runs on the calling thread.
+const PAR_MIN_ROWS: usize = 64;
+/// Below this many multiply-adds (`rows · cols · t`) a call runs on the calling thread: rayon
+/// dispatch costs a few microseconds, more than the work itself.
+const PAR_MIN_WORK: usize = 1 << 16;
+/// Row chunks per pool thread: a few per thread balances uneven progress across cores.
+const CHUNKS_PER_THREAD: usize = 4;
+/// Fewest rows in a chunk.
+const MIN_CHUNK_ROWS: usize = 16;
+
+/// [`matmul`] on an explicit tier (tests and benchmarks run every [`Isa::available`] tier).
+///
+/// # Panics
+/// If the running CPU does not support `isa`, or on the length mismatches [`matmul`] panics on.
+pub fn matmul_with(isa: Isa, m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32]) {
     assert_eq!(x.len(), t * m.cols, "matmul: x length");
     assert_eq!(out.len(), t * m.rows, "matmul: out length");
-    matmul_scalar(m, x, t, out);
+    assert!(isa.is_available(), "matmul: the {isa} tier is not supported by this CPU");
+    let rows = m.rows;
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let threads = rayon::current_num_threads();
+    if threads <= 1 || rows < PAR_MIN_ROWS || rows * m.cols * t < PAR_MIN_WORK {
+        // SAFETY: `isa` is available (asserted above); `out_ptr` comes from `out`, which is
+        // `t * rows` long and exclusively borrowed for this call.
+        unsafe { run_rows(isa, m, x, t, 0..rows, &out_ptr) };
+        return;
+    }
+    let chunk = rows.div_ceil(threads * CHUNKS_PER_THREAD).max(MIN_CHUNK_ROWS);
+    (0..rows.div_ceil(chunk)).into_par_iter().for_each(|i| {
+        let r = i * chunk..rows.min((i + 1) * chunk);
+        // SAFETY: `isa` is available (asserted above); `out` is exclusively borrowed until every
+        // task has finished, and the row ranges of the tasks are disjoint, so each (t, r) cell
+        // is written by exactly one task and read by none.
+        unsafe { run_rows(isa, m, x, t, r, &out_ptr) };
+    });
+}
+
+/// The output buffer shared by the row tasks of one [`matmul_with`] call.
+struct OutPtr(*mut f32);
+
+// SAFETY: the pointer is only written through `OutPtr::write`, at cells that one task owns
+// (disjoint row ranges), while the `&mut [f32]` it came from is held by the call.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// Writes `v` at element `i`.
+    ///
+    /// # Safety
+    /// `i` is inside the buffer, and no other thread accesses element `i` during the call.
+    unsafe fn write(&self, i: usize, v: f32) {
+        // SAFETY: guaranteed by the caller.
+        unsafe { self.0.add(i).write(v) };
+    }
+}
+
+/// Computes output rows `rows` for all `t` activation rows, a row at a time and up to
+/// [`GROUP`] activation rows per pass over the weight row, so the weights are streamed from
+/// memory once whatever `t` is.
+///
+/// # Safety
+/// The CPU supports `isa`; `out` points to `t * m.rows()` f32 whose cells `(ti, r)` for `r` in
+/// `rows` no other thread accesses during the call.
+unsafe fn run_rows(
+    isa: Isa,
+    m: &Matrix<'_>,
+    x: &[f32],
+    t: usize,
+    rows: std::ops::Range<usize>,
+    out: &OutPtr,
+) {
+    let cols = m.cols;
+    let mut res = [0.0f32; GROUP];
+    for r in rows {
+        assert!(r < m.rows, "matmul: row range");
+        let row = m.row(r);
+        for t0 in (0..t).step_by(GROUP) {
+            let n = GROUP.min(t - t0);
+            // SAFETY: the caller guarantees the CPU supports `isa`.
+            unsafe {
+                arch::dot_group(isa, row, cols, &x[t0 * cols..(t0 + n) * cols], &mut res[..n])
+            };
+            for (j, &v) in res[..n].iter().enumerate() {
+                // SAFETY: `t0 + j < t` and `r < m.rows`, so the cell is inside the `t * rows`
+                // buffer, and the caller gives this call sole access to row `r`'s cells.
+                unsafe { out.write((t0 + j) * m.rows + r, v) };
+            }
+        }
+    }
 }

@@ -1,0 +1,125 @@
+//! Test-data generation shared by the matmul tests: proptest picks the shape, a seed and the
+//! kind of values; a small deterministic generator then fills matrices of up to a million
+//! elements quickly (a proptest `vec` strategy of that size would be far too slow).
+
+use proptest::prelude::*;
+
+/// splitmix64: tiny, fast and good enough for test data.
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, n)` (`n > 0`).
+    pub fn below(&mut self, n: usize) -> usize {
+        let n = u64::try_from(n).expect("n fits u64");
+        usize::try_from(self.next_u64() % n).expect("below n")
+    }
+
+    /// Uniform in `[lo, hi)`.
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f32 {
+        // 53 random bits → [0, 1) exactly.
+        let u = f64::from_bits(0x3FF0_0000_0000_0000 | (self.next_u64() >> 12)) - 1.0;
+        #[allow(clippy::cast_possible_truncation)] // test data: rounding to f32 is the point
+        let v = (lo + (hi - lo) * u) as f32;
+        v
+    }
+
+    /// A random byte.
+    pub fn byte(&mut self) -> u8 {
+        self.next_u64().to_le_bytes()[0]
+    }
+}
+
+/// The kind of values a matrix or activation is filled with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Uniform in [−4, 4).
+    Normal,
+    /// +0.0 and −0.0 only.
+    Zeros,
+    /// Magnitudes 1e12–1e15: large products, no overflow at 4097 columns.
+    Large,
+    /// Magnitudes around 1e-20: products are f32 subnormals.
+    Tiny,
+    /// Each element drawn from any of the above, plus exact ±1 and −0.
+    Mixed,
+}
+
+/// Every [`Mode`] as a proptest strategy.
+pub fn mode() -> impl Strategy<Value = Mode> {
+    prop::sample::select(vec![Mode::Normal, Mode::Zeros, Mode::Large, Mode::Tiny, Mode::Mixed])
+}
+
+/// One value of the given mode.
+pub fn value(rng: &mut Rng, mode: Mode) -> f32 {
+    let sign = if rng.below(2) == 0 { 1.0 } else { -1.0 };
+    match mode {
+        Mode::Normal => rng.uniform(-4.0, 4.0),
+        Mode::Zeros => sign * 0.0,
+        Mode::Large => sign * rng.uniform(1e12, 1e15),
+        Mode::Tiny => sign * rng.uniform(1e-21, 1e-19),
+        Mode::Mixed => match rng.below(7) {
+            0 => value(rng, Mode::Normal),
+            1 => value(rng, Mode::Zeros),
+            2 => value(rng, Mode::Large),
+            3 => value(rng, Mode::Tiny),
+            4 => sign,
+            5 => -0.0,
+            _ => rng.uniform(-1e3, 1e3),
+        },
+    }
+}
+
+/// `n` values of the given mode.
+pub fn values(rng: &mut Rng, mode: Mode, n: usize) -> Vec<f32> {
+    (0..n).map(|_| value(rng, mode)).collect()
+}
+
+/// Little-endian f32 bytes.
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Little-endian bf16 bytes (truncation of the f32 pattern: keeps every mode's character).
+pub fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_bits().to_le_bytes()[2..4].to_vec()).collect()
+}
+
+/// The E8M0 scales the MXFP4 tests draw from (s = 0 is the subnormal 2^-127).
+pub const SCALES: [u8; 11] = [0, 1, 120, 121, 122, 123, 124, 125, 126, 127, 130];
+
+/// MXFP4 packed nibbles and scales for `[rows, cols]`.
+pub fn mxfp4_data(rng: &mut Rng, mode: Mode, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
+    let packed = (0..rows * cols / 2)
+        .map(|_| match mode {
+            // +0 and −0 (code 8) in both nibbles.
+            Mode::Zeros => [0x00, 0x08, 0x80, 0x88][rng.below(4)],
+            _ => rng.byte(),
+        })
+        .collect();
+    let scales = (0..rows * cols / 32)
+        .map(|_| match mode {
+            Mode::Mixed => u8::try_from(100 + rng.below(50)).expect("scale fits u8"),
+            _ => SCALES[rng.below(SCALES.len())],
+        })
+        .collect();
+    (packed, scales)
+}
+
+/// Bit patterns, for exact comparison (`-0.0 != 0.0` and NaN == NaN as bits).
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}

@@ -1,0 +1,231 @@
+//! Every ISA tier against the scalar reference, bit for bit, at awkward shapes; batch and
+//! thread-count invariance; and an f64 reference within the stated error budget.
+//!
+//! Tiers the running CPU lacks are skipped (they are listed by `Isa::available`); run the
+//! suite on an AVX-512 machine, an AVX2-only machine and an AArch64 machine to cover all four.
+
+mod common;
+
+use common::{bf16_bytes, bits, f32_bytes, mode, mxfp4_data, values, Mode, Rng};
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+use sluice_kernels::matmul::{matmul_scalar, Matrix};
+use sluice_kernels::{matmul, matmul_with, Isa};
+
+/// Dense widths: 1, below one chunk, one chunk plus one, several chunks with tails, large.
+const DENSE_COLS: [usize; 7] = [1, 3, 17, 33, 255, 1023, 4097];
+/// MXFP4 widths (multiples of the 32-column block).
+const MXFP4_COLS: [usize; 4] = [32, 64, 96, 3584];
+/// Row counts: 1, a few, just past the parallel threshold, several parallel chunks.
+const ROWS: [usize; 4] = [1, 5, 67, 300];
+
+/// Owned weight bytes for one matrix.
+struct Weights {
+    format: &'static str,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+    scales: Vec<u8>,
+}
+
+impl Weights {
+    fn gen(format: &'static str, rows: usize, cols: usize, rng: &mut Rng, mode: Mode) -> Self {
+        let (data, scales) = match format {
+            "f32" => (f32_bytes(&values(rng, mode, rows * cols)), Vec::new()),
+            "bf16" => (bf16_bytes(&values(rng, mode, rows * cols)), Vec::new()),
+            _ => mxfp4_data(rng, mode, rows, cols),
+        };
+        Self { format, rows, cols, data, scales }
+    }
+
+    fn matrix(&self) -> Matrix<'_> {
+        match self.format {
+            "f32" => Matrix::f32(self.rows, self.cols, &self.data),
+            "bf16" => Matrix::bf16(self.rows, self.cols, &self.data),
+            _ => Matrix::mxfp4(self.rows, self.cols, &self.data, &self.scales),
+        }
+        .expect("generated buffers match the shape")
+    }
+}
+
+/// `matmul_with` on every available tier equals `matmul_scalar` bit for bit.
+fn check_tiers(m: &Matrix<'_>, x: &[f32], t: usize) -> Result<(), TestCaseError> {
+    let mut want = vec![0.0f32; t * m.rows()];
+    matmul_scalar(m, x, t, &mut want);
+    for isa in Isa::available() {
+        // Poisoned, so an unwritten cell cannot pass.
+        let mut got = vec![f32::from_bits(0x7FA5_5A5A); t * m.rows()];
+        matmul_with(isa, m, x, t, &mut got);
+        if let Some(i) = bits(&got).iter().zip(bits(&want)).position(|(g, w)| *g != w) {
+            return Err(TestCaseError::fail(format!(
+                "{isa} {:?} {}x{} t={t}: cell (t={}, r={}) got {:e} ({:#010x}) want {:e} ({:#010x})",
+                m.format(),
+                m.rows(),
+                m.cols(),
+                i / m.rows(),
+                i % m.rows(),
+                got[i],
+                got[i].to_bits(),
+                want[i],
+                want[i].to_bits()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn case(format: &'static str, rows: usize, cols: usize, t: usize, seed: u64, wm: Mode, xm: Mode) {
+    let mut rng = Rng::new(seed);
+    let w = Weights::gen(format, rows, cols, &mut rng, wm);
+    let x = values(&mut rng, xm, t * cols);
+    if let Err(e) = check_tiers(&w.matrix(), &x, t) {
+        panic!("{e} (seed {seed}, weights {wm:?}, activations {xm:?})");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn f32_tiers_bit_exact(
+        cols in prop::sample::select(DENSE_COLS.to_vec()),
+        rows in prop::sample::select(ROWS.to_vec()),
+        t in 1usize..=9, seed in any::<u64>(), wm in mode(), xm in mode(),
+    ) {
+        case("f32", rows, cols, t, seed, wm, xm);
+    }
+
+    #[test]
+    fn bf16_tiers_bit_exact(
+        cols in prop::sample::select(DENSE_COLS.to_vec()),
+        rows in prop::sample::select(ROWS.to_vec()),
+        t in 1usize..=9, seed in any::<u64>(), wm in mode(), xm in mode(),
+    ) {
+        case("bf16", rows, cols, t, seed, wm, xm);
+    }
+
+    #[test]
+    fn mxfp4_tiers_bit_exact(
+        cols in prop::sample::select(MXFP4_COLS.to_vec()),
+        rows in prop::sample::select(ROWS.to_vec()),
+        t in 1usize..=9, seed in any::<u64>(), wm in mode(), xm in mode(),
+    ) {
+        case("mxfp4", rows, cols, t, seed, wm, xm);
+    }
+}
+
+/// Every width and every group size once, deterministically, so a tail bug cannot hide behind
+/// proptest's sampling.
+#[test]
+fn every_awkward_width_and_group_size() {
+    for (i, &cols) in DENSE_COLS.iter().enumerate() {
+        for format in ["f32", "bf16"] {
+            for t in 1..=9 {
+                let seed = u64::try_from(i * 100 + t).expect("small");
+                case(format, 5, cols, t, seed, Mode::Mixed, Mode::Normal);
+            }
+        }
+    }
+    for (i, &cols) in MXFP4_COLS.iter().enumerate() {
+        for t in 1..=9 {
+            let seed = u64::try_from(i * 100 + t).expect("small");
+            case("mxfp4", 5, cols, t, seed, Mode::Mixed, Mode::Normal);
+        }
+    }
+}
+
+/// Runs `f` in a fresh rayon pool of `threads` threads.
+fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("rayon pool").install(f)
+}
+
+/// Row `t` of a T-row call equals the one-row call on `x[t]`, in pools of 1 and 2 threads,
+/// on every tier.
+#[test]
+fn batch_and_thread_invariance() {
+    let shapes = [("f32", 300, 1023), ("bf16", 300, 4097), ("bf16", 67, 255), ("mxfp4", 300, 3584)];
+    for (k, &(format, rows, cols)) in shapes.iter().enumerate() {
+        let t = 9;
+        let mut rng = Rng::new(0xBA7C_0000 + u64::try_from(k).expect("small"));
+        let w = Weights::gen(format, rows, cols, &mut rng, Mode::Normal);
+        let m = w.matrix();
+        let x = values(&mut rng, Mode::Normal, t * cols);
+        for isa in Isa::available() {
+            let run = |threads: usize, x: &[f32], t: usize| {
+                let mut out = vec![f32::NAN; t * rows];
+                in_pool(threads, || matmul_with(isa, &m, x, t, &mut out));
+                bits(&out)
+            };
+            let batched = run(2, &x, t);
+            assert_eq!(batched, run(1, &x, t), "{isa} {format}: 1 vs 2 threads");
+            for ti in 0..t {
+                let single = run(2, &x[ti * cols..(ti + 1) * cols], 1);
+                assert_eq!(single, batched[ti * rows..(ti + 1) * rows], "{isa} {format} row {ti}");
+            }
+        }
+        // The process-wide dispatch (whatever tier it picked) agrees as well.
+        let mut out = vec![0.0f32; t * rows];
+        matmul(&m, &x, t, &mut out);
+        let mut want = vec![0.0f32; t * rows];
+        matmul_scalar(&m, &x, t, &mut want);
+        assert_eq!(bits(&out), bits(&want), "{format}: dispatched tier");
+    }
+}
+
+/// Every tier within `1e-5 · Σ|w·x| + 1e-30` of an f64 dot product.
+#[test]
+fn f64_reference_error_budget() {
+    for (format, cols) in [("f32", 4097), ("bf16", 1023), ("bf16", 4097), ("mxfp4", 3584)] {
+        let (rows, t) = (67, 3);
+        let mut rng = Rng::new(0xF64);
+        let w = Weights::gen(format, rows, cols, &mut rng, Mode::Mixed);
+        let m = w.matrix();
+        let x = values(&mut rng, Mode::Normal, t * cols);
+        for isa in Isa::available() {
+            let mut out = vec![0.0f32; t * rows];
+            matmul_with(isa, &m, &x, t, &mut out);
+            for ti in 0..t {
+                for r in 0..rows {
+                    let (mut exact, mut budget) = (0.0f64, 0.0f64);
+                    for c in 0..cols {
+                        let p = f64::from(m.get(r, c)) * f64::from(x[ti * cols + c]);
+                        exact += p;
+                        budget += p.abs();
+                    }
+                    let err = (f64::from(out[ti * rows + r]) - exact).abs();
+                    assert!(
+                        err <= 1e-5 * budget + 1e-30,
+                        "{isa} {format} ({ti}, {r}): err {err:e} > budget of Σ|wx| = {budget:e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// E8M0 255 is NaN in every tier (compared as NaN, not by payload).
+#[test]
+fn mxfp4_nan_scale() {
+    let (rows, cols) = (2, 64);
+    let packed = vec![0x21u8; rows * cols / 2];
+    let scales = vec![127, 255, 127, 127];
+    let m = Matrix::mxfp4(rows, cols, &packed, &scales).expect("shape");
+    let x = vec![1.0f32; cols];
+    for isa in Isa::available() {
+        let mut out = vec![0.0f32; rows];
+        matmul_with(isa, &m, &x, 1, &mut out);
+        assert!(out[0].is_nan(), "{isa}: row with a NaN scale");
+        // Row 1: 32 × 0.5 + 32 × 1.0 = 48 exactly.
+        assert_eq!(out[1], 48.0, "{isa}: row without a NaN scale");
+    }
+}
+
+/// Zero rows of activations writes nothing and does not panic.
+#[test]
+fn empty_batch() {
+    let data = f32_bytes(&[1.0; 6]);
+    let m = Matrix::f32(2, 3, &data).expect("shape");
+    for isa in Isa::available() {
+        matmul_with(isa, &m, &[], 0, &mut []);
+    }
+}
