@@ -1,1 +1,32 @@
-//! sluice-tokenizer (in progress).
+//! sluice-tokenizer: tiktoken-style rank-BPE tokenizers and the Kimi K3 chat format.
+//!
+//! - [`Tokenizer`] loads a Kimi checkpoint's `tiktoken.model` and `tokenizer_config.json`,
+//!   encodes text byte-exactly as Python tiktoken with K3's pre-tokenizer and
+//!   `tokenization_kimi.py`'s length splitting ([`pretokenize`]), and decodes ids, also
+//!   incrementally at UTF-8 boundaries ([`StreamDecoder`]).
+//! - [`chat`] renders conversations in K3's XTML format, inserting the structural markers by id
+//!   so that text can never forge them.
+//!
+//! Goldens in `tests/fixtures/tokenizer` come from Python tiktoken
+//! (`tools/gen_tokenizer_goldens.py`) and from the llama.cpp `Kimi-K3.jinja` template rendered by
+//! jinja2 (`tools/gen_chat_goldens.py`).
+
+pub mod bpe;
+pub mod chat;
+mod error;
+pub mod load;
+pub mod pretokenize;
+pub mod pyjson;
+mod stream;
+mod tokenizer;
+mod xtml;
+
+pub use bpe::CoreBpe;
+pub use chat::{
+    k3_stop_id, render_k3, render_k3_segments, render_k3_text, ChatMessage, ChatOptions, Marker,
+    Role, Segment, ToolCall,
+};
+pub use error::{Error, Result};
+pub use load::AddedToken;
+pub use stream::StreamDecoder;
+pub use tokenizer::{Tokenizer, CONFIG_FILE, RANK_FILE};
