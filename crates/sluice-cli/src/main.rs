@@ -1,1 +1,44 @@
-fn main() {}
+//! The `sluice` binary: raw flags are parsed here into validated options for the library
+//! crates, which own all the logic. Errors are reported with their full cause chain.
+
+mod inspect;
+mod npy;
+mod run;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+/// Run mixture-of-experts models far larger than memory, exactly.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Generate from a prompt (greedy). Without --model, uses the built-in random-weight demo model.
+    Run(run::RunArgs),
+    /// Summarise a checkpoint: config, tensors and bytes by kind, expert size, memory needs.
+    Inspect {
+        /// Checkpoint directory (config.json + safetensors shards).
+        dir: PathBuf,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let res: Result<()> = match cli.cmd {
+        Cmd::Run(a) => run::run(&a),
+        Cmd::Inspect { dir, json } => inspect::run(&dir, json),
+    };
+    if let Err(e) = res {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

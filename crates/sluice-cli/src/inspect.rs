@@ -1,0 +1,95 @@
+//! `sluice inspect DIR`: what a checkpoint holds and what running it takes in memory.
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use sluice_checkpoint::Checkpoint;
+use sluice_models::kimi_k3::config::{AttnKind, K3Config};
+use sluice_models::kimi_k3::inventory::inventory;
+use std::path::Path;
+
+/// Human-readable bytes (GiB/MiB/KiB).
+pub fn human(b: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let f = b as f64;
+    if f >= 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.2} GiB", f / (1024.0 * 1024.0 * 1024.0))
+    } else if f >= 1024.0 * 1024.0 {
+        format!("{:.2} MiB", f / (1024.0 * 1024.0))
+    } else if f >= 1024.0 {
+        format!("{:.1} KiB", f / 1024.0)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// Runs the command.
+pub fn run(dir: &Path, as_json: bool) -> Result<()> {
+    let ckpt = Checkpoint::open(dir).with_context(|| format!("opening checkpoint {}", dir.display()))?;
+    let arch = ckpt.config().architecture().to_string();
+    let cfg = K3Config::from_json(ckpt.config().text_config())
+        .with_context(|| format!("{}: not a Kimi K3 configuration (architecture {arch})", dir.display()))?;
+    let inv = inventory(&ckpt, &cfg);
+    let kda = (0..cfg.num_hidden_layers).filter(|&i| cfg.attn_kind(i) == AttnKind::Kda).count();
+    let moe = (0..cfg.num_hidden_layers).filter(|&i| cfg.is_moe(i)).count();
+    // Smallest useful run: the spine resident, sequence state for 4096 tokens, and one pass's
+    // worth of experts in flight (top-k of one layer).
+    let ctx_tokens = 4096u64;
+    let state = inv.kda_state_bytes + inv.mla_bytes_per_token * ctx_tokens;
+    let one_layer_experts = cfg.num_experts_per_token as u64 * inv.expert_bytes;
+    let minimum = inv.spine_bytes + state + one_layer_experts;
+    let everything = inv.spine_bytes + inv.routed_bytes + state;
+    if as_json {
+        let kinds: serde_json::Map<String, serde_json::Value> = inv
+            .kinds
+            .iter()
+            .map(|(k, (n, b))| ((*k).to_string(), json!({"tensors": n, "bytes": b})))
+            .collect();
+        let v = json!({
+            "dir": dir.display().to_string(),
+            "architecture": arch,
+            "layers": cfg.num_hidden_layers, "kda_layers": kda, "mla_layers": cfg.num_hidden_layers - kda,
+            "moe_layers": moe, "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
+            "experts_per_layer": cfg.num_experts, "experts_per_token": cfg.num_experts_per_token,
+            "tensors": ckpt.len(), "shards": ckpt.shard_paths().len(), "kinds": kinds,
+            "expert_bytes": inv.expert_bytes, "routed_bytes": inv.routed_bytes, "spine_bytes": inv.spine_bytes,
+            "expert_bytes_per_token": inv.expert_bytes_per_token, "kda_state_bytes": inv.kda_state_bytes,
+            "mla_bytes_per_token": inv.mla_bytes_per_token,
+            "memory": {"minimum": minimum, "everything_resident": everything, "context_tokens": ctx_tokens},
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("{}", dir.display());
+    println!("  architecture   {arch} ({} tensors in {} shards)", ckpt.len(), ckpt.shard_paths().len());
+    println!(
+        "  layers         {} ({kda} KDA, {} MLA; {moe} MoE), hidden {}, vocab {}",
+        cfg.num_hidden_layers,
+        cfg.num_hidden_layers - kda,
+        cfg.hidden_size,
+        cfg.vocab_size
+    );
+    println!(
+        "  experts        {} per layer, top-{}, width {} (latent {}), {} each",
+        cfg.num_experts,
+        cfg.num_experts_per_token,
+        cfg.moe_intermediate_size,
+        cfg.expert_width(),
+        human(inv.expert_bytes)
+    );
+    println!("  by kind");
+    for (k, (n, b)) in &inv.kinds {
+        println!("    {k:<20} {n:>8} tensors  {:>12}", human(*b));
+    }
+    println!("  spine          {} (swept by every pass)", human(inv.spine_bytes));
+    println!("  routed experts {} ({} experts)", human(inv.routed_bytes), inv.experts);
+    println!("  per token      {} of experts with nothing cached", human(inv.expert_bytes_per_token));
+    println!(
+        "  state          {} KDA + {} per token MLA ({} at {ctx_tokens} tokens)",
+        human(inv.kda_state_bytes),
+        human(inv.mla_bytes_per_token),
+        human(state)
+    );
+    println!("  memory         minimum {} (spine resident + state + one layer of experts)", human(minimum));
+    println!("                 everything resident {}", human(everything));
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! `sluice run`: load a checkpoint (or the built-in demo), tokenize or take ids, decode
+//! greedily, and print text, stats or one JSON object.
+
+use crate::npy;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::json;
+use sluice_checkpoint::Checkpoint;
+use sluice_engine::demo::{cache_dir, ensure_demo_model};
+use sluice_engine::{generate, GenerateOptions};
+use sluice_tokenizer::chat::{render_k3, ChatMessage, ChatOptions, Role};
+use sluice_tokenizer::{Tokenizer, RANK_FILE};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Flags of `sluice run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Checkpoint directory; omit to use the built-in random-weight demo model.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Prompt text.
+    #[arg(long, conflicts_with = "prompt_ids")]
+    prompt: Option<String>,
+    /// Prompt as comma-separated token ids (e.g. 1,2,3).
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Render the prompt as one user turn in the model's chat format.
+    #[arg(long)]
+    chat: bool,
+    /// With --chat: no thinking channel (opens the response directly).
+    #[arg(long, requires = "chat")]
+    no_think: bool,
+    /// Most new tokens to generate.
+    #[arg(long, default_value_t = 32)]
+    max_new: usize,
+    /// Print run statistics to stderr.
+    #[arg(long)]
+    stats: bool,
+    /// Print one JSON object (prompt_ids, generated_ids, text, stats) instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Write the f32 logits of every generated step as an .npy array [steps, vocab].
+    #[arg(long)]
+    dump_logits: Option<PathBuf>,
+}
+
+/// Runs the command.
+pub fn run(a: &RunArgs) -> Result<()> {
+    let (dir, demo) = match &a.model {
+        Some(d) => (d.clone(), false),
+        None => (ensure_demo_model(&cache_dir()).context("writing the built-in demo model")?, true),
+    };
+    if demo {
+        eprintln!(
+            "sluice: no --model given; using the built-in demo model at {} \
+             (a tiny Kimi K3 layout with RANDOM weights: its text is meaningless by design)",
+            dir.display()
+        );
+    }
+    let t_load = Instant::now();
+    let ckpt = Arc::new(Checkpoint::open(&dir).with_context(|| format!("opening {}", dir.display()))?);
+    let model = sluice_models::load(ckpt).with_context(|| format!("loading {}", dir.display()))?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    // A checkpoint without tokenizer files still runs from --prompt-ids; broken files are an error.
+    let tok = if dir.join(RANK_FILE).exists() {
+        Some(Tokenizer::from_dir(&dir).with_context(|| format!("loading the tokenizer of {}", dir.display()))?)
+    } else {
+        None
+    };
+    let prompt_ids: Vec<u32> = match (&a.prompt, &a.prompt_ids) {
+        (_, Some(ids)) => {
+            if a.chat {
+                bail!("--chat takes --prompt text, not --prompt-ids");
+            }
+            ids.clone()
+        }
+        (Some(text), None) => {
+            let t = tok.as_ref().with_context(|| format!("{}: no tokenizer files (tiktoken.model, tokenizer_config.json); pass --prompt-ids", dir.display()))?;
+            if a.chat {
+                let msgs = [ChatMessage::new(Role::User, text.clone())];
+                let opts = ChatOptions { thinking: !a.no_think, ..ChatOptions::default() };
+                render_k3(t, &msgs, &opts).context("rendering the chat prompt")?
+            } else {
+                t.encode_ordinary(text)
+            }
+        }
+        (None, None) => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
+    };
+    if prompt_ids.is_empty() {
+        bail!("empty prompt: the prompt encodes to no tokens");
+    }
+    let stop_ids: Vec<u32> = tok.as_ref().and_then(|t| t.special_id("<|end_of_msg|>")).into_iter().collect();
+    let opts = GenerateOptions { max_new: a.max_new, stop_ids, keep_logits: a.dump_logits.is_some() };
+    let mut state = model.new_state();
+    let out = generate(&model, &mut state, &prompt_ids, &opts)?;
+    let text = tok.as_ref().map(|t| t.decode_lossy(&out.tokens)).transpose()?;
+    if let Some(p) = &a.dump_logits {
+        npy::write_f32_2d(p, &out.logits, model.vocab_size())?;
+    }
+    if a.json {
+        let v = json!({
+            "model": dir.display().to_string(),
+            "demo_model": demo,
+            "prompt_ids": prompt_ids,
+            "generated_ids": out.tokens,
+            "text": text,
+            "stats": serde_json::to_value(&out.stats)?,
+            "load_s": load_s,
+        });
+        println!("{v}");
+    } else {
+        match &text {
+            Some(t) => println!("{t}"),
+            None => println!("{}", out.tokens.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+        }
+    }
+    if a.stats {
+        let s = &out.stats;
+        eprintln!(
+            "stats: load {load_s:.3}s, prompt {} tokens, prefill {:.3}s, generated {} tokens, {:.4} s/token, \
+             {} passes, {:.2} tokens/pass, experts {} requests / {} bytes served / {} bytes read, state {} bytes, finish {}",
+            s.prompt_tokens,
+            s.prefill_s,
+            s.generated_tokens,
+            s.s_per_token,
+            s.passes,
+            s.tokens_per_pass,
+            s.expert_requests,
+            s.expert_bytes,
+            s.expert_bytes_read,
+            s.state_bytes,
+            s.finish_reason
+        );
+    }
+    Ok(())
+}
