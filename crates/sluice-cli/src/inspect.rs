@@ -24,10 +24,12 @@ pub fn human(b: u64) -> String {
 
 /// Runs the command.
 pub fn run(dir: &Path, as_json: bool) -> Result<()> {
-    let ckpt = Checkpoint::open(dir).with_context(|| format!("opening checkpoint {}", dir.display()))?;
+    let ckpt =
+        Checkpoint::open(dir).with_context(|| format!("opening checkpoint {}", dir.display()))?;
     let arch = ckpt.config().architecture().to_string();
-    let cfg = K3Config::from_json(ckpt.config().text_config())
-        .with_context(|| format!("{}: not a Kimi K3 configuration (architecture {arch})", dir.display()))?;
+    let cfg = K3Config::from_json(ckpt.config().text_config()).with_context(|| {
+        format!("{}: not a Kimi K3 configuration (architecture {arch})", dir.display())
+    })?;
     let inv = inventory(&ckpt, &cfg);
     let kda = (0..cfg.num_hidden_layers).filter(|&i| cfg.attn_kind(i) == AttnKind::Kda).count();
     let moe = (0..cfg.num_hidden_layers).filter(|&i| cfg.is_moe(i)).count();
@@ -60,7 +62,11 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
         return Ok(());
     }
     println!("{}", dir.display());
-    println!("  architecture   {arch} ({} tensors in {} shards)", ckpt.len(), ckpt.shard_paths().len());
+    println!(
+        "  architecture   {arch} ({} tensors in {} shards)",
+        ckpt.len(),
+        ckpt.shard_paths().len()
+    );
     println!(
         "  layers         {} ({kda} KDA, {} MLA; {moe} MoE), hidden {}, vocab {}",
         cfg.num_hidden_layers,
@@ -82,14 +88,20 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
     }
     println!("  spine          {} (swept by every pass)", human(inv.spine_bytes));
     println!("  routed experts {} ({} experts)", human(inv.routed_bytes), inv.experts);
-    println!("  per token      {} of experts with nothing cached", human(inv.expert_bytes_per_token));
+    println!(
+        "  per token      {} of experts with nothing cached",
+        human(inv.expert_bytes_per_token)
+    );
     println!(
         "  state          {} KDA + {} per token MLA ({} at {ctx_tokens} tokens)",
         human(inv.kda_state_bytes),
         human(inv.mla_bytes_per_token),
         human(state)
     );
-    println!("  memory         minimum {} (spine resident + state + one layer of experts)", human(minimum));
+    println!(
+        "  memory         minimum {} (spine resident + state + one layer of experts)",
+        human(minimum)
+    );
     println!("                 everything resident {}", human(everything));
     Ok(())
 }

@@ -4,6 +4,7 @@
 mod inspect;
 mod npy;
 mod run;
+mod synth;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -21,6 +22,8 @@ struct Cli {
 enum Cmd {
     /// Generate from a prompt (greedy). Without --model, uses the built-in random-weight demo model.
     Run(run::RunArgs),
+    /// Write a synthetic checkpoint of a real architecture in its published layout.
+    Synth(synth::SynthArgs),
     /// Summarise a checkpoint: config, tensors and bytes by kind, expert size, memory needs.
     Inspect {
         /// Checkpoint directory (config.json + safetensors shards).
@@ -35,6 +38,7 @@ fn main() {
     let cli = Cli::parse();
     let res: Result<()> = match cli.cmd {
         Cmd::Run(a) => run::run(&a),
+        Cmd::Synth(a) => synth::run(&a),
         Cmd::Inspect { dir, json } => inspect::run(&dir, json),
     };
     if let Err(e) = res {

@@ -60,12 +60,16 @@ pub fn run(a: &RunArgs) -> Result<()> {
         );
     }
     let t_load = Instant::now();
-    let ckpt = Arc::new(Checkpoint::open(&dir).with_context(|| format!("opening {}", dir.display()))?);
+    let ckpt =
+        Arc::new(Checkpoint::open(&dir).with_context(|| format!("opening {}", dir.display()))?);
     let model = sluice_models::load(ckpt).with_context(|| format!("loading {}", dir.display()))?;
     let load_s = t_load.elapsed().as_secs_f64();
     // A checkpoint without tokenizer files still runs from --prompt-ids; broken files are an error.
     let tok = if dir.join(RANK_FILE).exists() {
-        Some(Tokenizer::from_dir(&dir).with_context(|| format!("loading the tokenizer of {}", dir.display()))?)
+        Some(
+            Tokenizer::from_dir(&dir)
+                .with_context(|| format!("loading the tokenizer of {}", dir.display()))?,
+        )
     } else {
         None
     };
@@ -91,8 +95,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if prompt_ids.is_empty() {
         bail!("empty prompt: the prompt encodes to no tokens");
     }
-    let stop_ids: Vec<u32> = tok.as_ref().and_then(|t| t.special_id("<|end_of_msg|>")).into_iter().collect();
-    let opts = GenerateOptions { max_new: a.max_new, stop_ids, keep_logits: a.dump_logits.is_some() };
+    let stop_ids: Vec<u32> =
+        tok.as_ref().and_then(|t| t.special_id("<|end_of_msg|>")).into_iter().collect();
+    let opts =
+        GenerateOptions { max_new: a.max_new, stop_ids, keep_logits: a.dump_logits.is_some() };
     let mut state = model.new_state();
     let out = generate(&model, &mut state, &prompt_ids, &opts)?;
     let text = tok.as_ref().map(|t| t.decode_lossy(&out.tokens)).transpose()?;
@@ -113,7 +119,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
     } else {
         match &text {
             Some(t) => println!("{t}"),
-            None => println!("{}", out.tokens.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+            None => {
+                println!("{}", out.tokens.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+            }
         }
     }
     if a.stats {

@@ -5,11 +5,19 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn sluice(args: &[&str], cache: &std::path::Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sluice")).args(args).env("SLUICE_CACHE", cache).output().expect("spawn sluice")
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .env("SLUICE_CACHE", cache)
+        .output()
+        .expect("spawn sluice")
 }
 
 fn fixture(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3").join(name).display().to_string()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/kimi_k3")
+        .join(name)
+        .display()
+        .to_string()
 }
 
 fn json_out(o: &Output) -> serde_json::Value {
@@ -18,13 +26,17 @@ fn json_out(o: &Output) -> serde_json::Value {
 }
 
 fn golden_greedy(name: &str) -> Vec<(Vec<u64>, Vec<u64>)> {
-    let g: serde_json::Value = serde_json::from_slice(&std::fs::read(PathBuf::from(fixture(name)).join("golden.json")).unwrap()).unwrap();
+    let g: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(PathBuf::from(fixture(name)).join("golden.json")).unwrap(),
+    )
+    .unwrap();
     g["greedy"]
         .as_array()
         .unwrap()
         .iter()
         .map(|r| {
-            let ids = |k: &str| r[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+            let ids =
+                |k: &str| r[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
             (ids("prompt"), ids("tokens"))
         })
         .collect()
@@ -37,8 +49,25 @@ fn run_json_reproduces_the_mlx_greedy_tokens() {
         for (prompt, want) in golden_greedy(name) {
             let ids = prompt.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
             let n = want.len().to_string();
-            let v = json_out(&sluice(&["run", "--model", &fixture(name), "--prompt-ids", &ids, "--max-new", &n, "--json"], cache.path()));
-            let got: Vec<u64> = v["generated_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+            let v = json_out(&sluice(
+                &[
+                    "run",
+                    "--model",
+                    &fixture(name),
+                    "--prompt-ids",
+                    &ids,
+                    "--max-new",
+                    &n,
+                    "--json",
+                ],
+                cache.path(),
+            ));
+            let got: Vec<u64> = v["generated_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap())
+                .collect();
             assert_eq!(got, want, "{name} prompt {ids}");
             assert_eq!(v["prompt_ids"].as_array().unwrap().len(), prompt.len());
             assert!(v["text"].is_string());
@@ -52,7 +81,17 @@ fn dump_logits_writes_an_npy_of_steps_by_vocab() {
     let cache = tempfile::tempdir().unwrap();
     let out = cache.path().join("logits.npy");
     let o = sluice(
-        &["run", "--model", &fixture("tiny-a"), "--prompt-ids", "60", "--max-new", "3", "--dump-logits", out.to_str().unwrap()],
+        &[
+            "run",
+            "--model",
+            &fixture("tiny-a"),
+            "--prompt-ids",
+            "60",
+            "--max-new",
+            "3",
+            "--dump-logits",
+            out.to_str().unwrap(),
+        ],
         cache.path(),
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -68,9 +107,34 @@ fn dump_logits_writes_an_npy_of_steps_by_vocab() {
 #[test]
 fn text_prompts_and_chat_use_the_checkpoint_tokenizer() {
     let cache = tempfile::tempdir().unwrap();
-    let v = json_out(&sluice(&["run", "--model", &fixture("tiny-a"), "--prompt", "the model", "--max-new", "2", "--json"], cache.path()));
+    let v = json_out(&sluice(
+        &[
+            "run",
+            "--model",
+            &fixture("tiny-a"),
+            "--prompt",
+            "the model",
+            "--max-new",
+            "2",
+            "--json",
+        ],
+        cache.path(),
+    ));
     assert!(!v["prompt_ids"].as_array().unwrap().is_empty());
-    let c = json_out(&sluice(&["run", "--model", &fixture("tiny-a"), "--prompt", "hi", "--chat", "--max-new", "2", "--json"], cache.path()));
+    let c = json_out(&sluice(
+        &[
+            "run",
+            "--model",
+            &fixture("tiny-a"),
+            "--prompt",
+            "hi",
+            "--chat",
+            "--max-new",
+            "2",
+            "--json",
+        ],
+        cache.path(),
+    ));
     // The chat prompt starts with <|open|> (first special id + 3) and is longer than the text.
     let open = 456 + 3;
     assert_eq!(c["prompt_ids"][0].as_u64().unwrap(), open);
@@ -87,7 +151,7 @@ fn demo_model_runs_without_a_model_and_is_deterministic() {
     assert_eq!(va["demo_model"], true);
     assert!(String::from_utf8_lossy(&a.stderr).contains("RANDOM weights"));
     // The demo directory is a real checkpoint: inspect reads it.
-    let dir = cache.path().join("demo-kimi-k3-v1");
+    let dir = cache.path().join("demo-kimi-k3-v3");
     let i = sluice(&["inspect", dir.to_str().unwrap(), "--json"], cache.path());
     let iv = json_out(&i);
     assert_eq!(iv["architecture"], "KimiK3ForConditionalGeneration");

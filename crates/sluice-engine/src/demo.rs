@@ -11,16 +11,16 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Directory name of the demo model inside the cache (bump the version when its bytes change).
-pub const DEMO_NAME: &str = "demo-kimi-k3-v1";
+pub const DEMO_NAME: &str = "demo-kimi-k3-v3";
 /// Seed of the demo weights.
 pub const DEMO_SEED: u64 = 0x5151_1CE0;
-/// BPE merges of the demo tokenizer.
-const DEMO_MERGES: usize = 256;
+/// Ranks of the demo tokenizer (256 bytes + learned merges).
+const DEMO_RANKS: usize = 512;
 /// Marker written last: a directory without it is incomplete and is rebuilt.
 const COMPLETE: &str = ".sluice-complete";
 
 /// Text the demo tokenizer's merges are learned from.
-const CORPUS: &str = "sluice runs mixture-of-experts language models that are far larger than \
+pub const CORPUS: &str = "sluice runs mixture-of-experts language models that are far larger than \
 the memory of the machine. It keeps the spine of the model resident and streams the routed \
 experts that each position selects from the disk, while the full target model decides every \
 token. The quick brown fox jumps over the lazy dog. Hello, world! What is the capital of \
@@ -100,7 +100,9 @@ pub fn train_byte_bpe(text: &str, merges: usize) -> Vec<Vec<u8>> {
                 *counts.entry((p[0].clone(), p[1].clone())).or_default() += 1;
             }
         }
-        let Some((best, _)) = counts.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))) else { break };
+        let Some((best, _)) = counts.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))) else {
+            break;
+        };
         let (a, b) = best.clone();
         let merged: Vec<u8> = [a.as_slice(), b.as_slice()].concat();
         if ranks.contains(&merged) {
@@ -145,6 +147,28 @@ pub fn k3_special_tokens() -> Vec<String> {
         .collect()
 }
 
+/// A rank table of exactly `n` tokens (n ≥ 256): the 256 bytes, merges learned over
+/// [`CORPUS`], then unique filler tokens (never formed by a merge) up to `n`.
+pub fn synthetic_ranks(n: usize) -> Vec<Vec<u8>> {
+    let mut ranks = train_byte_bpe(CORPUS, n.saturating_sub(256).min(512));
+    let mut i = 0usize;
+    while ranks.len() < n {
+        let tok = format!("\u{1}filler{i}").into_bytes();
+        if !ranks.contains(&tok) {
+            ranks.push(tok);
+        }
+        i += 1;
+    }
+    ranks.truncate(n.max(256));
+    ranks
+}
+
+/// Writes `tiktoken.model` (a [`synthetic_ranks`] table of `n` ranks) and a
+/// `tokenizer_config.json` with K3's 256 reserved specials at ids `n..n + 256`.
+pub fn write_tokenizer_files(dir: &Path, n: usize) -> std::io::Result<()> {
+    write_tokenizer(dir, &synthetic_ranks(n))
+}
+
 fn write_tokenizer(dir: &Path, ranks: &[Vec<u8>]) -> std::io::Result<()> {
     let mut model = String::new();
     for (i, tok) in ranks.iter().enumerate() {
@@ -171,7 +195,10 @@ fn write_tokenizer(dir: &Path, ranks: &[Vec<u8>]) -> std::io::Result<()> {
         "tokenizer_class": "TikTokenTokenizer",
         "model_max_length": 1048576
     });
-    std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_vec_pretty(&cfg).map_err(std::io::Error::other)?)
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::to_vec_pretty(&cfg).map_err(std::io::Error::other)?,
+    )
 }
 
 /// The default cache directory: `$SLUICE_CACHE`, else `$XDG_CACHE_HOME/sluice`, else
@@ -183,7 +210,8 @@ pub fn cache_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("XDG_CACHE_HOME") {
         return PathBuf::from(p).join("sluice");
     }
-    std::env::var_os("HOME").map_or_else(|| PathBuf::from(".sluice-cache"), |h| PathBuf::from(h).join(".cache/sluice"))
+    std::env::var_os("HOME")
+        .map_or_else(|| PathBuf::from(".sluice-cache"), |h| PathBuf::from(h).join(".cache/sluice"))
 }
 
 /// Returns the demo model directory under `cache`, writing it first if it is absent or
@@ -193,25 +221,29 @@ pub fn ensure_demo_model(cache: &Path) -> Result<PathBuf, crate::EngineError> {
     if dir.join(COMPLETE).is_file() {
         return Ok(dir);
     }
-    let io = |e: std::io::Error, p: &Path| crate::EngineError::Io { path: p.to_path_buf(), source: e };
+    let io =
+        |e: std::io::Error, p: &Path| crate::EngineError::Io { path: p.to_path_buf(), source: e };
     std::fs::create_dir_all(cache).map_err(|e| io(e, cache))?;
     let tmp = cache.join(format!("{DEMO_NAME}.tmp-{}", std::process::id()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| io(e, &tmp))?;
     }
     std::fs::create_dir_all(&tmp).map_err(|e| io(e, &tmp))?;
-    let ranks = train_byte_bpe(CORPUS, DEMO_MERGES);
+    let ranks = synthetic_ranks(DEMO_RANKS);
     let text = demo_text_config(ranks.len() + 256);
     let config = release_config(&text, ranks.len() as u64);
-    write_checkpoint(&tmp, &config, &text, DEMO_SEED, &mut |_, _| {})?;
+    write_checkpoint(&tmp, &config, &text, DEMO_SEED, ranks.len(), &mut |_, _| {})?;
     write_tokenizer(&tmp, &ranks).map_err(|e| io(e, &tmp))?;
     std::fs::write(
         tmp.join("generation_config.json"),
         format!("{{\"bos_token_id\": {}, \"eos_token_id\": {}}}\n", ranks.len(), ranks.len() + 2),
     )
     .map_err(|e| io(e, &tmp))?;
-    std::fs::write(tmp.join("README.md"), "Random-weight demo model written by sluice. Its output is meaningless by design.\n")
-        .map_err(|e| io(e, &tmp))?;
+    std::fs::write(
+        tmp.join("README.md"),
+        "Random-weight demo model written by sluice. Its output is meaningless by design.\n",
+    )
+    .map_err(|e| io(e, &tmp))?;
     std::fs::write(tmp.join(COMPLETE), b"").map_err(|e| io(e, &tmp))?;
     if dir.exists() {
         std::fs::remove_dir_all(&dir).map_err(|e| io(e, &dir))?;

@@ -70,7 +70,12 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 /// Greedy generation from `prompt`, continuing `state` (which must have no pending pass).
-pub fn generate(model: &Model, state: &mut State, prompt: &[u32], opts: &GenerateOptions) -> Result<Generation, EngineError> {
+pub fn generate(
+    model: &Model,
+    state: &mut State,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+) -> Result<Generation, EngineError> {
     if prompt.is_empty() {
         return Err(EngineError::EmptyPrompt);
     }

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn load(name: &str) -> KimiK3 {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3").join(name);
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3").join(name);
     KimiK3::load(Arc::new(Checkpoint::open(&dir).unwrap())).unwrap()
 }
 

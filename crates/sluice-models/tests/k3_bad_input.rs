@@ -106,9 +106,17 @@ fn wrong_dtype_is_named() {
     for t in &in_shard {
         let bytes = ck.bytes(t).to_vec();
         if t.name == name {
-            specs.push(sluice_checkpoint::TensorSpec::new(t.name.clone(), sluice_core::DType::I32, t.shape.clone()));
+            specs.push(sluice_checkpoint::TensorSpec::new(
+                t.name.clone(),
+                sluice_core::DType::I32,
+                t.shape.clone(),
+            ));
         } else {
-            specs.push(sluice_checkpoint::TensorSpec::new(t.name.clone(), t.dtype, t.shape.clone()));
+            specs.push(sluice_checkpoint::TensorSpec::new(
+                t.name.clone(),
+                t.dtype,
+                t.shape.clone(),
+            ));
         }
         datas.push(bytes);
     }

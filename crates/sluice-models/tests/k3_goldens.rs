@@ -46,10 +46,15 @@ fn check_prompts(name: &str) {
             let k = c.num_experts_per_token;
             let mut got_w = Vec::new();
             for (ti, r) in routes.iter().enumerate() {
-                let mut pairs: Vec<(u32, f32)> = r.ids.iter().copied().zip(r.weights.iter().copied()).collect();
+                let mut pairs: Vec<(u32, f32)> =
+                    r.ids.iter().copied().zip(r.weights.iter().copied()).collect();
                 pairs.sort_by_key(|p| p.0);
                 let idx: Vec<u32> = pairs.iter().map(|p| p.0).collect();
-                assert_eq!(idx, want_idx[ti * k..(ti + 1) * k], "{name} p{j} layer {layer} row {ti}: router choice");
+                assert_eq!(
+                    idx,
+                    want_idx[ti * k..(ti + 1) * k],
+                    "{name} p{j} layer {layer} row {ti}: router choice"
+                );
                 got_w.extend(pairs.iter().map(|p| p.1));
             }
             let e = rel_l2(&got_w, want_w);
@@ -93,8 +98,10 @@ fn check_greedy(name: &str) {
     let m = load(name);
     let g = Golden::load(name);
     for run in g.json["greedy"].as_array().unwrap() {
-        let prompt: Vec<u32> = run["prompt"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-        let want: Vec<u32> = run["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let prompt: Vec<u32> =
+            run["prompt"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let want: Vec<u32> =
+            run["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
         let mut st = m.new_state();
         let mut logits = m.forward(&mut st, &prompt, LogitRows::Last, None).unwrap();
         st.commit(prompt.len());

@@ -9,7 +9,10 @@ use sluice_models::kimi_k3::state::K3State;
 use sluice_models::kimi_k3::KimiK3;
 use sluice_models::LogitRows;
 
-const SEQ: [u32; 24] = [5, 17, 300, 42, 99, 7, 250, 301, 12, 88, 64, 3, 400, 222, 11, 190, 77, 150, 9, 333, 21, 260, 45, 120];
+const SEQ: [u32; 24] = [
+    5, 17, 300, 42, 99, 7, 250, 301, 12, 88, 64, 3, 400, 222, 11, 190, 77, 150, 9, 333, 21, 260,
+    45, 120,
+];
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
@@ -39,7 +42,11 @@ fn t_row_pass_is_bit_identical_to_single_rows() {
             let batched = m.forward(&mut a, rows, LogitRows::All, None).unwrap();
             a.commit(t);
             let single = single_rows(&m, &mut b, rows);
-            assert_eq!(bits(&batched), bits(&single), "{name}: T={t} pass differs from single rows");
+            assert_eq!(
+                bits(&batched),
+                bits(&single),
+                "{name}: T={t} pass differs from single rows"
+            );
             // And the states agree afterwards: one more token gives identical logits.
             let na = m.forward(&mut a, &[SEQ[20]], LogitRows::All, None).unwrap();
             let nb = m.forward(&mut b, &[SEQ[20]], LogitRows::All, None).unwrap();
@@ -82,7 +89,11 @@ fn commit_n_then_decode_equals_plain_decoding() {
         assert_eq!(spec.len(), 6 + n);
         let mut s_logits = pass[..n * v].to_vec();
         s_logits.extend(single_rows(&m, &mut spec, &SEQ[16..18]));
-        assert_eq!(bits(&s_logits), bits(&p_logits), "commit({n}) of 8 diverges from plain decoding");
+        assert_eq!(
+            bits(&s_logits),
+            bits(&p_logits),
+            "commit({n}) of 8 diverges from plain decoding"
+        );
     }
 }
 

@@ -157,10 +157,16 @@ impl K3Config {
     fn validate(&self) -> Result<(), ModelError> {
         let bad = |m: String| Err(ModelError::Config(m));
         if self.hidden_act != "situ" {
-            return bad(format!("hidden_act {:?} is not supported (kimi_k3 uses \"situ\")", self.hidden_act));
+            return bad(format!(
+                "hidden_act {:?} is not supported (kimi_k3 uses \"situ\")",
+                self.hidden_act
+            ));
         }
         if self.moe_router_activation_func != "sigmoid" {
-            return bad(format!("moe_router_activation_func {:?} is not supported", self.moe_router_activation_func));
+            return bad(format!(
+                "moe_router_activation_func {:?} is not supported",
+                self.moe_router_activation_func
+            ));
         }
         if !self.mla_use_nope {
             return bad("mla_use_nope = false (RoPE MLA) is not a Kimi K3 configuration".into());

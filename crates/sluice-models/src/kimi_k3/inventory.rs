@@ -31,7 +31,9 @@ pub struct Inventory {
 
 /// Classifies a tensor name.
 fn kind(name: &str) -> &'static str {
-    if !name.starts_with("language_model.") && (name.contains("vision") || name.contains("mm_projector")) {
+    if !name.starts_with("language_model.")
+        && (name.contains("vision") || name.contains("mm_projector"))
+    {
         "vision"
     } else if name.contains(".experts.") && !name.contains("shared_experts") {
         "routed experts"

@@ -15,7 +15,14 @@ use rayon::prelude::*;
 use sluice_kernels::ops::{causal_conv_silu_step, kda_step, l2_norm_inplace, rms_norm, sigmoid};
 
 /// Runs the layer on `x [T, d]` (already `input_layernorm`-ed), staging state changes in `st`.
-pub(crate) fn forward(ctx: &Ctx<'_>, w: &KdaWeights, c: &K3Config, st: &mut KdaLayer, x: &[f32], t: usize) -> Vec<f32> {
+pub(crate) fn forward(
+    ctx: &Ctx<'_>,
+    w: &KdaWeights,
+    c: &K3Config,
+    st: &mut KdaLayer,
+    x: &[f32],
+    t: usize,
+) -> Vec<f32> {
     let la = &c.linear_attn_config;
     let (h, dd, kk) = (la.num_heads, la.head_dim, la.short_conv_kernel_size);
     let p = h * dd;
@@ -44,7 +51,8 @@ pub(crate) fn forward(ctx: &Ctx<'_>, w: &KdaWeights, c: &K3Config, st: &mut KdaL
             // Gather this group's window columns, step, and scatter back.
             let mut hist = vec![0.0f32; (kk - 1) * p];
             for r in 0..kk - 1 {
-                hist[r * p..(r + 1) * p].copy_from_slice(&st.work.conv[r * 3 * p + j * p..r * 3 * p + (j + 1) * p]);
+                hist[r * p..(r + 1) * p]
+                    .copy_from_slice(&st.work.conv[r * 3 * p + j * p..r * 3 * p + (j + 1) * p]);
             }
             causal_conv_silu_step(&mut hist, &pre[j * p..(j + 1) * p], &w.conv[j], kk, out);
         }
@@ -89,14 +97,23 @@ pub(crate) fn forward(ctx: &Ctx<'_>, w: &KdaWeights, c: &K3Config, st: &mut KdaL
             let mut out = vec![0.0f32; t * dd];
             for (ti, row) in rows.iter().enumerate() {
                 let r = hi * dd..(hi + 1) * dd;
-                kda_step(s, &row.q[r.clone()], &row.k[r.clone()], &row.v[r.clone()], &row.g[r], row.beta[hi], &mut out[ti * dd..(ti + 1) * dd]);
+                kda_step(
+                    s,
+                    &row.q[r.clone()],
+                    &row.k[r.clone()],
+                    &row.v[r.clone()],
+                    &row.g[r],
+                    row.beta[hi],
+                    &mut out[ti * dd..(ti + 1) * dd],
+                );
             }
             out
         })
         .collect();
     for (hi, out) in per_head.iter_mut().enumerate() {
         for ti in 0..t {
-            o[ti * p + hi * dd..ti * p + (hi + 1) * dd].copy_from_slice(&out[ti * dd..(ti + 1) * dd]);
+            o[ti * p + hi * dd..ti * p + (hi + 1) * dd]
+                .copy_from_slice(&out[ti * dd..(ti + 1) * dd]);
         }
     }
     st.rows = rows;

@@ -17,7 +17,14 @@ use sluice_kernels::ops::{dot_f64, rms_norm, sigmoid, softmax_inplace};
 use sluice_kernels::{matmul, Matrix, WeightFormat};
 
 /// Runs the layer on `x [T, d]`, appending T rows to the cache (staged until commit).
-pub(crate) fn forward(ctx: &Ctx<'_>, w: &MlaWeights, c: &K3Config, st: &mut MlaLayer, x: &[f32], t: usize) -> Vec<f32> {
+pub(crate) fn forward(
+    ctx: &Ctx<'_>,
+    w: &MlaWeights,
+    c: &K3Config,
+    st: &mut MlaLayer,
+    x: &[f32],
+    t: usize,
+) -> Vec<f32> {
     let h = c.num_attention_heads;
     let (nope, rope, vd) = (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim);
     let (ql, kl) = (c.q_lora_rank, c.kv_lora_rank);
@@ -97,7 +104,8 @@ pub(crate) fn forward(ctx: &Ctx<'_>, w: &MlaWeights, c: &K3Config, st: &mut MlaL
     let mut attn = vec![0.0f32; t * h * vd];
     for (hi, out) in heads.iter().enumerate() {
         for ti in 0..t {
-            attn[ti * h * vd + hi * vd..ti * h * vd + (hi + 1) * vd].copy_from_slice(&out[ti * vd..(ti + 1) * vd]);
+            attn[ti * h * vd + hi * vd..ti * h * vd + (hi + 1) * vd]
+                .copy_from_slice(&out[ti * vd..(ti + 1) * vd]);
         }
     }
     if let Some(g) = &w.g_proj {

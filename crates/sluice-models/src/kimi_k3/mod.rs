@@ -7,9 +7,9 @@
 //! [`K3State`] until `commit(n)` / `rollback()`.
 
 pub mod config;
+pub mod inventory;
 mod kda;
 mod mla;
-pub mod inventory;
 pub mod moe;
 pub mod state;
 pub mod synth;
@@ -18,8 +18,8 @@ pub mod weights;
 use crate::{LogitRows, ModelError};
 use config::{AttnKind, K3Config};
 use sluice_checkpoint::Checkpoint;
-use sluice_kernels::ops::{rms_norm, softmax_inplace};
 use sluice_kernels::matmul;
+use sluice_kernels::ops::{rms_norm, softmax_inplace};
 use sluice_store::{ExpertStore, ExpertTensorNames, MappedExperts};
 use state::{K3State, LayerShape, LayerState};
 use std::collections::BTreeMap;
@@ -71,7 +71,9 @@ pub struct KimiK3 {
 
 impl std::fmt::Debug for KimiK3 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KimiK3").field("layers", &self.cfg.num_hidden_layers).finish_non_exhaustive()
+        f.debug_struct("KimiK3")
+            .field("layers", &self.cfg.num_hidden_layers)
+            .finish_non_exhaustive()
     }
 }
 
@@ -92,18 +94,28 @@ impl KimiK3 {
     /// Loads the model from an opened checkpoint, serving experts in place from its shards.
     pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self, ModelError> {
         let cfg = K3Config::from_json(ckpt.config().text_config())?;
-        let moe_layers: Vec<usize> = (0..cfg.num_hidden_layers).filter(|&i| cfg.is_moe(i)).collect();
+        let moe_layers: Vec<usize> =
+            (0..cfg.num_hidden_layers).filter(|&i| cfg.is_moe(i)).collect();
         let names = ExpertTensorNames {
             names: expert_tensor_names,
             inter: cfg.moe_intermediate_size as u64,
             hidden: cfg.expert_width() as u64,
         };
-        let experts = MappedExperts::open(ckpt.clone(), cfg.num_hidden_layers, &moe_layers, cfg.num_experts, &names)?;
+        let experts = MappedExperts::open(
+            ckpt.clone(),
+            cfg.num_hidden_layers,
+            &moe_layers,
+            cfg.num_experts,
+            &names,
+        )?;
         Self::with_store(ckpt, Arc::new(experts))
     }
 
     /// Loads the spine from `ckpt` and takes routed experts from `experts`.
-    pub fn with_store(ckpt: Arc<Checkpoint>, experts: Arc<dyn ExpertStore>) -> Result<Self, ModelError> {
+    pub fn with_store(
+        ckpt: Arc<Checkpoint>,
+        experts: Arc<dyn ExpertStore>,
+    ) -> Result<Self, ModelError> {
         let cfg = K3Config::from_json(ckpt.config().text_config())?;
         let weights = K3Weights::load(&ckpt, &cfg)?;
         Ok(Self { cfg, ckpt, weights, experts })
@@ -129,7 +141,9 @@ impl KimiK3 {
                     dim: c.linear_attn_config.head_dim,
                     conv_len: (c.linear_attn_config.short_conv_kernel_size - 1) * 3 * c.kda_proj(),
                 },
-                AttnKind::Mla => LayerShape::Mla { lat_dim: c.kv_lora_rank, pe_dim: c.qk_rope_head_dim },
+                AttnKind::Mla => {
+                    LayerShape::Mla { lat_dim: c.kv_lora_rank, pe_dim: c.qk_rope_head_dim }
+                }
             })
             .collect();
         K3State::new(&shapes)
@@ -182,7 +196,12 @@ impl KimiK3 {
         };
         let mut normed = vec![0.0f32; sel.len() * d];
         for (j, &ti) in sel.iter().enumerate() {
-            rms_norm(&hidden[ti * d..(ti + 1) * d], Some(&self.weights.norm), c.rms_norm_eps, &mut normed[j * d..(j + 1) * d]);
+            rms_norm(
+                &hidden[ti * d..(ti + 1) * d],
+                Some(&self.weights.norm),
+                c.rms_norm_eps,
+                &mut normed[j * d..(j + 1) * d],
+            );
         }
         Ok(ctx.mm(&self.weights.lm_head, &normed, sel.len()))
     }
@@ -227,7 +246,11 @@ impl KimiK3 {
             let a = match (&lw.attn, &mut state.layers[i]) {
                 (Attn::Kda(w), LayerState::Kda(s)) => kda::forward(ctx, w, c, s, &a_in, t),
                 (Attn::Mla(w), LayerState::Mla(s)) => mla::forward(ctx, w, c, s, &a_in, t),
-                _ => return Err(ModelError::Config(format!("layer {i}: state kind does not match weights"))),
+                _ => {
+                    return Err(ModelError::Config(format!(
+                        "layer {i}: state kind does not match weights"
+                    )))
+                }
             };
             Trace::put(trace, || format!("layer{i}.attn_out"), &a);
             // Without AttnRes `partial` is the layer input, so this is the plain residual.
@@ -279,7 +302,12 @@ fn attn_res(anchors: &[Vec<f32>], partial: &[f32], w_eff: &[f32], d: usize, eps:
     let mut logits = vec![0.0f32; anchors.len() + 1];
     for ti in 0..t {
         let r = ti * d..(ti + 1) * d;
-        for (j, src) in anchors.iter().map(|a| &a[r.clone()]).chain(std::iter::once(&partial[r.clone()])).enumerate() {
+        for (j, src) in anchors
+            .iter()
+            .map(|a| &a[r.clone()])
+            .chain(std::iter::once(&partial[r.clone()]))
+            .enumerate()
+        {
             let dot: f64 = src.iter().zip(w_eff).map(|(&v, &w)| f64::from(v) * f64::from(w)).sum();
             let ss: f64 = src.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
             #[allow(clippy::cast_precision_loss)]
@@ -291,7 +319,12 @@ fn attn_res(anchors: &[Vec<f32>], partial: &[f32], w_eff: &[f32], d: usize, eps:
         }
         softmax_inplace(&mut logits);
         let o = &mut out[r.clone()];
-        for (j, src) in anchors.iter().map(|a| &a[r.clone()]).chain(std::iter::once(&partial[r.clone()])).enumerate() {
+        for (j, src) in anchors
+            .iter()
+            .map(|a| &a[r.clone()])
+            .chain(std::iter::once(&partial[r.clone()]))
+            .enumerate()
+        {
             let pj = logits[j];
             for (a, &v) in o.iter_mut().zip(src) {
                 *a += pj * v;

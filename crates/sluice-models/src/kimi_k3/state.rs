@@ -130,7 +130,9 @@ impl K3State {
         let layers = shapes
             .iter()
             .map(|s| match *s {
-                LayerShape::Kda { heads, dim, conv_len } => LayerState::Kda(KdaLayer::new(heads, dim, conv_len)),
+                LayerShape::Kda { heads, dim, conv_len } => {
+                    LayerState::Kda(KdaLayer::new(heads, dim, conv_len))
+                }
                 LayerShape::Mla { lat_dim, pe_dim } => {
                     LayerState::Mla(MlaLayer { lat: Vec::new(), pe: Vec::new(), lat_dim, pe_dim })
                 }
@@ -193,7 +195,9 @@ impl K3State {
         self.layers
             .iter()
             .map(|l| match l {
-                LayerState::Kda(k) => 4 * (k.committed.s.len() + k.work.s.len() + 2 * k.committed.conv.len()),
+                LayerState::Kda(k) => {
+                    4 * (k.committed.s.len() + k.work.s.len() + 2 * k.committed.conv.len())
+                }
                 LayerState::Mla(m) => 4 * (m.lat.capacity() + m.pe.capacity()),
             })
             .sum()

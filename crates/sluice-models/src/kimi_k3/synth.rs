@@ -54,6 +54,9 @@ enum Init {
     Packed,
     /// E8M0 scales uniformly in `lo..=hi`.
     Scale(u8, u8),
+    /// Uniform ±a, with rows from `quiet_from` on (reserved special tokens) scaled by 1/20 so
+    /// random weights rarely pick them, like untrained rows of a real model.
+    Head { a: f32, cols: usize, quiet_from: usize },
 }
 
 struct Tensor {
@@ -101,7 +104,12 @@ fn layer_tensors(c: &K3Config, i: usize) -> Vec<Tensor> {
                 v.push(lin(format!("{a}.{n}_proj.weight"), pw, d));
             }
             for n in ["q", "k", "v"] {
-                v.push(t(format!("{a}.{n}_conv1d.weight"), DType::F32, &[pw, 1, k], Init::Uniform(0.5)));
+                v.push(t(
+                    format!("{a}.{n}_conv1d.weight"),
+                    DType::F32,
+                    &[pw, 1, k],
+                    Init::Uniform(0.5),
+                ));
             }
             v.push(lin(format!("{a}.f_a_proj.weight"), la.head_dim, d));
             v.push(lin(format!("{a}.f_b_proj.weight"), pw, la.head_dim));
@@ -109,7 +117,12 @@ fn layer_tensors(c: &K3Config, i: usize) -> Vec<Tensor> {
             let a_len = la.num_heads.max(la.head_dim);
             v.push(t(format!("{a}.A_log"), DType::F32, &[a_len], Init::ALog(la.num_heads)));
             v.push(t(format!("{a}.dt_bias"), DType::F32, &[pw], Init::Uniform(1.0)));
-            v.push(t(format!("{a}.o_norm.weight"), DType::F32, &[la.head_dim], Init::AroundOne(0.1)));
+            v.push(t(
+                format!("{a}.o_norm.weight"),
+                DType::F32,
+                &[la.head_dim],
+                Init::AroundOne(0.1),
+            ));
             v.push(lin(format!("{a}.g_proj.weight"), pw, d));
             v.push(lin(format!("{a}.o_proj.weight"), d, pw));
         }
@@ -118,9 +131,17 @@ fn layer_tensors(c: &K3Config, i: usize) -> Vec<Tensor> {
             v.push(lin(format!("{a}.q_a_proj.weight"), c.q_lora_rank, d));
             v.push(norm(format!("{a}.q_a_layernorm.weight"), c.q_lora_rank));
             v.push(lin(format!("{a}.q_b_proj.weight"), h * c.mla_qk_dim(), c.q_lora_rank));
-            v.push(lin(format!("{a}.kv_a_proj_with_mqa.weight"), c.kv_lora_rank + c.qk_rope_head_dim, d));
+            v.push(lin(
+                format!("{a}.kv_a_proj_with_mqa.weight"),
+                c.kv_lora_rank + c.qk_rope_head_dim,
+                d,
+            ));
             v.push(norm(format!("{a}.kv_a_layernorm.weight"), c.kv_lora_rank));
-            v.push(lin(format!("{a}.kv_b_proj.weight"), h * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank));
+            v.push(lin(
+                format!("{a}.kv_b_proj.weight"),
+                h * (c.qk_nope_head_dim + c.v_head_dim),
+                c.kv_lora_rank,
+            ));
             v.push(lin(format!("{a}.g_proj.weight"), h * c.v_head_dim, d));
             v.push(lin(format!("{a}.o_proj.weight"), d, h * c.v_head_dim));
         }
@@ -130,7 +151,12 @@ fn layer_tensors(c: &K3Config, i: usize) -> Vec<Tensor> {
         let (e, lat, inter) = (c.num_experts, c.expert_width(), c.moe_intermediate_size);
         let sh = inter * c.num_shared_experts;
         v.push(lin(format!("{m}.gate.weight"), e, d));
-        v.push(t(format!("{m}.gate.e_score_correction_bias"), DType::F32, &[e], Init::Uniform(0.05)));
+        v.push(t(
+            format!("{m}.gate.e_score_correction_bias"),
+            DType::F32,
+            &[e],
+            Init::Uniform(0.05),
+        ));
         v.push(lin(format!("{m}.routed_expert_down_proj.weight"), lat, d));
         v.push(norm(format!("{m}.routed_expert_norm.weight"), lat));
         v.push(lin(format!("{m}.routed_expert_up_proj.weight"), d, lat));
@@ -138,7 +164,14 @@ fn layer_tensors(c: &K3Config, i: usize) -> Vec<Tensor> {
         v.push(lin(format!("{m}.shared_experts.up_proj.weight"), sh, d));
         v.push(lin(format!("{m}.shared_experts.down_proj.weight"), d, sh));
         // Scales 2^-9..2^-5 keep E2M1 (|v| ≤ 6) weights near 1/√fan_in for typical widths.
-        let shapes = [[inter, lat / 2], [inter, lat / 32], [lat, inter / 2], [lat, inter / 32], [inter, lat / 2], [inter, lat / 32]];
+        let shapes = [
+            [inter, lat / 2],
+            [inter, lat / 32],
+            [lat, inter / 2],
+            [lat, inter / 32],
+            [inter, lat / 2],
+            [inter, lat / 32],
+        ];
         for ex in 0..e {
             for (k, name) in expert_tensor_names("language_model.", i, ex).into_iter().enumerate() {
                 let init = if k % 2 == 0 { Init::Packed } else { Init::Scale(118, 122) };
@@ -154,17 +187,31 @@ fn layer_tensors(c: &K3Config, i: usize) -> Vec<Tensor> {
     v
 }
 
-fn global_tensors(c: &K3Config) -> Vec<Tensor> {
+fn global_tensors(c: &K3Config, quiet_from: usize) -> Vec<Tensor> {
     let d = c.hidden_size;
     let g = "language_model.";
     let mut v = vec![
-        t(format!("{g}model.embed_tokens.weight"), DType::BF16, &[c.vocab_size, d], Init::Uniform(1.0)),
+        t(
+            format!("{g}model.embed_tokens.weight"),
+            DType::BF16,
+            &[c.vocab_size, d],
+            Init::Uniform(1.0),
+        ),
         norm(format!("{g}model.norm.weight"), d),
-        lin(format!("{g}lm_head.weight"), c.vocab_size, d),
+        {
+            #[allow(clippy::cast_precision_loss)]
+            let a = (3.0 / d as f32).sqrt();
+            t(format!("{g}lm_head.weight"), DType::BF16, &[c.vocab_size, d], Init::Head { a, cols: d, quiet_from })
+        },
     ];
     if c.attn_res_block_size.is_some() {
         v.push(norm(format!("{g}model.output_attn_res_norm.weight"), d));
-        v.push(t(format!("{g}model.output_attn_res_proj.weight"), DType::BF16, &[1, d], Init::Uniform(0.5)));
+        v.push(t(
+            format!("{g}model.output_attn_res_proj.weight"),
+            DType::BF16,
+            &[1, d],
+            Init::Uniform(0.5),
+        ));
     }
     v
 }
@@ -172,10 +219,26 @@ fn global_tensors(c: &K3Config) -> Vec<Tensor> {
 /// Fills `out` with `n` values of `init` encoded as `dtype`.
 fn fill(rng: &mut SplitMix, init: Init, dtype: DType, n: usize, out: &mut Vec<u8>) {
     out.clear();
+    if let Init::Packed = init {
+        // Eight random bytes per draw: expert nibbles are most of a large checkpoint.
+        while out.len() < n {
+            let take = (n - out.len()).min(8);
+            out.extend_from_slice(&rng.next_u64().to_le_bytes()[..take]);
+        }
+        return;
+    }
     for i in 0..n {
         let x = match init {
             Init::Uniform(a) => a * rng.uniform(),
             Init::AroundOne(a) => 1.0 + a * rng.uniform(),
+            Init::Head { a, cols, quiet_from } => {
+                let v = a * rng.uniform();
+                if i / cols >= quiet_from {
+                    v / 20.0
+                } else {
+                    v
+                }
+            }
             Init::ALog(h) => {
                 if i < h {
                     (8.5 + 7.5 * rng.uniform()).ln()
@@ -183,11 +246,7 @@ fn fill(rng: &mut SplitMix, init: Init, dtype: DType, n: usize, out: &mut Vec<u8
                     0.0
                 }
             }
-            Init::Packed => {
-                #[allow(clippy::cast_possible_truncation)]
-                out.push(rng.next_u64() as u8);
-                continue;
-            }
+            Init::Packed => unreachable!("invariant: packed nibbles are filled before this loop"),
             Init::Scale(lo, hi) => {
                 let span = u64::from(hi - lo) + 1;
                 #[allow(clippy::cast_possible_truncation)]
@@ -217,20 +276,23 @@ pub fn release_config(text_config: &Value, vocab_base: u64) -> Value {
 }
 
 /// Writes a synthetic checkpoint of `text_config` into `dir` (created if needed). `config` is
-/// the full `config.json` to write. `progress(done, total)` is called with bytes written.
-/// Returns the bytes of tensor data written.
+/// the full `config.json` to write; lm_head rows from `special_from` on (the reserved specials)
+/// are drawn small. `progress(done, total)` is called with bytes written. Returns the bytes of
+/// tensor data written.
 pub fn write_checkpoint(
     dir: &Path,
     config: &Value,
     text_config: &Value,
     seed: u64,
+    special_from: usize,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<u64, ModelError> {
     let c = K3Config::from_json(text_config)?;
     std::fs::create_dir_all(dir)
         .map_err(|e| ModelError::Config(format!("cannot create {}: {e}", dir.display())))?;
-    let mut groups: Vec<Vec<Tensor>> = (0..c.num_hidden_layers).map(|i| layer_tensors(&c, i)).collect();
-    groups.push(global_tensors(&c));
+    let mut groups: Vec<Vec<Tensor>> =
+        (0..c.num_hidden_layers).map(|i| layer_tensors(&c, i)).collect();
+    groups.push(global_tensors(&c, special_from));
     let n = groups.len();
     let bytes_of = |t: &Tensor| t.shape.iter().product::<u64>() * t.dtype.size();
     let total: u64 = groups.iter().flatten().map(bytes_of).sum();
@@ -239,13 +301,15 @@ pub fn write_checkpoint(
     let mut buf = Vec::new();
     for (gi, g) in groups.iter().enumerate() {
         let file = format!("model-{:05}-of-{:06}.safetensors", gi + 1, n);
-        let specs: Vec<TensorSpec> = g.iter().map(|t| TensorSpec::new(t.name.clone(), t.dtype, t.shape.clone())).collect();
+        let specs: Vec<TensorSpec> =
+            g.iter().map(|t| TensorSpec::new(t.name.clone(), t.dtype, t.shape.clone())).collect();
         let mut w = ShardWriter::create(&dir.join(&file), specs, None)?;
         for tensor in g {
             // One stream per tensor name keeps every tensor's values independent of the others.
             let mut rng = SplitMix::new(seed ^ fnv1a(&tensor.name));
-            let numel = usize::try_from(tensor.shape.iter().product::<u64>())
-                .map_err(|_| ModelError::Config(format!("{} is too large for this platform", tensor.name)))?;
+            let numel = usize::try_from(tensor.shape.iter().product::<u64>()).map_err(|_| {
+                ModelError::Config(format!("{} is too large for this platform", tensor.name))
+            })?;
             fill(&mut rng, tensor.init, tensor.dtype, numel, &mut buf);
             w.write_tensor(&tensor.name, &buf)?;
             done += bytes_of(tensor);
@@ -261,5 +325,59 @@ pub fn write_checkpoint(
 
 /// FNV-1a hash of a name (seeds per-tensor streams).
 fn fnv1a(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    s.bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// A Kimi K3 "slice": K3's real per-layer dimensions (hidden 7168, KDA 96×128, MLA 96 heads with
+/// q_lora 1536 / kv_lora 512 / 128+64 / v 128, latent 3584, expert width 3072, MXFP4 experts of
+/// 17,547,264 bytes, top-16, 2 shared experts, SiTU, AttnRes block 12) with `layers` MoE layers
+/// (every fourth and the last MLA, the rest KDA; no dense layer), `experts` routed experts per
+/// layer and a `vocab`-row embedding and lm_head.
+pub fn k3_slice_text_config(layers: usize, experts: usize, vocab: usize) -> Value {
+    let kda: Vec<usize> = (1..=layers).filter(|&l| l % 4 != 0 && l != layers).collect();
+    let full: Vec<usize> = (1..=layers).filter(|l| !kda.contains(l)).collect();
+    json!({
+        "model_type": "kimi_linear",
+        "architectures": ["KimiLinearForCausalLM"],
+        "vocab_size": vocab,
+        "hidden_size": 7168,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 96,
+        "num_key_value_heads": 96,
+        "intermediate_size": 33792,
+        "rms_norm_eps": 1e-5,
+        "linear_attn_config": {
+            "kda_layers": kda, "full_attn_layers": full, "num_heads": 96, "head_dim": 128,
+            "short_conv_kernel_size": 4, "use_full_rank_gate": true, "gate_lower_bound": -5.0
+        },
+        "hidden_act": "situ",
+        "activation_situ_beta": 4.0,
+        "activation_situ_linear_beta": 25.0,
+        "attn_res_block_size": 12,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "mla_use_nope": true,
+        "mla_use_output_gate": true,
+        "first_k_dense_replace": 0,
+        "moe_layer_freq": 1,
+        "num_experts": experts,
+        "num_experts_per_token": 16.min(experts),
+        "num_shared_experts": 2,
+        "moe_intermediate_size": 3072,
+        "routed_expert_hidden_size": 3584,
+        "latent_moe_use_norm": true,
+        "moe_router_activation_func": "sigmoid",
+        "topk_method": "noaux_tc",
+        "use_grouped_topk": true,
+        "num_expert_group": 1,
+        "topk_group": 1,
+        "moe_renormalize": true,
+        "routed_scaling_factor": 1.0,
+        "num_nextn_predict_layers": 0,
+        "tie_word_embeddings": false
+    })
 }

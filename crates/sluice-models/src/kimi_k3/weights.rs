@@ -182,8 +182,14 @@ impl Roster<'_> {
         }
         let b = self.ckpt.bytes(e);
         match e.dtype {
-            DType::BF16 => Ok(b.chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect()),
-            DType::F32 => Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+            DType::BF16 => Ok(b
+                .chunks_exact(2)
+                .map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+                .collect()),
+            DType::F32 => Ok(b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()),
             _ => Err(self.dtype_err(name, e, DType::F32)),
         }
     }
@@ -208,7 +214,8 @@ impl Roster<'_> {
         let la = &c.linear_attn_config;
         let (h, hd, kk) = (la.num_heads, la.head_dim, la.short_conv_kernel_size);
         let pw = c.kda_proj();
-        let conv = |n: &str| self.vec(&format!("{p}.{n}_conv1d.weight"), &[pw as u64, 1, kk as u64]);
+        let conv =
+            |n: &str| self.vec(&format!("{p}.{n}_conv1d.weight"), &[pw as u64, 1, kk as u64]);
         // A_log is stored padded (K3: [128] for 96 heads); only the first num_heads are real.
         let a_name = format!("{p}.A_log");
         let ae = self.entry(&a_name)?;
@@ -218,7 +225,9 @@ impl Roster<'_> {
         }
         let a_log = self.vec(&a_name, &ae.shape.clone())?;
         if !la.use_full_rank_gate {
-            return Err(ModelError::Config("use_full_rank_gate = false (g_a/g_b gate) is not supported".into()));
+            return Err(ModelError::Config(
+                "use_full_rank_gate = false (g_a/g_b gate) is not supported".into(),
+            ));
         }
         Ok(KdaWeights {
             q_proj: self.mat(&format!("{p}.q_proj.weight"), pw, d)?,
@@ -246,7 +255,11 @@ impl Roster<'_> {
             q_b: self.mat(&format!("{p}.q_b_proj.weight"), h * c.mla_qk_dim(), ql)?,
             kv_a: self.mat(&format!("{p}.kv_a_proj_with_mqa.weight"), kl + r, d)?,
             kv_a_norm: self.vec(&format!("{p}.kv_a_layernorm.weight"), &[kl as u64])?,
-            kv_b: self.mat(&format!("{p}.kv_b_proj.weight"), h * (c.qk_nope_head_dim + c.v_head_dim), kl)?,
+            kv_b: self.mat(
+                &format!("{p}.kv_b_proj.weight"),
+                h * (c.qk_nope_head_dim + c.v_head_dim),
+                kl,
+            )?,
             g_proj: if c.mla_use_output_gate {
                 Some(self.mat(&format!("{p}.g_proj.weight"), h * c.v_head_dim, d)?)
             } else {
@@ -263,16 +276,24 @@ impl Roster<'_> {
         Ok(MoeWeights {
             router: self.mat(&format!("{p}.gate.weight"), e, d)?,
             bias: self.vec(&format!("{p}.gate.e_score_correction_bias"), &[e as u64])?,
-            down: latent.map(|l| self.mat(&format!("{p}.routed_expert_down_proj.weight"), l, d)).transpose()?,
+            down: latent
+                .map(|l| self.mat(&format!("{p}.routed_expert_down_proj.weight"), l, d))
+                .transpose()?,
             norm: match latent {
                 Some(l) if c.latent_moe_use_norm => {
                     Some(self.vec(&format!("{p}.routed_expert_norm.weight"), &[l as u64])?)
                 }
                 _ => None,
             },
-            up: latent.map(|l| self.mat(&format!("{p}.routed_expert_up_proj.weight"), d, l)).transpose()?,
+            up: latent
+                .map(|l| self.mat(&format!("{p}.routed_expert_up_proj.weight"), d, l))
+                .transpose()?,
             shared: if c.num_shared_experts > 0 {
-                Some(self.mlp(&format!("{p}.shared_experts"), d, c.moe_intermediate_size * c.num_shared_experts)?)
+                Some(self.mlp(
+                    &format!("{p}.shared_experts"),
+                    d,
+                    c.moe_intermediate_size * c.num_shared_experts,
+                )?)
             } else {
                 None
             },
@@ -291,8 +312,16 @@ impl K3Weights {
             let p = format!("model.layers.{i}");
             let (attn_res, mlp_res) = if c.attn_res_block_size.is_some() {
                 (
-                    Some(r.res(&format!("{p}.self_attention_res_norm.weight"), &format!("{p}.self_attention_res_proj.weight"), d)?),
-                    Some(r.res(&format!("{p}.mlp_res_norm.weight"), &format!("{p}.mlp_res_proj.weight"), d)?),
+                    Some(r.res(
+                        &format!("{p}.self_attention_res_norm.weight"),
+                        &format!("{p}.self_attention_res_proj.weight"),
+                        d,
+                    )?),
+                    Some(r.res(
+                        &format!("{p}.mlp_res_norm.weight"),
+                        &format!("{p}.mlp_res_proj.weight"),
+                        d,
+                    )?),
                 )
             } else {
                 (None, None)
@@ -320,7 +349,11 @@ impl K3Weights {
             lm_head: r.mat("lm_head.weight", c.vocab_size, d)?,
             norm: r.vec("model.norm.weight", &[du])?,
             output_res: if c.attn_res_block_size.is_some() {
-                Some(r.res("model.output_attn_res_norm.weight", "model.output_attn_res_proj.weight", d)?)
+                Some(r.res(
+                    "model.output_attn_res_norm.weight",
+                    "model.output_attn_res_proj.weight",
+                    d,
+                )?)
             } else {
                 None
             },

@@ -39,17 +39,24 @@ impl Golden {
             let b = &bytes[t.data_start as usize..(t.data_start + t.len) as usize];
             match t.dtype {
                 DType::F32 => {
-                    let v = b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+                    let v = b
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                        .collect();
                     f32s.insert(t.name, (t.shape, v));
                 }
                 DType::I32 => {
-                    let v = b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+                    let v = b
+                        .chunks_exact(4)
+                        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+                        .collect();
                     i32s.insert(t.name, (t.shape, v));
                 }
                 other => panic!("unexpected golden dtype {other}"),
             }
         }
-        let json = serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
+        let json =
+            serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
         Self { f32s, i32s, json }
     }
 
@@ -58,7 +65,13 @@ impl Golden {
     }
 
     pub fn ids(&self, name: &str) -> Vec<u32> {
-        self.i32s.get(name).unwrap_or_else(|| panic!("golden {name}")).1.iter().map(|&v| v as u32).collect()
+        self.i32s
+            .get(name)
+            .unwrap_or_else(|| panic!("golden {name}"))
+            .1
+            .iter()
+            .map(|&v| v as u32)
+            .collect()
     }
 }
 

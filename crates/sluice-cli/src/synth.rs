@@ -1,0 +1,73 @@
+//! `sluice synth`: write a synthetic checkpoint of a real architecture in its published layout,
+//! deterministic from a seed, with a progress bar.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use sluice_models::kimi_k3::synth::{k3_slice_text_config, release_config, write_checkpoint};
+use std::path::PathBuf;
+
+/// Which configuration to write.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Preset {
+    /// Kimi K3's real per-layer dimensions with fewer layers, experts and vocabulary rows.
+    K3Slice,
+    /// The built-in demo model's toy configuration.
+    Demo,
+}
+
+/// Flags of `sluice synth`.
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// Output directory (must not exist, or be empty).
+    #[arg(long)]
+    out: PathBuf,
+    /// Configuration preset.
+    #[arg(long, value_enum, default_value = "k3-slice")]
+    preset: Preset,
+    /// MoE layers (k3-slice).
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    /// Routed experts per layer (k3-slice).
+    #[arg(long, default_value_t = 128)]
+    experts: usize,
+    /// Tokenizer ranks; the vocabulary adds K3's 256 reserved specials (k3-slice).
+    #[arg(long, default_value_t = 32768)]
+    ranks: usize,
+    /// Seed of the random weights.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// Runs the command.
+pub fn run(a: &SynthArgs) -> Result<()> {
+    if a.out.exists() && a.out.read_dir().map(|mut d| d.next().is_some()).unwrap_or(true) {
+        bail!("{} exists and is not empty; choose a new directory", a.out.display());
+    }
+    let (text, ranks) = match a.preset {
+        Preset::K3Slice => {
+            if a.layers == 0 || a.experts < 16 || a.ranks < 256 {
+                bail!("k3-slice needs --layers ≥ 1, --experts ≥ 16 and --ranks ≥ 256");
+            }
+            (k3_slice_text_config(a.layers, a.experts, a.ranks + 256), a.ranks)
+        }
+        Preset::Demo => {
+            (sluice_engine::demo::demo_text_config(512 + 256), 512)
+        }
+    };
+    let config = release_config(&text, ranks as u64);
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {bytes}/{total_bytes} {wide_bar} {binary_bytes_per_sec} eta {eta}")
+            .context("progress template")?,
+    );
+    let total = write_checkpoint(&a.out, &config, &text, a.seed, ranks, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .with_context(|| format!("writing {}", a.out.display()))?;
+    bar.finish_and_clear();
+    sluice_engine::demo::write_tokenizer_files(&a.out, ranks).with_context(|| format!("writing the tokenizer of {}", a.out.display()))?;
+    println!("wrote {} ({} bytes of tensors, seed {})", a.out.display(), total, a.seed);
+    Ok(())
+}
