@@ -7,7 +7,7 @@ use clap::Args;
 use serde_json::json;
 use sluice_checkpoint::Checkpoint;
 use sluice_engine::demo::{cache_dir, ensure_demo_model};
-use sluice_engine::{generate, GenerateOptions};
+use sluice_engine::{generate, Drafter, GenerateOptions, NgramDrafter};
 use sluice_tokenizer::chat::{render_k3, ChatMessage, ChatOptions, Role};
 use sluice_tokenizer::{Tokenizer, RANK_FILE};
 use std::path::PathBuf;
@@ -44,6 +44,12 @@ pub struct RunArgs {
     /// Write the f32 logits of every generated step as an .npy array [steps, vocab].
     #[arg(long)]
     dump_logits: Option<PathBuf>,
+    /// Speculative drafts: `none` or `ngram` (prompt lookup). Output is identical either way.
+    #[arg(long, default_value = "none")]
+    draft: String,
+    /// Most draft tokens verified per pass.
+    #[arg(long, default_value_t = 8)]
+    draft_max: usize,
 }
 
 /// Runs the command.
@@ -128,16 +134,22 @@ pub fn run(a: &RunArgs) -> Result<()> {
         let s = &out.stats;
         eprintln!(
             "stats: load {load_s:.3}s, prompt {} tokens, prefill {:.3}s, generated {} tokens, {:.4} s/token, \
-             {} passes, {:.2} tokens/pass, experts {} requests / {} bytes served / {} bytes read, state {} bytes, finish {}",
+             {} passes, {:.2} tokens/pass, draft {} ({} drafted, {} accepted, widths {:?}), \
+             experts {} requests / {} bytes served / {} bytes read ({:.0} per token), state {} bytes, finish {}",
             s.prompt_tokens,
             s.prefill_s,
             s.generated_tokens,
             s.s_per_token,
             s.passes,
             s.tokens_per_pass,
+            s.drafter,
+            s.drafted,
+            s.accepted,
+            s.width_histogram,
             s.expert_requests,
             s.expert_bytes,
             s.expert_bytes_read,
+            s.expert_bytes_per_token,
             s.state_bytes,
             s.finish_reason
         );

@@ -1,7 +1,16 @@
-//! Greedy decoding over a model and its sequence state: one prefill pass over the whole
-//! prompt (each expert read once per layer), then one pass per generated token, each committed
-//! before the next. Statistics cover wall time per phase and bytes served by the expert store.
+//! Greedy decoding with optional exact speculative verification.
+//!
+//! The prompt runs as one pass (each expert read once per layer). Then every pass feeds the
+//! pending token (the target's own choice, not yet in the state) followed by up to k drafted
+//! tokens; row i's logits give the target's choice after row i. Drafts are accepted while they
+//! equal the target's choice; the target's token after the last accepted row becomes the new
+//! pending token. The state then commits exactly the rows whose tokens were emitted, so it holds
+//! what plain decoding would hold — and because every kernel is batch-invariant, every emitted
+//! token's logits are bit-identical to plain decoding's. Stop tokens and `max_new` apply inside
+//! the accepted prefix.
 
+use crate::draft::Drafter;
+use crate::policy::WidthPolicy;
 use crate::EngineError;
 use serde::Serialize;
 use sluice_models::{LogitRows, Model, State};
@@ -16,6 +25,8 @@ pub struct GenerateOptions {
     pub stop_ids: Vec<u32>,
     /// Keep the logits of every generated step.
     pub keep_logits: bool,
+    /// Most drafts verified per pass (0 disables speculation).
+    pub draft_max: usize,
 }
 
 /// Run statistics (printed by `--stats`, recorded by `--json`).
@@ -35,12 +46,24 @@ pub struct Stats {
     pub passes: usize,
     /// Tokens emitted per decode pass.
     pub tokens_per_pass: f64,
+    /// Drafter in use (`none` without speculation).
+    pub drafter: String,
+    /// Draft tokens verified.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+    /// `accepted / drafted`.
+    pub acceptance: f64,
+    /// Decode passes by number of drafts verified (index = drafts).
+    pub width_histogram: Vec<usize>,
     /// Expert requests served by the store.
     pub expert_requests: u64,
     /// Expert bytes handed to the model.
     pub expert_bytes: u64,
     /// Expert bytes read from storage.
     pub expert_bytes_read: u64,
+    /// Expert bytes handed to the model per generated token (decode passes only).
+    pub expert_bytes_per_token: f64,
     /// Bytes of sequence state at the end.
     pub state_bytes: usize,
     /// Why generation stopped: "stop", "length".
@@ -69,12 +92,38 @@ pub fn argmax(logits: &[f32]) -> u32 {
     u32::try_from(best).unwrap_or(u32::MAX)
 }
 
-/// Greedy generation from `prompt`, continuing `state` (which must have no pending pass).
+/// Emission bookkeeping shared by the prefill and every pass.
+struct Emitter<'a> {
+    opts: &'a GenerateOptions,
+    out: Generation,
+    done: bool,
+}
+
+impl Emitter<'_> {
+    /// Emits `tok` chosen from `logits`; returns false once generation must stop.
+    fn emit(&mut self, tok: u32, logits: &[f32]) -> bool {
+        self.out.tokens.push(tok);
+        if self.opts.keep_logits {
+            self.out.logits.push(logits.to_vec());
+        }
+        if self.opts.stop_ids.contains(&tok) {
+            self.out.stats.finish_reason = "stop".into();
+            self.done = true;
+        } else if self.out.tokens.len() >= self.opts.max_new {
+            self.done = true;
+        }
+        !self.done
+    }
+}
+
+/// Greedy generation from `prompt`, continuing `state` (which must have no pending pass), with
+/// drafts from `drafter` when `opts.draft_max > 0`.
 pub fn generate(
     model: &Model,
     state: &mut State,
     prompt: &[u32],
     opts: &GenerateOptions,
+    mut drafter: Option<&mut dyn Drafter>,
 ) -> Result<Generation, EngineError> {
     if prompt.is_empty() {
         return Err(EngineError::EmptyPrompt);
@@ -84,50 +133,96 @@ pub fn generate(
         return Err(EngineError::TokenOutOfVocab { id: bad, vocab });
     }
     let store0 = model.store_stats();
-    let mut stats = Stats { prompt_tokens: prompt.len(), ..Stats::default() };
-    let mut out = Generation { tokens: Vec::new(), logits: Vec::new(), stats: Stats::default() };
-    if opts.max_new == 0 {
-        stats.finish_reason = "length".into();
-        out.stats = stats;
-        return Ok(out);
+    let stats = Stats {
+        prompt_tokens: prompt.len(),
+        finish_reason: "length".into(),
+        drafter: drafter.as_ref().map_or_else(|| "none".into(), |d| d.name()),
+        ..Stats::default()
+    };
+    let mut em = Emitter { opts, out: Generation { tokens: Vec::new(), logits: Vec::new(), stats }, done: opts.max_new == 0 };
+    if em.done {
+        return Ok(em.out);
     }
     let t0 = Instant::now();
-    let mut logits = model.forward(state, prompt, LogitRows::Last, None)?;
+    let logits = model.forward(state, prompt, LogitRows::Last, None)?;
     state.commit(prompt.len());
-    stats.prefill_s = t0.elapsed().as_secs_f64();
-    stats.passes = 1;
+    em.out.stats.prefill_s = t0.elapsed().as_secs_f64();
+    em.out.stats.passes = 1;
+    let mut pending = argmax(&logits);
+    em.emit(pending, &logits);
+
+    let draft_max = if drafter.is_some() { opts.draft_max } else { 0 };
+    let mut policy = WidthPolicy::new(draft_max);
+    let mut context: Vec<u32> = prompt.to_vec();
+    context.push(pending);
     let t1 = Instant::now();
-    stats.finish_reason = "length".into();
-    loop {
-        let tok = argmax(&logits);
-        out.tokens.push(tok);
-        if opts.keep_logits {
-            out.logits.push(std::mem::take(&mut logits));
+    let store1 = model.store_stats();
+    while !em.done {
+        let want = policy.width().min(opts.max_new.saturating_sub(em.out.tokens.len()));
+        let drafts = match (&mut drafter, want) {
+            (Some(d), w) if w > 0 => {
+                let mut v = d.propose(&context, w);
+                v.truncate(w);
+                v.retain(|&t| (t as usize) < vocab);
+                v
+            }
+            _ => Vec::new(),
+        };
+        let mut rows = Vec::with_capacity(1 + drafts.len());
+        rows.push(pending);
+        rows.extend_from_slice(&drafts);
+        let tp = Instant::now();
+        let all = model.forward(state, &rows, LogitRows::All, None)?;
+        let row = |i: usize| &all[i * vocab..(i + 1) * vocab];
+        // Emit the accepted drafts, then the target's own token after the last accepted row.
+        let mut emitted = 0usize;
+        let mut accepted = 0usize;
+        loop {
+            let choice = argmax(row(emitted));
+            let is_draft = drafts.get(emitted) == Some(&choice);
+            emitted += 1;
+            let go_on = em.emit(choice, row(emitted - 1));
+            context.push(choice);
+            pending = choice;
+            if is_draft {
+                accepted += 1;
+            }
+            if !go_on || !is_draft {
+                break;
+            }
         }
-        if opts.stop_ids.contains(&tok) {
-            stats.finish_reason = "stop".into();
-            break;
-        }
-        if out.tokens.len() >= opts.max_new {
-            break;
-        }
-        logits = model.forward(state, &[tok], LogitRows::Last, None)?;
-        state.commit(1);
-        stats.passes += 1;
+        state.commit(emitted);
+        let secs = tp.elapsed().as_secs_f64();
+        policy.record(rows.len(), secs, drafts.len(), accepted);
+        em.out.stats.passes += 1;
+        em.out.stats.drafted += drafts.len();
+        em.out.stats.accepted += accepted;
     }
+    let mut stats = em.out.stats.clone();
     stats.decode_s = t1.elapsed().as_secs_f64();
-    stats.generated_tokens = out.tokens.len();
+    stats.generated_tokens = em.out.tokens.len();
+    stats.width_histogram = policy.histogram.clone();
     let decode_passes = stats.passes - 1;
+    let decode_tokens = em.out.tokens.len() - 1;
     #[allow(clippy::cast_precision_loss)]
-    if decode_passes > 0 {
-        stats.s_per_token = stats.decode_s / decode_passes as f64;
-        stats.tokens_per_pass = (out.tokens.len() - 1) as f64 / decode_passes as f64;
+    {
+        if decode_passes > 0 {
+            stats.s_per_token = stats.decode_s / decode_tokens.max(1) as f64;
+            stats.tokens_per_pass = decode_tokens as f64 / decode_passes as f64;
+        }
+        if stats.drafted > 0 {
+            stats.acceptance = stats.accepted as f64 / stats.drafted as f64;
+        }
+        let s2 = model.store_stats();
+        if decode_tokens > 0 {
+            stats.expert_bytes_per_token = (s2.bytes_served - store1.bytes_served) as f64 / decode_tokens as f64;
+        }
     }
     let s1 = model.store_stats();
     stats.expert_requests = s1.requests - store0.requests;
     stats.expert_bytes = s1.bytes_served - store0.bytes_served;
     stats.expert_bytes_read = s1.bytes_read - store0.bytes_read;
     stats.state_bytes = state.byte_len();
-    out.stats = stats;
-    Ok(out)
+    em.out.stats = stats;
+    Ok(em.out)
 }

@@ -3,9 +3,13 @@
 //! glue, and run statistics. It never speaks HTTP and never touches weights directly.
 
 pub mod demo;
+pub mod draft;
 pub mod generate;
+pub mod policy;
 
+pub use draft::{Drafter, NgramDrafter, ScriptDrafter};
 pub use generate::{argmax, generate, GenerateOptions, Generation, Stats};
+pub use policy::WidthPolicy;
 
 /// Errors from the engine.
 #[derive(Debug, thiserror::Error)]

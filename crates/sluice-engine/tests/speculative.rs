@@ -1,0 +1,114 @@
+//! Speculative decoding never changes output: with any drafter and any width, the tokens and
+//! the logits of every emitted token are bit-identical to plain greedy decoding.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use proptest::prelude::*;
+use sluice_checkpoint::Checkpoint;
+use sluice_engine::{generate, Drafter, GenerateOptions, Generation, NgramDrafter, ScriptDrafter};
+use sluice_models::Model;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+fn model(name: &str) -> &'static Model {
+    static A: OnceLock<Model> = OnceLock::new();
+    static B: OnceLock<Model> = OnceLock::new();
+    let cell = if name == "tiny-a" { &A } else { &B };
+    cell.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3").join(name);
+        sluice_models::load(Arc::new(Checkpoint::open(&dir).unwrap())).unwrap()
+    })
+}
+
+fn run(m: &Model, prompt: &[u32], max_new: usize, draft_max: usize, d: Option<&mut dyn Drafter>) -> Generation {
+    let opts = GenerateOptions { max_new, stop_ids: vec![], keep_logits: true, draft_max };
+    let mut st = m.new_state();
+    generate(m, &mut st, prompt, &opts, d).unwrap()
+}
+
+fn bits(g: &Generation) -> Vec<Vec<u32>> {
+    g.logits.iter().map(|r| r.iter().map(|x| x.to_bits()).collect()).collect()
+}
+
+fn assert_same(plain: &Generation, spec: &Generation, what: &str) {
+    assert_eq!(spec.tokens, plain.tokens, "{what}: tokens differ");
+    assert!(bits(spec) == bits(plain), "{what}: logits differ");
+}
+
+#[test]
+fn replaying_the_targets_own_future_accepts_everything() {
+    for name in ["tiny-a", "tiny-b"] {
+        let m = model(name);
+        let prompt = [5u32, 17, 300, 42, 99];
+        let plain = run(m, &prompt, 20, 0, None);
+        for width in 1..=16 {
+            // The context holds prompt + emitted tokens; script position 0 is the token after
+            // the first emitted one.
+            let mut d = ScriptDrafter { base: prompt.len() + 1, script: plain.tokens[1..].to_vec() };
+            let spec = run(m, &prompt, 20, width, Some(&mut d));
+            assert_same(&plain, &spec, &format!("{name} width {width}"));
+            assert_eq!(spec.stats.accepted, spec.stats.drafted, "{name} width {width}: all drafts are right");
+            assert!(spec.stats.passes < plain.stats.passes, "{name} width {width}: fewer passes");
+        }
+    }
+}
+
+#[test]
+fn stop_tokens_and_max_new_apply_inside_the_accepted_prefix() {
+    let m = model("tiny-a");
+    let prompt = [60u32, 7, 126];
+    let plain = run(m, &prompt, 12, 0, None);
+    let stop = plain.tokens[5];
+    let opts = |dm| GenerateOptions { max_new: 12, stop_ids: vec![stop], keep_logits: true, draft_max: dm };
+    let mut st = m.new_state();
+    let p = generate(m, &mut st, &prompt, &opts(0), None).unwrap();
+    let plain_len = st.len();
+    let mut d = ScriptDrafter { base: prompt.len() + 1, script: plain.tokens[1..].to_vec() };
+    let mut st2 = m.new_state();
+    let s = generate(m, &mut st2, &prompt, &opts(8), Some(&mut d)).unwrap();
+    assert_same(&p, &s, "stop inside accepted drafts");
+    assert_eq!(s.stats.finish_reason, "stop");
+    assert_eq!(st2.len(), plain_len, "the state holds exactly what plain decoding holds");
+    for max_new in 1..=7 {
+        let a = run(m, &prompt, max_new, 0, None);
+        let mut d = ScriptDrafter { base: prompt.len() + 1, script: plain.tokens[1..].to_vec() };
+        let b = run(m, &prompt, max_new, 8, Some(&mut d));
+        assert_same(&a, &b, &format!("max_new {max_new}"));
+    }
+}
+
+#[test]
+fn ngram_drafting_is_exact() {
+    let m = model("tiny-b");
+    let prompt: Vec<u32> = [10u32, 11, 12, 13, 14, 10, 11, 12, 13, 14, 10, 11].to_vec();
+    let plain = run(m, &prompt, 16, 0, None);
+    let mut d = NgramDrafter::default();
+    let spec = run(m, &prompt, 16, 6, Some(&mut d));
+    assert_same(&plain, &spec, "ngram");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Drafts that are right, wrong and partly right, at every width, on random prompts.
+    #[test]
+    fn any_drafts_any_width_equal_plain(
+        prompt in proptest::collection::vec(0u32..400, 1..10),
+        width in 1usize..=16,
+        corrupt in proptest::collection::vec(proptest::option::of(0u32..400), 16),
+        which in 0usize..2,
+    ) {
+        let m = model(["tiny-a", "tiny-b"][which]);
+        let plain = run(m, &prompt, 10, 0, None);
+        // Start from the true future and overwrite some positions with other tokens.
+        let mut script = plain.tokens[1..].to_vec();
+        for (s, c) in script.iter_mut().zip(&corrupt) {
+            if let Some(t) = c {
+                *s = *t;
+            }
+        }
+        let mut d = ScriptDrafter { base: prompt.len() + 1, script };
+        let spec = run(m, &prompt, 10, width, Some(&mut d));
+        prop_assert_eq!(&spec.tokens, &plain.tokens);
+        prop_assert!(bits(&spec) == bits(&plain));
+    }
+}
