@@ -103,10 +103,20 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     let stop_ids: Vec<u32> =
         tok.as_ref().and_then(|t| t.special_id("<|end_of_msg|>")).into_iter().collect();
-    let opts =
-        GenerateOptions { max_new: a.max_new, stop_ids, keep_logits: a.dump_logits.is_some() };
+    let opts = GenerateOptions {
+        max_new: a.max_new,
+        stop_ids,
+        keep_logits: a.dump_logits.is_some(),
+        draft_max: a.draft_max,
+    };
+    let mut ngram = NgramDrafter::default();
+    let drafter: Option<&mut dyn Drafter> = match a.draft.as_str() {
+        "none" => None,
+        "ngram" => Some(&mut ngram),
+        other => bail!("--draft {other:?}: expected none or ngram"),
+    };
     let mut state = model.new_state();
-    let out = generate(&model, &mut state, &prompt_ids, &opts)?;
+    let out = generate(&model, &mut state, &prompt_ids, &opts, drafter)?;
     let text = tok.as_ref().map(|t| t.decode_lossy(&out.tokens)).transpose()?;
     if let Some(p) = &a.dump_logits {
         npy::write_f32_2d(p, &out.logits, model.vocab_size())?;
