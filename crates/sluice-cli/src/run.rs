@@ -7,7 +7,7 @@ use clap::Args;
 use serde_json::json;
 use sluice_checkpoint::Checkpoint;
 use sluice_engine::demo::{cache_dir, ensure_demo_model};
-use sluice_engine::{generate, Drafter, GenerateOptions, NgramDrafter};
+use sluice_engine::{generate, Drafter, GenerateOptions, NgramDrafter, Sampling};
 use sluice_tokenizer::chat::{render_k3, ChatMessage, ChatOptions, Role};
 use sluice_tokenizer::{Tokenizer, RANK_FILE};
 use std::path::PathBuf;
@@ -108,6 +108,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         stop_ids,
         keep_logits: a.dump_logits.is_some(),
         draft_max: a.draft_max,
+        sampling: Sampling::greedy(),
     };
     let mut ngram = NgramDrafter::default();
     let drafter: Option<&mut dyn Drafter> = match a.draft.as_str() {
@@ -116,7 +117,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         other => bail!("--draft {other:?}: expected none or ngram"),
     };
     let mut state = model.new_state();
-    let out = generate(&model, &mut state, &prompt_ids, &opts, drafter)?;
+    let out = generate(&model, &mut state, &prompt_ids, &opts, drafter, None)?;
     let text = tok.as_ref().map(|t| t.decode_lossy(&out.tokens)).transpose()?;
     if let Some(p) = &a.dump_logits {
         npy::write_f32_2d(p, &out.logits, model.vocab_size())?;

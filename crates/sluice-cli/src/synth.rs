@@ -51,15 +51,15 @@ pub fn run(a: &SynthArgs) -> Result<()> {
             }
             (k3_slice_text_config(a.layers, a.experts, a.ranks + 256), a.ranks)
         }
-        Preset::Demo => {
-            (sluice_engine::demo::demo_text_config(512 + 256), 512)
-        }
+        Preset::Demo => (sluice_engine::demo::demo_text_config(512 + 256), 512),
     };
     let config = release_config(&text, ranks as u64);
     let bar = ProgressBar::new(0);
     bar.set_style(
-        ProgressStyle::with_template("{spinner} {bytes}/{total_bytes} {wide_bar} {binary_bytes_per_sec} eta {eta}")
-            .context("progress template")?,
+        ProgressStyle::with_template(
+            "{spinner} {bytes}/{total_bytes} {wide_bar} {binary_bytes_per_sec} eta {eta}",
+        )
+        .context("progress template")?,
     );
     let total = write_checkpoint(&a.out, &config, &text, a.seed, ranks, &mut |done, total| {
         bar.set_length(total);
@@ -67,7 +67,8 @@ pub fn run(a: &SynthArgs) -> Result<()> {
     })
     .with_context(|| format!("writing {}", a.out.display()))?;
     bar.finish_and_clear();
-    sluice_engine::demo::write_tokenizer_files(&a.out, ranks).with_context(|| format!("writing the tokenizer of {}", a.out.display()))?;
+    sluice_engine::demo::write_tokenizer_files(&a.out, ranks)
+        .with_context(|| format!("writing the tokenizer of {}", a.out.display()))?;
     println!("wrote {} ({} bytes of tensors, seed {})", a.out.display(), total, a.seed);
     Ok(())
 }

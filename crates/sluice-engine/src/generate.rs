@@ -11,6 +11,7 @@
 
 use crate::draft::Drafter;
 use crate::policy::WidthPolicy;
+use crate::sample::Sampling;
 use crate::EngineError;
 use serde::Serialize;
 use sluice_models::{LogitRows, Model, State};
@@ -27,7 +28,25 @@ pub struct GenerateOptions {
     pub keep_logits: bool,
     /// Most drafts verified per pass (0 disables speculation).
     pub draft_max: usize,
+    /// Greedy or seeded sampling.
+    pub sampling: Sampling,
 }
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        Self {
+            max_new: 32,
+            stop_ids: Vec::new(),
+            keep_logits: false,
+            draft_max: 0,
+            sampling: Sampling::greedy(),
+        }
+    }
+}
+
+/// Called with each emitted token; returning `false` cancels generation at the next pass
+/// boundary (the tokens emitted so far stand, the state holds exactly them).
+pub type OnToken<'a> = &'a mut dyn FnMut(u32) -> bool;
 
 /// Run statistics (printed by `--stats`, recorded by `--json`).
 #[derive(Debug, Clone, Default, Serialize)]
@@ -66,7 +85,7 @@ pub struct Stats {
     pub expert_bytes_per_token: f64,
     /// Bytes of sequence state at the end.
     pub state_bytes: usize,
-    /// Why generation stopped: "stop", "length".
+    /// Why generation stopped: "stop", "length", "cancelled".
     pub finish_reason: String,
 }
 
@@ -93,13 +112,19 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 /// Emission bookkeeping shared by the prefill and every pass.
-struct Emitter<'a> {
+struct Emitter<'a, 'b> {
     opts: &'a GenerateOptions,
     out: Generation,
     done: bool,
+    on_token: Option<OnToken<'b>>,
 }
 
-impl Emitter<'_> {
+impl Emitter<'_, '_> {
+    /// The token the target chooses at the next generated position.
+    fn choose(&self, logits: &[f32]) -> u32 {
+        self.opts.sampling.choose(logits, self.out.tokens.len())
+    }
+
     /// Emits `tok` chosen from `logits`; returns false once generation must stop.
     fn emit(&mut self, tok: u32, logits: &[f32]) -> bool {
         self.out.tokens.push(tok);
@@ -111,6 +136,12 @@ impl Emitter<'_> {
             self.done = true;
         } else if self.out.tokens.len() >= self.opts.max_new {
             self.done = true;
+        }
+        if let Some(cb) = self.on_token.as_mut() {
+            if !cb(tok) && !self.done {
+                self.out.stats.finish_reason = "cancelled".into();
+                self.done = true;
+            }
         }
         !self.done
     }
@@ -124,6 +155,7 @@ pub fn generate(
     prompt: &[u32],
     opts: &GenerateOptions,
     mut drafter: Option<&mut dyn Drafter>,
+    on_token: Option<OnToken<'_>>,
 ) -> Result<Generation, EngineError> {
     if prompt.is_empty() {
         return Err(EngineError::EmptyPrompt);
@@ -139,7 +171,12 @@ pub fn generate(
         drafter: drafter.as_ref().map_or_else(|| "none".into(), |d| d.name()),
         ..Stats::default()
     };
-    let mut em = Emitter { opts, out: Generation { tokens: Vec::new(), logits: Vec::new(), stats }, done: opts.max_new == 0 };
+    let mut em = Emitter {
+        opts,
+        out: Generation { tokens: Vec::new(), logits: Vec::new(), stats },
+        done: opts.max_new == 0,
+        on_token,
+    };
     if em.done {
         return Ok(em.out);
     }
@@ -148,7 +185,7 @@ pub fn generate(
     state.commit(prompt.len());
     em.out.stats.prefill_s = t0.elapsed().as_secs_f64();
     em.out.stats.passes = 1;
-    let mut pending = argmax(&logits);
+    let mut pending = em.choose(&logits);
     em.emit(pending, &logits);
 
     let draft_max = if drafter.is_some() { opts.draft_max } else { 0 };
@@ -178,7 +215,7 @@ pub fn generate(
         let mut emitted = 0usize;
         let mut accepted = 0usize;
         loop {
-            let choice = argmax(row(emitted));
+            let choice = em.choose(row(emitted));
             let is_draft = drafts.get(emitted) == Some(&choice);
             emitted += 1;
             let go_on = em.emit(choice, row(emitted - 1));
@@ -215,7 +252,8 @@ pub fn generate(
         }
         let s2 = model.store_stats();
         if decode_tokens > 0 {
-            stats.expert_bytes_per_token = (s2.bytes_served - store1.bytes_served) as f64 / decode_tokens as f64;
+            stats.expert_bytes_per_token =
+                (s2.bytes_served - store1.bytes_served) as f64 / decode_tokens as f64;
         }
     }
     let s1 = model.store_stats();

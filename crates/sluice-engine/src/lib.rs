@@ -6,10 +6,12 @@ pub mod demo;
 pub mod draft;
 pub mod generate;
 pub mod policy;
+pub mod sample;
 
 pub use draft::{Drafter, NgramDrafter, ScriptDrafter};
-pub use generate::{argmax, generate, GenerateOptions, Generation, Stats};
+pub use generate::{argmax, generate, GenerateOptions, Generation, OnToken, Stats};
 pub use policy::WidthPolicy;
+pub use sample::Sampling;
 
 /// Errors from the engine.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,9 @@
 
 use proptest::prelude::*;
 use sluice_checkpoint::Checkpoint;
-use sluice_engine::{generate, Drafter, GenerateOptions, Generation, NgramDrafter, ScriptDrafter};
+use sluice_engine::{
+    generate, Drafter, GenerateOptions, Generation, NgramDrafter, Sampling, ScriptDrafter,
+};
 use sluice_models::Model;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -14,15 +16,24 @@ fn model(name: &str) -> &'static Model {
     static B: OnceLock<Model> = OnceLock::new();
     let cell = if name == "tiny-a" { &A } else { &B };
     cell.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3").join(name);
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/kimi_k3")
+            .join(name);
         sluice_models::load(Arc::new(Checkpoint::open(&dir).unwrap())).unwrap()
     })
 }
 
-fn run(m: &Model, prompt: &[u32], max_new: usize, draft_max: usize, d: Option<&mut dyn Drafter>) -> Generation {
-    let opts = GenerateOptions { max_new, stop_ids: vec![], keep_logits: true, draft_max };
+fn run(
+    m: &Model,
+    prompt: &[u32],
+    max_new: usize,
+    draft_max: usize,
+    d: Option<&mut dyn Drafter>,
+) -> Generation {
+    let opts =
+        GenerateOptions { max_new, keep_logits: true, draft_max, ..GenerateOptions::default() };
     let mut st = m.new_state();
-    generate(m, &mut st, prompt, &opts, d).unwrap()
+    generate(m, &mut st, prompt, &opts, d, None).unwrap()
 }
 
 fn bits(g: &Generation) -> Vec<Vec<u32>> {
@@ -43,10 +54,14 @@ fn replaying_the_targets_own_future_accepts_everything() {
         for width in 1..=16 {
             // The context holds prompt + emitted tokens; script position 0 is the token after
             // the first emitted one.
-            let mut d = ScriptDrafter { base: prompt.len() + 1, script: plain.tokens[1..].to_vec() };
+            let mut d =
+                ScriptDrafter { base: prompt.len() + 1, script: plain.tokens[1..].to_vec() };
             let spec = run(m, &prompt, 20, width, Some(&mut d));
             assert_same(&plain, &spec, &format!("{name} width {width}"));
-            assert_eq!(spec.stats.accepted, spec.stats.drafted, "{name} width {width}: all drafts are right");
+            assert_eq!(
+                spec.stats.accepted, spec.stats.drafted,
+                "{name} width {width}: all drafts are right"
+            );
             assert!(spec.stats.passes < plain.stats.passes, "{name} width {width}: fewer passes");
         }
     }
@@ -58,13 +73,19 @@ fn stop_tokens_and_max_new_apply_inside_the_accepted_prefix() {
     let prompt = [60u32, 7, 126];
     let plain = run(m, &prompt, 12, 0, None);
     let stop = plain.tokens[5];
-    let opts = |dm| GenerateOptions { max_new: 12, stop_ids: vec![stop], keep_logits: true, draft_max: dm };
+    let opts = |dm| GenerateOptions {
+        max_new: 12,
+        stop_ids: vec![stop],
+        keep_logits: true,
+        draft_max: dm,
+        ..GenerateOptions::default()
+    };
     let mut st = m.new_state();
-    let p = generate(m, &mut st, &prompt, &opts(0), None).unwrap();
+    let p = generate(m, &mut st, &prompt, &opts(0), None, None).unwrap();
     let plain_len = st.len();
     let mut d = ScriptDrafter { base: prompt.len() + 1, script: plain.tokens[1..].to_vec() };
     let mut st2 = m.new_state();
-    let s = generate(m, &mut st2, &prompt, &opts(8), Some(&mut d)).unwrap();
+    let s = generate(m, &mut st2, &prompt, &opts(8), Some(&mut d), None).unwrap();
     assert_same(&p, &s, "stop inside accepted drafts");
     assert_eq!(s.stats.finish_reason, "stop");
     assert_eq!(st2.len(), plain_len, "the state holds exactly what plain decoding holds");
@@ -111,4 +132,54 @@ proptest! {
         prop_assert_eq!(&spec.tokens, &plain.tokens);
         prop_assert!(bits(&spec) == bits(&plain));
     }
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_and_unchanged_by_drafting() {
+    let m = model("tiny-b");
+    let prompt = [3u32, 1, 4, 1, 5, 9, 2, 6];
+    let sampling = Sampling { temperature: 0.8, top_k: 40, top_p: 0.95, seed: 1234 };
+    let opts = |dm| GenerateOptions {
+        max_new: 16,
+        keep_logits: true,
+        draft_max: dm,
+        sampling,
+        ..GenerateOptions::default()
+    };
+    let gen = |dm, d: Option<&mut dyn Drafter>| {
+        let mut st = m.new_state();
+        generate(m, &mut st, &prompt, &opts(dm), d, None).unwrap()
+    };
+    let a = gen(0, None);
+    let b = gen(0, None);
+    assert_eq!(a.tokens, b.tokens, "same seed, same output");
+    // Drafts replaying the sampled future are all accepted and change nothing.
+    let mut d = ScriptDrafter { base: prompt.len() + 1, script: a.tokens[1..].to_vec() };
+    let c = gen(8, Some(&mut d));
+    assert_same(&a, &c, "sampled speculation");
+    assert_eq!(c.stats.accepted, c.stats.drafted);
+    let other = {
+        let mut st = m.new_state();
+        let o = GenerateOptions { sampling: Sampling { seed: 99, ..sampling }, ..opts(0) };
+        generate(m, &mut st, &prompt, &o, None, None).unwrap()
+    };
+    assert_ne!(other.tokens, a.tokens, "a different seed gives a different sample");
+}
+
+#[test]
+fn a_callback_cancels_and_the_state_holds_what_was_emitted() {
+    let m = model("tiny-a");
+    let prompt = [9u32, 8, 7];
+    let mut seen = Vec::new();
+    let mut cb = |t: u32| {
+        seen.push(t);
+        seen.len() < 4
+    };
+    let mut st = m.new_state();
+    let opts = GenerateOptions { max_new: 20, ..GenerateOptions::default() };
+    let g = generate(m, &mut st, &prompt, &opts, None, Some(&mut cb)).unwrap();
+    assert_eq!(g.tokens.len(), 4);
+    assert_eq!(g.stats.finish_reason, "cancelled");
+    // Plain decoding feeds every emitted token but the last.
+    assert_eq!(st.len(), prompt.len() + 3);
 }
