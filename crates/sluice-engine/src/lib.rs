@@ -5,6 +5,7 @@
 pub mod demo;
 pub mod draft;
 pub mod generate;
+pub mod plan;
 pub mod policy;
 pub mod sample;
 
