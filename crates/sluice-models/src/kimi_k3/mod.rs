@@ -67,6 +67,7 @@ pub struct KimiK3 {
     ckpt: Arc<Checkpoint>,
     weights: K3Weights,
     experts: Arc<dyn ExpertStore>,
+    prefetch: bool,
 }
 
 impl std::fmt::Debug for KimiK3 {
@@ -118,7 +119,20 @@ impl KimiK3 {
     ) -> Result<Self, ModelError> {
         let cfg = K3Config::from_json(ckpt.config().text_config())?;
         let weights = K3Weights::load(&ckpt, &cfg)?;
-        Ok(Self { cfg, ckpt, weights, experts })
+        Ok(Self { cfg, ckpt, weights, experts, prefetch: false })
+    }
+
+    /// Turns next-layer expert prefetch on or off (worth it when experts stream from disk).
+    pub fn set_prefetch(&mut self, on: bool) {
+        self.prefetch = on;
+    }
+
+    /// The next MoE layer after `i` and its weights.
+    fn next_moe(&self, i: usize) -> Option<(usize, &weights::MoeWeights)> {
+        self.weights.layers.iter().enumerate().skip(i + 1).find_map(|(j, l)| match &l.ffn {
+            Ffn::Moe(w) => Some((j, w)),
+            Ffn::Dense(_) => None,
+        })
     }
 
     /// The typed configuration.
@@ -269,7 +283,10 @@ impl KimiK3 {
             Trace::put(trace, || format!("layer{i}.mlp_in"), &m_in);
             let m = match &lw.ffn {
                 Ffn::Dense(w) => moe::mlp(ctx, w, c, &m_in, t),
-                Ffn::Moe(w) => moe::forward(ctx, w, c, i, &m_in, t, trace)?,
+                Ffn::Moe(w) => {
+                    let next = if self.prefetch { self.next_moe(i) } else { None };
+                    moe::forward(ctx, w, c, moe::Position { layer: i, next }, &m_in, t, trace)?
+                }
             };
             Trace::put(trace, || format!("layer{i}.mlp_out"), &m);
             add_into(&mut p, &m);

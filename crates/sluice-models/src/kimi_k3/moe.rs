@@ -55,16 +55,23 @@ pub(crate) fn mlp(ctx: &Ctx<'_>, w: &MlpWeights, c: &K3Config, x: &[f32], t: usi
     ctx.mm(&w.down, &a, t)
 }
 
+/// Where an MoE block sits: its layer, and the next MoE layer to prefetch for (if any).
+pub(crate) struct Position<'a> {
+    pub(crate) layer: usize,
+    pub(crate) next: Option<(usize, &'a MoeWeights)>,
+}
+
 /// Runs the MoE block of `layer` on `x [T, d]` (the `post_attention_layernorm` output).
 pub(crate) fn forward(
     ctx: &Ctx<'_>,
     w: &MoeWeights,
     c: &K3Config,
-    layer: usize,
+    at: Position<'_>,
     x: &[f32],
     t: usize,
     trace: &mut Option<&mut Trace>,
 ) -> Result<Vec<f32>, ModelError> {
+    let Position { layer, next } = at;
     let d = c.hidden_size;
     let e = c.num_experts;
     let lat_w = c.expert_width();
@@ -73,6 +80,15 @@ pub(crate) fn forward(
 
     let logits = ctx.mm(&w.router, x, t);
     let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, &w.bias, c)).collect();
+    // Guess the next MoE layer's experts with its router on this layer's input and start
+    // reading them while this layer computes (a wrong guess costs bandwidth, never output).
+    if let Some((next_layer, nw)) = next {
+        let nl = ctx.mm(&nw.router, x, t);
+        let mut guess: Vec<u32> = nl.chunks_exact(e).flat_map(|l| route(l, &nw.bias, c).ids).collect();
+        guess.sort_unstable();
+        guess.dedup();
+        ctx.experts.prefetch(next_layer, &guess);
+    }
     let z = match &w.down {
         Some(m) => ctx.mm(m, x, t),
         None => x.to_vec(),
