@@ -5,10 +5,33 @@
 //! The callback form of [`ExpertStore::for_each`] lets a store hand over experts in whatever order
 //! they become ready (cache hits first, misses as their reads complete); the model combines the
 //! results per row in router order afterwards, so arrival order never changes a result.
+//!
+//! Two stores exist: [`MappedExperts`] maps every expert in place (the page cache decides what
+//! is resident), and [`StreamingExperts`] reads the experts a layer needs from the shards into
+//! a fixed arena of cache slots charged to the memory budget (see the crate README for the
+//! design: [`index`] locates experts, [`io`] reads them, [`reader`] keeps many reads in flight,
+//! [`cache`] and [`policy`] decide what stays, [`streaming`] ties them together).
 
+pub mod arena;
+pub mod cache;
+pub mod fault;
+pub mod index;
+pub mod io;
 pub mod mapped;
+pub mod policy;
+pub mod reader;
+pub mod streaming;
 
+use std::path::PathBuf;
+
+pub use cache::CacheSize;
+pub use fault::FaultyReader;
+pub use index::{ExpertIndex, ExpertLoc};
+pub use io::{IoMode, ReadAt, ShardFiles};
 pub use mapped::{ExpertTensorNames, MappedExperts};
+pub use policy::PolicyKind;
+pub use reader::ReaderPool;
+pub use streaming::{LayerPrefetchStats, StreamingConfig, StreamingExperts};
 
 /// One expert's three MXFP4 matrices as byte slices (packed nibbles and E8M0 scales).
 #[derive(Debug, Clone, Copy)]
@@ -34,7 +57,9 @@ pub enum StoreError {
     #[error(transparent)]
     Checkpoint(#[from] sluice_checkpoint::CheckpointError),
     /// A layer or expert index outside the model.
-    #[error("expert {expert} of layer {layer} does not exist (the layer has {experts} routed experts)")]
+    #[error(
+        "expert {expert} of layer {layer} does not exist (the layer has {experts} routed experts)"
+    )]
     NoSuchExpert {
         /// Layer index.
         layer: usize,
@@ -46,6 +71,70 @@ pub enum StoreError {
     /// The consumer of an expert failed; the store stops and passes the error on.
     #[error("{0}")]
     Consumer(String),
+    /// Reading an expert's bytes failed, or the file ended before the expert did.
+    #[error("{path}: reading {len} bytes at offset {offset}: {source}")]
+    Read {
+        /// The shard file.
+        path: PathBuf,
+        /// Absolute offset of the expert span being read.
+        offset: u64,
+        /// Length of that span in bytes.
+        len: u64,
+        /// The underlying error (`UnexpectedEof` for a file that ended early).
+        #[source]
+        source: std::io::Error,
+    },
+    /// Opening or inspecting a shard file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The shard file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An expert tensor's bytes lie (partly) outside its shard file.
+    #[error(
+        "{path}: tensor {tensor} spans bytes {offset}..{end} but the file has {file_len} bytes"
+    )]
+    SpanOutsideFile {
+        /// The shard file.
+        path: PathBuf,
+        /// The tensor name.
+        tensor: String,
+        /// First byte of the tensor.
+        offset: u64,
+        /// One past its last byte.
+        end: u64,
+        /// Length of the file.
+        file_len: u64,
+    },
+    /// The memory budget cannot hold even the smallest usable expert cache.
+    #[error(
+        "memory budget too small for the expert cache: {slots} slots of {slot_bytes} bytes \
+         need {needed} bytes, but only {available} of {limit} budget bytes remain"
+    )]
+    Budget {
+        /// Slots asked for (the configured minimum, or an explicit slot count).
+        slots: usize,
+        /// Bytes of one slot (the largest expert, aligned, plus alignment slack).
+        slot_bytes: u64,
+        /// `slots × slot_bytes`.
+        needed: u64,
+        /// Bytes the budget still had free.
+        available: u64,
+        /// The whole budget.
+        limit: u64,
+    },
+    /// The arena allocation itself failed (the allocator returned nothing).
+    #[error("could not allocate the {bytes}-byte expert cache arena")]
+    Alloc {
+        /// Bytes asked for.
+        bytes: u64,
+    },
+    /// A configuration value that cannot work (zero readers, zero slots, a bad layer list).
+    #[error("invalid expert store configuration: {0}")]
+    Config(String),
 }
 
 /// Hit/miss/byte counters a store keeps (all zero for a store that maps everything in place).
@@ -55,8 +144,25 @@ pub struct StoreStats {
     pub requests: u64,
     /// Bytes of expert weights handed to the model.
     pub bytes_served: u64,
-    /// Bytes read from storage (0 when mapped and already resident).
+    /// Bytes read from storage (0 when mapped and already resident). With aligned (O_DIRECT)
+    /// reads this includes the alignment padding around each span.
     pub bytes_read: u64,
+    /// Requested experts that were already ready in the cache.
+    pub hits: u64,
+    /// Requested experts that were not ready (absent, or still being read).
+    pub misses: u64,
+    /// Expert reads queued by [`ExpertStore::prefetch`] (cancelled ones included).
+    pub prefetch_issued: u64,
+    /// Prefetch reads cancelled before they started (wrong guesses, or `cancel_prefetch`).
+    pub prefetch_cancelled: u64,
+    /// Requested experts that were ready or in flight because of a prefetch.
+    pub prefetch_used: u64,
+    /// Bytes read by prefetches whose expert was not requested when its layer ran.
+    pub prefetch_wasted_bytes: u64,
+    /// Nanoseconds [`ExpertStore::for_each`] spent waiting for reads (or for a free slot).
+    pub stall_ns: u64,
+    /// Nanoseconds reader threads spent reading, summed over threads.
+    pub read_ns: u64,
 }
 
 /// A source of routed experts.
@@ -72,4 +178,17 @@ pub trait ExpertStore: Send + Sync {
 
     /// Counters so far.
     fn stats(&self) -> StoreStats;
+
+    /// A hint that `layer` will soon ask for `ids`: a store may start reading them now, at a
+    /// lower priority than demanded reads. A wrong guess costs bandwidth, never correctness;
+    /// the guess is dropped (unstarted reads cancelled) when `layer` is demanded. Invalid ids
+    /// are ignored. The default does nothing.
+    fn prefetch(&self, layer: usize, ids: &[u32]) {
+        let _ = (layer, ids);
+    }
+
+    /// Cancels the not-yet-started prefetch reads of `layer`. The default does nothing.
+    fn cancel_prefetch(&self, layer: usize) {
+        let _ = layer;
+    }
 }

@@ -19,6 +19,15 @@ pub struct ExpertTensorNames {
     pub hidden: u64,
 }
 
+impl ExpertTensorNames {
+    /// The `[rows, cols]` byte shapes of the six tensors, in the order of
+    /// [`ExpertTensorNames::names`] (MXFP4: two values per packed byte, one scale per 32).
+    pub fn shapes(&self) -> [[u64; 2]; 6] {
+        let (i, h) = (self.inter, self.hidden);
+        [[i, h / 2], [i, h / 32], [h, i / 2], [h, i / 32], [i, h / 2], [i, h / 32]]
+    }
+}
+
 /// Experts served straight from the checkpoint's memory map.
 #[derive(Debug)]
 pub struct MappedExperts {
@@ -40,8 +49,7 @@ impl MappedExperts {
         names: &ExpertTensorNames,
     ) -> Result<Self, StoreError> {
         let prefix = ckpt.name_prefix().to_string();
-        let (i, h) = (names.inter, names.hidden);
-        let shapes: [[u64; 2]; 6] = [[i, h / 2], [i, h / 32], [h, i / 2], [h, i / 32], [i, h / 2], [i, h / 32]];
+        let shapes = names.shapes();
         let mut layers = vec![Vec::new(); num_layers];
         for &l in moe_layers {
             let mut v = Vec::with_capacity(experts);
@@ -99,7 +107,7 @@ impl ExpertStore for MappedExperts {
         StoreStats {
             requests: self.requests.load(Ordering::Relaxed),
             bytes_served: self.bytes.load(Ordering::Relaxed),
-            bytes_read: 0,
+            ..StoreStats::default()
         }
     }
 }

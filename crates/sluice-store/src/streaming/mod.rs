@@ -1,0 +1,419 @@
+//! [`StreamingExperts`]: routed experts read from the shards into the slot cache on demand.
+//!
+//! `for_each(layer, ids, f)` pins every requested expert that is cached or already being read,
+//! takes slots for the rest (evicting per the policy) and submits all those reads to the reader
+//! pool at once, then hands cache hits to `f` while the reads run, and every miss as soon as its
+//! read completes. With fewer free slots than misses it works in waves: each expert handed back
+//! frees a slot for the next read. `prefetch(layer, ids)` starts low-priority reads for a guess;
+//! when `layer` is demanded, the guess is settled: right guesses count towards recall, wrong
+//! ones are cancelled if not yet started and their bytes counted as wasted if they were read.
+
+mod shared;
+
+use crate::cache::{CacheSize, CacheState, ExpertCache, SlotState};
+use crate::index::ExpertIndex;
+use crate::io::{IoMode, ReadAt, ShardFiles};
+use crate::policy::{key, PolicyKind};
+use crate::reader::{JobState, Priority, ReaderPool, DEFAULT_READERS};
+use crate::{ExpertStore, ExpertTensorNames, ExpertView, StoreError, StoreStats};
+use shared::{add, nanos, Counters, Guess, Locked, Pins, ReadJob, Request, Shared};
+use sluice_checkpoint::Checkpoint;
+use sluice_core::MemoryBudget;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Instant;
+
+/// How a [`StreamingExperts`] store is set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamingConfig {
+    /// Cache size (default: what the memory budget has room for).
+    pub cache: CacheSize,
+    /// Fewest slots worth running with when sizing from bytes or the budget (default 2).
+    pub min_slots: usize,
+    /// Reader threads, i.e. reads in flight at once (default 16).
+    pub readers: usize,
+    /// Page-cache handling (default O_DIRECT with a buffered fallback).
+    pub io: IoMode,
+    /// Replacement policy (default S3-FIFO).
+    pub policy: PolicyKind,
+    /// Most slots that unused prefetches may hold at once (default half the slots; 0 turns
+    /// prefetch off).
+    pub max_prefetch_slots: Option<usize>,
+}
+
+impl Default for StreamingConfig {
+    fn default() -> Self {
+        Self {
+            cache: CacheSize::Available,
+            min_slots: 2,
+            readers: DEFAULT_READERS,
+            io: IoMode::Direct,
+            policy: PolicyKind::default(),
+            max_prefetch_slots: None,
+        }
+    }
+}
+
+/// Prefetch accounting of one layer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LayerPrefetchStats {
+    /// Prefetch reads queued for the layer.
+    pub issued: u64,
+    /// Experts the layer demanded (over all `for_each` calls).
+    pub demanded: u64,
+    /// Demanded experts that were ready or in flight because of a prefetch.
+    pub covered: u64,
+    /// Bytes read for prefetches of the layer that were not demanded (or were evicted first).
+    pub wasted_bytes: u64,
+}
+
+impl LayerPrefetchStats {
+    /// `covered / demanded`, or `None` before the first demand.
+    pub fn recall(&self) -> Option<f64> {
+        (self.demanded > 0).then(|| self.covered as f64 / self.demanded as f64)
+    }
+}
+
+/// Routed experts streamed from the shard files through a slot cache (see the module docs).
+#[derive(Debug)]
+pub struct StreamingExperts {
+    shared: Arc<Shared>,
+    pool: ReaderPool,
+}
+
+impl StreamingExperts {
+    /// Locates every routed expert of `moe_layers` (of `num_layers`, each with `experts`
+    /// experts named by `names`), opens the shards per `config.io`, and sizes the cache from
+    /// `config` and `budget`.
+    pub fn open(
+        ckpt: &Checkpoint,
+        num_layers: usize,
+        moe_layers: &[usize],
+        experts: usize,
+        names: &ExpertTensorNames,
+        config: &StreamingConfig,
+        budget: &MemoryBudget,
+    ) -> Result<Self, StoreError> {
+        let index = ExpertIndex::build(ckpt, num_layers, moe_layers, experts, names)?;
+        let files = ShardFiles::open(index.paths(), config.io)?;
+        Self::new(index, Arc::new(files), config, budget)
+    }
+
+    /// A store over an existing index, reading through `reader` (e.g. a
+    /// [`crate::FaultyReader`] in tests). `config.io` is not used: `reader` decides.
+    pub fn new(
+        index: ExpertIndex,
+        reader: Arc<dyn ReadAt>,
+        config: &StreamingConfig,
+        budget: &MemoryBudget,
+    ) -> Result<Self, StoreError> {
+        if index.total_experts() == 0 {
+            return Err(StoreError::Config("no routed experts to stream".into()));
+        }
+        let cache = ExpertCache::new(
+            index.slot_bytes(),
+            config.cache,
+            config.min_slots,
+            index.total_experts(),
+            budget,
+        )?;
+        let slots = cache.slots();
+        let pool = ReaderPool::new(config.readers).map_err(|e| {
+            StoreError::Config(format!("cannot start {} reader threads: {e}", config.readers))
+        })?;
+        let layers = index.num_layers();
+        let state = Locked {
+            cache: CacheState::new(slots, config.policy),
+            guesses: vec![Vec::new(); layers],
+            layers: vec![LayerPrefetchStats::default(); layers],
+        };
+        let shared = Arc::new(Shared {
+            index,
+            reader,
+            cache,
+            state: Mutex::new(state),
+            cv: Condvar::new(),
+            counters: Counters::default(),
+            max_prefetch: config.max_prefetch_slots.unwrap_or(slots / 2).min(slots),
+        });
+        Ok(Self { shared, pool })
+    }
+
+    /// Number of cache slots.
+    pub fn slots(&self) -> usize {
+        self.shared.cache.slots()
+    }
+
+    /// Bytes per cache slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.shared.cache.arena().slot_bytes()
+    }
+
+    /// The expert index.
+    pub fn index(&self) -> &ExpertIndex {
+        &self.shared.index
+    }
+
+    /// Reader threads.
+    pub fn readers(&self) -> usize {
+        self.pool.threads()
+    }
+
+    /// Prefetch accounting per layer (indexed by layer).
+    pub fn layer_prefetch_stats(&self) -> Vec<LayerPrefetchStats> {
+        self.shared.lock().layers.clone()
+    }
+
+    /// Checks the cache invariants (map, free list, prefetch marks) and, when `idle` (no
+    /// request in progress), that no slot is pinned. For tests and diagnostics.
+    pub fn check_consistency(&self, idle: bool) -> Result<(), String> {
+        let st = self.shared.lock();
+        st.cache.check()?;
+        let pins = st.cache.total_pins();
+        if idle && pins != 0 {
+            return Err(format!("{pins} pins held while idle"));
+        }
+        Ok(())
+    }
+
+    fn submit(
+        &self,
+        st: &mut Locked,
+        slot: usize,
+        ticket: u64,
+        layer: usize,
+        id: u32,
+        p: Priority,
+    ) {
+        let job = ReadJob { shared: self.shared.clone(), slot, ticket, layer, id, done: false };
+        let handle = self.pool.submit(p, move || job.run());
+        st.cache.slot_mut(slot).job = Some((handle, p));
+    }
+
+    /// Pins `id`'s slot if it is cached or being read; a queued prefetch read of it is moved
+    /// to the demand queue. Returns false if `id` has no slot.
+    fn take_cached(&self, st: &mut Locked, rq: &mut Request<'_>, id: u32) -> bool {
+        let Some(i) = st.cache.lookup(key(rq.layer, id)) else { return false };
+        st.cache.pin(i);
+        rq.pins.held.push(i);
+        // A prefetched expert's first use is its insertion, not a re-use.
+        if rq.fresh.binary_search(&id).is_err() {
+            st.cache.touch(i);
+        }
+        let c = &self.shared.counters;
+        if st.cache.slot(i).state == SlotState::Ready {
+            add(&c.hits, 1);
+            rq.ready.push((id, i));
+            return true;
+        }
+        add(&c.misses, 1);
+        rq.pending.push((id, i));
+        let queued_prefetch = matches!(&st.cache.slot(i).job,
+            Some((h, Priority::Prefetch)) if h.state() == JobState::Queued);
+        if queued_prefetch && st.cache.slot(i).job.as_ref().is_some_and(|(h, _)| h.cancel()) {
+            let ticket = st.cache.retarget(i);
+            self.submit(st, i, ticket, rq.layer, id, Priority::Demand);
+        }
+        true
+    }
+
+    /// Settles the outstanding guesses for `layer` against the demanded `ids`: recall, waste,
+    /// cancellation of unstarted wrong guesses. Returns the demanded ids a prefetch covered,
+    /// sorted.
+    fn settle(&self, st: &mut Locked, layer: usize, ids: &[u32]) -> Vec<u32> {
+        let Some(guesses) = st.guesses.get_mut(layer).map(std::mem::take) else {
+            return Vec::new();
+        };
+        let c = &self.shared.counters;
+        let mut covered = Vec::new();
+        let mut wasted = 0u64;
+        for g in guesses {
+            let s = st.cache.slot(g.slot);
+            let live =
+                s.ticket == g.ticket && matches!(s.state, SlotState::Reading | SlotState::Ready);
+            let bytes = self.shared.index.get(layer, g.id).map_or(0, |l| l.read_bytes());
+            if ids.contains(&g.id) && live {
+                st.cache.clear_prefetched(g.slot);
+                covered.push(g.id);
+            } else if live
+                && s.state == SlotState::Reading
+                && s.pins == 0
+                && s.job.as_ref().is_some_and(|(h, _)| h.cancel())
+            {
+                st.cache.abandon(g.slot, g.ticket);
+                add(&c.prefetch_cancelled, 1);
+            } else {
+                // Read (or being read) for nothing, or evicted before its layer came.
+                wasted += bytes;
+                if live {
+                    st.cache.clear_prefetched(g.slot);
+                }
+            }
+        }
+        let n = covered.len() as u64;
+        if let Some(l) = st.layers.get_mut(layer) {
+            l.demanded += ids.len() as u64;
+            l.covered += n;
+            l.wasted_bytes += wasted;
+        }
+        add(&c.prefetch_used, n);
+        add(&c.prefetch_wasted_bytes, wasted);
+        covered.sort_unstable();
+        covered
+    }
+}
+
+impl ExpertStore for StreamingExperts {
+    fn for_each(
+        &self,
+        layer: usize,
+        ids: &[u32],
+        f: &mut dyn FnMut(u32, ExpertView<'_>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let sh = &*self.shared;
+        let experts = sh.index.experts(layer);
+        if let Some(&bad) =
+            ids.iter().find(|&&id| usize::try_from(id).map_or(true, |i| i >= experts))
+        {
+            return Err(StoreError::NoSuchExpert { layer, expert: bad, experts });
+        }
+        let c = &sh.counters;
+        let mut todo: VecDeque<u32> = ids.iter().copied().collect();
+        let mut rq = Request {
+            layer,
+            fresh: Vec::new(),
+            pins: Pins { shared: sh, held: Vec::with_capacity(ids.len()) },
+            pending: Vec::new(),
+            ready: Vec::new(),
+        };
+        // `st` is declared after `rq`, so on every return it is unlocked before `rq`'s pins
+        // are released.
+        let mut st = sh.lock();
+        rq.fresh = self.settle(&mut st, layer, ids);
+        loop {
+            // Pin everything cached or in flight first (so no miss evicts a hit of this call),
+            // then take slots for the misses and submit all their reads at once.
+            todo.retain(|&id| !self.take_cached(&mut st, &mut rq, id));
+            while let Some(&id) = todo.front() {
+                if !self.take_cached(&mut st, &mut rq, id) {
+                    let Some((i, ticket)) = st.cache.acquire(key(layer, id), false) else { break };
+                    st.cache.pin(i);
+                    rq.pins.held.push(i);
+                    add(&c.misses, 1);
+                    self.submit(&mut st, i, ticket, layer, id, Priority::Demand);
+                    rq.pending.push((id, i));
+                }
+                todo.pop_front();
+            }
+            let mut failed = None;
+            let Request { pending, ready, pins, .. } = &mut rq;
+            pending.retain(|&(id, i)| match st.cache.slot(i).state {
+                SlotState::Reading => true,
+                SlotState::Ready => {
+                    ready.push((id, i));
+                    false
+                }
+                SlotState::Failed | SlotState::Free => {
+                    failed = Some(i);
+                    true
+                }
+            });
+            if let Some(i) = failed {
+                return Err(sh.read_error(&st, i));
+            }
+            if ready.is_empty() {
+                if pending.is_empty() && todo.is_empty() {
+                    return Ok(());
+                }
+                let t0 = Instant::now();
+                st = sh.cv.wait(st).unwrap_or_else(PoisonError::into_inner);
+                add(&c.stall_ns, nanos(t0));
+                continue;
+            }
+            drop(st);
+            for (id, i) in ready.drain(..) {
+                let loc = sh.index.get(layer, id).ok_or(StoreError::NoSuchExpert {
+                    layer,
+                    expert: id,
+                    experts,
+                })?;
+                // SAFETY: slot `i` is ready and pinned by this call, so the cache neither
+                // evicts nor rewrites it until `pins.release(i)` below; the arena lives in
+                // `shared`, which outlives this borrow.
+                let buf = unsafe { sh.cache.arena().slot(i) };
+                let view = loc.view(buf).ok_or_else(|| {
+                    StoreError::Config(format!("expert {id} of layer {layer} overruns its slot"))
+                })?;
+                add(&c.requests, 1);
+                add(&c.bytes_served, loc.bytes());
+                f(id, view)?;
+                pins.release(i);
+            }
+            st = sh.lock();
+        }
+    }
+
+    fn stats(&self) -> StoreStats {
+        let c = &self.shared.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StoreStats {
+            requests: g(&c.requests),
+            bytes_served: g(&c.bytes_served),
+            bytes_read: g(&c.bytes_read),
+            hits: g(&c.hits),
+            misses: g(&c.misses),
+            prefetch_issued: g(&c.prefetch_issued),
+            prefetch_cancelled: g(&c.prefetch_cancelled),
+            prefetch_used: g(&c.prefetch_used),
+            prefetch_wasted_bytes: g(&c.prefetch_wasted_bytes),
+            stall_ns: g(&c.stall_ns),
+            read_ns: g(&c.read_ns),
+        }
+    }
+
+    fn prefetch(&self, layer: usize, ids: &[u32]) {
+        let sh = &*self.shared;
+        let experts = sh.index.experts(layer);
+        if experts == 0 || sh.max_prefetch == 0 {
+            return;
+        }
+        let mut st = sh.lock();
+        for &id in ids {
+            if usize::try_from(id).map_or(true, |i| i >= experts)
+                || st.cache.lookup(key(layer, id)).is_some()
+            {
+                continue;
+            }
+            if st.cache.prefetched() >= sh.max_prefetch {
+                break;
+            }
+            let Some((i, ticket)) = st.cache.acquire(key(layer, id), true) else { break };
+            self.submit(&mut st, i, ticket, layer, id, Priority::Prefetch);
+            st.guesses[layer].push(Guess { id, slot: i, ticket });
+            st.layers[layer].issued += 1;
+            add(&sh.counters.prefetch_issued, 1);
+        }
+    }
+
+    fn cancel_prefetch(&self, layer: usize) {
+        let sh = &*self.shared;
+        let mut st = sh.lock();
+        let Some(guesses) = st.guesses.get_mut(layer).map(std::mem::take) else { return };
+        let mut keep = Vec::with_capacity(guesses.len());
+        for g in guesses {
+            let s = st.cache.slot(g.slot);
+            let unstarted = s.ticket == g.ticket
+                && s.state == SlotState::Reading
+                && s.pins == 0
+                && s.job.as_ref().is_some_and(|(h, _)| h.cancel());
+            if unstarted {
+                st.cache.abandon(g.slot, g.ticket);
+                add(&sh.counters.prefetch_cancelled, 1);
+            } else {
+                keep.push(g);
+            }
+        }
+        st.guesses[layer] = keep;
+    }
+}

@@ -1,0 +1,217 @@
+//! The state a [`super::StreamingExperts`] shares with its read jobs, the read job itself, and
+//! the pin guard of one `for_each` call.
+//!
+//! All slot bookkeeping lives under one mutex ([`Locked`]); a condition variable wakes waiting
+//! requests whenever a read ends or a slot is unpinned. Counters are atomics outside the lock.
+
+use crate::cache::{CacheState, ExpertCache, ReadFailure, SlotState};
+use crate::index::ExpertIndex;
+use crate::io::{clone_io_error, read_span, ReadAt};
+use crate::StoreError;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use super::LayerPrefetchStats;
+
+/// An outstanding prefetch.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Guess {
+    pub(super) id: u32,
+    pub(super) slot: usize,
+    pub(super) ticket: u64,
+}
+
+/// Everything under the store's one lock.
+#[derive(Debug)]
+pub(super) struct Locked {
+    pub(super) cache: CacheState,
+    pub(super) guesses: Vec<Vec<Guess>>,
+    pub(super) layers: Vec<LayerPrefetchStats>,
+}
+
+/// Store-wide counters behind [`crate::StoreStats`] (relaxed atomics: they are statistics).
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    pub(super) requests: AtomicU64,
+    pub(super) bytes_served: AtomicU64,
+    pub(super) bytes_read: AtomicU64,
+    pub(super) hits: AtomicU64,
+    pub(super) misses: AtomicU64,
+    pub(super) prefetch_issued: AtomicU64,
+    pub(super) prefetch_cancelled: AtomicU64,
+    pub(super) prefetch_used: AtomicU64,
+    pub(super) prefetch_wasted_bytes: AtomicU64,
+    pub(super) stall_ns: AtomicU64,
+    pub(super) read_ns: AtomicU64,
+}
+
+/// Adds `n` to counter `c`.
+pub(super) fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Nanoseconds since `t`.
+pub(super) fn nanos(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// State shared with the read jobs.
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub(super) index: ExpertIndex,
+    pub(super) reader: Arc<dyn ReadAt>,
+    pub(super) cache: ExpertCache,
+    pub(super) state: Mutex<Locked>,
+    pub(super) cv: Condvar,
+    pub(super) counters: Counters,
+    pub(super) max_prefetch: usize,
+}
+
+impl Shared {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Locked> {
+        // Nothing panics while holding this lock in a way that breaks the slot invariants
+        // (updates are single assignments), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records the end of a read and wakes every waiter.
+    pub(super) fn finish(&self, slot: usize, ticket: u64, result: Result<u64, ReadFailure>) {
+        let mut st = self.lock();
+        let bytes = result.as_ref().ok().copied();
+        if st.cache.complete(slot, ticket, result.map(|_| ())) {
+            add(&self.counters.bytes_read, bytes.unwrap_or(0));
+        }
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    /// The request-level error for failed slot `slot`, naming the shard file and span.
+    pub(super) fn read_error(&self, st: &Locked, slot: usize) -> StoreError {
+        match &st.cache.slot(slot).failure {
+            Some(f) => StoreError::Read {
+                path: self.index.path(f.file).to_path_buf(),
+                offset: f.offset,
+                len: f.len,
+                source: clone_io_error(&f.error),
+            },
+            None => StoreError::Config("invariant: a failed slot records its failure".into()),
+        }
+    }
+}
+
+/// One read into one slot. Dropping it unrun (cancelled at shutdown) or unwinding out of it
+/// reports a failure for its ticket, so no slot stays *reading* for ever.
+pub(super) struct ReadJob {
+    pub(super) shared: Arc<Shared>,
+    pub(super) slot: usize,
+    pub(super) ticket: u64,
+    pub(super) layer: usize,
+    pub(super) id: u32,
+    pub(super) done: bool,
+}
+
+impl ReadJob {
+    pub(super) fn run(mut self) {
+        let sh = &*self.shared;
+        {
+            let st = sh.lock();
+            let s = st.cache.slot(self.slot);
+            if s.ticket != self.ticket || s.state != SlotState::Reading {
+                self.done = true;
+                return;
+            }
+        }
+        let result = match sh.index.get(self.layer, self.id) {
+            None => Err(failure(0, 0, 0, std::io::Error::other("expert missing from the index"))),
+            Some(loc) => {
+                // SAFETY: the slot is *reading* under this job's ticket (checked above). Only
+                // this job can end that state (completion) once it has started (cancel fails
+                // for a running job), and nobody reads a reading slot, so this is the only
+                // reference to the slot's bytes until `finish` below.
+                let buf = unsafe { sh.cache.arena().slot_mut(self.slot) };
+                let t0 = Instant::now();
+                let mut res = Ok(0u64);
+                for span in loc.spans() {
+                    let region = usize::try_from(span.region).ok().and_then(|a| {
+                        let b = a.checked_add(usize::try_from(span.region_len()).ok()?)?;
+                        buf.get_mut(a..b)
+                    });
+                    let r = match region {
+                        Some(region) => read_span(&*sh.reader, span, region),
+                        None => Err(std::io::Error::other("expert larger than its cache slot")),
+                    };
+                    match r {
+                        Ok(n) => res = res.map(|t| t + n),
+                        Err(e) => {
+                            res = Err(failure(span.file, span.offset, span.len, e));
+                            break;
+                        }
+                    }
+                }
+                add(&sh.counters.read_ns, nanos(t0));
+                res
+            }
+        };
+        self.done = true;
+        sh.finish(self.slot, self.ticket, result);
+    }
+}
+
+/// A [`ReadFailure`] for the span at `offset..offset + len` of shard `file`.
+pub(super) fn failure(file: usize, offset: u64, len: u64, error: std::io::Error) -> ReadFailure {
+    ReadFailure { file, offset, len, error }
+}
+
+impl Drop for ReadJob {
+    fn drop(&mut self) {
+        if !self.done {
+            let e = std::io::Error::other("read job ended without completing");
+            self.shared.finish(self.slot, self.ticket, Err(failure(0, 0, 0, e)));
+        }
+    }
+}
+
+/// The slots a `for_each` call has pinned; dropping it unpins whatever is left (error paths).
+pub(super) struct Pins<'a> {
+    pub(super) shared: &'a Shared,
+    pub(super) held: Vec<usize>,
+}
+
+impl Pins<'_> {
+    pub(super) fn release(&mut self, slot: usize) {
+        if let Some(p) = self.held.iter().position(|&s| s == slot) {
+            self.held.swap_remove(p);
+            let wake = self.shared.lock().cache.unpin(slot);
+            if wake {
+                self.shared.cv.notify_all();
+            }
+        }
+    }
+}
+
+impl Drop for Pins<'_> {
+    fn drop(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        let mut st = self.shared.lock();
+        for &s in &self.held {
+            st.cache.unpin(s);
+        }
+        drop(st);
+        self.shared.cv.notify_all();
+    }
+}
+
+/// The working sets of one `for_each` call.
+pub(super) struct Request<'a> {
+    pub(super) layer: usize,
+    /// Demanded ids a prefetch brought in (their first use is not a re-use).
+    pub(super) fresh: Vec<u32>,
+    pub(super) pins: Pins<'a>,
+    /// Pinned, still being read.
+    pub(super) pending: Vec<(u32, usize)>,
+    /// Pinned and ready, to hand to the consumer.
+    pub(super) ready: Vec<(u32, usize)>,
+}
