@@ -6,6 +6,7 @@
 //! routed experts come from a `sluice_store::ExpertStore`.
 
 pub mod kimi_k3;
+pub mod qwen3;
 
 use sluice_checkpoint::{Checkpoint, CheckpointError};
 use std::sync::Arc;
@@ -32,7 +33,7 @@ pub enum ModelError {
     #[error("invalid model config: {0}")]
     Config(String),
     /// `config.json` names an architecture sluice does not implement.
-    #[error("unknown architecture {0:?}: sluice supports KimiK3ForConditionalGeneration and KimiLinearForCausalLM (Kimi K3)")]
+    #[error("unknown architecture {0:?}: sluice supports KimiK3ForConditionalGeneration and KimiLinearForCausalLM (Kimi K3), and Qwen3ForCausalLM")]
     UnknownArchitecture(String),
     /// A pass was asked to run on no tokens.
     #[error("empty input: a pass needs at least one token")]
@@ -51,10 +52,15 @@ pub enum ModelError {
 }
 
 /// A loaded model of any supported family.
+// A process holds one or two models (target and draft), built once and never moved on a hot
+// path, so the size difference between the variants costs nothing worth a Box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Model {
     /// Kimi K3.
     KimiK3(kimi_k3::KimiK3),
+    /// Qwen3 dense.
+    Qwen3(qwen3::Qwen3),
 }
 
 /// Architectures that map to Kimi K3.
@@ -66,6 +72,7 @@ pub fn load(ckpt: Arc<Checkpoint>) -> Result<Model, ModelError> {
     let arch = archs.first().cloned().unwrap_or_default();
     match arch.as_str() {
         a if KIMI_K3_ARCHS.contains(&a) => Ok(Model::KimiK3(kimi_k3::KimiK3::load(ckpt)?)),
+        "Qwen3ForCausalLM" => Ok(Model::Qwen3(qwen3::Qwen3::load(ckpt)?)),
         other => Err(ModelError::UnknownArchitecture(other.to_string())),
     }
 }
@@ -75,6 +82,8 @@ pub fn load(ckpt: Arc<Checkpoint>) -> Result<Model, ModelError> {
 pub enum State {
     /// Kimi K3 state.
     KimiK3(kimi_k3::state::K3State),
+    /// Qwen3 state.
+    Qwen3(qwen3::Qwen3State),
 }
 
 impl State {
@@ -82,6 +91,7 @@ impl State {
     pub fn commit(&mut self, n: usize) {
         match self {
             Self::KimiK3(s) => s.commit(n),
+            Self::Qwen3(s) => s.commit(n),
         }
     }
 
@@ -89,6 +99,7 @@ impl State {
     pub fn rollback(&mut self) {
         match self {
             Self::KimiK3(s) => s.rollback(),
+            Self::Qwen3(s) => s.rollback(),
         }
     }
 
@@ -96,6 +107,7 @@ impl State {
     pub fn len(&self) -> usize {
         match self {
             Self::KimiK3(s) => s.len(),
+            Self::Qwen3(s) => s.len(),
         }
     }
 
@@ -108,6 +120,7 @@ impl State {
     pub fn byte_len(&self) -> usize {
         match self {
             Self::KimiK3(s) => s.byte_len(),
+            Self::Qwen3(s) => s.byte_len(),
         }
     }
 }
@@ -117,6 +130,7 @@ impl Model {
     pub fn new_state(&self) -> State {
         match self {
             Self::KimiK3(m) => State::KimiK3(m.new_state()),
+            Self::Qwen3(m) => State::Qwen3(m.new_state()),
         }
     }
 
@@ -124,6 +138,7 @@ impl Model {
     pub fn vocab_size(&self) -> usize {
         match self {
             Self::KimiK3(m) => m.config().vocab_size,
+            Self::Qwen3(m) => m.config().vocab_size,
         }
     }
 
@@ -131,6 +146,7 @@ impl Model {
     pub fn family(&self) -> &'static str {
         match self {
             Self::KimiK3(_) => "kimi_k3",
+            Self::Qwen3(_) => "qwen3",
         }
     }
 
@@ -138,6 +154,8 @@ impl Model {
     pub fn store_stats(&self) -> sluice_store::StoreStats {
         match self {
             Self::KimiK3(m) => m.experts().stats(),
+            // A dense model has no expert store.
+            Self::Qwen3(_) => sluice_store::StoreStats::default(),
         }
     }
 
@@ -151,6 +169,11 @@ impl Model {
     ) -> Result<Vec<f32>, ModelError> {
         match (self, state) {
             (Self::KimiK3(m), State::KimiK3(s)) => m.forward(s, tokens, rows, trace),
+            (Self::Qwen3(m), State::Qwen3(s)) => m.forward(s, tokens, rows, trace),
+            (m, _) => Err(ModelError::Config(format!(
+                "the sequence state passed to the {} model belongs to another model",
+                m.family()
+            ))),
         }
     }
 }

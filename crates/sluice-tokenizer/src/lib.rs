@@ -4,6 +4,8 @@
 //!   encodes text byte-exactly as Python tiktoken with K3's pre-tokenizer and
 //!   `tokenization_kimi.py`'s length splitting ([`pretokenize`]), and decodes ids, also
 //!   incrementally at UTF-8 boundaries ([`StreamDecoder`]).
+//! - [`HfTokenizer`] loads a Hugging Face `tokenizer.json` (Qwen3 and other byte-level BPE
+//!   checkpoints) through the `tokenizers` crate.
 //! - [`chat`] renders conversations in K3's XTML format, inserting the structural markers by id
 //!   so that text can never forge them.
 //!
@@ -14,6 +16,7 @@
 pub mod bpe;
 pub mod chat;
 mod error;
+pub mod hf;
 pub mod load;
 pub mod pretokenize;
 pub mod pyjson;
@@ -27,6 +30,7 @@ pub use chat::{
     Role, Segment, ToolCall,
 };
 pub use error::{Error, Result};
+pub use hf::{HfError, HfTokenizer};
 pub use load::AddedToken;
 pub use stream::StreamDecoder;
 pub use tokenizer::{Tokenizer, CONFIG_FILE, RANK_FILE};

@@ -1,0 +1,191 @@
+//! Qwen3 dense (`Qwen3ForCausalLM`): pre-norm decoder layers of grouped-query attention with
+//! per-head q/k RMSNorm and rotary embeddings, and a SiLU-GLU MLP; tied or untied lm_head.
+//!
+//! sluice uses it as a small draft model for exact speculative decoding, so it follows
+//! transformers' `models/qwen3/modeling_qwen3.py` (5.17) operation for operation in f32, and is
+//! checked stage by stage against goldens that transformers produced
+//! (`tools/gen_qwen3_goldens.py`, `tests/fixtures/qwen3`). Each file cites the reference code it
+//! ports.
+//!
+//! A pass runs T positions layer-major; the pass's keys and values are staged in
+//! [`Qwen3State`] until `commit(n)` / `rollback()`. Every kernel is batch-invariant, so a T-row
+//! pass gives bit for bit the logits of T single-row passes.
+
+pub mod attention;
+pub mod config;
+pub mod state;
+pub mod weights;
+
+use crate::{LogitRows, ModelError};
+use attention::Rope;
+use config::Qwen3Config;
+use sluice_checkpoint::Checkpoint;
+use sluice_kernels::matmul;
+use sluice_kernels::ops::{rms_norm, silu_glu};
+use std::sync::Arc;
+use weights::{LayerWeights, Linear, Qwen3Weights};
+
+pub use crate::kimi_k3::Trace;
+pub use state::Qwen3State;
+
+/// What a pass needs besides the weights: the checkpoint bytes.
+pub(crate) struct Ctx<'a> {
+    pub(crate) ckpt: &'a Checkpoint,
+}
+
+impl Ctx<'_> {
+    /// `x [t, cols] → [t, rows]` through a weight matrix.
+    pub(crate) fn mm(&self, m: &Linear, x: &[f32], t: usize) -> Vec<f32> {
+        let mut out = vec![0.0f32; t * m.rows()];
+        matmul(&m.get(self.ckpt), x, t, &mut out);
+        out
+    }
+}
+
+/// Records `v` under `name()` when tracing (the name is only built when a trace is wanted).
+fn put(trace: &mut Option<&mut Trace>, name: impl FnOnce() -> String, v: &[f32]) {
+    if let Some(t) = trace.as_deref_mut() {
+        t.tensors.insert(name(), v.to_vec());
+    }
+}
+
+/// The loaded Qwen3 model.
+pub struct Qwen3 {
+    cfg: Qwen3Config,
+    ckpt: Arc<Checkpoint>,
+    weights: Qwen3Weights,
+    rope: Rope,
+}
+
+impl std::fmt::Debug for Qwen3 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qwen3")
+            .field("layers", &self.cfg.num_hidden_layers)
+            .field("hidden_size", &self.cfg.hidden_size)
+            .field("vocab_size", &self.cfg.vocab_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Qwen3 {
+    /// Loads the model from an opened checkpoint: parses `config.json` and resolves and checks
+    /// every tensor once.
+    pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self, ModelError> {
+        let cfg = Qwen3Config::from_json(ckpt.config().text_config())?;
+        let weights = Qwen3Weights::load(&ckpt, &cfg)?;
+        let rope = Rope::new(cfg.head_dim, cfg.rope_theta);
+        Ok(Self { cfg, ckpt, weights, rope })
+    }
+
+    /// The typed configuration.
+    pub fn config(&self) -> &Qwen3Config {
+        &self.cfg
+    }
+
+    /// The rotary embedding (`inv_freq` and cos/sin rows, as HF's `model.rotary_emb`).
+    pub fn rope(&self) -> &Rope {
+        &self.rope
+    }
+
+    /// Bytes of the weight matrices a pass reads from the checkpoint (a tied lm_head counted once).
+    pub fn weight_bytes(&self) -> u64 {
+        self.weights.byte_len(self.cfg.tie_word_embeddings)
+    }
+
+    /// A fresh, empty sequence state.
+    pub fn new_state(&self) -> Qwen3State {
+        Qwen3State::new(self.cfg.num_hidden_layers, self.cfg.kv_width())
+    }
+
+    /// Runs `tokens` (T ≥ 1 positions after the state's committed ones) through the model,
+    /// staging the new keys and values, and returns the logits of the rows `rows` asks for
+    /// (`[rows, vocab]`). The caller must `commit(n)` or `rollback()` the state afterwards.
+    ///
+    /// With a trace, records `embed`, `layer{i}.attn_in`, `layer{i}.attn_out`, `layer{i}.mlp_in`,
+    /// `layer{i}.mlp_out`, `layer{i}.out` (`[T, d]` each) and `final_norm` (`[rows, d]`).
+    pub fn forward(
+        &self,
+        state: &mut Qwen3State,
+        tokens: &[u32],
+        rows: LogitRows,
+        mut trace: Option<&mut Trace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.cfg;
+        let t = tokens.len();
+        if t == 0 {
+            return Err(ModelError::EmptyInput);
+        }
+        if let Some(p) = state.pending() {
+            return Err(ModelError::PendingPass(p));
+        }
+        if !state.fits(c.num_hidden_layers, c.kv_width()) {
+            return Err(ModelError::Config(
+                "the qwen3 state passed to forward was made for a model of another shape".into(),
+            ));
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab_size) {
+            return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
+        }
+        let d = c.hidden_size;
+        let ctx = Ctx { ckpt: &self.ckpt };
+        // inputs_embeds = self.embed_tokens(input_ids)
+        let embed = self.weights.embed.get(&self.ckpt);
+        let mut h = vec![0.0f32; t * d];
+        for (row, &id) in h.chunks_exact_mut(d).zip(tokens) {
+            embed.row_to_f32(id as usize, row);
+        }
+        put(&mut trace, || "embed".into(), &h);
+        // position_ids = arange(T) + past_seen_tokens; one cos/sin table serves every layer.
+        let rope = self.rope.rows(state.len(), t);
+        state.begin(t);
+        for (i, (lw, cache)) in self.weights.layers.iter().zip(&mut state.layers).enumerate() {
+            // Qwen3DecoderLayer.forward: pre-norm attention and MLP, each added to the residual.
+            let a_in = self.norm_rows(&h, &lw.input_norm);
+            put(&mut trace, || format!("layer{i}.attn_in"), &a_in);
+            let a = attention::forward(&ctx, lw, c, cache, &a_in, t, &rope);
+            put(&mut trace, || format!("layer{i}.attn_out"), &a);
+            add_into(&mut h, &a);
+            let m_in = self.norm_rows(&h, &lw.post_norm);
+            put(&mut trace, || format!("layer{i}.mlp_in"), &m_in);
+            let m = mlp(&ctx, lw, &m_in, t);
+            put(&mut trace, || format!("layer{i}.mlp_out"), &m);
+            add_into(&mut h, &m);
+            put(&mut trace, || format!("layer{i}.out"), &h);
+        }
+        // hidden_states = self.norm(hidden_states); logits = self.lm_head(hidden_states[:, slice])
+        let sel = match rows {
+            LogitRows::All => 0..t,
+            LogitRows::Last => t - 1..t,
+        };
+        let n = sel.len();
+        let normed = self.norm_rows(&h[sel.start * d..sel.end * d], &self.weights.norm);
+        put(&mut trace, || "final_norm".into(), &normed);
+        Ok(ctx.mm(&self.weights.lm_head, &normed, n))
+    }
+
+    /// Qwen3RMSNorm on every row of `x [n, d]`.
+    fn norm_rows(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
+        let d = self.cfg.hidden_size;
+        let mut out = vec![0.0f32; x.len()];
+        for (i, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+            rms_norm(i, Some(w), self.cfg.rms_norm_eps, o);
+        }
+        out
+    }
+}
+
+/// Qwen3MLP: `down_proj(silu(gate_proj(x)) * up_proj(x))`.
+fn mlp(ctx: &Ctx<'_>, w: &LayerWeights, x: &[f32], t: usize) -> Vec<f32> {
+    let gate = ctx.mm(&w.gate, x, t);
+    let up = ctx.mm(&w.up, x, t);
+    let mut act = vec![0.0f32; gate.len()];
+    silu_glu(&gate, &up, &mut act);
+    ctx.mm(&w.down, &act, t)
+}
+
+/// `dst += src` element-wise (the residual adds).
+fn add_into(dst: &mut [f32], src: &[f32]) {
+    for (a, b) in dst.iter_mut().zip(src) {
+        *a += b;
+    }
+}

@@ -1,0 +1,203 @@
+//! The Qwen3 tensor roster: every tensor of the checkpoint resolved once at load into typed
+//! handles, with dtype and shape checked against the config. A checkpoint that contradicts its
+//! config fails here with the shard file and tensor named; the forward pass never formats a name
+//! or looks one up.
+//!
+//! Names follow transformers' `Qwen3ForCausalLM` state dict:
+//!
+//! | tensor | shape |
+//! |---|---|
+//! | `model.embed_tokens.weight` | `[vocab, d]` |
+//! | `model.layers.{i}.input_layernorm.weight` | `[d]` |
+//! | `model.layers.{i}.self_attn.{q,k,v,o}_proj.weight` | `[H·hd, d]`, `[KV·hd, d]` ×2, `[d, H·hd]` |
+//! | `model.layers.{i}.self_attn.{q,k}_norm.weight` | `[hd]` (one RMSNorm shared by all heads) |
+//! | `model.layers.{i}.post_attention_layernorm.weight` | `[d]` |
+//! | `model.layers.{i}.mlp.{gate,up,down}_proj.weight` | `[I, d]` ×2, `[d, I]` |
+//! | `model.norm.weight` | `[d]` |
+//! | `lm_head.weight` | `[vocab, d]`, absent when `tie_word_embeddings` |
+//!
+//! Matrices may be BF16 or F32 (widened inside the matmul kernel); norm weights are widened to
+//! f32 once here.
+
+use super::config::Qwen3Config;
+use crate::ModelError;
+use sluice_checkpoint::{Checkpoint, CheckpointError, TensorEntry};
+use sluice_core::{bf16_to_f32, DType};
+use sluice_kernels::{Matrix, WeightFormat};
+
+/// A resolved weight matrix `[rows, cols]` (PyTorch `Linear` layout `[out, in]`) in the checkpoint.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    entry: TensorEntry,
+    rows: usize,
+    cols: usize,
+    format: WeightFormat,
+}
+
+impl Linear {
+    /// The matrix as a kernel operand over the checkpoint's bytes.
+    pub fn get<'a>(&self, ckpt: &'a Checkpoint) -> Matrix<'a> {
+        let b = ckpt.bytes(&self.entry);
+        let m = match self.format {
+            WeightFormat::F32 => Matrix::f32(self.rows, self.cols, b),
+            _ => Matrix::bf16(self.rows, self.cols, b),
+        };
+        m.expect("invariant: shape and byte length were checked at load")
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes in the checkpoint.
+    pub fn byte_len(&self) -> u64 {
+        self.entry.len
+    }
+}
+
+/// One decoder layer (`Qwen3DecoderLayer`).
+#[derive(Debug)]
+pub struct LayerWeights {
+    pub(crate) input_norm: Vec<f32>,
+    pub(crate) post_norm: Vec<f32>,
+    pub(crate) q_proj: Linear,
+    pub(crate) k_proj: Linear,
+    pub(crate) v_proj: Linear,
+    pub(crate) o_proj: Linear,
+    /// Per-head RMSNorm weights `[head_dim]` (`Qwen3Attention.q_norm` / `k_norm`).
+    pub(crate) q_norm: Vec<f32>,
+    pub(crate) k_norm: Vec<f32>,
+    pub(crate) gate: Linear,
+    pub(crate) up: Linear,
+    pub(crate) down: Linear,
+}
+
+/// Every tensor of the model.
+#[derive(Debug)]
+pub struct Qwen3Weights {
+    pub(crate) embed: Linear,
+    /// `lm_head.weight`, or the embedding again when tied.
+    pub(crate) lm_head: Linear,
+    pub(crate) norm: Vec<f32>,
+    pub(crate) layers: Vec<LayerWeights>,
+}
+
+impl Qwen3Weights {
+    /// Resolves and checks every tensor the config names.
+    pub fn load(ckpt: &Checkpoint, c: &Qwen3Config) -> Result<Self, ModelError> {
+        let r = Roster { ckpt, prefix: ckpt.name_prefix() };
+        let (d, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for i in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            layers.push(LayerWeights {
+                input_norm: r.vec(&format!("{p}.input_layernorm.weight"), d)?,
+                post_norm: r.vec(&format!("{p}.post_attention_layernorm.weight"), d)?,
+                q_proj: r.mat(&format!("{p}.self_attn.q_proj.weight"), c.q_width(), d)?,
+                k_proj: r.mat(&format!("{p}.self_attn.k_proj.weight"), c.kv_width(), d)?,
+                v_proj: r.mat(&format!("{p}.self_attn.v_proj.weight"), c.kv_width(), d)?,
+                o_proj: r.mat(&format!("{p}.self_attn.o_proj.weight"), d, c.q_width())?,
+                q_norm: r.vec(&format!("{p}.self_attn.q_norm.weight"), hd)?,
+                k_norm: r.vec(&format!("{p}.self_attn.k_norm.weight"), hd)?,
+                gate: r.mat(&format!("{p}.mlp.gate_proj.weight"), inter, d)?,
+                up: r.mat(&format!("{p}.mlp.up_proj.weight"), inter, d)?,
+                down: r.mat(&format!("{p}.mlp.down_proj.weight"), d, inter)?,
+            });
+        }
+        let embed = r.mat("model.embed_tokens.weight", c.vocab_size, d)?;
+        // Qwen3ForCausalLM._tied_weights_keys: with tie_word_embeddings the lm_head *is* the
+        // embedding, whether or not a stale `lm_head.weight` was saved alongside it.
+        let lm_head = if c.tie_word_embeddings {
+            embed.clone()
+        } else {
+            r.mat("lm_head.weight", c.vocab_size, d)?
+        };
+        Ok(Self { embed, lm_head, norm: r.vec("model.norm.weight", d)?, layers })
+    }
+
+    /// Bytes of the weight matrices in the checkpoint (a tied lm_head counted once; the norm
+    /// vectors, widened to f32 at load, are not included).
+    pub fn byte_len(&self, tied: bool) -> u64 {
+        let layer: u64 = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .map(|m| m.byte_len())
+                    .sum::<u64>()
+            })
+            .sum();
+        layer + self.embed.byte_len() + if tied { 0 } else { self.lm_head.byte_len() }
+    }
+}
+
+/// Name lookups with the checkpoint's prefix and errors that name the shard file and tensor.
+struct Roster<'a> {
+    ckpt: &'a Checkpoint,
+    prefix: &'a str,
+}
+
+impl Roster<'_> {
+    fn entry(&self, name: &str) -> Result<&TensorEntry, ModelError> {
+        Ok(self.ckpt.tensor(&format!("{}{name}", self.prefix))?)
+    }
+
+    fn shape_err(&self, name: &str, e: &TensorEntry, expected: &[usize]) -> ModelError {
+        ModelError::Checkpoint(CheckpointError::ShapeMismatch {
+            file: self.ckpt.shard_file(e).to_path_buf(),
+            tensor: format!("{}{name}", self.prefix),
+            expected: expected.iter().map(|&v| v as u64).collect(),
+            got: e.shape.clone(),
+        })
+    }
+
+    fn dtype_err(&self, name: &str, e: &TensorEntry) -> ModelError {
+        ModelError::Checkpoint(CheckpointError::DTypeMismatch {
+            file: self.ckpt.shard_file(e).to_path_buf(),
+            tensor: format!("{}{name}", self.prefix),
+            expected: DType::BF16,
+            got: e.dtype,
+        })
+    }
+
+    /// A BF16 or F32 matrix of exactly `[rows, cols]`.
+    fn mat(&self, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
+        let e = self.entry(name)?;
+        let format = match e.dtype {
+            DType::BF16 => WeightFormat::Bf16,
+            DType::F32 => WeightFormat::F32,
+            _ => return Err(self.dtype_err(name, e)),
+        };
+        if e.shape != [rows as u64, cols as u64] {
+            return Err(self.shape_err(name, e, &[rows, cols]));
+        }
+        Ok(Linear { entry: e.clone(), rows, cols, format })
+    }
+
+    /// A BF16 or F32 vector of `len` values, widened to f32.
+    fn vec(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        let e = self.entry(name)?;
+        if e.shape != [len as u64] {
+            return Err(self.shape_err(name, e, &[len]));
+        }
+        let b = self.ckpt.bytes(e);
+        match e.dtype {
+            DType::BF16 => Ok(b
+                .chunks_exact(2)
+                .map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+                .collect()),
+            DType::F32 => Ok(b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()),
+            _ => Err(self.dtype_err(name, e)),
+        }
+    }
+}
