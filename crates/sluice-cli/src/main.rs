@@ -3,6 +3,7 @@
 
 mod inspect;
 mod npy;
+mod pull;
 mod run;
 mod synth;
 
@@ -24,6 +25,8 @@ enum Cmd {
     Run(run::RunArgs),
     /// Write a synthetic checkpoint of a real architecture in its published layout.
     Synth(synth::SynthArgs),
+    /// Install a model from a Hugging Face–compatible hub (HF_ENDPOINT, HF_TOKEN), full or stream.
+    Pull(pull::PullArgs),
     /// Summarise a checkpoint: config, tensors and bytes by kind, expert size, memory needs.
     Inspect {
         /// Checkpoint directory (config.json + safetensors shards).
@@ -38,6 +41,7 @@ fn main() {
     let cli = Cli::parse();
     let res: Result<()> = match cli.cmd {
         Cmd::Run(a) => run::run(&a),
+        Cmd::Pull(a) => pull::run(&a),
         Cmd::Synth(a) => synth::run(&a),
         Cmd::Inspect { dir, json } => inspect::run(&dir, json),
     };

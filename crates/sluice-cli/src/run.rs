@@ -5,13 +5,13 @@ use crate::npy;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
-use sluice_checkpoint::Checkpoint;
 use sluice_engine::demo::{cache_dir, ensure_demo_model};
+use sluice_engine::load::{self, ExpertMode, LoadOptions};
+use sluice_engine::plan::parse_size;
 use sluice_engine::{generate, Drafter, GenerateOptions, NgramDrafter, Sampling};
 use sluice_tokenizer::chat::{render_k3, ChatMessage, ChatOptions, Role};
 use sluice_tokenizer::{Tokenizer, RANK_FILE};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// Flags of `sluice run`.
@@ -50,6 +50,62 @@ pub struct RunArgs {
     /// Most draft tokens verified per pass.
     #[arg(long, default_value_t = 8)]
     draft_max: usize,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+/// Flags that decide how a model is placed in memory (shared by run, bench and serve).
+#[derive(Debug, Clone, Args)]
+pub struct LoadArgs {
+    /// Memory budget (e.g. 24G, 6G, 512M). Default: 85% of physical memory or the cgroup limit,
+    /// minus 512 MiB.
+    #[arg(long)]
+    memory: Option<String>,
+    /// Where routed experts come from: auto (mapped if everything fits, else streamed),
+    /// mapped, or stream.
+    #[arg(long, default_value = "auto")]
+    experts: String,
+    /// Do not prefetch the next layer's experts.
+    #[arg(long)]
+    no_prefetch: bool,
+    /// Reads in flight when streaming experts.
+    #[arg(long, default_value_t = 16)]
+    readers: usize,
+    /// Use the page cache for expert reads instead of O_DIRECT.
+    #[arg(long)]
+    buffered_io: bool,
+    /// Exactly this many expert-cache slots (for tests and benchmarks).
+    #[arg(long)]
+    cache_slots: Option<usize>,
+    /// Context length the sequence state is planned for.
+    #[arg(long, default_value_t = 4096)]
+    context: usize,
+}
+
+impl LoadArgs {
+    /// The validated load options.
+    pub fn options(&self) -> Result<LoadOptions> {
+        let memory =
+            self.memory.as_deref().map(parse_size).transpose().map_err(anyhow::Error::msg)?;
+        let experts = match self.experts.as_str() {
+            "auto" => ExpertMode::Auto,
+            "mapped" => ExpertMode::Mapped,
+            "stream" => ExpertMode::Stream,
+            other => bail!("--experts {other:?}: expected auto, mapped or stream"),
+        };
+        if self.readers == 0 {
+            bail!("--readers must be at least 1");
+        }
+        Ok(LoadOptions {
+            memory,
+            experts,
+            prefetch: !self.no_prefetch,
+            context: self.context,
+            readers: self.readers,
+            direct_io: !self.buffered_io,
+            slots: self.cache_slots,
+        })
+    }
 }
 
 /// Runs the command.
@@ -66,9 +122,12 @@ pub fn run(a: &RunArgs) -> Result<()> {
         );
     }
     let t_load = Instant::now();
-    let ckpt =
-        Arc::new(Checkpoint::open(&dir).with_context(|| format!("opening {}", dir.display()))?);
-    let model = sluice_models::load(ckpt).with_context(|| format!("loading {}", dir.display()))?;
+    let loaded = load::open(&dir, &a.load.options()?)
+        .with_context(|| format!("loading {}", dir.display()))?;
+    if let Some(p) = &loaded.plan {
+        eprintln!("sluice: {p}; experts {}", loaded.mode);
+    }
+    let model = &loaded.model;
     let load_s = t_load.elapsed().as_secs_f64();
     // A checkpoint without tokenizer files still runs from --prompt-ids; broken files are an error.
     let tok = if dir.join(RANK_FILE).exists() {
@@ -117,7 +176,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         other => bail!("--draft {other:?}: expected none or ngram"),
     };
     let mut state = model.new_state();
-    let out = generate(&model, &mut state, &prompt_ids, &opts, drafter, None)?;
+    let out = generate(model, &mut state, &prompt_ids, &opts, drafter, None)?;
     let text = tok.as_ref().map(|t| t.decode_lossy(&out.tokens)).transpose()?;
     if let Some(p) = &a.dump_logits {
         npy::write_f32_2d(p, &out.logits, model.vocab_size())?;
@@ -126,6 +185,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
         let v = json!({
             "model": dir.display().to_string(),
             "demo_model": demo,
+            "experts": loaded.mode,
+            "plan": loaded.plan.as_ref().map(serde_json::to_value).transpose()?,
             "prompt_ids": prompt_ids,
             "generated_ids": out.tokens,
             "text": text,
@@ -146,7 +207,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
         eprintln!(
             "stats: load {load_s:.3}s, prompt {} tokens, prefill {:.3}s, generated {} tokens, {:.4} s/token, \
              {} passes, {:.2} tokens/pass, draft {} ({} drafted, {} accepted, widths {:?}), \
-             experts {} requests / {} bytes served / {} bytes read ({:.0} per token), state {} bytes, finish {}",
+             experts {} requests / {} bytes served / {} bytes read ({:.0} per token), hit rate {:.3}, \
+             prefetch {} issued / {} used (recall {:.3}), io wait {:.3}s, read {:.3}s, state {} bytes, \
+             peak rss {} bytes, finish {}",
             s.prompt_tokens,
             s.prefill_s,
             s.generated_tokens,
@@ -161,7 +224,14 @@ pub fn run(a: &RunArgs) -> Result<()> {
             s.expert_bytes,
             s.expert_bytes_read,
             s.expert_bytes_per_token,
+            s.hit_rate,
+            s.prefetch_issued,
+            s.prefetch_used,
+            s.prefetch_recall,
+            s.io_wait_s,
+            s.read_s,
             s.state_bytes,
+            s.peak_rss_bytes,
             s.finish_reason
         );
     }

@@ -1,5 +1,13 @@
 //! The `sluice` binary as a user runs it: real processes, real files.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+// Fixture ids, shapes and lengths are small; casts between them cannot truncate.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

@@ -83,8 +83,26 @@ pub struct Stats {
     pub expert_bytes_read: u64,
     /// Expert bytes handed to the model per generated token (decode passes only).
     pub expert_bytes_per_token: f64,
+    /// Expert requests that hit the cache.
+    pub expert_hits: u64,
+    /// Expert requests that had to wait for a read.
+    pub expert_misses: u64,
+    /// `hits / (hits + misses)`.
+    pub hit_rate: f64,
+    /// Prefetch reads issued.
+    pub prefetch_issued: u64,
+    /// Demanded experts that a prefetch had already read or started.
+    pub prefetch_used: u64,
+    /// `prefetch_used / misses-or-prefetched demands` over the run.
+    pub prefetch_recall: f64,
+    /// Seconds the model waited on expert reads.
+    pub io_wait_s: f64,
+    /// Seconds reader threads spent reading (summed over threads).
+    pub read_s: f64,
     /// Bytes of sequence state at the end.
     pub state_bytes: usize,
+    /// Peak resident memory of the process (VmHWM), bytes.
+    pub peak_rss_bytes: u64,
     /// Why generation stopped: "stop", "length", "cancelled".
     pub finish_reason: String,
 }
@@ -257,10 +275,39 @@ pub fn generate(
         }
     }
     let s1 = model.store_stats();
+    stats.expert_hits = s1.hits - store0.hits;
+    stats.expert_misses = s1.misses - store0.misses;
+    stats.prefetch_issued = s1.prefetch_issued - store0.prefetch_issued;
+    stats.prefetch_used = s1.prefetch_used - store0.prefetch_used;
+    #[allow(clippy::cast_precision_loss)]
+    {
+        let lookups = stats.expert_hits + stats.expert_misses;
+        if lookups > 0 {
+            stats.hit_rate = stats.expert_hits as f64 / lookups as f64;
+        }
+        if stats.prefetch_issued > 0 {
+            stats.prefetch_recall = stats.prefetch_used as f64 / lookups.max(1) as f64;
+        }
+        stats.io_wait_s = (s1.stall_ns - store0.stall_ns) as f64 * 1e-9;
+        stats.read_s = (s1.read_ns - store0.read_ns) as f64 * 1e-9;
+    }
+    stats.peak_rss_bytes = peak_rss();
     stats.expert_requests = s1.requests - store0.requests;
     stats.expert_bytes = s1.bytes_served - store0.bytes_served;
     stats.expert_bytes_read = s1.bytes_read - store0.bytes_read;
     stats.state_bytes = state.byte_len();
     em.out.stats = stats;
     Ok(em.out)
+}
+
+/// Peak resident set size of this process (`VmHWM` in /proc/self/status), 0 where unknown.
+pub fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|st| {
+            st.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+        })
+        .map_or(0, |kb| kb * 1024)
 }

@@ -5,6 +5,7 @@
 pub mod demo;
 pub mod draft;
 pub mod generate;
+pub mod load;
 pub mod plan;
 pub mod policy;
 pub mod sample;
@@ -29,6 +30,12 @@ pub enum EngineError {
         #[source]
         source: std::io::Error,
     },
+    /// The memory plan cannot hold the minimum.
+    #[error(transparent)]
+    Plan(#[from] plan::PlanError),
+    /// A charge to the memory budget was refused.
+    #[error(transparent)]
+    Budget(sluice_core::BudgetError),
     /// No prompt tokens.
     #[error("empty prompt: give at least one token")]
     EmptyPrompt,

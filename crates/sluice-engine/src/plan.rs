@@ -16,14 +16,15 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a size (try 24G, 512M, 1.5G)"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().trim_end_matches('b').trim_end_matches('i') {
-        "" => 1.0,
-        "k" => 1024.0,
-        "m" => 1024.0 * 1024.0,
-        "g" => 1024.0 * 1024.0 * 1024.0,
-        "t" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        _ => return Err(format!("{s:?}: unknown size unit {unit:?}")),
-    };
+    let mult: f64 =
+        match unit.trim().to_ascii_lowercase().trim_end_matches('b').trim_end_matches('i') {
+            "" => 1.0,
+            "k" => 1024.0,
+            "m" => 1024.0 * 1024.0,
+            "g" => 1024.0 * 1024.0 * 1024.0,
+            "t" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+            _ => return Err(format!("{s:?}: unknown size unit {unit:?}")),
+        };
     let bytes = v * mult;
     #[allow(clippy::cast_precision_loss)]
     if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
@@ -176,7 +177,8 @@ mod tests {
 
     #[test]
     fn plans_slots_and_refuses_with_the_shortfall() {
-        let needs = Needs { spine: 1000, state: 100, slot: 50, experts: 64, min_slots: 4, headroom: 0 };
+        let needs =
+            Needs { spine: 1000, state: 100, slot: 50, experts: 64, min_slots: 4, headroom: 0 };
         let p = Plan::compute(2000, needs).expect("fits");
         assert_eq!(p.slots, 18);
         assert!(!p.all_experts_resident);

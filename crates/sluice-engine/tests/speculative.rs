@@ -1,6 +1,14 @@
 //! Speculative decoding never changes output: with any drafter and any width, the tokens and
 //! the logits of every emitted token are bit-identical to plain greedy decoding.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+// Fixture ids, shapes and lengths are small; casts between them cannot truncate.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use proptest::prelude::*;
 use sluice_checkpoint::Checkpoint;

@@ -1,7 +1,15 @@
 //! Kimi K3 pass time on the committed fixtures: one row (plain decode) against eight rows
 //! (a verification pass), both after 16 committed positions. Run with
 //! `cargo bench -p sluice-models --bench k3_pass`.
-#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+// Fixture ids, shapes and lengths are small; casts between them cannot truncate.
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use sluice_checkpoint::Checkpoint;

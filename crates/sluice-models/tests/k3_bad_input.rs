@@ -1,7 +1,14 @@
 //! Bad input gives a clear error naming the cause, never a panic: configs that contradict the
 //! tensors, unknown architectures, missing or truncated shards, out-of-vocabulary ids, empty
 //! input.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+// Fixture ids, shapes and lengths are small; casts between them cannot truncate.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 mod common;
 

@@ -4,7 +4,14 @@
 //! float64 numpy reference at relL2 ≈ 3e-6): every `[T, d]` stage and the logits within
 //! relative L2 1e-4; router weights within relative L2 1e-5; router choices, greedy tokens and
 //! decode tokens exactly equal; decode logits within 1e-4 absolute.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+// Fixture ids, shapes and lengths are small; casts between them cannot truncate.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 mod common;
 

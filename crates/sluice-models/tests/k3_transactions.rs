@@ -1,6 +1,13 @@
 //! Batch invariance and transactions: a T-row pass gives bit-identical logits to T single-row
 //! passes, and `commit(n)` / `rollback()` leave the state exactly as plain decoding would.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+// Fixture ids, shapes and lengths are small; casts between them cannot truncate.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 mod common;
 

@@ -1,7 +1,14 @@
 //! Qwen3 checkpoints that contradict their config, or ask for something the port does not
 //! implement, are refused at load with the key, tensor and file named; never a panic, never a
 //! silently different computation.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+// Fixture ids, shapes and lengths are small; casts between them cannot truncate.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use sluice_checkpoint::Checkpoint;
 use sluice_models::{LogitRows, Model};

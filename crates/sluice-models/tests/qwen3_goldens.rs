@@ -9,7 +9,14 @@
 //! - greedy tokens and decode tokens: exactly equal (the generator rejects draws with a top-2
 //!   margin below 1e-3);
 //! - RoPE: `inv_freq` bit-exact, cos/sin within 1 ulp (≤ 2.4e-7 absolute) of `rotary_emb`.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+// Fixture ids, shapes and lengths are small; casts between them cannot truncate.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use sluice_checkpoint::{parse_header, Checkpoint};
 use sluice_core::DType;

@@ -1,7 +1,14 @@
 //! Qwen3 batch invariance and transactions: a T-row pass gives bit-identical logits to T
 //! single-row passes, and `commit(n)` / `rollback()` leave the KV caches exactly as plain
 //! decoding would, through both the typed API and the `Model` / `State` enums.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+// Fixture ids, shapes and lengths are small; casts between them cannot truncate.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use sluice_checkpoint::Checkpoint;
 use sluice_models::qwen3::{Qwen3, Qwen3State};

@@ -1,7 +1,14 @@
 //! `HfTokenizer` against Python `tokenizers`: the Qwen3-shaped `tokenizer.json` of each
 //! `tests/fixtures/qwen3` fixture encodes and decodes every recorded string exactly as Python did
 //! (`tokenizer_cases` in `golden.json`, written by `tools/gen_qwen3_goldens.py`).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+// Fixture ids, shapes and lengths are small; casts between them cannot truncate.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use serde_json::Value;
 use sluice_tokenizer::{HfError, HfTokenizer};

@@ -201,7 +201,7 @@ impl K3Config {
             return bad("moe_layer_freq and attn_res_block_size must be positive".into());
         }
         let lat = self.expert_width();
-        if lat % 32 != 0 || self.moe_intermediate_size % 32 != 0 {
+        if !lat.is_multiple_of(32) || !self.moe_intermediate_size.is_multiple_of(32) {
             return bad(format!(
                 "MXFP4 experts need widths divisible by 32 (latent {lat}, moe_intermediate_size {})",
                 self.moe_intermediate_size
@@ -224,7 +224,9 @@ impl K3Config {
 
     /// Whether 0-based layer `i` has routed experts (mlx-lm `KimiK3DecoderLayer`).
     pub fn is_moe(&self, i: usize) -> bool {
-        self.num_experts > 0 && i >= self.first_k_dense_replace && i % self.moe_layer_freq == 0
+        self.num_experts > 0
+            && i >= self.first_k_dense_replace
+            && i.is_multiple_of(self.moe_layer_freq)
     }
 
     /// Width the routed experts run at (the latent width, or the hidden size).

@@ -73,9 +73,7 @@ pub fn inventory(ckpt: &Checkpoint, c: &K3Config) -> Inventory {
     let per_expert_tensors = 6u64;
     let (routed_n, _) = inv.kinds.get("routed experts").copied().unwrap_or_default();
     inv.experts = routed_n / per_expert_tensors;
-    if inv.experts > 0 {
-        inv.expert_bytes = inv.routed_bytes / inv.experts;
-    }
+    inv.expert_bytes = inv.routed_bytes.checked_div(inv.experts).unwrap_or(0);
     let la = &c.linear_attn_config;
     let kk = la.short_conv_kernel_size as u64;
     let (mut kda, mut mla, mut moe) = (0u64, 0u64, 0u64);

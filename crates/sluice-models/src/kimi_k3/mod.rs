@@ -95,21 +95,28 @@ impl KimiK3 {
     /// Loads the model from an opened checkpoint, serving experts in place from its shards.
     pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self, ModelError> {
         let cfg = K3Config::from_json(ckpt.config().text_config())?;
-        let moe_layers: Vec<usize> =
-            (0..cfg.num_hidden_layers).filter(|&i| cfg.is_moe(i)).collect();
-        let names = ExpertTensorNames {
-            names: expert_tensor_names,
-            inter: cfg.moe_intermediate_size as u64,
-            hidden: cfg.expert_width() as u64,
-        };
         let experts = MappedExperts::open(
             ckpt.clone(),
             cfg.num_hidden_layers,
-            &moe_layers,
+            &Self::moe_layers(&cfg),
             cfg.num_experts,
-            &names,
+            &Self::expert_names(&cfg),
         )?;
         Self::with_store(ckpt, Arc::new(experts))
+    }
+
+    /// The 0-based layers with routed experts.
+    pub fn moe_layers(cfg: &K3Config) -> Vec<usize> {
+        (0..cfg.num_hidden_layers).filter(|&i| cfg.is_moe(i)).collect()
+    }
+
+    /// How this family names and shapes one expert's tensors (for expert stores).
+    pub fn expert_names(cfg: &K3Config) -> ExpertTensorNames {
+        ExpertTensorNames {
+            names: expert_tensor_names,
+            inter: cfg.moe_intermediate_size as u64,
+            hidden: cfg.expert_width() as u64,
+        }
     }
 
     /// Loads the spine from `ckpt` and takes routed experts from `experts`.
@@ -130,7 +137,7 @@ impl KimiK3 {
     /// The next MoE layer after `i` and its weights.
     fn next_moe(&self, i: usize) -> Option<(usize, &weights::MoeWeights)> {
         self.weights.layers.iter().enumerate().skip(i + 1).find_map(|(j, l)| match &l.ffn {
-            Ffn::Moe(w) => Some((j, w)),
+            Ffn::Moe(w) => Some((j, &**w)),
             Ffn::Dense(_) => None,
         })
     }

@@ -84,7 +84,8 @@ pub(crate) fn forward(
     // reading them while this layer computes (a wrong guess costs bandwidth, never output).
     if let Some((next_layer, nw)) = next {
         let nl = ctx.mm(&nw.router, x, t);
-        let mut guess: Vec<u32> = nl.chunks_exact(e).flat_map(|l| route(l, &nw.bias, c).ids).collect();
+        let mut guess: Vec<u32> =
+            nl.chunks_exact(e).flat_map(|l| route(l, &nw.bias, c).ids).collect();
         guess.sort_unstable();
         guess.dedup();
         ctx.experts.prefetch(next_layer, &guess);
@@ -101,7 +102,8 @@ pub(crate) fn forward(
             users[id as usize].push((ti, slot));
         }
     }
-    let ids: Vec<u32> = (0..e).filter(|&i| !users[i].is_empty()).map(|i| i as u32).collect();
+    let ids: Vec<u32> =
+        (0..e).filter(|&i| !users[i].is_empty()).filter_map(|i| u32::try_from(i).ok()).collect();
     // out[ti][slot] = E_id(z_ti); combined after all experts arrive, in router order.
     let mut outs = vec![0.0f32; t * k * lat_w];
     let mut xin = Vec::new();

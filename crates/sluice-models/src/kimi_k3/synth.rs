@@ -201,7 +201,12 @@ fn global_tensors(c: &K3Config, quiet_from: usize) -> Vec<Tensor> {
         {
             #[allow(clippy::cast_precision_loss)]
             let a = (3.0 / d as f32).sqrt();
-            t(format!("{g}lm_head.weight"), DType::BF16, &[c.vocab_size, d], Init::Head { a, cols: d, quiet_from })
+            t(
+                format!("{g}lm_head.weight"),
+                DType::BF16,
+                &[c.vocab_size, d],
+                Init::Head { a, cols: d, quiet_from },
+            )
         },
     ];
     if c.attn_res_block_size.is_some() {

@@ -95,18 +95,18 @@ pub struct MoeWeights {
 #[derive(Debug)]
 pub enum Attn {
     /// Kimi Delta Attention.
-    Kda(KdaWeights),
+    Kda(Box<KdaWeights>),
     /// Gated NoPE MLA.
-    Mla(MlaWeights),
+    Mla(Box<MlaWeights>),
 }
 
 /// Feed-forward of one layer.
 #[derive(Debug)]
 pub enum Ffn {
     /// Dense MLP.
-    Dense(MlpWeights),
+    Dense(Box<MlpWeights>),
     /// Latent MoE.
-    Moe(MoeWeights),
+    Moe(Box<MoeWeights>),
 }
 
 /// One decoder layer.
@@ -327,13 +327,13 @@ impl K3Weights {
                 (None, None)
             };
             let attn = match c.attn_kind(i) {
-                AttnKind::Kda => Attn::Kda(r.kda(&format!("{p}.self_attn"), c)?),
-                AttnKind::Mla => Attn::Mla(r.mla(&format!("{p}.self_attn"), c)?),
+                AttnKind::Kda => Attn::Kda(Box::new(r.kda(&format!("{p}.self_attn"), c)?)),
+                AttnKind::Mla => Attn::Mla(Box::new(r.mla(&format!("{p}.self_attn"), c)?)),
             };
             let ffn = if c.is_moe(i) {
-                Ffn::Moe(r.moe(&format!("{p}.block_sparse_moe"), c)?)
+                Ffn::Moe(Box::new(r.moe(&format!("{p}.block_sparse_moe"), c)?))
             } else {
-                Ffn::Dense(r.mlp(&format!("{p}.mlp"), d, c.intermediate_size)?)
+                Ffn::Dense(Box::new(r.mlp(&format!("{p}.mlp"), d, c.intermediate_size)?))
             };
             layers.push(LayerWeights {
                 input_norm: r.vec(&format!("{p}.input_layernorm.weight"), &[du])?,

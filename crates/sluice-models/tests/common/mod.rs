@@ -1,6 +1,14 @@
 //! Shared helpers for the Kimi K3 golden tests: fixture paths and a reader for the golden
 //! tensors that `tools/gen_k3_goldens.py` wrote next to each tiny checkpoint.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+// Fixture ids, shapes and lengths are small; casts between them cannot truncate.
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use sluice_checkpoint::{parse_header, Checkpoint};
 use sluice_core::DType;
