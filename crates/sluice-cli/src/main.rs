@@ -3,6 +3,7 @@
 
 mod inspect;
 mod npy;
+mod probe;
 mod pull;
 mod run;
 mod synth;
@@ -27,6 +28,8 @@ enum Cmd {
     Synth(synth::SynthArgs),
     /// Install a model from a Hugging Face–compatible hub (HF_ENDPOINT, HF_TOKEN), full or stream.
     Pull(pull::PullArgs),
+    /// Measure storage read bandwidth at the expert store's block size and queue depth.
+    Probe(probe::ProbeArgs),
     /// Summarise a checkpoint: config, tensors and bytes by kind, expert size, memory needs.
     Inspect {
         /// Checkpoint directory (config.json + safetensors shards).
@@ -41,6 +44,7 @@ fn main() {
     let cli = Cli::parse();
     let res: Result<()> = match cli.cmd {
         Cmd::Run(a) => run::run(&a),
+        Cmd::Probe(a) => probe::run(&a),
         Cmd::Pull(a) => pull::run(&a),
         Cmd::Synth(a) => synth::run(&a),
         Cmd::Inspect { dir, json } => inspect::run(&dir, json),

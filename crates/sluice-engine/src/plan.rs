@@ -41,15 +41,36 @@ pub fn available_memory() -> Option<u64> {
             l.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()).map(|kb| kb * 1024)
         })
     });
-    let cgroup = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(p).ok())
-        .filter_map(|s| s.trim().parse::<u64>().ok())
-        .min();
+    let cgroup = cgroup_limit();
     match (meminfo, cgroup) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
+}
+
+/// The memory limit of this process's own cgroup (v2 `memory.max` or v1
+/// `memory.limit_in_bytes`, found through `/proc/self/cgroup`), if one is set.
+fn cgroup_limit() -> Option<u64> {
+    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let mut limits = Vec::new();
+    for line in groups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let path = path.trim_start_matches('/');
+        let file = if controllers.is_empty() {
+            format!("/sys/fs/cgroup/{path}/memory.max")
+        } else if controllers.split(',').any(|c| c == "memory") {
+            format!("/sys/fs/cgroup/memory/{path}/memory.limit_in_bytes")
+        } else {
+            continue;
+        };
+        if let Some(v) =
+            std::fs::read_to_string(file).ok().and_then(|s| s.trim().parse::<u64>().ok())
+        {
+            limits.push(v);
+        }
+    }
+    limits.into_iter().min()
 }
 
 /// The default budget: 85% of [`available_memory`] minus 512 MiB of headroom for the OS.

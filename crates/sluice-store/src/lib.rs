@@ -19,6 +19,7 @@ pub mod index;
 pub mod io;
 pub mod mapped;
 pub mod policy;
+pub mod probe;
 pub mod reader;
 pub mod streaming;
 
