@@ -1,11 +1,16 @@
-//! Matmul throughput in GB/s of weight bytes (scales included), for the shapes that dominate
-//! decode: a bf16 attention projection (4096 × 7168) and an MXFP4 expert matrix
-//! (3072 × 3584), at 1 activation row (decode) and 8 (verification of a speculative draft).
+//! Matmul throughput in GB/s of weight bytes (scales included) on matrices far larger than the
+//! caches, at 1 activation row (decode) and 8 (verification of a speculative draft):
+//!
+//! - bf16 and row-int8 `8192 × 7168` (a large Kimi K3 spine projection: 117 MB and 59 MB);
+//! - MXFP4 `3072 × 3584` (a K3 routed expert's gate or up, 5.8 MB), cycling through 16 of them
+//!   (94 MB) so that every call reads its expert from memory, as a pass does.
 //!
 //! Runs on the tier `SLUICE_ISA` / detection picks and the global rayon pool (all cores; set
 //! `RAYON_NUM_THREADS` to change it): `cargo bench -p sluice-kernels --bench matmul`.
+//! `sluice_kernels::probe::measure` measures the same shapes next to memory bandwidth.
 
 use criterion::{Criterion, Throughput};
+use sluice_kernels::probe::{DENSE_SHAPE, EXPERTS, EXPERT_SHAPE, TOKEN_COUNTS};
 use sluice_kernels::{isa, matmul, Matrix};
 use std::hint::black_box;
 use std::time::Duration;
@@ -13,14 +18,15 @@ use std::time::Duration;
 /// Deterministic pseudo-random bytes (xorshift64).
 fn bytes(n: usize, seed: u64) -> Vec<u8> {
     let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s.to_le_bytes()[0]
-        })
-        .collect()
+    let mut out = Vec::with_capacity(n + 8);
+    while out.len() < n {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    out.truncate(n);
+    out
 }
 
 /// bf16 weights with finite values of moderate magnitude: random mantissas and signs, exponent
@@ -38,37 +44,55 @@ fn activations(n: usize) -> Vec<f32> {
     bytes(n, 11).into_iter().map(|b| f32::from(b) / 128.0 - 1.0).collect()
 }
 
+/// Benchmarks `matmul` over `ms` in turn (one matrix per iteration) at each row count.
+fn run(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    ms: &[Matrix<'_>],
+) {
+    let (rows, cols) = (ms[0].rows(), ms[0].cols());
+    for t in TOKEN_COUNTS {
+        let x = activations(t * cols);
+        let mut out = vec![0.0f32; t * rows];
+        g.throughput(Throughput::Bytes(u64::try_from(ms[0].byte_len()).expect("fits u64")));
+        let mut i = 0;
+        g.bench_function(format!("{name}_{rows}x{cols}_t{t}"), |b| {
+            b.iter(|| {
+                i += 1;
+                matmul(black_box(&ms[i % ms.len()]), black_box(&x), t, &mut out);
+            });
+        });
+    }
+}
+
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group(format!("matmul/{}", isa()));
-    g.measurement_time(Duration::from_secs(2))
+    g.measurement_time(Duration::from_secs(3))
         .warm_up_time(Duration::from_millis(500))
         .sample_size(20);
 
-    let (rows, cols) = (4096, 7168);
+    let (rows, cols) = DENSE_SHAPE;
     let data = bf16_weights(rows * cols);
-    let m = Matrix::bf16(rows, cols, &data).expect("bf16 shape");
-    for t in [1, 8] {
-        let x = activations(t * cols);
-        let mut out = vec![0.0f32; t * rows];
-        g.throughput(Throughput::Bytes(u64::try_from(m.byte_len()).expect("fits u64")));
-        g.bench_function(format!("bf16_{rows}x{cols}_t{t}"), |b| {
-            b.iter(|| matmul(black_box(&m), black_box(&x), t, &mut out));
-        });
-    }
+    run(&mut g, "bf16", &[Matrix::bf16(rows, cols, &data).expect("bf16 shape")]);
 
-    let (rows, cols) = (3072, 3584);
-    let packed = bytes(rows * cols / 2, 3);
+    // f16 0x2000 = 2^-7 for every row; the values are the first half of the bf16 bytes.
+    let scales = [0x00, 0x20].repeat(rows);
+    let m = Matrix::int8_row(rows, cols, &data[..rows * cols], &scales).expect("int8 shape");
+    run(&mut g, "int8", &[m]);
+
+    let (rows, cols) = EXPERT_SHAPE;
+    let packed = bytes(EXPERTS * rows * cols / 2, 3);
     // Scales 2^-8 .. 2^-1: finite, typical of trained experts.
-    let scales: Vec<u8> = bytes(rows * cols / 32, 5).into_iter().map(|s| 119 + s % 8).collect();
-    let m = Matrix::mxfp4(rows, cols, &packed, &scales).expect("mxfp4 shape");
-    for t in [1, 8] {
-        let x = activations(t * cols);
-        let mut out = vec![0.0f32; t * rows];
-        g.throughput(Throughput::Bytes(u64::try_from(m.byte_len()).expect("fits u64")));
-        g.bench_function(format!("mxfp4_{rows}x{cols}_t{t}"), |b| {
-            b.iter(|| matmul(black_box(&m), black_box(&x), t, &mut out));
-        });
-    }
+    let scales: Vec<u8> =
+        bytes(EXPERTS * rows * cols / 32, 5).into_iter().map(|s| 119 + s % 8).collect();
+    let (p, s) = (rows * cols / 2, rows * cols / 32);
+    let experts: Vec<Matrix<'_>> = (0..EXPERTS)
+        .map(|e| {
+            Matrix::mxfp4(rows, cols, &packed[e * p..(e + 1) * p], &scales[e * s..(e + 1) * s])
+                .expect("mxfp4 shape")
+        })
+        .collect();
+    run(&mut g, "mxfp4", &experts);
     g.finish();
 }
 

@@ -1,8 +1,8 @@
 //! Compute kernels for sluice. Activations are f32; weights stay in their stored format
-//! (f32, bf16, MXFP4) and are widened inside the kernel.
+//! (f32, bf16, MXFP4, row-int8) and are widened inside the kernel.
 //!
 //! **Batch invariance.** Every dot product is reduced in one canonical order (see
-//! [`matmul`]): the result for one (output row, input row) pair never depends on how many
+//! [`matmul`](mod@matmul)): the result for one (output row, input row) pair never depends on how many
 //! rows are in the call, how many threads run, or which ISA tier is selected. A T-row
 //! verification pass therefore gives bit-for-bit the logits of T single-row passes.
 
@@ -10,6 +10,8 @@ mod arch;
 pub mod isa;
 pub mod matmul;
 pub mod ops;
+pub mod probe;
+mod tiled;
 
 pub use isa::{isa, Isa, IsaError};
 pub use matmul::{matmul, matmul_with, Matrix, WeightFormat};

@@ -9,17 +9,23 @@
 //! `c`; then the lanes are summed as a tree: `acc[l] += acc[l + 8]` for `l < 8`, then `+4`,
 //! `+2`, `+1`; the result is `acc[0]`. This is exactly what one AVX-512 register (or two AVX2
 //! registers, or four NEON registers) computes, so SIMD tiers equal the scalar reference.
-//! Weight elements are widened exactly (bf16 → f32, E2M1 × 2^(s−127) → f32) before the FMA.
+//! Weight elements are widened to f32 before the FMA: bf16 → f32 and E2M1 × 2^(s−127) → f32
+//! exactly; a row-int8 element is `f32(q) · f32(scale)`, one f32 multiplication, which is
+//! always exact too (an 8-bit integer times an 11-bit f16 significand fits the 24-bit f32 one,
+//! and every f16 magnitude times 127 is a normal f32), so every format is "dequantize the
+//! element, then fold it in" with no format-specific reduction.
 //!
 //! [`matmul`] runs on the tier chosen by [`crate::isa::isa`] and splits output rows (never a
 //! reduction) across the current rayon pool, so neither the tier nor the thread count nor the
 //! number of activation rows changes a result bit; [`matmul_with`] picks the tier explicitly.
+//! The loop nest every tier shares (row blocks, token blocks, column chunks, register tiles)
+//! is in the crate's `tiled` module.
 
-use crate::arch::{self, Row, GROUP};
+use crate::arch::{self, Row};
 use crate::isa::{self, Isa};
 use crate::KernelError;
 use rayon::prelude::*;
-use sluice_core::bf16_to_f32;
+use sluice_core::{bf16_to_f32, f16_to_f32};
 
 /// Storage format of a weight matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +37,9 @@ pub enum WeightFormat {
     /// OCP MXFP4: E2M1 nibbles (low nibble first) in blocks of 32 along `cols`, one E8M0 scale
     /// byte per block (`2^(s − 127)`).
     Mxfp4,
+    /// Row-wise int8: one signed byte per element and one little-endian f16 scale per output
+    /// row; element `(r, c)` is `f32(q[r, c]) · f32(scale[r])` (exact, see the module docs).
+    Int8Row,
 }
 
 impl WeightFormat {
@@ -40,6 +49,7 @@ impl WeightFormat {
             Self::F32 => "f32",
             Self::Bf16 => "bf16",
             Self::Mxfp4 => "mxfp4",
+            Self::Int8Row => "int8",
         }
     }
 }
@@ -113,6 +123,20 @@ impl<'a> Matrix<'a> {
         Ok(Self { rows, cols, format: f, data: packed, scales })
     }
 
+    /// A row-int8 matrix: `data` is `[rows, cols]` signed bytes, `scales` is `[rows]`
+    /// little-endian f16 (`2 * rows` bytes).
+    pub fn int8_row(
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+        scales: &'a [u8],
+    ) -> Result<Self, KernelError> {
+        let f = WeightFormat::Int8Row;
+        Self::check("int8 values", rows, cols, f, rows * cols, data.len())?;
+        Self::check("f16 row scales", rows, cols, f, rows * 2, scales.len())?;
+        Ok(Self { rows, cols, format: f, data, scales })
+    }
+
     /// Output rows.
     pub fn rows(&self) -> usize {
         self.rows
@@ -128,12 +152,12 @@ impl<'a> Matrix<'a> {
         self.format
     }
 
-    /// Raw weight bytes (packed nibbles for MXFP4).
+    /// Raw weight bytes (packed nibbles for MXFP4, signed bytes for int8).
     pub fn data(&self) -> &'a [u8] {
         self.data
     }
 
-    /// E8M0 scale bytes (empty unless MXFP4).
+    /// Scale bytes: E8M0 per block for MXFP4, little-endian f16 per row for int8, else empty.
     pub fn scales(&self) -> &'a [u8] {
         self.scales
     }
@@ -165,10 +189,34 @@ impl<'a> Matrix<'a> {
                 let s = self.scales[r * self.cols / 32 + c / 32];
                 E2M1[usize::from(nib)] * e8m0_to_f32(s)
             }
+            WeightFormat::Int8Row => {
+                let q = i8::from_le_bytes([self.data[r * self.cols + c]]);
+                f32::from(q) * self.int8_scale(r)
+            }
         }
     }
 
-    /// Row `r` in its stored format.
+    /// The f16 scale of int8 row `r`, widened to f32.
+    #[inline]
+    fn int8_scale(&self, r: usize) -> f32 {
+        f16_to_f32(u16::from_le_bytes([self.scales[2 * r], self.scales[2 * r + 1]]))
+    }
+
+    /// The stored bytes of rows `rows` (clamped to the matrix): weights, and scales (empty for
+    /// formats without them). Both are contiguous in row-major storage.
+    #[inline]
+    pub(crate) fn rows_bytes(&self, rows: std::ops::Range<usize>) -> [&'a [u8]; 2] {
+        let (a, b) = (rows.start.min(self.rows), rows.end.min(self.rows));
+        let per_row = |buf: &'a [u8]| {
+            let n = buf.len().checked_div(self.rows).unwrap_or(0);
+            &buf[a.min(b) * n..b * n]
+        };
+        [per_row(self.data), per_row(self.scales)]
+    }
+
+    /// Row `r` in its stored format (inlined: a call returns the view through memory, and
+    /// the loop nest takes eight per row block).
+    #[inline(always)]
     pub(crate) fn row(&self, r: usize) -> Row<'a> {
         match self.format {
             WeightFormat::F32 => Row::F32(&self.data[r * self.cols * 4..(r + 1) * self.cols * 4]),
@@ -176,6 +224,10 @@ impl<'a> Matrix<'a> {
             WeightFormat::Mxfp4 => Row::Mxfp4 {
                 packed: &self.data[r * self.cols / 2..(r + 1) * self.cols / 2],
                 scales: &self.scales[r * self.cols / 32..(r + 1) * self.cols / 32],
+            },
+            WeightFormat::Int8Row => Row::Int8 {
+                values: &self.data[r * self.cols..(r + 1) * self.cols],
+                scale: self.int8_scale(r),
             },
         }
     }
@@ -283,9 +335,7 @@ impl OutPtr {
     }
 }
 
-/// Computes output rows `rows` for all `t` activation rows, a row at a time and up to
-/// [`GROUP`] activation rows per pass over the weight row, so the weights are streamed from
-/// memory once whatever `t` is.
+/// Computes output rows `rows` for all `t` activation rows on `isa` (see [`crate::tiled`]).
 ///
 /// # Safety
 /// The CPU supports `isa`; `out` points to `t * m.rows()` f32 whose cells `(ti, r)` for `r` in
@@ -298,22 +348,13 @@ unsafe fn run_rows(
     rows: std::ops::Range<usize>,
     out: &OutPtr,
 ) {
-    let cols = m.cols;
-    let mut res = [0.0f32; GROUP];
-    for r in rows {
-        assert!(r < m.rows, "matmul: row range");
-        let row = m.row(r);
-        for t0 in (0..t).step_by(GROUP) {
-            let n = GROUP.min(t - t0);
-            // SAFETY: the caller guarantees the CPU supports `isa`.
-            unsafe {
-                arch::dot_group(isa, row, cols, &x[t0 * cols..(t0 + n) * cols], &mut res[..n])
-            };
-            for (j, &v) in res[..n].iter().enumerate() {
-                // SAFETY: `t0 + j < t` and `r < m.rows`, so the cell is inside the `t * rows`
-                // buffer, and the caller gives this call sole access to row `r`'s cells.
-                unsafe { out.write((t0 + j) * m.rows + r, v) };
-            }
-        }
-    }
+    assert!(rows.end <= m.rows, "matmul: row range");
+    let emit = |ti: usize, r: usize, v: f32| {
+        assert!(ti < t && r < m.rows, "matmul: output cell");
+        // SAFETY: `ti < t` and `r < m.rows` (asserted), so the cell is inside the `t * rows`
+        // buffer, and the caller gives this call sole access to the cells of `rows`.
+        unsafe { out.write(ti * m.rows + r, v) };
+    };
+    // SAFETY: the caller guarantees the CPU supports `isa`.
+    unsafe { arch::run(isa, m, x, t, rows, emit) };
 }

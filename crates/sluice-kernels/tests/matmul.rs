@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{bf16_bytes, bits, f32_bytes, mode, mxfp4_data, values, Mode, Rng};
+use common::{
+    bf16_bytes, bits, bits_nan_as_one, f32_bytes, int8_data, mode, mxfp4_data, values, Mode, Rng,
+};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use sluice_kernels::matmul::{matmul_scalar, Matrix};
@@ -33,6 +35,7 @@ impl Weights {
         let (data, scales) = match format {
             "f32" => (f32_bytes(&values(rng, mode, rows * cols)), Vec::new()),
             "bf16" => (bf16_bytes(&values(rng, mode, rows * cols)), Vec::new()),
+            "int8" => int8_data(rng, mode, rows, cols),
             _ => mxfp4_data(rng, mode, rows, cols),
         };
         Self { format, rows, cols, data, scales }
@@ -42,6 +45,7 @@ impl Weights {
         match self.format {
             "f32" => Matrix::f32(self.rows, self.cols, &self.data),
             "bf16" => Matrix::bf16(self.rows, self.cols, &self.data),
+            "int8" => Matrix::int8_row(self.rows, self.cols, &self.data, &self.scales),
             _ => Matrix::mxfp4(self.rows, self.cols, &self.data, &self.scales),
         }
         .expect("generated buffers match the shape")
@@ -105,6 +109,15 @@ proptest! {
     }
 
     #[test]
+    fn int8_tiers_bit_exact(
+        cols in prop::sample::select(DENSE_COLS.to_vec()),
+        rows in prop::sample::select(ROWS.to_vec()),
+        t in 1usize..=9, seed in any::<u64>(), wm in mode(), xm in mode(),
+    ) {
+        case("int8", rows, cols, t, seed, wm, xm);
+    }
+
+    #[test]
     fn mxfp4_tiers_bit_exact(
         cols in prop::sample::select(MXFP4_COLS.to_vec()),
         rows in prop::sample::select(ROWS.to_vec()),
@@ -119,7 +132,7 @@ proptest! {
 #[test]
 fn every_awkward_width_and_group_size() {
     for (i, &cols) in DENSE_COLS.iter().enumerate() {
-        for format in ["f32", "bf16"] {
+        for format in ["f32", "bf16", "int8"] {
             for t in 1..=9 {
                 let seed = u64::try_from(i * 100 + t).expect("small");
                 case(format, 5, cols, t, seed, Mode::Mixed, Mode::Normal);
@@ -143,7 +156,13 @@ fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
 /// on every tier.
 #[test]
 fn batch_and_thread_invariance() {
-    let shapes = [("f32", 300, 1023), ("bf16", 300, 4097), ("bf16", 67, 255), ("mxfp4", 300, 3584)];
+    let shapes = [
+        ("f32", 300, 1023),
+        ("bf16", 300, 4097),
+        ("bf16", 67, 255),
+        ("int8", 300, 4097),
+        ("mxfp4", 300, 3584),
+    ];
     for (k, &(format, rows, cols)) in shapes.iter().enumerate() {
         let t = 9;
         let mut rng = Rng::new(0xBA7C_0000 + u64::try_from(k).expect("small"));
@@ -175,7 +194,9 @@ fn batch_and_thread_invariance() {
 /// Every tier within `1e-5 · Σ|w·x| + 1e-30` of an f64 dot product.
 #[test]
 fn f64_reference_error_budget() {
-    for (format, cols) in [("f32", 4097), ("bf16", 1023), ("bf16", 4097), ("mxfp4", 3584)] {
+    for (format, cols) in
+        [("f32", 4097), ("bf16", 1023), ("bf16", 4097), ("int8", 4097), ("mxfp4", 3584)]
+    {
         let (rows, t) = (67, 3);
         let mut rng = Rng::new(0xF64);
         let w = Weights::gen(format, rows, cols, &mut rng, Mode::Mixed);
@@ -217,6 +238,100 @@ fn mxfp4_nan_scale() {
         assert!(out[0].is_nan(), "{isa}: row with a NaN scale");
         // Row 1: 32 × 0.5 + 32 × 1.0 = 48 exactly.
         assert_eq!(out[1], 48.0, "{isa}: row without a NaN scale");
+    }
+}
+
+/// Every tier against the scalar reference with every block at one edge scale: the subnormal
+/// scales (0, 1), both edges of the AVX2 fast path (2, 25, 26), and the largest finite ones
+/// (253, 254), where products overflow to ±∞ and sums of opposite infinities are NaN (compared
+/// as NaN: IEEE 754 leaves a NaN's sign and payload open). Rows mix the edge scale with normal
+/// ones so the fast and slow paths alternate within a row, in each tile shape.
+#[test]
+fn mxfp4_edge_scales() {
+    let (rows, cols) = (11, 4096);
+    for (k, edge) in [0u8, 1, 2, 25, 26, 253, 254, 255].into_iter().enumerate() {
+        let mut rng = Rng::new(0xED6E + u64::try_from(k).expect("small"));
+        let packed: Vec<u8> = (0..rows * cols / 2).map(|_| rng.byte()).collect();
+        let scales: Vec<u8> =
+            (0..rows * cols / 32).map(|i| if i % 3 == 0 { 124 } else { edge }).collect();
+        let m = Matrix::mxfp4(rows, cols, &packed, &scales).expect("shape");
+        for t in [1, 2, 3, 8] {
+            let x = values(&mut rng, Mode::Normal, t * cols);
+            let mut want = vec![0.0f32; t * rows];
+            matmul_scalar(&m, &x, t, &mut want);
+            for isa in Isa::available() {
+                let mut got = vec![0.0f32; t * rows];
+                matmul_with(isa, &m, &x, t, &mut got);
+                assert_eq!(bits_nan_as_one(&got), bits_nan_as_one(&want), "{isa} s={edge} t={t}");
+            }
+        }
+    }
+}
+
+/// Zero weights of either sign (MXFP4 codes 0 and 8, int8 0 with any scale) against
+/// activations that are ±0, ±1, ±∞ and NaN: the AVX2 MXFP4 decode turns −0 into +0, which must
+/// never show in a result (NaNs compared as NaN, as above).
+#[test]
+fn signed_zero_weights() {
+    let (rows, cols) = (6, 96);
+    let specials = [0.0f32, -0.0, 1.0, -1.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 0.5];
+    let mut rng = Rng::new(0x5160);
+    let packed: Vec<u8> =
+        (0..rows * cols / 2).map(|_| [0x00, 0x08, 0x80, 0x88][rng.below(4)]).collect();
+    let scales = vec![124u8; rows * cols / 32];
+    let int8 = vec![0u8; rows * cols];
+    let int8_scales = [0x3C00u16, 0xBC00]
+        .repeat(rows / 2)
+        .iter()
+        .flat_map(|s| s.to_le_bytes())
+        .collect::<Vec<_>>();
+    let matrices = [
+        Matrix::mxfp4(rows, cols, &packed, &scales).expect("shape"),
+        Matrix::int8_row(rows, cols, &int8, &int8_scales).expect("shape"),
+    ];
+    for m in &matrices {
+        for t in [1, 3] {
+            // Mostly zeros, so that a row's sum stays exactly zero and its sign is tested.
+            let x: Vec<f32> = (0..t * cols)
+                .map(|i| {
+                    if i % 7 == 0 {
+                        specials[rng.below(specials.len())]
+                    } else {
+                        [0.0, -0.0][rng.below(2)]
+                    }
+                })
+                .collect();
+            let mut want = vec![0.0f32; t * rows];
+            matmul_scalar(m, &x, t, &mut want);
+            for isa in Isa::available() {
+                let mut got = vec![1.0f32; t * rows];
+                matmul_with(isa, m, &x, t, &mut got);
+                assert_eq!(
+                    bits_nan_as_one(&got),
+                    bits_nan_as_one(&want),
+                    "{isa} {:?} t={t}",
+                    m.format()
+                );
+            }
+        }
+    }
+}
+
+/// Int8 rows whose f16 scale is ±∞ or NaN give ±∞ or NaN in every tier, as the reference does.
+#[test]
+fn int8_non_finite_scales() {
+    let (rows, cols) = (3, 40);
+    let values: Vec<u8> = (0..rows * cols).map(|i| u8::try_from(i % 251).expect("small")).collect();
+    let scales: Vec<u8> =
+        [0x7C00u16, 0xFC00, 0x7E00].iter().flat_map(|s| s.to_le_bytes()).collect();
+    let m = Matrix::int8_row(rows, cols, &values, &scales).expect("shape");
+    let x = vec![1.0f32; cols];
+    let mut want = vec![0.0f32; rows];
+    matmul_scalar(&m, &x, 1, &mut want);
+    for isa in Isa::available() {
+        let mut got = vec![0.0f32; rows];
+        matmul_with(isa, &m, &x, 1, &mut got);
+        assert_eq!(bits_nan_as_one(&got), bits_nan_as_one(&want), "{isa}");
     }
 }
 

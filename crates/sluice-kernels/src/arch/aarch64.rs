@@ -1,16 +1,18 @@
-//! Advanced SIMD (NEON) bodies of the matmul inner loop.
+//! Advanced SIMD (NEON) pieces of the matmul loop nest ([`crate::tiled`]).
 //!
-//! A 16-lane accumulator is four 4-lane registers (lanes 0–3, 4–7, 8–11, 12–15), so with a
-//! group of [`GROUP`](super::GROUP) = 4 activation rows the accumulators take 16 of the 32
-//! vector registers. Weights are loaded as bytes (no alignment) and widened exactly: bf16 by a
-//! widening shift left of 16; MXFP4 by looking each nibble up in two byte tables that hold the
-//! low and high byte of the E2M1 value's bf16 pattern (every E2M1 value is exactly a bf16, its
-//! low 16 f32 bits are zero), then widening that bf16 and multiplying by the block scale
-//! `e8m0_to_f32(s)`, which gives the scalar reference's `E2M1[nib] · e8m0_to_f32(s)` bit for bit.
-//! A partial final chunk is folded from a zero-padded [`Tail`].
+//! A 16-lane accumulator is four 4-lane registers (lanes 0–3, 4–7, 8–11, 12–15), so a 2 × 3
+//! tile's accumulators take 24 of the 32 vector registers. Weights are loaded as bytes (no
+//! alignment) and widened exactly: bf16 by a widening shift left of 16; int8 by two widening
+//! moves to i32, conversion to f32 (exact) and one multiplication by the row scale; MXFP4 by
+//! looking each nibble up in two byte tables that hold the low and high byte of the E2M1
+//! value's bf16 pattern (every E2M1 value is exactly a bf16, its low 16 f32 bits are zero),
+//! then widening that bf16 and multiplying by `e8m0_to_f32(s)`. Each is the reference's own
+//! expression, so the widened weights equal [`crate::Matrix::get`] bit for bit. Spans that
+//! are not a multiple of 16 finish element by element.
 
-use super::{by_group_size, Row, Tail};
-use crate::matmul::{e8m0_to_f32, reduce16, E2M1};
+use super::Row;
+use crate::matmul::{e8m0_to_f32, E2M1};
+use crate::tiled::{Kernel, Lanes};
 use core::arch::aarch64::*;
 
 /// Byte `k` (2 = low, 3 = high byte of the bf16 half) of each E2M1 value's f32 pattern.
@@ -40,52 +42,107 @@ const _: () = {
     }
 };
 
-/// NEON dispatch on format and group size. Callers outside NEON code need `unsafe` and must
-/// know the CPU supports Advanced SIMD; the bodies check every length they rely on.
-#[target_feature(enable = "neon")]
-pub(crate) fn neon_group(row: Row<'_>, cols: usize, x: &[f32], out: &mut [f32]) {
-    match row {
-        Row::F32(_) | Row::Bf16(_) => by_group_size!(out, dense(row, cols, x)),
-        Row::Mxfp4 { packed, scales } => by_group_size!(out, mxfp4(packed, scales, cols, x)),
-    }
-}
+/// The Advanced SIMD tier.
+pub(crate) struct Neon;
 
-/// Reduces each 16-lane accumulator in the canonical tree order.
-#[target_feature(enable = "neon")]
-#[inline]
-fn finish<const N: usize>(acc: &[[float32x4_t; 4]; N]) -> [f32; N] {
-    let mut out = [0.0f32; N];
-    for (o, regs) in out.iter_mut().zip(acc) {
-        let mut lanes = [0.0f32; 16];
-        for (q, r) in regs.iter().enumerate() {
-            // SAFETY: `lanes` has room for 16 f32 and `4 * q + 4 <= 16`.
-            unsafe { vst1q_f32(lanes.as_mut_ptr().add(4 * q), *r) };
+impl Kernel for Neon {
+    #[target_feature(enable = "neon")]
+    unsafe fn decode(row: Row<'_>, c0: usize, out: &mut [f32]) {
+        let n = out.len();
+        let full = n - n % 16;
+        match row {
+            Row::F32(_) => {
+                row.widen(c0, out);
+                return;
+            }
+            Row::Bf16(w) => {
+                let w = &w[2 * c0..2 * (c0 + n)];
+                for i in (0..full).step_by(16) {
+                    // SAFETY: `i + 16 <= n`, so the 32 bytes at `2 * i` lie inside `w` and the
+                    // 16 f32 at `i` inside `out`.
+                    unsafe {
+                        let p = w.as_ptr().add(2 * i);
+                        let [a, b] = widen_bf16(vreinterpretq_u16_u8(vld1q_u8(p)));
+                        let [c, d] = widen_bf16(vreinterpretq_u16_u8(vld1q_u8(p.add(16))));
+                        store4(out.as_mut_ptr().add(i), [a, b, c, d]);
+                    }
+                }
+            }
+            Row::Int8 { values, scale } => {
+                let q = &values[c0..c0 + n];
+                for i in (0..full).step_by(16) {
+                    // SAFETY: `i + 16 <= n = q.len()` and `out` holds `n` f32.
+                    unsafe {
+                        let v = vreinterpretq_s8_u8(vld1q_u8(q.as_ptr().add(i)));
+                        let (lo, hi) = (vmovl_s8(vget_low_s8(v)), vmovl_high_s8(v));
+                        let f = [
+                            vmovl_s16(vget_low_s16(lo)),
+                            vmovl_high_s16(lo),
+                            vmovl_s16(vget_low_s16(hi)),
+                            vmovl_high_s16(hi),
+                        ]
+                        .map(|w| vmulq_n_f32(vcvtq_f32_s32(w), scale));
+                        store4(out.as_mut_ptr().add(i), f);
+                    }
+                }
+            }
+            Row::Mxfp4 { packed, scales } => {
+                assert!(c0.is_multiple_of(32) && n.is_multiple_of(32), "mxfp4 span");
+                mxfp4s(&packed[c0 / 2..(c0 + n) / 2], &scales[c0 / 32..(c0 + n) / 32], out);
+                return;
+            }
         }
-        *o = reduce16(lanes);
+        row.widen(c0 + full, &mut out[full..]);
     }
-    out
+
+    #[target_feature(enable = "neon")]
+    unsafe fn fold<const R: usize, const N: usize>(
+        w: [&[f32]; R],
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+    ) {
+        let len = w.first().map_or(0, |s| s.len());
+        assert!(len.is_multiple_of(16), "fold span");
+        assert!(w.iter().all(|s| s.len() == len) && x.iter().all(|s| s.len() == len));
+        let mut a = [[[vdupq_n_f32(0.0); 4]; N]; R];
+        for (ar, lanes_r) in a.iter_mut().zip(acc.iter()) {
+            for (aj, lanes) in ar.iter_mut().zip(lanes_r.iter()) {
+                // SAFETY: `lanes` holds 16 f32 and `4 * q + 4 <= 16`.
+                *aj = [0, 1, 2, 3].map(|q| unsafe { vld1q_f32(lanes.as_ptr().add(4 * q)) });
+            }
+        }
+        for c in (0..len).step_by(16) {
+            for (xj, j) in x.iter().zip(0..N) {
+                // SAFETY: `c + 16 <= len` and every slice is `len` long (asserted above).
+                let xv = [0, 1, 2, 3].map(|q| unsafe { vld1q_f32(xj.as_ptr().add(c + 4 * q)) });
+                for (wr, ar) in w.iter().zip(a.iter_mut()) {
+                    for (q, (acc_q, xq)) in ar[j].iter_mut().zip(xv).enumerate() {
+                        // SAFETY: as for the activations.
+                        let wv = unsafe { vld1q_f32(wr.as_ptr().add(c + 4 * q)) };
+                        *acc_q = vfmaq_f32(*acc_q, wv, xq);
+                    }
+                }
+            }
+        }
+        for (ar, lanes_r) in a.iter().zip(acc) {
+            for (regs, lanes) in ar.iter().zip(lanes_r.iter_mut()) {
+                // SAFETY: `lanes` holds 16 f32.
+                unsafe { store4(lanes.as_mut_ptr(), *regs) };
+            }
+        }
+    }
 }
 
-/// Folds one widened 16-column chunk into every row's accumulators.
+/// Stores four registers to 16 consecutive f32.
 ///
 /// # Safety
-/// `c + 16 <= stride` and `x` points to `N * stride` activations (`stride` is `cols`, or 16
-/// for a padded [`Tail`]).
+/// `p` points to 16 writable f32.
 #[target_feature(enable = "neon")]
 #[inline]
-unsafe fn fold<const N: usize>(
-    acc: &mut [[float32x4_t; 4]; N],
-    w: [float32x4_t; 4],
-    x: *const f32,
-    stride: usize,
-    c: usize,
-) {
-    for (j, regs) in acc.iter_mut().enumerate() {
-        for (q, (a, wq)) in regs.iter_mut().zip(w).enumerate() {
-            // SAFETY: the caller guarantees 16 activations at `j * stride + c`; `4 * q + 4 <= 16`.
-            let xv = unsafe { vld1q_f32(x.add(j * stride + c + 4 * q)) };
-            *a = vfmaq_f32(*a, wq, xv);
-        }
+unsafe fn store4(p: *mut f32, v: [float32x4_t; 4]) {
+    for (q, r) in v.into_iter().enumerate() {
+        // SAFETY: guaranteed by the caller; `4 * q + 4 <= 16`.
+        unsafe { vst1q_f32(p.add(4 * q), r) };
     }
 }
 
@@ -97,51 +154,6 @@ fn widen_bf16(v: uint16x8_t) -> [float32x4_t; 2] {
         vreinterpretq_f32_u32(vshll_n_u16::<16>(vget_low_u16(v))),
         vreinterpretq_f32_u32(vshll_high_n_u16::<16>(v)),
     ]
-}
-
-/// f32 and bf16 weights.
-#[target_feature(enable = "neon")]
-fn dense<const N: usize>(row: Row<'_>, cols: usize, x: &[f32]) -> [f32; N] {
-    row.assert_cols(cols);
-    assert!(x.len() == N * cols);
-    let zero = vdupq_n_f32(0.0);
-    let mut acc = [[zero; 4]; N];
-    let full = cols - cols % 16;
-    match row {
-        Row::F32(w) => {
-            for c in (0..full).step_by(16) {
-                // SAFETY: `c + 16 <= cols` and `w` holds `4 * cols` bytes (checked above), so the
-                // four 16-byte loads lie inside `w`; `x` was checked.
-                unsafe {
-                    let p = w.as_ptr().add(4 * c);
-                    let wv = [0, 1, 2, 3].map(|q| vreinterpretq_f32_u8(vld1q_u8(p.add(16 * q))));
-                    fold(&mut acc, wv, x.as_ptr(), cols, c);
-                }
-            }
-        }
-        Row::Bf16(w) => {
-            for c in (0..full).step_by(16) {
-                // SAFETY: `c + 16 <= cols` and `w` holds `2 * cols` bytes (checked above), so the
-                // two 16-byte loads lie inside `w`; `x` was checked.
-                unsafe {
-                    let p = w.as_ptr().add(2 * c);
-                    let [a, b] = widen_bf16(vreinterpretq_u16_u8(vld1q_u8(p)));
-                    let [d, e] = widen_bf16(vreinterpretq_u16_u8(vld1q_u8(p.add(16))));
-                    fold(&mut acc, [a, b, d, e], x.as_ptr(), cols, c);
-                }
-            }
-        }
-        Row::Mxfp4 { .. } => unreachable!("dense body called on an MXFP4 row"),
-    }
-    if full < cols {
-        let tail = Tail::<N>::new(row, cols, full, x);
-        // SAFETY: `tail.w` is 16 f32 and `tail.x` is `N` contiguous rows of 16 f32.
-        unsafe {
-            let wv = [0, 1, 2, 3].map(|q| vld1q_f32(tail.w.as_ptr().add(4 * q)));
-            fold(&mut acc, wv, tail.x.as_ptr().cast(), 16, 0);
-        }
-    }
-    finish(&acc)
 }
 
 /// Sixteen nibbles (one per byte, values 0–15) → E2M1 × scale in four registers.
@@ -161,27 +173,24 @@ fn decode16(
     [a, b, c, d].map(|v| vmulq_f32(v, scale))
 }
 
-/// MXFP4 weights: one 16-byte load per 32-column block.
+/// MXFP4 blocks: 16 packed bytes and one scale byte → 32 f32 each.
 #[target_feature(enable = "neon")]
-fn mxfp4<const N: usize>(packed: &[u8], scales: &[u8], cols: usize, x: &[f32]) -> [f32; N] {
-    assert!(cols.is_multiple_of(32) && packed.len() == cols / 2 && scales.len() == cols / 32);
-    assert!(x.len() == N * cols);
+fn mxfp4s(packed: &[u8], scales: &[u8], out: &mut [f32]) {
+    assert!(packed.len() == 16 * scales.len() && out.len() == 32 * scales.len());
     // SAFETY: both tables are 16 bytes.
     let (lo, hi) = unsafe { (vld1q_u8(E2M1_BF16_LO.as_ptr()), vld1q_u8(E2M1_BF16_HI.as_ptr())) };
     let mask = vdupq_n_u8(0x0F);
-    let mut acc = [[vdupq_n_f32(0.0); 4]; N];
     for (b, &s) in scales.iter().enumerate() {
         let scale = vdupq_n_f32(e8m0_to_f32(s));
-        // SAFETY: block `b < cols / 32` owns bytes `16 * b..16 * b + 16` of `packed`.
+        // SAFETY: block `b < scales.len()` owns bytes `16 * b..16 * b + 16` of `packed`.
         let bytes = unsafe { vld1q_u8(packed.as_ptr().add(16 * b)) };
         // Byte i holds columns 2i (low nibble) and 2i + 1 (high nibble); zipping the two nibble
         // vectors puts column c's nibble in byte c (columns 0–15, then 16–31).
         let (l, h) = (vandq_u8(bytes, mask), vshrq_n_u8::<4>(bytes));
         for (half, nibbles) in [vzip1q_u8(l, h), vzip2q_u8(l, h)].into_iter().enumerate() {
-            let wv = decode16(nibbles, lo, hi, scale);
-            // SAFETY: `32 * b + 16 * half + 16 <= cols` and `x` was checked.
-            unsafe { fold(&mut acc, wv, x.as_ptr(), cols, 32 * b + 16 * half) };
+            let v = decode16(nibbles, lo, hi, scale);
+            // SAFETY: `32 * b + 16 * half + 16 <= out.len()`.
+            unsafe { store4(out.as_mut_ptr().add(32 * b + 16 * half), v) };
         }
     }
-    finish(&acc)
 }

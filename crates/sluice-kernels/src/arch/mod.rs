@@ -1,25 +1,23 @@
-//! Per-tier bodies of the matmul inner loop: one weight row against a group of up to
-//! [`GROUP`] activation rows.
+//! Per-tier pieces of the matmul loop nest ([`crate::tiled`]): decoding a span of a weight row
+//! to f32 and folding widened weights into register tiles of accumulators.
 //!
-//! Every body keeps one 16-lane accumulator per activation row, folds column `c` into lane
-//! `c % 16` with a fused multiply-add in increasing `c`, and finishes with
-//! [`reduce16`](crate::matmul::reduce16), which is the canonical order of
-//! [`crate::matmul`]. The weight row is widened once per 16-column chunk and reused for every
-//! activation row of the group, so a T-row call reads each weight byte `ceil(T / GROUP)` times
-//! from cache but only once from memory, while each activation row's result is computed
-//! exactly as in a one-row call.
+//! This module holds the row view every tier decodes from, the portable tier (the `Scalar`
+//! [`Isa`], also the fallback on any architecture), and the dispatch from an [`Isa`] to its
+//! kernel. The SIMD tiers live in `avx2`, `avx512` (x86-64) and `aarch64` (NEON).
 
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod aarch64;
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod x86_64;
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+
+use std::ops::Range;
 
 use crate::isa::Isa;
-use crate::matmul::{e8m0_to_f32, reduce16, E2M1};
+use crate::matmul::{e8m0_to_f32, Matrix, E2M1};
+use crate::tiled::{self, Kernel, Lanes};
 use sluice_core::bf16_to_f32;
-
-/// Activation rows processed per pass over a weight row.
-pub(crate) const GROUP: usize = 4;
 
 /// One weight row in its stored format.
 #[derive(Debug, Clone, Copy)]
@@ -35,34 +33,27 @@ pub(crate) enum Row<'a> {
         /// One scale byte per 32-column block.
         scales: &'a [u8],
     },
+    /// `cols` signed bytes and the row's scale, already widened from f16.
+    Int8 {
+        /// One signed byte per column.
+        values: &'a [u8],
+        /// The row scale.
+        scale: f32,
+    },
 }
 
 impl Row<'_> {
-    /// Checks the byte lengths against `cols`; every SIMD body relies on this.
-    pub(crate) fn assert_cols(&self, cols: usize) {
-        match *self {
-            Self::F32(w) => assert_eq!(w.len(), 4 * cols, "f32 row length"),
-            Self::Bf16(w) => assert_eq!(w.len(), 2 * cols, "bf16 row length"),
-            Self::Mxfp4 { packed, scales } => {
-                assert_eq!(cols % 32, 0, "mxfp4 width");
-                assert_eq!(packed.len(), cols / 2, "mxfp4 packed row length");
-                assert_eq!(scales.len(), cols / 32, "mxfp4 scale row length");
-            }
-        }
-    }
-
     /// Widens elements `c0 .. c0 + out.len()` to f32 exactly as [`crate::Matrix::get`] does.
     pub(crate) fn widen(&self, c0: usize, out: &mut [f32]) {
+        let n = out.len();
         match *self {
             Self::F32(w) => {
-                let bytes = &w[4 * c0..4 * (c0 + out.len())];
-                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                for (o, b) in out.iter_mut().zip(w[4 * c0..4 * (c0 + n)].chunks_exact(4)) {
                     *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                 }
             }
             Self::Bf16(w) => {
-                let bytes = &w[2 * c0..2 * (c0 + out.len())];
-                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                for (o, b) in out.iter_mut().zip(w[2 * c0..2 * (c0 + n)].chunks_exact(2)) {
                     *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
                 }
             }
@@ -74,89 +65,95 @@ impl Row<'_> {
                     *o = E2M1[usize::from(nib)] * e8m0_to_f32(scales[c / 32]);
                 }
             }
-        }
-    }
-}
-
-/// Dispatches on the number of activation rows in a group to a body monomorphised for it,
-/// so each body's accumulators are a fixed-size array the compiler keeps in registers.
-macro_rules! by_group_size {
-    ($out:expr, $body:ident ( $($arg:expr),* $(,)? )) => {
-        match $out.len() {
-            1 => $out.copy_from_slice(&$body::<1>($($arg),*)),
-            2 => $out.copy_from_slice(&$body::<2>($($arg),*)),
-            3 => $out.copy_from_slice(&$body::<3>($($arg),*)),
-            4 => $out.copy_from_slice(&$body::<4>($($arg),*)),
-            n => panic!("activation group of {n} rows (at most {})", $crate::arch::GROUP),
-        }
-    };
-}
-pub(crate) use by_group_size;
-
-/// `out[j] = Σ_c row[c] · x[j * cols + c]` for `j < out.len()` (at most [`GROUP`]) on `isa`.
-///
-/// # Safety
-/// The running CPU supports `isa` ([`Isa::is_available`]). Lengths are checked here.
-pub(crate) unsafe fn dot_group(isa: Isa, row: Row<'_>, cols: usize, x: &[f32], out: &mut [f32]) {
-    row.assert_cols(cols);
-    assert!(out.len() <= GROUP, "activation group too large");
-    assert_eq!(x.len(), out.len() * cols, "activation group length");
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller guarantees the CPU supports AVX-512F.
-        Isa::Avx512 => unsafe { x86_64::avx512_group(row, cols, x, out) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller guarantees the CPU supports AVX2 and FMA.
-        Isa::Avx2 => unsafe { x86_64::avx2_group(row, cols, x, out) },
-        #[cfg(target_arch = "aarch64")]
-        // SAFETY: the caller guarantees the CPU supports Advanced SIMD.
-        Isa::Neon => unsafe { aarch64::neon_group(row, cols, x, out) },
-        _ => scalar_group(row, cols, x, out),
-    }
-}
-
-/// Portable body: widens 16 weights at a time, then folds them into each row's lanes.
-pub(crate) fn scalar_group(row: Row<'_>, cols: usize, x: &[f32], out: &mut [f32]) {
-    let mut acc = [[0.0f32; 16]; GROUP];
-    let mut w = [0.0f32; 16];
-    for c0 in (0..cols).step_by(16) {
-        let len = 16.min(cols - c0);
-        row.widen(c0, &mut w[..len]);
-        for (j, lanes) in acc.iter_mut().enumerate().take(out.len()) {
-            let xs = &x[j * cols + c0..j * cols + c0 + len];
-            for ((a, &wl), &xl) in lanes.iter_mut().zip(&w[..len]).zip(xs) {
-                *a = wl.mul_add(xl, *a);
+            Self::Int8 { values, scale } => {
+                for (o, &q) in out.iter_mut().zip(&values[c0..c0 + n]) {
+                    *o = f32::from(i8::from_le_bytes([q])) * scale;
+                }
             }
         }
     }
-    for (o, lanes) in out.iter_mut().zip(acc) {
-        *o = reduce16(lanes);
+}
+
+/// The per-format parts of `R` rows of one matrix (which share a format).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn same<'a, T, const R: usize>(
+    rows: [Row<'a>; R],
+    part: impl Fn(Row<'a>) -> Option<T>,
+) -> [T; R] {
+    std::array::from_fn(|i| {
+        part(rows[i]).expect("invariant: the rows of one matrix share a format")
+    })
+}
+
+/// Asks the CPU to start loading `bytes` into its L2 cache; changes no result. Weights are
+/// read a chunk of several rows at a time (see [`crate::tiled`]), an access pattern hardware
+/// prefetchers follow poorly, so the loop nest names the bytes it will need next.
+#[inline]
+pub(crate) fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        for i in (0..bytes.len()).step_by(64) {
+            // SAFETY: a prefetch never faults and has no architectural effect; the address is
+            // inside `bytes` anyway (SSE, which provides it, is part of x86-64).
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(bytes.as_ptr().add(i).cast()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
+/// The portable tier: element-by-element widening and lane-by-lane fused multiply-adds.
+pub(crate) struct Portable;
+
+impl Kernel for Portable {
+    unsafe fn decode(row: Row<'_>, c0: usize, out: &mut [f32]) {
+        row.widen(c0, out);
+    }
+
+    unsafe fn fold<const R: usize, const N: usize>(
+        w: [&[f32]; R],
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+    ) {
+        for (wr, ar) in w.iter().zip(acc) {
+            for (xj, lanes) in x.iter().zip(ar.iter_mut()) {
+                assert!(wr.len() == xj.len() && wr.len().is_multiple_of(16), "fold lengths");
+                for (wc, xc) in wr.chunks_exact(16).zip(xj.chunks_exact(16)) {
+                    for ((a, &wl), &xl) in lanes.iter_mut().zip(wc).zip(xc) {
+                        *a = wl.mul_add(xl, *a);
+                    }
+                }
+            }
+        }
     }
 }
 
-/// A zero-padded copy of the final partial chunk (`cols % 16` columns) of a weight row and of
-/// each activation row, so a SIMD body can fold it with its full-chunk code.
+/// Runs the loop nest of [`crate::tiled::run`] on `isa`'s kernel.
 ///
-/// Padded lanes compute `fma(0, 0, acc)`, which returns `acc` unchanged: an accumulator that
-/// starts at +0.0 can never become −0.0 (an exact-zero sum rounds to +0.0 unless both addends
-/// are −0.0), and `0 · 0 + acc` is exact for every other `acc`, infinities and NaN included.
-pub(crate) struct Tail<const N: usize> {
-    /// Widened weights, zero past the end of the row.
-    pub w: [f32; 16],
-    /// Activations per row of the group, zero past the end of the row.
-    pub x: [[f32; 16]; N],
-}
-
-impl<const N: usize> Tail<N> {
-    /// The padded tail starting at column `c0` (`cols − c0 < 16`).
-    pub(crate) fn new(row: Row<'_>, cols: usize, c0: usize, x: &[f32]) -> Self {
-        let len = cols - c0;
-        let mut t = Self { w: [0.0; 16], x: [[0.0; 16]; N] };
-        row.widen(c0, &mut t.w[..len]);
-        for (j, xt) in t.x.iter_mut().enumerate() {
-            xt[..len].copy_from_slice(&x[j * cols + c0..j * cols + cols]);
-        }
-        t
+/// # Safety
+/// The running CPU supports `isa` ([`Isa::is_available`]).
+pub(crate) unsafe fn run(
+    isa: Isa,
+    m: &Matrix<'_>,
+    x: &[f32],
+    t: usize,
+    rows: Range<usize>,
+    emit: impl FnMut(usize, usize, f32),
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller guarantees the CPU supports AVX-512F.
+        Isa::Avx512 => unsafe { tiled::run::<avx512::Avx512>(m, x, t, rows, emit) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller guarantees the CPU supports AVX2 and FMA.
+        Isa::Avx2 => unsafe { tiled::run::<avx2::Avx2>(m, x, t, rows, emit) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: the caller guarantees the CPU supports Advanced SIMD.
+        Isa::Neon => unsafe { tiled::run::<aarch64::Neon>(m, x, t, rows, emit) },
+        // SAFETY: the portable kernel runs on any CPU.
+        _ => unsafe { tiled::run::<Portable>(m, x, t, rows, emit) },
     }
 }
 
@@ -166,20 +163,21 @@ mod tests {
     use crate::matmul::{dot_row_scalar, Matrix};
 
     #[test]
-    fn scalar_group_matches_reference() {
-        let (rows, cols) = (3, 37);
+    fn portable_tiles_match_reference() {
+        let (rows, cols, t) = (11, 37, 5);
         let w: Vec<u8> = (0..rows * cols)
             .flat_map(|i| (f32::from(u16::try_from(i).unwrap_or(0)) * 0.37 - 9.0).to_le_bytes())
             .collect();
         let m = Matrix::f32(rows, cols, &w).expect("shape");
         let x: Vec<f32> =
-            (0..3 * cols).map(|i| f32::from(u16::try_from(i).unwrap_or(0)).sin()).collect();
+            (0..t * cols).map(|i| f32::from(u16::try_from(i).unwrap_or(0)).sin()).collect();
+        let mut got = vec![f32::NAN; t * rows];
+        // SAFETY: the portable kernel runs on any CPU.
+        unsafe { run(Isa::Scalar, &m, &x, t, 0..rows, |j, r, v| got[j * rows + r] = v) };
         for r in 0..rows {
-            let mut out = [0.0f32; 3];
-            scalar_group(m.row(r), cols, &x, &mut out);
-            for (j, o) in out.iter().enumerate() {
+            for j in 0..t {
                 let want = dot_row_scalar(&m, r, &x[j * cols..(j + 1) * cols]);
-                assert_eq!(o.to_bits(), want.to_bits());
+                assert_eq!(got[j * rows + r].to_bits(), want.to_bits(), "({j}, {r})");
             }
         }
     }

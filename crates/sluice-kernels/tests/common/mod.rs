@@ -98,8 +98,9 @@ pub fn bf16_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_bits().to_le_bytes()[2..4].to_vec()).collect()
 }
 
-/// The E8M0 scales the MXFP4 tests draw from (s = 0 is the subnormal 2^-127).
-pub const SCALES: [u8; 11] = [0, 1, 120, 121, 122, 123, 124, 125, 126, 127, 130];
+/// The E8M0 scales the MXFP4 tests draw from: s = 0 is the subnormal 2^-127; 0, 1 and 25 take
+/// the AVX2 tier's exact slow path, 2 and 26 are the edges of its fast path.
+pub const SCALES: [u8; 14] = [0, 1, 2, 25, 26, 120, 121, 122, 123, 124, 125, 126, 127, 130];
 
 /// MXFP4 packed nibbles and scales for `[rows, cols]`.
 pub fn mxfp4_data(rng: &mut Rng, mode: Mode, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
@@ -122,4 +123,36 @@ pub fn mxfp4_data(rng: &mut Rng, mode: Mode, rows: usize, cols: usize) -> (Vec<u
 /// Bit patterns, for exact comparison (`-0.0 != 0.0` and NaN == NaN as bits).
 pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Row-int8 values and little-endian f16 row scales for `[rows, cols]`. Scales span the f16
+/// range (subnormals and the largest finite value included) in `Mixed` mode.
+pub fn int8_data(rng: &mut Rng, mode: Mode, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
+    let values = (0..rows * cols)
+        .map(|_| match mode {
+            Mode::Zeros => 0,
+            _ => rng.byte(),
+        })
+        .collect();
+    let scales = (0..rows)
+        .flat_map(|_| {
+            let bits: u16 = match mode {
+                Mode::Mixed => {
+                    [0x0001, 0x03FF, 0x0400, 0x3C00, 0x7BFF, 0x8001, 0xBC00][rng.below(7)]
+                }
+                Mode::Large => 0x7000 + u16::from(rng.byte()),
+                Mode::Tiny => 0x0001 + u16::from(rng.byte()),
+                // Finite positive f16 around 2^-7 .. 2^0.
+                _ => 0x2000 + (u16::from(rng.byte()) << 4),
+            };
+            bits.to_le_bytes()
+        })
+        .collect();
+    (values, scales)
+}
+
+/// Bit patterns with every NaN mapped to one pattern: for tests whose inputs make NaNs, where
+/// IEEE 754 leaves the payload and sign of a NaN result open.
+pub fn bits_nan_as_one(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| if x.is_nan() { 0x7FC0_0000 } else { x.to_bits() }).collect()
 }

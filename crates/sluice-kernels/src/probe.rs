@@ -1,0 +1,315 @@
+//! Measuring what the kernels achieve on this machine, in one run: streaming memory read
+//! bandwidth, each weight format's matmul throughput at one and eight activation rows, and
+//! the fixed cost of one `matmul` call.
+//!
+//! Everything runs in one rayon pool of the requested size, on matrices far larger than the
+//! caches (weights come from memory, as they do in a pass), so the kernel rates can be read
+//! directly against the memory rate: a format at half the memory rate is compute-bound. The
+//! call overhead matters because a pass makes thousands of small calls (norm-sized
+//! projections, routers, per-expert matrices); `sluice probe --kernels` reports it so a
+//! pass's time can be accounted for.
+//!
+//! Rates are in GB/s (10^9 bytes per second) of weight bytes read, scales included: the
+//! figure to compare with storage and memory bandwidth. Each figure is the median of as many
+//! timed repetitions as fit the time budget.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::isa::isa;
+use crate::matmul::{matmul, Matrix, WeightFormat};
+
+/// Shape of the dense matrices measured (a large Kimi K3 spine projection, `[out, in]`).
+pub const DENSE_SHAPE: (usize, usize) = (8192, 7168);
+/// Shape of one MXFP4 expert matrix measured (a Kimi K3 routed expert's gate or up).
+pub const EXPERT_SHAPE: (usize, usize) = (3072, 3584);
+/// MXFP4 experts cycled through, so that each call reads its weights from memory.
+pub const EXPERTS: usize = 16;
+/// Activation rows measured: plain decode and an 8-row verification pass.
+pub const TOKEN_COUNTS: [usize; 2] = [1, 8];
+
+/// Everything [`measure`] found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelProbe {
+    /// The SIMD tier the kernels ran on (`avx512`, `avx2`, `neon`, `scalar`).
+    pub isa: String,
+    /// Threads in the pool every measurement ran in.
+    pub threads: usize,
+    /// Streaming read bandwidth of a buffer far larger than the caches, GB/s.
+    pub memory_read_gbps: f64,
+    /// One entry per (format, activation rows).
+    pub kernels: Vec<KernelRate>,
+    /// Median wall time of one `matmul` call on a tiny matrix (16 × 64 bf16, one row),
+    /// nanoseconds: the fixed cost every call pays.
+    pub dispatch_overhead_ns: f64,
+}
+
+/// The measured throughput of one format at one activation-row count.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelRate {
+    /// Weight format name (`bf16`, `int8`, `mxfp4`).
+    pub format: String,
+    /// Activation rows per call (T).
+    pub rows: usize,
+    /// Weight matrix shape `[out, in]`.
+    pub shape: [usize; 2],
+    /// Weight bytes (scales included) read per call.
+    pub bytes_per_call: u64,
+    /// Median rate, GB/s of weight bytes.
+    pub gbps: f64,
+    /// Timed calls the median was taken over.
+    pub samples: usize,
+}
+
+impl KernelProbe {
+    /// The rate measured for `format` at `rows` activation rows, if any.
+    pub fn rate(&self, format: WeightFormat, rows: usize) -> Option<f64> {
+        self.kernels.iter().find(|k| k.format == format.name() && k.rows == rows).map(|k| k.gbps)
+    }
+}
+
+/// Why a probe could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The thread pool of the requested size could not be built.
+    #[error("cannot start a pool of {threads} threads: {source}")]
+    Pool {
+        /// Threads asked for.
+        threads: usize,
+        /// rayon's error.
+        #[source]
+        source: rayon::ThreadPoolBuildError,
+    },
+    /// Zero threads were asked for.
+    #[error("a probe needs at least one thread")]
+    NoThreads,
+}
+
+/// Measures memory read bandwidth, every format's matmul rate at [`TOKEN_COUNTS`] activation
+/// rows, and the per-call overhead, in a pool of `threads` threads, spending about
+/// `budget_secs` seconds (at least one timed repetition of each measurement runs whatever the
+/// budget). Allocates about 130 MB of weights for the duration of the call.
+pub fn measure(threads: usize, budget_secs: f64) -> Result<KernelProbe, ProbeError> {
+    if threads == 0 {
+        return Err(ProbeError::NoThreads);
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|source| ProbeError::Pool { threads, source })?;
+    let data = Weights::new();
+    // Memory, three formats at two row counts, and the call overhead share the budget.
+    let slots = 2 + 3 * TOKEN_COUNTS.len();
+    let per = Duration::from_secs_f64((budget_secs.max(0.0) / slots as f64).min(3600.0));
+    Ok(pool.install(|| {
+        let memory_read_gbps = memory_read(&data.bytes, per);
+        let mut kernels = Vec::new();
+        for t in TOKEN_COUNTS {
+            kernels.push(data.dense_rate(WeightFormat::Bf16, t, per));
+            kernels.push(data.dense_rate(WeightFormat::Int8Row, t, per));
+            kernels.push(data.mxfp4_rate(t, per));
+        }
+        KernelProbe {
+            isa: isa().name().to_owned(),
+            threads,
+            memory_read_gbps,
+            kernels,
+            dispatch_overhead_ns: dispatch_overhead(per),
+        }
+    }))
+}
+
+/// One buffer of random bytes serves every format (bf16 with a finite, moderate exponent;
+/// int8 and MXFP4 nibbles take the same bytes as they are), plus per-format scales.
+struct Weights {
+    bytes: Vec<u8>,
+    int8_scales: Vec<u8>,
+    mxfp4_scales: Vec<u8>,
+}
+
+impl Weights {
+    fn new() -> Self {
+        let (rows, cols) = DENSE_SHAPE;
+        let mut bytes = random_bytes(2 * rows * cols, 7);
+        // bf16 high bytes: keep sign and two exponent bits, so |w| lies in about [2^-7, 2).
+        for hi in bytes.iter_mut().skip(1).step_by(2) {
+            *hi = (*hi & 0x83) | 0x3C;
+        }
+        // f16 0x2000 = 2^-7 for every int8 row; E8M0 scales 2^-8 .. 2^-1.
+        let int8_scales = [0x00, 0x20].repeat(rows);
+        let (er, ec) = EXPERT_SHAPE;
+        let mxfp4_scales =
+            random_bytes(EXPERTS * er * ec / 32, 5).into_iter().map(|s| 119 + s % 8).collect();
+        Self { bytes, int8_scales, mxfp4_scales }
+    }
+
+    fn dense_rate(&self, format: WeightFormat, t: usize, budget: Duration) -> KernelRate {
+        let (rows, cols) = DENSE_SHAPE;
+        let m = match format {
+            WeightFormat::Int8Row => {
+                Matrix::int8_row(rows, cols, &self.bytes[..rows * cols], &self.int8_scales)
+            }
+            _ => Matrix::bf16(rows, cols, &self.bytes),
+        }
+        .expect("invariant: buffers are sized from DENSE_SHAPE");
+        rate(format, t, &[m], budget)
+    }
+
+    fn mxfp4_rate(&self, t: usize, budget: Duration) -> KernelRate {
+        let (rows, cols) = EXPERT_SHAPE;
+        let (p, s) = (rows * cols / 2, rows * cols / 32);
+        let experts: Vec<Matrix<'_>> = (0..EXPERTS)
+            .map(|e| {
+                let packed = &self.bytes[e * p..(e + 1) * p];
+                Matrix::mxfp4(rows, cols, packed, &self.mxfp4_scales[e * s..(e + 1) * s])
+                    .expect("invariant: buffers are sized from EXPERT_SHAPE")
+            })
+            .collect();
+        rate(WeightFormat::Mxfp4, t, &experts, budget)
+    }
+}
+
+/// Times `matmul` over `ms` in turn (one matrix per call) until `budget` is spent.
+fn rate(format: WeightFormat, t: usize, ms: &[Matrix<'_>], budget: Duration) -> KernelRate {
+    let (rows, cols) = (ms[0].rows(), ms[0].cols());
+    let x: Vec<f32> =
+        random_bytes(t * cols, 11).into_iter().map(|b| f32::from(b) / 128.0 - 1.0).collect();
+    let mut out = vec![0.0f32; t * rows];
+    let bytes = ms[0].byte_len();
+    // One untimed call per matrix would warm every cache with weights; one in total only
+    // faults in the output and activation pages.
+    matmul(&ms[0], &x, t, &mut out);
+    let mut i = 1;
+    let rates = timed(budget, || {
+        let m = &ms[i % ms.len()];
+        i += 1;
+        let start = Instant::now();
+        matmul(black_box(m), black_box(&x), t, &mut out);
+        bytes as f64 / start.elapsed().as_secs_f64() / 1e9
+    });
+    KernelRate {
+        format: format.name().to_owned(),
+        rows: t,
+        shape: [rows, cols],
+        bytes_per_call: u64::try_from(bytes).unwrap_or(u64::MAX),
+        gbps: median(&rates),
+        samples: rates.len(),
+    }
+}
+
+/// Streaming read of `buf` split across the pool's threads, GB/s (median over repetitions).
+fn memory_read(buf: &[u8], budget: Duration) -> f64 {
+    let threads = rayon::current_num_threads();
+    let part = buf.len().div_ceil(threads).next_multiple_of(64);
+    let rates = timed(budget, || {
+        let start = Instant::now();
+        let sum: u64 = buf.par_chunks(part).map(xor_fold).reduce(|| 0, |a, b| a ^ b);
+        black_box(sum);
+        buf.len() as f64 / start.elapsed().as_secs_f64() / 1e9
+    });
+    median(&rates)
+}
+
+/// XOR of every 8-byte word (four independent chains, so the loads, not the XORs, limit it).
+fn xor_fold(bytes: &[u8]) -> u64 {
+    let mut acc = [0u64; 4];
+    let mut chunks = bytes.chunks_exact(32);
+    for c in &mut chunks {
+        for (a, w) in acc.iter_mut().zip(c.chunks_exact(8)) {
+            *a ^= u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        }
+    }
+    let tail = chunks.remainder().iter().fold(0u64, |a, &b| a.rotate_left(8) ^ u64::from(b));
+    acc.iter().fold(tail, |a, &b| a ^ b)
+}
+
+/// Median time of one `matmul` call on a 16 × 64 bf16 matrix with one activation row, ns.
+fn dispatch_overhead(budget: Duration) -> f64 {
+    let (rows, cols) = (16, 64);
+    let data = random_bytes(2 * rows * cols, 13)
+        .chunks_exact(2)
+        .flat_map(|b| [b[0], (b[1] & 0x83) | 0x3C])
+        .collect::<Vec<u8>>();
+    let m = Matrix::bf16(rows, cols, &data).expect("invariant: sized from the shape");
+    let x = vec![0.5f32; cols];
+    let mut out = vec![0.0f32; rows];
+    // Batches of calls, so the clock's own cost is negligible.
+    let batch = 1000u32;
+    let per_call = timed(budget, || {
+        let start = Instant::now();
+        for _ in 0..batch {
+            matmul(black_box(&m), black_box(&x), 1, &mut out);
+        }
+        start.elapsed().as_secs_f64() * 1e9 / f64::from(batch)
+    });
+    median(&per_call)
+}
+
+/// Runs `f` at least three times and until `budget` has passed; returns its results.
+fn timed(budget: Duration, mut f: impl FnMut() -> f64) -> Vec<f64> {
+    let start = Instant::now();
+    let mut out = Vec::new();
+    while out.len() < 3 || start.elapsed() < budget {
+        out.push(f());
+    }
+    out
+}
+
+/// Median of a non-empty list (the mean of the middle two for an even count).
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift64, eight bytes per step).
+fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    let mut out = Vec::with_capacity(n + 8);
+    while out.len() < n {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    out.truncate(n);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_and_fold() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        let bytes: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+        let naive = bytes.chunks(8).fold(0u64, |a, c| {
+            if c.len() == 8 {
+                a ^ u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
+            } else {
+                a
+            }
+        });
+        // 1000 = 31 · 32 + 8: the last 8 bytes are the tail, folded differently.
+        let tail = bytes[992..].iter().fold(0u64, |a, &b| a.rotate_left(8) ^ u64::from(b));
+        let head = bytes[..992].chunks(8).fold(0u64, |a, c| {
+            a ^ u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
+        });
+        assert_eq!(xor_fold(&bytes), head ^ tail);
+        assert_ne!(naive, 0);
+    }
+
+    #[test]
+    fn zero_threads_refused() {
+        assert!(matches!(measure(0, 0.0), Err(ProbeError::NoThreads)));
+    }
+}

@@ -1,0 +1,417 @@
+//! The loop nest every tier runs a matmul in: row blocks × token blocks × column chunks ×
+//! register tiles, with each (row, token) pair's 16-lane accumulator kept in memory between
+//! chunks.
+//!
+//! A tier supplies three pieces through [`Kernel`]: `decode`, which widens a span of one
+//! weight row to f32; `fold`, which folds a span of widened weights into the accumulators of
+//! a tile of R weight rows × N activation rows; and `fold_one`, the one-activation-row case
+//! fused (decode in registers, no buffer), which a tier may leave to the buffered default.
+//! This module owns everything else, identically for every tier:
+//!
+//! - **One activation row** (decode, the common case): row tiles of four, long spans, and the
+//!   next row block's bytes prefetched while this one is computed (weights are read several
+//!   rows at a time, which hardware prefetchers follow poorly).
+//! - **Several rows: decode once, reuse for every token.** Each row's [`CHUNK`]-column span is
+//!   widened once per block of up to [`TOKEN_BLOCK`] activation rows into a stack buffer, so
+//!   a verification pass of 8 rows pays the MXFP4 or int8 decode once, not eight times.
+//! - **Activations stay in L1.** A chunk of each activation row (2 KiB) is reused by all
+//!   [`ROW_BLOCK`] weight rows of the block before the next chunk is touched; without this a
+//!   T-row call streams all T activation rows from L2 once per weight row.
+//! - **Independent FMA chains.** A tile of R × N accumulators gives R · N independent
+//!   dependency chains (four rows at T = 1, 2 × 3 beyond), enough to hide FMA latency; a
+//!   single row's lanes alone would leave the FMA units idle most of the time.
+//!
+//! **Exactness.** Accumulators start at +0.0 and are stored and reloaded bit-unchanged between
+//! chunks; every span starts at a multiple of 16 columns, so local index `i` lands in lane
+//! `(c0 + i) % 16 = i % 16`; spans are folded in increasing column order; and the final
+//! partial 16-column step folds zero-padded weights against zero-padded activations, where
+//! `fma(0, 0, acc) = acc` exactly (an accumulator that starts at +0.0 never becomes −0.0: an
+//! exact-zero sum rounds to +0.0 unless both addends are −0.0). So each (row, token) result is
+//! the canonical reduction of [`crate::matmul`], whatever the block sizes, tile shapes, number
+//! of activation rows or tier.
+
+use std::ops::Range;
+
+use crate::arch::{prefetch, Row};
+use crate::matmul::{reduce16, Matrix};
+
+/// Weight rows decoded together for each column chunk.
+pub(crate) const ROW_BLOCK: usize = 8;
+/// Activation rows whose accumulators are live together.
+pub(crate) const TOKEN_BLOCK: usize = 8;
+/// Columns per chunk: a multiple of 32 (the MXFP4 block) and hence of 16 (the lane count).
+pub(crate) const CHUNK: usize = 512;
+
+const _: () = assert!(CHUNK.is_multiple_of(32));
+
+/// One 16-lane accumulator.
+pub(crate) type Lanes = [f32; 16];
+
+/// The two per-tier pieces of the loop nest.
+pub(crate) trait Kernel {
+    /// Widens elements `c0 .. c0 + out.len()` of `row` to f32 as [`Matrix::get`] does, except
+    /// that a zero weight may come out as either +0.0 or −0.0: the sign of a zero weight never
+    /// changes a folded result (see the module docs: `fma(±0, x, acc)` is `acc` for a non-zero
+    /// `acc`, +0.0 for a zero one, and the same NaN for an infinite or NaN `x`).
+    ///
+    /// # Safety
+    /// The running CPU supports the tier. The span lies inside the row, and for MXFP4 rows
+    /// `c0` and `out.len()` are multiples of 32 (implementations assert both).
+    unsafe fn decode(row: Row<'_>, c0: usize, out: &mut [f32]);
+
+    /// For every `r < R`, `j < N` and `i` in increasing order,
+    /// `acc[r][j][i % 16] = fma(w[r][i], x[j][i], acc[r][j][i % 16])`. Every slice has the
+    /// same length, a multiple of 16 (implementations assert it).
+    ///
+    /// # Safety
+    /// The running CPU supports the tier.
+    unsafe fn fold<const R: usize, const N: usize>(
+        w: [&[f32]; R],
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+    );
+
+    /// The one-activation-row case fused: for every `r < R` and `i` in increasing order,
+    /// `acc[r][i % 16] = fma(W_r[c0 + i], x[i], acc[r][i % 16])`, where `W_r` is row `r`
+    /// widened as by `decode`. `c0` and `x.len()` are multiples of 16 (of 32 for MXFP4).
+    ///
+    /// The default decodes [`CHUNK`] columns at a time into a buffer and calls `fold`; a tier
+    /// overrides it to keep the widened weights in registers.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier.
+    unsafe fn fold_one<const R: usize>(
+        rows: [Row<'_>; R],
+        c0: usize,
+        x: &[f32],
+        acc: [&mut Lanes; R],
+    ) {
+        // SAFETY: guaranteed by the caller.
+        unsafe { fold_one_buffered::<Self, R>(rows, c0, x, acc) }
+    }
+}
+
+/// [`Kernel::fold_one`] by `decode` into a buffer and `fold`, [`CHUNK`] columns at a time:
+/// the default, and the fallback of tiers whose fused code covers only common cases.
+///
+/// # Safety
+/// The running CPU supports the tier `K`; `c0` and `x.len()` suit [`Kernel::fold_one`].
+pub(crate) unsafe fn fold_one_buffered<K: Kernel + ?Sized, const R: usize>(
+    rows: [Row<'_>; R],
+    c0: usize,
+    x: &[f32],
+    mut acc: [&mut Lanes; R],
+) {
+    let mut buf = [[0.0f32; CHUNK]; R];
+    for (k, xs) in x.chunks(CHUNK).enumerate() {
+        for (b, &row) in buf.iter_mut().zip(&rows) {
+            // SAFETY: the caller guarantees the tier and the span.
+            unsafe { K::decode(row, c0 + k * CHUNK, &mut b[..xs.len()]) };
+        }
+        let ws: [&[f32]; R] = std::array::from_fn(|r| &buf[r][..xs.len()]);
+        let mut it = acc.iter_mut();
+        let a: [&mut [Lanes; 1]; R] = std::array::from_fn(|_| {
+            std::array::from_mut(&mut **it.next().expect("invariant: R accumulators"))
+        });
+        // SAFETY: the caller guarantees the tier.
+        unsafe { K::fold(ws, [xs], a) };
+    }
+}
+
+/// Accumulators of one block: `[row][token]`, for token blocks of up to `TB` rows.
+type BlockAcc<const TB: usize> = [[Lanes; TB]; ROW_BLOCK];
+
+/// Widened weights of one chunk of a row block.
+type ChunkBuf = [[f32; CHUNK]; ROW_BLOCK];
+
+/// `emit(ti, r, Σ_c W[r, c] · x[ti, c])` for every `r` in `rows` and `ti < t`, each sum in the
+/// canonical order, on the tier `K`.
+///
+/// # Safety
+/// The running CPU supports the tier `K`.
+///
+/// # Panics
+/// If `x` is not `t * m.cols()` long or `rows` runs past `m.rows()`.
+pub(crate) unsafe fn run<K: Kernel>(
+    m: &Matrix<'_>,
+    x: &[f32],
+    t: usize,
+    rows: Range<usize>,
+    emit: impl FnMut(usize, usize, f32),
+) {
+    // A one-row call (the common case) keeps one accumulator per row, not TOKEN_BLOCK: the
+    // fixed cost of a call is mostly initialising these buffers.
+    if t == 1 {
+        // SAFETY: guaranteed by the caller.
+        unsafe { run_blocks::<K, 1>(m, x, t, rows, emit) };
+    } else {
+        // SAFETY: guaranteed by the caller.
+        unsafe { run_blocks::<K, TOKEN_BLOCK>(m, x, t, rows, emit) };
+    }
+}
+
+/// [`run`] with token blocks of up to `TB` activation rows.
+///
+/// # Safety
+/// The running CPU supports the tier `K`.
+unsafe fn run_blocks<K: Kernel, const TB: usize>(
+    m: &Matrix<'_>,
+    x: &[f32],
+    t: usize,
+    rows: Range<usize>,
+    mut emit: impl FnMut(usize, usize, f32),
+) {
+    let cols = m.cols();
+    assert_eq!(x.len(), t * cols, "matmul: x length");
+    assert!(rows.end <= m.rows(), "matmul: row range");
+    // Columns before the final partial 16-column step (if any).
+    let main_cols = cols - cols % 16;
+    // The chunk buffer only serves calls of several activation rows: a one-row call, the
+    // common case, never zeroes its 16 KiB.
+    let mut chunk_buf: Option<ChunkBuf> =
+        if t > 1 { Some([[0.0f32; CHUNK]; ROW_BLOCK]) } else { None };
+    let mut acc: BlockAcc<TB> = [[[0.0; 16]; TB]; ROW_BLOCK];
+    let mut xpad = [[0.0f32; 16]; TB];
+    // The first block's weights; each block then prefetches the next one's, spread over its
+    // chunks (weights of a row block are contiguous, scales too).
+    for bytes in m.rows_bytes(rows.start..rows.start + ROW_BLOCK) {
+        prefetch(bytes);
+    }
+    for r0 in rows.clone().step_by(ROW_BLOCK) {
+        let rb = ROW_BLOCK.min(rows.end - r0);
+        let block: [Row<'_>; ROW_BLOCK] = std::array::from_fn(|i| m.row((r0 + i).min(r0 + rb - 1)));
+        let next = m.rows_bytes(r0 + ROW_BLOCK..(r0 + 2 * ROW_BLOCK).min(rows.end));
+        for t0 in (0..t).step_by(TB) {
+            let tb = TB.min(t - t0);
+            for a in &mut acc[..rb] {
+                a[..tb].fill([0.0; 16]);
+            }
+            for (j, p) in xpad[..tb].iter_mut().enumerate() {
+                let xr = &x[(t0 + j) * cols..(t0 + j + 1) * cols];
+                *p = [0.0; 16];
+                p[..cols - main_cols].copy_from_slice(&xr[main_cols..]);
+            }
+            let next = if t0 == 0 && tb == 1 { next } else { [&[][..]; 2] };
+            let b = Block { rows: &block[..rb], acc: &mut acc, next };
+            match chunk_buf.as_mut() {
+                Some(w) if tb > 1 => {
+                    // SAFETY: the caller guarantees the tier.
+                    unsafe { b.rows::<K>(x, (t0, tb, cols), w, &xpad) };
+                }
+                _ => {
+                    // SAFETY: the caller guarantees the tier.
+                    unsafe { b.one_row::<K>(&x[t0 * cols..(t0 + 1) * cols], &xpad[0]) };
+                }
+            }
+            for (r, a) in acc[..rb].iter().enumerate() {
+                for (j, lanes) in a[..tb].iter().enumerate() {
+                    emit(t0 + j, r0 + r, reduce16(*lanes));
+                }
+            }
+        }
+    }
+}
+
+/// Columns of one fused [`Kernel::fold_one`] call: long spans keep the per-call cost small,
+/// while leaving room to interleave prefetches of the next block.
+const ONE_SPAN: usize = 1024;
+
+const _: () = assert!(ONE_SPAN.is_multiple_of(CHUNK));
+
+/// One row block and one token block of a call.
+struct Block<'a, 'r, const TB: usize> {
+    /// The block's weight rows.
+    rows: &'a [Row<'r>],
+    /// Accumulators, `[row][token]` relative to the blocks.
+    acc: &'a mut BlockAcc<TB>,
+    /// The next row block's bytes, to prefetch while this one is computed (empty for all but
+    /// the first token block).
+    next: [&'r [u8]; 2],
+}
+
+impl<const TB: usize> Block<'_, '_, TB> {
+    /// A single activation row `x` (`cols` long): fused decode and fold in row tiles of four;
+    /// the final partial 16-column step (if any) through `w` and the padded `xpad`.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier `K`.
+    unsafe fn one_row<K: Kernel>(mut self, x: &[f32], xpad: &Lanes) {
+        let cols = x.len();
+        let main_cols = cols - cols % 16;
+        let n = self.rows.len();
+        let mut r = 0;
+        while r < n {
+            // SAFETY: the caller guarantees the tier (every arm).
+            r += unsafe {
+                match n - r {
+                    4.. => one::<K, 4, TB>(&mut self, r, &x[..main_cols]),
+                    2 | 3 => one::<K, 2, TB>(&mut self, r, &x[..main_cols]),
+                    _ => one::<K, 1, TB>(&mut self, r, &x[..main_cols]),
+                }
+            };
+        }
+        if main_cols < cols {
+            let mut w = [[0.0f32; 16]; ROW_BLOCK];
+            for (wr, &row) in w.iter_mut().zip(self.rows) {
+                // SAFETY: the caller guarantees the tier; the span is the row's last columns.
+                unsafe { K::decode(row, main_cols, &mut wr[..cols - main_cols]) };
+                wr[cols - main_cols..16].fill(0.0);
+            }
+            let span = Span { w: &w, rb: n, tb: 1, acc: self.acc };
+            // SAFETY: the caller guarantees the tier.
+            unsafe { span.fold::<K>(0..16, |_| &xpad[..]) };
+        }
+    }
+
+    /// `tb` activation rows from `t0`: each chunk decoded once into `w`, then folded in
+    /// register tiles.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier `K`.
+    unsafe fn rows<K: Kernel>(
+        self,
+        x: &[f32],
+        (t0, tb, cols): (usize, usize, usize),
+        w: &mut ChunkBuf,
+        xpad: &[Lanes; TB],
+    ) {
+        let rb = self.rows.len();
+        let chunks = cols.div_ceil(CHUNK);
+        for c0 in (0..cols).step_by(CHUNK) {
+            let len = CHUNK.min(cols - c0);
+            let main = len - len % 16;
+            for bytes in self.next {
+                prefetch(share(bytes, c0 / CHUNK, chunks));
+            }
+            for (wr, &row) in w.iter_mut().zip(self.rows) {
+                // SAFETY: the caller guarantees the tier; the span `c0..c0 + len` lies in the
+                // row, and for MXFP4 `c0` is a multiple of `CHUNK` and `len` is either `CHUNK`
+                // or the rest of a row whose width is a multiple of 32.
+                unsafe { K::decode(row, c0, &mut wr[..len]) };
+                wr[len..len.next_multiple_of(16)].fill(0.0);
+            }
+            let span = Span { w, rb, tb, acc: &mut *self.acc };
+            let xs = |j: usize| &x[(t0 + j) * cols + c0..][..main];
+            // SAFETY: the caller guarantees the tier.
+            unsafe { span.fold::<K>(0..main, xs) };
+            if main < len {
+                let span = Span { w, rb, tb, acc: &mut *self.acc };
+                // SAFETY: the caller guarantees the tier.
+                unsafe { span.fold::<K>(main..main + 16, |j| &xpad[j][..]) };
+            }
+        }
+    }
+}
+
+/// Folds one activation row `x` (a whole number of 16-column steps) into rows `r..r + R` of
+/// the block, in spans of [`ONE_SPAN`] columns with a share of the next block's prefetches
+/// between spans; returns R.
+///
+/// # Safety
+/// The running CPU supports the tier `K`; `x.len()` suits [`Kernel::fold_one`].
+unsafe fn one<K: Kernel, const R: usize, const TB: usize>(
+    b: &mut Block<'_, '_, TB>,
+    r: usize,
+    x: &[f32],
+) -> usize {
+    let spans = x.len().div_ceil(ONE_SPAN);
+    let parts = b.rows.len().div_ceil(R) * spans;
+    let rows: [Row<'_>; R] = std::array::from_fn(|i| b.rows[r + i]);
+    let mut acc: [Lanes; R] = std::array::from_fn(|i| b.acc[r + i][0]);
+    for (k, c0) in (0..x.len()).step_by(ONE_SPAN).enumerate() {
+        for bytes in b.next {
+            prefetch(share(bytes, (r / R) * spans + k, parts));
+        }
+        let mut it = acc.iter_mut();
+        let a: [&mut Lanes; R] = std::array::from_fn(|_| it.next().expect("invariant: R lanes"));
+        // SAFETY: guaranteed by the caller; spans start at multiples of `ONE_SPAN`.
+        unsafe { K::fold_one(rows, c0, &x[c0..(c0 + ONE_SPAN).min(x.len())], a) };
+    }
+    for (i, a) in acc.iter().enumerate() {
+        b.acc[r + i][0] = *a;
+    }
+    R
+}
+
+/// Part `k` of `n` equal parts of `bytes` (the last part takes the remainder).
+fn share(bytes: &[u8], k: usize, n: usize) -> &[u8] {
+    let part = bytes.len().div_ceil(n.max(1));
+    let start = (k * part).min(bytes.len());
+    &bytes[start..(start + part).min(bytes.len())]
+}
+
+/// The widened weights and the accumulators of one block, for folding one column span.
+struct Span<'a, const W: usize, const TB: usize> {
+    w: &'a [[f32; W]; ROW_BLOCK],
+    rb: usize,
+    tb: usize,
+    acc: &'a mut BlockAcc<TB>,
+}
+
+impl<const W: usize, const TB: usize> Span<'_, W, TB> {
+    /// Folds columns `cols` of the widened weights (indices into the chunk buffer) against
+    /// `x(j)`, the same span of activation row `j` of the block, for all `rb × tb` pairs, in
+    /// register tiles.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier `K`.
+    unsafe fn fold<'x, K: Kernel>(self, cols: Range<usize>, x: impl Fn(usize) -> &'x [f32]) {
+        if cols.is_empty() {
+            return;
+        }
+        let mut j = 0;
+        while j < self.tb {
+            // Token groups of 3 (2 when that leaves no group of 1), each with row pairs: 2 × 3
+            // tiles hold 12 of the 16 AVX2 registers as accumulators. A lone token takes rows
+            // four at a time instead.
+            let n = match self.tb - j {
+                1 => 1,
+                2 | 4 => 2,
+                _ => 3,
+            };
+            let mut r = 0;
+            while r < self.rb {
+                let left = self.rb - r;
+                let (w, a) = (self.w, &mut *self.acc);
+                let c = cols.clone();
+                // SAFETY: the caller guarantees the tier (for every arm).
+                r += unsafe {
+                    match (n, left) {
+                        (1, 4..) => tile::<K, 4, 1, W, TB>(w, a, r, j, c, &x),
+                        (1, 2..) => tile::<K, 2, 1, W, TB>(w, a, r, j, c, &x),
+                        (1, _) => tile::<K, 1, 1, W, TB>(w, a, r, j, c, &x),
+                        (2, 2..) => tile::<K, 2, 2, W, TB>(w, a, r, j, c, &x),
+                        (2, _) => tile::<K, 1, 2, W, TB>(w, a, r, j, c, &x),
+                        (_, 2..) => tile::<K, 2, 3, W, TB>(w, a, r, j, c, &x),
+                        (_, _) => tile::<K, 1, 3, W, TB>(w, a, r, j, c, &x),
+                    }
+                };
+            }
+            j += n;
+        }
+    }
+}
+
+/// Folds one R × N tile (rows `r..r + R`, tokens `j..j + N` of the block) over `cols`; returns R.
+///
+/// # Safety
+/// The running CPU supports the tier `K`.
+unsafe fn tile<'x, K: Kernel, const R: usize, const N: usize, const W: usize, const TB: usize>(
+    w: &[[f32; W]; ROW_BLOCK],
+    acc: &mut BlockAcc<TB>,
+    r: usize,
+    j: usize,
+    cols: Range<usize>,
+    x: &impl Fn(usize) -> &'x [f32],
+) -> usize {
+    let ws: [&[f32]; R] = std::array::from_fn(|i| &w[r + i][cols.clone()]);
+    let xs: [&[f32]; N] = std::array::from_fn(|i| x(j + i));
+    let mut rows = acc[r..r + R].iter_mut();
+    let a: [&mut [Lanes; N]; R] = std::array::from_fn(|_| {
+        let row = rows.next().expect("invariant: R rows were sliced");
+        (&mut row[j..j + N]).try_into().expect("invariant: N tokens were sliced")
+    });
+    // SAFETY: the caller guarantees the tier; `fold` checks the slice lengths.
+    unsafe { K::fold(ws, xs, a) };
+    R
+}
