@@ -20,11 +20,13 @@ use sluice_core::DType;
 
 pub mod checkpoint;
 pub mod config;
+pub mod convert;
 pub mod safetensors;
 pub mod writer;
 
 pub use checkpoint::{Checkpoint, TensorEntry, INDEX_FILE, LANGUAGE_MODEL_PREFIX, SINGLE_FILE};
 pub use config::{CheckpointConfig, CONFIG_FILE};
+pub use convert::{convert_spine_int8, ConvertError, ConvertOptions, ConvertReport};
 pub use safetensors::{parse_header, read_header, SafetensorsHeader, TensorInfo, MAX_HEADER_LEN};
 pub use writer::{
     write_index, write_json_atomic, write_safetensors, ShardWriter, TensorData, TensorSpec,
