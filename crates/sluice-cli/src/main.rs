@@ -6,6 +6,7 @@ mod npy;
 mod probe;
 mod pull;
 mod run;
+mod serve;
 mod synth;
 
 use anyhow::Result;
@@ -24,6 +25,8 @@ struct Cli {
 enum Cmd {
     /// Generate from a prompt (greedy). Without --model, uses the built-in random-weight demo model.
     Run(run::RunArgs),
+    /// Serve the OpenAI-compatible HTTP API (chat, completions, SSE) on 127.0.0.1.
+    Serve(serve::ServeArgs),
     /// Write a synthetic checkpoint of a real architecture in its published layout.
     Synth(synth::SynthArgs),
     /// Install a model from a Hugging Face–compatible hub (HF_ENDPOINT, HF_TOKEN), full or stream.
@@ -45,6 +48,7 @@ fn main() {
     let res: Result<()> = match cli.cmd {
         Cmd::Run(a) => run::run(&a),
         Cmd::Probe(a) => probe::run(&a),
+        Cmd::Serve(a) => serve::run(&a),
         Cmd::Pull(a) => pull::run(&a),
         Cmd::Synth(a) => synth::run(&a),
         Cmd::Inspect { dir, json } => inspect::run(&dir, json),

@@ -5,10 +5,15 @@
 pub mod demo;
 pub mod draft;
 pub mod generate;
+pub mod k3_output;
 pub mod load;
+pub mod logprob;
 pub mod plan;
 pub mod policy;
 pub mod sample;
+pub mod session;
+pub mod stop;
+pub mod turn;
 
 pub use draft::{Drafter, NgramDrafter, ScriptDrafter};
 pub use generate::{argmax, generate, GenerateOptions, Generation, OnToken, Stats};

@@ -1,0 +1,256 @@
+//! One request's generation on top of the session cache: resume from the longest reusable prefix,
+//! prefill the rest (snapshotting the state on the way), choose the first token, then decode with
+//! [`generate`] (speculative when a drafter is given) or, when the caller needs every token's
+//! logits, with plain one-token passes.
+//!
+//! The prompt's prefill runs here rather than inside [`generate`] so that the state can be
+//! snapshotted at checkpoint boundaries and at the end of the prompt — the point a follow-up chat
+//! turn resumes from whether or not the reply re-tokenizes to the ids the model produced.
+//! Decoding then continues with [`generate`] from the first token.
+//!
+//! **Sampling positions.** Token 0 is drawn from the prefill logits with `(seed, 0)`. The
+//! continuation is a new [`generate`] call whose positions restart at 0, so it samples with a
+//! derived seed ([`continuation_sampling`]): token `i ≥ 1` uses `(seed', i − 1)`. Every path here
+//! (speculative or plain, with or without reuse) follows this scheme, so the same seed always gives
+//! the same tokens; greedy decoding does not depend on positions at all.
+
+use crate::draft::Drafter;
+use crate::generate::{generate, GenerateOptions};
+use crate::sample::Sampling;
+use crate::session::{Chain, Resume, SessionCache, Snapshot};
+use crate::EngineError;
+use serde::Serialize;
+use sluice_models::{LogitRows, Model};
+use std::time::Instant;
+
+/// What to generate for one request.
+#[derive(Debug, Clone)]
+pub struct TurnOptions {
+    /// Most new tokens.
+    pub max_new: usize,
+    /// Token ids that end generation (emitted, then generation stops).
+    pub stop_ids: Vec<u32>,
+    /// Greedy or seeded sampling.
+    pub sampling: Sampling,
+    /// Most drafts verified per pass (used only with a drafter and without `per_token_logits`).
+    pub draft_max: usize,
+    /// Hand every token's logits to the callback (decodes with plain one-token passes).
+    pub per_token_logits: bool,
+}
+
+/// Statistics of one turn.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TurnStats {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens taken from the session cache instead of being prefilled.
+    pub cached_tokens: usize,
+    /// Prompt tokens actually run through the model.
+    pub prefill_tokens: usize,
+    /// Prefill passes (one per checkpoint chunk).
+    pub prefill_passes: usize,
+    /// Wall seconds of the prefill passes.
+    pub prefill_s: f64,
+    /// Seconds from the start of the turn to the first token.
+    pub ttft_s: f64,
+    /// Decode passes.
+    pub decode_passes: usize,
+    /// Wall seconds of decoding after the first token.
+    pub decode_s: f64,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+    /// Draft tokens verified.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+    /// Expert bytes handed to the model.
+    pub expert_bytes: u64,
+    /// Expert bytes read from storage.
+    pub expert_bytes_read: u64,
+    /// Bytes of sequence state at the end.
+    pub state_bytes: usize,
+    /// `stop` (stop token or the callback asked to stop), `length`, or `cancelled`.
+    pub finish_reason: String,
+}
+
+/// The result of [`run_turn`].
+#[derive(Debug, Clone)]
+pub struct Turn {
+    /// Generated ids (including a stop token that ended generation).
+    pub tokens: Vec<u32>,
+    /// Statistics.
+    pub stats: TurnStats,
+}
+
+/// The sampling of the continuation after token 0 (see the module docs).
+pub fn continuation_sampling(s: Sampling) -> Sampling {
+    let mut z = s.seed ^ 0x6A09_E667_F3BC_C908;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    Sampling { seed: z ^ (z >> 31), ..s }
+}
+
+/// A drafter that sees the prompt as well: [`generate`] only knows the continuation's context.
+struct Prefixed<'a> {
+    prefix: &'a [u32],
+    inner: &'a mut dyn Drafter,
+    buf: Vec<u32>,
+}
+
+impl Drafter for Prefixed<'_> {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+
+    fn propose(&mut self, context: &[u32], max: usize) -> Vec<u32> {
+        self.buf.clear();
+        self.buf.extend_from_slice(self.prefix);
+        self.buf.extend_from_slice(context);
+        self.inner.propose(&self.buf, max)
+    }
+}
+
+/// Generates a reply to `prompt`, resuming from `cache` when given (and storing the conversation
+/// back into it). `on_token` gets every generated id (and its logits with `per_token_logits`);
+/// returning `false` stops generation (`stop`). `cancel` is polled between passes; when it turns
+/// true generation ends as `cancelled`.
+pub fn run_turn(
+    model: &Model,
+    mut cache: Option<&mut SessionCache>,
+    prompt: &[u32],
+    opts: &TurnOptions,
+    drafter: Option<&mut dyn Drafter>,
+    cancel: &dyn Fn() -> bool,
+    on_token: &mut dyn FnMut(u32, Option<&[f32]>) -> bool,
+) -> Result<Turn, EngineError> {
+    if prompt.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    let vocab = model.vocab_size();
+    if let Some(&id) = prompt.iter().find(|&&id| id as usize >= vocab) {
+        return Err(EngineError::TokenOutOfVocab { id, vocab });
+    }
+    let t0 = Instant::now();
+    let store0 = model.store_stats();
+    let mut stats = TurnStats {
+        prompt_tokens: prompt.len(),
+        finish_reason: "length".into(),
+        ..TurnStats::default()
+    };
+    if opts.max_new == 0 {
+        return Ok(Turn { tokens: Vec::new(), stats });
+    }
+    let every = cache.as_ref().map_or(0, |c| c.config().checkpoint_every);
+    let Resume { mut state, reused, logits: cached_logits, chain } = match cache.as_deref_mut() {
+        Some(c) => c.resume(prompt, || model.new_state()),
+        None => Resume { state: model.new_state(), reused: 0, logits: None, chain: Chain::empty() },
+    };
+    stats.cached_tokens = reused;
+    let keep =
+        |c: &Option<&mut SessionCache>, bytes: usize| c.as_ref().is_some_and(|c| c.fits(bytes));
+    let mut snaps = Vec::new();
+    let mut logits: Option<Vec<f32>> = cached_logits.map(|l| l.to_vec());
+    let mut pos = reused;
+    while pos < prompt.len() {
+        if cancel() {
+            stats.finish_reason = "cancelled".into();
+            if let Some(c) = cache {
+                c.store(chain, snaps, prompt.to_vec());
+            }
+            return Ok(Turn { tokens: Vec::new(), stats });
+        }
+        // The next checkpoint boundary (a multiple of `every`), or the end of the prompt.
+        let end =
+            pos.checked_div(every).map_or(prompt.len(), |k| ((k + 1) * every).min(prompt.len()));
+        let tp = Instant::now();
+        let l = model.forward(&mut state, &prompt[pos..end], LogitRows::Last, None)?;
+        state.commit(end - pos);
+        stats.prefill_s += tp.elapsed().as_secs_f64();
+        stats.prefill_passes += 1;
+        stats.prefill_tokens += end - pos;
+        pos = end;
+        if keep(&cache, state.byte_len()) {
+            snaps.push(Snapshot::new(state.clone(), Some(l.clone())));
+        }
+        logits = Some(l);
+    }
+    let first_logits = logits.ok_or(EngineError::EmptyPrompt)?;
+    let first = opts.sampling.choose(&first_logits, 0);
+    stats.ttft_s = t0.elapsed().as_secs_f64();
+    let mut tokens = vec![first];
+    let go = on_token(first, opts.per_token_logits.then_some(first_logits.as_slice()));
+    let finish = |tok: u32, n: usize, go: bool| -> Option<&'static str> {
+        if opts.stop_ids.contains(&tok) {
+            Some("stop")
+        } else if n >= opts.max_new {
+            Some("length")
+        } else if !go {
+            Some(if cancel() { "cancelled" } else { "stop" })
+        } else {
+            None
+        }
+    };
+    let td = Instant::now();
+    let cont = continuation_sampling(opts.sampling);
+    match finish(first, 1, go) {
+        Some(reason) => stats.finish_reason = reason.into(),
+        None if opts.per_token_logits => {
+            let mut pending = first;
+            loop {
+                let l = model.forward(&mut state, &[pending], LogitRows::Last, None)?;
+                state.commit(1);
+                stats.decode_passes += 1;
+                let tok = cont.choose(&l, tokens.len() - 1);
+                tokens.push(tok);
+                let go = on_token(tok, Some(&l)) && !cancel();
+                if let Some(reason) = finish(tok, tokens.len(), go) {
+                    stats.finish_reason = reason.into();
+                    break;
+                }
+                pending = tok;
+            }
+        }
+        None => {
+            let gopts = GenerateOptions {
+                max_new: opts.max_new - 1,
+                stop_ids: opts.stop_ids.clone(),
+                keep_logits: false,
+                draft_max: opts.draft_max,
+                sampling: cont,
+            };
+            let mut prefixed =
+                drafter.map(|inner| Prefixed { prefix: prompt, inner, buf: Vec::new() });
+            let mut asked_stop = false;
+            let mut cb = |tok: u32| {
+                let go = on_token(tok, None);
+                asked_stop |= !go;
+                go && !cancel()
+            };
+            let d = prefixed.as_mut().map(|p| p as &mut dyn Drafter);
+            let g = generate(model, &mut state, &[first], &gopts, d, Some(&mut cb))?;
+            tokens.extend_from_slice(&g.tokens);
+            stats.decode_passes = g.stats.passes;
+            stats.drafted = g.stats.drafted;
+            stats.accepted = g.stats.accepted;
+            stats.finish_reason = match g.stats.finish_reason.as_str() {
+                "cancelled" if asked_stop => "stop".into(),
+                other => other.into(),
+            };
+        }
+    }
+    stats.decode_s = td.elapsed().as_secs_f64();
+    stats.generated_tokens = tokens.len();
+    stats.state_bytes = state.byte_len();
+    let store1 = model.store_stats();
+    stats.expert_bytes = store1.bytes_served - store0.bytes_served;
+    stats.expert_bytes_read = store1.bytes_read - store0.bytes_read;
+    if let Some(c) = cache {
+        if c.fits(state.byte_len()) {
+            snaps.push(Snapshot::new(state, None));
+        }
+        let mut all = prompt.to_vec();
+        all.extend_from_slice(&tokens);
+        c.store(chain, snaps, all);
+    }
+    Ok(Turn { tokens, stats })
+}

@@ -1,0 +1,352 @@
+//! The routes: request bodies are read under a size and time limit, parsed into validated types,
+//! admitted by the scheduler, tokenized on the blocking pool, checked against the context, and
+//! handed to the engine thread; responses are collected or streamed.
+
+use crate::chat_request::parse_chat;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::output::OutputKind;
+use crate::request::{parse_completion, Common, Limits, PromptInput};
+use crate::response::{body, collect, stream, Endpoint, Meta};
+use crate::scheduler::{JobHandle, Reservation, Scheduler};
+use crate::worker::{Event, Job};
+use axum::body::{Body, Bytes};
+use axum::extract::{MatchedPath, Path, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use sluice_tokenizer::{render_k3, Tokenizer};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// Shared state of the handlers.
+#[derive(Debug)]
+pub struct App {
+    /// Model id and token limits.
+    pub limits: Limits,
+    /// Rows of the model's logits (prompt ids must be below it).
+    pub vocab: usize,
+    /// The tokenizer (used on the blocking pool).
+    pub tok: Arc<Tokenizer>,
+    /// The queue.
+    pub sched: Arc<Scheduler>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Required bearer token.
+    pub api_key: Option<String>,
+    /// Largest request body.
+    pub max_request_bytes: usize,
+    /// Longest wait for a request body.
+    pub body_timeout: Duration,
+    /// When the server started (Unix seconds; the model's `created`).
+    pub started: u64,
+    /// Request counter for ids.
+    pub next_id: AtomicU64,
+}
+
+/// Unix seconds now.
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The router with every route, the auth check and request counting.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat))
+        .fallback(unknown)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), auth))
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), count))
+        .with_state(app)
+}
+
+async fn unknown(uri: Uri) -> ApiError {
+    let path: String = uri.path().chars().take(200).collect();
+    ApiError::UnknownPath(path)
+}
+
+async fn wrong_method(method: Method) -> ApiError {
+    ApiError::MethodNotAllowed(method.to_string())
+}
+
+/// Counts every response by route and status.
+async fn count(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let route =
+        req.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str).to_owned();
+    let resp = next.run(req).await;
+    app.metrics.request(&route, resp.status().as_u16());
+    resp
+}
+
+/// With `--api-key`, everything but `/health` needs `Authorization: Bearer <key>`.
+async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &app.api_key {
+        if req.uri().path() != "/health" && !bearer_matches(req.headers(), key) {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
+    next.run(req).await
+}
+
+fn bearer_matches(headers: &HeaderMap, key: &str) -> bool {
+    let Some(token) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    // Compare without an early exit so timing does not reveal the matching prefix.
+    let (a, b) = (token.as_bytes(), key.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn health(State(app): State<Arc<App>>) -> Json<Value> {
+    Json(json!({
+        "status": "ok",
+        "model": app.limits.model_id,
+        "queue_depth": app.sched.depth(),
+        "running": app.sched.running(),
+    }))
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let text = app.metrics.render(app.sched.depth(), app.sched.running());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+fn model_card(app: &App) -> Value {
+    json!({
+        "id": app.limits.model_id,
+        "object": "model",
+        "created": app.started,
+        "owned_by": "sluice",
+        "max_model_len": app.limits.context_len,
+    })
+}
+
+async fn models(State(app): State<Arc<App>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_card(&app)]}))
+}
+
+async fn model(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if id == app.limits.model_id {
+        Ok(Json(model_card(&app)))
+    } else {
+        Err(ApiError::ModelNotFound(id))
+    }
+}
+
+/// Reads the body within the size and time limits and parses it as JSON.
+async fn read_json(app: &App, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
+    let limit = app.max_request_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > u64::try_from(limit).unwrap_or(u64::MAX)) {
+        return Err(ApiError::PayloadTooLarge { limit });
+    }
+    let bytes: Bytes =
+        match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, limit)).await {
+            Err(_) => return Err(ApiError::BodyTimeout),
+            Ok(Err(e)) if is_length_limit(&e) => return Err(ApiError::PayloadTooLarge { limit }),
+            Ok(Err(e)) => {
+                return Err(ApiError::invalid(
+                    "body",
+                    format!("could not read the request body: {e}"),
+                ))
+            }
+            Ok(Ok(b)) => b,
+        };
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid("body", format!("the request body is not valid JSON: {e}")))
+}
+
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = src {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        src = s.source();
+    }
+    false
+}
+
+/// Runs `f` with the tokenizer on the blocking pool (rendering and tokenizing long prompts).
+async fn on_blocking<T: Send + 'static>(
+    app: &App,
+    f: impl FnOnce(&Tokenizer) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let tok = Arc::clone(&app.tok);
+    tokio::task::spawn_blocking(move || f(&tok))
+        .await
+        .map_err(|e| ApiError::Internal(format!("tokenization task failed: {e}")))?
+}
+
+/// The number of tokens to generate: `requested`, or as many as the limits allow.
+fn budget(
+    limits: &Limits,
+    prompt: usize,
+    requested: Option<usize>,
+    param: &str,
+) -> Result<usize, ApiError> {
+    let room = limits.context_len.saturating_sub(prompt);
+    let over = |asked: usize| ApiError::Invalid {
+        message: format!(
+            "This model's maximum context length is {} tokens. However, you requested {} tokens \
+             ({prompt} in the {param}, {asked} in the completion).",
+            limits.context_len,
+            prompt + asked
+        ),
+        param: Some(param.to_owned()),
+        code: Some("context_length_exceeded"),
+    };
+    match requested {
+        _ if room == 0 => Err(over(1)),
+        Some(m) if m > room => Err(over(m)),
+        Some(m) => Ok(m),
+        None => Ok(limits.max_tokens.min(room)),
+    }
+}
+
+/// Queues the job and answers: streamed, or collected into one body.
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    app: &App,
+    reservation: Reservation,
+    meta: Meta,
+    prompt: Vec<u32>,
+    common: &Common,
+    max_new: usize,
+    logprobs: Option<usize>,
+    output: OutputKind,
+) -> Result<Response, ApiError> {
+    let (tx, mut rx): (_, UnboundedReceiver<Event>) = unbounded_channel();
+    let job = Job {
+        id: app.next_id.fetch_add(1, Ordering::Relaxed),
+        prompt,
+        max_new,
+        sampling: common.sampling,
+        stop: common.stop.clone(),
+        logprobs,
+        output,
+        cancel: Arc::new(AtomicBool::new(false)),
+        events: tx,
+        enqueued: Instant::now(),
+    };
+    let handle: JobHandle = reservation.submit(job);
+    if common.stream {
+        return Ok(stream(meta, rx, handle, common.include_usage).into_response());
+    }
+    // `handle` lives across the wait: if the client disconnects, this future is dropped with it
+    // and the job is cancelled.
+    let collected = collect(&mut rx).await.map_err(ApiError::Internal)?;
+    drop(handle);
+    Ok((StatusCode::OK, Json(body(&meta, &collected))).into_response())
+}
+
+fn meta(app: &App, endpoint: Endpoint, logprobs: bool) -> Meta {
+    let prefix = if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
+    let n = app.next_id.fetch_add(1, Ordering::Relaxed);
+    let mix = (app.started ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).rotate_left(17);
+    Meta {
+        endpoint,
+        id: format!("{prefix}-{mix:016x}{n:08x}"),
+        created: unix_now(),
+        model: app.limits.model_id.clone(),
+        logprobs,
+    }
+}
+
+async fn chat(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let v = read_json(&app, &headers, body).await?;
+    let req = parse_chat(&v, &app.limits)?;
+    drop(v);
+    let reservation = app.sched.reserve()?;
+    let (messages, options) = (req.messages, req.options.clone());
+    let prompt = on_blocking(&app, move |tok| {
+        render_k3(tok, &messages, &options)
+            .map_err(|e| ApiError::invalid("messages", e.to_string()))
+    })
+    .await?;
+    let max_new = budget(&app.limits, prompt.len(), req.common.max_tokens, "messages")?;
+    let output = OutputKind::Chat { thinking: req.options.thinking, tools: req.parse_tools };
+    let meta = meta(&app, Endpoint::Chat, req.logprobs.is_some());
+    run(&app, reservation, meta, prompt, &req.common, max_new, req.logprobs, output).await
+}
+
+async fn completions(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let v = read_json(&app, &headers, body).await?;
+    let req = parse_completion(&v, &app.limits)?;
+    drop(v);
+    let reservation = app.sched.reserve()?;
+    let vocab = app.vocab;
+    let input = req.prompt.clone();
+    let prompt = on_blocking(&app, move |tok| match input {
+        PromptInput::Text(t) => Ok(tok.encode_ordinary(&t)),
+        PromptInput::Ids(ids) => match ids.iter().find(|&&id| id as usize >= vocab) {
+            Some(id) => Err(ApiError::invalid(
+                "prompt",
+                format!("token id {id} is out of range: the vocabulary has {vocab} tokens"),
+            )),
+            None => Ok(ids),
+        },
+    })
+    .await?;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt is empty (it encodes to no tokens)"));
+    }
+    let max_new = budget(&app.limits, prompt.len(), req.common.max_tokens.or(Some(16)), "prompt")?;
+    let meta = meta(&app, Endpoint::Completion, req.logprobs.is_some());
+    run(&app, reservation, meta, prompt, &req.common, max_new, req.logprobs, OutputKind::Text).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_respect_the_context_and_the_server_cap() {
+        let l = Limits { model_id: "m".into(), max_tokens: 50, context_len: 100 };
+        assert_eq!(budget(&l, 10, None, "prompt").ok(), Some(50));
+        assert_eq!(budget(&l, 70, None, "prompt").ok(), Some(30));
+        assert_eq!(budget(&l, 70, Some(30), "prompt").ok(), Some(30));
+        let e = budget(&l, 70, Some(31), "prompt").expect_err("over the context");
+        assert_eq!(e.body()["error"]["code"], json!("context_length_exceeded"));
+        assert!(budget(&l, 100, None, "messages").is_err());
+    }
+
+    #[test]
+    fn bearer_tokens_must_match_exactly() {
+        let mut h = HeaderMap::new();
+        assert!(!bearer_matches(&h, "k"));
+        h.insert(header::AUTHORIZATION, "Bearer k".parse().unwrap_or_else(|_| panic!("header")));
+        assert!(bearer_matches(&h, "k"));
+        assert!(!bearer_matches(&h, "kk"));
+        h.insert(header::AUTHORIZATION, "Basic k".parse().unwrap_or_else(|_| panic!("header")));
+        assert!(!bearer_matches(&h, "k"));
+    }
+}

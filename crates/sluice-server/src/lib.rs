@@ -1,0 +1,163 @@
+//! sluice's OpenAI-compatible HTTP server (axum on tokio).
+//!
+//! - [`api`]: routes, body limits, auth, request counting.
+//! - [`request`], [`chat_request`], [`fields`]: request bodies parsed into validated types;
+//!   every unknown or unsupported field is refused with a 400 naming it.
+//! - [`scheduler`]: admission (429 when full), the FIFO queue, cancellation handles.
+//! - [`worker`] and [`output`]: the engine thread — model passes, state reuse, detokenization,
+//!   the K3 reasoning/tool-call parser, stop strings and logprobs, all off the async runtime.
+//! - [`response`]: OpenAI-shaped bodies and SSE chunks.
+//! - [`error`]: the one mapping from errors to HTTP status and body.
+//! - [`metrics`]: `GET /metrics` in the Prometheus text format.
+//!
+//! The API, every accepted field and every refusal are documented in docs/SERVER.md.
+
+pub mod api;
+pub mod chat_request;
+pub mod error;
+pub mod fields;
+pub mod metrics;
+pub mod output;
+pub mod request;
+pub mod response;
+pub mod scheduler;
+pub mod worker;
+
+use crate::api::{router, unix_now, App};
+use crate::metrics::Metrics;
+use crate::request::Limits;
+use crate::scheduler::Scheduler;
+use crate::worker::{EngineSettings, Worker};
+use sluice_engine::session::{SessionCache, SessionConfig};
+use sluice_models::Model;
+use sluice_tokenizer::Tokenizer;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Everything `sluice serve` configures.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address to listen on (default 127.0.0.1).
+    pub host: String,
+    /// Port (0 picks a free one; the ready callback gets the real address).
+    pub port: u16,
+    /// Bearer token required on every route but `/health`.
+    pub api_key: Option<String>,
+    /// Requests that may wait behind the running one.
+    pub queue: usize,
+    /// Most tokens one request may generate (and the default for chat).
+    pub max_tokens: usize,
+    /// Most prompt + generated tokens.
+    pub context_len: usize,
+    /// Largest request body in bytes.
+    pub max_request_bytes: usize,
+    /// Longest wait for a request body.
+    pub body_timeout: Duration,
+    /// The model id clients name.
+    pub model_id: String,
+    /// Drafting.
+    pub engine: EngineSettings,
+    /// State reuse.
+    pub session: SessionConfig,
+}
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The runtime, the engine thread or the listener failed.
+    #[error("server I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// The tokenizer lacks the K3 chat markers.
+    #[error(transparent)]
+    Tokenizer(#[from] sluice_tokenizer::Error),
+}
+
+/// Serves `model` until interrupted (Ctrl-C or SIGTERM). `on_ready` gets the bound address.
+pub fn serve(
+    cfg: ServerConfig,
+    model: Model,
+    tok: Tokenizer,
+    on_ready: impl FnOnce(SocketAddr),
+) -> Result<(), ServerError> {
+    sluice_tokenizer::k3_stop_id(&tok)?;
+    let tok = Arc::new(tok);
+    let sched = Scheduler::new(cfg.queue);
+    let metrics = Arc::new(Metrics::default());
+    let app = Arc::new(App {
+        limits: Limits {
+            model_id: cfg.model_id.clone(),
+            max_tokens: cfg.max_tokens,
+            context_len: cfg.context_len,
+        },
+        vocab: model.vocab_size(),
+        tok: Arc::clone(&tok),
+        sched: Arc::clone(&sched),
+        metrics: Arc::clone(&metrics),
+        api_key: cfg.api_key.clone(),
+        max_request_bytes: cfg.max_request_bytes,
+        body_timeout: cfg.body_timeout,
+        started: unix_now(),
+        next_id: AtomicU64::new(1),
+    });
+    let worker = Worker::new(
+        model,
+        tok,
+        SessionCache::new(cfg.session),
+        cfg.engine,
+        Arc::clone(&sched),
+        metrics,
+    );
+    let engine = worker.spawn()?;
+    // Two async workers are plenty: handlers only parse, queue and forward events. Prompt
+    // rendering and tokenization go to a small blocking pool.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(4)
+        .enable_all()
+        .build()?;
+    let addr = format!("{}:{}", cfg.host, cfg.port);
+    let res = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .map_err(|source| ServerError::Bind { addr: addr.clone(), source })?;
+        on_ready(listener.local_addr()?);
+        axum::serve(listener, router(app)).with_graceful_shutdown(shutdown_signal()).await?;
+        Ok::<_, ServerError>(())
+    });
+    sched.close();
+    let _ = engine.join();
+    res
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

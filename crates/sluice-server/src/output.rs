@@ -1,0 +1,216 @@
+//! Turning one job's generated ids into what the client sees: text for completions; reasoning,
+//! content and tool calls for chat (through [`K3OutputParser`]); stop strings applied to the
+//! visible text; and per-token log-probabilities. Runs on the engine thread.
+
+use sluice_engine::k3_output::{K3OutputParser, OutputEvent, ParsedToolCall};
+use sluice_engine::logprob::token_logprobs;
+use sluice_engine::stop::StopText;
+use sluice_tokenizer::{StreamDecoder, Tokenizer};
+
+/// How a job's ids become output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputKind {
+    /// `/v1/completions`: plain text (the stop token is not text).
+    Text,
+    /// `/v1/chat/completions`: the K3 output grammar.
+    Chat {
+        /// The prompt opened the think channel.
+        thinking: bool,
+        /// Parse tool calls.
+        tools: bool,
+    },
+}
+
+/// One token's log-probability record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The token's text (lossy UTF-8 of its bytes).
+    pub token: String,
+    /// The token's bytes.
+    pub bytes: Vec<u8>,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely alternatives: text, bytes, log-probability.
+    pub top: Vec<(String, Vec<u8>, f32)>,
+}
+
+/// New output from one or more tokens.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Delta {
+    /// Reasoning text.
+    pub reasoning: String,
+    /// Content text.
+    pub content: String,
+    /// Completed tool calls.
+    pub tool_calls: Vec<ParsedToolCall>,
+    /// Log-probabilities of the tokens this delta covers.
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+impl Delta {
+    /// Nothing to send.
+    pub fn is_empty(&self) -> bool {
+        self.reasoning.is_empty()
+            && self.content.is_empty()
+            && self.tool_calls.is_empty()
+            && self.logprobs.is_empty()
+    }
+
+    /// Appends the log-probability record of `id` chosen from `logits`.
+    pub fn add_logprobs(&mut self, tok: &Tokenizer, logits: &[f32], id: u32, top_n: usize) {
+        let lp = token_logprobs(logits, id, top_n);
+        let piece = |id: u32| {
+            let bytes = tok.token_bytes(id).map(<[u8]>::to_vec).unwrap_or_default();
+            (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+        };
+        let (token, bytes) = piece(id);
+        let top = lp
+            .top
+            .into_iter()
+            .map(|(t, l)| {
+                let (s, b) = piece(t);
+                (s, b, l)
+            })
+            .collect();
+        self.logprobs.push(TokenLogprob { token, bytes, logprob: lp.logprob, top });
+    }
+
+    /// Adds `other` after this delta.
+    pub fn extend(&mut self, other: Delta) {
+        self.reasoning.push_str(&other.reasoning);
+        self.content.push_str(&other.content);
+        self.tool_calls.extend(other.tool_calls);
+        self.logprobs.extend(other.logprobs);
+    }
+}
+
+/// Per-job output state.
+pub enum Output<'t> {
+    /// Completions.
+    Text {
+        /// The tokenizer.
+        tok: &'t Tokenizer,
+        /// Incremental UTF-8 decoding.
+        decoder: StreamDecoder<'t>,
+        /// Stop strings over the text.
+        stop: StopText,
+        /// The stop token (not text).
+        stop_id: Option<u32>,
+    },
+    /// Chat.
+    Chat {
+        /// The K3 grammar.
+        parser: Box<K3OutputParser<'t>>,
+        /// Stop strings over the reasoning.
+        stop_reasoning: StopText,
+        /// Stop strings over the content.
+        stop_content: StopText,
+    },
+}
+
+impl<'t> Output<'t> {
+    /// Output state for `kind` with stop strings `stop`.
+    pub fn new(
+        tok: &'t Tokenizer,
+        kind: &OutputKind,
+        stop: &[String],
+    ) -> Result<Self, sluice_tokenizer::Error> {
+        Ok(match *kind {
+            OutputKind::Text => Self::Text {
+                tok,
+                decoder: tok.stream_decoder(),
+                stop: StopText::new(stop),
+                stop_id: sluice_tokenizer::k3_stop_id(tok).ok(),
+            },
+            OutputKind::Chat { thinking, tools } => Self::Chat {
+                parser: Box::new(K3OutputParser::new(tok, thinking, tools)?),
+                stop_reasoning: StopText::new(stop),
+                stop_content: StopText::new(stop),
+            },
+        })
+    }
+
+    /// A stop string matched: generation must end.
+    pub fn stopped(&self) -> bool {
+        match self {
+            Self::Text { stop, .. } => stop.stopped(),
+            Self::Chat { stop_reasoning, stop_content, .. } => {
+                stop_reasoning.stopped() || stop_content.stopped()
+            }
+        }
+    }
+
+    /// Tool calls parsed.
+    pub fn tool_calls(&self) -> usize {
+        match self {
+            Self::Text { .. } => 0,
+            Self::Chat { parser, .. } => parser.tool_calls(),
+        }
+    }
+
+    /// Tokens in the think channel.
+    pub fn reasoning_tokens(&self) -> usize {
+        match self {
+            Self::Text { .. } => 0,
+            Self::Chat { parser, .. } => parser.reasoning_tokens(),
+        }
+    }
+
+    /// Output for one generated token.
+    pub fn push(&mut self, id: u32) -> Delta {
+        let mut d = Delta::default();
+        if self.stopped() {
+            return d;
+        }
+        match self {
+            Self::Text { decoder, stop, stop_id, .. } => {
+                if Some(id) != *stop_id {
+                    let text =
+                        decoder.push(id).unwrap_or_else(|_| char::REPLACEMENT_CHARACTER.into());
+                    d.content = stop.push(&text).text;
+                }
+            }
+            Self::Chat { parser, .. } => {
+                let events = parser.push(id);
+                self.route(events, &mut d);
+            }
+        }
+        d
+    }
+
+    /// Output held back at the end of generation.
+    pub fn finish(&mut self) -> Delta {
+        let mut d = Delta::default();
+        match self {
+            Self::Text { tok, decoder, stop, .. } => {
+                let rest = std::mem::replace(decoder, tok.stream_decoder()).finish();
+                d.content = stop.push(&rest).text;
+                d.content.push_str(&stop.finish());
+            }
+            Self::Chat { parser, .. } => {
+                let events = parser.finish();
+                self.route(events, &mut d);
+                if let Self::Chat { stop_reasoning, stop_content, .. } = self {
+                    d.reasoning.push_str(&stop_reasoning.finish());
+                    d.content.push_str(&stop_content.finish());
+                }
+            }
+        }
+        d
+    }
+
+    /// Parser events through the stop strings into `d`; nothing after a stop string.
+    fn route(&mut self, events: Vec<OutputEvent>, d: &mut Delta) {
+        let Self::Chat { stop_reasoning, stop_content, .. } = self else { return };
+        for e in events {
+            if stop_reasoning.stopped() || stop_content.stopped() {
+                return;
+            }
+            match e {
+                OutputEvent::Reasoning(t) => d.reasoning.push_str(&stop_reasoning.push(&t).text),
+                OutputEvent::Content(t) => d.content.push_str(&stop_content.push(&t).text),
+                OutputEvent::ToolCall(c) => d.tool_calls.push(c),
+            }
+        }
+    }
+}

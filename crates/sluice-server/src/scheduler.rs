@@ -1,0 +1,191 @@
+//! Admission and the job queue between the HTTP handlers and the engine thread.
+//!
+//! One generation runs at a time; up to `queue` more requests may wait (or be tokenized) behind
+//! it. A handler first [`Scheduler::reserve`]s a slot — refused at once with 429 when
+//! `running + waiting + reserved` would exceed `1 + queue` — then prepares its prompt off the
+//! async threads and [`Reservation::submit`]s the job. The engine thread takes jobs in FIFO order.
+//!
+//! Cancellation: the handler (or the SSE stream) owns a [`JobHandle`]. Dropping it — the client
+//! disconnected, or the response is complete — raises the job's cancel flag, which the engine
+//! polls at every pass boundary, and removes the job from the queue if it has not started, so
+//! its slot is free at once.
+
+use crate::error::ApiError;
+use crate::worker::Job;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+#[derive(Debug, Default)]
+struct Inner {
+    queue: VecDeque<Job>,
+    reserved: usize,
+    running: bool,
+    closed: bool,
+}
+
+/// The bounded FIFO queue in front of the engine.
+#[derive(Debug)]
+pub struct Scheduler {
+    inner: Mutex<Inner>,
+    ready: Condvar,
+    queue_limit: usize,
+}
+
+/// A slot held while a request is prepared; dropped without submitting, it frees the slot.
+#[derive(Debug)]
+pub struct Reservation {
+    sched: Arc<Scheduler>,
+    held: bool,
+}
+
+/// The handler's hold on a submitted job.
+#[derive(Debug)]
+pub struct JobHandle {
+    id: u64,
+    cancel: Arc<AtomicBool>,
+    sched: Arc<Scheduler>,
+}
+
+impl Scheduler {
+    /// A scheduler admitting one running job and `queue_limit` waiting ones.
+    pub fn new(queue_limit: usize) -> Arc<Self> {
+        Arc::new(Self { inner: Mutex::new(Inner::default()), ready: Condvar::new(), queue_limit })
+    }
+
+    /// The lock; a panic elsewhere while holding it leaves data that is still consistent (every
+    /// critical section is a few field updates), so poisoning is ignored.
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes a slot, or answers 429.
+    pub fn reserve(self: &Arc<Self>) -> Result<Reservation, ApiError> {
+        let mut g = self.lock();
+        let waiting = g.queue.len() + g.reserved;
+        if g.closed {
+            return Err(ApiError::Unavailable);
+        }
+        if usize::from(g.running) + waiting > self.queue_limit {
+            return Err(ApiError::QueueFull {
+                running: usize::from(g.running),
+                queued: waiting,
+                limit: self.queue_limit,
+            });
+        }
+        g.reserved += 1;
+        Ok(Reservation { sched: Arc::clone(self), held: true })
+    }
+
+    /// Requests waiting (queued or being prepared).
+    pub fn depth(&self) -> usize {
+        let g = self.lock();
+        g.queue.len() + g.reserved
+    }
+
+    /// Whether a generation is running.
+    pub fn running(&self) -> bool {
+        self.lock().running
+    }
+
+    /// The engine thread's next job (blocks); `None` once closed.
+    pub fn next(&self) -> Option<Job> {
+        let mut g = self.lock();
+        loop {
+            if g.closed {
+                return None;
+            }
+            if let Some(job) = g.queue.pop_front() {
+                g.running = true;
+                return Some(job);
+            }
+            g = self.ready.wait(g).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
+    /// The engine finished its job.
+    pub fn done(&self) {
+        self.lock().running = false;
+    }
+
+    /// Stops the engine thread after its current job; queued jobs are dropped.
+    pub fn close(&self) {
+        let mut g = self.lock();
+        g.closed = true;
+        g.queue.clear();
+        self.ready.notify_all();
+    }
+}
+
+impl Reservation {
+    /// Queues `job`; the returned handle cancels it when dropped.
+    pub fn submit(mut self, job: Job) -> JobHandle {
+        let handle = JobHandle {
+            id: job.id,
+            cancel: Arc::clone(&job.cancel),
+            sched: Arc::clone(&self.sched),
+        };
+        let mut g = self.sched.lock();
+        g.reserved -= 1;
+        self.held = false;
+        g.queue.push_back(job);
+        self.sched.ready.notify_one();
+        handle
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.held {
+            self.sched.lock().reserved -= 1;
+        }
+    }
+}
+
+impl Drop for JobHandle {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Release);
+        self.sched.lock().queue.retain(|j| j.id != self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::tests::dummy_job;
+
+    #[test]
+    fn admission_counts_running_waiting_and_reserved() {
+        let s = Scheduler::new(1);
+        let r1 = s.reserve().unwrap_or_else(|e| panic!("{e}"));
+        let (job, _rx) = dummy_job(1);
+        let h1 = r1.submit(job);
+        let _ = s.next().unwrap_or_else(|| panic!("job"));
+        assert!(s.running());
+        let r2 = s.reserve().unwrap_or_else(|e| panic!("{e}"));
+        let e = s.reserve().expect_err("queue full");
+        assert!(matches!(e, ApiError::QueueFull { running: 1, queued: 1, limit: 1 }));
+        drop(r2);
+        let (job2, _rx2) = dummy_job(2);
+        let h2 = s.reserve().unwrap_or_else(|e| panic!("{e}")).submit(job2);
+        assert_eq!(s.depth(), 1);
+        drop(h2);
+        assert_eq!(s.depth(), 0, "a dropped handle leaves the queue at once");
+        drop(h1);
+        s.done();
+        assert!(!s.running());
+    }
+
+    #[test]
+    fn dropping_a_handle_raises_the_cancel_flag() {
+        let s = Scheduler::new(0);
+        let (job, _rx) = dummy_job(7);
+        let flag = Arc::clone(&job.cancel);
+        let h = s.reserve().unwrap_or_else(|e| panic!("{e}")).submit(job);
+        assert!(!flag.load(Ordering::Acquire));
+        drop(h);
+        assert!(flag.load(Ordering::Acquire));
+        s.close();
+        assert!(s.next().is_none());
+    }
+}

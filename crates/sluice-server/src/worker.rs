@@ -1,0 +1,234 @@
+//! The engine thread: owns the model, the session cache and the drafter, takes jobs from the
+//! [`Scheduler`] one at a time, and streams each job's output back to its handler as [`Event`]s.
+//!
+//! All per-token work happens here, off the async runtime: the model passes, detokenization, the
+//! K3 reasoning/tool-call parser, stop strings and log-softmax. The event channel is unbounded so
+//! that a slow client never stalls the engine; it holds at most one event per generated token.
+//! A closed channel (the handler is gone) cancels the job at the next pass boundary.
+
+use crate::metrics::Metrics;
+use crate::output::{Delta, Output, OutputKind};
+use crate::scheduler::Scheduler;
+use sluice_engine::session::SessionCache;
+use sluice_engine::turn::{run_turn, TurnOptions, TurnStats};
+use sluice_engine::{Drafter, NgramDrafter, Sampling};
+use sluice_models::Model;
+use sluice_tokenizer::Tokenizer;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// One generation request, ready for the engine.
+#[derive(Debug)]
+pub struct Job {
+    /// Unique id (scheduler bookkeeping).
+    pub id: u64,
+    /// Prompt ids.
+    pub prompt: Vec<u32>,
+    /// Most new tokens.
+    pub max_new: usize,
+    /// Sampling.
+    pub sampling: Sampling,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Alternatives per token when logprobs are wanted.
+    pub logprobs: Option<usize>,
+    /// How to turn ids into output.
+    pub output: OutputKind,
+    /// Raised when the client is gone.
+    pub cancel: Arc<AtomicBool>,
+    /// Where output goes.
+    pub events: UnboundedSender<Event>,
+    /// When the job was queued.
+    pub enqueued: Instant,
+}
+
+/// The end of a job.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// `stop`, `length`, `tool_calls` or `cancelled`.
+    pub finish_reason: String,
+    /// Every generated id (including a final stop token).
+    pub generated_ids: Vec<u32>,
+    /// Tokens inside the think channel.
+    pub reasoning_tokens: usize,
+    /// Seconds queued before the engine took the job.
+    pub queue_s: f64,
+    /// Seconds from the engine taking the job to its end.
+    pub total_s: f64,
+    /// Engine statistics.
+    pub stats: TurnStats,
+}
+
+/// What the engine sends a handler.
+#[derive(Debug)]
+pub enum Event {
+    /// New output.
+    Delta(Delta),
+    /// Generation ended.
+    Done(Box<Summary>),
+    /// Generation failed.
+    Failed(String),
+}
+
+/// The engine-side settings.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineSettings {
+    /// Speculate with prompt-lookup n-grams.
+    pub ngram: bool,
+    /// Most drafts per pass.
+    pub draft_max: usize,
+}
+
+/// The engine thread's state.
+pub struct Worker {
+    model: Model,
+    tok: Arc<Tokenizer>,
+    cache: SessionCache,
+    drafter: Option<NgramDrafter>,
+    draft_max: usize,
+    stop_ids: Vec<u32>,
+    sched: Arc<Scheduler>,
+    metrics: Arc<Metrics>,
+}
+
+impl Worker {
+    /// A worker over a loaded model.
+    pub fn new(
+        model: Model,
+        tok: Arc<Tokenizer>,
+        cache: SessionCache,
+        settings: EngineSettings,
+        sched: Arc<Scheduler>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let stop_ids = sluice_tokenizer::k3_stop_id(&tok).into_iter().collect();
+        Self {
+            model,
+            tok,
+            cache,
+            drafter: settings.ngram.then(NgramDrafter::default),
+            draft_max: settings.draft_max,
+            stop_ids,
+            sched,
+            metrics,
+        }
+    }
+
+    /// Runs the engine loop on its own thread until the scheduler closes.
+    pub fn spawn(self) -> std::io::Result<JoinHandle<()>> {
+        std::thread::Builder::new().name("sluice-engine".into()).spawn(move || self.run())
+    }
+
+    fn run(mut self) {
+        while let Some(job) = self.sched.next() {
+            let event = match catch_unwind(AssertUnwindSafe(|| self.process(&job))) {
+                Ok(e) => e,
+                Err(_) => {
+                    // A bug in the engine: the cache may hold a half-updated entry, so drop it.
+                    self.cache.clear();
+                    Event::Failed("the engine panicked on this request".into())
+                }
+            };
+            self.metrics.set_sessions(self.cache.len(), self.cache.bytes());
+            self.sched.done();
+            if let Event::Failed(_) = event {
+                self.metrics.failed();
+            }
+            let _ = job.events.send(event);
+        }
+    }
+
+    fn process(&mut self, job: &Job) -> Event {
+        let started = Instant::now();
+        let queue_s = started.duration_since(job.enqueued).as_secs_f64();
+        if job.cancel.load(Ordering::Acquire) {
+            self.metrics.cancelled();
+            return Event::Failed("cancelled".into());
+        }
+        let mut out = match Output::new(&self.tok, &job.output, &job.stop) {
+            Ok(o) => o,
+            Err(e) => return Event::Failed(e.to_string()),
+        };
+        let opts = TurnOptions {
+            max_new: job.max_new,
+            stop_ids: self.stop_ids.clone(),
+            sampling: job.sampling,
+            draft_max: self.draft_max,
+            per_token_logits: job.logprobs.is_some(),
+        };
+        let cancel = || job.cancel.load(Ordering::Acquire);
+        let tok = &self.tok;
+        let mut on_token = |id: u32, logits: Option<&[f32]>| -> bool {
+            let mut d = out.push(id);
+            if let (Some(n), Some(l)) = (job.logprobs, logits) {
+                d.add_logprobs(tok, l, id, n);
+            }
+            if !d.is_empty() && job.events.send(Event::Delta(d)).is_err() {
+                job.cancel.store(true, Ordering::Release);
+            }
+            !out.stopped()
+        };
+        let drafter = self.drafter.as_mut().map(|d| d as &mut dyn Drafter);
+        let turn = run_turn(
+            &self.model,
+            Some(&mut self.cache),
+            &job.prompt,
+            &opts,
+            drafter,
+            &cancel,
+            &mut on_token,
+        );
+        let turn = match turn {
+            Ok(t) => t,
+            Err(e) => return Event::Failed(e.to_string()),
+        };
+        let last = out.finish();
+        if !last.is_empty() {
+            let _ = job.events.send(Event::Delta(last));
+        }
+        let finish_reason = match turn.stats.finish_reason.as_str() {
+            "stop" if out.tool_calls() > 0 => "tool_calls".to_owned(),
+            other => other.to_owned(),
+        };
+        if finish_reason == "cancelled" {
+            self.metrics.cancelled();
+        }
+        self.metrics.record_turn(&turn.stats);
+        Event::Done(Box::new(Summary {
+            finish_reason,
+            generated_ids: turn.tokens,
+            reasoning_tokens: out.reasoning_tokens(),
+            queue_s,
+            total_s: started.elapsed().as_secs_f64(),
+            stats: turn.stats,
+        }))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+    /// A job that is never run (scheduler tests).
+    pub(crate) fn dummy_job(id: u64) -> (Job, UnboundedReceiver<Event>) {
+        let (tx, rx) = unbounded_channel();
+        let job = Job {
+            id,
+            prompt: vec![1],
+            max_new: 1,
+            sampling: Sampling::greedy(),
+            stop: Vec::new(),
+            logprobs: None,
+            output: OutputKind::Text,
+            cancel: Arc::new(AtomicBool::new(false)),
+            events: tx,
+            enqueued: Instant::now(),
+        };
+        (job, rx)
+    }
+}

@@ -1,0 +1,212 @@
+//! Malformed and hostile clients: truncated and invalid JSON, wrong types, huge numbers, deep
+//! nesting, invalid UTF-8, oversize bodies (declared and chunked), lying Content-Length, slow
+//! bodies, garbage request lines, disconnects mid-stream and mid-request. The server must answer
+//! each with an OpenAI-shaped 4xx (or drop the connection), keep answering `/health`, cancel
+//! abandoned generations, and keep its resident memory bounded.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use common::{get, post, raw, request, tiny_a, Server};
+use serde_json::json;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn assert_error(r: &common::Resp, status: u16, what: &str) {
+    assert_eq!(r.status, status, "{what}: {}", String::from_utf8_lossy(&r.body));
+    let e = &r.json()["error"];
+    assert!(e["message"].is_string() && e["type"].is_string(), "{what}: not OpenAI-shaped: {e}");
+}
+
+fn hostile_bodies() -> Vec<(Vec<u8>, &'static str)> {
+    let m = r#""model":"tiny-a""#;
+    let mut v: Vec<(Vec<u8>, &str)> = vec![
+        (br#"{"model":"tiny-a","messages":[{"role":"user","con"#.to_vec(), "truncated JSON"),
+        (b"".to_vec(), "empty body"),
+        (b"null".to_vec(), "null body"),
+        (b"[]".to_vec(), "array body"),
+        (b"\xff\xfe\x00garbage".to_vec(), "invalid UTF-8"),
+        (format!(r#"{{{m},"messages":[{{"role":"user","content":"\ud800"}}]}}"#).into_bytes(), "lone surrogate"),
+        (format!(r#"{{{m},"messages":"hi"}}"#).into_bytes(), "messages wrong type"),
+        (format!(r#"{{{m},"messages":[]}}"#).into_bytes(), "empty messages"),
+        (format!(r#"{{{m},"messages":[{{"role":"user","content":"x"}}],"max_tokens":1e400}}"#).into_bytes(), "huge float"),
+        (format!(r#"{{{m},"messages":[{{"role":"user","content":"x"}}],"max_tokens":99999999999999999999999}}"#).into_bytes(), "huge int"),
+        (format!(r#"{{{m},"messages":[{{"role":"user","content":"x"}}],"max_tokens":-5}}"#).into_bytes(), "negative"),
+        (format!(r#"{{{m},"messages":[{{"role":"user","content":"x"}}],"temperature":"hot"}}"#).into_bytes(), "string temperature"),
+        (format!(r#"{{{m},"messages":[{{"role":"user","content":"x"}}],"temperature":NaN}}"#).into_bytes(), "NaN literal"),
+        (format!(r#"{{{m},"messages":[{{"role":"user","content":"x"}}],"seed":1.5}}"#).into_bytes(), "fractional seed"),
+        (format!(r#"{{{m},"messages":[{{"role":"user","content":"x"}}],"stop":{{}}}}"#).into_bytes(), "stop object"),
+        (format!(r#"{{{m},"messages":[{{"role":"user","content":"x"}}],"tools":[{{"type":"function"}}]}}"#).into_bytes(), "tool without function"),
+        (format!(r#"{{{m},"messages":[{{"role":"user","content":[{{"type":"input_audio"}}]}}]}}"#).into_bytes(), "audio part"),
+        (format!(r#"{{{m},"messages":[{{"role":"user","content":"x"}}],"n":3}}"#).into_bytes(), "n=3"),
+        (br#"{"model":"nope","messages":[{"role":"user","content":"x"}]}"#.to_vec(), "unknown model"),
+        (format!(r#"{{{m},"messages":[{{"role":"tool","content":"orphan"}}]}}"#).into_bytes(), "tool result without call"),
+        (format!(r#"{{{m},"messages":[{{"role":"user","content":"x"}}],"max_tokens":40000}}"#).into_bytes(), "over the context"),
+    ];
+    let deep = "[".repeat(100_000) + &"]".repeat(100_000);
+    v.push((format!(r#"{{{m},"messages":{deep}}}"#).into_bytes(), "deep nesting"));
+    let deep_obj = r#"{"a":"#.repeat(5000) + "1" + &"}".repeat(5000);
+    v.push((format!(r#"{{{m},"metadata":{deep_obj},"messages":[]}}"#).into_bytes(), "deep object"));
+    v
+}
+
+#[test]
+fn hostile_requests_get_errors_and_the_server_stays_up_and_bounded() {
+    let mut s = Server::start(&[
+        "--model",
+        &tiny_a(),
+        "--max-request-bytes",
+        "65536",
+        "--body-timeout-s",
+        "2",
+        "--queue",
+        "1",
+    ]);
+    let warm = post(
+        s.addr,
+        CHAT,
+        &json!({"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}],
+                                             "max_tokens": 2, "reasoning_effort": "none"}),
+    );
+    assert_eq!(warm.status, 200);
+    let rss0 = s.rss_kib();
+    for round in 0..20 {
+        for (body, what) in hostile_bodies() {
+            let r = request(s.addr, "POST", CHAT, &[], &body);
+            let want = match what {
+                "unknown model" => 404,
+                "deep nesting" | "deep object" if body.len() > 65536 => 413,
+                _ => 400,
+            };
+            if round == 0 {
+                assert_error(&r, want, what);
+            }
+        }
+        // Oversize, declared and chunked.
+        let big = vec![b' '; 70_000];
+        assert_error(&request(s.addr, "POST", CHAT, &[], &big), 413, "declared oversize");
+        let mut chunked = format!("POST {CHAT} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n").into_bytes();
+        for _ in 0..20 {
+            chunked.extend_from_slice(format!("{:x}\r\n", 8192).as_bytes());
+            chunked.extend_from_slice(&[b'a'; 8192]);
+            chunked.extend_from_slice(b"\r\n");
+        }
+        chunked.extend_from_slice(b"0\r\n\r\n");
+        if let Some(r) = raw(s.addr, &chunked) {
+            assert_error(&r, 413, "chunked oversize");
+        }
+        // Garbage that is not HTTP, an unknown path, a wrong method, a header bomb.
+        let _ = raw(s.addr, b"\x00\x01\x02 GARBAGE\r\n\r\n");
+        let _ =
+            raw(s.addr, b"GET /../../etc/passwd HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        assert_error(&get(s.addr, "/v2/everything"), 404, "unknown path");
+        assert_error(&request(s.addr, "DELETE", "/v1/models", &[], b""), 405, "wrong method");
+        let bomb: String = (0..2000).map(|i| format!("X-H{i}: {}\r\n", "v".repeat(40))).collect();
+        let _ = raw(
+            s.addr,
+            format!("GET /health HTTP/1.1\r\nHost: x\r\n{bomb}Connection: close\r\n\r\n")
+                .as_bytes(),
+        );
+        // A lying Content-Length: the connection is dropped before the body completes.
+        if let Ok(mut c) = TcpStream::connect(s.addr) {
+            let _ = c.write_all(
+                format!(
+                    "POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n{{\"model\""
+                )
+                .as_bytes(),
+            );
+        }
+        assert_eq!(get(s.addr, "/health").status, 200, "health after round {round}");
+    }
+    assert!(s.alive(), "the server died");
+    let rss1 = s.rss_kib();
+    println!("RSS before {rss0} KiB, after {rss1} KiB");
+    assert!(rss1 < rss0 + 64 * 1024, "RSS grew from {rss0} KiB to {rss1} KiB");
+}
+
+#[test]
+fn slow_bodies_time_out_while_others_are_served() {
+    let s = Server::start(&["--model", &tiny_a(), "--body-timeout-s", "1"]);
+    let mut slow = TcpStream::connect(s.addr).unwrap();
+    slow.write_all(
+        format!(
+            "POST {CHAT} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 100\r\n\r\n{{"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let t = Instant::now();
+    assert_eq!(get(s.addr, "/health").status, 200, "served while a body trickles");
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = slow.write_all(b" ");
+    let mut buf = Vec::new();
+    slow.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let _ = slow.read_to_end(&mut buf);
+    let r = common::parse_response(&buf).expect("a response");
+    assert_error(&r, 408, "slow body");
+    assert!(t.elapsed() < Duration::from_secs(20));
+}
+
+#[test]
+fn disconnects_cancel_generation_and_free_the_slot() {
+    let s = Server::start(&["--model", &tiny_a(), "--queue", "0"]);
+    let long = json!({"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4000,
+                      "reasoning_effort": "none", "temperature": 1.0, "seed": 3});
+    // Streaming: read the first events, then hang up.
+    let mut body = long.clone();
+    body["stream"] = json!(true);
+    let text = body.to_string();
+    let mut c = TcpStream::connect(s.addr).unwrap();
+    c.write_all(format!("POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}", text.len()).as_bytes()).unwrap();
+    let mut buf = [0u8; 4096];
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains("content") {
+        let n = c.read(&mut buf).unwrap();
+        assert!(n > 0, "stream ended early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let busy = post(s.addr, CHAT, &long);
+    assert_eq!(busy.status, 429, "busy while streaming");
+    assert!(busy.header("retry-after").is_some());
+    drop(c);
+    s.wait_idle();
+    assert_eq!(s.metric("sluice_generations_cancelled_total"), 1.0);
+    // Non-streaming: send the request and hang up while it runs.
+    let text = long.to_string();
+    let mut c = TcpStream::connect(s.addr).unwrap();
+    c.write_all(format!("POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}", text.len()).as_bytes()).unwrap();
+    let t = Instant::now();
+    while get(s.addr, "/health").json()["running"] != json!(true) {
+        assert!(t.elapsed() < Duration::from_secs(60), "never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(c);
+    s.wait_idle();
+    assert_eq!(s.metric("sluice_generations_cancelled_total"), 2.0);
+    let ok = post(
+        s.addr,
+        CHAT,
+        &json!({"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}],
+                                         "max_tokens": 1, "reasoning_effort": "none"}),
+    );
+    assert_eq!(ok.status, 200, "the slot is free again");
+}
+
+#[test]
+fn api_key_is_required_when_set() {
+    let s = Server::start(&["--model", &tiny_a(), "--api-key", "sekret"]);
+    assert_error(&get(s.addr, "/v1/models"), 401, "no key");
+    assert_error(
+        &request(s.addr, "GET", "/v1/models", &[("Authorization", "Bearer wrong")], b""),
+        401,
+        "wrong key",
+    );
+    assert_eq!(
+        request(s.addr, "GET", "/v1/models", &[("Authorization", "Bearer sekret")], b"").status,
+        200
+    );
+    assert_eq!(get(s.addr, "/health").status, 200, "health stays open");
+}
