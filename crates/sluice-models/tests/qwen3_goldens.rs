@@ -18,11 +18,12 @@
     clippy::cast_possible_wrap
 )]
 
-use sluice_checkpoint::{parse_header, Checkpoint};
-use sluice_core::DType;
+mod common;
+
+use common::{max_abs, rel_l2, Golden};
+use sluice_checkpoint::Checkpoint;
 use sluice_models::qwen3::{Qwen3, Trace};
 use sluice_models::{LogitRows, Model};
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -32,7 +33,7 @@ const ROPE_ABS_TOL: f32 = 2.4e-7;
 const FIXTURES: [&str; 2] = ["tiny-a", "tiny-b"];
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3").join(name)
+    common::fixture_of("qwen3", name)
 }
 
 /// Loads a fixture through the architecture registry, as the engine does.
@@ -44,56 +45,8 @@ fn load(name: &str) -> Qwen3 {
     }
 }
 
-/// The F32 / I32 tensors of `golden.safetensors` and the parsed `golden.json`.
-struct Golden {
-    f32s: BTreeMap<String, Vec<f32>>,
-    i32s: BTreeMap<String, Vec<u32>>,
-    json: serde_json::Value,
-}
-
-impl Golden {
-    fn load(name: &str) -> Self {
-        let path = fixture(name).join("golden.safetensors");
-        let bytes = std::fs::read(&path).expect("golden.safetensors");
-        let h = parse_header(&path, &bytes).expect("golden header");
-        let (mut f32s, mut i32s) = (BTreeMap::new(), BTreeMap::new());
-        for t in h.tensors {
-            let b = &bytes[t.data_start as usize..(t.data_start + t.len) as usize];
-            let words = b.chunks_exact(4).map(|c| c.try_into().unwrap());
-            match t.dtype {
-                DType::F32 => {
-                    f32s.insert(t.name, words.map(f32::from_le_bytes).collect());
-                }
-                DType::I32 => {
-                    i32s.insert(t.name, words.map(|w| i32::from_le_bytes(w) as u32).collect());
-                }
-                other => panic!("unexpected golden dtype {other}"),
-            }
-        }
-        let json = std::fs::read(fixture(name).join("golden.json")).unwrap();
-        Self { f32s, i32s, json: serde_json::from_slice(&json).unwrap() }
-    }
-
-    fn f(&self, k: &str) -> &[f32] {
-        self.f32s.get(k).unwrap_or_else(|| panic!("golden {k}"))
-    }
-
-    fn ids(&self, k: &str) -> &[u32] {
-        self.i32s.get(k).unwrap_or_else(|| panic!("golden {k}"))
-    }
-}
-
-/// Relative L2 distance ‖a − b‖ / ‖b‖ in f64.
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len(), "length mismatch");
-    let num: f64 = a.iter().zip(b).map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2)).sum();
-    let den: f64 = b.iter().map(|&y| f64::from(y).powi(2)).sum();
-    (num / den.max(1e-300)).sqrt()
-}
-
-fn max_abs(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+fn golden(name: &str) -> Golden {
+    Golden::load_dir(&fixture(name))
 }
 
 fn argmax(l: &[f32]) -> u32 {
@@ -114,11 +67,11 @@ fn json_ids(v: &serde_json::Value) -> Vec<u32> {
 fn stages_and_logits_match_transformers() {
     for name in FIXTURES {
         let m = load(name);
-        let g = Golden::load(name);
+        let g = golden(name);
         let n_prompts = g.json["prompts"].as_array().unwrap().len();
         let mut worst = (0.0f64, String::new());
         for j in 0..n_prompts {
-            let ids = g.ids(&format!("p{j}.ids"));
+            let ids = &g.ids(&format!("p{j}.ids"));
             let mut st = m.new_state();
             let mut tr = Trace::default();
             let logits = m.forward(&mut st, ids, LogitRows::All, Some(&mut tr)).expect("forward");
@@ -150,7 +103,7 @@ fn stages_and_logits_match_transformers() {
 fn rope_matches_rotary_emb() {
     for name in FIXTURES {
         let m = load(name);
-        let g = Golden::load(name);
+        let g = golden(name);
         let inv = g.f("rope.inv_freq");
         assert_eq!(m.rope().inv_freq(), inv, "{name}: inv_freq differs from HF's buffer");
         let hd = m.config().head_dim;
@@ -167,9 +120,9 @@ fn rope_matches_rotary_emb() {
 fn cached_decode_matches_transformers() {
     for name in FIXTURES {
         let m = load(name);
-        let g = Golden::load(name);
-        let prompt = g.ids("decode.prompt");
-        let tokens = g.ids("decode.tokens");
+        let g = golden(name);
+        let prompt = &g.ids("decode.prompt");
+        let tokens = &g.ids("decode.tokens");
         let want = g.f("decode.logits");
         let v = m.config().vocab_size;
         let mut st = m.new_state();
@@ -192,7 +145,7 @@ fn cached_decode_matches_transformers() {
 fn greedy_generation_matches_transformers() {
     for name in FIXTURES {
         let m = load(name);
-        let g = Golden::load(name);
+        let g = golden(name);
         for run in g.json["greedy"].as_array().unwrap() {
             let prompt = json_ids(&run["prompt"]);
             let want = json_ids(&run["tokens"]);

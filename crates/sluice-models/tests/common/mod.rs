@@ -1,5 +1,6 @@
-//! Shared helpers for the Kimi K3 golden tests: fixture paths and a reader for the golden
-//! tensors that `tools/gen_k3_goldens.py` wrote next to each tiny checkpoint.
+//! Shared helpers for the model tests: fixture paths and a reader for the golden tensors that
+//! `tools/gen_k3_goldens.py` (mlx-lm) and `tools/gen_qwen3_goldens.py` (HF transformers) wrote
+//! next to each tiny checkpoint.
 // Fixture ids, shapes and lengths are small; casts between them cannot truncate.
 #![allow(
     dead_code,
@@ -17,9 +18,14 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// The fixture directory of `name` (`tiny-a`, `tiny-b`).
+/// The fixture directory of a family's fixture (`kimi_k3`/`qwen3`, `tiny-a`/`tiny-b`).
+pub fn fixture_of(family: &str, name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(family).join(name)
+}
+
+/// The Kimi K3 fixture directory of `name` (`tiny-a`, `tiny-b`).
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3").join(name)
+    fixture_of("kimi_k3", name)
 }
 
 /// Loads a fixture model.
@@ -36,8 +42,13 @@ pub struct Golden {
 }
 
 impl Golden {
+    /// The goldens of the Kimi K3 fixture `name`.
     pub fn load(name: &str) -> Self {
-        let dir = fixture(name);
+        Self::load_dir(&fixture(name))
+    }
+
+    /// The goldens in a fixture directory.
+    pub fn load_dir(dir: &std::path::Path) -> Self {
         let path = dir.join("golden.safetensors");
         let bytes = std::fs::read(&path).expect("golden.safetensors");
         let h = parse_header(&path, &bytes).expect("golden header");
