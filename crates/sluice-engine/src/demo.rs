@@ -6,7 +6,7 @@
 
 use base64::Engine as _;
 use serde_json::{json, Value};
-use sluice_models::kimi_k3::synth::{release_config, write_checkpoint};
+use sluice_models::kimi_k3::synth::{release_config, write_checkpoint, K3Dims};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -31,49 +31,27 @@ skipped a single one. Numbers: 1, 2, 3, 10, 100, 1000, 2026. Code: fn main() { p
 /// The demo's text config: K3's structure (KDA + MLA layers, AttnRes blocks, dense layer 0,
 /// latent MoE with MXFP4 experts, last layer MLA) at toy widths.
 pub fn demo_text_config(vocab_size: usize) -> Value {
-    json!({
-        "model_type": "kimi_linear",
-        "architectures": ["KimiLinearForCausalLM"],
-        "vocab_size": vocab_size,
-        "hidden_size": 128,
-        "num_hidden_layers": 7,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "intermediate_size": 256,
-        "rms_norm_eps": 1e-5,
-        "linear_attn_config": {
-            "kda_layers": [1, 2, 3, 5, 6], "full_attn_layers": [4, 7], "num_heads": 4, "head_dim": 32,
-            "short_conv_kernel_size": 4, "use_full_rank_gate": true, "gate_lower_bound": -5.0
-        },
-        "hidden_act": "situ",
-        "activation_situ_beta": 4.0,
-        "activation_situ_linear_beta": 25.0,
-        "attn_res_block_size": 3,
-        "q_lora_rank": 64,
-        "kv_lora_rank": 32,
-        "qk_nope_head_dim": 32,
-        "qk_rope_head_dim": 16,
-        "v_head_dim": 32,
-        "mla_use_nope": true,
-        "mla_use_output_gate": true,
-        "first_k_dense_replace": 1,
-        "moe_layer_freq": 1,
-        "num_experts": 32,
-        "num_experts_per_token": 4,
-        "num_shared_experts": 2,
-        "moe_intermediate_size": 64,
-        "routed_expert_hidden_size": 64,
-        "latent_moe_use_norm": true,
-        "moe_router_activation_func": "sigmoid",
-        "topk_method": "noaux_tc",
-        "use_grouped_topk": true,
-        "num_expert_group": 1,
-        "topk_group": 1,
-        "moe_renormalize": true,
-        "routed_scaling_factor": 1.0,
-        "num_nextn_predict_layers": 0,
-        "tie_word_embeddings": false
-    })
+    K3Dims {
+        vocab: vocab_size,
+        hidden: 128,
+        layers: 7,
+        kda_layers: vec![1, 2, 3, 5, 6],
+        heads: 4,
+        kda_head_dim: 32,
+        intermediate: 256,
+        attn_res_block: 3,
+        q_lora: 64,
+        kv_lora: 32,
+        qk_nope: 32,
+        qk_rope: 16,
+        v_head: 32,
+        dense_layers: 1,
+        experts: 32,
+        top_k: 4,
+        moe_intermediate: 64,
+        expert_hidden: 64,
+    }
+    .text_config()
 }
 
 /// Learns `merges` byte-pair merges over `text` (words split before spaces; most frequent pair

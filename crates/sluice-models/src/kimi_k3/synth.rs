@@ -334,55 +334,129 @@ fn fnv1a(s: &str) -> u64 {
         .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
-/// A Kimi K3 "slice": K3's real per-layer dimensions (hidden 7168, KDA 96×128, MLA 96 heads with
-/// q_lora 1536 / kv_lora 512 / 128+64 / v 128, latent 3584, expert width 3072, MXFP4 experts of
-/// 17,547,264 bytes, top-16, 2 shared experts, SiTU, AttnRes block 12) with `layers` MoE layers
-/// (every fourth and the last MLA, the rest KDA; no dense layer), `experts` routed experts per
-/// layer and a `vocab`-row embedding and lm_head.
+/// The dimensions that tell one synthetic Kimi K3 text config from another; everything else
+/// (SiTU betas, sigmoid router with `noaux_tc`, 2 shared experts, NoPE MLA with output gate,
+/// latent MoE norm, short conv 4, full-rank KDA gate) is K3's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct K3Dims {
+    /// Embedding and lm_head rows.
+    pub vocab: usize,
+    /// Model width.
+    pub hidden: usize,
+    /// Decoder layers.
+    pub layers: usize,
+    /// 1-based indices of the KDA layers; the others are MLA.
+    pub kda_layers: Vec<usize>,
+    /// Attention heads (MLA and KDA).
+    pub heads: usize,
+    /// KDA head dimension.
+    pub kda_head_dim: usize,
+    /// Dense MLP width (dense layers).
+    pub intermediate: usize,
+    /// Layers per AttnRes block.
+    pub attn_res_block: usize,
+    /// MLA query and key-value LoRA ranks.
+    pub q_lora: usize,
+    /// MLA key-value LoRA rank (the latent cache width).
+    pub kv_lora: usize,
+    /// MLA per-head no-position and rotary dims.
+    pub qk_nope: usize,
+    /// MLA rotary dims per head.
+    pub qk_rope: usize,
+    /// MLA value dims per head.
+    pub v_head: usize,
+    /// Leading dense (non-MoE) layers.
+    pub dense_layers: usize,
+    /// Routed experts per MoE layer.
+    pub experts: usize,
+    /// Experts chosen per token.
+    pub top_k: usize,
+    /// Expert (and shared expert) width.
+    pub moe_intermediate: usize,
+    /// The latent width routed experts work in.
+    pub expert_hidden: usize,
+}
+
+impl K3Dims {
+    /// A Kimi K3 "slice": K3's real per-layer dimensions (hidden 7168, KDA 96×128, MLA 96 heads
+    /// with q_lora 1536 / kv_lora 512 / 128+64 / v 128, latent 3584, expert width 3072, MXFP4
+    /// experts of 17,547,264 bytes, top-16, 2 shared experts, SiTU, AttnRes block 12) with
+    /// `layers` MoE layers (every fourth and the last MLA, the rest KDA; no dense layer),
+    /// `experts` routed experts per layer and a `vocab`-row embedding and lm_head.
+    pub fn k3_slice(layers: usize, experts: usize, vocab: usize) -> Self {
+        Self {
+            vocab,
+            hidden: 7168,
+            layers,
+            kda_layers: (1..=layers).filter(|&l| l % 4 != 0 && l != layers).collect(),
+            heads: 96,
+            kda_head_dim: 128,
+            intermediate: 33792,
+            attn_res_block: 12,
+            q_lora: 1536,
+            kv_lora: 512,
+            qk_nope: 128,
+            qk_rope: 64,
+            v_head: 128,
+            dense_layers: 0,
+            experts,
+            top_k: 16.min(experts),
+            moe_intermediate: 3072,
+            expert_hidden: 3584,
+        }
+    }
+
+    /// The text config (`config.json`'s `text_config`) with these dimensions.
+    pub fn text_config(&self) -> Value {
+        let full: Vec<usize> = (1..=self.layers).filter(|l| !self.kda_layers.contains(l)).collect();
+        json!({
+            "model_type": "kimi_linear",
+            "architectures": ["KimiLinearForCausalLM"],
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.heads,
+            "intermediate_size": self.intermediate,
+            "rms_norm_eps": 1e-5,
+            "linear_attn_config": {
+                "kda_layers": self.kda_layers, "full_attn_layers": full, "num_heads": self.heads,
+                "head_dim": self.kda_head_dim, "short_conv_kernel_size": 4,
+                "use_full_rank_gate": true, "gate_lower_bound": -5.0
+            },
+            "hidden_act": "situ",
+            "activation_situ_beta": 4.0,
+            "activation_situ_linear_beta": 25.0,
+            "attn_res_block_size": self.attn_res_block,
+            "q_lora_rank": self.q_lora,
+            "kv_lora_rank": self.kv_lora,
+            "qk_nope_head_dim": self.qk_nope,
+            "qk_rope_head_dim": self.qk_rope,
+            "v_head_dim": self.v_head,
+            "mla_use_nope": true,
+            "mla_use_output_gate": true,
+            "first_k_dense_replace": self.dense_layers,
+            "moe_layer_freq": 1,
+            "num_experts": self.experts,
+            "num_experts_per_token": self.top_k,
+            "num_shared_experts": 2,
+            "moe_intermediate_size": self.moe_intermediate,
+            "routed_expert_hidden_size": self.expert_hidden,
+            "latent_moe_use_norm": true,
+            "moe_router_activation_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "use_grouped_topk": true,
+            "num_expert_group": 1,
+            "topk_group": 1,
+            "moe_renormalize": true,
+            "routed_scaling_factor": 1.0,
+            "num_nextn_predict_layers": 0,
+            "tie_word_embeddings": false
+        })
+    }
+}
+
+/// The text config of [`K3Dims::k3_slice`].
 pub fn k3_slice_text_config(layers: usize, experts: usize, vocab: usize) -> Value {
-    let kda: Vec<usize> = (1..=layers).filter(|&l| l % 4 != 0 && l != layers).collect();
-    let full: Vec<usize> = (1..=layers).filter(|l| !kda.contains(l)).collect();
-    json!({
-        "model_type": "kimi_linear",
-        "architectures": ["KimiLinearForCausalLM"],
-        "vocab_size": vocab,
-        "hidden_size": 7168,
-        "num_hidden_layers": layers,
-        "num_attention_heads": 96,
-        "num_key_value_heads": 96,
-        "intermediate_size": 33792,
-        "rms_norm_eps": 1e-5,
-        "linear_attn_config": {
-            "kda_layers": kda, "full_attn_layers": full, "num_heads": 96, "head_dim": 128,
-            "short_conv_kernel_size": 4, "use_full_rank_gate": true, "gate_lower_bound": -5.0
-        },
-        "hidden_act": "situ",
-        "activation_situ_beta": 4.0,
-        "activation_situ_linear_beta": 25.0,
-        "attn_res_block_size": 12,
-        "q_lora_rank": 1536,
-        "kv_lora_rank": 512,
-        "qk_nope_head_dim": 128,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 128,
-        "mla_use_nope": true,
-        "mla_use_output_gate": true,
-        "first_k_dense_replace": 0,
-        "moe_layer_freq": 1,
-        "num_experts": experts,
-        "num_experts_per_token": 16.min(experts),
-        "num_shared_experts": 2,
-        "moe_intermediate_size": 3072,
-        "routed_expert_hidden_size": 3584,
-        "latent_moe_use_norm": true,
-        "moe_router_activation_func": "sigmoid",
-        "topk_method": "noaux_tc",
-        "use_grouped_topk": true,
-        "num_expert_group": 1,
-        "topk_group": 1,
-        "moe_renormalize": true,
-        "routed_scaling_factor": 1.0,
-        "num_nextn_predict_layers": 0,
-        "tie_word_embeddings": false
-    })
+    K3Dims::k3_slice(layers, experts, vocab).text_config()
 }
