@@ -35,7 +35,8 @@ use sluice_core::DType;
 pub use digest::hash_file;
 use digest::{hash_range, hex};
 pub use manifest::{
-    FileRecord, Int8Manifest, FORMAT_VERSION, INSTALL_MANIFEST, MANIFEST_FILE, MANIFEST_KIND,
+    default_output, is_converted, FileRecord, Int8Manifest, FORMAT_VERSION, INSTALL_MANIFEST,
+    MANIFEST_FILE, MANIFEST_KIND,
 };
 pub use quantize::{
     keeps_full_precision, quantize_row, RowError, QUANTIZED_LAYER_SUFFIXES, SCALE_SUFFIX,
