@@ -169,6 +169,12 @@ pub fn accuracy(a: &AccuracyArgs) -> Result<()> {
     );
     println!("  KL(bf16 ‖ int8)   mean {:.3e}, max {:.3e} nats", acc.kl_mean, acc.kl_max);
     println!("  max |logit diff|  {:.4e}", acc.max_abs_logit_diff);
+    if acc.routes > 0 {
+        println!(
+            "  same experts      {:.4} of {} (position, MoE layer) routes",
+            acc.route_agreement, acc.routes
+        );
+    }
     println!(
         "  greedy identical  {} of {} prompts; first divergence at steps {:?}",
         acc.greedy_identical,

@@ -7,11 +7,13 @@
 //! `KL(reference ‖ candidate)` of their softmaxes (in f64, nats), and the largest absolute
 //! difference of any logit. Because greedy decoding is deterministic, the candidate's own greedy
 //! continuation equals the reference's exactly up to the first step where top-1 disagrees,
-//! which is reported per prompt as the first divergence.
+//! which is reported per prompt as the first divergence. For a mixture of experts it also
+//! counts, per position and MoE layer, whether both chose the same routed experts.
 
 use crate::generate::argmax;
 use serde::Serialize;
-use sluice_models::{LogitRows, Model, ModelError};
+use sluice_models::kimi_k3::Trace;
+use sluice_models::{LogitRows, Model, ModelError, State};
 
 /// What to compare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +63,11 @@ pub struct Accuracy {
     pub kl_max: f64,
     /// Largest `|logit_reference − logit_candidate|` over positions and vocabulary.
     pub max_abs_logit_diff: f64,
+    /// (Position, MoE layer) pairs compared for routing (0 for a dense model).
+    pub routes: usize,
+    /// Fraction of those where both models chose the same set of routed experts (1 for a
+    /// dense model): int8 error near a router's selection margin swaps an expert.
+    pub route_agreement: f64,
     /// Prompts whose candidate greedy continuation equals the reference's.
     pub greedy_identical: usize,
     /// Per prompt.
@@ -124,16 +131,38 @@ pub fn compare(
         kl_mean: 0.0,
         kl_max: 0.0,
         max_abs_logit_diff: 0.0,
+        routes: 0,
+        route_agreement: 1.0,
         greedy_identical: 0,
         per_prompt: Vec::new(),
     };
-    let mut kl_sum = 0.0;
+    let (mut kl_sum, mut routes_same) = (0.0, 0usize);
+    // One pass of `tokens` on both models; returns both logits of the last row and counts
+    // whether each MoE layer routed that row to the same experts.
+    let mut pass = |sa: &mut State, sb: &mut State, tokens: &[u32], acc: &mut Accuracy| {
+        let (mut ta, mut tb) = (Trace::default(), Trace::default());
+        let la = reference.forward(sa, tokens, LogitRows::Last, Some(&mut ta))?;
+        sa.commit(tokens.len());
+        let lb = candidate.forward(sb, tokens, LogitRows::Last, Some(&mut tb))?;
+        sb.commit(tokens.len());
+        for (layer, ra) in &ta.routes {
+            let (Some(a), Some(b)) = (ra.last(), tb.routes.get(layer).and_then(|r| r.last()))
+            else {
+                continue;
+            };
+            let sorted = |ids: &[u32]| {
+                let mut v = ids.to_vec();
+                v.sort_unstable();
+                v
+            };
+            acc.routes += 1;
+            routes_same += usize::from(sorted(&a.ids) == sorted(&b.ids));
+        }
+        Ok::<_, ModelError>((la, lb))
+    };
     for (i, prompt) in prompts.iter().enumerate() {
         let (mut sa, mut sb) = (reference.new_state(), candidate.new_state());
-        let mut la = reference.forward(&mut sa, prompt, LogitRows::Last, None)?;
-        sa.commit(prompt.len());
-        let mut lb = candidate.forward(&mut sb, prompt, LogitRows::Last, None)?;
-        sb.commit(prompt.len());
+        let (mut la, mut lb) = pass(&mut sa, &mut sb, prompt, &mut acc)?;
         let mut tokens = Vec::with_capacity(opts.max_new);
         let mut first_divergence = None;
         for step in 0..opts.max_new {
@@ -151,10 +180,7 @@ pub fn compare(
             acc.max_abs_logit_diff = diff.fold(acc.max_abs_logit_diff, f64::max);
             tokens.push(ta);
             if step + 1 < opts.max_new {
-                la = reference.forward(&mut sa, &[ta], LogitRows::Last, None)?;
-                sa.commit(1);
-                lb = candidate.forward(&mut sb, &[ta], LogitRows::Last, None)?;
-                sb.commit(1);
+                (la, lb) = pass(&mut sa, &mut sb, &[ta], &mut acc)?;
             }
         }
         acc.greedy_identical += usize::from(first_divergence.is_none());
@@ -169,6 +195,10 @@ pub fn compare(
     if acc.positions > 0 {
         acc.top1_agreement = acc.top1_agree as f64 / acc.positions as f64;
         acc.kl_mean = kl_sum / acc.positions as f64;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    if acc.routes > 0 {
+        acc.route_agreement = routes_same as f64 / acc.routes as f64;
     }
     Ok(acc)
 }
