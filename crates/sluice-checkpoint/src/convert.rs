@@ -388,8 +388,9 @@ fn convert_shard(
             // A matrix with no elements: no values, and a zero scale per row (if any).
             let rows = usize::try_from(e.shape[0]).unwrap_or(0);
             writer.write_tensor(&e.name, &[])?;
-            writer.write_tensor(&format!("{}{SCALE_SUFFIX}", e.name), &vec![0; 2 * rows])?;
-            data_hash.update(&vec![0; 2 * rows]);
+            let zeros = vec![0u8; 2 * rows];
+            writer.write_tensor(&format!("{}{SCALE_SUFFIX}", e.name), &zeros)?;
+            data_hash.update(&zeros);
             quantized.push(e.name.clone());
         } else if t.quantize {
             let cols = usize::try_from(e.shape[1]).unwrap_or(usize::MAX);
