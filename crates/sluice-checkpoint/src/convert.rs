@@ -1,4 +1,4 @@
-//! `sluice convert`: a Kimi K3 checkpoint with its spine's large matrices stored as row-int8.
+//! `sluice convert`: a Kimi K3 (or Qwen3 dense) checkpoint with its spine's large matrices stored as row-int8.
 //!
 //! The spine (attention, dense and shared-expert MLPs, the latent MoE projections, `lm_head`;
 //! the embeddings only when asked) is read for every token and dominates what must stay
@@ -18,9 +18,9 @@
 //! journal's record while their source keeps its size and modification time. The manifest is
 //! written last; a directory without it is incomplete.
 
+mod digest;
 mod manifest;
 mod quantize;
-mod sha256;
 #[cfg(test)]
 mod tests;
 
@@ -32,19 +32,25 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sluice_core::DType;
 
+pub use digest::hash_file;
+use digest::{hash_range, hex};
 pub use manifest::{
-    FileRecord, Int8Manifest, FORMAT_VERSION, INSTALL_MANIFEST, MANIFEST_FILE, MANIFEST_KIND,
+    default_output, is_converted, FileRecord, Int8Manifest, FORMAT_VERSION, INSTALL_MANIFEST,
+    MANIFEST_FILE, MANIFEST_KIND,
 };
 pub use quantize::{
-    f32_to_f16_rne, keeps_full_precision, quantize_row, RowError, QUANTIZED_LAYER_SUFFIXES,
-    SCALE_SUFFIX,
+    keeps_full_precision, quantize_row, RowError, QUANTIZED_LAYER_SUFFIXES, SCALE_SUFFIX,
 };
-use sha256::hash_range;
-pub use sha256::{hash_file, Sha256};
+use sha2::{Digest, Sha256};
 
 use crate::{read_header, write_index, Checkpoint, CheckpointError, ShardWriter, TensorEntry};
 use crate::{TensorSpec, INDEX_FILE};
 use manifest::{mtime_ns, Expected, Journal, JournalEntry, JOURNAL_FILE};
+
+/// Architectures whose tensor names [`keeps_full_precision`] knows: Kimi K3 (and Kimi
+/// Linear, its layout) and Qwen3 dense, whose projections use the same per-layer names.
+pub const SUPPORTED_ARCHITECTURES: [&str; 3] =
+    ["KimiK3ForConditionalGeneration", "KimiLinearForCausalLM", "Qwen3ForCausalLM"];
 
 /// Choices of a conversion (recorded in the manifest).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,8 +107,8 @@ pub enum ConvertError {
         /// The source directory.
         dir: PathBuf,
     },
-    /// The source is not a Kimi K3 checkpoint.
-    #[error("{dir}: architecture {arch:?} is not Kimi K3; the int8 spine roster is K3's")]
+    /// The source is not an architecture the int8 roster knows.
+    #[error("{dir}: architecture {arch:?} has no int8 spine roster (supported: {})", SUPPORTED_ARCHITECTURES.join(", "))]
     Unsupported {
         /// The source directory.
         dir: PathBuf,
@@ -167,7 +173,7 @@ impl ConvertError {
     }
 }
 
-/// Converts the Kimi K3 checkpoint in `src` into `dst` (created if missing; an interrupted
+/// Converts the Kimi K3 or Qwen3 checkpoint in `src` into `dst` (created if missing; an interrupted
 /// conversion there is resumed), calling `progress(done_bytes, total_bytes)` as source bytes
 /// are processed. See the module docs for the format and guarantees.
 pub fn convert_spine_int8(
@@ -181,7 +187,7 @@ pub fn convert_spine_int8(
     }
     let ckpt = Checkpoint::open(src)?;
     let arch = ckpt.config().architecture().to_owned();
-    if !matches!(arch.as_str(), "KimiK3ForConditionalGeneration" | "KimiLinearForCausalLM") {
+    if !SUPPORTED_ARCHITECTURES.contains(&arch.as_str()) {
         return Err(ConvertError::Unsupported { dir: src.to_path_buf(), arch });
     }
     let expected = Expected::load(src)?;
@@ -382,8 +388,9 @@ fn convert_shard(
             // A matrix with no elements: no values, and a zero scale per row (if any).
             let rows = usize::try_from(e.shape[0]).unwrap_or(0);
             writer.write_tensor(&e.name, &[])?;
-            writer.write_tensor(&format!("{}{SCALE_SUFFIX}", e.name), &vec![0; 2 * rows])?;
-            data_hash.update(&vec![0; 2 * rows]);
+            let zeros = vec![0u8; 2 * rows];
+            writer.write_tensor(&format!("{}{SCALE_SUFFIX}", e.name), &zeros)?;
+            data_hash.update(&zeros);
             quantized.push(e.name.clone());
         } else if t.quantize {
             let cols = usize::try_from(e.shape[1]).unwrap_or(usize::MAX);
@@ -429,8 +436,9 @@ fn convert_shard(
         .map_err(|err| ConvertError::io(src_path, err))?;
     tick(file_len.saturating_sub(plan.tensors.iter().map(|t| t.entry.len).sum()));
     writer.finish()?;
-    let output = verify(&tmp, &name, &plan.specs, data_hash.finish())?;
-    let source = FileRecord { name: name.clone(), size: file_len, sha256: src_hash.hex() };
+    let output = verify(&tmp, &name, &plan.specs, data_hash.finalize().into())?;
+    let source =
+        FileRecord { name: name.clone(), size: file_len, sha256: hex(&src_hash.finalize()) };
     if let Err(e) = expected.check_sha(src_path.parent().unwrap_or(Path::new(".")), &source) {
         remove_if_present(&tmp)?;
         return Err(e);
@@ -472,10 +480,10 @@ fn verify(
         data.update(&buf[skip..n]);
         at += u64::try_from(n).unwrap_or(u64::MAX);
     }
-    if at != header.file_len || data.finish() != data_sha {
+    if at != header.file_len || <[u8; 32]>::from(data.finalize()) != data_sha {
         return Err(fail("the tensor data read back differs from the data written".to_owned()));
     }
-    Ok(FileRecord { name: name.to_owned(), size: at, sha256: all.hex() })
+    Ok(FileRecord { name: name.to_owned(), size: at, sha256: hex(&all.finalize()) })
 }
 
 /// Copies `src/name` to `dst/name` (through `name.converting`), hashing as it goes, re-reading
@@ -505,7 +513,7 @@ fn copy_file(
     }
     out.sync_all().map_err(|e| ConvertError::io(&tmp, e))?;
     drop(out);
-    let source = FileRecord { name: name.to_owned(), size, sha256: h.hex() };
+    let source = FileRecord { name: name.to_owned(), size, sha256: hex(&h.finalize()) };
     let (out_size, out_sha) = hash_file(&tmp).map_err(|e| ConvertError::io(&tmp, e))?;
     if out_size != size || out_sha != source.sha256 {
         return Err(ConvertError::Verify {

@@ -2,7 +2,9 @@
 
 use anyhow::{Context, Result};
 use serde_json::json;
+use sluice_checkpoint::convert::{is_converted, MANIFEST_FILE};
 use sluice_checkpoint::Checkpoint;
+use sluice_core::DType;
 use sluice_models::kimi_k3::config::{AttnKind, K3Config};
 use sluice_models::kimi_k3::inventory::inventory;
 use std::path::Path;
@@ -31,6 +33,18 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
         format!("{}: not a Kimi K3 configuration (architecture {arch})", dir.display())
     })?;
     let inv = inventory(&ckpt, &cfg);
+    // The spine format: row-int8 tensors (the lossy `sluice convert` output) or as published.
+    let int8_tensors = ckpt.tensors().filter(|e| e.dtype == DType::I8).count();
+    let spine_format = if int8_tensors > 0 { "int8" } else { "bf16" };
+    let spine_note = match (int8_tensors, is_converted(dir)) {
+        (0, _) => "as published".to_owned(),
+        (n, true) => {
+            format!("{n} row-int8 matrices with f16 row scales, LOSSY; run with --spine int8")
+        }
+        (n, false) => {
+            format!("{n} row-int8 matrices but no {MANIFEST_FILE}: an unfinished conversion")
+        }
+    };
     let kda = (0..cfg.num_hidden_layers).filter(|&i| cfg.attn_kind(i) == AttnKind::Kda).count();
     let moe = (0..cfg.num_hidden_layers).filter(|&i| cfg.is_moe(i)).count();
     // Smallest useful run: the spine resident, sequence state for 4096 tokens, and one pass's
@@ -53,6 +67,7 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
             "moe_layers": moe, "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
             "experts_per_layer": cfg.num_experts, "experts_per_token": cfg.num_experts_per_token,
             "tensors": ckpt.len(), "shards": ckpt.shard_paths().len(), "kinds": kinds,
+            "spine_format": spine_format, "int8_tensors": int8_tensors,
             "expert_bytes": inv.expert_bytes, "routed_bytes": inv.routed_bytes, "spine_bytes": inv.spine_bytes,
             "expert_bytes_per_token": inv.expert_bytes_per_token, "kda_state_bytes": inv.kda_state_bytes,
             "mla_bytes_per_token": inv.mla_bytes_per_token,
@@ -87,6 +102,7 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
         println!("    {k:<20} {n:>8} tensors  {:>12}", human(*b));
     }
     println!("  spine          {} (swept by every pass)", human(inv.spine_bytes));
+    println!("  spine format   {spine_format} ({spine_note})");
     println!("  routed experts {} ({} experts)", human(inv.routed_bytes), inv.experts);
     println!(
         "  per token      {} of experts with nothing cached",

@@ -1,6 +1,7 @@
 //! The `sluice` binary: raw flags are parsed here into validated options for the library
 //! crates, which own all the logic. Errors are reported with their full cause chain.
 
+mod convert;
 mod inspect;
 mod npy;
 mod probe;
@@ -33,6 +34,10 @@ enum Cmd {
     Pull(pull::PullArgs),
     /// Measure storage read bandwidth at the expert store's block size and queue depth.
     Probe(probe::ProbeArgs),
+    /// Write a checkpoint's spine as row-int8 with f16 scales (lossy; docs/INT8.md).
+    Convert(convert::ConvertArgs),
+    /// Measure the int8 spine against the published checkpoint: top-1 agreement, KL, logits.
+    Accuracy(convert::AccuracyArgs),
     /// Summarise a checkpoint: config, tensors and bytes by kind, expert size, memory needs.
     Inspect {
         /// Checkpoint directory (config.json + safetensors shards).
@@ -51,6 +56,8 @@ fn main() {
         Cmd::Serve(a) => serve::run(&a),
         Cmd::Pull(a) => pull::run(&a),
         Cmd::Synth(a) => synth::run(&a),
+        Cmd::Convert(a) => convert::run(&a),
+        Cmd::Accuracy(a) => convert::accuracy(&a),
         Cmd::Inspect { dir, json } => inspect::run(&dir, json),
     };
     if let Err(e) = res {

@@ -8,7 +8,7 @@ use serde_json::json;
 use sluice_engine::demo::{cache_dir, ensure_demo_model};
 use sluice_engine::load::{self, ExpertMode, LoadOptions};
 use sluice_engine::plan::parse_size;
-use sluice_engine::{generate, Drafter, GenerateOptions, NgramDrafter, Sampling};
+use sluice_engine::{generate, Drafter, GenerateOptions, NgramDrafter, Sampling, Spine};
 use sluice_tokenizer::chat::{render_k3, ChatMessage, ChatOptions, Role};
 use sluice_tokenizer::{Tokenizer, RANK_FILE};
 use std::path::PathBuf;
@@ -80,6 +80,10 @@ pub struct LoadArgs {
     /// Context length the sequence state is planned for.
     #[arg(long, default_value_t = 4096)]
     context: usize,
+    /// Spine precision: bf16 (as published) or int8 (the lossy `sluice convert` output: the
+    /// directory itself if converted, else its sibling DIR-int8).
+    #[arg(long, default_value = "bf16")]
+    spine: String,
 }
 
 impl LoadArgs {
@@ -93,6 +97,9 @@ impl LoadArgs {
             "stream" => ExpertMode::Stream,
             other => bail!("--experts {other:?}: expected auto, mapped or stream"),
         };
+        let Some(spine) = Spine::parse(&self.spine) else {
+            bail!("--spine {:?}: expected bf16 or int8", self.spine);
+        };
         if self.readers == 0 {
             bail!("--readers must be at least 1");
         }
@@ -104,6 +111,7 @@ impl LoadArgs {
             readers: self.readers,
             direct_io: !self.buffered_io,
             slots: self.cache_slots,
+            spine,
         })
     }
 }
@@ -122,10 +130,15 @@ pub fn run(a: &RunArgs) -> Result<()> {
         );
     }
     let t_load = Instant::now();
-    let loaded = load::open(&dir, &a.load.options()?)
-        .with_context(|| format!("loading {}", dir.display()))?;
-    if let Some(p) = &loaded.plan {
-        eprintln!("sluice: {p}; experts {}", loaded.mode);
+    let load_opts = a.load.options()?;
+    // The directory the spine choice reads (the int8 conversion for --spine int8).
+    let dir = sluice_engine::spine::resolve(&dir, load_opts.spine)?;
+    let loaded =
+        load::open(&dir, &load_opts).with_context(|| format!("loading {}", dir.display()))?;
+    let spine = load_opts.spine;
+    match &loaded.plan {
+        Some(p) => eprintln!("sluice: spine {}; {p}; experts {}", spine.label(), loaded.mode),
+        None => eprintln!("sluice: spine {}; experts {}", spine.label(), loaded.mode),
     }
     let model = &loaded.model;
     let load_s = t_load.elapsed().as_secs_f64();
@@ -186,6 +199,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
             "model": dir.display().to_string(),
             "demo_model": demo,
             "experts": loaded.mode,
+            "spine": spine,
             "plan": loaded.plan.as_ref().map(serde_json::to_value).transpose()?,
             "prompt_ids": prompt_ids,
             "generated_ids": out.tokens,

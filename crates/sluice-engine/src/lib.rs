@@ -2,6 +2,7 @@
 //! speculative decoding build on the same pass/commit contract), the tokenizer and chat format
 //! glue, and run statistics. It never speaks HTTP and never touches weights directly.
 
+pub mod accuracy;
 pub mod demo;
 pub mod draft;
 pub mod generate;
@@ -12,6 +13,7 @@ pub mod plan;
 pub mod policy;
 pub mod sample;
 pub mod session;
+pub mod spine;
 pub mod stop;
 pub mod turn;
 
@@ -19,6 +21,7 @@ pub use draft::{Drafter, NgramDrafter, ScriptDrafter};
 pub use generate::{argmax, generate, GenerateOptions, Generation, OnToken, Stats};
 pub use policy::WidthPolicy;
 pub use sample::Sampling;
+pub use spine::Spine;
 
 /// Errors from the engine.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +41,14 @@ pub enum EngineError {
     /// The memory plan cannot hold the minimum.
     #[error(transparent)]
     Plan(#[from] plan::PlanError),
+    /// The `--spine` choice does not match the model directory.
+    #[error("{dir}: {reason}")]
+    Spine {
+        /// The model directory.
+        dir: std::path::PathBuf,
+        /// What does not match, and what to do.
+        reason: String,
+    },
     /// A charge to the memory budget was refused.
     #[error(transparent)]
     Budget(sluice_core::BudgetError),

@@ -4,6 +4,7 @@
 //! is refused with the shortfall.
 
 use crate::plan::{default_budget, Needs, Plan};
+use crate::spine::Spine;
 use crate::EngineError;
 use sluice_checkpoint::Checkpoint;
 use sluice_core::budget::Charge;
@@ -44,6 +45,8 @@ pub struct LoadOptions {
     pub direct_io: bool,
     /// Exactly this many cache slots (overrides the plan; tests use tiny caches).
     pub slots: Option<usize>,
+    /// Which spine to run (see [`crate::spine`]); `dir` is resolved and checked against it.
+    pub spine: Spine,
 }
 
 impl Default for LoadOptions {
@@ -56,6 +59,7 @@ impl Default for LoadOptions {
             readers: 16,
             direct_io: true,
             slots: None,
+            spine: Spine::Bf16,
         }
     }
 }
@@ -79,7 +83,9 @@ pub struct Loaded {
 
 /// Opens the checkpoint in `dir` under `opts`.
 pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
+    let dir = &crate::spine::resolve(dir, opts.spine)?;
     let ckpt = Arc::new(Checkpoint::open(dir).map_err(sluice_models::ModelError::from)?);
+    crate::spine::check(&ckpt, opts.spine)?;
     let budget_bytes = opts.memory.unwrap_or_else(default_budget);
     let budget = MemoryBudget::new(budget_bytes);
     let is_k3 = K3Config::from_json(ckpt.config().text_config()).is_ok()

@@ -4,7 +4,7 @@
 //! that source files are verified against.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
 use serde::{Deserialize, Serialize};
@@ -21,6 +21,21 @@ pub const MANIFEST_KIND: &str = "sluice-int8-spine";
 pub const JOURNAL_FILE: &str = ".sluice-int8-progress.json";
 /// File name of the install manifest `sluice pull` writes into a model directory.
 pub const INSTALL_MANIFEST: &str = "sluice-install.json";
+
+/// The default output directory of a conversion of `src`: its sibling `NAME-int8` (for
+/// `/models/K3` that is `/models/K3-int8`). `src` is made absolute first so that `.` and a
+/// trailing `/` name the same sibling.
+pub fn default_output(src: &Path) -> PathBuf {
+    let abs = src.canonicalize().unwrap_or_else(|_| src.to_path_buf());
+    let name = abs.file_name().map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+    abs.with_file_name(format!("{name}-int8"))
+}
+
+/// True when `dir` holds a finished int8 conversion: its manifest, written last, is present
+/// and names this format.
+pub fn is_converted(dir: &Path) -> bool {
+    Int8Manifest::read(&dir.join(MANIFEST_FILE)).is_ok()
+}
 
 /// Size and SHA-256 of one file, named relative to its directory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -48,18 +48,16 @@ pub(crate) fn forward(
     let total = past + t;
     let scale = (qd as f32).powf(-0.5);
     let kv_b = w.kv_b.get(ctx.ckpt);
-    let kv_b_bytes = kv_b.data();
-    let per_head_bytes = kv_b_bytes.len() / h;
     let (lat_all, pe_all) = (&st.lat, &st.pe);
 
     // Per head: absorbed attention for every row.
     let heads: Vec<Vec<f32>> = (0..h)
         .into_par_iter()
         .map(|hi| {
-            let wh = &kv_b_bytes[hi * per_head_bytes..(hi + 1) * per_head_bytes];
-            let wm = rows_of(&kv_b, nope + vd, wh);
-            let row_bytes = per_head_bytes / (nope + vd);
-            let w_uv = rows_of(&kv_b, vd, &wh[nope * row_bytes..]);
+            // Head hi owns rows [hi·(nope+vd), (hi+1)·(nope+vd)): W_UK first, then W_UV.
+            let first = hi * (nope + vd);
+            let wm = rows_of(&kv_b, first, nope + vd);
+            let w_uv = rows_of(&kv_b, first + nope, vd);
             let mut out = vec![0.0f32; t * vd];
             let mut wrow = vec![0.0f32; kl];
             let mut q_lat = vec![0.0f64; kl];
@@ -117,11 +115,18 @@ pub(crate) fn forward(
     ctx.mm(&w.o_proj, &attn, t)
 }
 
-/// A block of whole rows of `m` (given as its bytes) as a matrix of the same format.
-fn rows_of<'a>(m: &Matrix<'_>, rows: usize, bytes: &'a [u8]) -> Matrix<'a> {
+/// Rows `first..first + rows` of `m` as a matrix of the same format (an int8 matrix keeps
+/// those rows' scales).
+fn rows_of<'a>(m: &Matrix<'a>, first: usize, rows: usize) -> Matrix<'a> {
+    let per_row = |buf: &'a [u8]| {
+        let n = buf.len().checked_div(m.rows()).unwrap_or(0);
+        &buf[first * n..(first + rows) * n]
+    };
+    let (data, scales) = (per_row(m.data()), per_row(m.scales()));
     let r = match m.format() {
-        WeightFormat::F32 => Matrix::f32(rows, m.cols(), bytes),
-        _ => Matrix::bf16(rows, m.cols(), bytes),
+        WeightFormat::F32 => Matrix::f32(rows, m.cols(), data),
+        WeightFormat::Int8Row => Matrix::int8_row(rows, m.cols(), data, scales),
+        _ => Matrix::bf16(rows, m.cols(), data),
     };
     r.expect("invariant: a whole-row slice of a checked matrix")
 }

@@ -13,6 +13,8 @@ use sluice_kernels::{Matrix, WeightFormat};
 #[derive(Debug, Clone)]
 pub struct Mat {
     entry: TensorEntry,
+    /// The `NAME_scale` F16 `[rows]` companion of a row-int8 matrix (docs/INT8.md).
+    scale: Option<TensorEntry>,
     rows: usize,
     cols: usize,
     format: WeightFormat,
@@ -22,9 +24,10 @@ impl Mat {
     /// The matrix as a kernel operand over the checkpoint's bytes.
     pub fn get<'a>(&self, ckpt: &'a Checkpoint) -> Matrix<'a> {
         let b = ckpt.bytes(&self.entry);
-        let m = match self.format {
-            WeightFormat::F32 => Matrix::f32(self.rows, self.cols, b),
-            _ => Matrix::bf16(self.rows, self.cols, b),
+        let m = match (&self.scale, self.format) {
+            (Some(s), _) => Matrix::int8_row(self.rows, self.cols, b, ckpt.bytes(s)),
+            (None, WeightFormat::F32) => Matrix::f32(self.rows, self.cols, b),
+            (None, _) => Matrix::bf16(self.rows, self.cols, b),
         };
         m.expect("invariant: shape and byte length were checked at load")
     }
@@ -34,9 +37,9 @@ impl Mat {
         self.rows
     }
 
-    /// Bytes in the checkpoint.
+    /// Bytes in the checkpoint (an int8 matrix's scales included).
     pub fn byte_len(&self) -> u64 {
-        self.entry.len
+        self.entry.len + self.scale.as_ref().map_or(0, |s| s.len)
     }
 }
 
@@ -150,19 +153,28 @@ impl Roster<'_> {
         })
     }
 
-    /// A BF16 (or F32) matrix of exactly `[rows, cols]`.
+    /// A BF16, F32 or row-int8 (I8 with its `NAME_scale` F16 `[rows]`) matrix of exactly
+    /// `[rows, cols]`.
     fn mat(&self, name: &str, rows: usize, cols: usize) -> Result<Mat, ModelError> {
         let e = self.entry(name)?;
         let format = match e.dtype {
             DType::BF16 => WeightFormat::Bf16,
             DType::F32 => WeightFormat::F32,
+            DType::I8 => WeightFormat::Int8Row,
             _ => return Err(self.dtype_err(name, e, DType::BF16)),
         };
         let want = vec![rows as u64, cols as u64];
         if e.shape != want {
             return Err(self.shape_err(name, e, want));
         }
-        Ok(Mat { entry: e.clone(), rows, cols, format })
+        let scale = if format == WeightFormat::Int8Row {
+            let scale =
+                format!("{}{name}{}", self.prefix, sluice_checkpoint::convert::SCALE_SUFFIX);
+            Some(self.ckpt.expect(&scale, DType::F16, &[rows as u64])?.clone())
+        } else {
+            None
+        };
+        Ok(Mat { entry: e.clone(), scale, rows, cols, format })
     }
 
     fn dtype_err(&self, name: &str, e: &TensorEntry, expected: DType) -> ModelError {
