@@ -147,12 +147,12 @@ fn every_awkward_width_and_group_size() {
     }
 }
 
-/// Runs `f` in a fresh rayon pool of `threads` threads.
-fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("rayon pool").install(f)
+/// Runs `f` with a fresh kernel pool of `threads` threads as the current one.
+fn in_pool<R>(threads: usize, f: impl FnOnce() -> R) -> R {
+    sluice_kernels::Pool::new(threads).expect("kernel pool").install(f)
 }
 
-/// Row `t` of a T-row call equals the one-row call on `x[t]`, in pools of 1 and 2 threads,
+/// Row `t` of a T-row call equals the one-row call on `x[t]`, in pools of 1, 2 and 3 threads,
 /// on every tier.
 #[test]
 fn batch_and_thread_invariance() {
@@ -177,6 +177,7 @@ fn batch_and_thread_invariance() {
             };
             let batched = run(2, &x, t);
             assert_eq!(batched, run(1, &x, t), "{isa} {format}: 1 vs 2 threads");
+            assert_eq!(batched, run(3, &x, t), "{isa} {format}: 3 vs 2 threads");
             for ti in 0..t {
                 let single = run(2, &x[ti * cols..(ti + 1) * cols], 1);
                 assert_eq!(single, batched[ti * rows..(ti + 1) * rows], "{isa} {format} row {ti}");
