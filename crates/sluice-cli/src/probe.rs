@@ -1,13 +1,17 @@
 //! `sluice probe`: what this machine delivers, measured now — storage read bandwidth at the
 //! expert store's block size and queue depth (O_DIRECT, scattered reads over the model's
-//! shards or a file), and the ISA tier the kernels run on.
+//! shards or a file), and the ISA tier the kernels run on. With `--kernels`, in the same run:
+//! memory read bandwidth, every weight format's matmul rate at 1 and 8 activation rows next to
+//! it (and MXFP4's next to storage), and the fixed cost of a kernel call.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use serde_json::json;
+use serde_json::{json, Value};
 use sluice_checkpoint::Checkpoint;
 use sluice_engine::plan::parse_size;
-use std::path::PathBuf;
+use sluice_kernels::probe::KernelProbe;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 /// Flags of `sluice probe`.
 #[derive(Debug, Args)]
@@ -27,46 +31,197 @@ pub struct ProbeArgs {
     /// Most bytes to read.
     #[arg(long, default_value = "4G")]
     bytes: String,
+    /// Also measure memory read bandwidth and every kernel's rate (int8, bf16, f32, MXFP4 at
+    /// 1 and 8 activation rows) and call overhead. Without --model or --file, storage is read
+    /// from a temporary file of up to 1 GiB written in --scratch-dir and removed afterwards.
+    #[arg(long)]
+    kernels: bool,
+    /// Threads for the kernel measurements (default: one per available core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Seconds to spend on the kernel measurements (each figure is a median over as many
+    /// repetitions as fit, at least three).
+    #[arg(long, default_value_t = 20.0)]
+    seconds: f64,
+    /// Where --kernels writes its temporary storage file (default: the system temp directory).
+    #[arg(long)]
+    scratch_dir: Option<PathBuf>,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
 }
 
+/// Largest temporary file `--kernels` writes for the storage measurement.
+const SCRATCH_MAX: u64 = 1 << 30;
+
 /// Runs the command.
 pub fn run(a: &ProbeArgs) -> Result<()> {
-    let paths: Vec<PathBuf> = match (&a.model, &a.file) {
-        (Some(d), _) => Checkpoint::open(d)
-            .with_context(|| format!("opening {}", d.display()))?
-            .shard_paths()
-            .to_vec(),
-        (None, Some(f)) => vec![f.clone()],
-        (None, None) => bail!("give --model DIR or --file PATH to read from"),
-    };
     let block = usize::try_from(parse_size(&a.block).map_err(anyhow::Error::msg)?)?;
     let max = parse_size(&a.bytes).map_err(anyhow::Error::msg)?;
+    let threads = a.threads.unwrap_or_else(available_threads);
+    if threads == 0 {
+        bail!("--threads must be at least 1");
+    }
+    if !(a.seconds.is_finite() && a.seconds >= 0.0) {
+        bail!("--seconds must be a non-negative number, got {}", a.seconds);
+    }
+    let (paths, scratch) = match (&a.model, &a.file) {
+        (Some(d), _) => {
+            let c = Checkpoint::open(d).with_context(|| format!("opening {}", d.display()))?;
+            (c.shard_paths().to_vec(), None)
+        }
+        (None, Some(f)) => (vec![f.clone()], None),
+        (None, None) if a.kernels => {
+            let dir = a.scratch_dir.clone().unwrap_or_else(std::env::temp_dir);
+            let s = Scratch::write(&dir, max.min(SCRATCH_MAX), block)?;
+            (vec![s.path.clone()], Some(s))
+        }
+        (None, None) => bail!("give --model DIR or --file PATH to read from (or --kernels)"),
+    };
     let s = sluice_store::probe::storage_read(&paths, block, a.readers, max)
         .context("reading for the storage probe")?;
+    drop(scratch);
+    let storage_source = match (&a.model, &a.file) {
+        (Some(d), _) => d.display().to_string(),
+        (None, Some(f)) => f.display().to_string(),
+        (None, None) => "temporary file".to_owned(),
+    };
     let isa = sluice_kernels::isa::isa().name();
-    if a.json {
-        println!(
-            "{}",
-            json!({"storage_read_gbps": s.gbps, "storage": s, "isa": isa, "threads": rayon_threads()})
-        );
+    let kernels = if a.kernels {
+        Some(sluice_kernels::probe::measure(threads, a.seconds).context("measuring the kernels")?)
     } else {
-        println!(
-            "storage read {:.3} GB/s ({} bytes in {:.2}s, {} KiB blocks, {} in flight, {}); kernels ISA {isa}, {} threads",
-            s.gbps,
-            s.bytes,
-            s.secs,
-            s.block / 1024,
-            s.readers,
-            if s.direct { "O_DIRECT" } else { "page cache" },
-            rayon_threads()
-        );
+        None
+    };
+    if a.json {
+        let mut out = json!({
+            "storage_read_gbps": s.gbps,
+            "storage": s,
+            "storage_source": storage_source,
+            "isa": isa,
+            "threads": threads,
+        });
+        if let Some(k) = &kernels {
+            merge_kernels(&mut out, k, s.gbps);
+        }
+        println!("{out}");
+        return Ok(());
+    }
+    println!(
+        "storage read {:.3} GB/s ({} bytes in {:.2}s, {} KiB blocks, {} in flight, {}, {storage_source}); kernels ISA {isa}, {threads} threads",
+        s.gbps,
+        s.bytes,
+        s.secs,
+        s.block / 1024,
+        s.readers,
+        if s.direct { "O_DIRECT" } else { "page cache" },
+    );
+    if let Some(k) = &kernels {
+        print_kernels(k, s.gbps);
     }
     Ok(())
 }
 
-fn rayon_threads() -> usize {
+/// Adds the kernel measurements to the JSON object: the flat fields, each kernel with
+/// its ratio to memory (and MXFP4's to storage), and the call overheads.
+fn merge_kernels(out: &mut Value, k: &KernelProbe, storage_gbps: f64) {
+    let rates: Vec<Value> = k
+        .kernels
+        .iter()
+        .map(|r| {
+            let mut v = json!({
+                "format": r.format,
+                "rows": r.rows,
+                "gbps": r.gbps,
+                "ratio_to_memory": r.ratio_to_memory,
+                "shape": r.shape,
+                "bytes_per_call": r.bytes_per_call,
+                "samples": r.samples,
+            });
+            if r.format == "mxfp4" {
+                v["ratio_to_storage"] = json!(r.gbps / storage_gbps);
+            }
+            v
+        })
+        .collect();
+    out["memory_read_gbps"] = json!(k.memory_read_gbps);
+    out["kernels"] = Value::Array(rates);
+    out["dispatch_overhead_ns"] = json!(k.dispatch_overhead_ns);
+    out["dispatch"] = json!(k.dispatch);
+}
+
+/// The kernel measurements as a table.
+fn print_kernels(k: &KernelProbe, storage_gbps: f64) {
+    println!("memory read {:.2} GB/s ({} threads)", k.memory_read_gbps, k.threads);
+    println!("{:<6} {:>4} {:>9} {:>10} {:>11}", "format", "T", "GB/s", "vs memory", "vs storage");
+    for r in &k.kernels {
+        let storage = if r.format == "mxfp4" {
+            format!("{:.1}x", r.gbps / storage_gbps)
+        } else {
+            String::new()
+        };
+        println!(
+            "{:<6} {:>4} {:>9.2} {:>9.0}% {:>11}",
+            r.format,
+            r.rows,
+            r.gbps,
+            100.0 * r.ratio_to_memory,
+            storage
+        );
+    }
+    let d = &k.dispatch;
+    println!(
+        "call overhead: {:.0} ns alone; a {}x{} call split over {} threads {:.0} ns vs {:.0} ns on one (overhead {:.0} ns)",
+        d.serial_call_ns,
+        d.split_shape[0],
+        d.split_shape[1],
+        k.threads,
+        d.split_call_ns,
+        d.one_thread_ns,
+        d.overhead_ns
+    );
+}
+
+/// A temporary file for the storage measurement, removed when dropped.
+struct Scratch {
+    path: PathBuf,
+}
+
+impl Scratch {
+    /// Writes `len` bytes (rounded down to whole `block`s, at least one) of pseudo-random data
+    /// to a new file in `dir` and syncs it, so that O_DIRECT reads come from the device.
+    fn write(dir: &Path, len: u64, block: usize) -> Result<Self> {
+        let block = u64::try_from(block.max(4096))?;
+        let len = (len / block).max(1) * block;
+        let path = dir.join(format!(".sluice-probe-{}.tmp", std::process::id()));
+        let s = Self { path };
+        let mut f = std::fs::File::create(&s.path)
+            .with_context(|| format!("creating {}", s.path.display()))?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut left = len;
+        while left > 0 {
+            for w in buf.chunks_exact_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                w.copy_from_slice(&x.to_le_bytes());
+            }
+            let n = usize::try_from(left.min(buf.len() as u64))?;
+            f.write_all(&buf[..n]).with_context(|| format!("writing {}", s.path.display()))?;
+            left -= n as u64;
+        }
+        f.sync_all().with_context(|| format!("syncing {}", s.path.display()))?;
+        Ok(s)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // Nothing to report if it is already gone.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn available_threads() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }

@@ -5,14 +5,22 @@
 //! - MXFP4 `3072 × 3584` (a K3 routed expert's gate or up, 5.8 MB), cycling through 16 of them
 //!   (94 MB) so that every call reads its expert from memory, as a pass does.
 //!
-//! Runs on the tier `SLUICE_ISA` / detection picks and the global rayon pool (all cores; set
-//! `RAYON_NUM_THREADS` to change it): `cargo bench -p sluice-kernels --bench matmul`.
-//! `sluice_kernels::probe::measure` measures the same shapes next to memory bandwidth.
+//! Runs on the tier `SLUICE_ISA` / detection picks and the process-wide kernel pool (all
+//! cores; set `SLUICE_THREADS` to change it): `cargo bench -p sluice-kernels --bench matmul`.
+//! `sluice_kernels::probe::measure` (and `sluice probe --kernels`) measures the same shapes
+//! next to memory bandwidth.
+//!
+//! The `dispatch` group times one split call from the benchmark's own thread, as the engine
+//! makes them: eight chunks of a small matmul each (16 × 1024 bf16, about a microsecond), run
+//! on the calling thread alone, on the kernel pool, and on rayon's global pool.
 
 use criterion::{Criterion, Throughput};
+use rayon::prelude::*;
 use sluice_kernels::probe::{DENSE_SHAPE, EXPERTS, EXPERT_SHAPE, TOKEN_COUNTS};
+use sluice_kernels::Pool;
 use sluice_kernels::{isa, matmul, Matrix};
 use std::hint::black_box;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Deterministic pseudo-random bytes (xorshift64).
@@ -96,10 +104,37 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
+/// One split call of eight small matmuls: serially, on the kernel pool, on rayon's pool.
+fn dispatch(c: &mut Criterion) {
+    let mut g = c.benchmark_group("dispatch");
+    g.measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(300));
+    let (rows, cols, chunks) = (16, 1024, 8);
+    let data = bf16_weights(chunks * rows * cols);
+    let ms: Vec<Matrix<'_>> = data
+        .chunks_exact(2 * rows * cols)
+        .map(|d| Matrix::bf16(rows, cols, d).expect("bf16 shape"))
+        .collect();
+    let x = activations(cols);
+    let outs: Vec<Mutex<Vec<f32>>> = (0..chunks).map(|_| Mutex::new(vec![0.0; rows])).collect();
+    let chunk = |i: usize| {
+        let mut out = outs[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        matmul(black_box(&ms[i]), black_box(&x), 1, &mut out);
+    };
+    g.bench_function("serial_8x16x1024", |b| b.iter(|| (0..chunks).for_each(chunk)));
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let pool = Pool::new(threads).expect("kernel pool");
+    g.bench_function("kernel_pool_8x16x1024", |b| b.iter(|| pool.run(chunks, &chunk)));
+    g.bench_function("rayon_8x16x1024", |b| {
+        b.iter(|| (0..chunks).into_par_iter().for_each(chunk));
+    });
+    g.finish();
+}
+
 // Written out instead of `criterion_group!`/`criterion_main!`, whose generated `pub fn` has no
 // doc comment for the workspace's `missing_docs` lint.
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     bench(&mut c);
+    dispatch(&mut c);
     c.final_summary();
 }

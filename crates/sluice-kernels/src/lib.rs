@@ -10,11 +10,13 @@ mod arch;
 pub mod isa;
 pub mod matmul;
 pub mod ops;
+pub mod pool;
 pub mod probe;
 mod tiled;
 
 pub use isa::{isa, Isa, IsaError};
 pub use matmul::{matmul, matmul_with, Matrix, WeightFormat};
+pub use pool::Pool;
 
 /// Errors from constructing kernel operands.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

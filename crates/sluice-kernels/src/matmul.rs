@@ -16,15 +16,15 @@
 //! element, then fold it in" with no format-specific reduction.
 //!
 //! [`matmul`] runs on the tier chosen by [`crate::isa::isa`] and splits output rows (never a
-//! reduction) across the current rayon pool, so neither the tier nor the thread count nor the
-//! number of activation rows changes a result bit; [`matmul_with`] picks the tier explicitly.
+//! reduction) across the current [`crate::pool`], so neither the tier nor the thread count nor
+//! the number of activation rows changes a result bit; [`matmul_with`] picks the tier
+//! explicitly.
 //! The loop nest every tier shares (row blocks, token blocks, column chunks, register tiles)
 //! is in the crate's `tiled` module.
 
 use crate::arch::{self, Row};
 use crate::isa::{self, Isa};
 use crate::KernelError;
-use rayon::prelude::*;
 use sluice_core::{bf16_to_f32, f16_to_f32};
 
 /// Storage format of a weight matrix.
@@ -271,7 +271,7 @@ pub fn matmul_scalar(m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32]) {
 }
 
 /// `out[t, r] = Σ_c W[r, c] · x[t, c]` in the canonical order (see the module docs), on the
-/// process-wide tier [`isa::isa`] and the current rayon pool.
+/// process-wide tier [`isa::isa`] and the current [`crate::pool`].
 ///
 /// # Panics
 /// If `x` is not `t * cols` long or `out` is not `t * rows` long (callers size them from the
@@ -282,8 +282,8 @@ pub fn matmul(m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32]) {
 
 /// Below this many output rows a call runs on the calling thread.
 const PAR_MIN_ROWS: usize = 64;
-/// Below this many multiply-adds (`rows · cols · t`) a call runs on the calling thread: rayon
-/// dispatch costs a few microseconds, more than the work itself.
+/// Below this many multiply-adds (`rows · cols · t`) a call runs on the calling thread alone:
+/// handing chunks to the pool's helpers costs about a microsecond, more than the work itself.
 const PAR_MIN_WORK: usize = 1 << 16;
 /// Row chunks per pool thread: a few per thread balances uneven progress across cores.
 const CHUNKS_PER_THREAD: usize = 4;
@@ -300,20 +300,23 @@ pub fn matmul_with(isa: Isa, m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32
     assert!(isa.is_available(), "matmul: the {isa} tier is not supported by this CPU");
     let rows = m.rows;
     let out_ptr = OutPtr(out.as_mut_ptr());
-    let threads = rayon::current_num_threads();
-    if threads <= 1 || rows < PAR_MIN_ROWS || rows * m.cols * t < PAR_MIN_WORK {
-        // SAFETY: `isa` is available (asserted above); `out_ptr` comes from `out`, which is
-        // `t * rows` long and exclusively borrowed for this call.
-        unsafe { run_rows(isa, m, x, t, 0..rows, &out_ptr) };
-        return;
-    }
-    let chunk = rows.div_ceil(threads * CHUNKS_PER_THREAD).max(MIN_CHUNK_ROWS);
-    (0..rows.div_ceil(chunk)).into_par_iter().for_each(|i| {
-        let r = i * chunk..rows.min((i + 1) * chunk);
-        // SAFETY: `isa` is available (asserted above); `out` is exclusively borrowed until every
-        // task has finished, and the row ranges of the tasks are disjoint, so each (t, r) cell
-        // is written by exactly one task and read by none.
-        unsafe { run_rows(isa, m, x, t, r, &out_ptr) };
+    crate::pool::with_current(|pool| {
+        let threads = pool.threads();
+        if threads <= 1 || rows < PAR_MIN_ROWS || rows * m.cols * t < PAR_MIN_WORK {
+            // SAFETY: `isa` is available (asserted above); `out_ptr` comes from `out`, which is
+            // `t * rows` long and exclusively borrowed for this call.
+            unsafe { run_rows(isa, m, x, t, 0..rows, &out_ptr) };
+            return;
+        }
+        let chunk = rows.div_ceil(threads * CHUNKS_PER_THREAD).max(MIN_CHUNK_ROWS);
+        pool.run(rows.div_ceil(chunk), &|i| {
+            let r = i * chunk..rows.min((i + 1) * chunk);
+            // SAFETY: `isa` is available (asserted above); `out` is exclusively borrowed until
+            // `run` returns, which is after every chunk has finished, and the chunks' row
+            // ranges are disjoint, so each (t, r) cell is written by exactly one chunk and
+            // read by none.
+            unsafe { run_rows(isa, m, x, t, r, &out_ptr) };
+        });
     });
 }
 

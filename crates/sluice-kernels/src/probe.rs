@@ -1,8 +1,8 @@
 //! Measuring what the kernels achieve on this machine, in one run: streaming memory read
 //! bandwidth, each weight format's matmul throughput at one and eight activation rows, and
-//! the fixed cost of one `matmul` call.
+//! the fixed costs of one `matmul` call (alone, and split over the pool).
 //!
-//! Everything runs in one rayon pool of the requested size, on matrices far larger than the
+//! Everything runs in one [`Pool`] of the requested size, on matrices far larger than the
 //! caches (weights come from memory, as they do in a pass), so the kernel rates can be read
 //! directly against the memory rate: a format at half the memory rate is compute-bound. The
 //! call overhead matters because a pass makes thousands of small calls (norm-sized
@@ -14,16 +14,20 @@
 //! timed repetitions as fit the time budget.
 
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::isa::isa;
 use crate::matmul::{matmul, Matrix, WeightFormat};
+use crate::pool::{Pool, PoolError};
 
-/// Shape of the dense matrices measured (a large Kimi K3 spine projection, `[out, in]`).
+/// Shape of the bf16 and int8 matrices measured (a large Kimi K3 spine projection,
+/// `[out, in]`: 117 MB in bf16).
 pub const DENSE_SHAPE: (usize, usize) = (8192, 7168);
+/// Shape of the f32 matrix measured: half the rows of [`DENSE_SHAPE`], so the same 117 MB.
+pub const F32_SHAPE: (usize, usize) = (4096, 7168);
 /// Shape of one MXFP4 expert matrix measured (a Kimi K3 routed expert's gate or up).
 pub const EXPERT_SHAPE: (usize, usize) = (3072, 3584);
 /// MXFP4 experts cycled through, so that each call reads its weights from memory.
@@ -42,9 +46,37 @@ pub struct KernelProbe {
     pub memory_read_gbps: f64,
     /// One entry per (format, activation rows).
     pub kernels: Vec<KernelRate>,
-    /// Median wall time of one `matmul` call on a tiny matrix (16 × 64 bf16, one row),
-    /// nanoseconds: the fixed cost every call pays.
+    /// What one call costs to bring every pool thread onto it and back, nanoseconds:
+    /// [`Dispatch::join_ns`].
     pub dispatch_overhead_ns: f64,
+    /// The call-overhead measurements in detail.
+    pub dispatch: Dispatch,
+}
+
+/// The fixed costs of a `matmul` call, measured from the thread that owns the pool (as the
+/// engine calls it), medians over batches of calls.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Dispatch {
+    /// One pool call of one chunk per thread in which every chunk waits until all have
+    /// started (for at most 200 µs): the time for a call to reach every thread and return,
+    /// ns (the bare dispatch cost; 0 with one thread).
+    pub join_ns: f64,
+    /// Of those calls, the fraction in which some thread had not joined within 200 µs (it
+    /// was parked, or the machine was busy).
+    pub join_timeouts: f64,
+    /// One call on a tiny matrix (16 × 64 bf16, one activation row), which runs on the
+    /// calling thread alone: the cost every call pays, ns.
+    pub serial_call_ns: f64,
+    /// Shape of the matrix the split is measured on (bf16, one activation row): just above
+    /// the size at which a call is split over the pool, and cache-resident.
+    pub split_shape: [usize; 2],
+    /// One call on `split_shape`, split over the pool, ns.
+    pub split_call_ns: f64,
+    /// The same call's work on one thread, ns.
+    pub one_thread_ns: f64,
+    /// `split_call_ns − one_thread_ns / threads`: what the split adds beyond a perfect
+    /// division of the work, ns (0 with one thread).
+    pub overhead_ns: f64,
 }
 
 /// The measured throughput of one format at one activation-row count.
@@ -60,6 +92,8 @@ pub struct KernelRate {
     pub bytes_per_call: u64,
     /// Median rate, GB/s of weight bytes.
     pub gbps: f64,
+    /// `gbps` over the memory read bandwidth measured in the same run.
+    pub ratio_to_memory: f64,
     /// Timed calls the median was taken over.
     pub samples: usize,
 }
@@ -74,50 +108,42 @@ impl KernelProbe {
 /// Why a probe could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
-    /// The thread pool of the requested size could not be built.
-    #[error("cannot start a pool of {threads} threads: {source}")]
-    Pool {
-        /// Threads asked for.
-        threads: usize,
-        /// rayon's error.
-        #[source]
-        source: rayon::ThreadPoolBuildError,
-    },
-    /// Zero threads were asked for.
-    #[error("a probe needs at least one thread")]
-    NoThreads,
+    /// The thread pool of the requested size could not be started.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
 }
 
 /// Measures memory read bandwidth, every format's matmul rate at [`TOKEN_COUNTS`] activation
-/// rows, and the per-call overhead, in a pool of `threads` threads, spending about
-/// `budget_secs` seconds (at least one timed repetition of each measurement runs whatever the
-/// budget). Allocates about 130 MB of weights for the duration of the call.
+/// rows, and the per-call overheads, in a pool of `threads` threads (the calling thread
+/// included), spending about `budget_secs` seconds (at least three timed repetitions of each
+/// measurement run whatever the budget). Allocates about 130 MB of weights for the duration
+/// of the call.
 pub fn measure(threads: usize, budget_secs: f64) -> Result<KernelProbe, ProbeError> {
-    if threads == 0 {
-        return Err(ProbeError::NoThreads);
-    }
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|source| ProbeError::Pool { threads, source })?;
+    let pool = Pool::new(threads)?;
     let data = Weights::new();
-    // Memory, three formats at two row counts, and the call overhead share the budget.
-    let slots = 2 + 3 * TOKEN_COUNTS.len();
+    // Memory, four formats at two row counts, and the call overheads share the budget.
+    let slots = 2 + 4 * TOKEN_COUNTS.len();
     let per = Duration::from_secs_f64((budget_secs.max(0.0) / slots as f64).min(3600.0));
     Ok(pool.install(|| {
-        let memory_read_gbps = memory_read(&data.bytes, per);
+        let memory_read_gbps = memory_read(&pool, &data.bytes, per);
         let mut kernels = Vec::new();
         for t in TOKEN_COUNTS {
-            kernels.push(data.dense_rate(WeightFormat::Bf16, t, per));
-            kernels.push(data.dense_rate(WeightFormat::Int8Row, t, per));
+            for f in [WeightFormat::Int8Row, WeightFormat::Bf16, WeightFormat::F32] {
+                kernels.push(data.dense_rate(f, t, per));
+            }
             kernels.push(data.mxfp4_rate(t, per));
         }
+        for k in &mut kernels {
+            k.ratio_to_memory = k.gbps / memory_read_gbps;
+        }
+        let dispatch = dispatch(&pool, per);
         KernelProbe {
             isa: isa().name().to_owned(),
             threads,
             memory_read_gbps,
             kernels,
-            dispatch_overhead_ns: dispatch_overhead(per),
+            dispatch_overhead_ns: dispatch.join_ns,
+            dispatch,
         }
     }))
 }
@@ -152,6 +178,9 @@ impl Weights {
             WeightFormat::Int8Row => {
                 Matrix::int8_row(rows, cols, &self.bytes[..rows * cols], &self.int8_scales)
             }
+            // The bf16 bytes read as f32 have a bf16 value's high byte on top: finite, with
+            // |w| in about [2^-7, 2).
+            WeightFormat::F32 => Matrix::f32(F32_SHAPE.0, F32_SHAPE.1, &self.bytes),
             _ => Matrix::bf16(rows, cols, &self.bytes),
         }
         .expect("invariant: buffers are sized from DENSE_SHAPE");
@@ -196,24 +225,59 @@ fn rate(format: WeightFormat, t: usize, ms: &[Matrix<'_>], budget: Duration) -> 
         shape: [rows, cols],
         bytes_per_call: u64::try_from(bytes).unwrap_or(u64::MAX),
         gbps: median(&rates),
+        ratio_to_memory: f64::NAN,
         samples: rates.len(),
     }
 }
 
-/// Streaming read of `buf` split across the pool's threads, GB/s (median over repetitions).
-fn memory_read(buf: &[u8], budget: Duration) -> f64 {
-    let threads = rayon::current_num_threads();
-    let part = buf.len().div_ceil(threads).next_multiple_of(64);
-    let rates = timed(budget, || {
-        let start = Instant::now();
-        let sum: u64 = buf.par_chunks(part).map(xor_fold).reduce(|| 0, |a, b| a ^ b);
-        black_box(sum);
-        buf.len() as f64 / start.elapsed().as_secs_f64() / 1e9
-    });
-    median(&rates)
+/// Concurrent sequential streams per thread the memory read tries: one stream per core
+/// leaves bandwidth unused on many machines (a core's line-fill buffers and prefetchers track
+/// several streams, and the kernels read four to eight rows at once), so the probe reports the
+/// best of these, a bound the kernels are fairly compared with.
+const MEMORY_STREAMS: [usize; 3] = [1, 4, 8];
+
+/// Streaming read of `buf` split across the pool's threads, each part read as 1, 4 or 8
+/// interleaved sequential streams: the best median over repetitions, GB/s.
+fn memory_read(pool: &Pool, buf: &[u8], budget: Duration) -> f64 {
+    let parts = pool.threads();
+    let part = buf.len().div_ceil(parts).next_multiple_of(64);
+    let sums: Vec<AtomicU64> = (0..parts).map(|_| AtomicU64::new(0)).collect();
+    let per = budget / u32::try_from(MEMORY_STREAMS.len()).unwrap_or(1);
+    MEMORY_STREAMS
+        .iter()
+        .map(|&streams| {
+            let rates = timed(per, || {
+                let start = Instant::now();
+                pool.run(parts, &|i| {
+                    let bytes = &buf[(i * part).min(buf.len())..((i + 1) * part).min(buf.len())];
+                    sums[i].store(xor_streams(bytes, streams), Ordering::Relaxed);
+                });
+                black_box(&sums);
+                buf.len() as f64 / start.elapsed().as_secs_f64() / 1e9
+            });
+            median(&rates)
+        })
+        .fold(0.0, f64::max)
 }
 
-/// XOR of every 8-byte word (four independent chains, so the loads, not the XORs, limit it).
+/// [`xor_fold`] of `bytes` read as `streams` equal sequential parts advanced together, 256
+/// bytes of each in turn.
+fn xor_streams(bytes: &[u8], streams: usize) -> u64 {
+    const STEP: usize = 256;
+    let len = bytes.len() / (streams * STEP) * STEP;
+    let parts: Vec<&[u8]> = (0..streams).map(|k| &bytes[k * len..(k + 1) * len]).collect();
+    let mut acc = 0u64;
+    for off in (0..len).step_by(STEP) {
+        for p in &parts {
+            acc ^= xor_fold(&p[off..off + STEP]);
+        }
+    }
+    acc ^ xor_fold(&bytes[streams * len..])
+}
+
+/// XOR of every 8-byte word (four independent chains, so the loads, not the XORs, limit it;
+/// the compiler turns it into 16-byte vector loads).
+#[inline]
 fn xor_fold(bytes: &[u8]) -> u64 {
     let mut acc = [0u64; 4];
     let mut chunks = bytes.chunks_exact(32);
@@ -226,26 +290,92 @@ fn xor_fold(bytes: &[u8]) -> u64 {
     acc.iter().fold(tail, |a, &b| a ^ b)
 }
 
-/// Median time of one `matmul` call on a 16 × 64 bf16 matrix with one activation row, ns.
-fn dispatch_overhead(budget: Duration) -> f64 {
-    let (rows, cols) = (16, 64);
-    let data = random_bytes(2 * rows * cols, 13)
+/// A bf16 matrix of `rows × cols` with finite values.
+fn bf16_matrix_bytes(rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    random_bytes(2 * rows * cols, seed)
         .chunks_exact(2)
         .flat_map(|b| [b[0], (b[1] & 0x83) | 0x3C])
-        .collect::<Vec<u8>>();
+        .collect()
+}
+
+/// Median time of one call, ns, over batches of `batch` calls (so the clock's own cost is
+/// negligible).
+fn per_call(budget: Duration, batch: u32, mut call: impl FnMut()) -> f64 {
+    call();
+    median(&timed(budget, || {
+        let start = Instant::now();
+        for _ in 0..batch {
+            call();
+        }
+        start.elapsed().as_secs_f64() * 1e9 / f64::from(batch)
+    }))
+}
+
+/// The call overheads (see [`Dispatch`]), measured on `pool` from the calling thread.
+fn dispatch(pool: &Pool, budget: Duration) -> Dispatch {
+    let third = budget / 4;
+    let (join_ns, join_timeouts) = join(pool, third);
+    let (rows, cols) = (16, 64);
+    let data = bf16_matrix_bytes(rows, cols, 13);
     let m = Matrix::bf16(rows, cols, &data).expect("invariant: sized from the shape");
     let x = vec![0.5f32; cols];
     let mut out = vec![0.0f32; rows];
-    // Batches of calls, so the clock's own cost is negligible.
-    let batch = 1000u32;
-    let per_call = timed(budget, || {
-        let start = Instant::now();
-        for _ in 0..batch {
-            matmul(black_box(&m), black_box(&x), 1, &mut out);
-        }
-        start.elapsed().as_secs_f64() * 1e9 / f64::from(batch)
+    let serial_call_ns =
+        per_call(third, 1000, || matmul(black_box(&m), black_box(&x), 1, &mut out));
+
+    // 128 rows × 1024 columns: 131,072 multiply-adds, twice the split threshold; 256 KiB.
+    let (rows, cols) = (128, 1024);
+    let data = bf16_matrix_bytes(rows, cols, 17);
+    let m = Matrix::bf16(rows, cols, &data).expect("invariant: sized from the shape");
+    let x = vec![0.5f32; cols];
+    let mut out = vec![0.0f32; rows];
+    let split_call_ns = per_call(third, 50, || matmul(black_box(&m), black_box(&x), 1, &mut out));
+    let one = Pool::new(1).expect("invariant: a one-thread pool starts no thread");
+    let one_thread_ns =
+        one.install(|| per_call(third, 50, || matmul(black_box(&m), black_box(&x), 1, &mut out)));
+    let overhead_ns = if pool.threads() > 1 {
+        split_call_ns - one_thread_ns / pool.threads() as f64
+    } else {
+        0.0
+    };
+    Dispatch {
+        join_ns,
+        join_timeouts,
+        serial_call_ns,
+        split_shape: [rows, cols],
+        split_call_ns,
+        one_thread_ns,
+        overhead_ns,
+    }
+}
+
+/// Median time of a call that every pool thread must join (see [`Dispatch::join_ns`]), ns,
+/// and the fraction of calls in which some thread did not join in time.
+fn join(pool: &Pool, budget: Duration) -> (f64, f64) {
+    let n = pool.threads();
+    if n <= 1 {
+        return (0.0, 0.0);
+    }
+    let arrived = AtomicU64::new(0);
+    let late = AtomicU64::new(0);
+    let calls = AtomicU64::new(0);
+    let ns = per_call(budget, 100, || {
+        arrived.store(0, Ordering::SeqCst);
+        calls.fetch_add(1, Ordering::Relaxed);
+        pool.run(n, &|_| {
+            arrived.fetch_add(1, Ordering::SeqCst);
+            let start = Instant::now();
+            while arrived.load(Ordering::SeqCst) < n as u64 {
+                if start.elapsed() > Duration::from_micros(200) {
+                    late.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        });
     });
-    median(&per_call)
+    let (late, calls) = (late.load(Ordering::Relaxed), calls.load(Ordering::Relaxed).max(1));
+    (ns, late.min(calls) as f64 / calls as f64)
 }
 
 /// Runs `f` at least three times and until `budget` has passed; returns its results.
@@ -309,7 +439,19 @@ mod tests {
     }
 
     #[test]
+    fn streams_cover_every_byte() {
+        let bytes: Vec<u8> = (0..5000u32).map(|i| u8::try_from(i % 251).unwrap_or(0)).collect();
+        // XOR is order-free, so every stream count folds the same words; the tail past the
+        // whole 256-byte steps is folded by `xor_fold` itself in each case.
+        for streams in MEMORY_STREAMS {
+            let len = bytes.len() / (streams * 256) * 256;
+            let want = xor_fold(&bytes[..streams * len]) ^ xor_fold(&bytes[streams * len..]);
+            assert_eq!(xor_streams(&bytes, streams), want, "{streams} streams");
+        }
+    }
+
+    #[test]
     fn zero_threads_refused() {
-        assert!(matches!(measure(0, 0.0), Err(ProbeError::NoThreads)));
+        assert!(matches!(measure(0, 0.0), Err(ProbeError::Pool(PoolError::NoThreads))));
     }
 }

@@ -1,8 +1,10 @@
 //! Every ISA tier against the scalar reference, bit for bit, at awkward shapes; batch and
 //! thread-count invariance; and an f64 reference within the stated error budget.
 //!
-//! Tiers the running CPU lacks are skipped (they are listed by `Isa::available`); run the
-//! suite on an AVX-512 machine, an AVX2-only machine and an AArch64 machine to cover all four.
+//! Every test runs each tier of [`tiers`]: all the running CPU supports, or only the one
+//! `SLUICE_ISA=scalar|avx2|avx512|neon` forces (so CI can run the suite once per tier). Tiers
+//! the CPU lacks are skipped with a printed note; run the suite on an AVX-512 machine, an
+//! AVX2-only machine and an AArch64 machine to cover all four.
 
 mod common;
 
@@ -16,8 +18,9 @@ use sluice_kernels::{matmul, matmul_with, Isa};
 
 /// Dense widths: 1, below one chunk, one chunk plus one, several chunks with tails, large.
 const DENSE_COLS: [usize; 7] = [1, 3, 17, 33, 255, 1023, 4097];
-/// MXFP4 widths (multiples of the 32-column block).
-const MXFP4_COLS: [usize; 4] = [32, 64, 96, 3584];
+/// MXFP4 widths (multiples of the 32-column block): one block, a few, one past a 1024-column
+/// span (33 blocks), a K3 expert's 3584, and 129 blocks (spans plus an odd tail).
+const MXFP4_COLS: [usize; 6] = [32, 64, 96, 1056, 3584, 4128];
 /// Row counts: 1, a few, just past the parallel threshold, several parallel chunks.
 const ROWS: [usize; 4] = [1, 5, 67, 300];
 
@@ -52,11 +55,35 @@ impl Weights {
     }
 }
 
-/// `matmul_with` on every available tier equals `matmul_scalar` bit for bit.
+/// The tiers under test: the one `SLUICE_ISA` forces (none, with a note, if this CPU lacks
+/// it), else every tier this CPU supports (with a note naming the others).
+fn tiers() -> Vec<Isa> {
+    use std::sync::Once;
+    static NOTE: Once = Once::new();
+    let forced = std::env::var(sluice_kernels::isa::ISA_ENV).ok().filter(|v| !v.trim().is_empty());
+    let (run, note) = match forced.map(|v| v.parse::<Isa>()) {
+        Some(Ok(isa)) if isa.is_available() => (vec![isa], None),
+        Some(Ok(isa)) => {
+            (Vec::new(), Some(format!("{isa} forced but not supported here: skipped")))
+        }
+        Some(Err(e)) => panic!("{e}"),
+        None => {
+            let missing: Vec<&str> =
+                Isa::ALL.iter().filter(|i| !i.is_available()).map(|i| i.name()).collect();
+            (Isa::available(), Some(format!("tiers this CPU lacks, skipped: {missing:?}")))
+        }
+    };
+    if let Some(n) = note {
+        NOTE.call_once(|| eprintln!("note: {n}"));
+    }
+    run
+}
+
+/// `matmul_with` on every tier under test equals `matmul_scalar` bit for bit.
 fn check_tiers(m: &Matrix<'_>, x: &[f32], t: usize) -> Result<(), TestCaseError> {
     let mut want = vec![0.0f32; t * m.rows()];
     matmul_scalar(m, x, t, &mut want);
-    for isa in Isa::available() {
+    for isa in tiers() {
         // Poisoned, so an unwritten cell cannot pass.
         let mut got = vec![f32::from_bits(0x7FA5_5A5A); t * m.rows()];
         matmul_with(isa, m, x, t, &mut got);
@@ -147,12 +174,12 @@ fn every_awkward_width_and_group_size() {
     }
 }
 
-/// Runs `f` in a fresh rayon pool of `threads` threads.
-fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("rayon pool").install(f)
+/// Runs `f` with a fresh kernel pool of `threads` threads as the current one.
+fn in_pool<R>(threads: usize, f: impl FnOnce() -> R) -> R {
+    sluice_kernels::Pool::new(threads).expect("kernel pool").install(f)
 }
 
-/// Row `t` of a T-row call equals the one-row call on `x[t]`, in pools of 1 and 2 threads,
+/// Row `t` of a T-row call equals the one-row call on `x[t]`, in pools of 1, 2 and 3 threads,
 /// on every tier.
 #[test]
 fn batch_and_thread_invariance() {
@@ -169,7 +196,7 @@ fn batch_and_thread_invariance() {
         let w = Weights::gen(format, rows, cols, &mut rng, Mode::Normal);
         let m = w.matrix();
         let x = values(&mut rng, Mode::Normal, t * cols);
-        for isa in Isa::available() {
+        for isa in tiers() {
             let run = |threads: usize, x: &[f32], t: usize| {
                 let mut out = vec![f32::NAN; t * rows];
                 in_pool(threads, || matmul_with(isa, &m, x, t, &mut out));
@@ -177,12 +204,13 @@ fn batch_and_thread_invariance() {
             };
             let batched = run(2, &x, t);
             assert_eq!(batched, run(1, &x, t), "{isa} {format}: 1 vs 2 threads");
+            assert_eq!(batched, run(3, &x, t), "{isa} {format}: 3 vs 2 threads");
             for ti in 0..t {
                 let single = run(2, &x[ti * cols..(ti + 1) * cols], 1);
                 assert_eq!(single, batched[ti * rows..(ti + 1) * rows], "{isa} {format} row {ti}");
             }
         }
-        // The process-wide dispatch (whatever tier it picked) agrees as well.
+        // The process-wide dispatch (the forced tier, or the detected one) agrees as well.
         let mut out = vec![0.0f32; t * rows];
         matmul(&m, &x, t, &mut out);
         let mut want = vec![0.0f32; t * rows];
@@ -202,7 +230,7 @@ fn f64_reference_error_budget() {
         let w = Weights::gen(format, rows, cols, &mut rng, Mode::Mixed);
         let m = w.matrix();
         let x = values(&mut rng, Mode::Normal, t * cols);
-        for isa in Isa::available() {
+        for isa in tiers() {
             let mut out = vec![0.0f32; t * rows];
             matmul_with(isa, &m, &x, t, &mut out);
             for ti in 0..t {
@@ -232,7 +260,7 @@ fn mxfp4_nan_scale() {
     let scales = vec![127, 255, 127, 127];
     let m = Matrix::mxfp4(rows, cols, &packed, &scales).expect("shape");
     let x = vec![1.0f32; cols];
-    for isa in Isa::available() {
+    for isa in tiers() {
         let mut out = vec![0.0f32; rows];
         matmul_with(isa, &m, &x, 1, &mut out);
         assert!(out[0].is_nan(), "{isa}: row with a NaN scale");
@@ -259,7 +287,7 @@ fn mxfp4_edge_scales() {
             let x = values(&mut rng, Mode::Normal, t * cols);
             let mut want = vec![0.0f32; t * rows];
             matmul_scalar(&m, &x, t, &mut want);
-            for isa in Isa::available() {
+            for isa in tiers() {
                 let mut got = vec![0.0f32; t * rows];
                 matmul_with(isa, &m, &x, t, &mut got);
                 assert_eq!(bits_nan_as_one(&got), bits_nan_as_one(&want), "{isa} s={edge} t={t}");
@@ -303,7 +331,7 @@ fn signed_zero_weights() {
                 .collect();
             let mut want = vec![0.0f32; t * rows];
             matmul_scalar(m, &x, t, &mut want);
-            for isa in Isa::available() {
+            for isa in tiers() {
                 let mut got = vec![1.0f32; t * rows];
                 matmul_with(isa, m, &x, t, &mut got);
                 assert_eq!(
@@ -328,7 +356,7 @@ fn int8_non_finite_scales() {
     let x = vec![1.0f32; cols];
     let mut want = vec![0.0f32; rows];
     matmul_scalar(&m, &x, 1, &mut want);
-    for isa in Isa::available() {
+    for isa in tiers() {
         let mut got = vec![0.0f32; rows];
         matmul_with(isa, &m, &x, 1, &mut got);
         assert_eq!(bits_nan_as_one(&got), bits_nan_as_one(&want), "{isa}");
@@ -340,7 +368,7 @@ fn int8_non_finite_scales() {
 fn empty_batch() {
     let data = f32_bytes(&[1.0; 6]);
     let m = Matrix::f32(2, 3, &data).expect("shape");
-    for isa in Isa::available() {
+    for isa in tiers() {
         matmul_with(isa, &m, &[], 0, &mut []);
     }
 }

@@ -3,12 +3,12 @@
 //! of the sixteen for operands.
 //!
 //! **One activation row** (`fold_one`, the decode path) keeps widened weights in registers and
-//! folds them at once, four rows per pass (two for MXFP4, see `mxfp4`). bf16 and int8 load 16
+//! folds them at once, four rows per pass (two for MXFP4, see `mxfp4`). bf16 loads 16
 //! bytes broadcast to both 128-bit lanes and widen with one in-lane byte shuffle per eight
 //! values (cheaper than the cross-lane `vpmovzx` family): bf16 patterns go to the high half
-//! of each f32 lane; int8 values go to the top byte of each dword, the integer `q · 2^24`,
-//! converted exactly and multiplied by `scale · 2^-24`, which rounds `q · scale` once, as the
-//! reference does.
+//! of each f32 lane. int8 sign-extends eight values per load (`vpmovsxbd`, no shuffle table,
+//! which leaves registers for the four row scales), converts exactly and multiplies by the
+//! row scale, the reference's exact `f32(q) · scale`.
 //!
 //! **Several activation rows** (`decode` + `fold`) widen a chunk into a buffer once and fold
 //! it in register tiles; `decode` uses `vpmovzxwd`/`vpmovsxbd` and the reference's
@@ -187,18 +187,17 @@ const BF16_SPREAD: [u8; 32] = {
     t
 };
 
-/// `2^-24` as f32: undoes the `2^24` that a value spread into the top byte of a dword carries.
-const TWO_POW_M24: f32 = 1.0 / 16_777_216.0;
-
 /// f32 rows against one activation row.
 #[target_feature(enable = "avx2,fma")]
 fn f32_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut Acc2<R>) {
     assert!(w.iter().all(|w| w.len() == 4 * x.len()) && x.len().is_multiple_of(16));
+    // A local copy: through `a` the compiler stores every accumulator on each step.
+    let mut acc = *a;
     for c in (0..x.len()).step_by(16) {
         // SAFETY: `c + 16 <= x.len()`.
         let (xl, xh) =
             unsafe { (_mm256_loadu_ps(x.as_ptr().add(c)), _mm256_loadu_ps(x.as_ptr().add(c + 8))) };
-        for (wr, ar) in w.iter().zip(a.iter_mut()) {
+        for (wr, ar) in w.iter().zip(acc.iter_mut()) {
             // SAFETY: each row holds `4 * x.len()` bytes (asserted).
             let (wl, wh) = unsafe {
                 let p = wr.as_ptr().add(4 * c).cast::<f32>();
@@ -208,6 +207,7 @@ fn f32_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut Acc2<R>) {
             ar[1] = _mm256_fmadd_ps(wh, xh, ar[1]);
         }
     }
+    *a = acc;
 }
 
 /// bf16 rows against one activation row: each eight weights are one 16-byte broadcast load
@@ -217,11 +217,13 @@ fn bf16_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut Acc2<R>) {
     assert!(w.iter().all(|w| w.len() == 2 * x.len()) && x.len().is_multiple_of(16));
     // SAFETY: the table is 32 bytes.
     let spread = unsafe { _mm256_loadu_si256(BF16_SPREAD.as_ptr().cast()) };
+    // A local copy: through `a` the compiler stores every accumulator on each step.
+    let mut acc = *a;
     for c in (0..x.len()).step_by(16) {
         // SAFETY: `c + 16 <= x.len()`.
         let (xl, xh) =
             unsafe { (_mm256_loadu_ps(x.as_ptr().add(c)), _mm256_loadu_ps(x.as_ptr().add(c + 8))) };
-        for (wr, ar) in w.iter().zip(a.iter_mut()) {
+        for (wr, ar) in w.iter().zip(acc.iter_mut()) {
             // SAFETY: each row holds `2 * x.len()` bytes (asserted), so both 16-byte loads at
             // `2 * c` lie inside it.
             let (lo, hi) = unsafe {
@@ -237,32 +239,37 @@ fn bf16_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut Acc2<R>) {
             ar[1] = _mm256_fmadd_ps(wh, xh, ar[1]);
         }
     }
+    *a = acc;
 }
 
-/// int8 rows against one activation row: sixteen values are one broadcast load and two byte
-/// shuffles that place each in the top byte of a dword (the integer `q · 2^24`); conversion
-/// is exact, and one multiplication by `scale · 2^-24` (exact: an f16 scale times `2^-24` is a
-/// normal f32, or the same infinity or NaN) rounds `q · scale` once, the reference's value.
+/// int8 rows against one activation row: eight values are one sign-extending load
+/// (`vpmovsxbd`, which needs no shuffle table and so leaves registers for the row scales),
+/// an exact conversion, and one multiplication by the row scale, which is exact (see
+/// [`crate::matmul`]) and so the reference's value.
 #[target_feature(enable = "avx2,fma")]
 fn int8_one<const R: usize>(w: [(&[u8], f32); R], x: &[f32], a: &mut Acc2<R>) {
     assert!(w.iter().all(|(q, _)| q.len() == x.len()) && x.len().is_multiple_of(16));
-    // SAFETY: the tables are 32 bytes each.
-    let spread = unsafe { SPREAD.map(|t| _mm256_loadu_si256(t.as_ptr().cast())) };
-    let scales: [__m256; R] = w.map(|(_, s)| _mm256_set1_ps(s * TWO_POW_M24));
+    let scales: [__m256; R] = w.map(|(_, s)| _mm256_set1_ps(s));
+    // A local copy: through `a` the compiler stores every accumulator on each step.
+    let mut acc = *a;
     for c in (0..x.len()).step_by(16) {
         // SAFETY: `c + 16 <= x.len()`.
         let (xl, xh) =
             unsafe { (_mm256_loadu_ps(x.as_ptr().add(c)), _mm256_loadu_ps(x.as_ptr().add(c + 8))) };
-        for (((q, _), s), ar) in w.iter().zip(&scales).zip(a.iter_mut()) {
-            // SAFETY: each row holds `x.len()` bytes (asserted) and `c + 16 <= x.len()`.
-            let b =
-                unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(q.as_ptr().add(c).cast())) };
-            let wl = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(b, spread[0])), *s);
-            let wh = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(b, spread[1])), *s);
+        for (((q, _), s), ar) in w.iter().zip(&scales).zip(acc.iter_mut()) {
+            // SAFETY: each row holds `x.len()` bytes (asserted) and `c + 16 <= x.len()`, so
+            // both 8-byte loads lie inside it.
+            let (lo, hi) = unsafe {
+                let p = q.as_ptr().add(c);
+                (_mm_loadl_epi64(p.cast()), _mm_loadl_epi64(p.add(8).cast()))
+            };
+            let wl = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), *s);
+            let wh = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), *s);
             ar[0] = _mm256_fmadd_ps(wl, xl, ar[0]);
             ar[1] = _mm256_fmadd_ps(wh, xh, ar[1]);
         }
     }
+    *a = acc;
 }
 
 /// f32 weights: a copy, eight lanes at a time.

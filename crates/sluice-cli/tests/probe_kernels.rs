@@ -1,0 +1,78 @@
+//! `sluice probe --kernels --json`: one run prints memory and storage bandwidth, the thread
+//! count, the ISA and every kernel's rate in the shape issue 4 asks for, with ratios that are
+//! consistent with the figures next to them; bad flags are refused with the cause named.
+
+use std::process::{Command, Output};
+
+fn sluice(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice")).args(args).output().expect("run the sluice binary")
+}
+
+fn positive(v: &serde_json::Value, what: &str) -> f64 {
+    let x = v.as_f64().unwrap_or_else(|| panic!("{what} is not a number: {v}"));
+    assert!(x.is_finite() && x > 0.0, "{what} = {x}");
+    x
+}
+
+#[test]
+fn kernels_json_has_the_issue_shape() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // No --model or --file: storage is read from a temporary file in --scratch-dir.
+    let o = sluice(&[
+        "probe",
+        "--kernels",
+        "--json",
+        "--threads",
+        "2",
+        "--seconds",
+        "0",
+        "--bytes",
+        "32M",
+        "--block",
+        "4M",
+        "--scratch-dir",
+        dir.path().to_str().expect("utf-8 path"),
+    ]);
+    assert!(o.status.success(), "stderr: {}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    let memory = positive(&v["memory_read_gbps"], "memory_read_gbps");
+    let storage = positive(&v["storage_read_gbps"], "storage_read_gbps");
+    assert_eq!(v["threads"], 2);
+    assert!(v["isa"].is_string());
+    positive(&v["dispatch"]["serial_call_ns"], "serial call");
+    assert!(v["dispatch_overhead_ns"].is_number());
+    let kernels = v["kernels"].as_array().expect("kernels array");
+    let mut seen = Vec::new();
+    for k in kernels {
+        let (format, rows) = (k["format"].as_str().expect("format"), k["rows"].as_u64());
+        let gbps = positive(&k["gbps"], "gbps");
+        let ratio = positive(&k["ratio_to_memory"], "ratio_to_memory");
+        assert!((ratio - gbps / memory).abs() <= 1e-9 * ratio.max(1.0), "{k}");
+        if format == "mxfp4" {
+            let r = positive(&k["ratio_to_storage"], "ratio_to_storage");
+            assert!((r - gbps / storage).abs() <= 1e-9 * r.max(1.0), "{k}");
+        }
+        seen.push((format.to_owned(), rows.expect("rows")));
+    }
+    for format in ["int8", "bf16", "f32", "mxfp4"] {
+        for rows in [1, 8] {
+            assert!(seen.contains(&(format.to_owned(), rows)), "{format} T={rows} in {seen:?}");
+        }
+    }
+    assert_eq!(seen.len(), 8);
+    // The temporary storage file is gone.
+    assert_eq!(std::fs::read_dir(dir.path()).expect("read dir").count(), 0);
+}
+
+#[test]
+fn bad_kernel_flags_are_named() {
+    let o = sluice(&["probe", "--kernels", "--threads", "0"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--threads"));
+    let o = sluice(&["probe", "--kernels", "--seconds=-1"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--seconds"));
+    let o = sluice(&["probe"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--model"));
+}

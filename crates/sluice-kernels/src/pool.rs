@@ -1,0 +1,425 @@
+//! The thread pool the kernels split output rows over: the calling thread works too, and
+//! helpers spin briefly between calls before they park.
+//!
+//! A pass makes thousands of kernel calls from the engine's own thread. Handed to rayon from
+//! outside its pool, each call injects a job, wakes a worker and puts the caller to sleep on a
+//! latch until the workers finish: two context switches per call, tens of microseconds on a
+//! busy machine, and the caller's core idles meanwhile. Here a call publishes the job, the
+//! caller claims chunks itself, and helpers that are still spinning from the previous call
+//! join within a fraction of a microsecond; a helper that found no work for
+//! [`SPIN_ROUNDS`] rounds parks on a condition variable (so an idle engine burns no CPU) and
+//! is woken by the next call.
+//!
+//! Only the split changes with the pool: every chunk is a set of whole output rows computed
+//! by the same code, so neither the number of threads nor which thread took a chunk changes a
+//! result bit (see [`crate::matmul`]). A pool runs one call at a time; a second caller (another
+//! engine thread, or a chunk calling back into the kernels) does not wait but runs all of its
+//! chunks itself.
+
+use std::cell::Cell;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, TryLockError};
+use std::thread::JoinHandle;
+
+/// Rounds a helper polls for the next call before it parks (each round is a CPU pause hint;
+/// every 64th yields the core). Tens of microseconds: long enough to bridge the gap between
+/// the kernel calls of one pass, short enough not to take a shared core from others for long.
+pub const SPIN_ROUNDS: u32 = 1 << 14;
+
+/// The environment variable that sets the size of the process-wide pool.
+pub const THREADS_ENV: &str = "SLUICE_THREADS";
+
+/// In the low half of the state word: no chunk may be claimed (a call is being published).
+const CLOSED: u64 = u32::MAX as u64;
+
+/// The job a call publishes: a type-erased `&&(dyn Fn(usize) + Sync)` that lives on the
+/// caller's stack until every claimed chunk has finished.
+type Job<'a> = &'a (dyn Fn(usize) + Sync);
+
+/// What the caller and the helpers share.
+struct Shared {
+    /// `generation << 32 | next chunk`: a helper claims chunk `i` of generation `g` by
+    /// moving the word from `(g, i)` to `(g, i + 1)`, so a claim can never mix the chunk index
+    /// of one call with the job of another.
+    state: AtomicU64,
+    /// Pointer to the current call's [`Job`] reference.
+    job: AtomicPtr<()>,
+    /// Chunks in the current call.
+    chunks: AtomicUsize,
+    /// Chunks of the current call that have finished (or panicked).
+    done: AtomicUsize,
+    /// Whether a chunk of the current call panicked on a helper.
+    panicked: AtomicBool,
+    /// Helpers parked (or about to park) on `wake`.
+    sleepers: AtomicUsize,
+    /// Set when the pool is dropped.
+    shutdown: AtomicBool,
+    /// Held by the call in progress (one call at a time).
+    busy: Mutex<()>,
+    /// Guards parking.
+    park: Mutex<()>,
+    /// Wakes parked helpers.
+    wake: Condvar,
+}
+
+/// A pool of `threads − 1` helper threads plus whichever thread calls [`Pool::run`].
+pub struct Pool {
+    shared: Arc<Shared>,
+    helpers: Vec<JoinHandle<()>>,
+    threads: usize,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("threads", &self.threads).finish_non_exhaustive()
+    }
+}
+
+/// Why a pool could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// Zero threads were asked for.
+    #[error("a pool needs at least one thread")]
+    NoThreads,
+    /// The operating system refused a helper thread.
+    #[error("cannot start helper thread {index} of {threads}: {source}")]
+    Spawn {
+        /// Which helper.
+        index: usize,
+        /// Threads asked for.
+        threads: usize,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Pool {
+    /// A pool of `threads` threads in all: the caller of [`Pool::run`] and `threads − 1`
+    /// helpers.
+    pub fn new(threads: usize) -> Result<Self, PoolError> {
+        if threads == 0 {
+            return Err(PoolError::NoThreads);
+        }
+        let shared = Arc::new(Shared {
+            state: AtomicU64::new(CLOSED),
+            job: AtomicPtr::new(std::ptr::null_mut()),
+            chunks: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
+            shutdown: AtomicBool::new(false),
+            busy: Mutex::new(()),
+            park: Mutex::new(()),
+            wake: Condvar::new(),
+        });
+        let mut pool = Self { shared, helpers: Vec::new(), threads };
+        for index in 1..threads {
+            let s = Arc::clone(&pool.shared);
+            let h = std::thread::Builder::new()
+                .name(format!("sluice-kernel-{index}"))
+                .spawn(move || helper(&s))
+                .map_err(|source| PoolError::Spawn { index, threads, source })?;
+            // On an early return `pool` is dropped, which stops the helpers started so far.
+            pool.helpers.push(h);
+        }
+        Ok(pool)
+    }
+
+    /// Threads that take part in a call (the caller included).
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Runs `f(0), …, f(chunks − 1)`, each exactly once, spread over the calling thread and
+    /// the helpers; returns when all have finished. If the pool is busy with another call, the
+    /// calling thread runs every chunk itself.
+    ///
+    /// # Panics
+    /// If a chunk panics: once every chunk has finished, the panic is resumed on the caller.
+    pub fn run(&self, chunks: usize, f: &(dyn Fn(usize) + Sync)) {
+        let guard = match self.shared.busy.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                (0..chunks).for_each(f);
+                return;
+            }
+        };
+        if self.helpers.is_empty() || chunks <= 1 {
+            (0..chunks).for_each(f);
+            return;
+        }
+        let s = &*self.shared;
+        let chunks_u32 = u32::try_from(chunks).expect("invariant: fewer than 2^32 chunks");
+        let job: Job<'_> = f;
+        // Close the previous generation before touching the job fields, so that a helper that
+        // read them cannot then claim a chunk (see `Shared::state`).
+        let g = (s.state.load(Ordering::Relaxed) >> 32).wrapping_add(1) & u64::from(u32::MAX);
+        s.state.store(g << 32 | CLOSED, Ordering::SeqCst);
+        s.job.store(std::ptr::from_ref(&job).cast_mut().cast(), Ordering::SeqCst);
+        s.chunks.store(chunks, Ordering::SeqCst);
+        s.done.store(0, Ordering::SeqCst);
+        s.panicked.store(false, Ordering::SeqCst);
+        s.state.store(g << 32, Ordering::SeqCst);
+        if s.sleepers.load(Ordering::SeqCst) > 0 {
+            let _park = s.park.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            s.wake.notify_all();
+        }
+        // The caller claims chunks like any helper; its own panic is held until every chunk
+        // has finished, since helpers may still be using `job` on this stack frame.
+        let mine = panic::catch_unwind(AssertUnwindSafe(|| {
+            while let Some(i) = claim(s, g, chunks_u32) {
+                f(i);
+                s.done.fetch_add(1, Ordering::Release);
+            }
+        }));
+        if mine.is_err() {
+            // The chunk that panicked counts as finished; stop further claims.
+            s.done.fetch_add(1, Ordering::Release);
+            close_and_count_unclaimed(s, g, chunks_u32);
+        }
+        let mut spins = 0u32;
+        while s.done.load(Ordering::Acquire) < chunks {
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        drop(guard);
+        if let Err(p) = mine {
+            panic::resume_unwind(p);
+        }
+        assert!(!s.panicked.load(Ordering::Acquire), "a kernel chunk panicked on a pool thread");
+    }
+
+    /// Makes `self` the pool that [`current`] returns on this thread while `f` runs.
+    pub fn install<R>(&self, f: impl FnOnce() -> R) -> R {
+        struct Restore(*const Pool);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                CURRENT.with(|c| c.set(self.0));
+            }
+        }
+        let _restore = Restore(CURRENT.with(|c| c.replace(std::ptr::from_ref(self))));
+        f()
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        {
+            let _park = self.shared.park.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.shared.wake.notify_all();
+        }
+        for h in self.helpers.drain(..) {
+            // A helper never panics (chunks run under `catch_unwind`); nothing to report.
+            let _ = h.join();
+        }
+    }
+}
+
+/// Claims the next chunk of generation `g`, if any is left.
+fn claim(s: &Shared, g: u64, chunks: u32) -> Option<usize> {
+    let mut cur = s.state.load(Ordering::Acquire);
+    loop {
+        let (cg, i) = (cur >> 32, cur & CLOSED);
+        if cg != g || i >= u64::from(chunks) {
+            return None;
+        }
+        match s.state.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return usize::try_from(i).ok(),
+            Err(now) => cur = now,
+        }
+    }
+}
+
+/// After a chunk panicked on the caller: closes generation `g` to further claims and counts
+/// the chunks nobody claimed as finished.
+fn close_and_count_unclaimed(s: &Shared, g: u64, chunks: u32) {
+    let prev = s.state.swap(g << 32 | CLOSED, Ordering::AcqRel);
+    let claimed = (prev & CLOSED).min(u64::from(chunks));
+    let unclaimed = usize::try_from(u64::from(chunks) - claimed).unwrap_or(0);
+    s.done.fetch_add(unclaimed, Ordering::Release);
+}
+
+/// A helper thread: waits for a new generation (spinning, then parked), claims and runs its
+/// chunks, and repeats until the pool is dropped.
+fn helper(s: &Shared) {
+    let mut seen = s.state.load(Ordering::Acquire) >> 32;
+    loop {
+        let g = match wait_for_call(s, seen) {
+            Some(g) => g,
+            None => return,
+        };
+        seen = g;
+        // The job fields are read before any claim; a successful claim of generation `g`
+        // proves they were still `g`'s (the caller closes `g` before rewriting them).
+        let chunks = u32::try_from(s.chunks.load(Ordering::SeqCst)).unwrap_or(0);
+        let job = s.job.load(Ordering::SeqCst).cast::<Job<'_>>().cast_const();
+        while let Some(i) = claim(s, g, chunks) {
+            // SAFETY: the claim of chunk `i` of generation `g` succeeded, so `job` points to
+            // that call's `Job` reference on the caller's stack, and the caller does not
+            // return (nor publish another call) until this chunk counts as done below.
+            let f = unsafe { *job };
+            if panic::catch_unwind(AssertUnwindSafe(|| f(i))).is_err() {
+                s.panicked.store(true, Ordering::Release);
+            }
+            s.done.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
+/// Waits until the state shows a generation other than `seen` with chunks open, or the pool
+/// shuts down (`None`).
+fn wait_for_call(s: &Shared, seen: u64) -> Option<u64> {
+    let open = |st: u64| (st >> 32 != seen && st & CLOSED != CLOSED).then_some(st >> 32);
+    for round in 0..SPIN_ROUNDS {
+        if s.shutdown.load(Ordering::Relaxed) {
+            return None;
+        }
+        if let Some(g) = open(s.state.load(Ordering::Acquire)) {
+            return Some(g);
+        }
+        if round % 64 == 63 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    let mut guard = s.park.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    s.sleepers.fetch_add(1, Ordering::SeqCst);
+    let found = loop {
+        if s.shutdown.load(Ordering::SeqCst) {
+            break None;
+        }
+        if let Some(g) = open(s.state.load(Ordering::SeqCst)) {
+            break Some(g);
+        }
+        guard = s.wake.wait(guard).unwrap_or_else(std::sync::PoisonError::into_inner);
+    };
+    s.sleepers.fetch_sub(1, Ordering::SeqCst);
+    found
+}
+
+thread_local! {
+    /// The pool [`Pool::install`] set on this thread, if any.
+    static CURRENT: Cell<*const Pool> = const { Cell::new(std::ptr::null()) };
+}
+
+/// The pool the kernels use on this thread: the one [`Pool::install`] set, else the
+/// process-wide pool ([`global`]).
+pub fn with_current<R>(f: impl FnOnce(&Pool) -> R) -> R {
+    let p = CURRENT.with(Cell::get);
+    if p.is_null() {
+        f(global())
+    } else {
+        // SAFETY: `install` sets the pointer from a `&Pool` that outlives the closure it
+        // runs, and restores the previous value (on unwinding too) before that borrow ends.
+        f(unsafe { &*p })
+    }
+}
+
+/// The process-wide pool: `SLUICE_THREADS` threads when that is a positive number, else one
+/// per available core. Started on first use; if helpers cannot be started, calls run on the
+/// calling thread alone.
+pub fn global() -> &'static Pool {
+    static GLOBAL: OnceLock<Pool> = OnceLock::new();
+    GLOBAL.get_or_init(|| {
+        let threads = std::env::var(THREADS_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+        Pool::new(threads)
+            .or_else(|_| Pool::new(1))
+            .expect("invariant: a one-thread pool starts no thread")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    #[test]
+    fn every_chunk_once_in_many_calls() {
+        for threads in [1, 2, 3, 5] {
+            let pool = Pool::new(threads).expect("pool");
+            for chunks in [0, 1, 2, 7, 64, 1000] {
+                let hits: Vec<AtomicU32> = (0..chunks).map(|_| AtomicU32::new(0)).collect();
+                pool.run(chunks, &|i| {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "{threads} {chunks}");
+            }
+        }
+    }
+
+    #[test]
+    fn concurrent_callers_and_nested_calls() {
+        let pool = Pool::new(3).expect("pool");
+        let total = AtomicUsize::new(0);
+        std::thread::scope(|sc| {
+            for _ in 0..4 {
+                sc.spawn(|| {
+                    for _ in 0..200 {
+                        pool.run(8, &|_| {
+                            // A nested call finds the pool busy and runs inline.
+                            pool.run(2, &|_| {
+                                total.fetch_add(1, Ordering::Relaxed);
+                            });
+                        });
+                    }
+                });
+            }
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 4 * 200 * 8 * 2);
+    }
+
+    #[test]
+    fn parked_helpers_wake() {
+        let pool = Pool::new(2).expect("pool");
+        let n = AtomicUsize::new(0);
+        for _ in 0..3 {
+            // Long enough for the helper to pass its spin rounds and park.
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            pool.run(16, &|_| {
+                n.fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        assert_eq!(n.load(Ordering::Relaxed), 48);
+    }
+
+    #[test]
+    fn a_panicking_chunk_reaches_the_caller_and_the_pool_survives() {
+        let pool = Pool::new(2).expect("pool");
+        for bad in [0usize, 5, 31] {
+            let r = panic::catch_unwind(AssertUnwindSafe(|| {
+                pool.run(32, &|i| assert_ne!(i, bad, "chunk {i}"));
+            }));
+            assert!(r.is_err(), "chunk {bad} panicked");
+        }
+        let n = AtomicUsize::new(0);
+        pool.run(10, &|_| {
+            n.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(n.load(Ordering::Relaxed), 10);
+    }
+
+    #[test]
+    fn install_scopes_the_current_pool() {
+        let a = Pool::new(3).expect("pool");
+        assert_eq!(a.install(|| with_current(Pool::threads)), 3);
+        let b = Pool::new(1).expect("pool");
+        a.install(|| {
+            assert_eq!(b.install(|| with_current(Pool::threads)), 1);
+            assert_eq!(with_current(Pool::threads), 3);
+        });
+        assert!(matches!(Pool::new(0), Err(PoolError::NoThreads)));
+    }
+}
