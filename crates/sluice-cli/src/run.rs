@@ -8,7 +8,7 @@ use serde_json::json;
 use sluice_engine::demo::{cache_dir, ensure_demo_model};
 use sluice_engine::load::{self, ExpertMode, LoadOptions};
 use sluice_engine::plan::parse_size;
-use sluice_engine::{generate, Drafter, GenerateOptions, NgramDrafter, Sampling};
+use sluice_engine::{generate, layer_stats, Drafter, GenerateOptions, NgramDrafter, Sampling};
 use sluice_tokenizer::chat::{render_k3, ChatMessage, ChatOptions, Role};
 use sluice_tokenizer::{Tokenizer, RANK_FILE};
 use std::path::PathBuf;
@@ -50,6 +50,9 @@ pub struct RunArgs {
     /// Most draft tokens verified per pass.
     #[arg(long, default_value_t = 8)]
     draft_max: usize,
+    /// Prompt tokens per prefill pass (0: the whole prompt in one pass).
+    #[arg(long, default_value_t = 0)]
+    prefill_chunk: usize,
     #[command(flatten)]
     load: LoadArgs,
 }
@@ -168,6 +171,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         keep_logits: a.dump_logits.is_some(),
         draft_max: a.draft_max,
         sampling: Sampling::greedy(),
+        prefill_chunk: a.prefill_chunk,
     };
     let mut ngram = NgramDrafter::default();
     let drafter: Option<&mut dyn Drafter> = match a.draft.as_str() {
@@ -234,6 +238,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
             s.peak_rss_bytes,
             s.finish_reason
         );
+        eprint!("{}", layer_stats::describe("prefill", &s.prefill_layers));
+        eprint!("{}", layer_stats::describe("decode", &s.decode_layers));
     }
     Ok(())
 }
