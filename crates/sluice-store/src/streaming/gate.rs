@@ -7,10 +7,11 @@
 //!
 //! The gate: a guess for layer L is scored when L is demanded, by its precision (the share of
 //! guessed experts that L really used). The score is an exponential average (weight
-//! [`GATE_WEIGHT`] on the newest pass) starting optimistic at 1. While it is below the
-//! configured minimum precision, guesses for L are not read at all; they are kept as *shadow*
-//! guesses and scored the same way, so the gate opens again as soon as the predictor becomes
-//! good. A wrong guess on a busy disk delays the next layer's demanded reads (a read cannot be
+//! [`GATE_WEIGHT`] on the newest pass) that starts at 0: a predictor must prove itself before
+//! it may spend bandwidth. While the score is below the configured minimum precision, guesses
+//! for L are not read at all; they are kept as *shadow* guesses and scored the same way, so
+//! the gate opens after three passes of a perfect predictor (0 → 0.25 → 0.44 → 0.58) and shuts
+//! again after three passes of a useless one (1 → 0.75 → 0.56 → 0.42). A wrong guess on a busy disk delays the next layer's demanded reads (a read cannot be
 //! taken back once it has started), so a predictor that is mostly wrong is worse than none.
 
 use serde::Serialize;
@@ -102,7 +103,7 @@ pub(crate) struct Gate {
 
 impl Default for Gate {
     fn default() -> Self {
-        Self { score: 1.0, shadow: Vec::new() }
+        Self { score: 0.0, shadow: Vec::new() }
     }
 }
 
@@ -139,9 +140,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_wrong_predictor_shuts_the_gate_and_a_right_one_reopens_it() {
+    fn a_predictor_opens_the_gate_by_its_record_and_shuts_it_by_its_record() {
         let mut g = Gate::default();
-        assert!(g.open(0.5));
+        assert!(!g.open(0.5), "shut until measured");
+        assert!(g.open(0.0), "a minimum of 0 always reads");
+        for want in [false, false, true] {
+            g.shadow(&[1, 2]);
+            g.settle(&[1, 2, 3], 0, 0);
+            assert_eq!(g.open(0.5), want);
+        }
+        g.score = 1.0;
         let mut passes = 0;
         while g.open(0.5) {
             assert_eq!(g.settle(&[1, 2], 4, 0), (4, 0));
