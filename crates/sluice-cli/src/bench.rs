@@ -259,6 +259,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let oracle_source = if oracle.is_some() { "file" } else { "first run" };
     let exe = std::env::current_exe().context("finding the sluice executable")?;
     let probe_max = parse_size(&a.probe_bytes).map_err(anyhow::Error::msg)?;
+    // One Kimi K3 expert per read (the store's block size), smaller for toy models so the
+    // probe still reads something.
+    let largest =
+        shards.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).max().unwrap_or(0);
+    let probe_block =
+        usize::try_from((largest / 4 / 4096 * 4096).clamp(4096, 17_551_360)).unwrap_or(4096);
     let probe = |when: &str| -> Result<sluice_store::probe::StorageProbe> {
         if !a.json {
             eprintln!(
@@ -269,7 +275,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         for p in &shards {
             let _ = sluice_store::probe::drop_file_cache(p);
         }
-        sluice_store::probe::storage_read(&shards, 17_551_360, 16, probe_max)
+        sluice_store::probe::storage_read(&shards, probe_block, 16, probe_max)
             .context("storage probe")
     };
     let before = probe("before")?;
@@ -353,8 +359,11 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         );
     } else {
         println!(
-            "storage: {:.3} GB/s before, {:.3} GB/s after (O_DIRECT, 17 MiB blocks, 16 in flight) → bound uses {gbps:.3} GB/s; cold: {} ({drop_method})",
-            before.gbps, after.gbps, a.cold
+            "storage: {:.3} GB/s before, {:.3} GB/s after (O_DIRECT, {} KiB blocks, 16 in flight) → bound uses {gbps:.3} GB/s; cold: {} ({drop_method})",
+            before.gbps,
+            after.gbps,
+            before.block / 1024,
+            a.cold
         );
         print_summary(&summary);
     }

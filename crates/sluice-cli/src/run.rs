@@ -71,6 +71,9 @@ pub struct LoadArgs {
     /// Do not prefetch the next layer's experts.
     #[arg(long)]
     no_prefetch: bool,
+    /// Read next-layer guesses only while their measured precision is at least this (0: always).
+    #[arg(long, default_value_t = sluice_store::streaming::DEFAULT_MIN_PRECISION)]
+    prefetch_min_precision: f64,
     /// Reads in flight when streaming experts.
     #[arg(long, default_value_t = 16)]
     readers: usize,
@@ -103,6 +106,7 @@ impl LoadArgs {
             memory,
             experts,
             prefetch: !self.no_prefetch,
+            prefetch_min_precision: self.prefetch_min_precision,
             context: self.context,
             readers: self.readers,
             direct_io: !self.buffered_io,
