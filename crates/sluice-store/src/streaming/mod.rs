@@ -276,7 +276,13 @@ impl StreamingExperts {
         }
         let valid = |id: u32| usize::try_from(id).is_ok_and(|i| i < experts);
         if !st.gates[layer].open(sh.min_precision) {
-            let ids: Vec<u32> = ids.iter().copied().filter(|&id| valid(id)).collect();
+            // Only guesses that would be read are scored: an already cached guess costs
+            // nothing, and counting it would credit the predictor with the cache's hits.
+            let ids: Vec<u32> = ids
+                .iter()
+                .copied()
+                .filter(|&id| valid(id) && st.cache.lookup(key(layer, id)).is_none())
+                .collect();
             st.layers[layer].gated += ids.len() as u64;
             st.gates[layer].shadow(&ids);
             return;
