@@ -22,6 +22,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod convert;
 pub mod safetensors;
+pub mod verify;
 pub mod writer;
 
 pub use checkpoint::{Checkpoint, TensorEntry, INDEX_FILE, LANGUAGE_MODEL_PREFIX, SINGLE_FILE};

@@ -1,6 +1,8 @@
 //! The `sluice` binary: raw flags are parsed here into validated options for the library
 //! crates, which own all the logic. Errors are reported with their full cause chain.
 
+mod bench;
+mod bench_report;
 mod convert;
 mod inspect;
 mod npy;
@@ -9,6 +11,7 @@ mod pull;
 mod run;
 mod serve;
 mod synth;
+mod verify;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -32,6 +35,11 @@ enum Cmd {
     Synth(synth::SynthArgs),
     /// Install a model from a Hugging Face–compatible hub (HF_ENDPOINT, HF_TOKEN), full or stream.
     Pull(pull::PullArgs),
+    /// Benchmark runs as fresh processes: configurations interleaved, tokens checked against
+    /// an oracle, medians with min/max and the ratio to the storage bound.
+    Bench(bench::BenchArgs),
+    /// Check a checkpoint: SHA-256 against the install manifest, tensor ranges against shards.
+    Verify(verify::VerifyArgs),
     /// Measure storage read bandwidth at the expert store's block size and queue depth.
     Probe(probe::ProbeArgs),
     /// Write a checkpoint's spine as row-int8 with f16 scales (lossy; docs/INT8.md).
@@ -53,6 +61,8 @@ fn main() {
     let res: Result<()> = match cli.cmd {
         Cmd::Run(a) => run::run(&a),
         Cmd::Probe(a) => probe::run(&a),
+        Cmd::Bench(a) => bench::run(&a),
+        Cmd::Verify(a) => verify::run(&a),
         Cmd::Serve(a) => serve::run(&a),
         Cmd::Pull(a) => pull::run(&a),
         Cmd::Synth(a) => synth::run(&a),

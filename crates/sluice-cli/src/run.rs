@@ -8,7 +8,9 @@ use serde_json::json;
 use sluice_engine::demo::{cache_dir, ensure_demo_model};
 use sluice_engine::load::{self, ExpertMode, LoadOptions};
 use sluice_engine::plan::parse_size;
-use sluice_engine::{generate, Drafter, GenerateOptions, NgramDrafter, Sampling, Spine};
+use sluice_engine::{
+    generate, layer_stats, Drafter, GenerateOptions, NgramDrafter, Sampling, Spine,
+};
 use sluice_tokenizer::chat::{render_k3, ChatMessage, ChatOptions, Role};
 use sluice_tokenizer::{Tokenizer, RANK_FILE};
 use std::path::PathBuf;
@@ -50,6 +52,9 @@ pub struct RunArgs {
     /// Most draft tokens verified per pass.
     #[arg(long, default_value_t = 8)]
     draft_max: usize,
+    /// Prompt tokens per prefill pass (0: the whole prompt in one pass).
+    #[arg(long, default_value_t = 0)]
+    prefill_chunk: usize,
     #[command(flatten)]
     load: LoadArgs,
 }
@@ -68,6 +73,9 @@ pub struct LoadArgs {
     /// Do not prefetch the next layer's experts.
     #[arg(long)]
     no_prefetch: bool,
+    /// Read next-layer guesses only while their measured precision is at least this (0: always).
+    #[arg(long, default_value_t = sluice_store::streaming::DEFAULT_MIN_PRECISION)]
+    prefetch_min_precision: f64,
     /// Reads in flight when streaming experts.
     #[arg(long, default_value_t = 16)]
     readers: usize,
@@ -107,6 +115,7 @@ impl LoadArgs {
             memory,
             experts,
             prefetch: !self.no_prefetch,
+            prefetch_min_precision: self.prefetch_min_precision,
             context: self.context,
             readers: self.readers,
             direct_io: !self.buffered_io,
@@ -181,6 +190,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         keep_logits: a.dump_logits.is_some(),
         draft_max: a.draft_max,
         sampling: Sampling::greedy(),
+        prefill_chunk: a.prefill_chunk,
     };
     let mut ngram = NgramDrafter::default();
     let drafter: Option<&mut dyn Drafter> = match a.draft.as_str() {
@@ -248,6 +258,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
             s.peak_rss_bytes,
             s.finish_reason
         );
+        eprint!("{}", layer_stats::describe("prefill", &s.prefill_layers));
+        eprint!("{}", layer_stats::describe("decode", &s.decode_layers));
     }
     Ok(())
 }

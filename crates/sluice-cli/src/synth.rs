@@ -14,6 +14,10 @@ pub enum Preset {
     K3Slice,
     /// The built-in demo model's toy configuration.
     Demo,
+    /// The demo model's layout with --experts routed experts of latent 128 × 1024 (≈ 208 KB
+    /// each) in --layers MoE layers: a small model whose size is almost all routed experts,
+    /// for streaming tests that must run in seconds.
+    ManyExperts,
 }
 
 /// Flags of `sluice synth`.
@@ -52,6 +56,24 @@ pub fn run(a: &SynthArgs) -> Result<()> {
             (k3_slice_text_config(a.layers, a.experts, a.ranks + 256), a.ranks)
         }
         Preset::Demo => (sluice_engine::demo::demo_text_config(512 + 256), 512),
+        Preset::ManyExperts => {
+            if a.layers == 0 || a.experts < 4 {
+                bail!("many-experts needs --layers ≥ 1 and --experts ≥ 4");
+            }
+            let mut t = sluice_engine::demo::demo_text_config(512 + 256);
+            // One dense layer first (as in the demo), then `layers` MoE layers alternating
+            // KDA and MLA attention like K3.
+            let n = a.layers + 1;
+            let kda: Vec<usize> = (1..=n).filter(|i| i % 2 == 0).collect();
+            let full: Vec<usize> = (1..=n).filter(|i| i % 2 == 1).collect();
+            t["num_hidden_layers"] = n.into();
+            t["linear_attn_config"]["kda_layers"] = kda.into();
+            t["linear_attn_config"]["full_attn_layers"] = full.into();
+            t["num_experts"] = a.experts.into();
+            t["moe_intermediate_size"] = 1024.into();
+            t["routed_expert_hidden_size"] = 128.into();
+            (t, 512)
+        }
     };
     let config = release_config(&text, ranks as u64);
     let bar = ProgressBar::new(0);

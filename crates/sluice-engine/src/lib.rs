@@ -7,6 +7,7 @@ pub mod demo;
 pub mod draft;
 pub mod generate;
 pub mod k3_output;
+pub mod layer_stats;
 pub mod load;
 pub mod logprob;
 pub mod plan;

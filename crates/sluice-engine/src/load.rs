@@ -37,6 +37,9 @@ pub struct LoadOptions {
     pub experts: ExpertMode,
     /// Prefetch the next layer's experts while a layer computes (streaming only).
     pub prefetch: bool,
+    /// Minimum measured precision of next-layer guesses for them to be read (see
+    /// [`sluice_store::streaming::DEFAULT_MIN_PRECISION`]).
+    pub prefetch_min_precision: f64,
     /// Context length the sequence state is planned for.
     pub context: usize,
     /// Reader threads (reads in flight).
@@ -55,6 +58,7 @@ impl Default for LoadOptions {
             memory: None,
             experts: ExpertMode::Auto,
             prefetch: true,
+            prefetch_min_precision: sluice_store::streaming::DEFAULT_MIN_PRECISION,
             context: 4096,
             readers: 16,
             direct_io: true,
@@ -151,6 +155,7 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
         readers: opts.readers,
         io: if opts.direct_io { IoMode::Direct } else { IoMode::BufferedDropCache },
         max_prefetch_slots: if opts.prefetch { None } else { Some(0) },
+        prefetch_min_precision: opts.prefetch_min_precision,
         ..StreamingConfig::default()
     };
     let store = Arc::new(

@@ -35,6 +35,7 @@ pub mod sink;
 mod stream;
 #[cfg(feature = "test-hub")]
 pub mod testhub;
+pub mod verify;
 
 pub use client::{HubClient, HubConfig, RetryPolicy, DEFAULT_ENDPOINT};
 pub use error::{bytes, FileFailure, HubError, Result};

@@ -159,6 +159,14 @@ impl Model {
         }
     }
 
+    /// Expert-store counters per layer (empty when experts do not stream).
+    pub fn layer_store_stats(&self) -> Vec<sluice_store::LayerPrefetchStats> {
+        match self {
+            Self::KimiK3(m) => m.experts().layer_stats(),
+            Self::Qwen3(_) => Vec::new(),
+        }
+    }
+
     /// Runs one pass of `tokens` after the committed positions; see [`kimi_k3::KimiK3::forward`].
     pub fn forward(
         &self,

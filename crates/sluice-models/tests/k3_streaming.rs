@@ -34,6 +34,7 @@ fn streamed(
         io,
         readers: 4,
         max_prefetch_slots: if prefetch { None } else { Some(0) },
+        prefetch_min_precision: 0.0,
         ..StreamingConfig::default()
     };
     let store = Arc::new(

@@ -188,6 +188,30 @@ pub trait ExpertStore: Send + Sync {
         let _ = (layer, ids);
     }
 
+    /// [`ExpertStore::for_each`] for `layer`, and the guess `next = (later layer, ids)` passed
+    /// to [`ExpertStore::prefetch`] at the point where it cannot hurt this call: a store that
+    /// caches issues it only once every expert of `ids` holds its slot (so no guess evicts a
+    /// demanded expert) and may drop it when the cache is too small. The default prefetches
+    /// first, then calls `for_each`.
+    fn for_each_then_prefetch(
+        &self,
+        layer: usize,
+        ids: &[u32],
+        next: Option<(usize, &[u32])>,
+        f: &mut dyn FnMut(u32, ExpertView<'_>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        if let Some((l, guess)) = next {
+            self.prefetch(l, guess);
+        }
+        self.for_each(layer, ids, f)
+    }
+
+    /// Streaming accounting per layer (indexed by layer; empty for a store that does not
+    /// stream).
+    fn layer_stats(&self) -> Vec<LayerPrefetchStats> {
+        Vec::new()
+    }
+
     /// Cancels the not-yet-started prefetch reads of `layer`. The default does nothing.
     fn cancel_prefetch(&self, layer: usize) {
         let _ = layer;

@@ -87,3 +87,18 @@ pub fn storage_read(
     let gbps = total as f64 / secs / 1e9;
     Ok(StorageProbe { bytes: total, secs, gbps, block, readers, direct })
 }
+
+/// Drops the page-cache pages of the whole file at `path` (`posix_fadvise(POSIX_FADV_DONTNEED)`),
+/// so the next read of it comes from storage. Pages another process has mapped stay cached.
+pub fn drop_file_cache(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path)?;
+    // SAFETY: `posix_fadvise` only reads its integer arguments; the descriptor stays open for
+    // the call, and advice on any range is harmless to memory safety.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::from_raw_os_error(rc))
+    }
+}

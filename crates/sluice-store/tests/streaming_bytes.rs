@@ -60,6 +60,7 @@ fn every_expert_matches_the_mapped_bytes_at_every_cache_size_and_io_mode() {
                         readers: 4,
                         io,
                         max_prefetch_slots: (!prefetch).then_some(0),
+                        prefetch_min_precision: 0.0,
                         ..StreamingConfig::default()
                     };
                     let store = fx.streaming(&cfg);
@@ -104,7 +105,12 @@ fn aligned_reads_go_through_o_direct_where_the_file_system_allows_it() {
     let fx = Fixture::open("tiny-a");
     let want = reference(&fx);
     let files = Arc::new(ShardFiles::open(fx.ckpt.shard_paths(), IoMode::Direct).expect("opens"));
-    let cfg = StreamingConfig { cache: CacheSize::Slots(2), readers: 2, ..Default::default() };
+    let cfg = StreamingConfig {
+        cache: CacheSize::Slots(2),
+        readers: 2,
+        prefetch_min_precision: 0.0,
+        ..Default::default()
+    };
     let store = fx.streaming_with(files.clone(), &cfg);
     for &l in &fx.moe_layers {
         assert_same(&want, l, &collect(&store, l, &fx.all_ids()).expect("reads"), "direct");
@@ -141,6 +147,7 @@ fn reads_are_exact_on_tmpfs() {
             cache: CacheSize::Slots(2),
             readers: 2,
             io,
+            prefetch_min_precision: 0.0,
             ..Default::default()
         });
         for &l in &fx.moe_layers {
@@ -155,6 +162,7 @@ fn hits_are_handed_over_before_misses() {
     let store = fx.streaming(&StreamingConfig {
         cache: CacheSize::Slots(8),
         readers: 2,
+        prefetch_min_precision: 0.0,
         ..Default::default()
     });
     let l = fx.moe_layers[2];
@@ -178,6 +186,7 @@ fn prefetch_recall_and_waste_are_recorded_per_layer() {
     let store = fx.streaming(&StreamingConfig {
         cache: CacheSize::Slots(64),
         readers: 4,
+        prefetch_min_precision: 0.0,
         ..Default::default()
     });
     let l = fx.moe_layers[3];
@@ -202,7 +211,12 @@ fn unstarted_prefetches_are_cancelled() {
     let files = ShardFiles::open(fx.ckpt.shard_paths(), IoMode::Direct).expect("opens");
     let reader = Arc::new(FaultyReader::new(files));
     reader.inject(When::Always, Fault::Stall(Duration::from_millis(100)), None);
-    let cfg = StreamingConfig { cache: CacheSize::Slots(16), readers: 1, ..Default::default() };
+    let cfg = StreamingConfig {
+        cache: CacheSize::Slots(16),
+        readers: 1,
+        prefetch_min_precision: 0.0,
+        ..Default::default()
+    };
     let store = fx.streaming_with(reader.clone(), &cfg);
     let l = fx.moe_layers[0];
     store.prefetch(l, &[0, 1, 2, 3, 4]);
@@ -245,7 +259,12 @@ fn experts_scattered_over_several_shards_are_read_span_by_span() {
     let index = ExpertIndex::from_layers(vec![locs], paths.clone());
     for io in [IoMode::Direct, IoMode::Buffered] {
         let files = ShardFiles::open(&paths, io).expect("opens");
-        let cfg = StreamingConfig { cache: CacheSize::Slots(2), readers: 3, ..Default::default() };
+        let cfg = StreamingConfig {
+            cache: CacheSize::Slots(2),
+            readers: 3,
+            prefetch_min_precision: 0.0,
+            ..Default::default()
+        };
         let store =
             StreamingExperts::new(index.clone(), Arc::new(files), &cfg, &MemoryBudget::unlimited())
                 .expect("store");

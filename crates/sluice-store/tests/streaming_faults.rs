@@ -21,7 +21,12 @@ type Faulty = Arc<FaultyReader<ShardFiles>>;
 fn faulty(fx: &Fixture, slots: usize, readers: usize) -> (Faulty, StreamingExperts) {
     let files = ShardFiles::open(fx.ckpt.shard_paths(), IoMode::Direct).expect("opens");
     let reader = Arc::new(FaultyReader::new(files));
-    let cfg = StreamingConfig { cache: CacheSize::Slots(slots), readers, ..Default::default() };
+    let cfg = StreamingConfig {
+        cache: CacheSize::Slots(slots),
+        readers,
+        prefetch_min_precision: 0.0,
+        ..Default::default()
+    };
     let store = fx.streaming_with(reader.clone(), &cfg);
     (reader, store)
 }
@@ -243,12 +248,18 @@ fn a_budget_too_small_is_refused_with_the_numbers() {
         .streaming(&StreamingConfig {
             cache: CacheSize::Slots(1),
             readers: 1,
+            prefetch_min_precision: 0.0,
             ..Default::default()
         })
         .slot_bytes() as u64;
 
     let budget = MemoryBudget::new(slot + 100);
-    let cfg = StreamingConfig { cache: CacheSize::Available, readers: 1, ..Default::default() };
+    let cfg = StreamingConfig {
+        cache: CacheSize::Available,
+        readers: 1,
+        prefetch_min_precision: 0.0,
+        ..Default::default()
+    };
     let err = fx.try_streaming(&cfg, &budget).expect_err("two slots do not fit");
     let msg = err.to_string();
     for n in [2, slot, 2 * slot, slot + 100] {
@@ -258,15 +269,24 @@ fn a_budget_too_small_is_refused_with_the_numbers() {
         matches!(err, StoreError::Budget { slots: 2, available, limit, .. } if available == slot + 100 && limit == slot + 100)
     );
 
-    let cfg = StreamingConfig { cache: CacheSize::Slots(5), readers: 1, ..Default::default() };
+    let cfg = StreamingConfig {
+        cache: CacheSize::Slots(5),
+        readers: 1,
+        prefetch_min_precision: 0.0,
+        ..Default::default()
+    };
     let err = fx.try_streaming(&cfg, &budget).expect_err("five slots do not fit");
     assert!(
         err.to_string().contains(&format!("5 slots of {slot} bytes need {}", 5 * slot)),
         "{err}"
     );
 
-    let cfg =
-        StreamingConfig { cache: CacheSize::Bytes(10 * slot), readers: 1, ..Default::default() };
+    let cfg = StreamingConfig {
+        cache: CacheSize::Bytes(10 * slot),
+        readers: 1,
+        prefetch_min_precision: 0.0,
+        ..Default::default()
+    };
     let big = MemoryBudget::new(100 * slot);
     let store = fx.try_streaming(&cfg, &big).expect("fits");
     assert_eq!(store.slots(), 10);
@@ -274,7 +294,12 @@ fn a_budget_too_small_is_refused_with_the_numbers() {
     drop(store);
     assert_eq!(big.used(), 0, "and returned");
 
-    let cfg = StreamingConfig { cache: CacheSize::Available, readers: 1, ..Default::default() };
+    let cfg = StreamingConfig {
+        cache: CacheSize::Available,
+        readers: 1,
+        prefetch_min_precision: 0.0,
+        ..Default::default()
+    };
     let store = fx.try_streaming(&cfg, &MemoryBudget::new(1_000_000 * slot)).expect("fits");
     assert_eq!(store.slots(), fx.moe_layers.len() * fx.experts, "never more slots than experts");
 }
@@ -287,6 +312,7 @@ fn a_one_slot_cache_still_serves_everything() {
         cache: CacheSize::Slots(1),
         min_slots: 1,
         readers: 2,
+        prefetch_min_precision: 0.0,
         ..Default::default()
     };
     let store: StreamingExperts = fx.streaming(&cfg);

@@ -89,7 +89,8 @@ proptest! {
             cache: CacheSize::Slots(2),
             readers: 3,
             policy: if lru { PolicyKind::Lru } else { PolicyKind::S3Fifo },
-            ..StreamingConfig::default()
+            prefetch_min_precision: 0.0,
+..StreamingConfig::default()
         };
         let store = fx.streaming(&cfg);
         std::thread::scope(|s| {
@@ -120,7 +121,8 @@ proptest! {
         for k in 1..40 {
             reader.inject(When::Nth(k * fail_every), Fault::Error(libc::EIO), Some(1));
         }
-        let cfg = StreamingConfig { cache: CacheSize::Slots(slots), readers: 2, ..StreamingConfig::default() };
+        let cfg = StreamingConfig { cache: CacheSize::Slots(slots), readers: 2, prefetch_min_precision: 0.0,
+..StreamingConfig::default() };
         let store = fx.streaming_with(reader.clone(), &cfg);
         std::thread::scope(|s| {
             for ops in [&a, &b] {
@@ -140,8 +142,12 @@ proptest! {
 fn two_threads_sweeping_all_layers_with_prefetch_agree_with_the_mapped_store() {
     let (fx, want) = fixture();
     for slots in [2, 3, 5, 17] {
-        let cfg =
-            StreamingConfig { cache: CacheSize::Slots(slots), readers: 4, ..Default::default() };
+        let cfg = StreamingConfig {
+            cache: CacheSize::Slots(slots),
+            readers: 4,
+            prefetch_min_precision: 0.0,
+            ..Default::default()
+        };
         let store = fx.streaming(&cfg);
         std::thread::scope(|s| {
             for t in 0..2u32 {

@@ -80,16 +80,17 @@ pub(crate) fn forward(
 
     let logits = ctx.mm(&w.router, x, t);
     let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, &w.bias, c)).collect();
-    // Guess the next MoE layer's experts with its router on this layer's input and start
-    // reading them while this layer computes (a wrong guess costs bandwidth, never output).
-    if let Some((next_layer, nw)) = next {
+    // Guess the next MoE layer's experts with its router on this layer's input; the store
+    // starts reading them once this layer's own experts hold their slots, while this layer
+    // computes (a wrong guess costs bandwidth, never output).
+    let guess: Option<(usize, Vec<u32>)> = next.map(|(next_layer, nw)| {
         let nl = ctx.mm(&nw.router, x, t);
         let mut guess: Vec<u32> =
             nl.chunks_exact(e).flat_map(|l| route(l, &nw.bias, c).ids).collect();
         guess.sort_unstable();
         guess.dedup();
-        ctx.experts.prefetch(next_layer, &guess);
-    }
+        (next_layer, guess)
+    });
     let z = match &w.down {
         Some(m) => ctx.mm(m, x, t),
         None => x.to_vec(),
@@ -111,7 +112,8 @@ pub(crate) fn forward(
     let mut up = Vec::new();
     let mut act = Vec::new();
     let mut y = Vec::new();
-    ctx.experts.for_each(layer, &ids, &mut |id, v: ExpertView<'_>| {
+    let next = guess.as_ref().map(|(l, g)| (*l, g.as_slice()));
+    ctx.experts.for_each_then_prefetch(layer, &ids, next, &mut |id, v: ExpertView<'_>| {
         let rows = &users[id as usize];
         let n = rows.len();
         xin.clear();

@@ -8,7 +8,10 @@
 //! when `layer` is demanded, the guess is settled: right guesses count towards recall, wrong
 //! ones are cancelled if not yet started and their bytes counted as wasted if they were read.
 
+mod gate;
 mod shared;
+
+pub use gate::{LayerPrefetchStats, DEFAULT_MIN_PRECISION, GATE_WEIGHT};
 
 use crate::cache::{CacheSize, CacheState, ExpertCache, SlotState};
 use crate::index::ExpertIndex;
@@ -16,6 +19,7 @@ use crate::io::{IoMode, ReadAt, ShardFiles};
 use crate::policy::{key, PolicyKind};
 use crate::reader::{JobState, Priority, ReaderPool, DEFAULT_READERS};
 use crate::{ExpertStore, ExpertTensorNames, ExpertView, StoreError, StoreStats};
+use gate::Gate;
 use shared::{add, nanos, Counters, Guess, Locked, Pins, ReadJob, Request, Shared};
 use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
@@ -25,7 +29,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Instant;
 
 /// How a [`StreamingExperts`] store is set up.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StreamingConfig {
     /// Cache size (default: what the memory budget has room for).
     pub cache: CacheSize,
@@ -40,6 +44,10 @@ pub struct StreamingConfig {
     /// Most slots that unused prefetches may hold at once (default half the slots; 0 turns
     /// prefetch off).
     pub max_prefetch_slots: Option<usize>,
+    /// Guesses for a layer are read only while their measured precision (an exponential
+    /// average over passes, see [`GATE_WEIGHT`]) is at least this (default
+    /// [`DEFAULT_MIN_PRECISION`]; 0 always reads them).
+    pub prefetch_min_precision: f64,
 }
 
 impl Default for StreamingConfig {
@@ -51,27 +59,8 @@ impl Default for StreamingConfig {
             io: IoMode::Direct,
             policy: PolicyKind::default(),
             max_prefetch_slots: None,
+            prefetch_min_precision: DEFAULT_MIN_PRECISION,
         }
-    }
-}
-
-/// Prefetch accounting of one layer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LayerPrefetchStats {
-    /// Prefetch reads queued for the layer.
-    pub issued: u64,
-    /// Experts the layer demanded (over all `for_each` calls).
-    pub demanded: u64,
-    /// Demanded experts that were ready or in flight because of a prefetch.
-    pub covered: u64,
-    /// Bytes read for prefetches of the layer that were not demanded (or were evicted first).
-    pub wasted_bytes: u64,
-}
-
-impl LayerPrefetchStats {
-    /// `covered / demanded`, or `None` before the first demand.
-    pub fn recall(&self) -> Option<f64> {
-        (self.demanded > 0).then(|| self.covered as f64 / self.demanded as f64)
     }
 }
 
@@ -127,6 +116,7 @@ impl StreamingExperts {
             cache: CacheState::new(slots, config.policy),
             guesses: vec![Vec::new(); layers],
             layers: vec![LayerPrefetchStats::default(); layers],
+            gates: vec![Gate::default(); layers],
         };
         let shared = Arc::new(Shared {
             index,
@@ -136,6 +126,7 @@ impl StreamingExperts {
             cv: Condvar::new(),
             counters: Counters::default(),
             max_prefetch: config.max_prefetch_slots.unwrap_or(slots / 2).min(slots),
+            min_precision: config.prefetch_min_precision,
         });
         Ok(Self { shared, pool })
     }
@@ -228,6 +219,7 @@ impl StreamingExperts {
         let c = &self.shared.counters;
         let mut covered = Vec::new();
         let mut wasted = 0u64;
+        let issued = guesses.len() as u64;
         for g in guesses {
             let s = st.cache.slot(g.slot);
             let live =
@@ -252,10 +244,18 @@ impl StreamingExperts {
             }
         }
         let n = covered.len() as u64;
+        let (guessed, hits) = st.gates[layer].settle(ids, issued, n);
+        let index = &self.shared.index;
+        let demanded_bytes: u64 =
+            ids.iter().filter_map(|&id| index.get(layer, id)).map(|l| l.bytes()).sum();
         if let Some(l) = st.layers.get_mut(layer) {
             l.demanded += ids.len() as u64;
             l.covered += n;
             l.wasted_bytes += wasted;
+            l.passes += 1;
+            l.demanded_bytes += demanded_bytes;
+            l.guessed += guessed;
+            l.guess_hits += hits;
         }
         add(&c.prefetch_used, n);
         add(&c.prefetch_wasted_bytes, wasted);
@@ -264,11 +264,52 @@ impl StreamingExperts {
     }
 }
 
-impl ExpertStore for StreamingExperts {
-    fn for_each(
+impl StreamingExperts {
+    /// Queues prefetch reads for the guess `ids` of `layer`, as far as the gate, the prefetch
+    /// cap and the evictable slots allow (a guess never evicts a pinned or unused-prefetch
+    /// slot). With the gate shut the guess is only kept as a shadow to be scored.
+    fn guess(&self, st: &mut Locked, layer: usize, ids: &[u32]) {
+        let sh = &*self.shared;
+        let experts = sh.index.experts(layer);
+        if experts == 0 || sh.max_prefetch == 0 || layer >= st.gates.len() {
+            return;
+        }
+        let valid = |id: u32| usize::try_from(id).is_ok_and(|i| i < experts);
+        if !st.gates[layer].open(sh.min_precision) {
+            // Only guesses that would be read are scored: an already cached guess costs
+            // nothing, and counting it would credit the predictor with the cache's hits.
+            let ids: Vec<u32> = ids
+                .iter()
+                .copied()
+                .filter(|&id| valid(id) && st.cache.lookup(key(layer, id)).is_none())
+                .collect();
+            st.layers[layer].gated += ids.len() as u64;
+            st.gates[layer].shadow(&ids);
+            return;
+        }
+        for &id in ids {
+            if !valid(id) || st.cache.lookup(key(layer, id)).is_some() {
+                continue;
+            }
+            if st.cache.prefetched() >= sh.max_prefetch {
+                break;
+            }
+            let Some((i, ticket)) = st.cache.acquire(key(layer, id), true) else { break };
+            self.submit(st, i, ticket, layer, id, Priority::Prefetch);
+            st.guesses[layer].push(Guess { id, slot: i, ticket });
+            st.layers[layer].issued += 1;
+            add(&sh.counters.prefetch_issued, 1);
+        }
+    }
+
+    /// `for_each`, with the guess `next` for a later layer issued once every expert of this
+    /// call holds a pinned slot (so no guess evicts one of them), and dropped when they do not
+    /// all fit at once (a cache that small has no room to spare for guesses).
+    fn run(
         &self,
         layer: usize,
         ids: &[u32],
+        mut next: Option<(usize, &[u32])>,
         f: &mut dyn FnMut(u32, ExpertView<'_>) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let sh = &*self.shared;
@@ -305,6 +346,13 @@ impl ExpertStore for StreamingExperts {
                     rq.pending.push((id, i));
                 }
                 todo.pop_front();
+            }
+            if let Some((nl, guess)) = next.take() {
+                if todo.is_empty() {
+                    self.guess(&mut st, nl, guess);
+                } else if let Some(l) = st.layers.get_mut(nl) {
+                    l.skipped += guess.len() as u64;
+                }
             }
             let mut failed = None;
             let Request { pending, ready, pins, .. } = &mut rq;
@@ -353,6 +401,31 @@ impl ExpertStore for StreamingExperts {
             st = sh.lock();
         }
     }
+}
+
+impl ExpertStore for StreamingExperts {
+    fn for_each(
+        &self,
+        layer: usize,
+        ids: &[u32],
+        f: &mut dyn FnMut(u32, ExpertView<'_>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        self.run(layer, ids, None, f)
+    }
+
+    fn for_each_then_prefetch(
+        &self,
+        layer: usize,
+        ids: &[u32],
+        next: Option<(usize, &[u32])>,
+        f: &mut dyn FnMut(u32, ExpertView<'_>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        self.run(layer, ids, next, f)
+    }
+
+    fn layer_stats(&self) -> Vec<LayerPrefetchStats> {
+        self.layer_prefetch_stats()
+    }
 
     fn stats(&self) -> StoreStats {
         let c = &self.shared.counters;
@@ -373,27 +446,8 @@ impl ExpertStore for StreamingExperts {
     }
 
     fn prefetch(&self, layer: usize, ids: &[u32]) {
-        let sh = &*self.shared;
-        let experts = sh.index.experts(layer);
-        if experts == 0 || sh.max_prefetch == 0 {
-            return;
-        }
-        let mut st = sh.lock();
-        for &id in ids {
-            if usize::try_from(id).map_or(true, |i| i >= experts)
-                || st.cache.lookup(key(layer, id)).is_some()
-            {
-                continue;
-            }
-            if st.cache.prefetched() >= sh.max_prefetch {
-                break;
-            }
-            let Some((i, ticket)) = st.cache.acquire(key(layer, id), true) else { break };
-            self.submit(&mut st, i, ticket, layer, id, Priority::Prefetch);
-            st.guesses[layer].push(Guess { id, slot: i, ticket });
-            st.layers[layer].issued += 1;
-            add(&sh.counters.prefetch_issued, 1);
-        }
+        let mut st = self.shared.lock();
+        self.guess(&mut st, layer, ids);
     }
 
     fn cancel_prefetch(&self, layer: usize) {

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
+use super::gate::Gate;
 use super::LayerPrefetchStats;
 
 /// An outstanding prefetch.
@@ -28,6 +29,7 @@ pub(super) struct Locked {
     pub(super) cache: CacheState,
     pub(super) guesses: Vec<Vec<Guess>>,
     pub(super) layers: Vec<LayerPrefetchStats>,
+    pub(super) gates: Vec<Gate>,
 }
 
 /// Store-wide counters behind [`crate::StoreStats`] (relaxed atomics: they are statistics).
@@ -66,6 +68,7 @@ pub(super) struct Shared {
     pub(super) cv: Condvar,
     pub(super) counters: Counters,
     pub(super) max_prefetch: usize,
+    pub(super) min_precision: f64,
 }
 
 impl Shared {
@@ -76,11 +79,20 @@ impl Shared {
     }
 
     /// Records the end of a read and wakes every waiter.
-    pub(super) fn finish(&self, slot: usize, ticket: u64, result: Result<u64, ReadFailure>) {
+    pub(super) fn finish(
+        &self,
+        layer: usize,
+        slot: usize,
+        ticket: u64,
+        result: Result<u64, ReadFailure>,
+    ) {
         let mut st = self.lock();
-        let bytes = result.as_ref().ok().copied();
+        let bytes = result.as_ref().ok().copied().unwrap_or(0);
         if st.cache.complete(slot, ticket, result.map(|_| ())) {
-            add(&self.counters.bytes_read, bytes.unwrap_or(0));
+            add(&self.counters.bytes_read, bytes);
+            if let Some(l) = st.layers.get_mut(layer) {
+                l.bytes_read += bytes;
+            }
         }
         drop(st);
         self.cv.notify_all();
@@ -154,7 +166,7 @@ impl ReadJob {
             }
         };
         self.done = true;
-        sh.finish(self.slot, self.ticket, result);
+        sh.finish(self.layer, self.slot, self.ticket, result);
     }
 }
 
@@ -167,7 +179,7 @@ impl Drop for ReadJob {
     fn drop(&mut self) {
         if !self.done {
             let e = std::io::Error::other("read job ended without completing");
-            self.shared.finish(self.slot, self.ticket, Err(failure(0, 0, 0, e)));
+            self.shared.finish(self.layer, self.slot, self.ticket, Err(failure(0, 0, 0, e)));
         }
     }
 }

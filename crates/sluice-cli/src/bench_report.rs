@@ -1,0 +1,209 @@
+//! What `sluice bench` derives from each run's `sluice run --json` output, and the per
+//! configuration summary (median, min, max of every figure).
+//!
+//! The storage bound of a phase is the expert bytes it read divided by the bandwidth probed in
+//! the same invocation; the ratio of measured time to that bound is the headline figure
+//! (1.0 = the pass costs exactly its reads; every other cost is hidden underneath them).
+
+use crate::bench::Config;
+use serde_json::{json, Map, Value};
+
+/// One finished run.
+#[derive(Debug)]
+pub struct RunRecord {
+    /// Configuration name.
+    pub config: String,
+    /// 1-based run number within the configuration.
+    pub run: usize,
+    /// Wall seconds of the whole child process.
+    pub wall_s: f64,
+    /// 1-minute load average just before the run.
+    pub load_before: Option<f64>,
+    /// Whether its tokens equal the oracle.
+    pub tokens_match: bool,
+    /// The child's JSON output.
+    pub output: Value,
+}
+
+/// The figures of one run, summarized per configuration (name, what it is).
+pub const METRICS: &[(&str, &str)] = &[
+    ("wall_s", "process wall s"),
+    ("load_s", "load s"),
+    ("prefill_s", "prefill s"),
+    ("prefill_bound_s", "prefill bound s"),
+    ("prefill_ratio", "prefill / bound"),
+    ("prefill_read_amplification", "prefill read / distinct routed"),
+    ("s_per_pass", "decode s/pass"),
+    ("decode_bound_s_per_pass", "decode bound s/pass"),
+    ("decode_ratio", "decode / bound"),
+    ("tokens_per_pass", "tokens/pass"),
+    ("decode_bytes_per_pass", "expert bytes read/pass"),
+    ("expert_bytes_read", "expert bytes read"),
+    ("other_bytes_read", "other bytes read (spine...)"),
+    ("hit_rate", "cache hit rate"),
+    ("prefetch_recall", "prefetch recall"),
+    ("prefetch_wasted_bytes", "prefetch wasted bytes"),
+    ("decode_io_wait_s_per_pass", "decode io wait s/pass"),
+    ("decode_compute_s_per_pass", "decode other s/pass"),
+    ("s_per_pass_per_moe_layer", "decode s/pass per MoE layer"),
+    ("peak_rss_bytes", "peak RSS bytes"),
+];
+
+fn f(v: &Value, k: &str) -> f64 {
+    v.get(k).and_then(Value::as_f64).unwrap_or(0.0)
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn ratio(a: f64, b: f64) -> Option<f64> {
+    (b > 0.0 && a.is_finite()).then(|| a / b)
+}
+
+/// Derives the per-run figures; `gbps` is the probed bandwidth in GB/s (10⁹ bytes).
+pub fn derive(r: &RunRecord, gbps: f64) -> Value {
+    let st = &r.output["stats"];
+    let bw = gbps * 1e9;
+    let passes = f(st, "passes");
+    let decode_passes = (passes - 1.0).max(0.0);
+    let decode_s = f(st, "decode_s");
+    let s_per_pass = ratio(decode_s, decode_passes);
+    let decode_read = f(st, "decode_expert_bytes_read");
+    let per_pass = ratio(decode_read, decode_passes);
+    let bound = per_pass.and_then(|b| ratio(b, bw));
+    let prefill_read = f(st, "prefill_expert_bytes_read");
+    let prefill_bound = ratio(prefill_read, bw);
+    let moe_layers = st["decode_layers"].as_array().map_or(0, Vec::len);
+    #[allow(clippy::cast_precision_loss)]
+    let per_layer = s_per_pass.and_then(|s| ratio(s, moe_layers as f64));
+    let expert_read = f(st, "expert_bytes_read");
+    let process_read = f(st, "process_read_bytes");
+    let wait = f(st, "decode_io_wait_s");
+    json!({
+        "config": r.config,
+        "run": r.run,
+        "tokens_match": r.tokens_match,
+        "load_before": r.load_before,
+        "wall_s": r.wall_s,
+        "load_s": r.output["load_s"],
+        "prompt_tokens": st["prompt_tokens"],
+        "prefill_passes": st["prefill_passes"],
+        "generated_tokens": st["generated_tokens"],
+        "decode_passes": decode_passes,
+        "prefill_s": st["prefill_s"],
+        "prefill_bound_s": prefill_bound,
+        "prefill_ratio": prefill_bound.and_then(|b| ratio(f(st, "prefill_s"), b)),
+        "prefill_expert_bytes_read": prefill_read,
+        "prefill_distinct_expert_bytes": st["prefill_distinct_expert_bytes"],
+        "prefill_read_amplification": ratio(prefill_read, f(st, "prefill_distinct_expert_bytes")),
+        "prefill_io_wait_s": st["prefill_io_wait_s"],
+        "s_per_pass": s_per_pass,
+        "decode_bound_s_per_pass": bound,
+        "decode_ratio": bound.and_then(|b| s_per_pass.and_then(|s| ratio(s, b))),
+        "tokens_per_pass": st["tokens_per_pass"],
+        "decode_bytes_per_pass": per_pass,
+        "expert_bytes_read": expert_read,
+        "other_bytes_read": (process_read > 0.0).then(|| (process_read - expert_read).max(0.0)),
+        "hit_rate": st["hit_rate"],
+        "prefetch_recall": st["prefetch_recall"],
+        "prefetch_wasted_bytes": st["prefetch_wasted_bytes"],
+        "decode_io_wait_s_per_pass": ratio(wait, decode_passes),
+        "decode_compute_s_per_pass": ratio(decode_s - wait, decode_passes),
+        "moe_layers": moe_layers,
+        "s_per_pass_per_moe_layer": per_layer,
+        "peak_rss_bytes": st["peak_rss_bytes"],
+        "budget_bytes": r.output["plan"]["budget"],
+        "cache_slots": r.output["plan"]["slots"],
+        "prefill_layers": st["prefill_layers"],
+        "decode_layers": st["decode_layers"],
+    })
+}
+
+/// Median (mean of the middle two for an even count), min and max.
+pub fn stats(mut v: Vec<f64>) -> Option<(f64, f64, f64)> {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let med = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+    Some((med, v[0], v[n - 1]))
+}
+
+/// Per configuration: every metric's median, min and max over its runs.
+pub fn summarize(configs: &[Config], runs: &[Value]) -> Value {
+    let mut out = Vec::new();
+    for c in configs {
+        let mine: Vec<&Value> = runs.iter().filter(|r| r["config"] == c.name.as_str()).collect();
+        let mut m = Map::new();
+        for (k, _) in METRICS {
+            let vals: Vec<f64> = mine.iter().filter_map(|r| r[*k].as_f64()).collect();
+            if let Some((med, lo, hi)) = stats(vals) {
+                m.insert((*k).into(), json!({"median": med, "min": lo, "max": hi}));
+            }
+        }
+        out.push(json!({"config": c.name, "args": c.args, "runs": mine.len(), "metrics": m}));
+    }
+    Value::Array(out)
+}
+
+/// Prints the summary as one block per configuration.
+pub fn print_summary(summary: &Value) {
+    for c in summary.as_array().into_iter().flatten() {
+        println!(
+            "config {} ({} runs) {}",
+            c["config"].as_str().unwrap_or("?"),
+            c["runs"],
+            c["args"]
+        );
+        for (k, what) in METRICS {
+            let m = &c["metrics"][*k];
+            if let (Some(med), Some(lo), Some(hi)) =
+                (m["median"].as_f64(), m["min"].as_f64(), m["max"].as_f64())
+            {
+                println!("  {what:<32} median {:>12} [min {}, max {}]", fmt(med), fmt(lo), fmt(hi));
+            }
+        }
+    }
+}
+
+fn fmt(v: f64) -> String {
+    if v.abs() >= 1e6 {
+        format!("{:.4e}", v)
+    } else {
+        format!("{v:.4}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_and_ratios() {
+        assert_eq!(stats(vec![3.0, 1.0, 2.0]), Some((2.0, 1.0, 3.0)));
+        assert_eq!(stats(vec![4.0, 1.0, 2.0, 3.0]), Some((2.5, 1.0, 4.0)));
+        assert_eq!(stats(vec![f64::NAN]), None);
+        let out = json!({"load_s": 1.0, "plan": {"budget": 10, "slots": 2}, "stats": {
+            "passes": 5, "decode_s": 4.0, "decode_expert_bytes_read": 4e9,
+            "prefill_s": 2.0, "prefill_expert_bytes_read": 1e9, "prefill_distinct_expert_bytes": 1e9,
+            "decode_io_wait_s": 1.0, "decode_layers": [{}, {}]}});
+        let r = RunRecord {
+            config: "a".into(),
+            run: 1,
+            wall_s: 9.0,
+            load_before: None,
+            tokens_match: true,
+            output: out,
+        };
+        let d = derive(&r, 2.0);
+        assert_eq!(d["s_per_pass"], 1.0);
+        assert_eq!(d["decode_bound_s_per_pass"], 0.5);
+        assert_eq!(d["decode_ratio"], 2.0);
+        assert_eq!(d["prefill_ratio"], 4.0);
+        assert_eq!(d["prefill_read_amplification"], 1.0);
+        assert_eq!(d["s_per_pass_per_moe_layer"], 0.5);
+        assert_eq!(d["decode_compute_s_per_pass"], 0.75);
+        let s = summarize(&[Config { name: "a".into(), args: vec![] }], &[d]);
+        assert_eq!(s[0]["metrics"]["decode_ratio"]["median"], 2.0);
+    }
+}

@@ -1,0 +1,106 @@
+//! Prefetch that never hurts: a guess issued with `for_each_then_prefetch` never evicts an
+//! expert the current call demanded, is dropped when the current call's experts do not all fit
+//! the cache, and is only read while the guesses of its layer have proved precise enough.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{assert_same, flat, reference, Fixture};
+use sluice_store::{CacheSize, ExpertStore, StreamingConfig, StreamingExperts};
+use std::collections::BTreeMap;
+
+fn serve(
+    store: &StreamingExperts,
+    layer: usize,
+    ids: &[u32],
+    next: Option<(usize, &[u32])>,
+) -> BTreeMap<u32, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    store
+        .for_each_then_prefetch(layer, ids, next, &mut |id, v| {
+            out.insert(id, flat(&v));
+            Ok(())
+        })
+        .expect("served");
+    assert_eq!(out.len(), ids.len());
+    out
+}
+
+#[test]
+fn a_guess_never_evicts_an_expert_the_current_layer_demands() {
+    let fx = Fixture::open("tiny-a");
+    let want = reference(&fx);
+    let store = fx.streaming(&StreamingConfig {
+        cache: CacheSize::Slots(4),
+        readers: 2,
+        max_prefetch_slots: Some(4),
+        prefetch_min_precision: 0.0,
+        ..Default::default()
+    });
+    let (a, b) = (fx.moe_layers[0], fx.moe_layers[1]);
+    // Fill all four slots: layer a's experts 0..4 are cached and unpinned.
+    serve(&store, a, &[0, 1, 2, 3], None);
+    let before = store.stats();
+    // Layer a again, with a four-expert guess for layer b: the guess may not take a slot of
+    // the experts this call uses, so all four are hits and the guess finds no room.
+    let got = serve(&store, a, &[0, 1, 2, 3], Some((b, &[4, 5, 6, 7])));
+    assert_same(&want, a, &got, "demanded experts");
+    let s = store.stats();
+    assert_eq!(s.hits - before.hits, 4, "every demanded expert was still cached");
+    assert_eq!(s.prefetch_issued, 0, "no evictable slot was left for the guess");
+    // Two of them demanded: the guess may take the two others' slots.
+    serve(&store, a, &[0, 1], Some((b, &[4, 5, 6, 7])));
+    assert_eq!(store.stats().prefetch_issued, 2);
+    let got = serve(&store, b, &[4, 5], None);
+    assert_same(&want, b, &got, "prefetched experts");
+    assert_eq!(store.layer_prefetch_stats()[b].covered, 2);
+    store.check_consistency(true).expect("consistent");
+}
+
+#[test]
+fn a_cache_too_small_for_the_current_layer_drops_the_guess() {
+    let fx = Fixture::open("tiny-a");
+    let store = fx.streaming(&StreamingConfig {
+        cache: CacheSize::Slots(2),
+        readers: 2,
+        prefetch_min_precision: 0.0,
+        ..Default::default()
+    });
+    let (a, b) = (fx.moe_layers[0], fx.moe_layers[1]);
+    serve(&store, a, &[0, 1, 2], Some((b, &[3, 4])));
+    assert_eq!(store.stats().prefetch_issued, 0);
+    assert_eq!(store.layer_prefetch_stats()[b].skipped, 2);
+    store.check_consistency(true).expect("consistent");
+}
+
+#[test]
+fn guesses_are_read_only_after_they_prove_precise() {
+    let fx = Fixture::open("tiny-a");
+    let want = reference(&fx);
+    let store = fx.streaming(&StreamingConfig {
+        cache: CacheSize::Slots(16),
+        readers: 2,
+        ..Default::default()
+    });
+    let (a, b) = (fx.moe_layers[0], fx.moe_layers[1]);
+    // A useless predictor never costs a read.
+    for _ in 0..6 {
+        serve(&store, a, &[0], Some((b, &[8, 9])));
+        serve(&store, b, &[1, 2], None);
+    }
+    let lb = store.layer_prefetch_stats()[b];
+    assert_eq!((lb.issued, lb.gated, lb.guess_hits), (0, 12, 0));
+    // A perfect one is shadowed for three passes, then read.
+    let mut issued = Vec::new();
+    for p in 0..5u32 {
+        let ids = [4 + 2 * p, 5 + 2 * p];
+        serve(&store, a, &[0], Some((b, &ids)));
+        issued.push(store.layer_prefetch_stats()[b].issued);
+        let got = serve(&store, b, &ids, None);
+        assert_same(&want, b, &got, "guessed experts");
+    }
+    assert_eq!(issued, [0, 0, 0, 2, 4]);
+    let lb = store.layer_prefetch_stats()[b];
+    assert_eq!(lb.covered, 4);
+    assert_eq!(lb.guess_precision(), Some(10.0 / 22.0));
+}
