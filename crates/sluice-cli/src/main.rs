@@ -1,6 +1,7 @@
 //! The `sluice` binary: raw flags are parsed here into validated options for the library
 //! crates, which own all the logic. Errors are reported with their full cause chain.
 
+mod doctor;
 mod inspect;
 mod npy;
 mod probe;
@@ -31,6 +32,8 @@ enum Cmd {
     Synth(synth::SynthArgs),
     /// Install a model from a Hugging Face–compatible hub (HF_ENDPOINT, HF_TOKEN), full or stream.
     Pull(pull::PullArgs),
+    /// Check an install (files, sizes, hashes with --deep, expert cache), the kernels and free disk.
+    Doctor(doctor::DoctorArgs),
     /// Measure storage read bandwidth at the expert store's block size and queue depth.
     Probe(probe::ProbeArgs),
     /// Summarise a checkpoint: config, tensors and bytes by kind, expert size, memory needs.
@@ -48,6 +51,11 @@ fn main() {
     let res: Result<()> = match cli.cmd {
         Cmd::Run(a) => run::run(&a),
         Cmd::Probe(a) => probe::run(&a),
+        Cmd::Doctor(a) => match doctor::run(&a) {
+            Ok(true) => Ok(()),
+            Ok(false) => std::process::exit(1),
+            Err(e) => Err(e),
+        },
         Cmd::Serve(a) => serve::run(&a),
         Cmd::Pull(a) => pull::run(&a),
         Cmd::Synth(a) => synth::run(&a),

@@ -80,6 +80,10 @@ pub struct LoadArgs {
     /// Context length the sequence state is planned for.
     #[arg(long, default_value_t = 4096)]
     context: usize,
+    /// Stream installs: most disk space for routed experts fetched from the hub (e.g. 200G).
+    /// Default: what is cached plus the volume's free space less 2% + 1 GiB.
+    #[arg(long)]
+    disk_cache: Option<String>,
 }
 
 impl LoadArgs {
@@ -93,6 +97,12 @@ impl LoadArgs {
             "stream" => ExpertMode::Stream,
             other => bail!("--experts {other:?}: expected auto, mapped or stream"),
         };
+        let disk_cache = self
+            .disk_cache
+            .as_deref()
+            .map(parse_size)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--disk-cache: {e}"))?;
         if self.readers == 0 {
             bail!("--readers must be at least 1");
         }
@@ -104,6 +114,7 @@ impl LoadArgs {
             readers: self.readers,
             direct_io: !self.buffered_io,
             slots: self.cache_slots,
+            disk_cache,
         })
     }
 }
@@ -127,6 +138,12 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if let Some(p) = &loaded.plan {
         eprintln!("sluice: {p}; experts {}", loaded.mode);
     }
+    if !demo {
+        eprintln!("sluice: {}", sluice_engine::install::describe(&dir, &loaded));
+    }
+    let remote_stats = || {
+        loaded.streaming.as_ref().and_then(|s| s.disk_cache()).map(|d| d.stats())
+    };
     let model = &loaded.model;
     let load_s = t_load.elapsed().as_secs_f64();
     // A checkpoint without tokenizer files still runs from --prompt-ids; broken files are an error.
@@ -192,6 +209,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
             "text": text,
             "stats": serde_json::to_value(&out.stats)?,
             "load_s": load_s,
+            "remote": remote_stats().map(serde_json::to_value).transpose()?,
         });
         println!("{v}");
     } else {
@@ -234,6 +252,21 @@ pub fn run(a: &RunArgs) -> Result<()> {
             s.peak_rss_bytes,
             s.finish_reason
         );
+        if let Some(r) = remote_stats() {
+            #[allow(clippy::cast_precision_loss)]
+            let secs = r.fetch_ns as f64 / 1e9;
+            eprintln!(
+                "remote: {} requests, {} bytes fetched, {} experts fetched, {} local hits, \
+                 {secs:.3}s fetching, {} evictions ({} bytes), {} prefetch guesses not local",
+                r.requests,
+                r.bytes_fetched,
+                r.experts_fetched,
+                r.local_hits,
+                r.evictions,
+                r.evicted_bytes,
+                r.prefetch_skipped
+            );
+        }
     }
     Ok(())
 }

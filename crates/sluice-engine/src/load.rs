@@ -44,6 +44,9 @@ pub struct LoadOptions {
     pub direct_io: bool,
     /// Exactly this many cache slots (overrides the plan; tests use tiny caches).
     pub slots: Option<usize>,
+    /// Disk budget of a stream install's expert cache in bytes (`None`: free space less
+    /// headroom; see [`crate::install`]).
+    pub disk_cache: Option<u64>,
 }
 
 impl Default for LoadOptions {
@@ -56,6 +59,7 @@ impl Default for LoadOptions {
             readers: 16,
             direct_io: true,
             slots: None,
+            disk_cache: None,
         }
     }
 }
@@ -79,6 +83,9 @@ pub struct Loaded {
 
 /// Opens the checkpoint in `dir` under `opts`.
 pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
+    if let Some(loaded) = crate::install::open_stream_install(dir, opts)? {
+        return Ok(loaded);
+    }
     let ckpt = Arc::new(Checkpoint::open(dir).map_err(sluice_models::ModelError::from)?);
     let budget_bytes = opts.memory.unwrap_or_else(default_budget);
     let budget = MemoryBudget::new(budget_bytes);

@@ -11,6 +11,7 @@ pub mod isa;
 pub mod matmul;
 pub mod ops;
 pub mod probe;
+pub mod selftest;
 mod tiled;
 
 pub use isa::{isa, Isa, IsaError};
