@@ -30,7 +30,8 @@ pub fn run(a: &DoctorArgs) -> Result<bool> {
     if !dir.is_dir() {
         anyhow::bail!("{} is not a directory", dir.display());
     }
-    let health = check_install(&dir, a.deep).with_context(|| format!("checking {}", dir.display()))?;
+    let health =
+        check_install(&dir, a.deep).with_context(|| format!("checking {}", dir.display()))?;
     let kernels = self_test();
     let isa = sluice_kernels::isa();
     let free = StatvfsFreeSpace.free_bytes(&dir).ok();
@@ -44,7 +45,8 @@ pub fn run(a: &DoctorArgs) -> Result<bool> {
         None => problems.push((
             dir.display().to_string(),
             "no sluice-install.json: not an install made by `sluice pull`".into(),
-            "run `sluice pull REPO --dir DIR`, or `sluice inspect DIR` for a plain checkpoint".into(),
+            "run `sluice pull REPO --dir DIR`, or `sluice inspect DIR` for a plain checkpoint"
+                .into(),
         )),
     }
     for k in kernels.iter().filter(|k| !k.ok) {
@@ -72,12 +74,21 @@ pub fn run(a: &DoctorArgs) -> Result<bool> {
         return Ok(problems.is_empty());
     }
     if let Some(h) = &health {
-        println!("install     {} ({} mode, {})", dir.display(), h.mode, if h.complete { "complete" } else { "INCOMPLETE" });
-        println!("repository  {} @ {} → commit {} (from {})", h.repo, h.revision, h.commit, h.endpoint);
+        println!(
+            "install     {} ({} mode, {})",
+            dir.display(),
+            h.mode,
+            if h.complete { "complete" } else { "INCOMPLETE" }
+        );
+        println!(
+            "repository  {} @ {} → commit {} (from {})",
+            h.repo, h.revision, h.commit, h.endpoint
+        );
         let hashed = if a.deep { format!(", {} hashed", h.hashed) } else { String::new() };
         println!("files       {} listed, {} as published{hashed}", h.files, bytes(h.bytes));
         if let Some(c) = &h.cache {
-            let verified = if a.deep { format!(", {} verified", c.verified) } else { String::new() };
+            let verified =
+                if a.deep { format!(", {} verified", c.verified) } else { String::new() };
             println!("experts     {} cached locally ({}){verified}", c.experts, bytes(c.bytes));
         }
     }

@@ -141,9 +141,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if !demo {
         eprintln!("sluice: {}", sluice_engine::install::describe(&dir, &loaded));
     }
-    let remote_stats = || {
-        loaded.streaming.as_ref().and_then(|s| s.disk_cache()).map(|d| d.stats())
-    };
+    let remote_stats = || loaded.streaming.as_ref().and_then(|s| s.disk_cache()).map(|d| d.stats());
     let model = &loaded.model;
     let load_s = t_load.elapsed().as_secs_f64();
     // A checkpoint without tokenizer files still runs from --prompt-ids; broken files are an error.

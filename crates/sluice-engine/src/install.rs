@@ -96,7 +96,10 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
     let charges = vec![
         budget.charge("spine", needs.spine).map_err(EngineError::Budget)?,
         budget
-            .charge("sequence state, headroom and remote fetch buffers", needs.state + needs.headroom)
+            .charge(
+                "sequence state, headroom and remote fetch buffers",
+                needs.state + needs.headroom,
+            )
             .map_err(EngineError::Budget)?,
     ];
     if let Some(n) = opts.slots {

@@ -82,12 +82,19 @@ fn assert_log_truthful(dir: &Path) -> usize {
             let want = std::fs::read(fixture().join(orig)).expect("fixture shard");
             let r = usize::try_from(s.offset).expect("offset")
                 ..usize::try_from(s.offset + s.len).expect("end");
-            assert!(data[r.clone()] == want[r], "expert {}/{} recorded but wrong", p.layer, p.expert);
-            got.extend_from_slice(&data[usize::try_from(s.offset).expect("o")..][..usize::try_from(s.len).expect("l")]);
+            assert!(
+                data[r.clone()] == want[r],
+                "expert {}/{} recorded but wrong",
+                p.layer,
+                p.expert
+            );
+            got.extend_from_slice(
+                &data[usize::try_from(s.offset).expect("o")..]
+                    [..usize::try_from(s.len).expect("l")],
+            );
         }
         use sha2::Digest;
-        let sha: String =
-            sha2::Sha256::digest(&got).iter().map(|b| format!("{b:02x}")).collect();
+        let sha: String = sha2::Sha256::digest(&got).iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(sha, p.sha256, "recorded SHA-256 of {}/{}", p.layer, p.expert);
     }
     st.present.len()
@@ -100,8 +107,13 @@ fn stream_install_matches_full_install_bit_for_bit_and_warm_runs_stay_offline() 
     let (full, stream) = (tmp.path().join("full"), tmp.path().join("stream"));
     pull(&hub, &full, ModeRequest::Full);
     pull(&hub, &stream, ModeRequest::Stream);
-    assert!(stream.join("model-00001-of-000003.safetensors.sparse").exists()
-        || std::fs::read_dir(&stream).expect("dir").flatten().any(|e| e.file_name().to_string_lossy().ends_with(".sparse")));
+    assert!(
+        stream.join("model-00001-of-000003.safetensors.sparse").exists()
+            || std::fs::read_dir(&stream)
+                .expect("dir")
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().ends_with(".sparse"))
+    );
 
     let reference = run(&full, &options(None)).expect("full install runs");
     hub.reset_stats();
@@ -147,11 +159,12 @@ fn adjacent_missing_experts_are_one_request_and_prefetch_never_fetches() {
     assert!(!disk.is_present(layer, far));
 
     let mut seen = Vec::new();
-    store.for_each(layer, &[a, b], &mut |id, _| {
-        seen.push(id);
-        Ok(())
-    })
-    .expect("served");
+    store
+        .for_each(layer, &[a, b], &mut |id, _| {
+            seen.push(id);
+            Ok(())
+        })
+        .expect("served");
     seen.sort_unstable();
     assert_eq!(seen, {
         let mut v = vec![a, b];

@@ -79,7 +79,8 @@ pub struct InstallHealth {
 pub fn check_install(dir: &Path, deep: bool) -> Result<Option<InstallHealth>> {
     let Some(install) = Install::detect(dir)? else { return Ok(None) };
     let m = &install.manifest;
-    let repair = format!("re-run `sluice pull {} --revision {} --dir {}`", m.repo, m.commit, dir.display());
+    let repair =
+        format!("re-run `sluice pull {} --revision {} --dir {}`", m.repo, m.commit, dir.display());
     let mut h = InstallHealth {
         dir: dir.to_path_buf(),
         mode: m.mode,
@@ -103,7 +104,11 @@ pub fn check_install(dir: &Path, deep: bool) -> Result<Option<InstallHealth>> {
     }
     for f in &m.files {
         let mut problem = |file: &str, what: String, deep_fix: bool| {
-            let fix = if deep_fix { format!("{repair} --deep to replace it") } else { format!("{repair} to repair it") };
+            let fix = if deep_fix {
+                format!("{repair} --deep to replace it")
+            } else {
+                format!("{repair} to repair it")
+            };
             h.problems.push(Problem { file: file.to_owned(), what, fix });
         };
         match f.state {
@@ -112,11 +117,9 @@ pub fn check_install(dir: &Path, deep: bool) -> Result<Option<InstallHealth>> {
                 let p = dir.join(&f.path);
                 match std::fs::metadata(&p) {
                     Err(e) => problem(&f.path, format!("missing ({e})"), false),
-                    Ok(md) if md.len() != f.size => problem(
-                        &f.path,
-                        format!("{} bytes, expected {}", md.len(), f.size),
-                        false,
-                    ),
+                    Ok(md) if md.len() != f.size => {
+                        problem(&f.path, format!("{} bytes, expected {}", md.len(), f.size), false)
+                    }
                     Ok(_) if deep => match (&f.sha256, sha256_file(&p)) {
                         (_, Err(e)) => problem(&f.path, format!("unreadable: {e}"), false),
                         (Some(want), Ok(got)) if *want != got => problem(
@@ -150,12 +153,18 @@ pub fn check_install(dir: &Path, deep: bool) -> Result<Option<InstallHealth>> {
                         Ok(file) => {
                             let mut bad = 0usize;
                             for r in &s.ranges {
-                                if sha256_range(&file, r.start, r.end - r.start).ok().as_ref() != Some(&r.sha256) {
+                                if sha256_range(&file, r.start, r.end - r.start).ok().as_ref()
+                                    != Some(&r.sha256)
+                                {
                                     bad += 1;
                                 }
                             }
                             if bad > 0 {
-                                problem(&s.sparse, format!("{bad} spine range(s) do not match their SHA-256"), true);
+                                problem(
+                                    &s.sparse,
+                                    format!("{bad} spine range(s) do not match their SHA-256"),
+                                    true,
+                                );
                             } else {
                                 h.hashed += 1;
                             }
@@ -171,7 +180,12 @@ pub fn check_install(dir: &Path, deep: bool) -> Result<Option<InstallHealth>> {
     Ok(Some(h))
 }
 
-fn check_cache(dir: &Path, commit: &str, deep: bool, problems: &mut Vec<Problem>) -> Result<CacheHealth> {
+fn check_cache(
+    dir: &Path,
+    commit: &str,
+    deep: bool,
+    problems: &mut Vec<Problem>,
+) -> Result<CacheHealth> {
     let path = dir.join(LOG_FILE);
     let st = match log::read(&path) {
         Ok(Some(st)) => st,
@@ -182,7 +196,10 @@ fn check_cache(dir: &Path, commit: &str, deep: bool, problems: &mut Vec<Problem>
     if st.commit.as_deref() != Some(commit) {
         problems.push(Problem {
             file: LOG_FILE.into(),
-            what: format!("the expert cache is for commit {:?}, the install is {commit}", st.commit),
+            what: format!(
+                "the expert cache is for commit {:?}, the install is {commit}",
+                st.commit
+            ),
             fix: "nothing: the next run starts the cache afresh".into(),
         });
         return Ok(c);
@@ -195,7 +212,8 @@ fn check_cache(dir: &Path, commit: &str, deep: bool, problems: &mut Vec<Problem>
             let mut hasher = Sha256::new();
             let mut ok = true;
             for s in &p.spans {
-                let read = File::open(dir.join(&s.shard)).and_then(|f| read_range(&f, s.offset, s.len));
+                let read =
+                    File::open(dir.join(&s.shard)).and_then(|f| read_range(&f, s.offset, s.len));
                 match read {
                     Ok(b) => hasher.update(&b),
                     Err(_) => ok = false,
@@ -210,7 +228,10 @@ fn check_cache(dir: &Path, commit: &str, deep: bool, problems: &mut Vec<Problem>
         if !bad.is_empty() {
             problems.push(Problem {
                 file: LOG_FILE.into(),
-                what: format!("cached expert(s) {} (layer/expert) do not match their SHA-256", bad.join(", ")),
+                what: format!(
+                    "cached expert(s) {} (layer/expert) do not match their SHA-256",
+                    bad.join(", ")
+                ),
                 fix: format!("delete {} (cached experts are fetched again on use)", path.display()),
             });
         }

@@ -46,11 +46,14 @@ impl RemoteSource for HubRemote {
         format!("{}@{} on {}", self.repo, c.get(..12).unwrap_or(c), self.endpoint)
     }
 
-    fn fetch(&self, file: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), RemoteError> {
-        let path = self
-            .files
-            .get(file)
-            .ok_or_else(|| format!("no repository file for shard {file}"))?;
+    fn fetch(
+        &self,
+        file: usize,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> std::result::Result<(), RemoteError> {
+        let path =
+            self.files.get(file).ok_or_else(|| format!("no repository file for shard {file}"))?;
         self.fetcher.fetch_range_into(path, offset, buf).map_err(|e| Box::new(e) as RemoteError)
     }
 }

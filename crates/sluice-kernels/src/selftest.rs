@@ -68,7 +68,8 @@ pub fn self_test() -> Vec<TierCheck> {
             let mut got = vec![0f32; T * ROWS];
             matmul_with(isa, &m, &x, T, &mut got);
             let ok = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
-            let max_abs_diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let max_abs_diff =
+                got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             out.push(TierCheck { isa, format, ok, max_abs_diff });
         }
     }

@@ -33,7 +33,9 @@ pub use io::{IoMode, ReadAt, ShardFiles};
 pub use mapped::{ExpertTensorNames, MappedExperts};
 pub use policy::PolicyKind;
 pub use reader::ReaderPool;
-pub use remote::{DiskCacheConfig, DiskPin, ExpertDiskCache, RemoteError, RemoteSource, RemoteStats};
+pub use remote::{
+    DiskCacheConfig, DiskPin, ExpertDiskCache, RemoteError, RemoteSource, RemoteStats,
+};
 pub use streaming::{LayerPrefetchStats, StreamingConfig, StreamingExperts};
 
 /// One expert's three MXFP4 matrices as byte slices (packed nibbles and E8M0 scales).

@@ -221,11 +221,12 @@ impl ExpertDiskCache {
                 entries: HashMap::new(),
                 used: 0,
                 clock: 0,
-                log: LogWriter::open(log_path).or_else(|_| {
-                    log::rewrite(log_path, commit, &[])?;
-                    LogWriter::open(log_path)
-                })
-                .map_err(io_err)?,
+                log: LogWriter::open(log_path)
+                    .or_else(|_| {
+                        log::rewrite(log_path, commit, &[])?;
+                        LogWriter::open(log_path)
+                    })
+                    .map_err(io_err)?,
             }),
             counters: Counters::default(),
         };
@@ -453,7 +454,8 @@ impl ExpertDiskCache {
             if !evicted.is_empty() {
                 // Absent first (synced), holes second: a crash in between leaves unrecorded
                 // bytes, never a record of bytes that are gone.
-                let text: String = evicted.iter().map(|((l, e), _)| log::remove_line(*l, *e)).collect();
+                let text: String =
+                    evicted.iter().map(|((l, e), _)| log::remove_line(*l, *e)).collect();
                 let logged = inner.log.append(&text);
                 for ((l, e), bytes) in &evicted {
                     self.counters.evictions.fetch_add(1, Ordering::Relaxed);
@@ -469,10 +471,8 @@ impl ExpertDiskCache {
             }
             let nothing_pinned = inner.entries.values().all(|e| e.pins == 0);
             if out.is_empty() && reserved.is_empty() && !ids.is_empty() && nothing_pinned {
-                let needed = ids
-                    .first()
-                    .and_then(|&id| self.index.get(layer, id))
-                    .map_or(0, |l| l.bytes());
+                let needed =
+                    ids.first().and_then(|&id| self.index.get(layer, id)).map_or(0, |l| l.bytes());
                 return Err(StoreError::DiskBudget { budget: self.config.budget, needed });
             }
         }
@@ -510,7 +510,10 @@ impl ExpertDiskCache {
                 .iter()
                 .copied()
                 .filter(|id| {
-                    inner.entries.get(&(layer, *id)).is_some_and(|e| e.state == EntryState::Fetching)
+                    inner
+                        .entries
+                        .get(&(layer, *id))
+                        .is_some_and(|e| e.state == EntryState::Fetching)
                 })
                 .collect();
             self.unreserve(&mut inner, layer, &failed);
@@ -560,7 +563,9 @@ impl ExpertDiskCache {
             let extend = groups.back().is_some_and(|g| {
                 let (_, first, _, _) = g[0];
                 let last = g[g.len() - 1];
-                last.0 == s.0 && last.1 + last.2 == s.1 && s.1 + s.2 - first <= self.config.max_request
+                last.0 == s.0
+                    && last.1 + last.2 == s.1
+                    && s.1 + s.2 - first <= self.config.max_request
             });
             match groups.back_mut() {
                 Some(g) if extend => g.push(s),
@@ -677,9 +682,11 @@ impl ExpertDiskCache {
         };
         for s in loc.spans() {
             let path = self.index.path(s.file).to_path_buf();
-            let f = self.files.get(s.file).and_then(Option::as_ref).ok_or_else(|| {
-                cfg_err(&path, "shard holds no routed experts")
-            })?;
+            let f = self
+                .files
+                .get(s.file)
+                .and_then(Option::as_ref)
+                .ok_or_else(|| cfg_err(&path, "shard holds no routed experts"))?;
             let n = usize::try_from(s.len).map_err(|_| cfg_err(&path, "span too large"))?;
             let mut buf = vec![0u8; n];
             f.read_exact_at(&mut buf, s.offset)

@@ -217,15 +217,8 @@ impl StreamingExperts {
         p: Priority,
         disk_pin: Option<DiskPin>,
     ) {
-        let job = ReadJob {
-            shared: self.shared.clone(),
-            slot,
-            ticket,
-            layer,
-            id,
-            done: false,
-            disk_pin,
-        };
+        let job =
+            ReadJob { shared: self.shared.clone(), slot, ticket, layer, id, done: false, disk_pin };
         let handle = self.pool.submit(p, move || job.run());
         st.cache.slot_mut(slot).job = Some((handle, p));
     }
