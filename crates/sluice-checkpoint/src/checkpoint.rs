@@ -100,6 +100,16 @@ impl Checkpoint {
     /// mapping fault with SIGBUS, and a modified file may change bytes already validated).
     /// sluice itself never writes to a file it has opened as a checkpoint.
     pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_with_shards(dir, &|name| dir.join(name))
+    }
+
+    /// Like [`Checkpoint::open`], but shard `name` (as the index or `model.safetensors`
+    /// names it) is read from `shard_path(name)`. A stream install keeps each expert shard as
+    /// `{name}.sparse` (same length and offsets, routed experts as holes); this opens it
+    /// without renaming anything. The same read-only contract applies; a sparse shard's
+    /// routed-expert holes may be filled in place by the expert store while it is mapped,
+    /// since no byte the checkpoint hands out lies in them.
+    pub fn open_with_shards(dir: &Path, shard_path: &dyn Fn(&str) -> PathBuf) -> Result<Self> {
         let config = CheckpointConfig::load(dir)?;
         let index_path = dir.join(INDEX_FILE);
         let (weight_map, index_metadata) = match std::fs::read(&index_path) {
@@ -134,7 +144,7 @@ impl Checkpoint {
                 }
             }
             None => {
-                if !dir.join(SINGLE_FILE).exists() {
+                if !shard_path(SINGLE_FILE).exists() {
                     return Err(CheckpointError::NoWeights { dir: dir.to_path_buf() });
                 }
                 shard_names.insert(SINGLE_FILE, "");
@@ -145,7 +155,7 @@ impl Checkpoint {
         let mut shards = Vec::with_capacity(shard_names.len());
         let mut tensors: BTreeMap<String, TensorEntry> = BTreeMap::new();
         for (i, (&name, &example)) in shard_names.iter().enumerate() {
-            let path = dir.join(name);
+            let path = shard_path(name);
             let map = map_shard(&path).map_err(|e| match e {
                 CheckpointError::Io { source, .. }
                     if source.kind() == std::io::ErrorKind::NotFound =>

@@ -4,6 +4,7 @@
 mod bench;
 mod bench_report;
 mod convert;
+mod doctor;
 mod inspect;
 mod npy;
 mod probe;
@@ -40,6 +41,8 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Check a checkpoint: SHA-256 against the install manifest, tensor ranges against shards.
     Verify(verify::VerifyArgs),
+    /// Check an install (files, sizes, hashes with --deep, expert cache), the kernels and free disk.
+    Doctor(doctor::DoctorArgs),
     /// Measure storage read bandwidth at the expert store's block size and queue depth.
     Probe(probe::ProbeArgs),
     /// Write a checkpoint's spine as row-int8 with f16 scales (lossy; docs/INT8.md).
@@ -63,6 +66,11 @@ fn main() {
         Cmd::Probe(a) => probe::run(&a),
         Cmd::Bench(a) => bench::run(&a),
         Cmd::Verify(a) => verify::run(&a),
+        Cmd::Doctor(a) => match doctor::run(&a) {
+            Ok(true) => Ok(()),
+            Ok(false) => std::process::exit(1),
+            Err(e) => Err(e),
+        },
         Cmd::Serve(a) => serve::run(&a),
         Cmd::Pull(a) => pull::run(&a),
         Cmd::Synth(a) => synth::run(&a),

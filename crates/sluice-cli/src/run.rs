@@ -92,6 +92,10 @@ pub struct LoadArgs {
     /// directory itself if converted, else its sibling DIR-int8).
     #[arg(long, default_value = "bf16")]
     spine: String,
+    /// Stream installs: most disk space for routed experts fetched from the hub (e.g. 200G).
+    /// Default: what is cached plus the volume's free space less 2% + 1 GiB.
+    #[arg(long)]
+    disk_cache: Option<String>,
 }
 
 impl LoadArgs {
@@ -108,6 +112,12 @@ impl LoadArgs {
         let Some(spine) = Spine::parse(&self.spine) else {
             bail!("--spine {:?}: expected bf16 or int8", self.spine);
         };
+        let disk_cache = self
+            .disk_cache
+            .as_deref()
+            .map(parse_size)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--disk-cache: {e}"))?;
         if self.readers == 0 {
             bail!("--readers must be at least 1");
         }
@@ -121,6 +131,7 @@ impl LoadArgs {
             direct_io: !self.buffered_io,
             slots: self.cache_slots,
             spine,
+            disk_cache,
         })
     }
 }
@@ -149,6 +160,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
         Some(p) => eprintln!("sluice: spine {}; {p}; experts {}", spine.label(), loaded.mode),
         None => eprintln!("sluice: spine {}; experts {}", spine.label(), loaded.mode),
     }
+    if !demo {
+        eprintln!("sluice: {}", sluice_engine::install::describe(&dir, &loaded));
+    }
+    let remote_stats = || loaded.streaming.as_ref().and_then(|s| s.disk_cache()).map(|d| d.stats());
     let model = &loaded.model;
     let load_s = t_load.elapsed().as_secs_f64();
     // A checkpoint without tokenizer files still runs from --prompt-ids; broken files are an error.
@@ -216,6 +231,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
             "text": text,
             "stats": serde_json::to_value(&out.stats)?,
             "load_s": load_s,
+            "remote": remote_stats().map(serde_json::to_value).transpose()?,
         });
         println!("{v}");
     } else {
@@ -260,6 +276,21 @@ pub fn run(a: &RunArgs) -> Result<()> {
         );
         eprint!("{}", layer_stats::describe("prefill", &s.prefill_layers));
         eprint!("{}", layer_stats::describe("decode", &s.decode_layers));
+        if let Some(r) = remote_stats() {
+            #[allow(clippy::cast_precision_loss)]
+            let secs = r.fetch_ns as f64 / 1e9;
+            eprintln!(
+                "remote: {} requests, {} bytes fetched, {} experts fetched, {} local hits, \
+                 {secs:.3}s fetching, {} evictions ({} bytes), {} prefetch guesses not local",
+                r.requests,
+                r.bytes_fetched,
+                r.experts_fetched,
+                r.local_hits,
+                r.evictions,
+                r.evicted_bytes,
+                r.prefetch_skipped
+            );
+        }
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ pub mod accuracy;
 pub mod demo;
 pub mod draft;
 pub mod generate;
+pub mod install;
 pub mod k3_output;
 pub mod layer_stats;
 pub mod load;
@@ -53,6 +54,14 @@ pub enum EngineError {
     /// A charge to the memory budget was refused.
     #[error(transparent)]
     Budget(sluice_core::BudgetError),
+    /// A `sluice pull` install that cannot be opened.
+    #[error("{dir}: {reason}")]
+    Install {
+        /// The model directory.
+        dir: std::path::PathBuf,
+        /// What is wrong and what to do.
+        reason: String,
+    },
     /// No prompt tokens.
     #[error("empty prompt: give at least one token")]
     EmptyPrompt,

@@ -50,6 +50,9 @@ pub struct LoadOptions {
     pub slots: Option<usize>,
     /// Which spine to run (see [`crate::spine`]); `dir` is resolved and checked against it.
     pub spine: Spine,
+    /// Disk budget of a stream install's expert cache in bytes (`None`: free space less
+    /// headroom; see [`crate::install`]).
+    pub disk_cache: Option<u64>,
 }
 
 impl Default for LoadOptions {
@@ -64,6 +67,7 @@ impl Default for LoadOptions {
             direct_io: true,
             slots: None,
             spine: Spine::Bf16,
+            disk_cache: None,
         }
     }
 }
@@ -87,6 +91,9 @@ pub struct Loaded {
 
 /// Opens the checkpoint in `dir` under `opts`.
 pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
+    if let Some(loaded) = crate::install::open_stream_install(dir, opts)? {
+        return Ok(loaded);
+    }
     let dir = &crate::spine::resolve(dir, opts.spine)?;
     let ckpt = Arc::new(Checkpoint::open(dir).map_err(sluice_models::ModelError::from)?);
     crate::spine::check(&ckpt, opts.spine)?;

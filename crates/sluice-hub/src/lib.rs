@@ -20,6 +20,7 @@
 //! serves a tiny hub on 127.0.0.1 with switchable faults, for tests and benchmarks.
 
 mod client;
+pub mod doctor;
 mod download;
 pub mod error;
 mod fetcher;
@@ -29,6 +30,7 @@ pub mod manifest;
 pub mod plan;
 pub mod progress;
 mod pull;
+mod remote;
 mod repo;
 pub mod shard;
 pub mod sink;
@@ -49,6 +51,7 @@ pub use plan::{
 };
 pub use progress::{Bars, NoProgress, Progress};
 pub use pull::{FileOutcome, FileReport, InstallReport, LinkKind, PullOptions};
+pub use remote::{HubRemote, Install};
 pub use repo::{validate_path, validate_repo, validate_revision, RemoteFile, RepoInfo};
 pub use shard::{ShardHeader, Span};
 pub use sink::{FsSinks, Sink, SinkFactory};

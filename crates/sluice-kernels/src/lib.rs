@@ -12,6 +12,7 @@ pub mod matmul;
 pub mod ops;
 pub mod pool;
 pub mod probe;
+pub mod selftest;
 mod tiled;
 
 pub use isa::{isa, Isa, IsaError};

@@ -21,6 +21,7 @@ pub mod mapped;
 pub mod policy;
 pub mod probe;
 pub mod reader;
+pub mod remote;
 pub mod streaming;
 
 use std::path::PathBuf;
@@ -32,6 +33,9 @@ pub use io::{IoMode, ReadAt, ShardFiles};
 pub use mapped::{ExpertTensorNames, MappedExperts};
 pub use policy::PolicyKind;
 pub use reader::ReaderPool;
+pub use remote::{
+    DiskCacheConfig, DiskPin, ExpertDiskCache, RemoteError, RemoteSource, RemoteStats,
+};
 pub use streaming::{LayerPrefetchStats, StreamingConfig, StreamingExperts};
 
 /// One expert's three MXFP4 matrices as byte slices (packed nibbles and E8M0 scales).
@@ -132,6 +136,31 @@ pub enum StoreError {
     Alloc {
         /// Bytes asked for.
         bytes: u64,
+    },
+    /// Fetching an expert from the remote source of a stream install failed (after the
+    /// source's own retries). Nothing of the request was recorded present.
+    #[error("{path}: fetching {len} bytes at offset {offset} from the hub failed: {source}")]
+    Remote {
+        /// The local sparse shard the bytes were for.
+        path: PathBuf,
+        /// Absolute offset of the request in the shard.
+        offset: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// The remote source's error.
+        #[source]
+        source: RemoteError,
+    },
+    /// The disk budget of a stream install's expert cache cannot hold what a pass needs.
+    #[error(
+        "the expert disk cache budget of {budget} bytes cannot hold an expert of {needed} bytes \
+         (raise --disk-cache)"
+    )]
+    DiskBudget {
+        /// The disk budget.
+        budget: u64,
+        /// Bytes that did not fit.
+        needed: u64,
     },
     /// A configuration value that cannot work (zero readers, zero slots, a bad layer list).
     #[error("invalid expert store configuration: {0}")]

@@ -143,6 +143,9 @@ pub struct Faults {
     pub corrupt: u32,
     /// Answer 200 with the whole file to this many `Range` requests.
     pub ignore_range: u32,
+    /// Answer this many `Range` requests with a body one byte short of the range, with a
+    /// matching `Content-Length` (a wrong-length answer, not a dropped connection).
+    pub short_ranges: u32,
     /// Serve at most this many bytes per second (stays on).
     pub throttle: Option<u64>,
     /// Apply faults only to this file (all files when `None`).
@@ -516,6 +519,7 @@ fn serve_bytes(
     }
     let ignore_range = range.is_some() && take(&mut f.ignore_range);
     let corrupt = take(&mut f.corrupt);
+    let short = matches!(range, Some(Ok((s, e))) if e > s + 1) && take(&mut f.short_ranges);
     let faults = BodyFaults {
         drop_after: take(&mut f.drops).then_some(f.drop_after),
         stall: take(&mut f.stalls).then_some((f.drop_after, f.stall_for)),
@@ -536,6 +540,7 @@ fn serve_bytes(
         }
         _ => (200, "OK", 0, len),
     };
+    let end = if short && !ignore_range { end - 1 } else { end };
     let (s, e) = (usize::try_from(start).unwrap_or(0), usize::try_from(end).unwrap_or(0));
     write_head(w, status, reason, &headers, end - start)?;
     if req.method == "HEAD" {

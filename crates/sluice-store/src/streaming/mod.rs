@@ -18,6 +18,7 @@ use crate::index::ExpertIndex;
 use crate::io::{IoMode, ReadAt, ShardFiles};
 use crate::policy::{key, PolicyKind};
 use crate::reader::{JobState, Priority, ReaderPool, DEFAULT_READERS};
+use crate::remote::{DiskPin, ExpertDiskCache};
 use crate::{ExpertStore, ExpertTensorNames, ExpertView, StoreError, StoreStats};
 use gate::Gate;
 use shared::{add, nanos, Counters, Guess, Locked, Pins, ReadJob, Request, Shared};
@@ -26,7 +27,7 @@ use sluice_core::MemoryBudget;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// How a [`StreamingExperts`] store is set up.
 #[derive(Debug, Clone, PartialEq)]
@@ -97,6 +98,29 @@ impl StreamingExperts {
         config: &StreamingConfig,
         budget: &MemoryBudget,
     ) -> Result<Self, StoreError> {
+        Self::build(index, reader, config, budget, None)
+    }
+
+    /// A store for a stream install: experts are read through `reader` from the sparse
+    /// shards, and those not on local disk are first fetched into them by `disk` (see
+    /// [`crate::remote`]). Prefetch reads only experts already on local disk.
+    pub fn with_disk_cache(
+        index: ExpertIndex,
+        reader: Arc<dyn ReadAt>,
+        config: &StreamingConfig,
+        budget: &MemoryBudget,
+        disk: Arc<ExpertDiskCache>,
+    ) -> Result<Self, StoreError> {
+        Self::build(index, reader, config, budget, Some(disk))
+    }
+
+    fn build(
+        index: ExpertIndex,
+        reader: Arc<dyn ReadAt>,
+        config: &StreamingConfig,
+        budget: &MemoryBudget,
+        disk: Option<Arc<ExpertDiskCache>>,
+    ) -> Result<Self, StoreError> {
         if index.total_experts() == 0 {
             return Err(StoreError::Config("no routed experts to stream".into()));
         }
@@ -127,6 +151,7 @@ impl StreamingExperts {
             counters: Counters::default(),
             max_prefetch: config.max_prefetch_slots.unwrap_or(slots / 2).min(slots),
             min_precision: config.prefetch_min_precision,
+            disk,
         });
         Ok(Self { shared, pool })
     }
@@ -149,6 +174,11 @@ impl StreamingExperts {
     /// Reader threads.
     pub fn readers(&self) -> usize {
         self.pool.threads()
+    }
+
+    /// The persistent expert cache of a stream install, if this store has one.
+    pub fn disk_cache(&self) -> Option<&Arc<ExpertDiskCache>> {
+        self.shared.disk.as_ref()
     }
 
     /// Prefetch accounting per layer (indexed by layer).
@@ -176,8 +206,10 @@ impl StreamingExperts {
         layer: usize,
         id: u32,
         p: Priority,
+        disk_pin: Option<DiskPin>,
     ) {
-        let job = ReadJob { shared: self.shared.clone(), slot, ticket, layer, id, done: false };
+        let job =
+            ReadJob { shared: self.shared.clone(), slot, ticket, layer, id, done: false, disk_pin };
         let handle = self.pool.submit(p, move || job.run());
         st.cache.slot_mut(slot).job = Some((handle, p));
     }
@@ -202,9 +234,20 @@ impl StreamingExperts {
         rq.pending.push((id, i));
         let queued_prefetch = matches!(&st.cache.slot(i).job,
             Some((h, Priority::Prefetch)) if h.state() == JobState::Queued);
-        if queued_prefetch && st.cache.slot(i).job.as_ref().is_some_and(|(h, _)| h.cancel()) {
-            let ticket = st.cache.retarget(i);
-            self.submit(st, i, ticket, rq.layer, id, Priority::Demand);
+        if queued_prefetch {
+            // The new job needs its own disk pin, taken before the old job (and its pin) is
+            // dropped, so the bytes cannot be evicted in between.
+            let pin = match &self.shared.disk {
+                Some(d) => match d.try_pin(rq.layer, id) {
+                    Some(p) => Some(p),
+                    None => return true,
+                },
+                None => None,
+            };
+            if st.cache.slot(i).job.as_ref().is_some_and(|(h, _)| h.cancel()) {
+                let ticket = st.cache.retarget(i);
+                self.submit(st, i, ticket, rq.layer, id, Priority::Demand, pin);
+            }
         }
         true
     }
@@ -294,8 +337,16 @@ impl StreamingExperts {
             if st.cache.prefetched() >= sh.max_prefetch {
                 break;
             }
+            // A guess is never fetched remotely: only experts already on local disk.
+            let pin = match &sh.disk {
+                Some(d) => match d.try_pin(layer, id) {
+                    Some(p) => Some(p),
+                    None => continue,
+                },
+                None => None,
+            };
             let Some((i, ticket)) = st.cache.acquire(key(layer, id), true) else { break };
-            self.submit(st, i, ticket, layer, id, Priority::Prefetch);
+            self.submit(st, i, ticket, layer, id, Priority::Prefetch, pin);
             st.guesses[layer].push(Guess { id, slot: i, ticket });
             st.layers[layer].issued += 1;
             add(&sh.counters.prefetch_issued, 1);
@@ -328,6 +379,8 @@ impl StreamingExperts {
             pending: Vec::new(),
             ready: Vec::new(),
         };
+        // Disk pins of misses made local but not yet handed to a read job.
+        let mut localized: Vec<(u32, DiskPin)> = Vec::new();
         // `st` is declared after `rq`, so on every return it is unlocked before `rq`'s pins
         // are released.
         let mut st = sh.lock();
@@ -336,17 +389,54 @@ impl StreamingExperts {
             // Pin everything cached or in flight first (so no miss evicts a hit of this call),
             // then take slots for the misses and submit all their reads at once.
             todo.retain(|&id| !self.take_cached(&mut st, &mut rq, id));
-            while let Some(&id) = todo.front() {
-                if !self.take_cached(&mut st, &mut rq, id) {
-                    let Some((i, ticket)) = st.cache.acquire(key(layer, id), false) else { break };
-                    st.cache.pin(i);
-                    rq.pins.held.push(i);
-                    add(&c.misses, 1);
-                    self.submit(&mut st, i, ticket, layer, id, Priority::Demand);
-                    rq.pending.push((id, i));
+            if let Some(disk) = &sh.disk {
+                // Stream install: the misses must be on local disk (and stay there) before
+                // they are read. Missing ones are fetched now, coalesced, in one call.
+                localized.retain(|(id, _)| todo.contains(id));
+                let need: Vec<u32> = todo
+                    .iter()
+                    .copied()
+                    .filter(|id| !localized.iter().any(|(l, _)| l == id))
+                    .collect();
+                if !need.is_empty() {
+                    drop(st);
+                    localized.extend(disk.localize(layer, &need)?);
+                    st = sh.lock();
+                    todo.retain(|&id| !self.take_cached(&mut st, &mut rq, id));
                 }
-                todo.pop_front();
             }
+            let mut waiting = VecDeque::new();
+            while let Some(id) = todo.pop_front() {
+                if self.take_cached(&mut st, &mut rq, id) {
+                    continue;
+                }
+                let pin = if sh.disk.is_some() {
+                    match localized.iter().position(|(l, _)| *l == id) {
+                        Some(p) => Some(localized.swap_remove(p).1),
+                        // Not local yet (the disk budget is pinned full): later.
+                        None => {
+                            waiting.push_back(id);
+                            continue;
+                        }
+                    }
+                } else {
+                    None
+                };
+                let Some((i, ticket)) = st.cache.acquire(key(layer, id), false) else {
+                    if let Some(p) = pin {
+                        localized.push((id, p));
+                    }
+                    waiting.push_back(id);
+                    break;
+                };
+                st.cache.pin(i);
+                rq.pins.held.push(i);
+                add(&c.misses, 1);
+                self.submit(&mut st, i, ticket, layer, id, Priority::Demand, pin);
+                rq.pending.push((id, i));
+            }
+            waiting.append(&mut todo);
+            todo = waiting;
             if let Some((nl, guess)) = next.take() {
                 if todo.is_empty() {
                     self.guess(&mut st, nl, guess);
@@ -375,7 +465,15 @@ impl StreamingExperts {
                     return Ok(());
                 }
                 let t0 = Instant::now();
-                st = sh.cv.wait(st).unwrap_or_else(PoisonError::into_inner);
+                st = if pending.is_empty() && sh.disk.is_some() {
+                    // Waiting for disk-cache room held by reads of other requests, whose
+                    // release may have come before this wait: poll.
+                    sh.cv
+                        .wait_timeout(st, Duration::from_millis(20))
+                        .map_or_else(|e| e.into_inner().0, |(g, _)| g)
+                } else {
+                    sh.cv.wait(st).unwrap_or_else(PoisonError::into_inner)
+                };
                 add(&c.stall_ns, nanos(t0));
                 continue;
             }

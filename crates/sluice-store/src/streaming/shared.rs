@@ -7,6 +7,7 @@
 use crate::cache::{CacheState, ExpertCache, ReadFailure, SlotState};
 use crate::index::ExpertIndex;
 use crate::io::{clone_io_error, read_span, ReadAt};
+use crate::remote::{DiskPin, ExpertDiskCache};
 use crate::StoreError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -69,6 +70,9 @@ pub(super) struct Shared {
     pub(super) counters: Counters,
     pub(super) max_prefetch: usize,
     pub(super) min_precision: f64,
+    /// The persistent expert cache of a stream install (experts not on local disk are
+    /// fetched into it before they are read).
+    pub(super) disk: Option<Arc<ExpertDiskCache>>,
 }
 
 impl Shared {
@@ -121,6 +125,8 @@ pub(super) struct ReadJob {
     pub(super) layer: usize,
     pub(super) id: u32,
     pub(super) done: bool,
+    /// With a disk cache: the pin that keeps this expert's bytes on disk while it is read.
+    pub(super) disk_pin: Option<DiskPin>,
 }
 
 impl ReadJob {
@@ -166,6 +172,8 @@ impl ReadJob {
             }
         };
         self.done = true;
+        // Unpinned before waiters wake, so a waiter that needs disk room finds it.
+        drop(self.disk_pin.take());
         sh.finish(self.layer, self.slot, self.ticket, result);
     }
 }
@@ -178,6 +186,7 @@ pub(super) fn failure(file: usize, offset: u64, len: u64, error: std::io::Error)
 impl Drop for ReadJob {
     fn drop(&mut self) {
         if !self.done {
+            drop(self.disk_pin.take());
             let e = std::io::Error::other("read job ended without completing");
             self.shared.finish(self.layer, self.slot, self.ticket, Err(failure(0, 0, 0, e)));
         }

@@ -1,0 +1,119 @@
+//! `sluice doctor [DIR] [--deep] [--json]`: a read-only, network-free health check of an
+//! install (files, sizes, hashes with `--deep`, mode, pinned revision, expert cache), the
+//! kernels' self-test on this CPU, and free disk, ending in a verdict and, for each problem,
+//! what to do. Exits 1 when something is wrong.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde_json::json;
+use sluice_hub::doctor::check_install;
+use sluice_hub::{bytes, FreeSpace, StatvfsFreeSpace};
+use sluice_kernels::selftest::self_test;
+use std::path::PathBuf;
+
+/// Flags of `sluice doctor`.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// The install (model directory) to check; default the current directory.
+    dir: Option<PathBuf>,
+    /// Also hash every file (and cached expert) against the recorded SHA-256.
+    #[arg(long)]
+    deep: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs the command; `Ok(false)` when problems were found.
+pub fn run(a: &DoctorArgs) -> Result<bool> {
+    let dir = a.dir.clone().unwrap_or_else(|| PathBuf::from("."));
+    if !dir.is_dir() {
+        anyhow::bail!("{} is not a directory", dir.display());
+    }
+    let health =
+        check_install(&dir, a.deep).with_context(|| format!("checking {}", dir.display()))?;
+    let kernels = self_test();
+    let isa = sluice_kernels::isa();
+    let free = StatvfsFreeSpace.free_bytes(&dir).ok();
+    let mut problems: Vec<(String, String, String)> = Vec::new();
+    match &health {
+        Some(h) => {
+            for p in &h.problems {
+                problems.push((p.file.clone(), p.what.clone(), p.fix.clone()));
+            }
+        }
+        None => problems.push((
+            dir.display().to_string(),
+            "no sluice-install.json: not an install made by `sluice pull`".into(),
+            "run `sluice pull REPO --dir DIR`, or `sluice inspect DIR` for a plain checkpoint"
+                .into(),
+        )),
+    }
+    for k in kernels.iter().filter(|k| !k.ok) {
+        problems.push((
+            format!("kernels ({})", k.isa.name()),
+            format!("{} differs from the scalar reference by up to {}", k.format, k.max_abs_diff),
+            format!("run with SLUICE_ISA=scalar and report this CPU ({})", isa.name()),
+        ));
+    }
+    if a.json {
+        let v = json!({
+            "dir": dir.display().to_string(),
+            "install": health,
+            "kernels": {
+                "isa": isa.name(),
+                "checks": kernels.iter().map(|k| json!({
+                    "isa": k.isa.name(), "format": k.format, "ok": k.ok, "max_abs_diff": k.max_abs_diff,
+                })).collect::<Vec<_>>(),
+            },
+            "free_bytes": free,
+            "healthy": problems.is_empty(),
+            "problems": problems.iter().map(|(file, what, fix)| json!({"file": file, "what": what, "fix": fix})).collect::<Vec<_>>(),
+        });
+        println!("{v}");
+        return Ok(problems.is_empty());
+    }
+    if let Some(h) = &health {
+        println!(
+            "install     {} ({} mode, {})",
+            dir.display(),
+            h.mode,
+            if h.complete { "complete" } else { "INCOMPLETE" }
+        );
+        println!(
+            "repository  {} @ {} → commit {} (from {})",
+            h.repo, h.revision, h.commit, h.endpoint
+        );
+        let hashed = if a.deep { format!(", {} hashed", h.hashed) } else { String::new() };
+        println!("files       {} listed, {} as published{hashed}", h.files, bytes(h.bytes));
+        if let Some(c) = &h.cache {
+            let verified =
+                if a.deep { format!(", {} verified", c.verified) } else { String::new() };
+            println!("experts     {} cached locally ({}){verified}", c.experts, bytes(c.bytes));
+        }
+    }
+    let tiers: Vec<&str> = {
+        let mut t: Vec<&str> = kernels.iter().map(|k| k.isa.name()).collect();
+        t.dedup();
+        t
+    };
+    let ok = kernels.iter().filter(|k| k.ok).count();
+    println!(
+        "kernels     {} in use; {ok} of {} checks equal the scalar reference (tiers {})",
+        isa.name(),
+        kernels.len(),
+        tiers.join(", ")
+    );
+    if let Some(f) = free {
+        println!("free disk   {} on {}", bytes(f), dir.display());
+    }
+    if problems.is_empty() {
+        println!("verdict     healthy");
+    } else {
+        println!("verdict     {} problem(s):", problems.len());
+        for (file, what, fix) in &problems {
+            println!("  - {file}: {what}\n    fix: {fix}");
+        }
+    }
+    Ok(problems.is_empty())
+}

@@ -1,0 +1,127 @@
+//! `sluice doctor` on real installs pulled from a test hub on 127.0.0.1: healthy, a
+//! truncated file, a missing file, a flipped byte (found only with `--deep`); and `sluice run`
+//! naming a stream install.
+
+use sluice_hub::testhub::{HubRepo, TestHub};
+use sluice_hub::{
+    HubClient, HubConfig, ModeRequest, NoProgress, PlanOptions, PullOptions, StatvfsFreeSpace,
+};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const REPO: &str = "moonshotai/Kimi-K3-tiny";
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3/tiny-a")
+}
+
+fn pull(hub: &TestHub, dir: &Path, mode: ModeRequest) {
+    let client = HubClient::new(HubConfig::new(hub.endpoint())).expect("client");
+    let info = client.resolve(REPO, "main").expect("resolve");
+    let opts = PlanOptions {
+        mode,
+        dir: Some(dir.to_path_buf()),
+        reuse_cache: None,
+        workers: 2,
+        coalesce_gap: 4096,
+    };
+    let plan = client.plan(&info, &opts, &StatvfsFreeSpace).expect("plan");
+    client.pull(&plan, &PullOptions::default(), &NoProgress).expect("pull");
+}
+
+fn sluice(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .env_remove("HF_ENDPOINT")
+        .output()
+        .expect("runs sluice")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn doctor_finds_truncated_missing_and_flipped_files() {
+    let hub =
+        TestHub::start(vec![HubRepo::from_dir(REPO, &fixture()).expect("repo")]).expect("hub");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("full");
+    pull(&hub, &dir, ModeRequest::Full);
+    let d = dir.to_str().expect("utf-8 path");
+
+    let o = sluice(&["doctor", d, "--deep"]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("verdict     healthy") && t.contains("full mode") && t.contains("kernels"),
+        "{t}"
+    );
+    let o = sluice(&["doctor", d, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["healthy"], true);
+
+    // A flipped byte keeps the size: only --deep sees it.
+    let shard = dir.join("model-00002-of-000003.safetensors");
+    let mut data = std::fs::read(&shard).expect("shard");
+    let mid = data.len() / 2;
+    data[mid] ^= 0x40;
+    std::fs::write(&shard, &data).expect("write");
+    assert!(sluice(&["doctor", d]).status.success(), "sizes alone cannot see a flipped byte");
+    let o = sluice(&["doctor", d, "--deep"]);
+    let t = text(&o);
+    assert!(!o.status.success() && t.contains("does not match the manifest"), "{t}");
+    assert!(
+        t.contains("--deep to replace it") && t.contains("sluice pull moonshotai/Kimi-K3-tiny"),
+        "{t}"
+    );
+    data[mid] ^= 0x40;
+    std::fs::write(&shard, &data).expect("restore");
+
+    // Truncated.
+    std::fs::write(&shard, &data[..data.len() - 10]).expect("truncate");
+    let o = sluice(&["doctor", d]);
+    let t = text(&o);
+    assert!(
+        !o.status.success()
+            && t.contains(&format!("{} bytes, expected {}", data.len() - 10, data.len())),
+        "{t}"
+    );
+    assert!(t.contains("to repair it"), "{t}");
+    std::fs::write(&shard, &data).expect("restore");
+
+    // Missing.
+    std::fs::remove_file(dir.join("config.json")).expect("remove");
+    let o = sluice(&["doctor", d]);
+    let t = text(&o);
+    assert!(!o.status.success() && t.contains("config.json: missing"), "{t}");
+
+    // Not an install at all.
+    let o = sluice(&["doctor", fixture().to_str().expect("utf-8")]);
+    assert!(!o.status.success() && text(&o).contains("no sluice-install.json"));
+}
+
+#[test]
+fn run_and_doctor_describe_a_stream_install() {
+    let hub =
+        TestHub::start(vec![HubRepo::from_dir(REPO, &fixture()).expect("repo")]).expect("hub");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("stream");
+    pull(&hub, &dir, ModeRequest::Stream);
+    let d = dir.to_str().expect("utf-8 path");
+    let o = sluice(&["run", "--model", d, "--prompt-ids", "1,2,3", "--max-new", "3", "--stats"]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("install: stream (0 of "), "{t}");
+    assert!(t.contains("remote: ") && t.contains("experts fetched"), "{t}");
+    let o = sluice(&["doctor", d, "--deep"]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("stream mode") && t.contains("cached locally") && t.contains("verified"),
+        "{t}"
+    );
+    let o = sluice(&["run", "--model", d, "--prompt-ids", "1,2,3", "--max-new", "3"]);
+    let t = text(&o);
+    assert!(t.contains("install: stream (") && !t.contains("install: stream (0 of "), "{t}");
+}
