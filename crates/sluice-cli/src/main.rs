@@ -2,6 +2,7 @@
 //! crates, which own all the logic. Errors are reported with their full cause chain.
 
 mod inspect;
+mod load_args;
 mod npy;
 mod probe;
 mod pull;
