@@ -57,6 +57,7 @@ impl LoadArgs {
             readers: self.readers,
             direct_io: !self.buffered_io,
             slots: self.cache_slots,
+            session_memory: 0,
         })
     }
 }

@@ -44,6 +44,8 @@ pub struct LoadOptions {
     pub direct_io: bool,
     /// Exactly this many cache slots (overrides the plan; tests use tiny caches).
     pub slots: Option<usize>,
+    /// Bytes reserved for stored conversation states (`sluice serve --session-memory`).
+    pub session_memory: u64,
 }
 
 impl Default for LoadOptions {
@@ -56,6 +58,7 @@ impl Default for LoadOptions {
             readers: 16,
             direct_io: true,
             slots: None,
+            session_memory: 0,
         }
     }
 }
@@ -88,15 +91,11 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
             "KimiK3ForConditionalGeneration" | "KimiLinearForCausalLM"
         );
     if !is_k3 {
+        let charges = vec![budget
+            .charge("stored conversation states", opts.session_memory)
+            .map_err(EngineError::Budget)?];
         let model = sluice_models::load(ckpt)?;
-        return Ok(Loaded {
-            model,
-            plan: None,
-            streaming: None,
-            mode: "mapped",
-            budget,
-            charges: Vec::new(),
-        });
+        return Ok(Loaded { model, plan: None, streaming: None, mode: "mapped", budget, charges });
     }
     let cfg = K3Config::from_json(ckpt.config().text_config()).map_err(EngineError::Model)?;
     let inv = inventory(&ckpt, &cfg);
@@ -105,6 +104,7 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
     let needs = Needs {
         spine: inv.spine_bytes,
         state: inv.kda_state_bytes + inv.mla_bytes_per_token * opts.context as u64,
+        sessions: opts.session_memory,
         slot,
         experts: inv.experts,
         min_slots: 2,
@@ -122,6 +122,7 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
         budget
             .charge("sequence state and headroom", needs.state + needs.headroom)
             .map_err(EngineError::Budget)?,
+        budget.charge("stored conversation states", needs.sessions).map_err(EngineError::Budget)?,
     ];
     if !stream {
         let m = KimiK3::load(ckpt)?;
