@@ -30,9 +30,10 @@ pub struct LoadArgs {
     /// Exactly this many expert-cache slots (for tests and benchmarks).
     #[arg(long)]
     pub(crate) cache_slots: Option<usize>,
-    /// Context length the sequence state is planned for.
-    #[arg(long, default_value_t = 4096)]
-    pub(crate) context: usize,
+    /// Context length the sequence state is planned for (default: 4096 for `run`; for `serve`
+    /// the checkpoint's max_position_embeddings, at most 32768).
+    #[arg(long)]
+    pub(crate) context: Option<usize>,
 }
 
 impl LoadArgs {
@@ -53,7 +54,7 @@ impl LoadArgs {
             memory,
             experts,
             prefetch: !self.no_prefetch,
-            context: self.context,
+            context: self.context.unwrap_or(4096),
             readers: self.readers,
             direct_io: !self.buffered_io,
             slots: self.cache_slots,

@@ -18,6 +18,9 @@ use sluice_tokenizer::Tokenizer;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Default context when the checkpoint allows more (the planned sequence state grows with it).
+const DEFAULT_CONTEXT: usize = 32_768;
+
 /// Flags of `sluice serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -66,6 +69,9 @@ pub struct ServeArgs {
     /// Most conversations whose state is kept.
     #[arg(long, default_value_t = 16)]
     max_sessions: usize,
+    /// Print one statistics line per request on stderr (reuse, prefill, snapshots, experts).
+    #[arg(long)]
+    stats: bool,
     /// How the model is placed in memory; `--context` is also the most prompt + generated tokens
     /// of one request.
     #[command(flatten)]
@@ -91,7 +97,10 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         .get("max_position_embeddings")
         .and_then(serde_json::Value::as_u64)
         .and_then(|n| usize::try_from(n).ok());
-    let context_len = a.load.context;
+    let context_len = a
+        .load
+        .context
+        .unwrap_or_else(|| config_context.map_or(DEFAULT_CONTEXT, |c| c.min(DEFAULT_CONTEXT)));
     if let Some(c) = config_context.filter(|&c| context_len > c) {
         bail!("--context {context_len} is above the checkpoint's max_position_embeddings {c}");
     }
@@ -100,6 +109,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     }
     let session_bytes = parse_size_or_zero(&a.session_memory)?;
     let mut opts = a.load.options()?;
+    opts.context = context_len;
     opts.session_memory = session_bytes;
     let loaded = load::open(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
     if let Some(p) = &loaded.plan {
@@ -140,7 +150,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         max_request_bytes: a.max_request_bytes,
         body_timeout: Duration::from_secs(a.body_timeout_s.max(1)),
         model_id: model_id.clone(),
-        engine: EngineSettings { ngram, draft_max: a.draft_max },
+        engine: EngineSettings { ngram, draft_max: a.draft_max, stats: a.stats },
         session: SessionConfig {
             checkpoint_every: a.checkpoint_every,
             max_bytes: usize::try_from(session_bytes).unwrap_or(usize::MAX),
