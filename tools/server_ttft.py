@@ -46,11 +46,14 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--first", default="Hello there, what can you do?")
+    ap.add_argument("--repeat", type=int, default=1, help="send --first this many times, space-separated")
+    ap.add_argument("--follow-ups", type=int, default=len(FOLLOW_UPS), help="how many follow-up questions")
     a = ap.parse_args()
+    a.first = " ".join([a.first] * a.repeat)
     reuse = openai.OpenAI(base_url=a.reuse, api_key="x", max_retries=0, timeout=3600)
     fresh = openai.OpenAI(base_url=a.fresh, api_key="x", max_retries=0, timeout=3600)
     rows = []
-    for q in FOLLOW_UPS:
+    for q in FOLLOW_UPS[:a.follow_ups]:
         turn1 = [{"role": "user", "content": a.first}]
         r1 = reuse.chat.completions.create(model=a.model, messages=turn1, max_tokens=a.max_tokens, temperature=0)
         m = r1.choices[0].message
@@ -68,6 +71,9 @@ def main():
         print(json.dumps(row), flush=True)
     med = lambda k: statistics.median(r[k] for r in rows)
     print(json.dumps({"median_prompt_tokens": med("prompt_tokens"), "median_reused": med("reused"),
+                      "median_prefilled_with_reuse": med("prefilled_with_reuse"),
+                      "median_engine_ttft_s_reuse": med("engine_ttft_s_reuse"),
+                      "median_engine_ttft_s_fresh": med("engine_ttft_s_fresh"),
                       "median_ttft_s_reuse": med("ttft_s_reuse"), "median_ttft_s_fresh": med("ttft_s_fresh"),
                       "speedup": round(med("ttft_s_fresh") / max(med("ttft_s_reuse"), 1e-9), 1)}))
 

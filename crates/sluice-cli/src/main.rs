@@ -6,6 +6,7 @@ mod bench_report;
 mod convert;
 mod doctor;
 mod inspect;
+mod load_args;
 mod npy;
 mod probe;
 mod pull;

@@ -1,16 +1,14 @@
 //! `sluice run`: load a checkpoint (or the built-in demo), tokenize or take ids, decode
 //! greedily, and print text, stats or one JSON object.
 
+use crate::load_args::LoadArgs;
 use crate::npy;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
 use sluice_engine::demo::{cache_dir, ensure_demo_model};
-use sluice_engine::load::{self, ExpertMode, LoadOptions};
-use sluice_engine::plan::parse_size;
-use sluice_engine::{
-    generate, layer_stats, Drafter, GenerateOptions, NgramDrafter, Sampling, Spine,
-};
+use sluice_engine::load;
+use sluice_engine::{generate, layer_stats, Drafter, GenerateOptions, NgramDrafter, Sampling};
 use sluice_tokenizer::chat::{render_k3, ChatMessage, ChatOptions, Role};
 use sluice_tokenizer::{Tokenizer, RANK_FILE};
 use std::path::PathBuf;
@@ -57,83 +55,6 @@ pub struct RunArgs {
     prefill_chunk: usize,
     #[command(flatten)]
     load: LoadArgs,
-}
-
-/// Flags that decide how a model is placed in memory (shared by run, bench and serve).
-#[derive(Debug, Clone, Args)]
-pub struct LoadArgs {
-    /// Memory budget (e.g. 24G, 6G, 512M). Default: 85% of physical memory or the cgroup limit,
-    /// minus 512 MiB.
-    #[arg(long)]
-    memory: Option<String>,
-    /// Where routed experts come from: auto (mapped if everything fits, else streamed),
-    /// mapped, or stream.
-    #[arg(long, default_value = "auto")]
-    experts: String,
-    /// Do not prefetch the next layer's experts.
-    #[arg(long)]
-    no_prefetch: bool,
-    /// Read next-layer guesses only while their measured precision is at least this (0: always).
-    #[arg(long, default_value_t = sluice_store::streaming::DEFAULT_MIN_PRECISION)]
-    prefetch_min_precision: f64,
-    /// Reads in flight when streaming experts.
-    #[arg(long, default_value_t = 16)]
-    readers: usize,
-    /// Use the page cache for expert reads instead of O_DIRECT.
-    #[arg(long)]
-    buffered_io: bool,
-    /// Exactly this many expert-cache slots (for tests and benchmarks).
-    #[arg(long)]
-    cache_slots: Option<usize>,
-    /// Context length the sequence state is planned for.
-    #[arg(long, default_value_t = 4096)]
-    context: usize,
-    /// Spine precision: bf16 (as published) or int8 (the lossy `sluice convert` output: the
-    /// directory itself if converted, else its sibling DIR-int8).
-    #[arg(long, default_value = "bf16")]
-    spine: String,
-    /// Stream installs: most disk space for routed experts fetched from the hub (e.g. 200G).
-    /// Default: what is cached plus the volume's free space less 2% + 1 GiB.
-    #[arg(long)]
-    disk_cache: Option<String>,
-}
-
-impl LoadArgs {
-    /// The validated load options.
-    pub fn options(&self) -> Result<LoadOptions> {
-        let memory =
-            self.memory.as_deref().map(parse_size).transpose().map_err(anyhow::Error::msg)?;
-        let experts = match self.experts.as_str() {
-            "auto" => ExpertMode::Auto,
-            "mapped" => ExpertMode::Mapped,
-            "stream" => ExpertMode::Stream,
-            other => bail!("--experts {other:?}: expected auto, mapped or stream"),
-        };
-        let Some(spine) = Spine::parse(&self.spine) else {
-            bail!("--spine {:?}: expected bf16 or int8", self.spine);
-        };
-        let disk_cache = self
-            .disk_cache
-            .as_deref()
-            .map(parse_size)
-            .transpose()
-            .map_err(|e| anyhow::anyhow!("--disk-cache: {e}"))?;
-        if self.readers == 0 {
-            bail!("--readers must be at least 1");
-        }
-        Ok(LoadOptions {
-            memory,
-            experts,
-            prefetch: !self.no_prefetch,
-            prefetch_min_precision: self.prefetch_min_precision,
-            context: self.context,
-            readers: self.readers,
-            direct_io: !self.buffered_io,
-            slots: self.cache_slots,
-            spine,
-            disk_cache,
-        })
-    }
 }
 
 /// Runs the command.

@@ -1,21 +1,24 @@
-//! `sluice serve`: flags parsed into a validated [`ServerConfig`], the model and tokenizer loaded,
-//! and the OpenAI-compatible server run until Ctrl-C or SIGTERM. Everything else lives in the
+//! `sluice serve`: flags parsed into a validated [`ServerConfig`], the model opened exactly as
+//! `sluice run` opens it (the shared [`LoadArgs`] through `sluice_engine::load::open`, with the
+//! stored conversation states charged to the same budget and shown in the same plan), and the
+//! OpenAI-compatible server run until Ctrl-C or SIGTERM. Everything else lives in the
 //! `sluice-server` crate.
 
+use crate::load_args::LoadArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use sluice_checkpoint::Checkpoint;
+use sluice_checkpoint::CheckpointConfig;
 use sluice_engine::demo::{cache_dir, ensure_demo_model};
+use sluice_engine::load;
 use sluice_engine::plan::parse_size;
 use sluice_engine::session::SessionConfig;
 use sluice_server::worker::EngineSettings;
 use sluice_server::ServerConfig;
 use sluice_tokenizer::Tokenizer;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
-/// Default context limit when the checkpoint allows more (the sequence state grows with it).
+/// Default context when the checkpoint allows more (the planned sequence state grows with it).
 const DEFAULT_CONTEXT: usize = 32_768;
 
 /// Flags of `sluice serve`.
@@ -40,10 +43,6 @@ pub struct ServeArgs {
     /// Most tokens one request may generate (also the chat default).
     #[arg(long, default_value_t = 4096)]
     max_tokens: usize,
-    /// Most prompt + generated tokens (default: the checkpoint's max_position_embeddings, at
-    /// most 32768).
-    #[arg(long)]
-    max_context: Option<usize>,
     /// Largest request body in bytes; larger bodies get 413.
     #[arg(long, default_value_t = 4 << 20)]
     max_request_bytes: usize,
@@ -63,12 +62,20 @@ pub struct ServeArgs {
     /// a prefix (0: only at the end of each prompt and generation).
     #[arg(long, default_value_t = 512)]
     checkpoint_every: usize,
-    /// Memory for stored conversation state (e.g. 1G, 512M; 0 disables reuse).
+    /// Memory for stored conversation state (e.g. 1G, 512M; 0 disables reuse), charged to
+    /// the --memory budget.
     #[arg(long, default_value = "1G")]
     session_memory: String,
     /// Most conversations whose state is kept.
     #[arg(long, default_value_t = 16)]
     max_sessions: usize,
+    /// Print one statistics line per request on stderr (reuse, prefill, snapshots, experts).
+    #[arg(long)]
+    stats: bool,
+    /// How the model is placed in memory; `--context` is also the most prompt + generated tokens
+    /// of one request.
+    #[command(flatten)]
+    load: LoadArgs,
 }
 
 /// Runs the command.
@@ -84,34 +91,41 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             dir.display()
         );
     }
-    let ckpt =
-        Arc::new(Checkpoint::open(&dir).with_context(|| format!("opening {}", dir.display()))?);
-    let config_context = ckpt
-        .config()
+    let config_context = CheckpointConfig::load(&dir)
+        .with_context(|| format!("opening {}", dir.display()))?
         .text_config()
         .get("max_position_embeddings")
         .and_then(serde_json::Value::as_u64)
         .and_then(|n| usize::try_from(n).ok());
-    let model = sluice_models::load(ckpt).with_context(|| format!("loading {}", dir.display()))?;
+    let context_len = a
+        .load
+        .context
+        .unwrap_or_else(|| config_context.map_or(DEFAULT_CONTEXT, |c| c.min(DEFAULT_CONTEXT)));
+    if let Some(c) = config_context.filter(|&c| context_len > c) {
+        bail!("--context {context_len} is above the checkpoint's max_position_embeddings {c}");
+    }
+    if context_len < 2 || a.max_tokens == 0 {
+        bail!("--context must be at least 2 and --max-tokens at least 1");
+    }
+    let session_bytes = parse_size_or_zero(&a.session_memory)?;
+    let mut opts = a.load.options()?;
+    opts.context = context_len;
+    opts.session_memory = session_bytes;
+    let loaded = load::open(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
+    if let Some(p) = &loaded.plan {
+        eprintln!("sluice: {p}; experts {}", loaded.mode);
+    }
+    // The budget charges (spine, state, conversation states) and the expert store live as long
+    // as the server.
+    let load::Loaded { model, budget: _budget, charges: _charges, streaming: _streaming, .. } =
+        loaded;
     let tok = Tokenizer::from_dir(&dir)
         .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
-    let context_len = match (a.max_context, config_context) {
-        (Some(n), Some(c)) if n > c => {
-            bail!("--max-context {n} is above the checkpoint's max_position_embeddings {c}")
-        }
-        (Some(n), _) => n,
-        (None, Some(c)) => c.min(DEFAULT_CONTEXT),
-        (None, None) => DEFAULT_CONTEXT,
-    };
-    if context_len < 2 || a.max_tokens == 0 {
-        bail!("--max-context must be at least 2 and --max-tokens at least 1");
-    }
     let ngram = match a.draft.as_str() {
         "none" => false,
         "ngram" => true,
         other => bail!("--draft {other:?}: expected none or ngram"),
     };
-    let session_bytes = parse_size_or_zero(&a.session_memory)?;
     let model_id = match &a.model_name {
         Some(n) if n.is_empty() => bail!("--model-name must not be empty"),
         Some(n) => n.clone(),
@@ -136,10 +150,10 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         max_request_bytes: a.max_request_bytes,
         body_timeout: Duration::from_secs(a.body_timeout_s.max(1)),
         model_id: model_id.clone(),
-        engine: EngineSettings { ngram, draft_max: a.draft_max },
+        engine: EngineSettings { ngram, draft_max: a.draft_max, stats: a.stats },
         session: SessionConfig {
             checkpoint_every: a.checkpoint_every,
-            max_bytes: session_bytes,
+            max_bytes: usize::try_from(session_bytes).unwrap_or(usize::MAX),
             max_entries: if session_bytes == 0 { 0 } else { a.max_sessions },
         },
     };
@@ -156,12 +170,11 @@ pub fn run(a: &ServeArgs) -> Result<()> {
 }
 
 /// `0` or a size such as `1G`.
-fn parse_size_or_zero(s: &str) -> Result<usize> {
+fn parse_size_or_zero(s: &str) -> Result<u64> {
     if s.trim() == "0" {
         return Ok(0);
     }
-    let bytes = parse_size(s).map_err(anyhow::Error::msg).context("--session-memory")?;
-    Ok(usize::try_from(bytes).unwrap_or(usize::MAX))
+    parse_size(s).map_err(anyhow::Error::msg).context("--session-memory")
 }
 
 fn is_loopback(host: &str) -> bool {

@@ -91,6 +91,7 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
         experts: inv.experts,
         min_slots: 2,
         headroom: (64 << 20) + fetch_buffers,
+        sessions: opts.session_memory,
     };
     let mut plan = Plan::compute(budget_bytes, needs)?;
     let charges = vec![
@@ -101,6 +102,7 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
                 needs.state + needs.headroom,
             )
             .map_err(EngineError::Budget)?,
+        budget.charge("stored conversation states", needs.sessions).map_err(EngineError::Budget)?,
     ];
     if let Some(n) = opts.slots {
         plan.slots = n as u64;
@@ -122,6 +124,7 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
         readers: opts.readers,
         io: if opts.direct_io { IoMode::Direct } else { IoMode::BufferedDropCache },
         max_prefetch_slots: if opts.prefetch { None } else { Some(0) },
+        prefetch_min_precision: opts.prefetch_min_precision,
         ..StreamingConfig::default()
     };
     let files = ShardFiles::open(index.paths(), config.io).map_err(ModelError::from)?;

@@ -53,6 +53,8 @@ pub struct LoadOptions {
     /// Disk budget of a stream install's expert cache in bytes (`None`: free space less
     /// headroom; see [`crate::install`]).
     pub disk_cache: Option<u64>,
+    /// Bytes reserved for stored conversation states (`sluice serve --session-memory`).
+    pub session_memory: u64,
 }
 
 impl Default for LoadOptions {
@@ -68,6 +70,7 @@ impl Default for LoadOptions {
             slots: None,
             spine: Spine::Bf16,
             disk_cache: None,
+            session_memory: 0,
         }
     }
 }
@@ -105,15 +108,11 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
             "KimiK3ForConditionalGeneration" | "KimiLinearForCausalLM"
         );
     if !is_k3 {
+        let charges = vec![budget
+            .charge("stored conversation states", opts.session_memory)
+            .map_err(EngineError::Budget)?];
         let model = sluice_models::load(ckpt)?;
-        return Ok(Loaded {
-            model,
-            plan: None,
-            streaming: None,
-            mode: "mapped",
-            budget,
-            charges: Vec::new(),
-        });
+        return Ok(Loaded { model, plan: None, streaming: None, mode: "mapped", budget, charges });
     }
     let cfg = K3Config::from_json(ckpt.config().text_config()).map_err(EngineError::Model)?;
     let inv = inventory(&ckpt, &cfg);
@@ -122,6 +121,7 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
     let needs = Needs {
         spine: inv.spine_bytes,
         state: inv.kda_state_bytes + inv.mla_bytes_per_token * opts.context as u64,
+        sessions: opts.session_memory,
         slot,
         experts: inv.experts,
         min_slots: 2,
@@ -139,6 +139,7 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
         budget
             .charge("sequence state and headroom", needs.state + needs.headroom)
             .map_err(EngineError::Budget)?,
+        budget.charge("stored conversation states", needs.sessions).map_err(EngineError::Budget)?,
     ];
     if !stream {
         let m = KimiK3::load(ckpt)?;

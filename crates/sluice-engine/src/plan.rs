@@ -2,7 +2,8 @@
 //! experts the cache holds, print it, and refuse clearly when the minimum does not fit.
 //!
 //! Charged: the spine (every non-expert tensor, resident), the sequence state for the context
-//! the user asked for, I/O headroom, and the expert cache (whole slots). What is left after the
+//! the user asked for, the stored conversation states of `sluice serve` (`--session-memory`),
+//! I/O headroom, and the expert cache (whole slots). What is left after the
 //! fixed charges becomes cache slots; fewer than `min_slots` is a refusal that says how much
 //! more memory the run needs.
 
@@ -85,6 +86,9 @@ pub struct Needs {
     pub spine: u64,
     /// Sequence-state bytes for the planned context.
     pub state: u64,
+    /// Bytes reserved for stored conversation states (`sluice serve --session-memory`; 0 for
+    /// `sluice run`).
+    pub sessions: u64,
     /// Bytes of one expert-cache slot.
     pub slot: u64,
     /// Routed experts in the model.
@@ -112,8 +116,9 @@ pub struct Plan {
 #[derive(Debug, Clone, thiserror::Error)]
 #[error(
     "memory budget of {budget} bytes is too small: the spine needs {spine}, sequence state {state}, \
-     headroom {headroom}, and at least {min_slots} expert slots of {slot} bytes; \
-     the minimum is {minimum} bytes ({short} more). Raise --memory or use a smaller context."
+     stored conversation state {sessions}, headroom {headroom}, and at least {min_slots} expert slots of {slot} bytes; \
+     the minimum is {minimum} bytes ({short} more). Raise --memory or use a smaller context \
+     (or a smaller --session-memory)."
 )]
 pub struct PlanError {
     /// The budget.
@@ -122,6 +127,8 @@ pub struct PlanError {
     pub spine: u64,
     /// State bytes.
     pub state: u64,
+    /// Stored conversation-state bytes.
+    pub sessions: u64,
     /// Headroom bytes.
     pub headroom: u64,
     /// Minimum slots.
@@ -137,13 +144,14 @@ pub struct PlanError {
 impl Plan {
     /// Plans `needs` within `budget`.
     pub fn compute(budget: u64, needs: Needs) -> Result<Self, PlanError> {
-        let fixed = needs.spine + needs.state + needs.headroom;
+        let fixed = needs.spine + needs.state + needs.sessions + needs.headroom;
         let minimum = fixed + needs.min_slots * needs.slot;
         if budget < minimum {
             return Err(PlanError {
                 budget,
                 spine: needs.spine,
                 state: needs.state,
+                sessions: needs.sessions,
                 headroom: needs.headroom,
                 min_slots: needs.min_slots,
                 slot: needs.slot,
@@ -165,10 +173,15 @@ impl fmt::Display for Plan {
         };
         write!(
             f,
-            "memory plan: budget {}; spine {} resident; state {}; headroom {}; expert cache {} slots × {} = {} ({} of {} experts{})",
+            "memory plan: budget {}; spine {} resident; state {}; {}headroom {}; expert cache {} slots × {} = {} ({} of {} experts{})",
             g(self.budget),
             g(self.needs.spine),
             g(self.needs.state),
+            if self.needs.sessions > 0 {
+                format!("conversation states {}; ", g(self.needs.sessions))
+            } else {
+                String::new()
+            },
             g(self.needs.headroom),
             self.slots,
             g(self.needs.slot),
@@ -198,8 +211,15 @@ mod tests {
 
     #[test]
     fn plans_slots_and_refuses_with_the_shortfall() {
-        let needs =
-            Needs { spine: 1000, state: 100, slot: 50, experts: 64, min_slots: 4, headroom: 0 };
+        let needs = Needs {
+            spine: 1000,
+            state: 100,
+            sessions: 0,
+            slot: 50,
+            experts: 64,
+            min_slots: 4,
+            headroom: 0,
+        };
         let p = Plan::compute(2000, needs).expect("fits");
         assert_eq!(p.slots, 18);
         assert!(!p.all_experts_resident);
@@ -208,5 +228,10 @@ mod tests {
         let e = Plan::compute(1200, needs).expect_err("too small");
         assert_eq!(e.short, 100);
         assert!(e.to_string().contains("100 more"));
+        let serve = Needs { sessions: 300, ..needs };
+        assert_eq!(Plan::compute(2000, serve).expect("fits").slots, 12);
+        let e = Plan::compute(1500, serve).expect_err("sessions do not fit");
+        assert_eq!(e.short, 100);
+        assert!(e.to_string().contains("stored conversation state 300"), "{e}");
     }
 }

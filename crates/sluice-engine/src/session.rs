@@ -4,12 +4,16 @@
 //! A chat client re-sends the whole conversation every turn, so turn n+1's prompt starts with
 //! turn n's prompt (and, when the reply re-tokenizes to the ids the model produced, with its
 //! reply). Re-running that prefix is the dominant cost of a follow-up turn; resuming from a stored
-//! [`State`] skips it. Sequence state cannot be truncated (the KDA recurrence is a running
+//! state skips it. Sequence state cannot be truncated (the KDA recurrence is a running
 //! matrix), so a stored state is usable only for prompts that extend *its* tokens. To serve
 //! prompts that diverge mid-history (an edited message, a regenerated reply), each entry keeps
-//! **snapshots**: clones of the state at several positions (every `checkpoint_every` prompt
-//! tokens, at the end of the prompt, and at the end of generation). A new request resumes from the
-//! latest snapshot at or before its common prefix with the entry.
+//! **snapshots** of the state at several positions (every `checkpoint_every` prompt tokens, at the
+//! end of the prompt, and at the end of generation). A new request resumes from the latest
+//! snapshot at or before its common prefix with the entry.
+//!
+//! Snapshots are [`StateSnapshot`]s, not clones of the live state: they hold only the committed
+//! KDA states and the committed cache rows, and the snapshots of one conversation share their
+//! cache rows, so a chain costs one copy of the rows plus one KDA state per snapshot.
 //!
 //! A snapshot taken after a prefill pass also keeps that pass's last-row logits (the prediction
 //! for the next position), so a prompt that matches a snapshot exactly needs no pass at all before
@@ -18,28 +22,29 @@
 //!
 //! Resuming is exact: the model's passes are batch-invariant, so the state after
 //! `prefix + rest` fed in any split equals the state after one pass over both, bit for bit
-//! (tested in `tests/session.rs`). Snapshots are shared (`Arc`) between the entries that contain
-//! them; memory is bounded by a byte budget over distinct snapshots ([`State::byte_len`] plus
-//! logits) and the token lists, and entries are evicted least recently used first.
+//! (tested in `tests/session.rs`), and a restored snapshot continues bit-identically. Snapshots
+//! are shared (`Arc`) between the entries that contain them; memory is bounded by a byte budget
+//! over distinct allocations (snapshot parts, logits) and the token lists, and entries are evicted
+//! least recently used first.
 
-use sluice_models::State;
+use sluice_models::StateSnapshot;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-/// What the cache needs of a sequence state ([`State`] in the engine; a stand-in in tests).
-pub trait SessionState: Clone {
+/// What the cache needs of a stored state ([`StateSnapshot`] in the engine; a stand-in in tests).
+pub trait SessionState {
     /// Committed positions.
     fn positions(&self) -> usize;
-    /// Bytes held.
-    fn byte_len(&self) -> usize;
+    /// Calls `f(id, bytes)` for every allocation held; shared allocations have equal ids.
+    fn for_each_part(&self, f: &mut dyn FnMut(usize, usize));
 }
 
-impl SessionState for State {
+impl SessionState for StateSnapshot {
     fn positions(&self) -> usize {
         self.len()
     }
-    fn byte_len(&self) -> usize {
-        State::byte_len(self)
+    fn for_each_part(&self, f: &mut dyn FnMut(usize, usize)) {
+        StateSnapshot::for_each_part(self, f);
     }
 }
 
@@ -50,7 +55,7 @@ pub struct SessionConfig {
     /// of generation). Smaller values serve mid-history divergence better but cost a state clone
     /// per snapshot and split the prefill into more passes.
     pub checkpoint_every: usize,
-    /// Most bytes held (distinct snapshots' state and logits, plus 4 bytes per stored token).
+    /// Most bytes held (distinct snapshot parts and logits, plus 4 bytes per stored token).
     pub max_bytes: usize,
     /// Most conversations kept.
     pub max_entries: usize,
@@ -64,18 +69,29 @@ impl Default for SessionConfig {
 
 /// The state after the first `pos` tokens of an entry, with the logits predicting position `pos`
 /// when they were computed.
-#[derive(Debug, Clone)]
-pub struct Snapshot<S = State> {
+#[derive(Debug)]
+pub struct Snapshot<S = StateSnapshot> {
     pos: usize,
     state: Arc<S>,
     logits: Option<Arc<[f32]>>,
+}
+
+impl<S> Clone for Snapshot<S> {
+    fn clone(&self) -> Self {
+        Self { pos: self.pos, state: Arc::clone(&self.state), logits: self.logits.clone() }
+    }
 }
 
 impl<S: SessionState> Snapshot<S> {
     /// A snapshot of `state` (which holds `state.len()` positions), with the logits of its last
     /// position when known.
     pub fn new(state: S, logits: Option<Vec<f32>>) -> Self {
-        Self { pos: state.positions(), state: Arc::new(state), logits: logits.map(Arc::from) }
+        Self::shared(Arc::new(state), logits)
+    }
+
+    /// A snapshot of a state the caller keeps a handle to (the base of its next snapshot).
+    pub fn shared(state: Arc<S>, logits: Option<Vec<f32>>) -> Self {
+        Self { pos: state.positions(), state, logits: logits.map(Arc::from) }
     }
 
     /// Positions in the state.
@@ -83,17 +99,19 @@ impl<S: SessionState> Snapshot<S> {
         self.pos
     }
 
-    /// Bytes this snapshot holds.
+    /// Bytes this snapshot references (shared parts included).
     pub fn byte_len(&self) -> usize {
-        self.state.byte_len() + self.logits.as_ref().map_or(0, |l| l.len() * 4)
+        let mut total = self.logits.as_ref().map_or(0, |l| l.len() * 4);
+        self.state.for_each_part(&mut |_, b| total += b);
+        total
     }
 }
 
-/// Where a request starts: a state holding the first `reused` prompt tokens.
+/// Where a request starts: the snapshot holding the first `reused` prompt tokens.
 #[derive(Debug)]
-pub struct Resume<S = State> {
-    /// State to continue (a clone of a snapshot, or fresh).
-    pub state: S,
+pub struct Resume<S = StateSnapshot> {
+    /// The snapshot to restore (`None`: start from a fresh state).
+    pub from: Option<Arc<S>>,
     /// Prompt tokens already in `state`.
     pub reused: usize,
     /// The logits predicting position `reused` when the snapshot kept them.
@@ -104,7 +122,14 @@ pub struct Resume<S = State> {
 
 /// Snapshots a [`Resume`] carries from its source entry into [`SessionCache::store`].
 #[derive(Debug)]
-pub struct Chain<S = State>(Vec<Snapshot<S>>);
+pub struct Chain<S = StateSnapshot>(Vec<Snapshot<S>>);
+
+impl<S> Resume<S> {
+    /// A fresh start: nothing reused.
+    pub fn fresh() -> Self {
+        Self { from: None, reused: 0, logits: None, chain: Chain::empty() }
+    }
+}
 
 impl<S> Chain<S> {
     /// No snapshots (a fresh start).
@@ -127,7 +152,7 @@ struct Entry<S> {
 
 /// Stored conversation states, looked up by longest common token prefix.
 #[derive(Debug)]
-pub struct SessionCache<S = State> {
+pub struct SessionCache<S = StateSnapshot> {
     cfg: SessionConfig,
     entries: Vec<Entry<S>>,
     clock: u64,
@@ -164,25 +189,42 @@ impl<S: SessionState> SessionCache<S> {
         self.entries.clear();
     }
 
-    /// Bytes held: distinct snapshots plus token lists.
+    /// Bytes held: distinct snapshot parts and logits, plus token lists.
     pub fn bytes(&self) -> usize {
         let mut seen = HashSet::new();
         let mut total = 0;
         for e in &self.entries {
             total += e.tokens.len() * 4;
             for s in &e.snaps {
-                if seen.insert(Arc::as_ptr(&s.state)) {
-                    total += s.byte_len();
+                if let Some(l) = &s.logits {
+                    if seen.insert(l.as_ptr() as usize) {
+                        total += l.len() * 4;
+                    }
                 }
+                s.state.for_each_part(&mut |id, b| {
+                    if seen.insert(id) {
+                        total += b;
+                    }
+                });
             }
         }
         total
     }
 
+    /// Snapshots held (distinct).
+    pub fn snapshots(&self) -> usize {
+        let mut seen = HashSet::new();
+        self.entries
+            .iter()
+            .flat_map(|e| &e.snaps)
+            .filter(|s| seen.insert(Arc::as_ptr(&s.state)))
+            .count()
+    }
+
     /// The best starting point for `prompt`: the latest usable snapshot over all entries, or
-    /// `fresh` (called only then) with nothing reused. A snapshot with logits may cover the whole
-    /// prompt; one without must leave at least one token to feed.
-    pub fn resume(&mut self, prompt: &[u32], fresh: impl FnOnce() -> S) -> Resume<S> {
+    /// none with nothing reused. A snapshot with logits may cover the whole prompt; one without
+    /// must leave at least one token to feed.
+    pub fn resume(&mut self, prompt: &[u32]) -> Resume<S> {
         let mut best: Option<(usize, usize)> = None;
         for (ei, e) in self.entries.iter().enumerate() {
             let common = common_prefix(&e.tokens, prompt);
@@ -199,7 +241,7 @@ impl<S: SessionState> SessionCache<S> {
             }
         }
         let Some((ei, si)) = best else {
-            return Resume { state: fresh(), reused: 0, logits: None, chain: Chain::empty() };
+            return Resume::fresh();
         };
         self.clock += 1;
         let e = &mut self.entries[ei];
@@ -207,7 +249,7 @@ impl<S: SessionState> SessionCache<S> {
         let snap = &e.snaps[si];
         let chain = Chain(e.snaps.iter().filter(|s| s.pos <= snap.pos).cloned().collect());
         Resume {
-            state: (*snap.state).clone(),
+            from: Some(Arc::clone(&snap.state)),
             reused: snap.pos,
             logits: snap.logits.clone(),
             chain,
@@ -273,21 +315,21 @@ impl<S: SessionState> SessionCache<S> {
 mod tests {
     use super::*;
 
-    /// A stand-in state: `n` positions of 100 bytes each.
-    #[derive(Debug, Clone)]
-    struct Fake(usize);
+    /// A stand-in state: `n` positions of 100 bytes each, in one allocation.
+    #[derive(Debug)]
+    struct Fake(usize, Box<u8>);
 
     impl SessionState for Fake {
         fn positions(&self) -> usize {
             self.0
         }
-        fn byte_len(&self) -> usize {
-            100 * self.0
+        fn for_each_part(&self, f: &mut dyn FnMut(usize, usize)) {
+            f(std::ptr::from_ref::<u8>(&self.1) as usize, 100 * self.0);
         }
     }
 
     fn state(n: usize) -> Fake {
-        Fake(n)
+        Fake(n, Box::new(0))
     }
 
     fn cache(max_bytes: usize) -> SessionCache<Fake> {
@@ -297,45 +339,45 @@ mod tests {
     #[test]
     fn resumes_from_the_latest_snapshot_within_the_common_prefix() {
         let mut c = cache(1 << 20);
-        let r = c.resume(&[1, 2, 3], || state(0));
+        let r = c.resume(&[1, 2, 3]);
         assert_eq!(r.reused, 0);
         let snaps =
             vec![Snapshot::new(state(4), Some(vec![0.0; 3])), Snapshot::new(state(9), None)];
         c.store(r.chain, snaps, (1..=10).collect());
         // Extends the whole conversation: the end-of-generation state (no logits) is usable.
         let p: Vec<u32> = (1..=12).collect();
-        assert_eq!(c.resume(&p, || state(0)).reused, 9);
+        assert_eq!(c.resume(&p).reused, 9);
         // Diverges at position 6: the snapshot at 4.
-        assert_eq!(c.resume(&[1, 2, 3, 4, 5, 6, 99], || state(0)).reused, 4);
+        assert_eq!(c.resume(&[1, 2, 3, 4, 5, 6, 99]).reused, 4);
         // Exactly the first 4 tokens: the snapshot has logits, nothing to feed.
-        let r = c.resume(&[1, 2, 3, 4], || state(0));
+        let r = c.resume(&[1, 2, 3, 4]);
         assert_eq!((r.reused, r.logits.is_some()), (4, true));
         // Exactly the 9 tokens of the final state: it has no logits, so back to 4.
         let p9: Vec<u32> = (1..=9).collect();
-        assert_eq!(c.resume(&p9, || state(0)).reused, 4);
-        assert_eq!(c.resume(&[7, 7], || state(0)).reused, 0);
+        assert_eq!(c.resume(&p9).reused, 4);
+        assert_eq!(c.resume(&[7, 7]).reused, 0);
     }
 
     #[test]
     fn extending_entries_absorb_their_prefixes_and_budget_evicts_lru() {
         let mut c = cache(1 << 20);
-        let r = c.resume(&[1, 2], || state(0));
+        let r = c.resume(&[1, 2]);
         c.store(r.chain, vec![Snapshot::new(state(2), None)], vec![1, 2, 3]);
-        let r = c.resume(&[1, 2, 3, 4], || state(0));
+        let r = c.resume(&[1, 2, 3, 4]);
         assert_eq!(r.chain.positions(), vec![2]);
         c.store(r.chain, vec![Snapshot::new(state(4), None)], vec![1, 2, 3, 4, 5]);
         assert_eq!(c.len(), 1, "the first entry is a prefix of the second");
-        let r = c.resume(&[9, 9], || state(0));
+        let r = c.resume(&[9, 9]);
         c.store(r.chain, vec![Snapshot::new(state(1), None)], vec![9, 9]);
         assert_eq!(c.len(), 2);
         let one = Snapshot::new(state(4), None).byte_len();
         let mut small = cache(one * 2 + 64);
         for k in 0..4u32 {
-            let r = small.resume(&[k, k], || state(0));
+            let r = small.resume(&[k, k]);
             small.store(r.chain, vec![Snapshot::new(state(4), None)], vec![k; 5]);
         }
         assert!(small.bytes() <= one * 2 + 64);
-        assert_eq!(small.resume(&[3, 3, 3, 3, 3, 3], || state(0)).reused, 4, "newest kept");
-        assert_eq!(small.resume(&[0, 0, 0, 0, 0, 0], || state(0)).reused, 0, "oldest evicted");
+        assert_eq!(small.resume(&[3, 3, 3, 3, 3, 3]).reused, 4, "newest kept");
+        assert_eq!(small.resume(&[0, 0, 0, 0, 0, 0]).reused, 0, "oldest evicted");
     }
 }

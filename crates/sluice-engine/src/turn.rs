@@ -17,10 +17,11 @@
 use crate::draft::Drafter;
 use crate::generate::{generate, GenerateOptions};
 use crate::sample::Sampling;
-use crate::session::{Chain, Resume, SessionCache, Snapshot};
+use crate::session::{Resume, SessionCache, Snapshot};
 use crate::EngineError;
 use serde::Serialize;
-use sluice_models::{LogitRows, Model};
+use sluice_models::{LogitRows, Model, State, StateSnapshot};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What to generate for one request.
@@ -69,6 +70,10 @@ pub struct TurnStats {
     pub expert_bytes_read: u64,
     /// Bytes of sequence state at the end.
     pub state_bytes: usize,
+    /// Snapshots of the state stored for reuse during this turn.
+    pub snapshots: usize,
+    /// Bytes those snapshots added (cache rows shared with earlier snapshots not counted).
+    pub snapshot_bytes: usize,
     /// `stop` (stop token or the callback asked to stop), `length`, or `cancelled`.
     pub finish_reason: String,
 }
@@ -110,6 +115,20 @@ impl Drafter for Prefixed<'_> {
     }
 }
 
+/// Snapshots `state` for the session cache, sharing cache rows with `base` (the latest snapshot it
+/// descends from, which the new one then replaces), and counts what it cost.
+fn take_snapshot(
+    state: &State,
+    base: &mut Option<Arc<StateSnapshot>>,
+    stats: &mut TurnStats,
+) -> Arc<StateSnapshot> {
+    let snap = Arc::new(state.snapshot(base.as_deref()));
+    stats.snapshots += 1;
+    stats.snapshot_bytes += snap.bytes_beyond(base.as_deref());
+    *base = Some(Arc::clone(&snap));
+    snap
+}
+
 /// Generates a reply to `prompt`, resuming from `cache` when given (and storing the conversation
 /// back into it). `on_token` gets every generated id (and its logits with `per_token_logits`);
 /// returning `false` stops generation (`stop`). `cancel` is polled between passes; when it turns
@@ -141,13 +160,17 @@ pub fn run_turn(
         return Ok(Turn { tokens: Vec::new(), stats });
     }
     let every = cache.as_ref().map_or(0, |c| c.config().checkpoint_every);
-    let Resume { mut state, reused, logits: cached_logits, chain } = match cache.as_deref_mut() {
-        Some(c) => c.resume(prompt, || model.new_state()),
-        None => Resume { state: model.new_state(), reused: 0, logits: None, chain: Chain::empty() },
+    let Resume { from, reused, logits: cached_logits, chain } = match cache.as_deref_mut() {
+        Some(c) => c.resume(prompt),
+        None => Resume::fresh(),
     };
+    let mut state = from.as_deref().map_or_else(|| model.new_state(), StateSnapshot::restore);
+    // The latest snapshot this state descends from: the next one shares its cache rows.
+    let mut base: Option<Arc<StateSnapshot>> = from;
     stats.cached_tokens = reused;
     let keep =
         |c: &Option<&mut SessionCache>, bytes: usize| c.as_ref().is_some_and(|c| c.fits(bytes));
+
     let mut snaps = Vec::new();
     let mut logits: Option<Vec<f32>> = cached_logits.map(|l| l.to_vec());
     let mut pos = reused;
@@ -169,8 +192,11 @@ pub fn run_turn(
         stats.prefill_passes += 1;
         stats.prefill_tokens += end - pos;
         pos = end;
-        if keep(&cache, state.byte_len()) {
-            snaps.push(Snapshot::new(state.clone(), Some(l.clone())));
+        if keep(&cache, state.snapshot_bytes()) {
+            snaps.push(Snapshot::shared(
+                take_snapshot(&state, &mut base, &mut stats),
+                Some(l.clone()),
+            ));
         }
         logits = Some(l);
     }
@@ -246,8 +272,8 @@ pub fn run_turn(
     stats.expert_bytes = store1.bytes_served - store0.bytes_served;
     stats.expert_bytes_read = store1.bytes_read - store0.bytes_read;
     if let Some(c) = cache {
-        if c.fits(state.byte_len()) {
-            snaps.push(Snapshot::new(state, None));
+        if c.fits(state.snapshot_bytes()) {
+            snaps.push(Snapshot::shared(take_snapshot(&state, &mut base, &mut stats), None));
         }
         let mut all = prompt.to_vec();
         all.extend_from_slice(&tokens);

@@ -7,6 +7,9 @@
 
 pub mod kimi_k3;
 pub mod qwen3;
+pub mod snapshot;
+
+pub use snapshot::StateSnapshot;
 
 use sluice_checkpoint::{Checkpoint, CheckpointError};
 use std::sync::Arc;

@@ -45,15 +45,22 @@ pub fn parse_chat(body: &Value, limits: &Limits) -> Result<ValidChat, ApiError> 
     }
     let logprobs = logprobs.then(|| usize::try_from(top.unwrap_or(0)).unwrap_or_default());
     let tools = parse_tools(&mut o)?;
-    let tool_choice = parse_tool_choice(o.value("tool_choice"), tools.is_some())?;
-    let response_format = parse_response_format(&mut o)?;
+    let tool_choice = parse_tool_choice(o.value("tool_choice"))?;
+    parse_response_format(&mut o)?;
     let (thinking, effort) = parse_thinking(&mut o)?;
     if let Some(v) = o.value("modalities") {
         if v != &serde_json::json!(["text"]) {
             return Err(ApiError::unsupported("modalities", "only [\"text\"] output is supported"));
         }
     }
-    o.ignore(&["parallel_tool_calls"]);
+    // Every call the model makes is returned; limiting it to one would need constrained decoding.
+    if o.bool("parallel_tool_calls")? == Some(false) {
+        return Err(ApiError::unsupported(
+            "parallel_tool_calls",
+            "parallel_tool_calls false is not enforced by sluice (it returns every call the model \
+             makes): omit it or send true",
+        ));
+    }
     o.finish()?;
     let parse_tools = tools.is_some() && tool_choice.as_deref() != Some("none");
     let options = ChatOptions {
@@ -61,7 +68,7 @@ pub fn parse_chat(body: &Value, limits: &Limits) -> Result<ValidChat, ApiError> 
         effort,
         tools,
         tool_choice,
-        response_format,
+        response_format: None,
         add_generation_prompt: true,
     };
     Ok(ValidChat { common, messages, options, parse_tools, logprobs })
@@ -136,60 +143,47 @@ fn parse_tools(o: &mut Obj<'_>) -> Result<Option<Value>, ApiError> {
     Ok((!list.is_empty()).then(|| tools.clone()))
 }
 
-/// `tool_choice`: `none`, `auto` or `required`; a named function needs constrained decoding.
-fn parse_tool_choice(v: Option<&Value>, has_tools: bool) -> Result<Option<String>, ApiError> {
+/// `tool_choice`: `none` or `auto`. `required` and a named function would need constrained
+/// decoding to be enforced, so they are refused rather than passed to the template as a hope.
+fn parse_tool_choice(v: Option<&Value>) -> Result<Option<String>, ApiError> {
     match v {
         None => Ok(None),
         Some(Value::String(s)) if s == "none" || s == "auto" => Ok(Some(s.clone())),
-        Some(Value::String(s)) if s == "required" => {
-            if has_tools {
-                Ok(Some(s.clone()))
-            } else {
-                Err(ApiError::invalid("tool_choice", "tool_choice \"required\" needs tools"))
-            }
-        }
+        Some(Value::String(s)) if s == "required" => Err(ApiError::unsupported(
+            "tool_choice",
+            "tool_choice \"required\" needs constrained decoding to be enforced, which sluice \
+             does not implement; use \"auto\" (the model decides) or \"none\"",
+        )),
         Some(Value::Object(_)) => Err(ApiError::unsupported(
             "tool_choice",
             "a named tool_choice needs constrained (structural-tag) decoding, which sluice does \
-             not implement; use \"auto\" or \"required\"",
+             not implement; use \"auto\" or \"none\"",
         )),
         Some(other) => Err(ApiError::invalid(
             "tool_choice",
-            format!("tool_choice must be \"none\", \"auto\" or \"required\", got {other}"),
+            format!("tool_choice must be \"none\" or \"auto\", got {other}"),
         )),
     }
 }
 
-/// `response_format`: `text`, `json_object` or `json_schema` (written into the prompt as the K3
-/// template does; not enforced by constrained decoding).
-fn parse_response_format(o: &mut Obj<'_>) -> Result<Option<Value>, ApiError> {
-    let Some(v) = o.value("response_format") else { return Ok(None) };
+/// `response_format`: only `text`. JSON formats would need constrained decoding to be enforced;
+/// they are refused rather than written into the prompt as a request the model may ignore.
+fn parse_response_format(o: &mut Obj<'_>) -> Result<(), ApiError> {
+    let Some(v) = o.value("response_format") else { return Ok(()) };
     let mut rf = Obj::new(v, "response_format")?;
     let kind = rf.str("type")?;
     match kind {
-        Some("text") => {
-            rf.finish()?;
-            Ok(None)
-        }
-        Some("json_object") => {
-            rf.finish()?;
-            Ok(Some(v.clone()))
-        }
-        Some("json_schema") => {
-            let Some(mut js) = rf.obj("json_schema")? else {
-                return Err(ApiError::invalid("response_format.json_schema", "json_schema is required"));
-            };
-            js.str("name")?;
-            js.str("description")?;
-            js.obj("schema")?;
-            js.bool("strict")?;
-            js.finish()?;
-            rf.finish()?;
-            Ok(Some(v.clone()))
-        }
+        Some("text") => rf.finish(),
+        Some(k @ ("json_object" | "json_schema")) => Err(ApiError::unsupported(
+            "response_format",
+            format!(
+                "response_format {k:?} needs constrained decoding to be enforced, which sluice \
+                 does not implement; use {{\"type\": \"text\"}} and ask for JSON in a message"
+            ),
+        )),
         other => Err(ApiError::unsupported(
             "response_format.type",
-            format!("response_format type {other:?} is not supported: use text, json_object or json_schema"),
+            format!("response_format type {other:?} is not supported: use text"),
         )),
     }
 }
@@ -365,6 +359,7 @@ mod tests {
     #[test]
     fn refusals_name_the_field() {
         let m = json!([{"role": "user", "content": "x"}]);
+        let tools = json!([{"type": "function", "function": {"name": "get"}}]);
         for (body, want) in [
             (json!({"model": "m", "messages": []}), "messages"),
             (
@@ -398,6 +393,27 @@ mod tests {
                 "tools[0].type",
             ),
             (json!({"model": "m", "messages": m, "frequency_penalty": 1}), "frequency_penalty"),
+            // Accepted only where sluice enforces them: these would need constrained decoding.
+            (
+                json!({"model": "m", "messages": m, "response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
+            (
+                json!({"model": "m", "messages": m, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+                "response_format",
+            ),
+            (
+                json!({"model": "m", "messages": m, "tools": tools, "tool_choice": "required"}),
+                "tool_choice",
+            ),
+            (
+                json!({"model": "m", "messages": m, "tools": tools, "tool_choice": {"type": "function", "function": {"name": "get"}}}),
+                "tool_choice",
+            ),
+            (
+                json!({"model": "m", "messages": m, "tools": tools, "parallel_tool_calls": false}),
+                "parallel_tool_calls",
+            ),
             (json!({"model": "m", "messages": m, "functions": []}), "functions"),
             (
                 json!({"model": "m", "messages": m, "max_completion_tokens": 0}),

@@ -26,7 +26,10 @@ pub struct Metrics {
     expert_bytes_read: AtomicU64,
     cancelled: AtomicU64,
     failed: AtomicU64,
+    snapshots: AtomicU64,
+    snapshot_bytes: AtomicU64,
     session_entries: AtomicU64,
+    session_snapshots: AtomicU64,
     session_bytes: AtomicU64,
 }
 
@@ -62,6 +65,8 @@ impl Metrics {
         }
         add(&self.expert_bytes, s.expert_bytes);
         add(&self.expert_bytes_read, s.expert_bytes_read);
+        add(&self.snapshots, n(s.snapshots));
+        add(&self.snapshot_bytes, n(s.snapshot_bytes));
     }
 
     /// Counts a generation cancelled because its client went away.
@@ -75,8 +80,9 @@ impl Metrics {
     }
 
     /// Sets the session-cache gauges.
-    pub fn set_sessions(&self, entries: usize, bytes: usize) {
+    pub fn set_sessions(&self, entries: usize, snapshots: usize, bytes: usize) {
         self.session_entries.store(n(entries), Ordering::Relaxed);
+        self.session_snapshots.store(n(snapshots), Ordering::Relaxed);
         self.session_bytes.store(n(bytes), Ordering::Relaxed);
     }
 
@@ -184,6 +190,24 @@ impl Metrics {
             get(&self.session_entries).to_string(),
         );
         metric(
+            "sluice_snapshots_total",
+            "counter",
+            "Conversation-state snapshots taken for reuse.",
+            get(&self.snapshots).to_string(),
+        );
+        metric(
+            "sluice_snapshot_bytes_total",
+            "counter",
+            "Bytes those snapshots added (cache rows shared with an earlier snapshot not counted).",
+            get(&self.snapshot_bytes).to_string(),
+        );
+        metric(
+            "sluice_session_snapshots",
+            "gauge",
+            "Distinct snapshots held for state reuse.",
+            get(&self.session_snapshots).to_string(),
+        );
+        metric(
             "sluice_session_bytes",
             "gauge",
             "Bytes of stored conversation state.",
@@ -231,14 +255,21 @@ mod tests {
             prefill_s: 0.5,
             decode_s: 0.25,
             ttft_s: 0.5,
+            snapshots: 2,
+            snapshot_bytes: 4096,
             ..TurnStats::default()
         });
+        m.set_sessions(1, 2, 5000);
         let text = m.render(2, true);
         for line in [
             "sluice_prefill_tokens_saved_total 6",
             "sluice_pass_seconds_sum 0.750000",
             "sluice_pass_seconds_count 3",
             "sluice_queue_depth 2",
+            "sluice_snapshots_total 2",
+            "sluice_snapshot_bytes_total 4096",
+            "sluice_session_snapshots 2",
+            "sluice_session_bytes 5000",
             "sluice_generation_running 1",
             "sluice_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2",
             "sluice_requests_total{route=\"/v1/chat/completions\",status=\"429\"} 1",

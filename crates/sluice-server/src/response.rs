@@ -82,6 +82,8 @@ pub fn extension(s: &Summary) -> Value {
         "decode_passes": s.stats.decode_passes,
         "drafted": s.stats.drafted,
         "accepted": s.stats.accepted,
+        "snapshots": s.stats.snapshots,
+        "snapshot_bytes": s.stats.snapshot_bytes,
         "queue_s": s.queue_s,
         "ttft_s": s.stats.ttft_s,
         "total_s": s.total_s,

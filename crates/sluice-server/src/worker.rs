@@ -81,6 +81,8 @@ pub struct EngineSettings {
     pub ngram: bool,
     /// Most drafts per pass.
     pub draft_max: usize,
+    /// Print one statistics line per request on stderr (`sluice serve --stats`).
+    pub stats: bool,
 }
 
 /// The engine thread's state.
@@ -90,6 +92,7 @@ pub struct Worker {
     cache: SessionCache,
     drafter: Option<NgramDrafter>,
     draft_max: usize,
+    stats: bool,
     stop_ids: Vec<u32>,
     sched: Arc<Scheduler>,
     metrics: Arc<Metrics>,
@@ -112,6 +115,7 @@ impl Worker {
             cache,
             drafter: settings.ngram.then(NgramDrafter::default),
             draft_max: settings.draft_max,
+            stats: settings.stats,
             stop_ids,
             sched,
             metrics,
@@ -133,7 +137,35 @@ impl Worker {
                     Event::Failed("the engine panicked on this request".into())
                 }
             };
-            self.metrics.set_sessions(self.cache.len(), self.cache.bytes());
+            let (entries, snaps, bytes) =
+                (self.cache.len(), self.cache.snapshots(), self.cache.bytes());
+            self.metrics.set_sessions(entries, snaps, bytes);
+            if let (true, Event::Done(s)) = (self.stats, &event) {
+                let t = &s.stats;
+                eprintln!(
+                    "stats: job {}, prompt {} tokens ({} reused, {} prefilled in {} passes, {:.3}s), \
+                     ttft {:.3}s, generated {} tokens in {:.3}s ({} decode passes, {} drafted, {} accepted), \
+                     experts {} bytes served / {} read, snapshots {} (+{} bytes), \
+                     session store {entries} conversations / {snaps} snapshots / {bytes} bytes, finish {}",
+                    job.id,
+                    t.prompt_tokens,
+                    t.cached_tokens,
+                    t.prefill_tokens,
+                    t.prefill_passes,
+                    t.prefill_s,
+                    t.ttft_s,
+                    t.generated_tokens,
+                    t.decode_s,
+                    t.decode_passes,
+                    t.drafted,
+                    t.accepted,
+                    t.expert_bytes,
+                    t.expert_bytes_read,
+                    t.snapshots,
+                    t.snapshot_bytes,
+                    s.finish_reason,
+                );
+            }
             self.sched.done();
             if let Event::Failed(_) = event {
                 self.metrics.failed();

@@ -155,3 +155,69 @@ fn follow_up_turns_prefill_only_new_tokens_and_output_is_unchanged() {
     let common = common_prefix(&p1, &p3);
     assert_eq!(a["usage"]["prompt_tokens_details"]["cached_tokens"], json!(common / EVERY * EVERY));
 }
+
+#[test]
+fn same_seed_same_output_with_or_without_reuse_and_speculation() {
+    let model = tiny_a();
+    let servers = [
+        ("plain", Server::start(&["--model", &model, "--session-memory", "0"])),
+        ("ngram", Server::start(&["--model", &model, "--session-memory", "0", "--draft", "ngram"])),
+        ("reuse", Server::start(&["--model", &model, "--checkpoint-every", "16"])),
+        (
+            "reuse+ngram",
+            Server::start(&["--model", &model, "--checkpoint-every", "16", "--draft", "ngram"]),
+        ),
+    ];
+    let sampling = json!({"temperature": 0.9, "top_p": 0.95, "top_k": 40, "max_tokens": 12});
+    let with = |messages: Value, seed: u64| {
+        let mut b = sampling.clone();
+        b["model"] = json!("tiny-a");
+        b["messages"] = messages;
+        b["seed"] = json!(seed);
+        b
+    };
+    let first = with(json!([{"role": "user", "content": "Tell me a story about a fox"}]), 11);
+    let reference = chat(&servers[0].1, &first);
+    let msg = &reference["choices"][0]["message"];
+    let follow = with(
+        json!([{"role": "user", "content": "Tell me a story about a fox"},
+               {"role": "assistant", "content": msg["content"], "reasoning_content": msg["reasoning_content"]},
+               {"role": "user", "content": "And the fox?"}]),
+        12,
+    );
+    let want_follow = ids(&chat(&servers[0].1, &follow));
+    for (name, s) in &servers {
+        // Twice each: the second time a reuse server resumes from the stored prompt end.
+        for round in 0..2 {
+            assert_eq!(ids(&chat(s, &first)), ids(&reference), "{name} round {round}: turn 1");
+            let v = chat(s, &follow);
+            assert_eq!(ids(&v), want_follow, "{name} round {round}: follow-up");
+            let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+            assert_eq!(cached > 0, name.starts_with("reuse"), "{name}: cached {cached}");
+        }
+    }
+    // A different seed samples differently (so the check above can fail).
+    let other: Vec<Vec<u64>> = (20..24)
+        .map(|seed| ids(&chat(&servers[2].1, &with(first["messages"].clone(), seed))))
+        .collect();
+    assert!(
+        other.iter().any(|o| *o != ids(&reference)),
+        "four other seeds all gave the same tokens"
+    );
+}
+
+#[test]
+fn chat_logprobs_cover_every_generated_token() {
+    let s = Server::start(&["--model", &tiny_a()]);
+    let v = chat(
+        &s,
+        &json!({"model": "tiny-a", "messages": [{"role": "user", "content": "Hi"}],
+                             "max_tokens": 7, "temperature": 0, "logprobs": true, "top_logprobs": 2}),
+    );
+    let lp = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(json!(lp.len()), v["usage"]["completion_tokens"]);
+    for e in lp {
+        assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 2, "{e}");
+        assert!(e["logprob"].as_f64().unwrap() <= 0.0);
+    }
+}

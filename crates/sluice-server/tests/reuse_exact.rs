@@ -102,3 +102,34 @@ fn a_tiny_budget_keeps_nothing_and_changes_nothing() {
     }
     assert!(cache.is_empty());
 }
+
+#[test]
+fn snapshots_hold_the_committed_rows_once_and_are_counted() {
+    let m = model();
+    let mut cache = SessionCache::new(SessionConfig {
+        checkpoint_every: 8,
+        max_bytes: 1 << 30,
+        max_entries: 8,
+    });
+    let a: Vec<u32> = (0..37).map(|i| (i * 29 + 3) % 400).collect();
+    let (t, _) = turn(&m, Some(&mut cache), &a, Sampling::greedy(), false, false);
+    // Checkpoints at 8, 16, 24, 32, the prompt end (37, with logits) and the generation end.
+    assert_eq!(t.stats.snapshots, 6);
+    let kda = m.new_state().snapshot(None).byte_len();
+    let mut s = m.new_state();
+    let fed: Vec<u32> = a.iter().chain(&t.tokens[..t.tokens.len() - 1]).copied().collect();
+    m.forward(&mut s, &fed, sluice_models::LogitRows::Last, None).unwrap();
+    s.commit(fed.len());
+    let rows = s.snapshot_bytes() - kda;
+    assert_eq!(
+        t.stats.snapshot_bytes,
+        6 * kda + rows,
+        "each KDA state once per snapshot, rows once"
+    );
+    let logits = 5 * m.vocab_size() * 4;
+    let tokens = 4 * (a.len() + t.tokens.len());
+    assert_eq!(cache.bytes(), t.stats.snapshot_bytes + logits + tokens);
+    assert_eq!(cache.snapshots(), 6);
+    // Six clones of the live state would have held far more.
+    assert!(cache.bytes() < 6 * s.byte_len());
+}

@@ -141,6 +141,11 @@ impl K3State {
         Self { layers, committed: 0, pending: None }
     }
 
+    /// A state of `committed` positions made of `layers` (restored from a snapshot).
+    pub(crate) fn restored(layers: Vec<LayerState>, committed: usize) -> Self {
+        Self { layers, committed, pending: None }
+    }
+
     /// Committed positions.
     pub fn len(&self) -> usize {
         self.committed

@@ -53,6 +53,11 @@ impl Qwen3State {
         }
     }
 
+    /// A state of `committed` positions made of `layers` (restored from a snapshot).
+    pub(crate) fn restored(layers: Vec<KvCache>, committed: usize) -> Self {
+        Self { layers, committed, pending: None }
+    }
+
     /// Committed positions (the position of the next pass's first row).
     pub fn len(&self) -> usize {
         self.committed

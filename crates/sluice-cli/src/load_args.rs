@@ -1,0 +1,88 @@
+//! Flags that decide how a model is placed in memory, shared by `sluice run` and `sluice serve`
+//! so both open a model the same way (through `sluice_engine::load::open`) and print the same
+//! plan.
+
+use anyhow::{bail, Result};
+use clap::Args;
+use sluice_engine::load::{ExpertMode, LoadOptions};
+use sluice_engine::plan::parse_size;
+use sluice_engine::Spine;
+
+/// Flags that decide how a model is placed in memory (shared by run, bench and serve).
+#[derive(Debug, Clone, Args)]
+pub struct LoadArgs {
+    /// Memory budget (e.g. 24G, 6G, 512M). Default: 85% of physical memory or the cgroup limit,
+    /// minus 512 MiB.
+    #[arg(long)]
+    pub(crate) memory: Option<String>,
+    /// Where routed experts come from: auto (mapped if everything fits, else streamed),
+    /// mapped, or stream.
+    #[arg(long, default_value = "auto")]
+    pub(crate) experts: String,
+    /// Do not prefetch the next layer's experts.
+    #[arg(long)]
+    pub(crate) no_prefetch: bool,
+    /// Read next-layer guesses only while their measured precision is at least this (0: always).
+    #[arg(long, default_value_t = sluice_store::streaming::DEFAULT_MIN_PRECISION)]
+    pub(crate) prefetch_min_precision: f64,
+    /// Reads in flight when streaming experts.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) readers: usize,
+    /// Use the page cache for expert reads instead of O_DIRECT.
+    #[arg(long)]
+    pub(crate) buffered_io: bool,
+    /// Exactly this many expert-cache slots (for tests and benchmarks).
+    #[arg(long)]
+    pub(crate) cache_slots: Option<usize>,
+    /// Context length the sequence state is planned for (default: 4096 for `run`; for `serve`
+    /// the checkpoint's max_position_embeddings, at most 32768).
+    #[arg(long)]
+    pub(crate) context: Option<usize>,
+    /// Spine precision: bf16 (as published) or int8 (the lossy `sluice convert` output: the
+    /// directory itself if converted, else its sibling DIR-int8).
+    #[arg(long, default_value = "bf16")]
+    pub(crate) spine: String,
+    /// Stream installs: most disk space for routed experts fetched from the hub (e.g. 200G).
+    /// Default: what is cached plus the volume's free space less 2% + 1 GiB.
+    #[arg(long)]
+    pub(crate) disk_cache: Option<String>,
+}
+
+impl LoadArgs {
+    /// The validated load options.
+    pub fn options(&self) -> Result<LoadOptions> {
+        let memory =
+            self.memory.as_deref().map(parse_size).transpose().map_err(anyhow::Error::msg)?;
+        let experts = match self.experts.as_str() {
+            "auto" => ExpertMode::Auto,
+            "mapped" => ExpertMode::Mapped,
+            "stream" => ExpertMode::Stream,
+            other => bail!("--experts {other:?}: expected auto, mapped or stream"),
+        };
+        let Some(spine) = Spine::parse(&self.spine) else {
+            bail!("--spine {:?}: expected bf16 or int8", self.spine);
+        };
+        let disk_cache = self
+            .disk_cache
+            .as_deref()
+            .map(parse_size)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--disk-cache: {e}"))?;
+        if self.readers == 0 {
+            bail!("--readers must be at least 1");
+        }
+        Ok(LoadOptions {
+            memory,
+            experts,
+            prefetch: !self.no_prefetch,
+            prefetch_min_precision: self.prefetch_min_precision,
+            context: self.context.unwrap_or(4096),
+            readers: self.readers,
+            direct_io: !self.buffered_io,
+            slots: self.cache_slots,
+            session_memory: 0,
+            spine,
+            disk_cache,
+        })
+    }
+}

@@ -1,0 +1,301 @@
+//! Compact snapshots of a sequence state: exactly what its committed positions need.
+//!
+//! A live [`State`] carries more than its committed positions: a Kimi K3 KDA layer keeps a working
+//! copy of its recurrent matrix for the staged pass (as large as the committed one) and the staged
+//! rows' recurrence inputs, and the append-only caches (MLA latents, Qwen3 keys and values) have
+//! spare capacity. Cloning it for conversation reuse copies all of that. A [`StateSnapshot`] keeps
+//! only the committed KDA states (recurrent matrix and conv window) and the committed rows of each
+//! append-only cache.
+//!
+//! The cache rows are held as shared segments: a snapshot taken from a state that extends an
+//! earlier snapshot (the next checkpoint of the same prompt, the end of a generation) references
+//! the earlier snapshot's segments and copies only the rows added since. A conversation's chain of
+//! snapshots therefore holds each cache row once. [`StateSnapshot::for_each_part`] names every
+//! allocation so that a store of many snapshots counts shared segments once.
+//!
+//! [`StateSnapshot::restore`] rebuilds a state whose next pass is bit-identical to the next pass
+//! of the state it was taken from (tested in `tests/snapshot.rs`).
+
+use crate::kimi_k3::state::{K3State, KdaLayer, KdaState, LayerState, MlaLayer};
+use crate::qwen3::state::{KvCache, Qwen3State};
+use crate::State;
+use std::sync::Arc;
+
+/// The committed rows of an append-only cache (`[len, width]` f32), as shared segments.
+#[derive(Debug, Clone, Default)]
+struct Rows {
+    segs: Vec<Arc<[f32]>>,
+    len: usize,
+}
+
+/// Whether `a` and `b` hold the same bits (NaN-safe, unlike `==`).
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+impl Rows {
+    /// The first `len` values of `data`, sharing `base`'s segments when `base` is a prefix of
+    /// them. The check compares `base`'s last segment with the same span of `data`; earlier
+    /// segments are trusted because a chain is only ever built from one growing state.
+    fn capture(data: &[f32], len: usize, base: Option<&Rows>) -> Self {
+        let data = &data[..len.min(data.len())];
+        let shared = base.filter(|b| {
+            b.len <= data.len()
+                && b.segs
+                    .last()
+                    .is_none_or(|last| same_bits(last, &data[b.len - last.len()..b.len]))
+        });
+        let mut segs = shared.map(|b| b.segs.clone()).unwrap_or_default();
+        let start = shared.map_or(0, |b| b.len);
+        if data.len() > start {
+            segs.push(Arc::from(&data[start..]));
+        }
+        Self { segs, len: data.len() }
+    }
+
+    /// The rows as one vector.
+    fn restore(&self) -> Vec<f32> {
+        let mut v = Vec::with_capacity(self.len);
+        for s in &self.segs {
+            v.extend_from_slice(s);
+        }
+        v
+    }
+
+    fn for_each_part(&self, f: &mut dyn FnMut(usize, usize)) {
+        for s in &self.segs {
+            f(Arc::as_ptr(s).cast::<f32>() as usize, 4 * s.len());
+        }
+    }
+}
+
+/// One layer of a [`StateSnapshot`].
+#[derive(Debug, Clone)]
+enum SnapLayer {
+    /// K3 KDA: the committed recurrent matrix and conv window.
+    Kda { s: Arc<[f32]>, conv: Arc<[f32]>, heads: usize, dim: usize },
+    /// K3 MLA: committed latents and rope keys.
+    Mla { lat: Rows, pe: Rows, lat_dim: usize, pe_dim: usize },
+    /// Qwen3: committed keys and values.
+    Kv { k: Rows, v: Rows, width: usize },
+}
+
+/// Which family a snapshot came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    KimiK3,
+    Qwen3,
+}
+
+/// A compact copy of a [`State`]'s committed positions (see the module docs).
+#[derive(Debug, Clone)]
+pub struct StateSnapshot {
+    family: Family,
+    layers: Vec<SnapLayer>,
+    len: usize,
+}
+
+impl State {
+    /// A snapshot of the committed positions (a staged pass is left out). When `base` is a
+    /// snapshot of an earlier point of this same state's history, its cache rows are shared
+    /// rather than copied.
+    pub fn snapshot(&self, base: Option<&StateSnapshot>) -> StateSnapshot {
+        let base_layer = |i: usize| base.and_then(|b| b.layers.get(i));
+        match self {
+            Self::KimiK3(s) => {
+                let n = s.len();
+                let layers = s
+                    .layers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| match l {
+                        LayerState::Kda(k) => SnapLayer::Kda {
+                            s: Arc::from(k.committed.s.as_slice()),
+                            conv: Arc::from(k.committed.conv.as_slice()),
+                            heads: k.heads,
+                            dim: k.dim,
+                        },
+                        LayerState::Mla(m) => {
+                            let (bl, bp) = match base_layer(i) {
+                                Some(SnapLayer::Mla { lat, pe, .. }) => (Some(lat), Some(pe)),
+                                _ => (None, None),
+                            };
+                            SnapLayer::Mla {
+                                lat: Rows::capture(&m.lat, n * m.lat_dim, bl),
+                                pe: Rows::capture(&m.pe, n * m.pe_dim, bp),
+                                lat_dim: m.lat_dim,
+                                pe_dim: m.pe_dim,
+                            }
+                        }
+                    })
+                    .collect();
+                StateSnapshot { family: Family::KimiK3, layers, len: n }
+            }
+            Self::Qwen3(s) => {
+                let n = s.len();
+                let layers = s
+                    .layers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| {
+                        let (bk, bv) = match base_layer(i) {
+                            Some(SnapLayer::Kv { k, v, .. }) => (Some(k), Some(v)),
+                            _ => (None, None),
+                        };
+                        SnapLayer::Kv {
+                            k: Rows::capture(&l.k, n * l.width, bk),
+                            v: Rows::capture(&l.v, n * l.width, bv),
+                            width: l.width,
+                        }
+                    })
+                    .collect();
+                StateSnapshot { family: Family::Qwen3, layers, len: n }
+            }
+        }
+    }
+
+    /// Bytes a snapshot of this state would hold with nothing shared.
+    pub fn snapshot_bytes(&self) -> usize {
+        match self {
+            Self::KimiK3(s) => s
+                .layers
+                .iter()
+                .map(|l| match l {
+                    LayerState::Kda(k) => 4 * (k.committed.s.len() + k.committed.conv.len()),
+                    LayerState::Mla(m) => 4 * s.len() * (m.lat_dim + m.pe_dim),
+                })
+                .sum(),
+            Self::Qwen3(s) => s.layers.iter().map(|l| 8 * s.len() * l.width).sum(),
+        }
+    }
+}
+
+impl StateSnapshot {
+    /// Committed positions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a snapshot of an empty state.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A live state equal to the one this snapshot was taken from (no pass staged).
+    pub fn restore(&self) -> State {
+        match self.family {
+            Family::KimiK3 => {
+                let layers = self
+                    .layers
+                    .iter()
+                    .filter_map(|l| match l {
+                        SnapLayer::Kda { s, conv, heads, dim } => {
+                            let st = KdaState { s: s.to_vec(), conv: conv.to_vec() };
+                            Some(LayerState::Kda(KdaLayer {
+                                committed: st.clone(),
+                                work: st,
+                                rows: Vec::new(),
+                                heads: *heads,
+                                dim: *dim,
+                            }))
+                        }
+                        SnapLayer::Mla { lat, pe, lat_dim, pe_dim } => {
+                            Some(LayerState::Mla(MlaLayer {
+                                lat: lat.restore(),
+                                pe: pe.restore(),
+                                lat_dim: *lat_dim,
+                                pe_dim: *pe_dim,
+                            }))
+                        }
+                        SnapLayer::Kv { .. } => None,
+                    })
+                    .collect();
+                State::KimiK3(K3State::restored(layers, self.len))
+            }
+            Family::Qwen3 => {
+                let layers = self
+                    .layers
+                    .iter()
+                    .filter_map(|l| match l {
+                        SnapLayer::Kv { k, v, width } => {
+                            Some(KvCache { k: k.restore(), v: v.restore(), width: *width })
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                State::Qwen3(Qwen3State::restored(layers, self.len))
+            }
+        }
+    }
+
+    /// Calls `f(id, bytes)` for every allocation this snapshot references; an allocation shared
+    /// with another snapshot has the same id in both.
+    pub fn for_each_part(&self, f: &mut dyn FnMut(usize, usize)) {
+        for l in &self.layers {
+            match l {
+                SnapLayer::Kda { s, conv, .. } => {
+                    f(Arc::as_ptr(s).cast::<f32>() as usize, 4 * s.len());
+                    f(Arc::as_ptr(conv).cast::<f32>() as usize, 4 * conv.len());
+                }
+                SnapLayer::Mla { lat, pe, .. } => {
+                    lat.for_each_part(f);
+                    pe.for_each_part(f);
+                }
+                SnapLayer::Kv { k, v, .. } => {
+                    k.for_each_part(f);
+                    v.for_each_part(f);
+                }
+            }
+        }
+    }
+
+    /// Bytes this snapshot references that `base` does not (what taking it cost when `base` was
+    /// already held).
+    pub fn bytes_beyond(&self, base: Option<&StateSnapshot>) -> usize {
+        let mut held = std::collections::HashSet::new();
+        if let Some(b) = base {
+            b.for_each_part(&mut |id, _| {
+                held.insert(id);
+            });
+        }
+        let mut total = 0;
+        self.for_each_part(&mut |id, b| {
+            if !held.contains(&id) {
+                total += b;
+            }
+        });
+        total
+    }
+
+    /// Bytes this snapshot references, shared segments included.
+    pub fn byte_len(&self) -> usize {
+        let mut total = 0;
+        self.for_each_part(&mut |_, b| total += b);
+        total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_share_a_verified_prefix_and_copy_the_rest() {
+        let data: Vec<f32> = (0..12u8).map(f32::from).collect();
+        let a = Rows::capture(&data, 4, None);
+        let b = Rows::capture(&data, 10, Some(&a));
+        assert_eq!(b.segs.len(), 2);
+        assert!(Arc::ptr_eq(&a.segs[0], &b.segs[0]), "the prefix is shared");
+        assert_eq!(b.restore(), data[..10].to_vec());
+        // A base that is not a prefix of the data is not shared.
+        let other: Vec<f32> = (0..12u8).map(|x| f32::from(x) + 0.5).collect();
+        let c = Rows::capture(&other, 10, Some(&a));
+        assert_eq!(c.segs.len(), 1);
+        assert_eq!(c.restore(), other[..10].to_vec());
+        // A base longer than the data is not shared either.
+        let d = Rows::capture(&data, 2, Some(&b));
+        assert_eq!(d.restore(), data[..2].to_vec());
+        let e = Rows::capture(&data, 4, Some(&a));
+        assert_eq!((e.segs.len(), e.len), (1, 4), "nothing new: only the shared segment");
+    }
+}
