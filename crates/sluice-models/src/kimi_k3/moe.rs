@@ -82,8 +82,11 @@ pub(crate) fn forward(
     let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, &w.bias, c)).collect();
     // Guess the next MoE layer's experts with its router on this layer's input and start
     // reading them while this layer computes (a wrong guess costs bandwidth, never output).
-    if let Some((next_layer, nw)) = next {
-        let nl = ctx.mm(&nw.router, x, t);
+    // The next layer's router is in its spine piece: resident, or the stream buffer being
+    // read while this layer computes (waited for here); skipped if it is not at hand.
+    let next_src = next.and_then(|(nl, nw)| ctx.peek_layer(nl).map(|src| (nl, nw, src)));
+    if let Some((next_layer, nw, src)) = next_src {
+        let nl = ctx.mm_from(&src, &nw.router, x, t);
         let mut guess: Vec<u32> =
             nl.chunks_exact(e).flat_map(|l| route(l, &nw.bias, c).ids).collect();
         guess.sort_unstable();

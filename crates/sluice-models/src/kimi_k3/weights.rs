@@ -4,6 +4,7 @@
 //! path formats a name or looks one up.
 
 use super::config::{AttnKind, K3Config};
+use super::spine::TensorBytes;
 use crate::ModelError;
 use sluice_checkpoint::{Checkpoint, TensorEntry};
 use sluice_core::{bf16_to_f32, DType};
@@ -19,14 +20,37 @@ pub struct Mat {
 }
 
 impl Mat {
-    /// The matrix as a kernel operand over the checkpoint's bytes.
-    pub fn get<'a>(&self, ckpt: &'a Checkpoint) -> Matrix<'a> {
-        let b = ckpt.bytes(&self.entry);
-        let m = match self.format {
-            WeightFormat::F32 => Matrix::f32(self.rows, self.cols, b),
-            _ => Matrix::bf16(self.rows, self.cols, b),
-        };
-        m.expect("invariant: shape and byte length were checked at load")
+    /// The matrix as a kernel operand over the bytes `src` holds (the mapped checkpoint, or
+    /// the placed spine piece this matrix belongs to).
+    pub fn get<'a>(&self, src: &'a dyn TensorBytes) -> Matrix<'a> {
+        let b = src
+            .tensor_bytes(&self.entry)
+            .expect("invariant: a spine piece holds every matrix of its layer");
+        self.over(self.rows, b).expect("invariant: shape and byte length were checked at load")
+    }
+
+    fn over<'a>(&self, rows: usize, b: &'a [u8]) -> Option<Matrix<'a>> {
+        match self.format {
+            WeightFormat::F32 => Matrix::f32(rows, self.cols, b),
+            _ => Matrix::bf16(rows, self.cols, b),
+        }
+        .ok()
+    }
+
+    /// One row of the matrix as a `[1, cols]` operand over `row` (its bytes), or `None` if
+    /// `row` is not one row long.
+    pub fn row_matrix<'a>(&self, row: &'a [u8]) -> Option<Matrix<'a>> {
+        self.over(1, row)
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> u64 {
+        self.entry.len / (self.rows.max(1) as u64)
+    }
+
+    /// Where the matrix is in the checkpoint.
+    pub fn entry(&self) -> &TensorEntry {
+        &self.entry
     }
 
     /// Output rows.
