@@ -137,6 +137,14 @@ impl Model {
         }
     }
 
+    /// Spine I/O counters (zero unless a Kimi K3 spine is placed by a spine store).
+    pub fn spine_stats(&self) -> sluice_store::SpineStats {
+        match self {
+            Self::KimiK3(m) => m.spine_stats(),
+            Self::Qwen3(_) => sluice_store::SpineStats::default(),
+        }
+    }
+
     /// Vocabulary size (rows of the logits).
     pub fn vocab_size(&self) -> usize {
         match self {

@@ -11,6 +11,10 @@
 //! a fixed arena of cache slots charged to the memory budget (see the crate README for the
 //! design: [`index`] locates experts, [`io`] reads them, [`reader`] keeps many reads in flight,
 //! [`cache`] and [`policy`] decide what stays, [`streaming`] ties them together).
+//!
+//! The spine (everything but routed experts) is placed by [`spine::SpineStore`]: resident
+//! pieces read once into budget-charged buffers, the rest streamed layer by layer through two
+//! buffers (the next piece read while the current one computes).
 
 pub mod arena;
 pub mod cache;
@@ -22,6 +26,7 @@ pub mod policy;
 pub mod probe;
 pub mod reader;
 pub mod remote;
+pub mod spine;
 pub mod streaming;
 
 use std::path::PathBuf;
@@ -36,6 +41,7 @@ pub use reader::ReaderPool;
 pub use remote::{
     DiskCacheConfig, DiskPin, ExpertDiskCache, RemoteError, RemoteSource, RemoteStats,
 };
+pub use spine::{Placement, SpineIndex, SpineStats, SpineStore};
 pub use streaming::{LayerPrefetchStats, StreamingConfig, StreamingExperts};
 
 /// One expert's three MXFP4 matrices as byte slices (packed nibbles and E8M0 scales).
@@ -84,6 +90,21 @@ pub enum StoreError {
         /// Absolute offset of the expert span being read.
         offset: u64,
         /// Length of that span in bytes.
+        len: u64,
+        /// The underlying error (`UnexpectedEof` for a file that ended early).
+        #[source]
+        source: std::io::Error,
+    },
+    /// Reading a piece of the spine (a layer, the embedding, the head) failed.
+    #[error("reading the spine of {piece}: {path}: {len} bytes at offset {offset}: {source}")]
+    SpineRead {
+        /// The piece (`layer 3`, `lm_head`, `embedding`).
+        piece: String,
+        /// The shard file.
+        path: PathBuf,
+        /// Absolute offset of the read that failed.
+        offset: u64,
+        /// Its length in bytes.
         len: u64,
         /// The underlying error (`UnexpectedEof` for a file that ended early).
         #[source]

@@ -47,7 +47,7 @@ pub(crate) fn forward(
     }
     let total = past + t;
     let scale = (qd as f32).powf(-0.5);
-    let kv_b = w.kv_b.get(ctx.ckpt);
+    let kv_b = w.kv_b.get(ctx.spine);
     let (lat_all, pe_all) = (&st.lat, &st.pe);
 
     // Per head: absorbed attention for every row.

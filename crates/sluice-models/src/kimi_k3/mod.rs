@@ -11,6 +11,7 @@ pub mod inventory;
 mod kda;
 mod mla;
 pub mod moe;
+pub mod spine;
 pub mod state;
 pub mod synth;
 pub mod weights;
@@ -20,10 +21,11 @@ use config::{AttnKind, K3Config};
 use sluice_checkpoint::Checkpoint;
 use sluice_kernels::matmul;
 use sluice_kernels::ops::{rms_norm, softmax_inplace};
-use sluice_store::{ExpertStore, ExpertTensorNames, MappedExperts};
+use sluice_store::{ExpertStore, ExpertTensorNames, MappedExperts, SpineIndex, SpineStats, SpineStore};
 use state::{K3State, LayerShape, LayerState};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use spine::{PieceRef, Spine, TensorBytes};
 use weights::{Attn, Ffn, K3Weights, Mat};
 
 pub use moe::Route;
@@ -46,18 +48,31 @@ impl Trace {
     }
 }
 
-/// What a pass needs besides the weights: the checkpoint bytes and the expert store.
+/// What a layer needs besides its weights: its spine bytes, the expert store, and a way to
+/// reach the next layer's spine piece (for the expert prefetch).
 pub(crate) struct Ctx<'a> {
-    pub(crate) ckpt: &'a Checkpoint,
+    pub(crate) spine: &'a dyn TensorBytes,
     pub(crate) experts: &'a dyn ExpertStore,
+    placed: &'a Spine,
+    ckpt: &'a Checkpoint,
 }
 
-impl Ctx<'_> {
-    /// `x [t, cols] → [t, rows]` through a spine matrix.
+impl<'a> Ctx<'a> {
+    /// `x [t, cols] → [t, rows]` through a matrix of this layer.
     pub(crate) fn mm(&self, m: &Mat, x: &[f32], t: usize) -> Vec<f32> {
+        self.mm_from(self.spine, m, x, t)
+    }
+
+    /// `x [t, cols] → [t, rows]` through a matrix whose bytes `src` holds.
+    pub(crate) fn mm_from(&self, src: &dyn TensorBytes, m: &Mat, x: &[f32], t: usize) -> Vec<f32> {
         let mut out = vec![0.0f32; t * m.rows()];
-        matmul(&m.get(self.ckpt), x, t, &mut out);
+        matmul(&m.get(src), x, t, &mut out);
         out
+    }
+
+    /// Layer `i`'s spine piece if it is at hand without starting a read.
+    pub(crate) fn peek_layer(&self, i: usize) -> Option<PieceRef<'a>> {
+        self.placed.peek(self.ckpt, spine::layer_piece(i))
     }
 }
 
@@ -67,6 +82,7 @@ pub struct KimiK3 {
     ckpt: Arc<Checkpoint>,
     weights: K3Weights,
     experts: Arc<dyn ExpertStore>,
+    spine: Spine,
     prefetch: bool,
 }
 
@@ -126,7 +142,40 @@ impl KimiK3 {
     ) -> Result<Self, ModelError> {
         let cfg = K3Config::from_json(ckpt.config().text_config())?;
         let weights = K3Weights::load(&ckpt, &cfg)?;
-        Ok(Self { cfg, ckpt, weights, experts, prefetch: false })
+        Ok(Self { cfg, ckpt, weights, experts, spine: Spine::Mapped, prefetch: false })
+    }
+
+    /// The spine pieces of this model (embedding, layers, head) and their byte spans, for
+    /// planning a placement and opening a [`SpineStore`] over them.
+    pub fn spine_index(&self) -> Result<SpineIndex, ModelError> {
+        spine::index(&self.weights, &self.ckpt)
+    }
+
+    /// Bytes of the small f32 vectors the model keeps whatever the spine placement.
+    pub fn spine_small_bytes(&self) -> u64 {
+        spine::small_bytes(&self.weights)
+    }
+
+    /// Takes spine bytes from `store` instead of the mapped checkpoint. The store must have
+    /// been opened on [`Self::spine_index`].
+    pub fn set_spine(&mut self, store: Arc<SpineStore>) -> Result<(), ModelError> {
+        if *store.index() != self.spine_index()? {
+            return Err(ModelError::Config(
+                "the spine store was opened on another model's spine index".into(),
+            ));
+        }
+        self.spine = Spine::Placed(store);
+        Ok(())
+    }
+
+    /// Spine I/O counters (all zero while the spine is mapped).
+    pub fn spine_stats(&self) -> SpineStats {
+        self.spine.stats()
+    }
+
+    /// Takes routed experts from `experts` from now on.
+    pub fn set_experts(&mut self, experts: Arc<dyn ExpertStore>) {
+        self.experts = experts;
     }
 
     /// Turns next-layer expert prefetch on or off (worth it when experts stream from disk).
@@ -194,23 +243,34 @@ impl KimiK3 {
             }
         }
         let d = c.hidden_size;
-        let ctx = Ctx { ckpt: &self.ckpt, experts: self.experts.as_ref() };
-        let embed = self.weights.embed.get(&self.ckpt);
+        // One pass at a time through streamed pieces; held until the logits are out.
+        let _pass = self.spine.begin_pass();
         let mut h = vec![0.0f32; t * d];
-        for (ti, &id) in tokens.iter().enumerate() {
-            embed.row_to_f32(id as usize, &mut h[ti * d..(ti + 1) * d]);
-        }
+        self.spine.embed(&self.ckpt, &self.weights.embed, tokens, &mut h)?;
         Trace::put(&mut trace, || "embed".into(), &h);
         state.begin(t);
-        let result = self.layers(&ctx, state, h, t, &mut trace);
-        let hidden = match result {
-            Ok(hd) => hd,
+        match self.layers_and_head(state, h, t, rows, &mut trace) {
+            Ok(logits) => Ok(logits),
             Err(e) => {
                 state.rollback();
-                return Err(e);
+                Err(e)
             }
-        };
-        Trace::put(&mut trace, || "final_hidden".into(), &hidden);
+        }
+    }
+
+    /// The decoder layers, the final norm and the lm_head of a pass whose state is begun.
+    fn layers_and_head(
+        &self,
+        state: &mut K3State,
+        h: Vec<f32>,
+        t: usize,
+        rows: LogitRows,
+        trace: &mut Option<&mut Trace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.cfg;
+        let d = c.hidden_size;
+        let hidden = self.layers(state, h, t, trace)?;
+        Trace::put(trace, || "final_hidden".into(), &hidden);
         let sel: Vec<usize> = match rows {
             LogitRows::All => (0..t).collect(),
             LogitRows::Last => vec![t - 1],
@@ -224,12 +284,22 @@ impl KimiK3 {
                 &mut normed[j * d..(j + 1) * d],
             );
         }
+        let head = self.spine.piece(&self.ckpt, spine::head_piece(c.num_hidden_layers))?;
+        let ctx = self.ctx(&head);
         Ok(ctx.mm(&self.weights.lm_head, &normed, sel.len()))
+    }
+
+    fn ctx<'a>(&'a self, piece: &'a PieceRef<'a>) -> Ctx<'a> {
+        Ctx {
+            spine: piece,
+            experts: self.experts.as_ref(),
+            placed: &self.spine,
+            ckpt: &self.ckpt,
+        }
     }
 
     fn layers(
         &self,
-        ctx: &Ctx<'_>,
         state: &mut K3State,
         embed: Vec<f32>,
         t: usize,
@@ -248,6 +318,10 @@ impl KimiK3 {
             o
         };
         for (i, lw) in self.weights.layers.iter().enumerate() {
+            // This layer's spine piece: resident, or its stream buffer (read during the
+            // previous layer); the guard is dropped at the end of the layer.
+            let piece = self.spine.piece(&self.ckpt, spine::layer_piece(i))?;
+            let ctx = &self.ctx(&piece);
             let cur = prefix.take().expect("invariant: prefix is set between layers");
             // mlx-lm KimiK3DecoderLayer.__call__: mix with the old anchors, then bank the raw
             // layer input at a block boundary and restart the partial sum at the attention output.

@@ -82,9 +82,12 @@ pub(crate) fn forward(
     let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, &w.bias, c)).collect();
     // Guess the next MoE layer's experts with its router on this layer's input; the store
     // starts reading them once this layer's own experts hold their slots, while this layer
-    // computes (a wrong guess costs bandwidth, never output).
-    let guess: Option<(usize, Vec<u32>)> = next.map(|(next_layer, nw)| {
-        let nl = ctx.mm(&nw.router, x, t);
+    // computes (a wrong guess costs bandwidth, never output). The next layer's router is in
+    // its spine piece: resident, or the stream buffer being read while this layer computes
+    // (waited for here); no guess if it is not at hand.
+    let next_src = next.and_then(|(nl, nw)| ctx.peek_layer(nl).map(|src| (nl, nw, src)));
+    let guess: Option<(usize, Vec<u32>)> = next_src.map(|(next_layer, nw, src)| {
+        let nl = ctx.mm_from(&src, &nw.router, x, t);
         let mut guess: Vec<u32> =
             nl.chunks_exact(e).flat_map(|l| route(l, &nw.bias, c).ids).collect();
         guess.sort_unstable();

@@ -4,6 +4,7 @@
 //! path formats a name or looks one up.
 
 use super::config::{AttnKind, K3Config};
+use super::spine::TensorBytes;
 use crate::ModelError;
 use sluice_checkpoint::{Checkpoint, TensorEntry};
 use sluice_core::{bf16_to_f32, DType};
@@ -21,15 +22,60 @@ pub struct Mat {
 }
 
 impl Mat {
-    /// The matrix as a kernel operand over the checkpoint's bytes.
-    pub fn get<'a>(&self, ckpt: &'a Checkpoint) -> Matrix<'a> {
-        let b = ckpt.bytes(&self.entry);
-        let m = match (&self.scale, self.format) {
-            (Some(s), _) => Matrix::int8_row(self.rows, self.cols, b, ckpt.bytes(s)),
-            (None, WeightFormat::F32) => Matrix::f32(self.rows, self.cols, b),
-            (None, _) => Matrix::bf16(self.rows, self.cols, b),
+    /// The matrix as a kernel operand over the bytes `src` holds (the mapped checkpoint, or
+    /// the placed spine piece this matrix belongs to; a row-int8 matrix's scales are in the
+    /// same piece).
+    pub fn get<'a>(&self, src: &'a dyn TensorBytes) -> Matrix<'a> {
+        let b = src
+            .tensor_bytes(&self.entry)
+            .expect("invariant: a spine piece holds every matrix of its layer");
+        let m = match &self.scale {
+            Some(s) => {
+                let sb = src
+                    .tensor_bytes(s)
+                    .expect("invariant: a spine piece holds the scales of its int8 matrices");
+                Matrix::int8_row(self.rows, self.cols, b, sb).ok()
+            }
+            None => self.over(self.rows, b),
         };
         m.expect("invariant: shape and byte length were checked at load")
+    }
+
+    fn over<'a>(&self, rows: usize, b: &'a [u8]) -> Option<Matrix<'a>> {
+        match self.format {
+            WeightFormat::F32 => Matrix::f32(rows, self.cols, b),
+            _ => Matrix::bf16(rows, self.cols, b),
+        }
+        .ok()
+    }
+
+    /// One row of a BF16/F32 matrix as a `[1, cols]` operand over `row` (its bytes); `None` if
+    /// `row` is not one row long or the matrix is row-int8 (its scale lives elsewhere).
+    pub fn row_matrix<'a>(&self, row: &'a [u8]) -> Option<Matrix<'a>> {
+        if self.scale.is_some() {
+            return None;
+        }
+        self.over(1, row)
+    }
+
+    /// True for a row-int8 matrix (I8 with an F16 scale per row).
+    pub fn is_int8(&self) -> bool {
+        self.scale.is_some()
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> u64 {
+        self.entry.len / (self.rows.max(1) as u64)
+    }
+
+    /// Where the matrix is in the checkpoint.
+    pub fn entry(&self) -> &TensorEntry {
+        &self.entry
+    }
+
+    /// Where the matrix's scales are (row-int8 only).
+    pub fn scale_entry(&self) -> Option<&TensorEntry> {
+        self.scale.as_ref()
     }
 
     /// Output rows.

@@ -1,0 +1,182 @@
+//! The spine store hands out exactly the bytes of the file for every placement (resident,
+//! streamed through two buffers, rows), over several passes in pass order and out of order,
+//! through O_DIRECT and buffered reads; it charges the budget what it allocates and refuses
+//! when that does not fit; a failed read is a clear error naming the piece, and the next
+//! acquire reads the piece again.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
+
+use sluice_core::MemoryBudget;
+use sluice_store::fault::{Fault, When};
+use sluice_store::spine::{PieceLayout, SpineFootprint, TensorRange};
+use sluice_store::{FaultyReader, IoMode, Placement, ReadAt, ShardFiles, SpineIndex, SpineStore};
+use std::io::Write;
+use std::sync::Arc;
+
+/// A 9 MB file of position-derived bytes and five pieces: rows (embedding), three layers (two
+/// tensors each with a gap, one spanning more than a chunk) and a head.
+fn fixture() -> (tempfile::NamedTempFile, Vec<Vec<TensorRange>>, Vec<u8>) {
+    let data: Vec<u8> =
+        (0..9_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(&data).unwrap();
+    let t = |offset: u64, len: u64| TensorRange { file: 0, offset, len };
+    let pieces = vec![
+        vec![t(100, 64 * 300)],
+        vec![t(30_001, 5000), t(35_001, 777)],
+        vec![t(1_000_003, 4_500_000), t(7_000_000, 12_345)],
+        vec![t(6_000_000, 100_000)],
+        vec![t(8_000_001, 999_999)],
+    ];
+    (f, pieces, data)
+}
+
+fn index(f: &tempfile::NamedTempFile, pieces: &[Vec<TensorRange>]) -> SpineIndex {
+    let layouts =
+        pieces.iter().enumerate().map(|(i, t)| PieceLayout::new(format!("piece {i}"), t)).collect();
+    SpineIndex::new(layouts, vec![f.path().to_path_buf()]).unwrap()
+}
+
+fn check_piece(store: &SpineStore, i: usize, tensors: &[TensorRange], data: &[u8]) {
+    let g = store.acquire(i).unwrap();
+    for t in tensors {
+        let got = g.tensor(t.file, t.offset, t.len).unwrap();
+        let want = &data[t.offset as usize..(t.offset + t.len) as usize];
+        assert!(got == want, "piece {i} tensor at {} differs", t.offset);
+    }
+}
+
+fn check_rows(store: &SpineStore, t: TensorRange, data: &[u8]) {
+    let rows = [3usize, 0, 299, 3];
+    let mut seen = 0;
+    store
+        .read_rows(0, t, 64, &rows, &mut |i, b| {
+            let o = (t.offset + rows[i] as u64 * 64) as usize;
+            assert_eq!(b, &data[o..o + 64], "row {}", rows[i]);
+            seen += 1;
+        })
+        .unwrap();
+    assert_eq!(seen, rows.len());
+}
+
+#[test]
+fn every_placement_serves_the_file_bytes_over_several_passes() {
+    use Placement::{Resident as R, Rows as W, Streamed as S};
+    let (f, pieces, data) = fixture();
+    let idx = index(&f, &pieces);
+    let plans = [
+        vec![R, R, R, R, R],
+        vec![W, R, R, R, S],
+        vec![W, S, S, S, S],
+        vec![W, R, S, S, R],
+        vec![R, S, R, R, R],
+        vec![W, S, R, R, S],
+    ];
+    for io in [IoMode::Direct, IoMode::Buffered] {
+        for placements in &plans {
+            let files: Arc<dyn ReadAt> = Arc::new(ShardFiles::open(idx.paths(), io).unwrap());
+            let budget = MemoryBudget::new(1 << 30);
+            let fp = SpineFootprint::of(&idx, placements);
+            let store =
+                SpineStore::open(idx.clone(), files, placements.clone(), 3, &budget).unwrap();
+            assert_eq!(budget.used(), fp.total(), "{placements:?}: charged what it holds");
+            let streamed = placements.iter().filter(|&&p| p == S).count() as u64;
+            assert_eq!(fp.buffers, streamed.min(2));
+            for _pass in 0..3 {
+                let _p = store.begin_pass();
+                for (i, t) in pieces.iter().enumerate() {
+                    if placements[i] == W {
+                        check_rows(&store, t[0], &data);
+                    } else {
+                        check_piece(&store, i, t, &data);
+                    }
+                }
+            }
+            // Out of pass order, and a peek at the next piece while one is held.
+            for i in [3usize, 1, 4, 2, 2] {
+                if placements[i] != W {
+                    check_piece(&store, i, &pieces[i], &data);
+                    let next = (i + 1) % pieces.len();
+                    drop(store.peek(next));
+                }
+            }
+            let s = store.stats();
+            if streamed > 2 {
+                assert!(s.piece_reads >= 3 * streamed, "{placements:?}: {s:?}");
+            }
+            drop(store);
+            assert_eq!(budget.used(), 0, "charges returned on drop");
+        }
+    }
+}
+
+#[test]
+fn a_budget_too_small_for_the_buffers_is_refused() {
+    let (f, pieces, _) = fixture();
+    let idx = index(&f, &pieces);
+    let placements = vec![
+        Placement::Rows,
+        Placement::Streamed,
+        Placement::Streamed,
+        Placement::Streamed,
+        Placement::Resident,
+    ];
+    let fp = SpineFootprint::of(&idx, &placements);
+    let files: Arc<dyn ReadAt> = Arc::new(ShardFiles::open(idx.paths(), IoMode::Direct).unwrap());
+    let budget = MemoryBudget::new(fp.total() - 1);
+    let err = SpineStore::open(idx, files, placements, 2, &budget).expect_err("must not fit");
+    assert!(err.to_string().contains("memory budget"), "{err}");
+    assert_eq!(budget.used(), 0, "nothing stays charged after a refusal");
+}
+
+#[test]
+fn read_faults_fail_the_acquire_with_the_piece_named_and_the_next_acquire_works() {
+    let (f, pieces, data) = fixture();
+    let idx = index(&f, &pieces);
+    let placements = vec![
+        Placement::Rows,
+        Placement::Streamed,
+        Placement::Streamed,
+        Placement::Streamed,
+        Placement::Streamed,
+    ];
+    for fault in [Fault::Error(libc::EIO), Fault::Truncate(1_000_003 + 100), Fault::Short(1000)] {
+        let inner = ShardFiles::open(idx.paths(), IoMode::Direct).unwrap();
+        let faulty = Arc::new(FaultyReader::new(inner));
+        let store = SpineStore::open(
+            idx.clone(),
+            faulty.clone(),
+            placements.clone(),
+            2,
+            &MemoryBudget::unlimited(),
+        )
+        .unwrap();
+        // Let the initial reads of pieces 1 and 2 finish, then break reads of piece 2.
+        check_piece(&store, 1, &pieces[1], &data);
+        faulty.inject(When::Overlaps { file: 0, start: 1_000_003, end: 5_500_003 }, fault, None);
+        // Piece 2 may have been read already; force a re-read by cycling through the others.
+        for i in [3usize, 4, 1] {
+            check_piece(&store, i, &pieces[i], &data);
+        }
+        let r = store.acquire(2);
+        if let Fault::Short(_) = fault {
+            // Short reads are continued, never an error.
+            let g = r.unwrap();
+            drop(g);
+        } else {
+            let err = r.expect_err("the read of piece 2 fails").to_string();
+            assert!(err.contains("reading the spine of piece 2"), "{err}");
+            assert!(err.contains(&f.path().display().to_string()), "{err}");
+            // Still failing: the next acquire tries again and reports again.
+            assert!(store.acquire(2).is_err());
+        }
+        faulty.clear();
+        check_piece(&store, 2, &pieces[2], &data);
+        check_piece(&store, 3, &pieces[3], &data);
+        // Row reads fail and recover the same way.
+        faulty.inject(When::Always, Fault::Error(libc::EIO), None);
+        let err = store.read_rows(0, pieces[0][0], 64, &[1], &mut |_, _| {}).expect_err("fails");
+        assert!(err.to_string().contains("reading the spine of piece 0"), "{err}");
+        faulty.clear();
+        check_rows(&store, pieces[0][0], &data);
+    }
+}
