@@ -98,7 +98,8 @@ fn convert_refuses_corrupt_sources_naming_the_file() {
     let root = tempfile::tempdir().unwrap();
     let shard = "model-00002-of-000003.safetensors";
     // A truncated shard, then a header length pointing past the end of the file.
-    let cases: [(&str, fn(&Path)); 2] = [
+    type Corrupt = (&'static str, fn(&Path));
+    let cases: [Corrupt; 2] = [
         ("truncated", |p| {
             let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
             f.set_len(f.metadata().unwrap().len() - 100).unwrap();

@@ -107,7 +107,9 @@ fn bench_interleaves_fresh_runs_and_fails_loudly_on_a_token_mismatch() {
     let d = dir.to_str().unwrap();
     let base = ["bench", "--model", d, "--max-new", "4", "--probe-bytes", "1M"];
     let cfgs = ["--config", "a=--experts stream", "--config", "b=--experts stream --no-prefetch"];
-    let o = sluice(&[&base[..], &cfgs[..], &["--runs", "2", "--cold", "--fadvise-only", "--json"]].concat());
+    let o = sluice(
+        &[&base[..], &cfgs[..], &["--runs", "2", "--cold", "--fadvise-only", "--json"]].concat(),
+    );
     assert!(o.status.success(), "{}", text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["mismatches"], 0);

@@ -171,7 +171,7 @@ impl ExpertDiskCache {
             return Err(cfg_err(log_path, format!("shard name {bad:?} cannot be logged")));
         }
         let largest = (0..index.num_layers())
-            .flat_map(|l| (0..index.experts(l)).filter_map(move |e| Some((l, e))))
+            .flat_map(|l| (0..index.experts(l)).map(move |e| (l, e)))
             .filter_map(|(l, e)| index.get(l, u32::try_from(e).ok()?).map(|loc| loc.bytes()))
             .max()
             .unwrap_or(0);

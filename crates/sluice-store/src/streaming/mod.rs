@@ -203,8 +203,7 @@ impl StreamingExperts {
         st: &mut Locked,
         slot: usize,
         ticket: u64,
-        layer: usize,
-        id: u32,
+        (layer, id): (usize, u32),
         p: Priority,
         disk_pin: Option<DiskPin>,
     ) {
@@ -246,7 +245,7 @@ impl StreamingExperts {
             };
             if st.cache.slot(i).job.as_ref().is_some_and(|(h, _)| h.cancel()) {
                 let ticket = st.cache.retarget(i);
-                self.submit(st, i, ticket, rq.layer, id, Priority::Demand, pin);
+                self.submit(st, i, ticket, (rq.layer, id), Priority::Demand, pin);
             }
         }
         true
@@ -346,7 +345,7 @@ impl StreamingExperts {
                 None => None,
             };
             let Some((i, ticket)) = st.cache.acquire(key(layer, id), true) else { break };
-            self.submit(st, i, ticket, layer, id, Priority::Prefetch, pin);
+            self.submit(st, i, ticket, (layer, id), Priority::Prefetch, pin);
             st.guesses[layer].push(Guess { id, slot: i, ticket });
             st.layers[layer].issued += 1;
             add(&sh.counters.prefetch_issued, 1);
@@ -432,7 +431,7 @@ impl StreamingExperts {
                 st.cache.pin(i);
                 rq.pins.held.push(i);
                 add(&c.misses, 1);
-                self.submit(&mut st, i, ticket, layer, id, Priority::Demand, pin);
+                self.submit(&mut st, i, ticket, (layer, id), Priority::Demand, pin);
                 rq.pending.push((id, i));
             }
             waiting.append(&mut todo);
