@@ -7,7 +7,7 @@ use clap::Args;
 use serde_json::json;
 use sluice_engine::demo::{cache_dir, ensure_demo_model};
 use sluice_engine::load::{self, ExpertMode, LoadOptions};
-use sluice_engine::plan::parse_size;
+use sluice_engine::plan::{parse_size, SpineMode};
 use sluice_engine::{generate, Drafter, GenerateOptions, NgramDrafter, Sampling};
 use sluice_tokenizer::chat::{render_k3, ChatMessage, ChatOptions, Role};
 use sluice_tokenizer::{Tokenizer, RANK_FILE};
@@ -80,6 +80,10 @@ pub struct LoadArgs {
     /// Context length the sequence state is planned for.
     #[arg(long, default_value_t = 4096)]
     context: usize,
+    /// Spine placement: auto (largest resident prefix that fits, the rest streamed), mapped,
+    /// resident, stream, or a number of resident layers.
+    #[arg(long, default_value = "auto")]
+    spine: String,
 }
 
 impl LoadArgs {
@@ -93,6 +97,17 @@ impl LoadArgs {
             "stream" => ExpertMode::Stream,
             other => bail!("--experts {other:?}: expected auto, mapped or stream"),
         };
+        let spine = match self.spine.as_str() {
+            "auto" => SpineMode::Auto,
+            "mapped" => SpineMode::Mapped,
+            "resident" => SpineMode::Layers(usize::MAX),
+            "stream" => SpineMode::Layers(0),
+            n => SpineMode::Layers(n.parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "--spine {n:?}: expected auto, mapped, resident, stream or a layer count"
+                )
+            })?),
+        };
         if self.readers == 0 {
             bail!("--readers must be at least 1");
         }
@@ -104,6 +119,7 @@ impl LoadArgs {
             readers: self.readers,
             direct_io: !self.buffered_io,
             slots: self.cache_slots,
+            spine,
         })
     }
 }
@@ -208,7 +224,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
             "stats: load {load_s:.3}s, prompt {} tokens, prefill {:.3}s, generated {} tokens, {:.4} s/token, \
              {} passes, {:.2} tokens/pass, draft {} ({} drafted, {} accepted, widths {:?}), \
              experts {} requests / {} bytes served / {} bytes read ({:.0} per token), hit rate {:.3}, \
-             prefetch {} issued / {} used (recall {:.3}), io wait {:.3}s, read {:.3}s, state {} bytes, \
+             prefetch {} issued / {} used (recall {:.3}), io wait {:.3}s, read {:.3}s, \
+             spine {} bytes read ({:.0} per pass, wait {:.3}s), state {} bytes, \
              peak rss {} bytes, finish {}",
             s.prompt_tokens,
             s.prefill_s,
@@ -230,6 +247,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
             s.prefetch_recall,
             s.io_wait_s,
             s.read_s,
+            s.spine_bytes_read,
+            s.spine_bytes_per_pass,
+            s.spine_io_wait_s,
             s.state_bytes,
             s.peak_rss_bytes,
             s.finish_reason
