@@ -15,8 +15,7 @@ use sluice_models::kimi_k3::KimiK3;
 use sluice_models::Model;
 use sluice_store::spine::SpineFootprint;
 use sluice_store::{
-    CacheSize, IoMode, Placement, ReadAt, ShardFiles, SpineStore, StreamingConfig,
-    StreamingExperts,
+    CacheSize, IoMode, Placement, ReadAt, ShardFiles, SpineStore, StreamingConfig, StreamingExperts,
 };
 use std::path::Path;
 use std::sync::Arc;
@@ -151,11 +150,12 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
         None
     } else {
         charges.push(
-            budget.charge("spine small tensors", plan.needs.pieces.small).map_err(EngineError::Budget)?,
+            budget
+                .charge("spine small tensors", plan.needs.pieces.small)
+                .map_err(EngineError::Budget)?,
         );
-        let files: Arc<dyn ReadAt> = Arc::new(
-            ShardFiles::open(index.paths(), io).map_err(sluice_models::ModelError::from)?,
-        );
+        let files: Arc<dyn ReadAt> =
+            Arc::new(ShardFiles::open(index.paths(), io).map_err(sluice_models::ModelError::from)?);
         let store = SpineStore::open(index, files, plan.spine.placements(), 4, &budget)
             .map_err(sluice_models::ModelError::from)?;
         let store = Arc::new(store);

@@ -293,8 +293,9 @@ impl Plan {
             SpineMode::Layers(k) => Some(SpinePlan::split(sp, k)),
             SpineMode::Auto => SpinePlan::fit(sp, budget.saturating_sub(others)),
         };
-        let least =
-            SpinePlan::prefixes(sp).min_by_key(|p| p.charged).unwrap_or_else(|| SpinePlan::split(sp, 0));
+        let least = SpinePlan::prefixes(sp)
+            .min_by_key(|p| p.charged)
+            .unwrap_or_else(|| SpinePlan::split(sp, 0));
         let spine_min = spine.as_ref().map_or(least.charged, |s| s.charged);
         let minimum = spine_min + others;
         let Some(spine) = spine.filter(|_| budget >= minimum) else {

@@ -101,8 +101,9 @@ fn placed(
         m.set_prefetch(true);
     }
     let index = m.spine_index().unwrap();
-    let spine =
-        Arc::new(SpineStore::open(index, reader, placements, 2, &MemoryBudget::unlimited()).unwrap());
+    let spine = Arc::new(
+        SpineStore::open(index, reader, placements, 2, &MemoryBudget::unlimited()).unwrap(),
+    );
     m.set_spine(spine.clone()).unwrap();
     (m, spine)
 }

@@ -21,11 +21,13 @@ use config::{AttnKind, K3Config};
 use sluice_checkpoint::Checkpoint;
 use sluice_kernels::matmul;
 use sluice_kernels::ops::{rms_norm, softmax_inplace};
-use sluice_store::{ExpertStore, ExpertTensorNames, MappedExperts, SpineIndex, SpineStats, SpineStore};
+use sluice_store::{
+    ExpertStore, ExpertTensorNames, MappedExperts, SpineIndex, SpineStats, SpineStore,
+};
+use spine::{PieceRef, Spine, TensorBytes};
 use state::{K3State, LayerShape, LayerState};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use spine::{PieceRef, Spine, TensorBytes};
 use weights::{Attn, Ffn, K3Weights, Mat};
 
 pub use moe::Route;
@@ -290,12 +292,7 @@ impl KimiK3 {
     }
 
     fn ctx<'a>(&'a self, piece: &'a PieceRef<'a>) -> Ctx<'a> {
-        Ctx {
-            spine: piece,
-            experts: self.experts.as_ref(),
-            placed: &self.spine,
-            ckpt: &self.ckpt,
-        }
+        Ctx { spine: piece, experts: self.experts.as_ref(), placed: &self.spine, ckpt: &self.ckpt }
     }
 
     fn layers(

@@ -175,12 +175,16 @@ impl Spine {
         if let (Self::Placed(s), true) = (self, rows_placed) {
             let rows: Vec<usize> = tokens.iter().map(|&t| t as usize).collect();
             let mut bad = false;
-            s.read_rows(EMBED_PIECE, range(embed), embed.row_bytes(), &rows, &mut |i, b| {
-                match embed.row_matrix(b) {
+            s.read_rows(
+                EMBED_PIECE,
+                range(embed),
+                embed.row_bytes(),
+                &rows,
+                &mut |i, b| match embed.row_matrix(b) {
                     Some(m) => m.row_to_f32(0, &mut h[i * d..(i + 1) * d]),
                     None => bad = true,
-                }
-            })?;
+                },
+            )?;
             if bad {
                 return Err(ModelError::Config("embedding row has the wrong byte length".into()));
             }
