@@ -5,7 +5,7 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use sluice_engine::load::{ExpertMode, LoadOptions};
-use sluice_engine::plan::parse_size;
+use sluice_engine::plan::{parse_size, SpineMode};
 use sluice_engine::Spine;
 
 /// Flags that decide how a model is placed in memory (shared by run, bench and serve).
@@ -42,6 +42,10 @@ pub struct LoadArgs {
     /// directory itself if converted, else its sibling DIR-int8).
     #[arg(long, default_value = "bf16")]
     pub(crate) spine: String,
+    /// Spine placement: auto (largest resident prefix that fits, the rest streamed), mapped,
+    /// resident, stream, or a number of resident layers.
+    #[arg(long, default_value = "auto")]
+    pub(crate) spine_placement: String,
     /// Stream installs: most disk space for routed experts fetched from the hub (e.g. 200G).
     /// Default: what is cached plus the volume's free space less 2% + 1 GiB.
     #[arg(long)]
@@ -68,6 +72,18 @@ impl LoadArgs {
             .map(parse_size)
             .transpose()
             .map_err(|e| anyhow::anyhow!("--disk-cache: {e}"))?;
+        let spine_placement = match self.spine_placement.as_str() {
+            "auto" => SpineMode::Auto,
+            "mapped" => SpineMode::Mapped,
+            "resident" => SpineMode::Layers(usize::MAX),
+            "stream" => SpineMode::Layers(0),
+            n => SpineMode::Layers(n.parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "--spine-placement {n:?}: expected auto, mapped, resident, stream or a \
+                     layer count"
+                )
+            })?),
+        };
         if self.readers == 0 {
             bail!("--readers must be at least 1");
         }
@@ -82,6 +98,7 @@ impl LoadArgs {
             slots: self.cache_slots,
             session_memory: 0,
             spine,
+            spine_placement,
             disk_cache,
         })
     }

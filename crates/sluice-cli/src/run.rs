@@ -169,7 +169,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
             "stats: load {load_s:.3}s, prompt {} tokens, prefill {:.3}s, generated {} tokens, {:.4} s/token, \
              {} passes, {:.2} tokens/pass, draft {} ({} drafted, {} accepted, widths {:?}), \
              experts {} requests / {} bytes served / {} bytes read ({:.0} per token), hit rate {:.3}, \
-             prefetch {} issued / {} used (recall {:.3}), io wait {:.3}s, read {:.3}s, state {} bytes, \
+             prefetch {} issued / {} used (recall {:.3}), io wait {:.3}s, read {:.3}s, \
+             spine {} bytes read ({:.0} per pass, wait {:.3}s), state {} bytes, \
              peak rss {} bytes, finish {}",
             s.prompt_tokens,
             s.prefill_s,
@@ -191,6 +192,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
             s.prefetch_recall,
             s.io_wait_s,
             s.read_s,
+            s.spine_bytes_read,
+            s.spine_bytes_per_pass,
+            s.spine_io_wait_s,
             s.state_bytes,
             s.peak_rss_bytes,
             s.finish_reason

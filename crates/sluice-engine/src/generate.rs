@@ -127,6 +127,12 @@ pub struct Stats {
     pub io_wait_s: f64,
     /// Seconds reader threads spent reading (summed over threads).
     pub read_s: f64,
+    /// Spine bytes read from storage (streamed layers and embedding rows; 0 when resident).
+    pub spine_bytes_read: u64,
+    /// Spine bytes read per decode pass.
+    pub spine_bytes_per_pass: f64,
+    /// Seconds the model waited for spine reads (streamed layers and embedding rows).
+    pub spine_io_wait_s: f64,
     /// Bytes of sequence state at the end.
     pub state_bytes: usize,
     /// Peak resident memory of the process (VmHWM), bytes.
@@ -211,6 +217,7 @@ pub fn generate(
         return Err(EngineError::TokenOutOfVocab { id: bad, vocab });
     }
     let store0 = model.store_stats();
+    let spine0 = model.spine_stats();
     let stats = Stats {
         prompt_tokens: prompt.len(),
         finish_reason: "length".into(),
@@ -247,6 +254,7 @@ pub fn generate(
     let t1 = Instant::now();
     let store1 = model.store_stats();
     let layers1 = Snapshot(model.layer_store_stats());
+    let spine1 = model.spine_stats();
     while !em.done {
         let want = policy.width().min(opts.max_new.saturating_sub(em.out.tokens.len()));
         let drafts = match (&mut drafter, want) {
@@ -342,6 +350,16 @@ pub fn generate(
     stats.expert_requests = s1.requests - store0.requests;
     stats.expert_bytes = s1.bytes_served - store0.bytes_served;
     stats.expert_bytes_read = s1.bytes_read - store0.bytes_read;
+    let spine2 = model.spine_stats();
+    stats.spine_bytes_read = spine2.bytes_read - spine0.bytes_read;
+    #[allow(clippy::cast_precision_loss)]
+    {
+        stats.spine_io_wait_s = (spine2.wait_ns - spine0.wait_ns) as f64 * 1e-9;
+        if decode_passes > 0 {
+            stats.spine_bytes_per_pass =
+                (spine2.bytes_read - spine1.bytes_read) as f64 / decode_passes as f64;
+        }
+    }
     stats.state_bytes = state.byte_len();
     em.out.stats = stats;
     Ok(em.out)

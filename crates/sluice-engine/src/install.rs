@@ -10,7 +10,7 @@
 //! install's volume less headroom (2% + 1 GiB).
 
 use crate::load::{ExpertMode, LoadOptions, Loaded};
-use crate::plan::{default_budget, Needs, Plan};
+use crate::plan::{default_budget, Needs, Plan, SpineMode, SpinePieces};
 use crate::EngineError;
 use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
@@ -84,8 +84,10 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
     let fetch_buffers = disk_cfg.buffer_bytes(inv.expert_bytes);
     let budget_bytes = opts.memory.unwrap_or_else(default_budget);
     let budget = MemoryBudget::new(budget_bytes);
+    // The spine of a stream install stays mapped from the sparse shards (no placement yet).
     let needs = Needs {
         spine: inv.spine_bytes,
+        pieces: SpinePieces { embed: 0, layers: Vec::new(), head: 0, small: 0, rows: 0 },
         state: inv.kda_state_bytes + inv.mla_bytes_per_token * opts.context as u64,
         slot: inv.expert_bytes.div_ceil(4096) * 4096 + 8192,
         experts: inv.experts,
@@ -93,7 +95,7 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
         headroom: (64 << 20) + fetch_buffers,
         sessions: opts.session_memory,
     };
-    let mut plan = Plan::compute(budget_bytes, needs)?;
+    let mut plan = Plan::compute(budget_bytes, needs.clone(), SpineMode::Mapped)?;
     let charges = vec![
         budget.charge("spine", needs.spine).map_err(EngineError::Budget)?,
         budget
@@ -138,6 +140,7 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
         model: Model::KimiK3(m),
         plan: Some(plan),
         streaming: Some(store),
+        spine: None,
         mode: "stream",
         budget,
         charges,

@@ -1,9 +1,10 @@
 //! Opening a model for a run: plan residency from the memory budget, then serve routed experts
 //! either mapped in place (everything fits) or streamed from the shards through a slot cache
-//! sized by the plan. The plan is printed by the caller; a budget that cannot hold the minimum
-//! is refused with the shortfall.
+//! sized by the plan; the spine resident, or streamed layer by layer, as the plan places it.
+//! The plan is printed by the caller; a budget that cannot hold the minimum is refused with the
+//! shortfall.
 
-use crate::plan::{default_budget, Needs, Plan};
+use crate::plan::{default_budget, Needs, Plan, SpineMode, SpinePieces};
 use crate::spine::Spine;
 use crate::EngineError;
 use sluice_checkpoint::Checkpoint;
@@ -13,7 +14,10 @@ use sluice_models::kimi_k3::config::K3Config;
 use sluice_models::kimi_k3::inventory::inventory;
 use sluice_models::kimi_k3::KimiK3;
 use sluice_models::Model;
-use sluice_store::{CacheSize, IoMode, StreamingConfig, StreamingExperts};
+use sluice_store::spine::SpineFootprint;
+use sluice_store::{
+    CacheSize, IoMode, Placement, ReadAt, ShardFiles, SpineStore, StreamingConfig, StreamingExperts,
+};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -55,6 +59,8 @@ pub struct LoadOptions {
     pub disk_cache: Option<u64>,
     /// Bytes reserved for stored conversation states (`sluice serve --session-memory`).
     pub session_memory: u64,
+    /// How the spine is placed: resident, streamed, or planned from the budget.
+    pub spine_placement: SpineMode,
 }
 
 impl Default for LoadOptions {
@@ -71,6 +77,7 @@ impl Default for LoadOptions {
             spine: Spine::Bf16,
             disk_cache: None,
             session_memory: 0,
+            spine_placement: SpineMode::Auto,
         }
     }
 }
@@ -84,6 +91,8 @@ pub struct Loaded {
     pub plan: Option<Plan>,
     /// The streaming store when experts stream.
     pub streaming: Option<Arc<StreamingExperts>>,
+    /// The spine store unless the spine is mapped.
+    pub spine: Option<Arc<SpineStore>>,
     /// `mapped` or `stream`.
     pub mode: &'static str,
     /// The budget everything was charged to.
@@ -112,14 +121,35 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
             .charge("stored conversation states", opts.session_memory)
             .map_err(EngineError::Budget)?];
         let model = sluice_models::load(ckpt)?;
-        return Ok(Loaded { model, plan: None, streaming: None, mode: "mapped", budget, charges });
+        return Ok(Loaded {
+            model,
+            plan: None,
+            streaming: None,
+            spine: None,
+            mode: "mapped",
+            budget,
+            charges,
+        });
     }
     let cfg = K3Config::from_json(ckpt.config().text_config()).map_err(EngineError::Model)?;
     let inv = inventory(&ckpt, &cfg);
+    // Spine and experts mapped in place first (cheap); the plan then decides what to replace.
+    let mut m = KimiK3::load(ckpt.clone())?;
+    let index = m.spine_index()?;
+    let piece = |i: usize| index.piece(i).map_or(0, sluice_store::spine::PieceLayout::buffer_len);
+    let n = cfg.num_hidden_layers;
+    let rows_only = SpineFootprint::of(&index, &[Placement::Rows]).rows;
     // Slot = the expert rounded up to 4 KiB plus one page of alignment slack on each side.
     let slot = inv.expert_bytes.div_ceil(4096) * 4096 + 8192;
     let needs = Needs {
         spine: inv.spine_bytes,
+        pieces: SpinePieces {
+            embed: piece(0),
+            layers: (1..=n).map(piece).collect(),
+            head: piece(n + 1),
+            small: m.spine_small_bytes(),
+            rows: rows_only,
+        },
         state: inv.kda_state_bytes + inv.mla_bytes_per_token * opts.context as u64,
         sessions: opts.session_memory,
         slot,
@@ -127,32 +157,51 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
         min_slots: 2,
         headroom: 64 << 20,
     };
-    let plan = Plan::compute(budget_bytes, needs)?;
+    let mut plan = Plan::compute(budget_bytes, needs, opts.spine_placement)?;
     let stream = match opts.experts {
         ExpertMode::Mapped => false,
         ExpertMode::Stream => true,
         ExpertMode::Auto => !plan.all_experts_resident,
     };
-    // The fixed charges are held by `Loaded` for as long as the model lives.
-    let charges = vec![
-        budget.charge("spine", needs.spine).map_err(EngineError::Budget)?,
+    let io = if opts.direct_io { IoMode::Direct } else { IoMode::BufferedDropCache };
+    // The fixed charges are held by `Loaded` for as long as the model lives; the spine store
+    // charges its own buffers.
+    let mut charges = vec![
         budget
-            .charge("sequence state and headroom", needs.state + needs.headroom)
+            .charge("sequence state and headroom", plan.needs.state + plan.needs.headroom)
             .map_err(EngineError::Budget)?,
-        budget.charge("stored conversation states", needs.sessions).map_err(EngineError::Budget)?,
+        budget
+            .charge("stored conversation states", plan.needs.sessions)
+            .map_err(EngineError::Budget)?,
     ];
+    let spine = if plan.spine.mode == "mapped" {
+        charges.push(budget.charge("spine", plan.spine.charged).map_err(EngineError::Budget)?);
+        None
+    } else {
+        charges.push(
+            budget
+                .charge("spine small tensors", plan.needs.pieces.small)
+                .map_err(EngineError::Budget)?,
+        );
+        let files: Arc<dyn ReadAt> =
+            Arc::new(ShardFiles::open(index.paths(), io).map_err(sluice_models::ModelError::from)?);
+        let store = SpineStore::open(index, files, plan.spine.placements(), 4, &budget)
+            .map_err(sluice_models::ModelError::from)?;
+        let store = Arc::new(store);
+        m.set_spine(store.clone())?;
+        Some(store)
+    };
     if !stream {
-        let m = KimiK3::load(ckpt)?;
         return Ok(Loaded {
             model: Model::KimiK3(m),
             plan: Some(plan),
             streaming: None,
+            spine,
             mode: "mapped",
             budget,
             charges,
         });
     }
-    let mut plan = plan;
     if let Some(n) = opts.slots {
         plan.slots = n as u64;
         plan.all_experts_resident = plan.slots >= plan.needs.experts;
@@ -161,7 +210,7 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
     let config = StreamingConfig {
         cache: CacheSize::Slots(slots),
         readers: opts.readers,
-        io: if opts.direct_io { IoMode::Direct } else { IoMode::BufferedDropCache },
+        io,
         max_prefetch_slots: if opts.prefetch { None } else { Some(0) },
         prefetch_min_precision: opts.prefetch_min_precision,
         ..StreamingConfig::default()
@@ -178,12 +227,13 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
         )
         .map_err(sluice_models::ModelError::from)?,
     );
-    let mut m = KimiK3::with_store(ckpt, store.clone())?;
+    m.set_experts(store.clone());
     m.set_prefetch(opts.prefetch);
     Ok(Loaded {
         model: Model::KimiK3(m),
         plan: Some(plan),
         streaming: Some(store),
+        spine,
         mode: "stream",
         budget,
         charges,

@@ -1,13 +1,17 @@
 //! The memory plan: from one budget (`--memory`), decide what is resident and how many routed
 //! experts the cache holds, print it, and refuse clearly when the minimum does not fit.
 //!
-//! Charged: the spine (every non-expert tensor, resident), the sequence state for the context
-//! the user asked for, the stored conversation states of `sluice serve` (`--session-memory`),
-//! I/O headroom, and the expert cache (whole slots). What is left after the
-//! fixed charges becomes cache slots; fewer than `min_slots` is a refusal that says how much
-//! more memory the run needs.
+//! Charged: the spine (resident pieces, two stream buffers, the embedding row buffer, small
+//! vectors), the sequence state for the context the user asked for, the stored conversation states of
+//! `sluice serve` (`--session-memory`), I/O headroom, and the
+//! expert cache (whole slots). The spine comes first: after the state and the minimum expert
+//! cache, the largest resident prefix that fits is kept and the rest streams layer by layer
+//! (a resident spine byte saves a byte of reading on every pass, a cache byte only on a hit).
+//! What is left becomes cache slots. When even an all-streamed spine and `min_slots` slots do
+//! not fit, the refusal says how much more memory the run needs.
 
 use serde::Serialize;
+use sluice_store::Placement;
 use std::fmt;
 
 /// Parses a size such as `24G`, `512MiB`, `1.5GB`, `4096` (bytes). Suffixes are binary
@@ -80,10 +84,12 @@ pub fn default_budget() -> u64 {
 }
 
 /// What a model needs, for planning.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Needs {
-    /// Spine bytes (resident).
+    /// Spine bytes (every tensor but the routed experts).
     pub spine: u64,
+    /// The spine piece by piece, for placing it.
+    pub pieces: SpinePieces,
     /// Sequence-state bytes for the planned context.
     pub state: u64,
     /// Bytes reserved for stored conversation states (`sluice serve --session-memory`; 0 for
@@ -99,6 +105,132 @@ pub struct Needs {
     pub headroom: u64,
 }
 
+/// The spine's pieces as buffer bytes (aligned spans), in pass order.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SpinePieces {
+    /// The embedding table.
+    pub embed: u64,
+    /// Each decoder layer.
+    pub layers: Vec<u64>,
+    /// The output head (lm_head).
+    pub head: u64,
+    /// Small f32 vectors (norms, biases) the model always keeps.
+    pub small: u64,
+    /// The scratch buffer for reading embedding rows.
+    pub rows: u64,
+}
+
+/// How the spine is to be placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpineMode {
+    /// The largest resident prefix that fits, the rest streamed.
+    #[default]
+    Auto,
+    /// Mapped in place from the shards (the page cache decides; charged as if resident).
+    Mapped,
+    /// Exactly this many layers resident (a prefix), the rest streamed; the head is resident
+    /// when at least one layer is, the embedding when all are (for tests and benchmarks).
+    Layers(usize),
+}
+
+/// Where the spine goes.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SpinePlan {
+    /// `mapped` or `placed`.
+    pub mode: &'static str,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Resident layers (the first ones).
+    pub resident_layers: usize,
+    /// Whether the head (lm_head) is resident (else streamed).
+    pub head_resident: bool,
+    /// Whether the embedding is resident (else its rows are read per pass).
+    pub embed_resident: bool,
+    /// Bytes of the resident pieces.
+    pub resident_bytes: u64,
+    /// Bytes of each stream buffer (the largest streamed piece).
+    pub buffer_bytes: u64,
+    /// Stream buffers (0, 1 or 2).
+    pub buffers: u64,
+    /// Bytes of the streamed pieces: what every pass reads.
+    pub streamed_bytes: u64,
+    /// Bytes charged for the spine in all (resident, buffers, row scratch, small vectors).
+    pub charged: u64,
+}
+
+impl SpinePlan {
+    /// The placement of each piece (embedding, layers, head) for a spine store.
+    pub fn placements(&self) -> Vec<Placement> {
+        let mut p = Vec::with_capacity(self.layers + 2);
+        p.push(if self.embed_resident { Placement::Resident } else { Placement::Rows });
+        p.extend((0..self.layers).map(|i| {
+            if i < self.resident_layers {
+                Placement::Resident
+            } else {
+                Placement::Streamed
+            }
+        }));
+        p.push(if self.head_resident { Placement::Resident } else { Placement::Streamed });
+        p
+    }
+
+    /// The placement with `k` resident layers (see [`SpineMode::Layers`]).
+    fn split(sp: &SpinePieces, k: usize) -> Self {
+        let n = sp.layers.len();
+        let k = k.min(n);
+        Self::of(sp, k, k > 0 || n == 0, k == n)
+    }
+
+    fn of(sp: &SpinePieces, k: usize, head_resident: bool, embed_resident: bool) -> Self {
+        let n = sp.layers.len();
+        let mut resident = sp.layers[..k].iter().sum::<u64>();
+        let mut streamed: Vec<u64> = sp.layers[k..].to_vec();
+        if head_resident {
+            resident += sp.head;
+        } else {
+            streamed.push(sp.head);
+        }
+        let rows = if embed_resident {
+            resident += sp.embed;
+            0
+        } else {
+            sp.rows
+        };
+        let buffer_bytes = streamed.iter().copied().max().unwrap_or(0);
+        let buffers = (streamed.len() as u64).min(2);
+        Self {
+            mode: "placed",
+            layers: n,
+            resident_layers: k,
+            head_resident,
+            embed_resident,
+            resident_bytes: resident,
+            buffer_bytes,
+            buffers,
+            streamed_bytes: streamed.iter().sum(),
+            charged: resident + buffer_bytes * buffers + rows + sp.small,
+        }
+    }
+
+    /// The largest resident prefix of (head, layer 0, layer 1, …) whose placement fits in
+    /// `avail` bytes, everything resident if it all fits; `None` if not even all-streamed fits.
+    fn fit(sp: &SpinePieces, avail: u64) -> Option<Self> {
+        let n = sp.layers.len();
+        let all = Self::of(sp, n, true, true);
+        if all.charged <= avail {
+            return Some(all);
+        }
+        Self::prefixes(sp).find(|p| p.charged <= avail)
+    }
+
+    /// Resident prefixes of (head, layer 0, layer 1, …), longest first, embedding by rows. The
+    /// head comes first: in the cycle of passes it directly precedes layer 0, so the resident
+    /// pieces stay one run and the streamed ones another.
+    fn prefixes(sp: &SpinePieces) -> impl Iterator<Item = Self> + '_ {
+        (0..=sp.layers.len() + 1).rev().map(|j| Self::of(sp, j.saturating_sub(1), j > 0, false))
+    }
+}
+
 /// The residency plan.
 #[derive(Debug, Clone, Serialize)]
 pub struct Plan {
@@ -106,6 +238,8 @@ pub struct Plan {
     pub budget: u64,
     /// Inputs.
     pub needs: Needs,
+    /// Where the spine goes.
+    pub spine: SpinePlan,
     /// Expert-cache slots.
     pub slots: u64,
     /// Whether every expert fits in the cache.
@@ -115,16 +249,18 @@ pub struct Plan {
 /// The budget cannot hold the minimum.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error(
-    "memory budget of {budget} bytes is too small: the spine needs {spine}, sequence state {state}, \
-     stored conversation state {sessions}, headroom {headroom}, and at least {min_slots} expert slots of {slot} bytes; \
-     the minimum is {minimum} bytes ({short} more). Raise --memory or use a smaller context \
-     (or a smaller --session-memory)."
+    "memory budget of {budget} bytes is too small: the spine needs at least {spine} (layers \
+     streamed through two buffers; its largest piece is {largest_piece} bytes), sequence state \
+     {state}, stored conversation state {sessions}, headroom {headroom}, and at least {min_slots} expert slots of {slot} bytes; \
+     the minimum is {minimum} bytes ({short} more). Raise --memory or use a smaller context."
 )]
 pub struct PlanError {
     /// The budget.
     pub budget: u64,
-    /// Spine bytes.
+    /// Spine bytes at the least.
     pub spine: u64,
+    /// The largest spine piece.
+    pub largest_piece: u64,
     /// State bytes.
     pub state: u64,
     /// Stored conversation-state bytes.
@@ -142,50 +278,112 @@ pub struct PlanError {
 }
 
 impl Plan {
-    /// Plans `needs` within `budget`.
-    pub fn compute(budget: u64, needs: Needs) -> Result<Self, PlanError> {
-        let fixed = needs.spine + needs.state + needs.sessions + needs.headroom;
-        let minimum = fixed + needs.min_slots * needs.slot;
-        if budget < minimum {
+    /// Plans `needs` within `budget`: the spine first (the largest resident prefix that fits
+    /// after the state and the minimum expert cache, the rest streamed), then every byte left
+    /// becomes expert-cache slots.
+    pub fn compute(budget: u64, needs: Needs, mode: SpineMode) -> Result<Self, PlanError> {
+        let sp = &needs.pieces;
+        let min_cache = needs.min_slots * needs.slot;
+        let others = needs.state + needs.sessions + needs.headroom + min_cache;
+        let spine = match mode {
+            SpineMode::Mapped => Some(SpinePlan {
+                mode: "mapped",
+                layers: sp.layers.len(),
+                resident_layers: sp.layers.len(),
+                head_resident: true,
+                embed_resident: true,
+                resident_bytes: needs.spine,
+                charged: needs.spine,
+                ..SpinePlan::default()
+            }),
+            SpineMode::Layers(k) => Some(SpinePlan::split(sp, k)),
+            SpineMode::Auto => SpinePlan::fit(sp, budget.saturating_sub(others)),
+        };
+        let least = SpinePlan::prefixes(sp)
+            .min_by_key(|p| p.charged)
+            .unwrap_or_else(|| SpinePlan::split(sp, 0));
+        let spine_min = spine.as_ref().map_or(least.charged, |s| s.charged);
+        let minimum = spine_min + others;
+        let Some(spine) = spine.filter(|_| budget >= minimum) else {
             return Err(PlanError {
                 budget,
-                spine: needs.spine,
+                spine: spine_min,
+                largest_piece: sp.layers.iter().copied().chain([sp.head]).max().unwrap_or(0),
                 state: needs.state,
                 sessions: needs.sessions,
                 headroom: needs.headroom,
                 min_slots: needs.min_slots,
                 slot: needs.slot,
                 minimum,
-                short: minimum - budget,
+                short: minimum.saturating_sub(budget),
             });
-        }
+        };
+        let fixed = spine.charged + needs.state + needs.sessions + needs.headroom;
         let slots = ((budget - fixed) / needs.slot.max(1)).min(needs.experts.max(needs.min_slots));
-        Ok(Self { budget, needs, slots, all_experts_resident: slots >= needs.experts })
+        let all_experts_resident = slots >= needs.experts;
+        Ok(Self { budget, needs, spine, slots, all_experts_resident })
+    }
+}
+
+fn gib(b: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let v = b as f64 / f64::from(1u32 << 30);
+    format!("{v:.2} GiB")
+}
+
+fn mib(b: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let v = b as f64 / f64::from(1u32 << 20);
+    format!("{v:.0} MiB")
+}
+
+impl fmt::Display for SpinePlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.mode == "mapped" {
+            return write!(f, "spine mapped from the shards ({})", gib(self.resident_bytes));
+        }
+        write!(
+            f,
+            "spine: {} of {} layers resident ({})",
+            self.resident_layers,
+            self.layers,
+            gib(self.resident_bytes)
+        )?;
+        let streamed = self.layers - self.resident_layers;
+        if streamed > 0 || !self.head_resident {
+            write!(
+                f,
+                ", {streamed} streamed{} via {}×{} buffers ({} per pass)",
+                if self.head_resident { "" } else { " and the lm_head" },
+                self.buffers,
+                mib(self.buffer_bytes),
+                gib(self.streamed_bytes)
+            )?;
+        }
+        if !self.embed_resident {
+            write!(f, ", embedding rows read per pass")?;
+        }
+        Ok(())
     }
 }
 
 impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let g = |b: u64| {
-            #[allow(clippy::cast_precision_loss)]
-            let v = b as f64 / f64::from(1u32 << 30);
-            format!("{v:.2} GiB")
-        };
         write!(
             f,
-            "memory plan: budget {}; spine {} resident; state {}; {}headroom {}; expert cache {} slots × {} = {} ({} of {} experts{})",
-            g(self.budget),
-            g(self.needs.spine),
-            g(self.needs.state),
+            "memory plan: budget {}; {}; state {}; {}headroom {}; expert cache {} slots × {} = {} ({} of {} experts{})",
+            gib(self.budget),
+            self.spine,
+            gib(self.needs.state),
             if self.needs.sessions > 0 {
-                format!("conversation states {}; ", g(self.needs.sessions))
+                format!("conversation states {}; ", gib(self.needs.sessions))
             } else {
                 String::new()
             },
-            g(self.needs.headroom),
+            gib(self.needs.headroom),
             self.slots,
-            g(self.needs.slot),
-            g(self.slots * self.needs.slot),
+            gib(self.needs.slot),
+            gib(self.slots * self.needs.slot),
             self.slots.min(self.needs.experts),
             self.needs.experts,
             if self.all_experts_resident { ", all resident" } else { ", the rest stream from disk" }
@@ -209,29 +407,84 @@ mod tests {
         assert!(parse_size("0").is_err());
     }
 
-    #[test]
-    fn plans_slots_and_refuses_with_the_shortfall() {
-        let needs = Needs {
-            spine: 1000,
+    fn needs(layers: Vec<u64>) -> Needs {
+        let pieces = SpinePieces { embed: 300, layers, head: 200, small: 10, rows: 5 };
+        let spine = pieces.embed + pieces.head + pieces.layers.iter().sum::<u64>();
+        Needs {
+            spine,
+            pieces,
             state: 100,
             sessions: 0,
             slot: 50,
             experts: 64,
             min_slots: 4,
             headroom: 0,
-        };
-        let p = Plan::compute(2000, needs).expect("fits");
-        assert_eq!(p.slots, 18);
+        }
+    }
+
+    #[test]
+    fn plans_slots_and_refuses_with_the_shortfall() {
+        // Spine 300 + 200 + 4 × 100 = 900 (+ 10 small), state 100, 4 slots of 50.
+        let n = needs(vec![100; 4]);
+        let p = Plan::compute(2000, n.clone(), SpineMode::Auto).expect("fits");
+        assert_eq!(p.spine.charged, 910);
+        assert_eq!(p.spine.resident_layers, 4);
+        assert!(p.spine.embed_resident && p.spine.head_resident);
+        assert_eq!(p.slots, (2000 - 910 - 100) / 50);
         assert!(!p.all_experts_resident);
-        let all = Plan::compute(1_000_000, needs).expect("fits");
+        let all = Plan::compute(1_000_000, n.clone(), SpineMode::Auto).expect("fits");
         assert_eq!(all.slots, 64);
-        let e = Plan::compute(1200, needs).expect_err("too small");
-        assert_eq!(e.short, 100);
-        assert!(e.to_string().contains("100 more"));
-        let serve = Needs { sessions: 300, ..needs };
-        assert_eq!(Plan::compute(2000, serve).expect("fits").slots, 12);
-        let e = Plan::compute(1500, serve).expect_err("sessions do not fit");
-        assert_eq!(e.short, 100);
+        // Least: every layer and the head streamed through 2 × 200, rows 5, small 10 = 415.
+        let e = Plan::compute(600, n, SpineMode::Auto).expect_err("too small");
+        assert_eq!(e.minimum, 415 + 100 + 200);
+        assert_eq!(e.short, 115);
+        assert_eq!(e.largest_piece, 200);
+        assert!(e.to_string().contains("115 more"), "{e}");
+        let serve = Needs { sessions: 300, ..needs(vec![100; 4]) };
+        let p = Plan::compute(2000, serve.clone(), SpineMode::Auto).expect("fits");
+        assert_eq!(p.slots, (2000 - 910 - 100 - 300) / 50);
+        let e = Plan::compute(600 + 300, serve, SpineMode::Auto).expect_err("sessions do not fit");
+        assert_eq!(e.short, 115);
         assert!(e.to_string().contains("stored conversation state 300"), "{e}");
+    }
+
+    #[test]
+    fn the_largest_resident_prefix_that_fits_is_kept_and_the_rest_streams() {
+        let n = needs(vec![100; 6]);
+        // After state 100 and 4 slots (200): avail = budget − 300.
+        // Head + 2 layers resident (400) + 2 × 100 buffers + rows 5 + small 10 = 615.
+        let p = Plan::compute(915, n.clone(), SpineMode::Auto).expect("fits");
+        assert_eq!((p.spine.resident_layers, p.spine.head_resident), (2, true));
+        assert!(!p.spine.embed_resident);
+        assert_eq!((p.spine.buffers, p.spine.buffer_bytes), (2, 100));
+        assert_eq!(p.spine.streamed_bytes, 400);
+        assert_eq!(p.spine.charged, 615);
+        assert_eq!(p.slots, 4);
+        let text = p.to_string();
+        assert!(text.contains("spine: 2 of 6 layers resident"), "{text}");
+        assert!(text.contains("4 streamed via 2×"), "{text}");
+        assert!(text.contains("embedding rows read per pass"), "{text}");
+        // One byte less: one layer fewer.
+        let q = Plan::compute(914, n.clone(), SpineMode::Auto).expect("fits");
+        assert_eq!(q.spine.resident_layers, 1);
+        // No layer, only the head: 200 + 2 × 100 + 15.
+        let r = Plan::compute(300 + 415, n.clone(), SpineMode::Auto).expect("fits");
+        assert_eq!((r.spine.resident_layers, r.spine.head_resident), (0, true));
+        // A head smaller than a layer streams too when that is all that fits: 2 × 100 + 15.
+        let mut small_head = needs(vec![100; 6]);
+        small_head.pieces.head = 50;
+        let h = Plan::compute(300 + 215, small_head.clone(), SpineMode::Auto).expect("fits");
+        assert_eq!((h.spine.resident_layers, h.spine.head_resident), (0, false));
+        assert_eq!(h.spine.placements()[0], Placement::Rows);
+        assert_eq!(h.spine.placements()[7], Placement::Streamed);
+        let e = Plan::compute(300 + 214, small_head, SpineMode::Auto).expect_err("too small");
+        assert_eq!(e.short, 1);
+        // Forced splits, whatever the budget allows.
+        let f = Plan::compute(1_000_000, n.clone(), SpineMode::Layers(1)).expect("fits");
+        assert_eq!((f.spine.resident_layers, f.spine.head_resident), (1, true));
+        let z = Plan::compute(1_000_000, n.clone(), SpineMode::Layers(0)).expect("fits");
+        assert_eq!(z.spine.placements().iter().filter(|&&p| p == Placement::Resident).count(), 0);
+        let a = Plan::compute(1_000_000, n, SpineMode::Layers(99)).expect("fits");
+        assert!(a.spine.placements().iter().all(|&p| p == Placement::Resident));
     }
 }

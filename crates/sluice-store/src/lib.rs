@@ -152,6 +152,9 @@ pub enum StoreError {
         /// The whole budget.
         limit: u64,
     },
+    /// The memory budget cannot hold the spine placement asked for.
+    #[error("spine placement: {0}")]
+    SpineBudget(sluice_core::BudgetError),
     /// The arena allocation itself failed (the allocator returned nothing).
     #[error("could not allocate the {bytes}-byte expert cache arena")]
     Alloc {

@@ -205,15 +205,8 @@ impl SpineStore {
             )));
         }
         let footprint = SpineFootprint::of(&index, &placements);
-        let charge = |what: &str, bytes: u64| {
-            budget.charge(what, bytes).map_err(|e| StoreError::Budget {
-                slots: 1,
-                slot_bytes: bytes,
-                needed: bytes,
-                available: e.available,
-                limit: e.limit,
-            })
-        };
+        let charge =
+            |what: &str, bytes: u64| budget.charge(what, bytes).map_err(StoreError::SpineBudget);
         let mut charges = Vec::new();
         for (what, bytes) in [
             ("resident spine", footprint.resident),
