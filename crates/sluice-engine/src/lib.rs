@@ -4,18 +4,21 @@
 
 pub mod demo;
 pub mod draft;
+pub mod draft_model;
 pub mod generate;
 pub mod k3_output;
 pub mod load;
 pub mod logprob;
 pub mod plan;
 pub mod policy;
+pub mod retok;
 pub mod sample;
 pub mod session;
 pub mod stop;
 pub mod turn;
 
 pub use draft::{Drafter, NgramDrafter, ScriptDrafter};
+pub use draft_model::{DraftError, DraftModel, ModelDrafter};
 pub use generate::{argmax, generate, GenerateOptions, Generation, OnToken, Stats};
 pub use policy::WidthPolicy;
 pub use sample::Sampling;
@@ -41,6 +44,9 @@ pub enum EngineError {
     /// A charge to the memory budget was refused.
     #[error(transparent)]
     Budget(sluice_core::BudgetError),
+    /// The draft model failed to open.
+    #[error(transparent)]
+    Draft(#[from] draft_model::DraftError),
     /// No prompt tokens.
     #[error("empty prompt: give at least one token")]
     EmptyPrompt,

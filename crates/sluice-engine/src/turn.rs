@@ -217,6 +217,7 @@ pub fn run_turn(
                 keep_logits: false,
                 draft_max: opts.draft_max,
                 sampling: cont,
+                fixed_width: false,
             };
             let mut prefixed =
                 drafter.map(|inner| Prefixed { prefix: prompt, inner, buf: Vec::new() });
