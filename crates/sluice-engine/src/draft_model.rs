@@ -108,6 +108,32 @@ impl DraftModel {
     }
 }
 
+/// Length of the incomplete UTF-8 sequence at the end of `b` (0 when it ends on a complete
+/// character or on bytes that can never complete one).
+fn incomplete_tail(b: &[u8]) -> usize {
+    for back in 1..=b.len().min(3) {
+        let lead = b[b.len() - back];
+        if lead & 0xc0 == 0x80 {
+            continue;
+        }
+        let width = match lead {
+            0xc2..=0xdf => 2,
+            0xe0..=0xef => 3,
+            0xf0..=0xf4 => 4,
+            _ => return 0,
+        };
+        let open = std::str::from_utf8(&b[b.len() - back..])
+            .err()
+            .is_some_and(|e| e.error_len().is_none());
+        return if back < width && open {
+            back
+        } else {
+            0
+        };
+    }
+    0
+}
+
 /// `eos_token_id` from `config.json`: one id or a list.
 fn eos_ids(cfg: &serde_json::Value) -> Vec<u32> {
     let v = &cfg["eos_token_id"];
@@ -142,7 +168,11 @@ pub struct ModelDrafter {
     ends: Vec<usize>,
     /// The target context's bytes.
     text: Vec<u8>,
-    /// Draft tokens in `state`, and the bytes they spell (a prefix of `text`, or it was).
+    /// What the draft reads: `text` without an incomplete character at its end, with invalid
+    /// bytes replaced by U+FFFD.
+    view: String,
+    /// Draft tokens in `state`, and the end of the bytes they spell (a prefix of `view`, or it
+    /// was).
     fed: Vec<u32>,
     fed_ends: Vec<usize>,
     /// The first error the draft model returned; drafting stops after one.
@@ -174,6 +204,7 @@ impl ModelDrafter {
             ids: Vec::new(),
             ends: Vec::new(),
             text: Vec::new(),
+            view: String::new(),
             fed: Vec::new(),
             fed_ends: Vec::new(),
             error: None,
@@ -198,18 +229,25 @@ impl ModelDrafter {
             self.ids.push(id);
             self.ends.push(self.text.len());
         }
+        let complete = self.text.len() - incomplete_tail(&self.text);
+        self.view = String::from_utf8_lossy(&self.text[..complete]).into_owned();
     }
 
-    /// Drops the draft positions whose bytes are no longer a prefix of `text`.
+    /// Drops the draft positions whose bytes are no longer a prefix of `view`, and any that
+    /// end inside a character (the rest of the text is re-encoded from a character boundary).
     fn sync_draft(&mut self) {
+        let view = self.view.as_bytes();
         let mut spelled = Vec::new();
         let mut keep = 0;
         for (&id, &end) in self.fed.iter().zip(&self.fed_ends) {
             spelled.extend(self.draft.tok.token_bytes(id).unwrap_or_default());
-            if end > self.text.len() || spelled[..] != self.text[..end] {
+            if end > view.len() || spelled[..] != view[..end] {
                 break;
             }
             keep += 1;
+        }
+        while keep > 0 && !self.view.is_char_boundary(self.fed_ends[keep - 1]) {
+            keep -= 1;
         }
         self.fed.truncate(keep);
         self.fed_ends.truncate(keep);
@@ -240,15 +278,13 @@ impl ModelDrafter {
         self.sync_target(context);
         self.sync_draft();
         let seen = self.fed_ends.last().copied().unwrap_or(0);
-        // Feed the complete characters of the unseen text; a character the target split is
-        // left for the draft to complete.
-        let rest = &self.text[seen..];
-        let valid = std::str::from_utf8(rest).map_or_else(|e| e.valid_up_to(), str::len);
-        let new_text = std::str::from_utf8(&rest[..valid]).unwrap_or_default().to_string();
+        // Feed the unseen text; a character the target has only begun is left for the draft
+        // to complete.
+        let new_text = self.view.get(seen..).unwrap_or_default();
         let mut feed = if new_text.is_empty() {
             Vec::new()
         } else {
-            self.draft.tok.encode(&new_text, false).map_err(|e| ModelError::Config(e.to_string()))?
+            self.draft.tok.encode(new_text, false).map_err(|e| ModelError::Config(e.to_string()))?
         };
         if feed.is_empty() {
             // Nothing new to read: re-feed the last position to get its logits.
@@ -260,7 +296,7 @@ impl ModelDrafter {
         if self.state.len() + feed.len() + n > self.max_positions {
             return Ok((Vec::new(), false));
         }
-        let held_back = self.text.len() - (seen + valid);
+        let held_back = incomplete_tail(&self.text);
         let mut logits = self.pass(&feed)?;
         let mut generated = Vec::new();
         let mut eos = false;
@@ -319,5 +355,24 @@ impl Drafter for ModelDrafter {
                 Vec::new()
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::incomplete_tail;
+
+    #[test]
+    fn incomplete_tails() {
+        let e = "é".as_bytes();
+        let smile = "😀".as_bytes();
+        assert_eq!(incomplete_tail(b"abc"), 0);
+        assert_eq!(incomplete_tail(&[b'a', e[0]]), 1);
+        assert_eq!(incomplete_tail(e), 0);
+        assert_eq!(incomplete_tail(&smile[..3]), 3);
+        assert_eq!(incomplete_tail(&[0x80, 0x80]), 0, "stray continuation bytes never complete");
+        assert_eq!(incomplete_tail(&[0xff]), 0);
+        assert_eq!(incomplete_tail(&[0xe0, 0x41]), 0, "a broken sequence is not incomplete");
+        assert_eq!(incomplete_tail(&[0xe0, 0x80]), 0, "an overlong start never completes");
     }
 }

@@ -44,6 +44,8 @@ pub struct LoadOptions {
     pub direct_io: bool,
     /// Exactly this many cache slots (overrides the plan; tests use tiny caches).
     pub slots: Option<usize>,
+    /// Bytes of a draft model (weights, state, scratch), charged before the target is planned.
+    pub draft_bytes: u64,
 }
 
 impl Default for LoadOptions {
@@ -56,6 +58,7 @@ impl Default for LoadOptions {
             readers: 16,
             direct_io: true,
             slots: None,
+            draft_bytes: 0,
         }
     }
 }
@@ -82,6 +85,11 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
     let ckpt = Arc::new(Checkpoint::open(dir).map_err(sluice_models::ModelError::from)?);
     let budget_bytes = opts.memory.unwrap_or_else(default_budget);
     let budget = MemoryBudget::new(budget_bytes);
+    // The draft model is charged first: whatever it takes, the target plans around.
+    let mut charges = Vec::new();
+    if opts.draft_bytes > 0 {
+        charges.push(budget.charge("draft model", opts.draft_bytes).map_err(EngineError::Budget)?);
+    }
     let is_k3 = K3Config::from_json(ckpt.config().text_config()).is_ok()
         && matches!(
             ckpt.config().architecture(),
@@ -95,7 +103,7 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
             streaming: None,
             mode: "mapped",
             budget,
-            charges: Vec::new(),
+            charges,
         });
     }
     let cfg = K3Config::from_json(ckpt.config().text_config()).map_err(EngineError::Model)?;
@@ -109,6 +117,7 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
         experts: inv.experts,
         min_slots: 2,
         headroom: 64 << 20,
+        draft: opts.draft_bytes,
     };
     let plan = Plan::compute(budget_bytes, needs)?;
     let stream = match opts.experts {
@@ -117,12 +126,12 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
         ExpertMode::Auto => !plan.all_experts_resident,
     };
     // The fixed charges are held by `Loaded` for as long as the model lives.
-    let charges = vec![
-        budget.charge("spine", needs.spine).map_err(EngineError::Budget)?,
+    charges.push(budget.charge("spine", needs.spine).map_err(EngineError::Budget)?);
+    charges.push(
         budget
             .charge("sequence state and headroom", needs.state + needs.headroom)
             .map_err(EngineError::Budget)?,
-    ];
+    );
     if !stream {
         let m = KimiK3::load(ckpt)?;
         return Ok(Loaded {

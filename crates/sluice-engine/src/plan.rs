@@ -93,6 +93,9 @@ pub struct Needs {
     pub min_slots: u64,
     /// Scratch and I/O buffers.
     pub headroom: u64,
+    /// A draft model's weights, state and scratch (0 without one).
+    #[serde(default)]
+    pub draft: u64,
 }
 
 /// The residency plan.
@@ -112,7 +115,7 @@ pub struct Plan {
 #[derive(Debug, Clone, thiserror::Error)]
 #[error(
     "memory budget of {budget} bytes is too small: the spine needs {spine}, sequence state {state}, \
-     headroom {headroom}, and at least {min_slots} expert slots of {slot} bytes; \
+     headroom {headroom}, the draft model {draft}, and at least {min_slots} expert slots of {slot} bytes; \
      the minimum is {minimum} bytes ({short} more). Raise --memory or use a smaller context."
 )]
 pub struct PlanError {
@@ -124,6 +127,8 @@ pub struct PlanError {
     pub state: u64,
     /// Headroom bytes.
     pub headroom: u64,
+    /// Draft-model bytes.
+    pub draft: u64,
     /// Minimum slots.
     pub min_slots: u64,
     /// Slot bytes.
@@ -137,7 +142,7 @@ pub struct PlanError {
 impl Plan {
     /// Plans `needs` within `budget`.
     pub fn compute(budget: u64, needs: Needs) -> Result<Self, PlanError> {
-        let fixed = needs.spine + needs.state + needs.headroom;
+        let fixed = needs.spine + needs.state + needs.headroom + needs.draft;
         let minimum = fixed + needs.min_slots * needs.slot;
         if budget < minimum {
             return Err(PlanError {
@@ -145,6 +150,7 @@ impl Plan {
                 spine: needs.spine,
                 state: needs.state,
                 headroom: needs.headroom,
+                draft: needs.draft,
                 min_slots: needs.min_slots,
                 slot: needs.slot,
                 minimum,
@@ -165,11 +171,12 @@ impl fmt::Display for Plan {
         };
         write!(
             f,
-            "memory plan: budget {}; spine {} resident; state {}; headroom {}; expert cache {} slots × {} = {} ({} of {} experts{})",
+            "memory plan: budget {}; spine {} resident; state {}; headroom {}; draft model {}; expert cache {} slots × {} = {} ({} of {} experts{})",
             g(self.budget),
             g(self.needs.spine),
             g(self.needs.state),
             g(self.needs.headroom),
+            g(self.needs.draft),
             self.slots,
             g(self.needs.slot),
             g(self.slots * self.needs.slot),
@@ -199,7 +206,7 @@ mod tests {
     #[test]
     fn plans_slots_and_refuses_with_the_shortfall() {
         let needs =
-            Needs { spine: 1000, state: 100, slot: 50, experts: 64, min_slots: 4, headroom: 0 };
+            Needs { spine: 1000, state: 100, slot: 50, experts: 64, min_slots: 4, headroom: 0, draft: 0 };
         let p = Plan::compute(2000, needs).expect("fits");
         assert_eq!(p.slots, 18);
         assert!(!p.all_experts_resident);
@@ -208,5 +215,9 @@ mod tests {
         let e = Plan::compute(1200, needs).expect_err("too small");
         assert_eq!(e.short, 100);
         assert!(e.to_string().contains("100 more"));
+        let with_draft = Plan::compute(2000, Needs { draft: 500, ..needs }).expect("fits");
+        assert_eq!(with_draft.slots, 8, "the draft's bytes come out of the expert cache");
+        let e = Plan::compute(1300, Needs { draft: 100, ..needs }).expect_err("too small");
+        assert!(e.to_string().contains("the draft model 100"), "{e}");
     }
 }
