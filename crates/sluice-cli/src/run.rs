@@ -133,8 +133,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
     };
     let mut load_opts = a.load.options()?;
     load_opts.draft_bytes = draft_model.as_ref().map_or(0, |d| d.memory_needs(a.load.context));
-    let loaded = load::open(&dir, &load_opts)
-        .with_context(|| format!("loading {}", dir.display()))?;
+    let loaded =
+        load::open(&dir, &load_opts).with_context(|| format!("loading {}", dir.display()))?;
     if let Some(p) = &loaded.plan {
         eprintln!("sluice: {p}; experts {}", loaded.mode);
     }

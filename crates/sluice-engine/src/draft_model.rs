@@ -43,7 +43,7 @@ pub enum DraftError {
         dir: PathBuf,
         /// The underlying error.
         #[source]
-        source: ModelError,
+        source: Box<ModelError>,
     },
     /// The draft is not a dense Qwen3 checkpoint.
     #[error("draft model {dir}: architecture {arch:?} cannot draft; --draft takes a Qwen3ForCausalLM checkpoint directory (or none, ngram)")]
@@ -60,7 +60,7 @@ pub enum DraftError {
         dir: PathBuf,
         /// The underlying error.
         #[source]
-        source: HfError,
+        source: Box<HfError>,
     },
 }
 
@@ -76,7 +76,10 @@ pub struct DraftModel {
 impl DraftModel {
     /// Opens the Qwen3 checkpoint in `dir` (maps the weights; computes nothing).
     pub fn open(dir: &Path) -> Result<Self, DraftError> {
-        let err = |source: ModelError| DraftError::Model { dir: dir.to_path_buf(), source };
+        let err = |source: ModelError| DraftError::Model {
+            dir: dir.to_path_buf(),
+            source: source.into(),
+        };
         let ckpt = Checkpoint::open(dir).map_err(|e| err(e.into()))?;
         let arch = ckpt.config().architecture().to_string();
         if arch != "Qwen3ForCausalLM" {
@@ -85,7 +88,7 @@ impl DraftModel {
         let eos = eos_ids(ckpt.config().raw());
         let model = Qwen3::load(Arc::new(ckpt)).map_err(err)?;
         let tok = HfTokenizer::from_dir(dir)
-            .map_err(|source| DraftError::Tokenizer { dir: dir.to_path_buf(), source })?;
+            .map_err(|e| DraftError::Tokenizer { dir: dir.to_path_buf(), source: e.into() })?;
         Ok(Self { model, tok, eos, dir: dir.to_path_buf() })
     }
 
@@ -125,11 +128,7 @@ fn incomplete_tail(b: &[u8]) -> usize {
         let open = std::str::from_utf8(&b[b.len() - back..])
             .err()
             .is_some_and(|e| e.error_len().is_none());
-        return if back < width && open {
-            back
-        } else {
-            0
-        };
+        return if back < width && open { back } else { 0 };
     }
     0
 }

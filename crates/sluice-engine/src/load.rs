@@ -97,14 +97,7 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
         );
     if !is_k3 {
         let model = sluice_models::load(ckpt)?;
-        return Ok(Loaded {
-            model,
-            plan: None,
-            streaming: None,
-            mode: "mapped",
-            budget,
-            charges,
-        });
+        return Ok(Loaded { model, plan: None, streaming: None, mode: "mapped", budget, charges });
     }
     let cfg = K3Config::from_json(ckpt.config().text_config()).map_err(EngineError::Model)?;
     let inv = inventory(&ckpt, &cfg);

@@ -205,8 +205,15 @@ mod tests {
 
     #[test]
     fn plans_slots_and_refuses_with_the_shortfall() {
-        let needs =
-            Needs { spine: 1000, state: 100, slot: 50, experts: 64, min_slots: 4, headroom: 0, draft: 0 };
+        let needs = Needs {
+            spine: 1000,
+            state: 100,
+            slot: 50,
+            experts: 64,
+            min_slots: 4,
+            headroom: 0,
+            draft: 0,
+        };
         let p = Plan::compute(2000, needs).expect("fits");
         assert_eq!(p.slots, 18);
         assert!(!p.all_experts_resident);

@@ -147,7 +147,8 @@ mod tests {
             Self { vocab }
         }
         fn id(&self, s: &str) -> u32 {
-            u32::try_from(self.vocab.iter().position(|v| *v == s).expect("in vocab")).expect("small")
+            u32::try_from(self.vocab.iter().position(|v| *v == s).expect("in vocab"))
+                .expect("small")
         }
     }
 
@@ -159,8 +160,13 @@ mod tests {
             id == 0
         }
         fn encode_text(&self, text: &str) -> Vec<u32> {
-            let index: HashMap<&str, u32> =
-                self.vocab.iter().enumerate().skip(1).map(|(i, s)| (*s, i as u32)).collect();
+            let index: HashMap<&str, u32> = self
+                .vocab
+                .iter()
+                .enumerate()
+                .skip(1)
+                .map(|(i, s)| (*s, u32::try_from(i).expect("small")))
+                .collect();
             let mut out = Vec::new();
             let mut rest = text;
             while !rest.is_empty() {

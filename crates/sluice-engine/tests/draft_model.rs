@@ -122,7 +122,7 @@ fn whitespace_runs() {
     // K3's pre-tokenizer gives a run before a word all but its last space; that space joins
     // the word. A run at the end of the draft could still split differently.
     let p = check(t.as_ref(), b"The", b" mill   ", false, 8);
-    assert!(p.len() >= 1);
+    assert!(!p.is_empty());
     // Whatever comes next, the proposal stays a prefix of the extended text's encoding.
     for next in [" by", "\n", "x", "  "] {
         let ext = t.encode_ordinary(&format!(" mill   {next}"));
@@ -244,12 +244,11 @@ fn the_draft_state_is_incremental_and_rolls_back() {
 fn the_draft_is_charged_to_the_budget_before_the_target_plans() {
     let draft = DraftModel::open(&qwen_dir("tiny-b")).unwrap();
     let needs = draft.memory_needs(4096);
-    assert!(needs > std::fs::metadata(qwen_dir("tiny-b").join("model.safetensors")).unwrap().len() / 2);
-    let opts = |memory| LoadOptions {
-        memory: Some(memory),
-        draft_bytes: needs,
-        ..LoadOptions::default()
-    };
+    assert!(
+        needs > std::fs::metadata(qwen_dir("tiny-b").join("model.safetensors")).unwrap().len() / 2
+    );
+    let opts =
+        |memory| LoadOptions { memory: Some(memory), draft_bytes: needs, ..LoadOptions::default() };
     let ok = load::open(&k3_dir("tiny-b"), &opts(256 << 20)).unwrap();
     assert_eq!(ok.plan.as_ref().unwrap().needs.draft, needs);
     assert!(ok.budget.used() >= needs);

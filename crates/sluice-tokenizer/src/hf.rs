@@ -194,7 +194,10 @@ fn byte_of_char(c: char) -> Option<u8> {
     }
     // The n-th non-printable byte (in byte order) is spelled U+0100 + n.
     let n = cp - 0x100;
-    (0u32..256).filter(|&b| !printable(b)).nth(usize::try_from(n).ok()?).and_then(|b| u8::try_from(b).ok())
+    (0u32..256)
+        .filter(|&b| !printable(b))
+        .nth(usize::try_from(n).ok()?)
+        .and_then(|b| u8::try_from(b).ok())
 }
 
 #[cfg(test)]
@@ -209,7 +212,8 @@ mod tests {
         assert_eq!(byte_of_char('a'), Some(b'a'));
         assert_eq!(byte_of_char('\u{00ad}'), None, "0xAD is spelled U+0143, not itself");
         assert_eq!(byte_of_char('Ń'), Some(0xad));
-        let mut seen: Vec<u8> = (0x21u32..0x200).filter_map(|c| char::from_u32(c).and_then(byte_of_char)).collect();
+        let mut seen: Vec<u8> =
+            (0x21u32..0x200).filter_map(|c| char::from_u32(c).and_then(byte_of_char)).collect();
         seen.sort_unstable();
         seen.dedup();
         assert_eq!(seen.len(), 256, "every byte has exactly one spelling");
