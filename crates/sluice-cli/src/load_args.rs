@@ -100,6 +100,7 @@ impl LoadArgs {
             spine,
             spine_placement,
             disk_cache,
+            draft_bytes: 0,
         })
     }
 }

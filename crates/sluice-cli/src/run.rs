@@ -8,10 +8,14 @@ use clap::Args;
 use serde_json::json;
 use sluice_engine::demo::{cache_dir, ensure_demo_model};
 use sluice_engine::load;
-use sluice_engine::{generate, layer_stats, Drafter, GenerateOptions, NgramDrafter, Sampling};
+use sluice_engine::{
+    generate, layer_stats, DraftModel, Drafter, GenerateOptions, ModelDrafter, NgramDrafter,
+    Sampling,
+};
 use sluice_tokenizer::chat::{render_k3, ChatMessage, ChatOptions, Role};
 use sluice_tokenizer::{Tokenizer, RANK_FILE};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Flags of `sluice run`.
@@ -44,7 +48,8 @@ pub struct RunArgs {
     /// Write the f32 logits of every generated step as an .npy array [steps, vocab].
     #[arg(long)]
     dump_logits: Option<PathBuf>,
-    /// Speculative drafts: `none` or `ngram` (prompt lookup). Output is identical either way.
+    /// Speculative drafts: `none`, `ngram` (prompt lookup), or the directory of a Qwen3 draft
+    /// model (charged to --memory). Output is identical either way.
     #[arg(long, default_value = "none")]
     draft: String,
     /// Most draft tokens verified per pass.
@@ -71,7 +76,12 @@ pub fn run(a: &RunArgs) -> Result<()> {
         );
     }
     let t_load = Instant::now();
-    let load_opts = a.load.options()?;
+    let draft_model = match a.draft.as_str() {
+        "none" | "ngram" => None,
+        path => Some(DraftModel::open(Path::new(path))?),
+    };
+    let mut load_opts = a.load.options()?;
+    load_opts.draft_bytes = draft_model.as_ref().map_or(0, |d| d.memory_needs(load_opts.context));
     // The directory the spine choice reads (the int8 conversion for --spine int8).
     let dir = sluice_engine::spine::resolve(&dir, load_opts.spine)?;
     let loaded =
@@ -89,10 +99,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let load_s = t_load.elapsed().as_secs_f64();
     // A checkpoint without tokenizer files still runs from --prompt-ids; broken files are an error.
     let tok = if dir.join(RANK_FILE).exists() {
-        Some(
+        Some(Arc::new(
             Tokenizer::from_dir(&dir)
                 .with_context(|| format!("loading the tokenizer of {}", dir.display()))?,
-        )
+        ))
     } else {
         None
     };
@@ -127,15 +137,32 @@ pub fn run(a: &RunArgs) -> Result<()> {
         draft_max: a.draft_max,
         sampling: Sampling::greedy(),
         prefill_chunk: a.prefill_chunk,
+        fixed_width: false,
     };
     let mut ngram = NgramDrafter::default();
-    let drafter: Option<&mut dyn Drafter> = match a.draft.as_str() {
-        "none" => None,
-        "ngram" => Some(&mut ngram),
-        other => bail!("--draft {other:?}: expected none or ngram"),
+    let mut model_drafter = match draft_model {
+        Some(d) => {
+            let t = tok.clone().with_context(|| {
+                format!(
+                    "--draft {}: the target {} has no tokenizer files to re-encode draft text with",
+                    d.dir().display(),
+                    dir.display()
+                )
+            })?;
+            Some(ModelDrafter::new(d, t, load_opts.context))
+        }
+        None => None,
+    };
+    let drafter: Option<&mut dyn Drafter> = match (a.draft.as_str(), model_drafter.as_mut()) {
+        ("none", _) => None,
+        ("ngram", _) => Some(&mut ngram),
+        (_, d) => d.map(|d| d as &mut dyn Drafter),
     };
     let mut state = model.new_state();
     let out = generate(model, &mut state, &prompt_ids, &opts, drafter, None)?;
+    if let Some(e) = model_drafter.as_ref().and_then(ModelDrafter::error) {
+        eprintln!("sluice: warning: the draft model failed and drafting stopped: {e}");
+    }
     let text = tok.as_ref().map(|t| t.decode_lossy(&out.tokens)).transpose()?;
     if let Some(p) = &a.dump_logits {
         npy::write_f32_2d(p, &out.logits, model.vocab_size())?;
@@ -167,8 +194,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
         let s = &out.stats;
         eprintln!(
             "stats: load {load_s:.3}s, prompt {} tokens, prefill {:.3}s, generated {} tokens, {:.4} s/token, \
-             {} passes, {:.2} tokens/pass, draft {} ({} drafted, {} accepted, widths {:?}), \
-             experts {} requests / {} bytes served / {} bytes read ({:.0} per token), hit rate {:.3}, \
+             {} passes, {:.2} tokens/pass, draft {} ({} drafted, {} accepted, acceptance {:.3}, widths {:?}, \
+             {:.3}s drafting), experts {} requests / {} bytes served / {} bytes read ({:.0} served, \
+             {:.0} read per token), spine {:.0} bytes per token, hit rate {:.3}, \
              prefetch {} issued / {} used (recall {:.3}), io wait {:.3}s, read {:.3}s, \
              spine {} bytes read ({:.0} per pass, wait {:.3}s), state {} bytes, \
              peak rss {} bytes, finish {}",
@@ -181,11 +209,15 @@ pub fn run(a: &RunArgs) -> Result<()> {
             s.drafter,
             s.drafted,
             s.accepted,
+            s.acceptance,
             s.width_histogram,
+            s.draft_s,
             s.expert_requests,
             s.expert_bytes,
             s.expert_bytes_read,
             s.expert_bytes_per_token,
+            s.expert_bytes_read_per_token,
+            s.spine_bytes_per_token,
             s.hit_rate,
             s.prefetch_issued,
             s.prefetch_used,

@@ -35,6 +35,9 @@ pub struct GenerateOptions {
     /// routed expert it needs once per layer, so fewer, larger chunks read fewer bytes; the
     /// logits are bit-identical whatever the chunking.
     pub prefill_chunk: usize,
+    /// Always verify `draft_max` drafts instead of letting the width policy choose (for
+    /// benchmarks that compare the policy with fixed widths).
+    pub fixed_width: bool,
 }
 
 impl Default for GenerateOptions {
@@ -46,6 +49,7 @@ impl Default for GenerateOptions {
             draft_max: 0,
             sampling: Sampling::greedy(),
             prefill_chunk: 0,
+            fixed_width: false,
         }
     }
 }
@@ -103,6 +107,13 @@ pub struct Stats {
     pub acceptance: f64,
     /// Decode passes by number of drafts verified (index = drafts).
     pub width_histogram: Vec<usize>,
+    /// Seconds spent in the drafter (a draft model's passes; included in `decode_s`).
+    pub draft_s: f64,
+    /// The width policy's final estimates (absent without a drafter).
+    pub policy: Option<WidthPolicy>,
+    /// Spine weight bytes swept per generated token (decode passes only): one sweep per pass,
+    /// so speculation divides it by the tokens each pass emits.
+    pub spine_bytes_per_token: f64,
     /// Expert requests served by the store.
     pub expert_requests: u64,
     /// Expert bytes handed to the model.
@@ -111,6 +122,8 @@ pub struct Stats {
     pub expert_bytes_read: u64,
     /// Expert bytes handed to the model per generated token (decode passes only).
     pub expert_bytes_per_token: f64,
+    /// Expert bytes read from storage per generated token (decode passes only).
+    pub expert_bytes_read_per_token: f64,
     /// Expert requests that hit the cache.
     pub expert_hits: u64,
     /// Expert requests that had to wait for a read.
@@ -248,7 +261,8 @@ pub fn generate(
     em.emit(pending, &logits);
 
     let draft_max = if drafter.is_some() { opts.draft_max } else { 0 };
-    let mut policy = WidthPolicy::new(draft_max);
+    let mut policy =
+        if opts.fixed_width { WidthPolicy::fixed(draft_max) } else { WidthPolicy::new(draft_max) };
     let mut context: Vec<u32> = prompt.to_vec();
     context.push(pending);
     let t1 = Instant::now();
@@ -259,7 +273,11 @@ pub fn generate(
         let want = policy.width().min(opts.max_new.saturating_sub(em.out.tokens.len()));
         let drafts = match (&mut drafter, want) {
             (Some(d), w) if w > 0 => {
+                let td = Instant::now();
                 let mut v = d.propose(&context, w);
+                let secs = td.elapsed().as_secs_f64();
+                policy.record_draft(w, secs);
+                em.out.stats.draft_s += secs;
                 v.truncate(w);
                 v.retain(|&t| (t as usize) < vocab);
                 v
@@ -300,6 +318,9 @@ pub fn generate(
     stats.decode_s = t1.elapsed().as_secs_f64();
     stats.generated_tokens = em.out.tokens.len();
     stats.width_histogram = policy.histogram.clone();
+    if drafter.is_some() {
+        stats.policy = Some(policy);
+    }
     let decode_passes = stats.passes - 1;
     let decode_tokens = em.out.tokens.len() - 1;
     #[allow(clippy::cast_precision_loss)]
@@ -313,8 +334,11 @@ pub fn generate(
         }
         let s2 = model.store_stats();
         if decode_tokens > 0 {
-            stats.expert_bytes_per_token =
-                (s2.bytes_served - store1.bytes_served) as f64 / decode_tokens as f64;
+            let per_token = |bytes: u64| bytes as f64 / decode_tokens as f64;
+            stats.expert_bytes_per_token = per_token(s2.bytes_served - store1.bytes_served);
+            stats.expert_bytes_read_per_token = per_token(s2.bytes_read - store1.bytes_read);
+            stats.spine_bytes_per_token =
+                per_token(model.spine_bytes_per_pass().saturating_mul(decode_passes as u64));
         }
     }
     let s1 = model.store_stats();

@@ -94,6 +94,7 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
         min_slots: 2,
         headroom: (64 << 20) + fetch_buffers,
         sessions: opts.session_memory,
+        draft: opts.draft_bytes,
     };
     let mut plan = Plan::compute(budget_bytes, needs.clone(), SpineMode::Mapped)?;
     let charges = vec![
@@ -105,6 +106,7 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
             )
             .map_err(EngineError::Budget)?,
         budget.charge("stored conversation states", needs.sessions).map_err(EngineError::Budget)?,
+        budget.charge("draft model", needs.draft).map_err(EngineError::Budget)?,
     ];
     if let Some(n) = opts.slots {
         plan.slots = n as u64;

@@ -5,6 +5,7 @@
 pub mod accuracy;
 pub mod demo;
 pub mod draft;
+pub mod draft_model;
 pub mod generate;
 pub mod install;
 pub mod k3_output;
@@ -13,6 +14,7 @@ pub mod load;
 pub mod logprob;
 pub mod plan;
 pub mod policy;
+pub mod retok;
 pub mod sample;
 pub mod session;
 pub mod spine;
@@ -20,6 +22,7 @@ pub mod stop;
 pub mod turn;
 
 pub use draft::{Drafter, NgramDrafter, ScriptDrafter};
+pub use draft_model::{DraftError, DraftModel, ModelDrafter};
 pub use generate::{argmax, generate, GenerateOptions, Generation, OnToken, Stats};
 pub use policy::WidthPolicy;
 pub use sample::Sampling;
@@ -62,6 +65,9 @@ pub enum EngineError {
         /// What is wrong and what to do.
         reason: String,
     },
+    /// The draft model failed to open.
+    #[error(transparent)]
+    Draft(#[from] draft_model::DraftError),
     /// No prompt tokens.
     #[error("empty prompt: give at least one token")]
     EmptyPrompt,

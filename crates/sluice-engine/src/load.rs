@@ -61,6 +61,8 @@ pub struct LoadOptions {
     pub session_memory: u64,
     /// How the spine is placed: resident, streamed, or planned from the budget.
     pub spine_placement: SpineMode,
+    /// Bytes of a draft model (weights, state, scratch), charged before the target is planned.
+    pub draft_bytes: u64,
 }
 
 impl Default for LoadOptions {
@@ -78,6 +80,7 @@ impl Default for LoadOptions {
             disk_cache: None,
             session_memory: 0,
             spine_placement: SpineMode::Auto,
+            draft_bytes: 0,
         }
     }
 }
@@ -111,15 +114,22 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
     crate::spine::check(&ckpt, opts.spine)?;
     let budget_bytes = opts.memory.unwrap_or_else(default_budget);
     let budget = MemoryBudget::new(budget_bytes);
+    // The draft model is charged first: whatever it takes, the target plans around.
+    let mut charges = Vec::new();
+    if opts.draft_bytes > 0 {
+        charges.push(budget.charge("draft model", opts.draft_bytes).map_err(EngineError::Budget)?);
+    }
     let is_k3 = K3Config::from_json(ckpt.config().text_config()).is_ok()
         && matches!(
             ckpt.config().architecture(),
             "KimiK3ForConditionalGeneration" | "KimiLinearForCausalLM"
         );
     if !is_k3 {
-        let charges = vec![budget
-            .charge("stored conversation states", opts.session_memory)
-            .map_err(EngineError::Budget)?];
+        charges.push(
+            budget
+                .charge("stored conversation states", opts.session_memory)
+                .map_err(EngineError::Budget)?,
+        );
         let model = sluice_models::load(ckpt)?;
         return Ok(Loaded {
             model,
@@ -156,6 +166,7 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
         experts: inv.experts,
         min_slots: 2,
         headroom: 64 << 20,
+        draft: opts.draft_bytes,
     };
     let mut plan = Plan::compute(budget_bytes, needs, opts.spine_placement)?;
     let stream = match opts.experts {
@@ -166,14 +177,14 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
     let io = if opts.direct_io { IoMode::Direct } else { IoMode::BufferedDropCache };
     // The fixed charges are held by `Loaded` for as long as the model lives; the spine store
     // charges its own buffers.
-    let mut charges = vec![
+    charges.extend([
         budget
             .charge("sequence state and headroom", plan.needs.state + plan.needs.headroom)
             .map_err(EngineError::Budget)?,
         budget
             .charge("stored conversation states", plan.needs.sessions)
             .map_err(EngineError::Budget)?,
-    ];
+    ]);
     let spine = if plan.spine.mode == "mapped" {
         charges.push(budget.charge("spine", plan.spine.charged).map_err(EngineError::Budget)?);
         None

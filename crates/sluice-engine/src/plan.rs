@@ -103,6 +103,9 @@ pub struct Needs {
     pub min_slots: u64,
     /// Scratch and I/O buffers.
     pub headroom: u64,
+    /// A draft model's weights, state and scratch (0 without one).
+    #[serde(default)]
+    pub draft: u64,
 }
 
 /// The spine's pieces as buffer bytes (aligned spans), in pass order.
@@ -251,7 +254,7 @@ pub struct Plan {
 #[error(
     "memory budget of {budget} bytes is too small: the spine needs at least {spine} (layers \
      streamed through two buffers; its largest piece is {largest_piece} bytes), sequence state \
-     {state}, stored conversation state {sessions}, headroom {headroom}, and at least {min_slots} expert slots of {slot} bytes; \
+     {state}, stored conversation state {sessions}, headroom {headroom}, the draft model {draft}, and at least {min_slots} expert slots of {slot} bytes; \
      the minimum is {minimum} bytes ({short} more). Raise --memory or use a smaller context."
 )]
 pub struct PlanError {
@@ -267,6 +270,8 @@ pub struct PlanError {
     pub sessions: u64,
     /// Headroom bytes.
     pub headroom: u64,
+    /// Draft-model bytes.
+    pub draft: u64,
     /// Minimum slots.
     pub min_slots: u64,
     /// Slot bytes.
@@ -284,7 +289,7 @@ impl Plan {
     pub fn compute(budget: u64, needs: Needs, mode: SpineMode) -> Result<Self, PlanError> {
         let sp = &needs.pieces;
         let min_cache = needs.min_slots * needs.slot;
-        let others = needs.state + needs.sessions + needs.headroom + min_cache;
+        let others = needs.state + needs.sessions + needs.draft + needs.headroom + min_cache;
         let spine = match mode {
             SpineMode::Mapped => Some(SpinePlan {
                 mode: "mapped",
@@ -312,13 +317,14 @@ impl Plan {
                 state: needs.state,
                 sessions: needs.sessions,
                 headroom: needs.headroom,
+                draft: needs.draft,
                 min_slots: needs.min_slots,
                 slot: needs.slot,
                 minimum,
                 short: minimum.saturating_sub(budget),
             });
         };
-        let fixed = spine.charged + needs.state + needs.sessions + needs.headroom;
+        let fixed = spine.charged + needs.state + needs.sessions + needs.draft + needs.headroom;
         let slots = ((budget - fixed) / needs.slot.max(1)).min(needs.experts.max(needs.min_slots));
         let all_experts_resident = slots >= needs.experts;
         Ok(Self { budget, needs, spine, slots, all_experts_resident })
@@ -371,7 +377,7 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "memory plan: budget {}; {}; state {}; {}headroom {}; expert cache {} slots × {} = {} ({} of {} experts{})",
+            "memory plan: budget {}; {}; state {}; {}headroom {}{}; expert cache {} slots × {} = {} ({} of {} experts{})",
             gib(self.budget),
             self.spine,
             gib(self.needs.state),
@@ -381,6 +387,11 @@ impl fmt::Display for Plan {
                 String::new()
             },
             gib(self.needs.headroom),
+            if self.needs.draft > 0 {
+                format!("; draft model {}", gib(self.needs.draft))
+            } else {
+                String::new()
+            },
             self.slots,
             gib(self.needs.slot),
             gib(self.slots * self.needs.slot),
@@ -415,6 +426,7 @@ mod tests {
             pieces,
             state: 100,
             sessions: 0,
+            draft: 0,
             slot: 50,
             experts: 64,
             min_slots: 4,
@@ -446,6 +458,13 @@ mod tests {
         let e = Plan::compute(600 + 300, serve, SpineMode::Auto).expect_err("sessions do not fit");
         assert_eq!(e.short, 115);
         assert!(e.to_string().contains("stored conversation state 300"), "{e}");
+        let draft = Needs { draft: 250, ..needs(vec![100; 4]) };
+        let p = Plan::compute(2000, draft.clone(), SpineMode::Auto).expect("fits");
+        assert_eq!(p.slots, (2000 - 910 - 100 - 250) / 50);
+        assert!(p.to_string().contains("draft model"), "{p}");
+        let e = Plan::compute(600 + 250, draft, SpineMode::Auto).expect_err("draft does not fit");
+        assert_eq!(e.short, 115);
+        assert!(e.to_string().contains("the draft model 250"), "{e}");
     }
 
     #[test]

@@ -178,6 +178,14 @@ impl Model {
         }
     }
 
+    /// Weight bytes a pass reads besides routed experts (memory traffic, not storage reads).
+    pub fn spine_bytes_per_pass(&self) -> u64 {
+        match self {
+            Self::KimiK3(m) => m.spine_bytes_per_pass(),
+            Self::Qwen3(m) => m.weight_bytes(),
+        }
+    }
+
     /// Runs one pass of `tokens` after the committed positions; see [`kimi_k3::KimiK3::forward`].
     pub fn forward(
         &self,

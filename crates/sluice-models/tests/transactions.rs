@@ -172,3 +172,28 @@ fn bad_tokens_and_foreign_states_are_refused_without_staging() {
     let b = load("qwen3", "tiny-b");
     b.forward(&mut other, &[1], LogitRows::Last, None).unwrap();
 }
+
+#[test]
+fn qwen3_truncate_then_decode_equals_a_sequence_that_stopped_there() {
+    let ckpt = Checkpoint::open(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3/tiny-b"),
+    )
+    .expect("fixture opens");
+    let m = sluice_models::qwen3::Qwen3::load(Arc::new(ckpt)).expect("fixture loads");
+    let mut long = m.new_state();
+    m.forward(&mut long, &SEQ[..12], LogitRows::Last, None).unwrap();
+    long.commit(12);
+    // A staged pass is dropped with the positions.
+    m.forward(&mut long, &SEQ[12..14], LogitRows::All, None).unwrap();
+    long.truncate(7);
+    assert_eq!((long.len(), long.pending()), (7, None));
+    let mut short = m.new_state();
+    m.forward(&mut short, &SEQ[..7], LogitRows::Last, None).unwrap();
+    short.commit(7);
+    let a = m.forward(&mut long, &SEQ[20..23], LogitRows::All, None).unwrap();
+    let b = m.forward(&mut short, &SEQ[20..23], LogitRows::All, None).unwrap();
+    assert_eq!(bits(&a), bits(&b), "truncated state differs from a fresh one");
+    long.commit(3);
+    long.truncate(99);
+    assert_eq!(long.len(), 10, "truncating past the end keeps everything");
+}

@@ -11,6 +11,7 @@
 //! that ship a `tokenizer.json`, such as a Qwen3 draft model, whose text the engine re-encodes
 //! with the target's tokenizer.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// File name of the tokenizer in a checkpoint directory.
@@ -70,6 +71,10 @@ pub struct HfTokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
     vocab_size: usize,
+    /// Added tokens by id: spelling and whether they are special.
+    added: HashMap<u32, (String, bool)>,
+    /// Whether the decoder is `ByteLevel`, so that a BPE token's spelling maps back to bytes.
+    byte_level: bool,
 }
 
 impl std::fmt::Debug for HfTokenizer {
@@ -101,7 +106,14 @@ impl HfTokenizer {
         let inner = tokenizers::Tokenizer::from_bytes(bytes)
             .map_err(|source| HfError::Parse { path: path.clone(), source })?;
         let vocab_size = inner.get_vocab_size(true);
-        Ok(Self { inner, path, vocab_size })
+        let added = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .map(|(id, t)| (id, (t.content, t.special)))
+            .collect();
+        let byte_level =
+            matches!(inner.get_decoder(), Some(tokenizers::decoders::DecoderWrapper::ByteLevel(_)));
+        Ok(Self { inner, path, vocab_size, added, byte_level })
     }
 
     /// The file this tokenizer was loaded from.
@@ -150,6 +162,60 @@ impl HfTokenizer {
     /// Whether `id` is an added token marked `special` (skipped by
     /// `decode(_, skip_special_tokens = true)`).
     pub fn is_special(&self, id: u32) -> bool {
-        self.inner.get_added_tokens_decoder().get(&id).is_some_and(|t| t.special)
+        self.added.get(&id).is_some_and(|t| t.1)
+    }
+
+    /// The raw bytes of one token: an added token's spelling, or, under a `ByteLevel` decoder,
+    /// the bytes its BPE spelling stands for. Unlike [`HfTokenizer::decode`], which returns a
+    /// `String`, this keeps a token that ends inside a UTF-8 sequence exact (a multi-byte
+    /// character split over two tokens). Without a `ByteLevel` decoder the token is decoded
+    /// alone, which is exact for tokenizers whose tokens are whole characters.
+    pub fn token_bytes(&self, id: u32) -> Result<Vec<u8>, HfError> {
+        if let Some((content, _)) = self.added.get(&id) {
+            return Ok(content.as_bytes().to_vec());
+        }
+        let unknown = || HfError::UnknownId { id, vocab: self.vocab_size };
+        let spelling = self.inner.id_to_token(id).ok_or_else(unknown)?;
+        if !self.byte_level {
+            return self.decode(&[id], false).map(String::into_bytes);
+        }
+        // ByteLevel (GPT-2 `bytes_to_unicode`): every byte is spelled by one printable char.
+        spelling.chars().map(|c| byte_of_char(c).ok_or_else(unknown)).collect()
+    }
+}
+
+/// The byte GPT-2's `bytes_to_unicode` spells as `c`: printable Latin-1 bytes stand for
+/// themselves, the other 68 bytes are shifted to U+0100.. in byte order.
+fn byte_of_char(c: char) -> Option<u8> {
+    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || b >= 0xae;
+    let cp = u32::from(c);
+    if cp < 0x100 {
+        return printable(cp).then(|| u8::try_from(cp).ok()).flatten();
+    }
+    // The n-th non-printable byte (in byte order) is spelled U+0100 + n.
+    let n = cp - 0x100;
+    (0u32..256)
+        .filter(|&b| !printable(b))
+        .nth(usize::try_from(n).ok()?)
+        .and_then(|b| u8::try_from(b).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::byte_of_char;
+
+    #[test]
+    fn byte_level_alphabet_round_trips() {
+        // Space is the 33rd non-printable byte (after 0x00..=0x20's first 32): spelled 'Ġ'.
+        assert_eq!(byte_of_char('Ġ'), Some(b' '));
+        assert_eq!(byte_of_char('Ċ'), Some(b'\n'));
+        assert_eq!(byte_of_char('a'), Some(b'a'));
+        assert_eq!(byte_of_char('\u{00ad}'), None, "0xAD is spelled U+0143, not itself");
+        assert_eq!(byte_of_char('Ń'), Some(0xad));
+        let mut seen: Vec<u8> =
+            (0x21u32..0x200).filter_map(|c| char::from_u32(c).and_then(byte_of_char)).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 256, "every byte has exactly one spelling");
     }
 }

@@ -96,3 +96,28 @@ fn errors_name_the_cause() {
     let e = HfTokenizer::from_bytes(b"\xff\xfe", "bin/tokenizer.json").unwrap_err();
     assert!(e.to_string().contains("bin/tokenizer.json"), "{e}");
 }
+
+#[test]
+fn token_bytes_concatenate_to_the_text_even_across_split_characters() {
+    for name in FIXTURES {
+        let tok = HfTokenizer::from_dir(fixture(name)).unwrap();
+        let g = golden(name);
+        let mut split_chars = 0;
+        for case in g["tokenizer_cases"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            let want = ids(&case["ids"]);
+            let mut bytes = Vec::new();
+            for &id in &want {
+                let b = tok.token_bytes(id).unwrap();
+                split_chars += usize::from(std::str::from_utf8(&b).is_err());
+                bytes.extend_from_slice(&b);
+            }
+            // The fixture tokenizer has an NFC normalizer: compare with the decoded text, which
+            // equals the normalized input.
+            let decoded = case["decoded"].as_str().unwrap();
+            assert_eq!(bytes, decoded.as_bytes(), "{name}: bytes of {text:?}");
+        }
+        assert!(split_chars > 0, "{name}: some case splits a character between tokens");
+        assert!(matches!(tok.token_bytes(100_000), Err(HfError::UnknownId { .. })));
+    }
+}

@@ -193,6 +193,14 @@ impl KimiK3 {
         })
     }
 
+    /// Weight bytes every pass sweeps besides routed experts: the spine without the embedding
+    /// table, of which a pass reads only its own rows.
+    pub fn spine_bytes_per_pass(&self) -> u64 {
+        let inv = inventory::inventory(&self.ckpt, &self.cfg);
+        let (_, embed) = inv.kinds.get("embedding").copied().unwrap_or_default();
+        inv.spine_bytes.saturating_sub(embed)
+    }
+
     /// The typed configuration.
     pub fn config(&self) -> &K3Config {
         &self.cfg

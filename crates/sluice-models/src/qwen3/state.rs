@@ -102,6 +102,18 @@ impl Qwen3State {
         }
     }
 
+    /// Forgets every committed position from `len` on (a no-op when `len` is not shorter), and
+    /// any staged pass. A KV cache row depends only on its own token and position, so the state
+    /// afterwards equals the state of a sequence that stopped at `len`; a draft model uses this
+    /// to roll back what the target rejected.
+    pub fn truncate(&mut self, len: usize) {
+        self.pending = None;
+        self.committed = self.committed.min(len);
+        for l in &mut self.layers {
+            l.truncate(self.committed);
+        }
+    }
+
     /// Bytes this state holds (charged to the memory budget by the engine).
     pub fn byte_len(&self) -> usize {
         self.layers.iter().map(|l| 4 * (l.k.capacity() + l.v.capacity())).sum()
