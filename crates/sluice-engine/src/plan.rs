@@ -255,7 +255,8 @@ pub struct Plan {
     "memory budget of {budget} bytes is too small: the spine needs at least {spine} (layers \
      streamed through two buffers; its largest piece is {largest_piece} bytes), sequence state \
      {state}, stored conversation state {sessions}, headroom {headroom}, the draft model {draft}, and at least {min_slots} expert slots of {slot} bytes; \
-     the minimum is {minimum} bytes ({short} more). Raise --memory or use a smaller context."
+     the minimum is {minimum} bytes ({short} more). Raise --memory or use a smaller context \
+     (or a smaller --session-memory)."
 )]
 pub struct PlanError {
     /// The budget.

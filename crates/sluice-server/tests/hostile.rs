@@ -152,9 +152,12 @@ fn slow_bodies_time_out_while_others_are_served() {
 
 #[test]
 fn disconnects_cancel_generation_and_free_the_slot() {
-    let s = Server::start(&["--model", &tiny_a(), "--queue", "0"]);
-    let long = json!({"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4000,
-                      "reasoning_effort": "none", "temperature": 1.0, "seed": 3});
+    // Greedy on tiny-a never emits the stop token: 30000 tokens run for well over a minute, so
+    // the generation is still running when the hang-up is noticed, even on a loaded machine
+    // where the HTTP side lags the engine. (A sampled reply may end by itself first.)
+    let s = Server::start(&["--model", &tiny_a(), "--queue", "0", "--max-tokens", "30000"]);
+    let long = json!({"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30000,
+                      "reasoning_effort": "none", "temperature": 0.0});
     // Streaming: read the first events, then hang up.
     let mut body = long.clone();
     body["stream"] = json!(true);

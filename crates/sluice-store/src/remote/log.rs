@@ -273,7 +273,7 @@ mod tests {
     fn damaged_lines_do_not_count_as_present() {
         let good = present(0, 1).line();
         let text = format!(
-            "{}{}+ 0 2 {} x:1:2\n+ 0 3 nothex m:1:2\n",
+            "{}{}\n+ 0 2 {} x:1:2\n+ 0 3 nothex m:1:2\n",
             header("c"),
             &good[..good.len() - 8],
             "ab".repeat(32)
