@@ -14,7 +14,7 @@
 //! Only AVX-512F instructions are used (no byte-granular masks, which need BW), so F alone
 //! is required. All loads and stores are unaligned.
 
-use super::{same, Row};
+use super::{prefetch_line, same, tile_ahead, Row};
 use crate::matmul::{e8m0_to_f32, E2M1};
 use crate::tiled::{Kernel, Lanes};
 use core::arch::x86_64::*;
@@ -83,27 +83,28 @@ impl Kernel for Avx512 {
             // SAFETY: `lanes` holds 16 f32.
             *ar = unsafe { _mm512_loadu_ps(lanes.as_ptr()) };
         }
+        let ahead = tile_ahead::<R>(rows[0]);
         match rows[0] {
             Row::F32(_) => {
                 let w = same(rows, |r| match r {
                     Row::F32(w) => Some(&w[4 * c0..4 * (c0 + n)]),
                     _ => None,
                 });
-                f32_one(w, x, &mut a);
+                f32_one(w, x, &mut a, ahead);
             }
             Row::Bf16(_) => {
                 let w = same(rows, |r| match r {
                     Row::Bf16(w) => Some(&w[2 * c0..2 * (c0 + n)]),
                     _ => None,
                 });
-                bf16_one(w, x, &mut a);
+                bf16_one(w, x, &mut a, ahead);
             }
             Row::Int8 { .. } => {
                 let w = same(rows, |r| match r {
                     Row::Int8 { values, scale } => Some((&values[c0..c0 + n], scale)),
                     _ => None,
                 });
-                int8_one(w, x, &mut a);
+                int8_one(w, x, &mut a, ahead);
             }
             Row::Mxfp4 { .. } => {
                 assert!(c0.is_multiple_of(32) && n.is_multiple_of(32), "mxfp4 span");
@@ -160,9 +161,14 @@ impl Kernel for Avx512 {
 
 /// f32 rows against one activation row.
 #[target_feature(enable = "avx512f")]
-fn f32_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut [__m512; R]) {
+fn f32_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut [__m512; R], ahead: usize) {
     assert!(w.iter().all(|w| w.len() == 4 * x.len()) && x.len().is_multiple_of(16));
     for c in (0..x.len()).step_by(16) {
+        if (4 * c).is_multiple_of(64) {
+            for wr in &w {
+                prefetch_line(wr.as_ptr().wrapping_add(4 * c + ahead));
+            }
+        }
         // SAFETY: `c + 16 <= x.len()`, and each row holds `4 * x.len()` bytes (asserted).
         let xv = unsafe { _mm512_loadu_ps(x.as_ptr().add(c)) };
         for (wr, ar) in w.iter().zip(a.iter_mut()) {
@@ -182,9 +188,14 @@ fn widen_bf16_512(v: __m256i) -> __m512 {
 
 /// bf16 rows against one activation row.
 #[target_feature(enable = "avx512f")]
-fn bf16_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut [__m512; R]) {
+fn bf16_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut [__m512; R], ahead: usize) {
     assert!(w.iter().all(|w| w.len() == 2 * x.len()) && x.len().is_multiple_of(16));
     for c in (0..x.len()).step_by(16) {
+        if (2 * c).is_multiple_of(64) {
+            for wr in &w {
+                prefetch_line(wr.as_ptr().wrapping_add(2 * c + ahead));
+            }
+        }
         // SAFETY: `c + 16 <= x.len()`, and each row holds `2 * x.len()` bytes (asserted).
         let xv = unsafe { _mm512_loadu_ps(x.as_ptr().add(c)) };
         for (wr, ar) in w.iter().zip(a.iter_mut()) {
@@ -197,10 +208,15 @@ fn bf16_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut [__m512; R]) {
 
 /// int8 rows against one activation row: `f32(q) · scale`, the reference's expression.
 #[target_feature(enable = "avx512f")]
-fn int8_one<const R: usize>(w: [(&[u8], f32); R], x: &[f32], a: &mut [__m512; R]) {
+fn int8_one<const R: usize>(w: [(&[u8], f32); R], x: &[f32], a: &mut [__m512; R], ahead: usize) {
     assert!(w.iter().all(|(q, _)| q.len() == x.len()) && x.len().is_multiple_of(16));
     let scales: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(w[r].1));
     for c in (0..x.len()).step_by(16) {
+        if c.is_multiple_of(64) {
+            for wr in &w {
+                prefetch_line(wr.0.as_ptr().wrapping_add(c + ahead));
+            }
+        }
         // SAFETY: `c + 16 <= x.len()`, and each row holds `x.len()` bytes (asserted).
         let xv = unsafe { _mm512_loadu_ps(x.as_ptr().add(c)) };
         for (((q, _), s), ar) in w.iter().zip(&scales).zip(a.iter_mut()) {

@@ -104,6 +104,32 @@ pub(crate) fn prefetch(bytes: &[u8]) {
     let _ = bytes;
 }
 
+/// Asks the CPU to start loading the cache line holding `p` into its L2 cache; changes no
+/// result. Any address will do: a prefetch never faults, and callers form `p` with
+/// `wrapping_add`, so it may point past the matrix.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_line(p: *const u8) {
+    use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    // SAFETY: a prefetch never faults and has no architectural effect (SSE, which provides
+    // it, is part of x86-64).
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) };
+}
+
+/// Bytes from an element of a tile of `R` rows of a dense matrix to the same column `R` rows
+/// further on: the rows of a matrix are contiguous, so this is where the next tile's bytes
+/// lie. The one-row kernels prefetch there as they go, one cache line per line consumed, so
+/// the next tile streams in while this one is computed (prefetching whole blocks at once
+/// left the loads waiting on memory; measured in `sluice probe --kernels`).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn tile_ahead<const R: usize>(row: Row<'_>) -> usize {
+    R * match row {
+        Row::F32(w) | Row::Bf16(w) => w.len(),
+        Row::Int8 { values, .. } => values.len(),
+        Row::Mxfp4 { packed, .. } => packed.len(),
+    }
+}
+
 /// The portable tier: element-by-element widening and lane-by-lane fused multiply-adds.
 pub(crate) struct Portable;
 

@@ -24,7 +24,7 @@
 
 mod mxfp4;
 
-use super::{same, Row};
+use super::{prefetch_line, same, tile_ahead, Row};
 use crate::tiled::{fold_one_buffered, Kernel, Lanes};
 use core::arch::x86_64::*;
 use mxfp4::{all_fast, mxfp4_one, mxfp4s};
@@ -123,6 +123,7 @@ impl Kernel for Avx2 {
                 [_mm256_loadu_ps(lanes.as_ptr()), _mm256_loadu_ps(lanes.as_ptr().add(8))]
             };
         }
+        let ahead = tile_ahead::<R>(rows[0]);
         match rows[0] {
             Row::F32(_) => f32_one(
                 same(rows, |r| match r {
@@ -131,6 +132,7 @@ impl Kernel for Avx2 {
                 }),
                 x,
                 &mut a,
+                ahead,
             ),
             Row::Bf16(_) => bf16_one(
                 same(rows, |r| match r {
@@ -139,6 +141,7 @@ impl Kernel for Avx2 {
                 }),
                 x,
                 &mut a,
+                ahead,
             ),
             Row::Int8 { .. } => int8_one(
                 same(rows, |r| match r {
@@ -147,6 +150,7 @@ impl Kernel for Avx2 {
                 }),
                 x,
                 &mut a,
+                ahead,
             ),
             Row::Mxfp4 { .. } => {
                 mxfp4_one(
@@ -189,11 +193,16 @@ const BF16_SPREAD: [u8; 32] = {
 
 /// f32 rows against one activation row.
 #[target_feature(enable = "avx2,fma")]
-fn f32_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut Acc2<R>) {
+fn f32_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut Acc2<R>, ahead: usize) {
     assert!(w.iter().all(|w| w.len() == 4 * x.len()) && x.len().is_multiple_of(16));
     // A local copy: through `a` the compiler stores every accumulator on each step.
     let mut acc = *a;
     for c in (0..x.len()).step_by(16) {
+        if (4 * c).is_multiple_of(64) {
+            for wr in &w {
+                prefetch_line(wr.as_ptr().wrapping_add(4 * c + ahead));
+            }
+        }
         // SAFETY: `c + 16 <= x.len()`.
         let (xl, xh) =
             unsafe { (_mm256_loadu_ps(x.as_ptr().add(c)), _mm256_loadu_ps(x.as_ptr().add(c + 8))) };
@@ -213,13 +222,18 @@ fn f32_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut Acc2<R>) {
 /// bf16 rows against one activation row: each eight weights are one 16-byte broadcast load
 /// and one in-lane byte shuffle that places every pattern in the high half of its f32 lane.
 #[target_feature(enable = "avx2,fma")]
-fn bf16_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut Acc2<R>) {
+fn bf16_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut Acc2<R>, ahead: usize) {
     assert!(w.iter().all(|w| w.len() == 2 * x.len()) && x.len().is_multiple_of(16));
     // SAFETY: the table is 32 bytes.
     let spread = unsafe { _mm256_loadu_si256(BF16_SPREAD.as_ptr().cast()) };
     // A local copy: through `a` the compiler stores every accumulator on each step.
     let mut acc = *a;
     for c in (0..x.len()).step_by(16) {
+        if (2 * c).is_multiple_of(64) {
+            for wr in &w {
+                prefetch_line(wr.as_ptr().wrapping_add(2 * c + ahead));
+            }
+        }
         // SAFETY: `c + 16 <= x.len()`.
         let (xl, xh) =
             unsafe { (_mm256_loadu_ps(x.as_ptr().add(c)), _mm256_loadu_ps(x.as_ptr().add(c + 8))) };
@@ -247,12 +261,17 @@ fn bf16_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut Acc2<R>) {
 /// an exact conversion, and one multiplication by the row scale, which is exact (see
 /// [`crate::matmul`]) and so the reference's value.
 #[target_feature(enable = "avx2,fma")]
-fn int8_one<const R: usize>(w: [(&[u8], f32); R], x: &[f32], a: &mut Acc2<R>) {
+fn int8_one<const R: usize>(w: [(&[u8], f32); R], x: &[f32], a: &mut Acc2<R>, ahead: usize) {
     assert!(w.iter().all(|(q, _)| q.len() == x.len()) && x.len().is_multiple_of(16));
     let scales: [__m256; R] = w.map(|(_, s)| _mm256_set1_ps(s));
     // A local copy: through `a` the compiler stores every accumulator on each step.
     let mut acc = *a;
     for c in (0..x.len()).step_by(16) {
+        if c.is_multiple_of(64) {
+            for wr in &w {
+                prefetch_line(wr.0.as_ptr().wrapping_add(c + ahead));
+            }
+        }
         // SAFETY: `c + 16 <= x.len()`.
         let (xl, xh) =
             unsafe { (_mm256_loadu_ps(x.as_ptr().add(c)), _mm256_loadu_ps(x.as_ptr().add(c + 8))) };
