@@ -10,9 +10,9 @@
 //!
 //! - **One activation row** (decode, the common case): row tiles of four, long spans, and the
 //!   next tile's bytes prefetched while this one is computed (weights are read several rows at
-//!   a time, which hardware prefetchers follow poorly). Dense formats prefetch inside the
-//!   kernel, a cache line of the next tile per line consumed; MXFP4 names the next row block's
-//!   bytes between spans.
+//!   a time, which hardware prefetchers follow poorly). The kernels prefetch as they go, a
+//!   cache line of the next tile per line consumed (bursts of prefetches between spans left
+//!   the loads queued behind them); MXFP4's block scales are named between spans.
 //! - **Several rows: decode once, reuse for every token.** Each row's [`CHUNK`]-column span is
 //!   widened once per block of up to [`TOKEN_BLOCK`] activation rows into a stack buffer, so
 //!   a verification pass of 8 rows pays the MXFP4 or int8 decode once, not eight times.
@@ -182,9 +182,12 @@ unsafe fn run_blocks<K: Kernel, const TB: usize>(
     for r0 in rows.clone().step_by(ROW_BLOCK) {
         let rb = ROW_BLOCK.min(rows.end - r0);
         let block: [Row<'_>; ROW_BLOCK] = std::array::from_fn(|i| m.row((r0 + i).min(r0 + rb - 1)));
-        // MXFP4 only: the dense one-row kernels prefetch the next tile themselves as they go.
+        // The one-row kernels prefetch the next tile's weights themselves as they go; MXFP4's
+        // block scales (a sixteenth of its bytes) are named here.
         let next = match m.format() {
-            WeightFormat::Mxfp4 => m.rows_bytes(r0 + ROW_BLOCK..(r0 + 2 * ROW_BLOCK).min(rows.end)),
+            WeightFormat::Mxfp4 => {
+                [&[][..], m.rows_bytes(r0 + ROW_BLOCK..(r0 + 2 * ROW_BLOCK).min(rows.end))[1]]
+            }
             _ => [&[][..]; 2],
         };
         for t0 in (0..t).step_by(TB) {

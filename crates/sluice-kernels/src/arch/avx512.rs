@@ -114,7 +114,7 @@ impl Kernel for Avx512 {
                     }
                     _ => None,
                 });
-                mxfp4_one(w, x, &mut a);
+                mxfp4_one(w, x, &mut a, ahead);
             }
         }
         for (v, lanes) in a.iter().zip(acc) {
@@ -230,13 +230,18 @@ fn int8_one<const R: usize>(w: [(&[u8], f32); R], x: &[f32], a: &mut [__m512; R]
 
 /// MXFP4 rows against one activation row, a block at a time, decoded as [`mxfp4s`] decodes.
 #[target_feature(enable = "avx512f")]
-fn mxfp4_one<const R: usize>(w: [(&[u8], &[u8]); R], x: &[f32], a: &mut [__m512; R]) {
+fn mxfp4_one<const R: usize>(w: [(&[u8], &[u8]); R], x: &[f32], a: &mut [__m512; R], ahead: usize) {
     let blocks = x.len() / 32;
     assert!(x.len().is_multiple_of(32));
     assert!(w.iter().all(|(p, s)| p.len() == 16 * blocks && s.len() == blocks));
     // SAFETY: `E2M1` holds 16 f32.
     let lut = unsafe { _mm512_loadu_ps(E2M1.as_ptr()) };
     for b in 0..blocks {
+        if b.is_multiple_of(4) {
+            for (packed, _) in &w {
+                prefetch_line(packed.as_ptr().wrapping_add(16 * b + ahead));
+            }
+        }
         // SAFETY: `32 * b + 32 <= x.len()`.
         let xv = unsafe {
             [_mm512_loadu_ps(x.as_ptr().add(32 * b)), _mm512_loadu_ps(x.as_ptr().add(32 * b + 16))]

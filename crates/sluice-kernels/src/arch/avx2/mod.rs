@@ -162,6 +162,7 @@ impl Kernel for Avx2 {
                     }),
                     x,
                     &mut a,
+                    ahead,
                 );
             }
         }

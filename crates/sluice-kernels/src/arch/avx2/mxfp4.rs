@@ -17,6 +17,7 @@
 //! result (see the parent module).
 
 use super::{Acc2, SPREAD};
+use crate::arch::prefetch_line;
 use crate::matmul::{e8m0_to_f32, E2M1};
 use core::arch::x86_64::*;
 
@@ -49,7 +50,12 @@ pub(super) fn all_fast(scales: &[u8]) -> bool {
 /// ([`all_fast`]); the caller checks that once per span (a scale outside it would give a
 /// wrong value, never an unsafe access, so the kernels below only debug-assert it).
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn mxfp4_one<const R: usize>(w: [(&[u8], &[u8]); R], x: &[f32], a: &mut Acc2<R>) {
+pub(super) fn mxfp4_one<const R: usize>(
+    w: [(&[u8], &[u8]); R],
+    x: &[f32],
+    a: &mut Acc2<R>,
+    ahead: usize,
+) {
     let blocks = x.len() / 32;
     assert!(x.len().is_multiple_of(32));
     assert!(w.iter().all(|(p, s)| p.len() == 16 * blocks && s.len() == blocks));
@@ -70,7 +76,7 @@ pub(super) fn mxfp4_one<const R: usize>(w: [(&[u8], &[u8]); R], x: &[f32], a: &m
             let (b0, nb) = (k * PAIR_SPAN / 32, xs.len() / 32);
             let rows =
                 [w[r], w[r + 1]].map(|(p, s)| (&p[16 * b0..16 * (b0 + nb)], &s[b0..b0 + nb]));
-            mxfp4_pair(&d, rows, xs, &mut pair);
+            mxfp4_pair(&d, rows, xs, &mut pair, ahead);
         }
         a[r] = [
             _mm256_permute2f128_ps::<0x20>(pair[0], pair[1]),
@@ -119,9 +125,10 @@ const fn spread4(first: u8) -> [u8; 32] {
 /// register and row b in the high one: the nibble split, the table lookup and the interleave
 /// then serve both rows at once, and each spread yields four columns of both rows. The
 /// accumulators are `[a lanes 4k..4k + 4 | b lanes 4k..4k + 4]` for `k < 4`; activations are
-/// broadcast to both lanes four at a time. Values equal [`Decoder::fast`]'s.
+/// broadcast to both lanes four at a time. Values equal [`Decoder::fast`]'s. Each 64 bytes of
+/// a row consumed prefetch a line `ahead` bytes on.
 #[target_feature(enable = "avx2,fma")]
-fn mxfp4_pair(d: &Decoder, w: [(&[u8], &[u8]); 2], x: &[f32], acc: &mut [__m256; 4]) {
+fn mxfp4_pair(d: &Decoder, w: [(&[u8], &[u8]); 2], x: &[f32], acc: &mut [__m256; 4], ahead: usize) {
     let blocks = x.len() / 32;
     assert!(x.len().is_multiple_of(32) && blocks <= PAIR_SPAN / 32);
     assert!(w.iter().all(|(p, s)| p.len() == 16 * blocks && s.len() == blocks));
@@ -142,6 +149,11 @@ fn mxfp4_pair(d: &Decoder, w: [(&[u8], &[u8]); 2], x: &[f32], acc: &mut [__m256;
     let mut a = *acc;
     let [fa, fb] = &factors;
     for (b, (fa, fb)) in fa.iter().zip(fb).enumerate().take(blocks) {
+        if b.is_multiple_of(4) {
+            // The next tile's bytes at this column (see `tile_ahead`).
+            prefetch_line(pa.as_ptr().wrapping_add(16 * b + ahead));
+            prefetch_line(pb.as_ptr().wrapping_add(16 * b + ahead));
+        }
         // SAFETY: block `b < blocks` owns bytes `16 * b..16 * b + 16` of each row.
         let bytes = unsafe {
             _mm256_loadu2_m128i(pb.as_ptr().add(16 * b).cast(), pa.as_ptr().add(16 * b).cast())
