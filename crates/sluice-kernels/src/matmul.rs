@@ -232,11 +232,11 @@ impl<'a> Matrix<'a> {
         }
     }
 
-    /// Writes row `r` widened to f32 into `out` (`cols` long).
+    /// Writes row `r` widened to f32 (the values [`Matrix::get`] gives) into the first
+    /// `cols` elements of `out` (all of it when shorter).
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
-        for (c, o) in out.iter_mut().enumerate().take(self.cols) {
-            *o = self.get(r, c);
-        }
+        let n = out.len().min(self.cols);
+        self.row(r).widen(0, &mut out[..n]);
     }
 }
 

@@ -324,6 +324,41 @@ pub fn with_current<R>(f: impl FnOnce(&Pool) -> R) -> R {
     }
 }
 
+/// `f(0), …, f(n − 1)` computed on the current pool ([`with_current`]), in index order. The
+/// model code uses it for work split over heads; a kernel call inside `f` finds the pool busy
+/// and runs inline, so no second pool competes for the cores.
+pub fn map<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let slots: Vec<Mutex<Option<T>>> = (0..n).map(|_| Mutex::new(None)).collect();
+    with_current(|pool| {
+        pool.run(n, &|i| {
+            let v = f(i);
+            *slots[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(v);
+        });
+    });
+    slots
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .expect("invariant: `run` returns after every index ran (a panic propagates)")
+        })
+        .collect()
+}
+
+/// [`map`] over the `chunk`-element pieces of `data` (the last may be shorter), each piece
+/// handed to `f` with its index, mutably.
+pub fn map_chunks_mut<E: Send, T: Send>(
+    data: &mut [E],
+    chunk: usize,
+    f: impl Fn(usize, &mut [E]) -> T + Sync,
+) -> Vec<T> {
+    let parts: Vec<Mutex<&mut [E]>> = data.chunks_mut(chunk.max(1)).map(Mutex::new).collect();
+    map(parts.len(), |i| {
+        let mut part = parts[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(i, &mut part)
+    })
+}
+
 /// The process-wide pool: `SLUICE_THREADS` threads when that is a positive number, else one
 /// per available core. Started on first use; if helpers cannot be started, calls run on the
 /// calling thread alone.
@@ -358,6 +393,22 @@ mod tests {
                 assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "{threads} {chunks}");
             }
         }
+    }
+
+    #[test]
+    fn map_keeps_index_order_and_chunks_are_disjoint() {
+        let pool = Pool::new(3).expect("pool");
+        pool.install(|| {
+            assert_eq!(map(100, |i| i * i), (0..100).map(|i| i * i).collect::<Vec<_>>());
+            let mut data: Vec<usize> = vec![0; 10];
+            let sums = map_chunks_mut(&mut data, 4, |i, part| {
+                part.iter_mut().for_each(|v| *v = i + 1);
+                part.len()
+            });
+            assert_eq!(sums, vec![4, 4, 2]);
+            assert_eq!(data, vec![1, 1, 1, 1, 2, 2, 2, 2, 3, 3]);
+            assert!(map(0, |i| i).is_empty());
+        });
     }
 
     #[test]

@@ -11,7 +11,6 @@ use super::config::K3Config;
 use super::state::{KdaLayer, KdaRow};
 use super::weights::KdaWeights;
 use super::Ctx;
-use rayon::prelude::*;
 use sluice_kernels::ops::{causal_conv_silu_step, kda_step, l2_norm_inplace, rms_norm, sigmoid};
 
 /// Runs the layer on `x [T, d]` (already `input_layernorm`-ed), staging state changes in `st`.
@@ -88,12 +87,8 @@ pub(crate) fn forward(
 
     // Recurrence, heads in parallel (each head owns a disjoint block of the state).
     let mut o = vec![0.0f32; t * p];
-    let mut per_head: Vec<Vec<f32>> = st
-        .work
-        .s
-        .par_chunks_mut(dd * dd)
-        .enumerate()
-        .map(|(hi, s)| {
+    let mut per_head: Vec<Vec<f32>> =
+        sluice_kernels::pool::map_chunks_mut(&mut st.work.s, dd * dd, |hi, s| {
             let mut out = vec![0.0f32; t * dd];
             for (ti, row) in rows.iter().enumerate() {
                 let r = hi * dd..(hi + 1) * dd;
@@ -108,8 +103,7 @@ pub(crate) fn forward(
                 );
             }
             out
-        })
-        .collect();
+        });
     for (hi, out) in per_head.iter_mut().enumerate() {
         for ti in 0..t {
             o[ti * p + hi * dd..ti * p + (hi + 1) * dd]

@@ -12,7 +12,6 @@ use super::config::K3Config;
 use super::state::MlaLayer;
 use super::weights::MlaWeights;
 use super::Ctx;
-use rayon::prelude::*;
 use sluice_kernels::ops::{dot_f64, rms_norm, sigmoid, softmax_inplace};
 use sluice_kernels::{matmul, Matrix, WeightFormat};
 
@@ -51,52 +50,49 @@ pub(crate) fn forward(
     let (lat_all, pe_all) = (&st.lat, &st.pe);
 
     // Per head: absorbed attention for every row.
-    let heads: Vec<Vec<f32>> = (0..h)
-        .into_par_iter()
-        .map(|hi| {
-            // Head hi owns rows [hi·(nope+vd), (hi+1)·(nope+vd)): W_UK first, then W_UV.
-            let first = hi * (nope + vd);
-            let wm = rows_of(&kv_b, first, nope + vd);
-            let w_uv = rows_of(&kv_b, first + nope, vd);
-            let mut out = vec![0.0f32; t * vd];
-            let mut wrow = vec![0.0f32; kl];
-            let mut q_lat = vec![0.0f64; kl];
-            for ti in 0..t {
-                let qrow = &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
-                // q_lat = W_UKᵀ q_nope (sum over the nope index in order).
-                q_lat.iter_mut().for_each(|v| *v = 0.0);
-                for (i, &qn) in qrow[..nope].iter().enumerate() {
-                    wm.row_to_f32(i, &mut wrow);
-                    for (a, &wv) in q_lat.iter_mut().zip(&wrow) {
-                        *a += f64::from(qn) * f64::from(wv);
-                    }
+    let heads: Vec<Vec<f32>> = sluice_kernels::pool::map(h, |hi| {
+        // Head hi owns rows [hi·(nope+vd), (hi+1)·(nope+vd)): W_UK first, then W_UV.
+        let first = hi * (nope + vd);
+        let wm = rows_of(&kv_b, first, nope + vd);
+        let w_uv = rows_of(&kv_b, first + nope, vd);
+        let mut out = vec![0.0f32; t * vd];
+        let mut wrow = vec![0.0f32; kl];
+        let mut q_lat = vec![0.0f64; kl];
+        for ti in 0..t {
+            let qrow = &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
+            // q_lat = W_UKᵀ q_nope (sum over the nope index in order).
+            q_lat.iter_mut().for_each(|v| *v = 0.0);
+            for (i, &qn) in qrow[..nope].iter().enumerate() {
+                wm.row_to_f32(i, &mut wrow);
+                for (a, &wv) in q_lat.iter_mut().zip(&wrow) {
+                    *a += f64::from(qn) * f64::from(wv);
                 }
-                #[allow(clippy::cast_possible_truncation)]
-                let q_lat32: Vec<f32> = q_lat.iter().map(|&v| v as f32).collect();
-                let upto = past + ti + 1;
-                let mut scores: Vec<f32> = (0..upto)
-                    .map(|pos| {
-                        let s = dot_f64(&q_lat32, &lat_all[pos * kl..(pos + 1) * kl])
-                            + dot_f64(&qrow[nope..], &pe_all[pos * rope..(pos + 1) * rope]);
-                        #[allow(clippy::cast_possible_truncation)]
-                        let s = s as f32;
-                        s * scale
-                    })
-                    .collect();
-                softmax_inplace(&mut scores);
-                let mut ctxv = vec![0.0f64; kl];
-                for (pos, &pr) in scores.iter().enumerate() {
-                    for (a, &l) in ctxv.iter_mut().zip(&lat_all[pos * kl..(pos + 1) * kl]) {
-                        *a += f64::from(pr) * f64::from(l);
-                    }
-                }
-                #[allow(clippy::cast_possible_truncation)]
-                let ctx32: Vec<f32> = ctxv.iter().map(|&v| v as f32).collect();
-                matmul(&w_uv, &ctx32, 1, &mut out[ti * vd..(ti + 1) * vd]);
             }
-            out
-        })
-        .collect();
+            #[allow(clippy::cast_possible_truncation)]
+            let q_lat32: Vec<f32> = q_lat.iter().map(|&v| v as f32).collect();
+            let upto = past + ti + 1;
+            let mut scores: Vec<f32> = (0..upto)
+                .map(|pos| {
+                    let s = dot_f64(&q_lat32, &lat_all[pos * kl..(pos + 1) * kl])
+                        + dot_f64(&qrow[nope..], &pe_all[pos * rope..(pos + 1) * rope]);
+                    #[allow(clippy::cast_possible_truncation)]
+                    let s = s as f32;
+                    s * scale
+                })
+                .collect();
+            softmax_inplace(&mut scores);
+            let mut ctxv = vec![0.0f64; kl];
+            for (pos, &pr) in scores.iter().enumerate() {
+                for (a, &l) in ctxv.iter_mut().zip(&lat_all[pos * kl..(pos + 1) * kl]) {
+                    *a += f64::from(pr) * f64::from(l);
+                }
+            }
+            #[allow(clippy::cast_possible_truncation)]
+            let ctx32: Vec<f32> = ctxv.iter().map(|&v| v as f32).collect();
+            matmul(&w_uv, &ctx32, 1, &mut out[ti * vd..(ti + 1) * vd]);
+        }
+        out
+    });
     debug_assert_eq!(total, st.lat.len() / kl);
 
     let mut attn = vec![0.0f32; t * h * vd];

@@ -186,6 +186,11 @@ impl KimiK3 {
     }
 
     /// The next MoE layer after `i` and its weights.
+    /// The first MoE layer, if any.
+    fn first_moe(&self) -> Option<usize> {
+        self.weights.layers.iter().position(|l| matches!(l.ffn, Ffn::Moe(_)))
+    }
+
     fn next_moe(&self, i: usize) -> Option<(usize, &weights::MoeWeights)> {
         self.weights.layers.iter().enumerate().skip(i + 1).find_map(|(j, l)| match &l.ffn {
             Ffn::Moe(w) => Some((j, &**w)),
@@ -341,6 +346,9 @@ impl KimiK3 {
             } else {
                 Some(cur)
             };
+            if let (true, Ffn::Moe(w)) = (self.prefetch && self.first_moe() == Some(i), &lw.ffn) {
+                moe::guess_first(ctx, w, c, i, &norm_rows(&mixed, &lw.post_norm), t);
+            }
             let a_in = norm_rows(&mixed, &lw.input_norm);
             Trace::put(trace, || format!("layer{i}.attn_in"), &a_in);
             let a = match (&lw.attn, &mut state.layers[i]) {

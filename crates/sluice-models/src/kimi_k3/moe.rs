@@ -55,6 +55,32 @@ pub(crate) fn mlp(ctx: &Ctx<'_>, w: &MlpWeights, c: &K3Config, x: &[f32], t: usi
     ctx.mm(&w.down, &a, t)
 }
 
+/// The experts the router `logits [T, E]` pick for any row, sorted and distinct.
+fn route_union(logits: &[f32], bias: &[f32], c: &K3Config) -> Vec<u32> {
+    let mut ids: Vec<u32> =
+        logits.chunks_exact(c.num_experts).flat_map(|l| route(l, bias, c).ids).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Guesses the experts of the first MoE layer from `x`, that layer's input before its
+/// attention has run (normed with the layer's post-attention norm), and hands the guess to
+/// the store, which reads it while the attention computes. Layers after it are guessed by
+/// the layer before them (see [`forward`]); the first has no layer before it. A wrong guess
+/// costs bandwidth, never output, and the store's gate stops reading guesses that do not pay.
+pub(crate) fn guess_first(
+    ctx: &Ctx<'_>,
+    w: &MoeWeights,
+    c: &K3Config,
+    layer: usize,
+    x: &[f32],
+    t: usize,
+) {
+    let ids = route_union(&ctx.mm(&w.router, x, t), &w.bias, c);
+    ctx.experts.prefetch(layer, &ids);
+}
+
 /// Where an MoE block sits: its layer, and the next MoE layer to prefetch for (if any).
 pub(crate) struct Position<'a> {
     pub(crate) layer: usize,
@@ -87,12 +113,7 @@ pub(crate) fn forward(
     // (waited for here); no guess if it is not at hand.
     let next_src = next.and_then(|(nl, nw)| ctx.peek_layer(nl).map(|src| (nl, nw, src)));
     let guess: Option<(usize, Vec<u32>)> = next_src.map(|(next_layer, nw, src)| {
-        let nl = ctx.mm_from(&src, &nw.router, x, t);
-        let mut guess: Vec<u32> =
-            nl.chunks_exact(e).flat_map(|l| route(l, &nw.bias, c).ids).collect();
-        guess.sort_unstable();
-        guess.dedup();
-        (next_layer, guess)
+        (next_layer, route_union(&ctx.mm_from(&src, &nw.router, x, t), &nw.bias, c))
     });
     let z = match &w.down {
         Some(m) => ctx.mm(m, x, t),

@@ -42,7 +42,6 @@ use super::config::Qwen3Config;
 use super::state::KvCache;
 use super::weights::LayerWeights;
 use super::Ctx;
-use rayon::prelude::*;
 use sluice_kernels::ops::{dot_f64, rms_norm, softmax_inplace};
 
 /// Runs the attention of one layer on `x [t, d]` (the `input_layernorm` output), staging the t new
@@ -89,43 +88,40 @@ pub(crate) fn forward(
     let scale = (hd as f64).powf(-0.5) as f32;
     let groups = heads / kv_heads;
     let (k_all, v_all) = (&cache.k, &cache.v);
-    let per_head: Vec<Vec<f32>> = (0..heads)
-        .into_par_iter()
-        .map(|h| {
-            let kv = h / groups;
-            let mut out = vec![0.0f32; t * hd];
-            let mut scores = Vec::with_capacity(past + t);
-            let mut acc = vec![0.0f64; hd];
-            for ti in 0..t {
-                let qh = &q[ti * qw + h * hd..ti * qw + (h + 1) * hd];
-                // attn_weights = matmul(query, key_states.T) * scaling + causal mask: the mask
-                // removes positions after the row's own, so only 0..=past+ti are scored.
-                scores.clear();
-                scores.extend((0..=past + ti).map(|pos| {
-                    let kh = &k_all[pos * kw + kv * hd..pos * kw + (kv + 1) * hd];
-                    #[allow(clippy::cast_possible_truncation)]
-                    let s = dot_f64(qh, kh) as f32;
-                    s * scale
-                }));
-                // softmax(attn_weights, dim=-1, dtype=float32); attn_output = matmul(weights, v)
-                softmax_inplace(&mut scores);
-                acc.iter_mut().for_each(|a| *a = 0.0);
-                for (pos, &p) in scores.iter().enumerate() {
-                    let vh = &v_all[pos * kw + kv * hd..pos * kw + (kv + 1) * hd];
-                    for (a, &vv) in acc.iter_mut().zip(vh) {
-                        *a += f64::from(p) * f64::from(vv);
-                    }
-                }
-                for (o, &a) in out[ti * hd..(ti + 1) * hd].iter_mut().zip(&acc) {
-                    #[allow(clippy::cast_possible_truncation)]
-                    {
-                        *o = a as f32;
-                    }
+    let per_head: Vec<Vec<f32>> = sluice_kernels::pool::map(heads, |h| {
+        let kv = h / groups;
+        let mut out = vec![0.0f32; t * hd];
+        let mut scores = Vec::with_capacity(past + t);
+        let mut acc = vec![0.0f64; hd];
+        for ti in 0..t {
+            let qh = &q[ti * qw + h * hd..ti * qw + (h + 1) * hd];
+            // attn_weights = matmul(query, key_states.T) * scaling + causal mask: the mask
+            // removes positions after the row's own, so only 0..=past+ti are scored.
+            scores.clear();
+            scores.extend((0..=past + ti).map(|pos| {
+                let kh = &k_all[pos * kw + kv * hd..pos * kw + (kv + 1) * hd];
+                #[allow(clippy::cast_possible_truncation)]
+                let s = dot_f64(qh, kh) as f32;
+                s * scale
+            }));
+            // softmax(attn_weights, dim=-1, dtype=float32); attn_output = matmul(weights, v)
+            softmax_inplace(&mut scores);
+            acc.iter_mut().for_each(|a| *a = 0.0);
+            for (pos, &p) in scores.iter().enumerate() {
+                let vh = &v_all[pos * kw + kv * hd..pos * kw + (kv + 1) * hd];
+                for (a, &vv) in acc.iter_mut().zip(vh) {
+                    *a += f64::from(p) * f64::from(vv);
                 }
             }
-            out
-        })
-        .collect();
+            for (o, &a) in out[ti * hd..(ti + 1) * hd].iter_mut().zip(&acc) {
+                #[allow(clippy::cast_possible_truncation)]
+                {
+                    *o = a as f32;
+                }
+            }
+        }
+        out
+    });
 
     // attn_output.transpose(1, 2).reshape(*input_shape, -1): heads side by side per row.
     let mut attn = vec![0.0f32; t * qw];
