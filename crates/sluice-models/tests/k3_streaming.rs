@@ -18,9 +18,7 @@ use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
 use sluice_models::kimi_k3::KimiK3;
 use sluice_models::LogitRows;
-use sluice_store::{
-    CacheSize, ExpertStore, IoBackend, IoMode, StreamingConfig, StreamingExperts,
-};
+use sluice_store::{CacheSize, ExpertStore, IoBackend, IoMode, StreamingConfig, StreamingExperts};
 use std::sync::Arc;
 
 fn streamed(

@@ -202,7 +202,9 @@ fn open_direct(path: &Path) -> Option<File> {
 
 /// True when `offset`, the buffer address and the buffer length are all O_DIRECT-aligned.
 fn aligned(offset: u64, addr: usize, len: usize) -> bool {
-    offset.is_multiple_of(ALIGN) && addr.is_multiple_of(ALIGN_USIZE) && len.is_multiple_of(ALIGN_USIZE)
+    offset.is_multiple_of(ALIGN)
+        && addr.is_multiple_of(ALIGN_USIZE)
+        && len.is_multiple_of(ALIGN_USIZE)
 }
 
 impl ReadAt for ShardFiles {
@@ -211,7 +213,8 @@ impl ReadAt for ShardFiles {
             return Err(io::Error::new(io::ErrorKind::NotFound, format!("no shard file {file}")));
         };
         if let Some(d) = &s.direct {
-            if s.direct_ok.load(Ordering::Relaxed) && aligned(offset, buf.as_ptr() as usize, buf.len())
+            if s.direct_ok.load(Ordering::Relaxed)
+                && aligned(offset, buf.as_ptr() as usize, buf.len())
             {
                 match d.read_at(buf, offset) {
                     Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {

@@ -100,9 +100,8 @@ impl UringReader {
             live: 0,
             wake_buf: Box::new([0u8; 8]),
         };
-        let thread = std::thread::Builder::new()
-            .name("sluice-uring".into())
-            .spawn(move || driver.run())?;
+        let thread =
+            std::thread::Builder::new().name("sluice-uring".into()).spawn(move || driver.run())?;
         Ok(Self { shared, thread: Some(thread), depth })
     }
 

@@ -10,8 +10,8 @@ use sluice_core::MemoryBudget;
 use sluice_store::fault::{Fault, When};
 use sluice_store::index::Span;
 use sluice_store::{
-    CacheSize, ExpertStore, FaultyReader, IoBackend, IoMode, ShardFiles, StoreError, StreamingConfig,
-    StreamingExperts,
+    CacheSize, ExpertStore, FaultyReader, IoBackend, IoMode, ShardFiles, StoreError,
+    StreamingConfig, StreamingExperts,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -13,11 +13,11 @@ mod shared;
 
 pub use gate::{LayerPrefetchStats, DEFAULT_MIN_PRECISION, GATE_WEIGHT};
 
+use crate::backend::{IoBackend, Readers};
 use crate::cache::{CacheSize, CacheState, ExpertCache, SlotState};
 use crate::index::ExpertIndex;
 use crate::io::{IoMode, ReadAt, ShardFiles};
 use crate::policy::{key, PolicyKind};
-use crate::backend::{IoBackend, Readers};
 use crate::reader::{JobState, Priority, DEFAULT_READERS};
 use crate::remote::{DiskPin, ExpertDiskCache};
 use crate::{ExpertStore, ExpertTensorNames, ExpertView, StoreError, StoreStats};

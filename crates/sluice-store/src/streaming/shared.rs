@@ -4,9 +4,9 @@
 //! All slot bookkeeping lives under one mutex ([`Locked`]); a condition variable wakes waiting
 //! requests whenever a read ends or a slot is unpinned. Counters are atomics outside the lock.
 
+use crate::backend::{ReadTask, SpanError, SpanTarget};
 use crate::cache::{CacheState, ExpertCache, ReadFailure, SlotState};
 use crate::index::ExpertIndex;
-use crate::backend::{ReadTask, SpanError, SpanTarget};
 use crate::io::clone_io_error;
 use crate::remote::{DiskPin, ExpertDiskCache};
 use crate::StoreError;
