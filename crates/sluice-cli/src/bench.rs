@@ -275,8 +275,14 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         for p in &shards {
             let _ = sluice_store::probe::drop_file_cache(p);
         }
-        sluice_store::probe::storage_read(&shards, probe_block, 16, probe_max)
-            .context("storage probe")
+        sluice_store::probe::storage_read(
+            &shards,
+            probe_block,
+            16,
+            probe_max,
+            sluice_store::IoBackend::Auto,
+        )
+        .context("storage probe")
     };
     let before = probe("before")?;
     let mut records: Vec<RunRecord> = Vec::new();

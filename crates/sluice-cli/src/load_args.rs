@@ -28,6 +28,10 @@ pub struct LoadArgs {
     /// Reads in flight when streaming experts.
     #[arg(long, default_value_t = 16)]
     pub(crate) readers: usize,
+    /// Expert read backend: auto (io_uring where the kernel allows it, else the pread thread
+    /// pool), uring, or pread.
+    #[arg(long, default_value = "auto")]
+    pub(crate) io: String,
     /// Use the page cache for expert reads instead of O_DIRECT.
     #[arg(long)]
     pub(crate) buffered_io: bool,
@@ -84,6 +88,9 @@ impl LoadArgs {
                 )
             })?),
         };
+        let Some(io_backend) = sluice_store::IoBackend::parse(&self.io) else {
+            bail!("--io {:?}: expected auto, uring or pread", self.io);
+        };
         if self.readers == 0 {
             bail!("--readers must be at least 1");
         }
@@ -95,6 +102,7 @@ impl LoadArgs {
             context: self.context.unwrap_or(4096),
             readers: self.readers,
             direct_io: !self.buffered_io,
+            io_backend,
             slots: self.cache_slots,
             session_memory: 0,
             spine,

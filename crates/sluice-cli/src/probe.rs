@@ -1,6 +1,7 @@
 //! `sluice probe`: what this machine delivers, measured now — storage read bandwidth at the
 //! expert store's block size and queue depth (O_DIRECT, scattered reads over the model's
-//! shards or a file), and the ISA tier the kernels run on. With `--kernels`, in the same run:
+//! shards or a file) through io_uring or the pread pool (`--io`; `both` measures each in the
+//! same run), and the ISA tier the kernels run on. With `--kernels`, in the same run:
 //! memory read bandwidth, every weight format's matmul rate at 1 and 8 activation rows next to
 //! it (and MXFP4's next to storage), and the fixed cost of a kernel call.
 
@@ -10,6 +11,7 @@ use serde_json::{json, Value};
 use sluice_checkpoint::Checkpoint;
 use sluice_engine::plan::parse_size;
 use sluice_kernels::probe::KernelProbe;
+use sluice_store::IoBackend;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -28,6 +30,10 @@ pub struct ProbeArgs {
     /// Reads in flight.
     #[arg(long, default_value_t = 16)]
     readers: usize,
+    /// Read backend: auto (io_uring where the kernel allows it, else the pread pool), uring,
+    /// pread, or both (io_uring then pread over the same blocks, in one run).
+    #[arg(long, default_value = "auto")]
+    io: String,
     /// Most bytes to read.
     #[arg(long, default_value = "4G")]
     bytes: String,
@@ -78,9 +84,27 @@ pub fn run(a: &ProbeArgs) -> Result<()> {
         }
         (None, None) => bail!("give --model DIR or --file PATH to read from (or --kernels)"),
     };
-    let s = sluice_store::probe::storage_read(&paths, block, a.readers, max)
-        .context("reading for the storage probe")?;
+    let backends = match a.io.as_str() {
+        "both" => vec![IoBackend::Uring, IoBackend::Pread],
+        other => match IoBackend::parse(other) {
+            Some(b) => vec![b],
+            None => bail!("--io {other:?}: expected auto, uring, pread or both"),
+        },
+    };
+    let mut all = Vec::with_capacity(backends.len());
+    for b in backends {
+        for p in &paths {
+            // O_DIRECT reads bypass the page cache already; this drops what buffered reads
+            // of misaligned tails may have left. Best effort.
+            let _ = sluice_store::probe::drop_file_cache(p);
+        }
+        all.push(
+            sluice_store::probe::storage_read(&paths, block, a.readers, max, b)
+                .with_context(|| format!("reading for the storage probe (--io {})", a.io))?,
+        );
+    }
     drop(scratch);
+    let Some(s) = all.first().cloned() else { bail!("no storage measurement") };
     let storage_source = match (&a.model, &a.file) {
         (Some(d), _) => d.display().to_string(),
         (None, Some(f)) => f.display().to_string(),
@@ -97,6 +121,7 @@ pub fn run(a: &ProbeArgs) -> Result<()> {
             "storage_read_gbps": s.gbps,
             "storage": s,
             "storage_source": storage_source,
+            "storage_by_backend": all,
             "isa": isa,
             "threads": threads,
         });
@@ -106,15 +131,18 @@ pub fn run(a: &ProbeArgs) -> Result<()> {
         println!("{out}");
         return Ok(());
     }
-    println!(
-        "storage read {:.3} GB/s ({} bytes in {:.2}s, {} KiB blocks, {} in flight, {}, {storage_source}); kernels ISA {isa}, {threads} threads",
-        s.gbps,
-        s.bytes,
-        s.secs,
-        s.block / 1024,
-        s.readers,
-        if s.direct { "O_DIRECT" } else { "page cache" },
-    );
+    for s in &all {
+        println!(
+            "storage read {:.3} GB/s ({} bytes in {:.2}s, {} KiB blocks, {} in flight via {}, {}, {storage_source}); kernels ISA {isa}, {threads} threads",
+            s.gbps,
+            s.bytes,
+            s.secs,
+            s.block / 1024,
+            s.readers,
+            s.backend,
+            if s.direct { "O_DIRECT" } else { "page cache" },
+        );
+    }
     if let Some(k) = &kernels {
         print_kernels(k, s.gbps);
     }

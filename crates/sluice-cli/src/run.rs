@@ -87,9 +87,12 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let loaded =
         load::open(&dir, &load_opts).with_context(|| format!("loading {}", dir.display()))?;
     let spine = load_opts.spine;
+    let reads = loaded.io_backend().map(|b| format!(", read with {b}")).unwrap_or_default();
     match &loaded.plan {
-        Some(p) => eprintln!("sluice: spine {}; {p}; experts {}", spine.label(), loaded.mode),
-        None => eprintln!("sluice: spine {}; experts {}", spine.label(), loaded.mode),
+        Some(p) => {
+            eprintln!("sluice: spine {}; {p}; experts {}{reads}", spine.label(), loaded.mode);
+        }
+        None => eprintln!("sluice: spine {}; experts {}{reads}", spine.label(), loaded.mode),
     }
     if !demo {
         eprintln!("sluice: {}", sluice_engine::install::describe(&dir, &loaded));
@@ -172,6 +175,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
             "model": dir.display().to_string(),
             "demo_model": demo,
             "experts": loaded.mode,
+            "io_backend": loaded.io_backend(),
             "spine": spine,
             "plan": loaded.plan.as_ref().map(serde_json::to_value).transpose()?,
             "prompt_ids": prompt_ids,
@@ -231,6 +235,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
             s.peak_rss_bytes,
             s.finish_reason
         );
+        if let Some(b) = loaded.io_backend() {
+            eprintln!("stats: expert reads through {b}");
+        }
         eprint!("{}", layer_stats::describe("prefill", &s.prefill_layers));
         eprint!("{}", layer_stats::describe("decode", &s.decode_layers));
         if let Some(r) = remote_stats() {

@@ -113,7 +113,8 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     opts.session_memory = session_bytes;
     let loaded = load::open(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
     if let Some(p) = &loaded.plan {
-        eprintln!("sluice: {p}; experts {}", loaded.mode);
+        let reads = loaded.io_backend().map(|b| format!(", read with {b}")).unwrap_or_default();
+        eprintln!("sluice: {p}; experts {}{reads}", loaded.mode);
     }
     // The budget charges (spine, state, conversation states) and the expert store live as long
     // as the server.

@@ -126,6 +126,7 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
     let config = StreamingConfig {
         cache: CacheSize::Slots(usize::try_from(plan.slots).unwrap_or(usize::MAX)),
         readers: opts.readers,
+        backend: opts.io_backend,
         io: if opts.direct_io { IoMode::Direct } else { IoMode::BufferedDropCache },
         max_prefetch_slots: if opts.prefetch { None } else { Some(0) },
         prefetch_min_precision: opts.prefetch_min_precision,

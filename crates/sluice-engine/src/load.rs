@@ -16,7 +16,8 @@ use sluice_models::kimi_k3::KimiK3;
 use sluice_models::Model;
 use sluice_store::spine::SpineFootprint;
 use sluice_store::{
-    CacheSize, IoMode, Placement, ReadAt, ShardFiles, SpineStore, StreamingConfig, StreamingExperts,
+    CacheSize, IoBackend, IoMode, Placement, ReadAt, ShardFiles, SpineStore, StreamingConfig,
+    StreamingExperts,
 };
 use std::path::Path;
 use std::sync::Arc;
@@ -50,6 +51,8 @@ pub struct LoadOptions {
     pub readers: usize,
     /// Bypass the page cache for expert reads (O_DIRECT).
     pub direct_io: bool,
+    /// Expert read backend: io_uring where the kernel allows it, or the pread pool.
+    pub io_backend: IoBackend,
     /// Exactly this many cache slots (overrides the plan; tests use tiny caches).
     pub slots: Option<usize>,
     /// Which spine to run (see [`crate::spine`]); `dir` is resolved and checked against it.
@@ -75,6 +78,7 @@ impl Default for LoadOptions {
             context: 4096,
             readers: 16,
             direct_io: true,
+            io_backend: IoBackend::Auto,
             slots: None,
             spine: Spine::Bf16,
             disk_cache: None,
@@ -102,6 +106,19 @@ pub struct Loaded {
     pub budget: MemoryBudget,
     /// Charges for the spine and the sequence state, returned when this is dropped.
     pub charges: Vec<Charge>,
+}
+
+impl Loaded {
+    /// How streamed experts are read, for the plan line, `--stats` and `--json`: `io_uring`,
+    /// `pread`, or `pread (io_uring unavailable: REASON)` when `auto` fell back; `None` when
+    /// experts are not streamed.
+    pub fn io_backend(&self) -> Option<String> {
+        let s = self.streaming.as_ref()?;
+        Some(match s.io_fallback_reason() {
+            Some(why) => format!("{} (io_uring unavailable: {why})", s.io_backend()),
+            None => s.io_backend().to_owned(),
+        })
+    }
 }
 
 /// Opens the checkpoint in `dir` under `opts`.
@@ -221,6 +238,7 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
     let config = StreamingConfig {
         cache: CacheSize::Slots(slots),
         readers: opts.readers,
+        backend: opts.io_backend,
         io,
         max_prefetch_slots: if opts.prefetch { None } else { Some(0) },
         prefetch_min_precision: opts.prefetch_min_precision,

@@ -1,6 +1,7 @@
 //! Streaming never changes output: logits are bit-identical whether experts are mapped in place
 //! or streamed through a slot cache of any size (down to 2 slots), with prefetch on or off,
-//! through O_DIRECT or buffered reads, for a single pass and for a whole prefill + decode.
+//! through O_DIRECT or buffered reads, on the io_uring and the pread backend, for a single pass
+//! and for a whole prefill + decode.
 // Fixture ids, shapes and lengths are small; casts between them cannot truncate.
 #![allow(
     clippy::unwrap_used,
@@ -17,14 +18,14 @@ use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
 use sluice_models::kimi_k3::KimiK3;
 use sluice_models::LogitRows;
-use sluice_store::{CacheSize, ExpertStore, IoMode, StreamingConfig, StreamingExperts};
+use sluice_store::{CacheSize, ExpertStore, IoBackend, IoMode, StreamingConfig, StreamingExperts};
 use std::sync::Arc;
 
 fn streamed(
     name: &str,
     slots: usize,
     prefetch: bool,
-    io: IoMode,
+    (io, backend): (IoMode, IoBackend),
 ) -> (KimiK3, Arc<StreamingExperts>) {
     let ckpt = Arc::new(Checkpoint::open(&fixture(name)).unwrap());
     let m = KimiK3::load(ckpt.clone()).unwrap();
@@ -32,6 +33,7 @@ fn streamed(
     let config = StreamingConfig {
         cache: CacheSize::Slots(slots),
         io,
+        backend,
         readers: 4,
         max_prefetch_slots: if prefetch { None } else { Some(0) },
         prefetch_min_precision: 0.0,
@@ -90,17 +92,21 @@ fn streamed_logits_equal_mapped_for_any_cache_and_prefetch() {
         for slots in [2usize, 3, 7, 1000] {
             for prefetch in [false, true] {
                 for io in [IoMode::Direct, IoMode::Buffered] {
-                    let (m, store) = streamed(name, slots, prefetch, io);
-                    assert!(
-                        run(&m) == want,
-                        "{name}: slots {slots} prefetch {prefetch} io {io:?} changed the logits"
-                    );
-                    let s = store.stats();
-                    assert!(s.bytes_read > 0, "{name}: streaming must read from the shards");
-                    if !prefetch {
-                        assert_eq!(s.prefetch_issued, 0);
+                    for backend in backends() {
+                        let (m, store) = streamed(name, slots, prefetch, (io, backend));
+                        assert_eq!(store.io_backend(), backend_name(backend));
+                        assert!(
+                            run(&m) == want,
+                            "{name}: slots {slots} prefetch {prefetch} io {io:?} {backend:?} \
+                             changed the logits"
+                        );
+                        let s = store.stats();
+                        assert!(s.bytes_read > 0, "{name}: streaming must read from the shards");
+                        if !prefetch {
+                            assert_eq!(s.prefetch_issued, 0);
+                        }
+                        store.check_consistency(true).unwrap();
                     }
-                    store.check_consistency(true).unwrap();
                 }
             }
         }
@@ -109,9 +115,30 @@ fn streamed_logits_equal_mapped_for_any_cache_and_prefetch() {
 
 #[test]
 fn prefetch_is_used_when_the_cache_is_large() {
-    let (m, store) = streamed("tiny-a", 1000, true, IoMode::Direct);
-    run(&m);
-    let s = store.stats();
-    assert!(s.prefetch_issued > 0);
-    assert!(s.prefetch_used > 0, "some prefetched experts must be demanded: {s:?}");
+    for backend in backends() {
+        let (m, store) = streamed("tiny-a", 1000, true, (IoMode::Direct, backend));
+        run(&m);
+        let s = store.stats();
+        assert!(s.prefetch_issued > 0);
+        assert!(s.prefetch_used > 0, "some prefetched experts must be demanded: {s:?}");
+    }
+}
+
+/// Both read backends where the kernel allows io_uring (the pread pool alone otherwise).
+fn backends() -> Vec<IoBackend> {
+    match sluice_store::backend::uring_available() {
+        Ok(()) => vec![IoBackend::Uring, IoBackend::Pread],
+        Err(e) => {
+            eprintln!("io_uring unavailable ({e}): testing the pread pool only");
+            vec![IoBackend::Pread]
+        }
+    }
+}
+
+fn backend_name(b: IoBackend) -> &'static str {
+    if b == IoBackend::Pread {
+        "pread"
+    } else {
+        "io_uring"
+    }
 }

@@ -2,8 +2,12 @@
 //! range) with an OS error, return short reads, stall, or pretend a file ends early. Faults
 //! are rules added at any time through `&self`, so a test can break reads mid-run and then
 //! [`FaultyReader::clear`] them to check that the next request works.
+//!
+//! The same rules apply to reads done by the io_uring backend, through [`ReadAt::prepare`]: an
+//! error or an end of file completes the read without submitting it, a short read submits
+//! fewer bytes, and a stall delays the submission (the ring waits, not a thread).
 
-use crate::io::ReadAt;
+use crate::io::{Completed, Prepared, PreparedRead, ReadAt};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -120,15 +124,22 @@ impl When {
     }
 }
 
-impl<R: ReadAt> ReadAt for FaultyReader<R> {
-    fn read_at(&self, file: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+/// What the rules decided for one read.
+struct Decision {
+    stall: Option<Duration>,
+    error: Option<i32>,
+    limit: usize,
+}
+
+impl<R: ReadAt> FaultyReader<R> {
+    /// Counts the call and applies every matching rule to a read of `len` bytes.
+    fn decide(&self, file: usize, offset: u64, len: usize) -> Decision {
         let call = self.calls.fetch_add(1, Ordering::AcqRel) + 1;
-        let len = buf.len() as u64;
         let mut hits: Vec<Fault> = Vec::new();
         {
             let mut rules = self.rules();
             for r in rules.iter_mut() {
-                if r.remaining != Some(0) && r.when.matches(call, file, offset, len) {
+                if r.remaining != Some(0) && r.when.matches(call, file, offset, len as u64) {
                     hits.push(r.fault);
                     if let Some(n) = &mut r.remaining {
                         *n -= 1;
@@ -140,25 +151,70 @@ impl<R: ReadAt> ReadAt for FaultyReader<R> {
         if !hits.is_empty() {
             self.faults.fetch_add(1, Ordering::AcqRel);
         }
-        let mut limit = buf.len();
+        let mut d = Decision { stall: None, error: None, limit: len };
         for f in hits {
             match f {
-                Fault::Stall(d) => std::thread::sleep(d),
-                Fault::Error(code) => return Err(io::Error::from_raw_os_error(code)),
-                Fault::Short(max) => limit = limit.min(max.max(1)),
+                Fault::Stall(t) => d.stall = Some(d.stall.unwrap_or_default() + t),
+                Fault::Error(code) => d.error = d.error.or(Some(code)),
+                Fault::Short(max) => d.limit = d.limit.min(max.max(1)),
                 Fault::Truncate(end) => {
                     let room = usize::try_from(end.saturating_sub(offset)).unwrap_or(usize::MAX);
-                    limit = limit.min(room);
+                    d.limit = d.limit.min(room);
                 }
             }
         }
-        if limit == 0 {
-            return Ok(0);
+        d
+    }
+}
+
+impl<R: ReadAt> ReadAt for FaultyReader<R> {
+    fn read_at(&self, file: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let d = self.decide(file, offset, buf.len());
+        if let Some(t) = d.stall {
+            std::thread::sleep(t);
         }
-        let Some(part) = buf.get_mut(..limit) else {
-            return Ok(0);
+        if let Some(code) = d.error {
+            return Err(io::Error::from_raw_os_error(code));
+        }
+        match buf.get_mut(..d.limit) {
+            Some(part) if !part.is_empty() => self.inner.read_at(file, offset, part),
+            _ => Ok(0),
+        }
+    }
+
+    fn prepare(&self, file: usize, offset: u64, buf: &mut [u8]) -> Prepared {
+        let d = self.decide(file, offset, buf.len());
+        let now_or_later = |r| match d.stall {
+            Some(t) => Prepared::After(t, r),
+            None => Prepared::Ready(r),
         };
-        self.inner.read_at(file, offset, part)
+        if let Some(code) = d.error {
+            return now_or_later(Err(io::Error::from_raw_os_error(code)));
+        }
+        let Some(part) = buf.get_mut(..d.limit).filter(|p| !p.is_empty()) else {
+            return now_or_later(Ok(0));
+        };
+        match self.inner.prepare(file, offset, part) {
+            Prepared::Read(mut p) => {
+                p.delay = match (p.delay, d.stall) {
+                    (Some(a), Some(b)) => Some(a + b),
+                    (a, b) => a.or(b),
+                };
+                Prepared::Read(p)
+            }
+            Prepared::Ready(r) => now_or_later(r),
+            Prepared::After(t, r) => Prepared::After(t + d.stall.unwrap_or_default(), r),
+        }
+    }
+
+    fn complete(
+        &self,
+        file: usize,
+        offset: u64,
+        p: &PreparedRead,
+        result: io::Result<usize>,
+    ) -> Completed {
+        self.inner.complete(file, offset, p, result)
     }
 }
 

@@ -8,16 +8,23 @@
 //! after a short read, a file system that refuses O_DIRECT such as tmpfs) goes to the buffered
 //! descriptor and, unless plain buffered I/O was asked for, the pages it pulled into the page
 //! cache are dropped again with `posix_fadvise(POSIX_FADV_DONTNEED)`.
+//!
+//! A queue-based backend ([`crate::uring`]) cannot call `read_at` (the kernel does the read), so
+//! the trait also splits a read in two: [`ReadAt::prepare`] says which descriptor to read (or
+//! completes the read at once, which is how a fault injector fails or shortens it) and
+//! [`ReadAt::complete`] sees the kernel's result (where O_DIRECT's `EINVAL` turns into a retry
+//! on the buffered descriptor, and buffered pages are dropped), so both backends share one seam.
 
 use crate::index::{Span, ALIGN};
 use crate::StoreError;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// [`ALIGN`] as a `usize`, for buffer lengths and addresses.
 const ALIGN_USIZE: usize = 4096;
@@ -27,11 +34,80 @@ pub trait ReadAt: Send + Sync {
     /// Reads up to `buf.len()` bytes of file `file` starting at `offset`; returns how many
     /// were read (0 at end of file). Short reads are allowed; callers loop.
     fn read_at(&self, file: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+
+    /// The first half of a read done by a queue-based backend: which descriptor the kernel
+    /// should read up to `buf.len()` bytes of file `file` at `offset` from (into `buf`, after
+    /// this returns), or the result at once. The default reads synchronously with
+    /// [`ReadAt::read_at`] (for readers that are not files, such as test readers in memory).
+    fn prepare(&self, file: usize, offset: u64, buf: &mut [u8]) -> Prepared {
+        Prepared::Ready(self.read_at(file, offset, buf))
+    }
+
+    /// The second half: the kernel's `result` for the prepared read `p`. Returns what the read
+    /// gives its caller, or [`Completed::Retry`] to prepare it again (the default passes the
+    /// result on).
+    fn complete(
+        &self,
+        file: usize,
+        offset: u64,
+        p: &PreparedRead,
+        result: io::Result<usize>,
+    ) -> Completed {
+        let _ = (file, offset, p);
+        Completed::Done(result)
+    }
+}
+
+/// What [`ReadAt::prepare`] decided.
+#[derive(Debug)]
+pub enum Prepared {
+    /// Read through the kernel as described.
+    Read(PreparedRead),
+    /// No read: this is the result (an injected fault, or a file that ends here).
+    Ready(io::Result<usize>),
+    /// No read: this is the result, delivered after this long (a stalled injected fault).
+    After(Duration, io::Result<usize>),
+}
+
+/// A read for the kernel to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PreparedRead {
+    /// The descriptor.
+    pub fd: RawFd,
+    /// Bytes to read (at most the length asked for).
+    pub len: usize,
+    /// Whether `fd` is the O_DIRECT descriptor.
+    pub direct: bool,
+    /// Start the read only after this long (a fault injector's stall).
+    pub delay: Option<Duration>,
+}
+
+/// What [`ReadAt::complete`] decided.
+#[derive(Debug)]
+pub enum Completed {
+    /// The read's result.
+    Done(io::Result<usize>),
+    /// Prepare and submit the read again (O_DIRECT was refused; the buffered descriptor is next).
+    Retry,
 }
 
 impl<R: ReadAt + ?Sized> ReadAt for Arc<R> {
     fn read_at(&self, file: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         (**self).read_at(file, offset, buf)
+    }
+
+    fn prepare(&self, file: usize, offset: u64, buf: &mut [u8]) -> Prepared {
+        (**self).prepare(file, offset, buf)
+    }
+
+    fn complete(
+        &self,
+        file: usize,
+        offset: u64,
+        p: &PreparedRead,
+        result: io::Result<usize>,
+    ) -> Completed {
+        (**self).complete(file, offset, p, result)
     }
 }
 
@@ -125,10 +201,10 @@ fn open_direct(path: &Path) -> Option<File> {
 }
 
 /// True when `offset`, the buffer address and the buffer length are all O_DIRECT-aligned.
-fn aligned(offset: u64, buf: &[u8]) -> bool {
+fn aligned(offset: u64, addr: usize, len: usize) -> bool {
     offset.is_multiple_of(ALIGN)
-        && (buf.as_ptr() as usize).is_multiple_of(ALIGN_USIZE)
-        && buf.len().is_multiple_of(ALIGN_USIZE)
+        && addr.is_multiple_of(ALIGN_USIZE)
+        && len.is_multiple_of(ALIGN_USIZE)
 }
 
 impl ReadAt for ShardFiles {
@@ -137,7 +213,9 @@ impl ReadAt for ShardFiles {
             return Err(io::Error::new(io::ErrorKind::NotFound, format!("no shard file {file}")));
         };
         if let Some(d) = &s.direct {
-            if s.direct_ok.load(Ordering::Relaxed) && aligned(offset, buf) {
+            if s.direct_ok.load(Ordering::Relaxed)
+                && aligned(offset, buf.as_ptr() as usize, buf.len())
+            {
                 match d.read_at(buf, offset) {
                     Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                         s.direct_ok.store(false, Ordering::Relaxed);
@@ -155,6 +233,47 @@ impl ReadAt for ShardFiles {
             drop_cached(&s.buffered, offset, n);
         }
         Ok(n)
+    }
+
+    fn prepare(&self, file: usize, offset: u64, buf: &mut [u8]) -> Prepared {
+        let Some(s) = self.shards.get(file) else {
+            let e = io::Error::new(io::ErrorKind::NotFound, format!("no shard file {file}"));
+            return Prepared::Ready(Err(e));
+        };
+        let len = buf.len();
+        let direct = s.direct.as_ref().filter(|_| {
+            s.direct_ok.load(Ordering::Relaxed) && aligned(offset, buf.as_ptr() as usize, len)
+        });
+        let (fd, direct) = match direct {
+            Some(d) => (d.as_raw_fd(), true),
+            None => (s.buffered.as_raw_fd(), false),
+        };
+        Prepared::Read(PreparedRead { fd, len, direct, delay: None })
+    }
+
+    fn complete(
+        &self,
+        file: usize,
+        offset: u64,
+        p: &PreparedRead,
+        result: io::Result<usize>,
+    ) -> Completed {
+        let Some(s) = self.shards.get(file) else { return Completed::Done(result) };
+        if p.direct {
+            if result.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EINVAL)) {
+                s.direct_ok.store(false, Ordering::Relaxed);
+                return Completed::Retry;
+            }
+            self.direct_reads.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.buffered_reads.fetch_add(1, Ordering::Relaxed);
+            if let Ok(n) = result {
+                if self.mode != IoMode::Buffered && n > 0 {
+                    drop_cached(&s.buffered, offset, n);
+                }
+            }
+        }
+        Completed::Done(result)
     }
 }
 
@@ -185,16 +304,7 @@ pub fn read_span(reader: &dyn ReadAt, span: &Span, region: &mut [u8]) -> io::Res
             return Err(io::Error::other("slot region shorter than the span"));
         };
         match reader.read_at(span.file, base + got as u64, rest) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "file ended after {} of {} bytes",
-                        got.saturating_sub(lead(span)),
-                        span.len
-                    ),
-                ))
-            }
+            Ok(0) => return Err(ended_early(span, got)),
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
@@ -203,8 +313,13 @@ pub fn read_span(reader: &dyn ReadAt, span: &Span, region: &mut [u8]) -> io::Res
     Ok(got as u64)
 }
 
-fn lead(span: &Span) -> usize {
-    usize::try_from(span.lead()).unwrap_or(0)
+/// The error for a file that ended after `got` bytes of `span`'s aligned region.
+pub(crate) fn ended_early(span: &Span, got: usize) -> io::Error {
+    let lead = usize::try_from(span.lead()).unwrap_or(0);
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        format!("file ended after {} of {} bytes", got.saturating_sub(lead), span.len),
+    )
 }
 
 /// A copy of `e` for a second receiver of the same failure (keeps the OS error code).

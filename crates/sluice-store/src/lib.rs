@@ -17,6 +17,7 @@
 //! buffers (the next piece read while the current one computes).
 
 pub mod arena;
+pub mod backend;
 pub mod cache;
 pub mod fault;
 pub mod index;
@@ -28,9 +29,11 @@ pub mod reader;
 pub mod remote;
 pub mod spine;
 pub mod streaming;
+pub mod uring;
 
 use std::path::PathBuf;
 
+pub use backend::{IoBackend, Readers};
 pub use cache::CacheSize;
 pub use fault::FaultyReader;
 pub use index::{ExpertIndex, ExpertLoc};

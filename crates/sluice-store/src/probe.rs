@@ -1,13 +1,19 @@
-//! Storage read bandwidth as the expert store sees it: `readers` threads, each reading
-//! `block`-byte aligned blocks at scattered offsets of the given files (O_DIRECT when the file
-//! system allows it, so the page cache does not flatter the number). This is the denominator of
-//! the storage bound that `sluice bench` reports against.
+//! Storage read bandwidth as the expert store sees it: `block`-byte aligned reads at scattered
+//! offsets of the given files, `depth` of them in flight through the chosen read backend
+//! (io_uring or the pread pool, [`crate::backend`]), O_DIRECT when the file system allows it so
+//! the page cache does not flatter the number. This is the denominator of the storage bound that
+//! `sluice bench` reports against.
 
 use crate::arena::Arena;
-use crate::io::{IoMode, ReadAt, ShardFiles};
+use crate::backend::{IoBackend, ReadTask, Readers, SpanError, SpanTarget};
+use crate::index::Span;
+use crate::io::{IoMode, ShardFiles};
+use crate::reader::Priority;
 use crate::StoreError;
 use serde::Serialize;
 use std::path::PathBuf;
+use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// One storage measurement.
@@ -21,23 +27,57 @@ pub struct StorageProbe {
     pub gbps: f64,
     /// Block size of each read.
     pub block: usize,
-    /// Reads in flight (threads).
+    /// Reads in flight (queue depth or threads).
     pub readers: usize,
     /// Whether every read bypassed the page cache.
     pub direct: bool,
+    /// The read backend that ran: `io_uring` or `pread`.
+    pub backend: &'static str,
 }
 
-/// Reads up to `max_bytes` from `paths` in `block`-byte reads (rounded to 4 KiB) with `readers`
-/// threads, at offsets spread over the files in a fixed shuffled order.
+/// One block read into one probe buffer; reports to the probe loop when it ends.
+struct BlockRead {
+    target: SpanTarget,
+    buffer: usize,
+    tx: mpsc::Sender<(usize, Result<u64, SpanError>)>,
+    done: bool,
+}
+
+// SAFETY: the probe loop gives buffer `buffer` (an arena slot that outlives the backend) to one
+// block read at a time and touches it only after that read has reported back.
+unsafe impl ReadTask for BlockRead {
+    fn start(&mut self) -> Vec<SpanTarget> {
+        vec![self.target]
+    }
+
+    fn finish(mut self: Box<Self>, result: Result<u64, SpanError>) {
+        self.done = true;
+        // The probe loop outlives every read it waits for; nothing to do if it stopped early.
+        let _ = self.tx.send((self.buffer, result));
+    }
+}
+
+impl Drop for BlockRead {
+    fn drop(&mut self) {
+        if !self.done {
+            let error = std::io::Error::other("probe read dropped unrun");
+            let _ = self.tx.send((self.buffer, Err(SpanError { span: self.target.span, error })));
+        }
+    }
+}
+
+/// Reads up to `max_bytes` from `paths` in `block`-byte reads (rounded to 4 KiB), `depth` in
+/// flight through `backend`, at offsets spread over the files in a fixed shuffled order.
 pub fn storage_read(
     paths: &[PathBuf],
     block: usize,
-    readers: usize,
+    depth: usize,
     max_bytes: u64,
+    backend: IoBackend,
 ) -> Result<StorageProbe, StoreError> {
     let block = block.div_ceil(4096).max(1) * 4096;
-    let readers = readers.max(1);
-    let files = ShardFiles::open(paths, IoMode::Direct)?;
+    let depth = depth.max(1);
+    let files = Arc::new(ShardFiles::open(paths, IoMode::Direct)?);
     let mut blocks: Vec<(usize, u64)> = Vec::new();
     for (i, p) in paths.iter().enumerate() {
         let len =
@@ -49,43 +89,60 @@ pub fn storage_read(
     blocks.sort_by_key(|&(f, o)| (o / block as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ f as u64);
     let take = usize::try_from(max_bytes / block as u64).unwrap_or(usize::MAX).min(blocks.len());
     blocks.truncate(take);
-    let arena = Arena::new(readers, block as u64)?;
+    let arena = Arena::new(depth, block as u64)?;
+    // Declared after the arena, so it is dropped (every read ended) before the arena is freed.
+    let readers = Readers::start(backend, depth, files.clone())?;
+    let (tx, rx) = mpsc::channel();
+    let submit = |buffer: usize, (file, offset): (usize, u64)| {
+        let span = Span { file, offset, len: block as u64, region: 0 };
+        // SAFETY: slot `buffer` is handed to this one read until it reports back (see
+        // `BlockRead`); the raw pointer is only used by the backend.
+        let buf = unsafe { arena.slot_mut(buffer) }.as_mut_ptr();
+        let target = SpanTarget { span, buf, len: block };
+        let task = BlockRead { target, buffer, tx: tx.clone(), done: false };
+        readers.submit(Priority::Demand, Box::new(task));
+    };
     let start = Instant::now();
-    let results: Vec<std::io::Result<u64>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..readers)
-            .map(|t| {
-                let (files, arena, blocks) = (&files, &arena, &blocks);
-                s.spawn(move || -> std::io::Result<u64> {
-                    // SAFETY: thread `t` is the only user of slot `t` for the whole scope.
-                    let buf = unsafe { arena.slot_mut(t) };
-                    let mut got = 0u64;
-                    for &(f, off) in blocks.iter().skip(t).step_by(readers) {
-                        let n = files.read_at(f, off, &mut buf[..block])?;
-                        got += n as u64;
-                    }
-                    Ok(got)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| Err(std::io::Error::other("a probe reader panicked")))
-            })
-            .collect()
-    });
+    let mut queue = blocks.iter().copied();
+    let mut in_flight = 0usize;
+    for (b, blk) in (0..depth).zip(queue.by_ref()) {
+        submit(b, blk);
+        in_flight += 1;
+    }
+    readers.kick();
     let mut total = 0u64;
-    for r in results {
-        total += r.map_err(|e| StoreError::Io {
-            path: paths.first().cloned().unwrap_or_default(),
-            source: e,
-        })?;
+    let mut failed: Option<SpanError> = None;
+    while in_flight > 0 {
+        let Ok((b, r)) = rx.recv() else { break };
+        in_flight -= 1;
+        match r {
+            Ok(n) => total += n,
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+        if failed.is_none() {
+            if let Some(blk) = queue.next() {
+                submit(b, blk);
+                in_flight += 1;
+                readers.kick();
+            }
+        }
     }
     let secs = start.elapsed().as_secs_f64().max(1e-9);
+    if let Some(e) = failed {
+        return Err(StoreError::Read {
+            path: files.path(e.span.file).to_path_buf(),
+            offset: e.span.offset,
+            len: e.span.len,
+            source: e.error,
+        });
+    }
     let direct = (0..paths.len()).all(|i| files.direct(i));
     #[allow(clippy::cast_precision_loss)]
     let gbps = total as f64 / secs / 1e9;
-    Ok(StorageProbe { bytes: total, secs, gbps, block, readers, direct })
+    let backend = readers.name();
+    Ok(StorageProbe { bytes: total, secs, gbps, block, readers: depth, direct, backend })
 }
 
 /// Drops the page-cache pages of the whole file at `path` (`posix_fadvise(POSIX_FADV_DONTNEED)`),

@@ -87,6 +87,25 @@ impl JobHandle {
         }
     }
 
+    /// A new handle in the queued state (for other backends' queues).
+    pub(crate) fn queued() -> Self {
+        JobHandle(Arc::new(JobShared {
+            state: AtomicU8::new(QUEUED),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+        }))
+    }
+
+    /// Moves a queued job to running; false if it was cancelled first (it must not run).
+    pub(crate) fn try_start(&self) -> bool {
+        self.0.state.compare_exchange(QUEUED, RUNNING, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+
+    /// Marks a running job done and wakes its waiters.
+    pub(crate) fn done(&self) {
+        self.finish(DONE);
+    }
+
     fn finish(&self, state: u8) {
         let _g = lock(&self.0.lock);
         self.0.state.store(state, Ordering::Release);
@@ -157,11 +176,7 @@ impl ReaderPool {
 
     /// Queues `run` at `priority` and returns its handle.
     pub fn submit(&self, priority: Priority, run: impl FnOnce() + Send + 'static) -> JobHandle {
-        let handle = JobHandle(Arc::new(JobShared {
-            state: AtomicU8::new(QUEUED),
-            lock: Mutex::new(()),
-            cv: Condvar::new(),
-        }));
+        let handle = JobHandle::queued();
         let job = Job { run: Box::new(run), handle: handle.clone() };
         let mut q = lock(&self.shared.queues);
         match priority {
@@ -194,13 +209,7 @@ fn worker(shared: &PoolShared) {
                 q = shared.cv.wait(q).unwrap_or_else(PoisonError::into_inner);
             }
         };
-        let started = job
-            .handle
-            .0
-            .state
-            .compare_exchange(QUEUED, RUNNING, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
-        if started {
+        if job.handle.try_start() {
             // A panicking job must not take the thread with it; its closure's guards clean up
             // during unwinding.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job.run));

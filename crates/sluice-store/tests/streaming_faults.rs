@@ -10,24 +10,43 @@ use sluice_core::MemoryBudget;
 use sluice_store::fault::{Fault, When};
 use sluice_store::index::Span;
 use sluice_store::{
-    CacheSize, ExpertStore, FaultyReader, IoMode, ShardFiles, StoreError, StreamingConfig,
-    StreamingExperts,
+    CacheSize, ExpertStore, FaultyReader, IoBackend, IoMode, ShardFiles, StoreError,
+    StreamingConfig, StreamingExperts,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 type Faulty = Arc<FaultyReader<ShardFiles>>;
 
-fn faulty(fx: &Fixture, slots: usize, readers: usize) -> (Faulty, StreamingExperts) {
+/// Both read backends where the kernel allows io_uring (the pread pool alone otherwise).
+fn backends() -> Vec<IoBackend> {
+    match sluice_store::backend::uring_available() {
+        Ok(()) => vec![IoBackend::Uring, IoBackend::Pread],
+        Err(e) => {
+            eprintln!("io_uring unavailable ({e}): testing the pread pool only");
+            vec![IoBackend::Pread]
+        }
+    }
+}
+
+fn faulty(
+    fx: &Fixture,
+    slots: usize,
+    readers: usize,
+    backend: IoBackend,
+) -> (Faulty, StreamingExperts) {
     let files = ShardFiles::open(fx.ckpt.shard_paths(), IoMode::Direct).expect("opens");
     let reader = Arc::new(FaultyReader::new(files));
     let cfg = StreamingConfig {
         cache: CacheSize::Slots(slots),
         readers,
+        backend,
         prefetch_min_precision: 0.0,
         ..Default::default()
     };
     let store = fx.streaming_with(reader.clone(), &cfg);
+    let want = if backend == IoBackend::Pread { "pread" } else { "io_uring" };
+    assert_eq!(store.io_backend(), want, "the backend asked for is the one running");
     (reader, store)
 }
 
@@ -56,10 +75,16 @@ fn at(s: Span) -> When {
 
 #[test]
 fn eio_is_a_read_error_naming_the_span_and_the_next_request_works() {
+    for backend in backends() {
+        eio_is_a_read_error_naming_the_span_and_the_next_request_works_on(backend);
+    }
+}
+
+fn eio_is_a_read_error_naming_the_span_and_the_next_request_works_on(backend: IoBackend) {
     let fx = Fixture::open("tiny-a");
     let want = reference(&fx);
     for slots in [2, 64] {
-        let (reader, store) = faulty(&fx, slots, 4);
+        let (reader, store) = faulty(&fx, slots, 4, backend);
         let l = fx.moe_layers[1];
         let s = span(&store, l, 5);
         reader.inject(at(s), Fault::Error(libc::EIO), Some(1));
@@ -85,9 +110,15 @@ fn eio_is_a_read_error_naming_the_span_and_the_next_request_works() {
 
 #[test]
 fn the_nth_read_failing_fails_only_its_request() {
+    for backend in backends() {
+        the_nth_read_failing_fails_only_its_request_on(backend);
+    }
+}
+
+fn the_nth_read_failing_fails_only_its_request_on(backend: IoBackend) {
     let fx = Fixture::open("tiny-b");
     let want = reference(&fx);
-    let (reader, store) = faulty(&fx, 3, 2);
+    let (reader, store) = faulty(&fx, 3, 2, backend);
     for n in 1..6 {
         reader.fail_nth(n, libc::EIO);
         let l = fx.moe_layers[usize::try_from(n).expect("small") % fx.moe_layers.len()];
@@ -100,10 +131,16 @@ fn the_nth_read_failing_fails_only_its_request() {
 
 #[test]
 fn short_reads_are_continued_to_the_exact_bytes() {
+    for backend in backends() {
+        short_reads_are_continued_to_the_exact_bytes_on(backend);
+    }
+}
+
+fn short_reads_are_continued_to_the_exact_bytes_on(backend: IoBackend) {
     let fx = Fixture::open("tiny-a");
     let want = reference(&fx);
     for max in [1, 100, 4096, 5000] {
-        let (reader, store) = faulty(&fx, 2, 3);
+        let (reader, store) = faulty(&fx, 2, 3, backend);
         reader.inject(When::Always, Fault::Short(max), None);
         for &l in &fx.moe_layers {
             assert_same(&want, l, &collect(&store, l, &fx.all_ids()).expect("reads"), "short");
@@ -115,8 +152,14 @@ fn short_reads_are_continued_to_the_exact_bytes() {
 
 #[test]
 fn a_file_that_ends_inside_an_expert_is_an_eof_error() {
+    for backend in backends() {
+        a_file_that_ends_inside_an_expert_is_an_eof_error_on(backend);
+    }
+}
+
+fn a_file_that_ends_inside_an_expert_is_an_eof_error_on(backend: IoBackend) {
     let fx = Fixture::open("tiny-a");
-    let (reader, store) = faulty(&fx, 4, 2);
+    let (reader, store) = faulty(&fx, 4, 2, backend);
     let l = fx.moe_layers[4];
     let s = span(&store, l, 9);
     reader.inject(When::File(s.file), Fault::Truncate(s.offset + s.len / 2), None);
@@ -137,8 +180,14 @@ fn a_file_that_ends_inside_an_expert_is_an_eof_error() {
 
 #[test]
 fn a_stalled_read_counts_as_stall_while_hits_are_served_at_once() {
+    for backend in backends() {
+        a_stalled_read_counts_as_stall_while_hits_are_served_at_once_on(backend);
+    }
+}
+
+fn a_stalled_read_counts_as_stall_while_hits_are_served_at_once_on(backend: IoBackend) {
     let fx = Fixture::open("tiny-a");
-    let (reader, store) = faulty(&fx, 8, 4);
+    let (reader, store) = faulty(&fx, 8, 4, backend);
     let l = fx.moe_layers[0];
     let others = far_from(&store, l, 5, 3);
     collect(&store, l, &others[..2]).expect("warm");
@@ -166,8 +215,14 @@ fn a_stalled_read_counts_as_stall_while_hits_are_served_at_once() {
 
 #[test]
 fn two_waiters_on_one_failing_read_both_get_the_error() {
+    for backend in backends() {
+        two_waiters_on_one_failing_read_both_get_the_error_on(backend);
+    }
+}
+
+fn two_waiters_on_one_failing_read_both_get_the_error_on(backend: IoBackend) {
     let fx = Fixture::open("tiny-a");
-    let (reader, store) = faulty(&fx, 4, 2);
+    let (reader, store) = faulty(&fx, 4, 2, backend);
     let l = fx.moe_layers[2];
     let s = span(&store, l, 3);
     reader.inject(at(s), Fault::Stall(Duration::from_millis(150)), Some(1));
@@ -188,8 +243,14 @@ fn two_waiters_on_one_failing_read_both_get_the_error() {
 
 #[test]
 fn a_failed_prefetch_frees_its_slot_quietly() {
+    for backend in backends() {
+        a_failed_prefetch_frees_its_slot_quietly_on(backend);
+    }
+}
+
+fn a_failed_prefetch_frees_its_slot_quietly_on(backend: IoBackend) {
     let fx = Fixture::open("tiny-a");
-    let (reader, store) = faulty(&fx, 4, 2);
+    let (reader, store) = faulty(&fx, 4, 2, backend);
     let l = fx.moe_layers[5];
     reader.inject(at(span(&store, l, 2)), Fault::Error(libc::EIO), Some(1));
     store.prefetch(l, &[2]);
@@ -204,8 +265,14 @@ fn a_failed_prefetch_frees_its_slot_quietly() {
 
 #[test]
 fn a_consumer_error_releases_every_pin() {
+    for backend in backends() {
+        a_consumer_error_releases_every_pin_on(backend);
+    }
+}
+
+fn a_consumer_error_releases_every_pin_on(backend: IoBackend) {
     let fx = Fixture::open("tiny-b");
-    let (_reader, store) = faulty(&fx, 3, 2);
+    let (_reader, store) = faulty(&fx, 3, 2, backend);
     let l = fx.moe_layers[0];
     let mut n = 0;
     let err = store
@@ -226,8 +293,14 @@ fn a_consumer_error_releases_every_pin() {
 
 #[test]
 fn unknown_experts_are_refused() {
+    for backend in backends() {
+        unknown_experts_are_refused_on(backend);
+    }
+}
+
+fn unknown_experts_are_refused_on(backend: IoBackend) {
     let fx = Fixture::open("tiny-a");
-    let (_r, store) = faulty(&fx, 2, 1);
+    let (_r, store) = faulty(&fx, 2, 1, backend);
     let err = collect(&store, fx.moe_layers[0], &[0, 16]).expect_err("16 of 16");
     assert!(matches!(err, StoreError::NoSuchExpert { expert: 16, experts: 16, .. }), "{err}");
     assert!(collect(&store, 0, &[0]).is_err(), "layer 0 is dense");

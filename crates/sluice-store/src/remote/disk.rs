@@ -1,22 +1,25 @@
 //! [`ExpertDiskCache`]: the persistent local expert cache of a stream install (see the
 //! module docs of [`crate::remote`] for the protocol and [`super::log`] for the log).
+//!
+//! This file opens the cache and answers pins and `localize` calls; [`fetch`] fills holes from
+//! the remote source, [`evict`] gives space back, and [`entries`] keeps the table of experts
+//! with their eviction order.
+
+mod entries;
+mod evict;
+mod fetch;
 
 use super::log::{self, LogSpan, LogWriter, Present};
 use super::RemoteSource;
 use crate::index::ExpertIndex;
 use crate::StoreError;
-use sha2::{Digest, Sha256};
-use std::collections::{HashMap, VecDeque};
+use entries::{Entries, Entry, EntryState, Key};
+use evict::make_room;
 use std::fs::{File, OpenOptions};
-use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
-
-type Key = (usize, u32);
 
 /// How an [`ExpertDiskCache`] is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,26 +69,9 @@ pub struct RemoteStats {
     pub punch_failures: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EntryState {
-    /// Reserved in the budget, being fetched by one `localize` call.
-    Fetching,
-    /// Recorded present in the log.
-    Present,
-}
-
-#[derive(Debug)]
-struct Entry {
-    state: EntryState,
-    bytes: u64,
-    pins: u32,
-    stamp: u64,
-    sha256: String,
-}
-
 #[derive(Debug)]
 struct Inner {
-    entries: HashMap<Key, Entry>,
+    entries: Entries,
     /// Bytes present or reserved.
     used: u64,
     clock: u64,
@@ -139,9 +125,7 @@ pub struct DiskPin {
 impl Drop for DiskPin {
     fn drop(&mut self) {
         let mut inner = self.cache.lock();
-        if let Some(e) = inner.entries.get_mut(&self.key) {
-            e.pins = e.pins.saturating_sub(1);
-        }
+        inner.entries.update(self.key, |e| e.pins = e.pins.saturating_sub(1));
     }
 }
 
@@ -218,7 +202,7 @@ impl ExpertDiskCache {
             commit: commit.to_owned(),
             log_path: log_path.to_path_buf(),
             inner: Mutex::new(Inner {
-                entries: HashMap::new(),
+                entries: Entries::default(),
                 used: 0,
                 clock: 0,
                 log: LogWriter::open(log_path)
@@ -297,21 +281,6 @@ impl ExpertDiskCache {
         )
     }
 
-    /// Punches the holes of expert `e` of layer `l` back (best effort; failures are counted).
-    fn punch_expert(&self, l: usize, e: u32) {
-        let Some(loc) = self.index.get(l, e) else { return };
-        for s in loc.spans() {
-            let ok = self
-                .files
-                .get(s.file)
-                .and_then(Option::as_ref)
-                .is_some_and(|f| punch_hole(f, s.offset, s.len).is_ok());
-            if !ok {
-                self.counters.punch_failures.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
     /// The disk budget in bytes.
     pub fn budget(&self) -> u64 {
         self.config.budget
@@ -372,17 +341,16 @@ impl ExpertDiskCache {
         let mut inner = self.lock();
         inner.clock += 1;
         let clock = inner.clock;
-        match inner.entries.get_mut(&(layer, id)) {
-            Some(e) if e.state == EntryState::Present => {
-                e.pins += 1;
-                e.stamp = clock;
-                Some(DiskPin { cache: Arc::clone(self), key: (layer, id) })
-            }
-            _ => {
-                self.counters.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
-                None
-            }
+        let present = inner.entries.get(&(layer, id)).map(|e| e.state) == Some(EntryState::Present);
+        if !present {
+            self.counters.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
+            return None;
         }
+        inner.entries.update((layer, id), |e| {
+            e.pins += 1;
+            e.stamp = clock;
+        });
+        Some(DiskPin { cache: Arc::clone(self), key: (layer, id) })
     }
 
     /// Makes the experts `ids` of `layer` local and pins them: present ones are pinned at
@@ -407,10 +375,12 @@ impl ExpertDiskCache {
             for &id in ids {
                 inner.clock += 1;
                 let clock = inner.clock;
-                match inner.entries.get_mut(&(layer, id)) {
-                    Some(e) if e.state == EntryState::Present => {
-                        e.pins += 1;
-                        e.stamp = clock;
+                match inner.entries.get(&(layer, id)).map(|e| e.state) {
+                    Some(EntryState::Present) => {
+                        inner.entries.update((layer, id), |e| {
+                            e.pins += 1;
+                            e.stamp = clock;
+                        });
                         self.counters.local_hits.fetch_add(1, Ordering::Relaxed);
                         out.push((id, DiskPin { cache: Arc::clone(self), key: (layer, id) }));
                     }
@@ -422,20 +392,7 @@ impl ExpertDiskCache {
             let mut evicted = Vec::new();
             for id in missing {
                 let bytes = self.index.get(layer, id).map_or(0, |l| l.bytes());
-                while inner.used + bytes > self.config.budget {
-                    let victim = inner
-                        .entries
-                        .iter()
-                        .filter(|(_, e)| e.state == EntryState::Present && e.pins == 0)
-                        .min_by_key(|(_, e)| e.stamp)
-                        .map(|(k, _)| *k);
-                    let Some(v) = victim else { break };
-                    if let Some(e) = inner.entries.remove(&v) {
-                        inner.used -= e.bytes;
-                        evicted.push((v, e.bytes));
-                    }
-                }
-                if inner.used + bytes > self.config.budget {
+                if !make_room(&mut inner, bytes, self.config.budget, &mut evicted) {
                     break;
                 }
                 inner.used += bytes;
@@ -451,25 +408,11 @@ impl ExpertDiskCache {
                 );
                 reserved.push(id);
             }
-            if !evicted.is_empty() {
-                // Absent first (synced), holes second: a crash in between leaves unrecorded
-                // bytes, never a record of bytes that are gone.
-                let text: String =
-                    evicted.iter().map(|((l, e), _)| log::remove_line(*l, *e)).collect();
-                let logged = inner.log.append(&text);
-                for ((l, e), bytes) in &evicted {
-                    self.counters.evictions.fetch_add(1, Ordering::Relaxed);
-                    self.counters.evicted_bytes.fetch_add(*bytes, Ordering::Relaxed);
-                    if logged.is_ok() {
-                        self.punch_expert(*l, *e);
-                    }
-                }
-                if let Err(source) = logged {
-                    self.unreserve(&mut inner, layer, &reserved);
-                    return Err(StoreError::Io { path: self.log_path.clone(), source });
-                }
+            if let Err(source) = self.record_evictions(&mut inner, &evicted) {
+                self.unreserve(&mut inner, layer, &reserved);
+                return Err(StoreError::Io { path: self.log_path.clone(), source });
             }
-            let nothing_pinned = inner.entries.values().all(|e| e.pins == 0);
+            let nothing_pinned = !inner.entries.any_pinned();
             if out.is_empty() && reserved.is_empty() && !ids.is_empty() && nothing_pinned {
                 let needed =
                     ids.first().and_then(|&id| self.index.get(layer, id)).map_or(0, |l| l.bytes());
@@ -497,10 +440,12 @@ impl ExpertDiskCache {
             inner.clock += 1;
             let clock = inner.clock;
             for (id, sha) in ok {
-                if let Some(e) = inner.entries.get_mut(&(layer, id)) {
+                let updated = inner.entries.update((layer, id), |e| {
                     e.state = EntryState::Present;
                     e.stamp = clock;
                     e.sha256 = sha;
+                });
+                if updated.is_some() {
                     self.counters.experts_fetched.fetch_add(1, Ordering::Relaxed);
                     // The reservation's pin becomes the caller's.
                     out.push((id, DiskPin { cache: Arc::clone(self), key: (layer, id) }));
@@ -528,213 +473,4 @@ impl ExpertDiskCache {
         self.counters.fetch_ns.fetch_add(ns, Ordering::Relaxed);
         Ok(out)
     }
-
-    /// Drops the reservations of `ids` (still fetching) and punches what they may have
-    /// written.
-    fn unreserve(&self, inner: &mut Inner, layer: usize, ids: &[u32]) {
-        for &id in ids {
-            if inner.entries.get(&(layer, id)).is_some_and(|e| e.state == EntryState::Fetching) {
-                if let Some(e) = inner.entries.remove(&(layer, id)) {
-                    inner.used -= e.bytes;
-                }
-                self.punch_expert(layer, id);
-            }
-        }
-    }
-
-    /// Fetches every span of `ids` (coalesced), writes and syncs it; returns each fully
-    /// written expert's SHA-256, or those plus the first error.
-    #[allow(clippy::type_complexity)]
-    fn fetch_all(
-        &self,
-        layer: usize,
-        ids: &[u32],
-    ) -> Result<Vec<(u32, String)>, (Vec<(u32, String)>, StoreError)> {
-        // (file, offset, len, expert) for every span, disk order, then runs of adjacent spans.
-        let mut spans: Vec<(usize, u64, u64, u32)> = Vec::new();
-        for &id in ids {
-            if let Some(loc) = self.index.get(layer, id) {
-                spans.extend(loc.spans().iter().map(|s| (s.file, s.offset, s.len, id)));
-            }
-        }
-        spans.sort_unstable();
-        let mut groups: VecDeque<Vec<(usize, u64, u64, u32)>> = VecDeque::new();
-        for s in spans {
-            let extend = groups.back().is_some_and(|g| {
-                let (_, first, _, _) = g[0];
-                let last = g[g.len() - 1];
-                last.0 == s.0
-                    && last.1 + last.2 == s.1
-                    && s.1 + s.2 - first <= self.config.max_request
-            });
-            match groups.back_mut() {
-                Some(g) if extend => g.push(s),
-                _ => groups.push_back(vec![s]),
-            }
-        }
-        let queue = Mutex::new(groups);
-        let results: Mutex<Vec<(u32, Option<String>)>> = Mutex::new(Vec::new());
-        let first_err: Mutex<Option<StoreError>> = Mutex::new(None);
-        let workers = self.config.fetchers.max(1);
-        std::thread::scope(|scope| {
-            for _ in 0..workers {
-                scope.spawn(|| loop {
-                    let g = queue.lock().unwrap_or_else(PoisonError::into_inner).pop_front();
-                    let Some(g) = g else { break };
-                    match self.fetch_group(layer, &g) {
-                        Ok(shas) => {
-                            results.lock().unwrap_or_else(PoisonError::into_inner).extend(shas);
-                        }
-                        Err(e) => {
-                            let mut fe = first_err.lock().unwrap_or_else(PoisonError::into_inner);
-                            fe.get_or_insert(e);
-                            // Stop taking new requests once one has failed.
-                            queue.lock().unwrap_or_else(PoisonError::into_inner).clear();
-                        }
-                    }
-                });
-            }
-        });
-        let results = results.into_inner().unwrap_or_else(PoisonError::into_inner);
-        let mut shas: HashMap<u32, String> = HashMap::new();
-        let mut multi = Vec::new();
-        for (id, sha) in results {
-            match sha {
-                Some(s) => {
-                    shas.insert(id, s);
-                }
-                None => multi.push(id),
-            }
-        }
-        multi.sort_unstable();
-        multi.dedup();
-        let err = first_err.into_inner().unwrap_or_else(PoisonError::into_inner);
-        // Experts in several spans: hashed from disk once all their spans are written.
-        if err.is_none() {
-            for id in multi {
-                match self.hash_from_disk(layer, id) {
-                    Ok(s) => {
-                        shas.insert(id, s);
-                    }
-                    Err(e) => return Err((shas.into_iter().collect(), e)),
-                }
-            }
-        }
-        let ok: Vec<(u32, String)> = shas.into_iter().collect();
-        match err {
-            Some(e) => Err((ok, e)),
-            None => Ok(ok),
-        }
-    }
-
-    /// One coalesced request: fetch, write at the original offset, sync, drop the pages from
-    /// the page cache. Returns each single-span expert's SHA-256 (`None` for experts with
-    /// more spans, hashed later).
-    fn fetch_group(
-        &self,
-        layer: usize,
-        g: &[(usize, u64, u64, u32)],
-    ) -> Result<Vec<(u32, Option<String>)>, StoreError> {
-        let (file, start, _, _) = g[0];
-        let last = g[g.len() - 1];
-        let end = last.1 + last.2;
-        let path = self.index.path(file).to_path_buf();
-        let len = end - start;
-        let n = usize::try_from(len).map_err(|_| cfg_err(&path, "request too large"))?;
-        let mut buf = vec![0u8; n];
-        self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        self.remote.fetch(file, start, &mut buf).map_err(|source| StoreError::Remote {
-            path: path.clone(),
-            offset: start,
-            len,
-            source,
-        })?;
-        self.counters.bytes_fetched.fetch_add(len, Ordering::Relaxed);
-        let f = self.files.get(file).and_then(Option::as_ref).ok_or_else(|| {
-            cfg_err(&path, "shard holds no routed experts but a request was made for it")
-        })?;
-        let io = |source| StoreError::Io { path: path.clone(), source };
-        f.write_all_at(&buf, start).map_err(io)?;
-        f.sync_data().map_err(io)?;
-        drop_cached(f, start, len);
-        let mut out = Vec::with_capacity(g.len());
-        for &(_, off, l, id) in g {
-            if self.index.get(layer, id).is_some_and(|loc| loc.spans().len() == 1) {
-                let a = usize::try_from(off - start).unwrap_or(usize::MAX);
-                let b = a.saturating_add(usize::try_from(l).unwrap_or(usize::MAX));
-                let sha = buf.get(a..b).map(|s| hex(&Sha256::digest(s)));
-                if sha.is_none() {
-                    return Err(cfg_err(&path, "invariant: a span lies inside its request"));
-                }
-                out.push((id, sha));
-            } else {
-                out.push((id, None));
-            }
-        }
-        Ok(out)
-    }
-
-    /// SHA-256 of expert `id` of `layer` read back from its sparse file(s), in span order.
-    fn hash_from_disk(&self, layer: usize, id: u32) -> Result<String, StoreError> {
-        let mut h = Sha256::new();
-        let Some(loc) = self.index.get(layer, id) else {
-            return Err(StoreError::Config(format!("expert {id} of layer {layer} not indexed")));
-        };
-        for s in loc.spans() {
-            let path = self.index.path(s.file).to_path_buf();
-            let f = self
-                .files
-                .get(s.file)
-                .and_then(Option::as_ref)
-                .ok_or_else(|| cfg_err(&path, "shard holds no routed experts"))?;
-            let n = usize::try_from(s.len).map_err(|_| cfg_err(&path, "span too large"))?;
-            let mut buf = vec![0u8; n];
-            f.read_exact_at(&mut buf, s.offset)
-                .map_err(|source| StoreError::Io { path: path.clone(), source })?;
-            h.update(&buf);
-        }
-        Ok(hex(&h.finalize()))
-    }
-}
-
-/// Lowercase hex of `bytes`.
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
-/// Returns the blocks of `offset .. offset + len` of `file` to the file system; the file keeps
-/// its length and the range reads as zeros.
-pub(crate) fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
-    let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
-        return Err(io::Error::from(io::ErrorKind::InvalidInput));
-    };
-    // SAFETY: `fallocate` only reads its integer arguments; the descriptor is open for the
-    // lifetime of `file`. Punching a hole changes file contents, never memory we hold.
-    let r = unsafe {
-        libc::fallocate(
-            file.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            off,
-            n,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// Drops the page-cache pages of a range just written and synced (best effort), so filling
-/// the disk cache does not grow memory outside the budget.
-fn drop_cached(file: &File, offset: u64, len: u64) {
-    let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
-        return;
-    };
-    // SAFETY: `posix_fadvise` only reads its integer arguments; advice is harmless to memory.
-    let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), off, n, libc::POSIX_FADV_DONTNEED) };
 }

@@ -13,11 +13,12 @@ mod shared;
 
 pub use gate::{LayerPrefetchStats, DEFAULT_MIN_PRECISION, GATE_WEIGHT};
 
+use crate::backend::{IoBackend, Readers};
 use crate::cache::{CacheSize, CacheState, ExpertCache, SlotState};
 use crate::index::ExpertIndex;
 use crate::io::{IoMode, ReadAt, ShardFiles};
 use crate::policy::{key, PolicyKind};
-use crate::reader::{JobState, Priority, ReaderPool, DEFAULT_READERS};
+use crate::reader::{JobState, Priority, DEFAULT_READERS};
 use crate::remote::{DiskPin, ExpertDiskCache};
 use crate::{ExpertStore, ExpertTensorNames, ExpertView, StoreError, StoreStats};
 use gate::Gate;
@@ -36,8 +37,10 @@ pub struct StreamingConfig {
     pub cache: CacheSize,
     /// Fewest slots worth running with when sizing from bytes or the budget (default 2).
     pub min_slots: usize,
-    /// Reader threads, i.e. reads in flight at once (default 16).
+    /// Reads in flight at once: ring depth or reader threads (default 16).
     pub readers: usize,
+    /// Read backend (default: io_uring where the kernel allows it, else the pread pool).
+    pub backend: IoBackend,
     /// Page-cache handling (default O_DIRECT with a buffered fallback).
     pub io: IoMode,
     /// Replacement policy (default S3-FIFO).
@@ -57,6 +60,7 @@ impl Default for StreamingConfig {
             cache: CacheSize::Available,
             min_slots: 2,
             readers: DEFAULT_READERS,
+            backend: IoBackend::Auto,
             io: IoMode::Direct,
             policy: PolicyKind::default(),
             max_prefetch_slots: None,
@@ -69,7 +73,7 @@ impl Default for StreamingConfig {
 #[derive(Debug)]
 pub struct StreamingExperts {
     shared: Arc<Shared>,
-    pool: ReaderPool,
+    pool: Readers,
 }
 
 impl StreamingExperts {
@@ -132,9 +136,7 @@ impl StreamingExperts {
             budget,
         )?;
         let slots = cache.slots();
-        let pool = ReaderPool::new(config.readers).map_err(|e| {
-            StoreError::Config(format!("cannot start {} reader threads: {e}", config.readers))
-        })?;
+        let pool = Readers::start(config.backend, config.readers, reader)?;
         let layers = index.num_layers();
         let state = Locked {
             cache: CacheState::new(slots, config.policy),
@@ -144,7 +146,6 @@ impl StreamingExperts {
         };
         let shared = Arc::new(Shared {
             index,
-            reader,
             cache,
             state: Mutex::new(state),
             cv: Condvar::new(),
@@ -171,9 +172,19 @@ impl StreamingExperts {
         &self.shared.index
     }
 
-    /// Reader threads.
+    /// Reads in flight at most (ring depth or reader threads).
     pub fn readers(&self) -> usize {
-        self.pool.threads()
+        self.pool.depth()
+    }
+
+    /// The read backend in use: `"io_uring"` or `"pread"`.
+    pub fn io_backend(&self) -> &'static str {
+        self.pool.name()
+    }
+
+    /// Why io_uring is not in use although `auto` asked for it (the kernel's error), if so.
+    pub fn io_fallback_reason(&self) -> Option<&str> {
+        self.pool.fallback_reason()
     }
 
     /// The persistent expert cache of a stream install, if this store has one.
@@ -207,9 +218,18 @@ impl StreamingExperts {
         p: Priority,
         disk_pin: Option<DiskPin>,
     ) {
-        let job =
-            ReadJob { shared: self.shared.clone(), slot, ticket, layer, id, done: false, disk_pin };
-        let handle = self.pool.submit(p, move || job.run());
+        let job = ReadJob {
+            shared: self.shared.clone(),
+            slot,
+            ticket,
+            layer,
+            id,
+            done: false,
+            disk_pin,
+            early: None,
+            started: None,
+        };
+        let handle = self.pool.submit(p, Box::new(job));
         st.cache.slot_mut(slot).job = Some((handle, p));
     }
 
@@ -398,6 +418,8 @@ impl StreamingExperts {
                     .filter(|id| !localized.iter().any(|(l, _)| l == id))
                     .collect();
                 if !need.is_empty() {
+                    // Reads queued above must not wait behind the fetch.
+                    self.pool.kick();
                     drop(st);
                     localized.extend(disk.localize(layer, &need)?);
                     st = sh.lock();
@@ -443,6 +465,8 @@ impl StreamingExperts {
                     l.skipped += guess.len() as u64;
                 }
             }
+            // Everything this round queued (demand misses, then guesses) goes out as one batch.
+            self.pool.kick();
             let mut failed = None;
             let Request { pending, ready, pins, .. } = &mut rq;
             pending.retain(|&(id, i)| match st.cache.slot(i).state {
@@ -545,6 +569,8 @@ impl ExpertStore for StreamingExperts {
     fn prefetch(&self, layer: usize, ids: &[u32]) {
         let mut st = self.shared.lock();
         self.guess(&mut st, layer, ids);
+        drop(st);
+        self.pool.kick();
     }
 
     fn cancel_prefetch(&self, layer: usize) {

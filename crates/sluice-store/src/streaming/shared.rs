@@ -4,9 +4,10 @@
 //! All slot bookkeeping lives under one mutex ([`Locked`]); a condition variable wakes waiting
 //! requests whenever a read ends or a slot is unpinned. Counters are atomics outside the lock.
 
+use crate::backend::{ReadTask, SpanError, SpanTarget};
 use crate::cache::{CacheState, ExpertCache, ReadFailure, SlotState};
 use crate::index::ExpertIndex;
-use crate::io::{clone_io_error, read_span, ReadAt};
+use crate::io::clone_io_error;
 use crate::remote::{DiskPin, ExpertDiskCache};
 use crate::StoreError;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -63,7 +64,6 @@ pub(super) fn nanos(t: Instant) -> u64 {
 #[derive(Debug)]
 pub(super) struct Shared {
     pub(super) index: ExpertIndex,
-    pub(super) reader: Arc<dyn ReadAt>,
     pub(super) cache: ExpertCache,
     pub(super) state: Mutex<Locked>,
     pub(super) cv: Condvar,
@@ -116,8 +116,9 @@ impl Shared {
     }
 }
 
-/// One read into one slot. Dropping it unrun (cancelled at shutdown) or unwinding out of it
-/// reports a failure for its ticket, so no slot stays *reading* for ever.
+/// One read into one slot, run by either backend ([`ReadTask`]). Dropping it unrun (cancelled
+/// at shutdown) or unwinding out of it reports a failure for its ticket, so no slot stays
+/// *reading* for ever.
 pub(super) struct ReadJob {
     pub(super) shared: Arc<Shared>,
     pub(super) slot: usize,
@@ -127,54 +128,67 @@ pub(super) struct ReadJob {
     pub(super) done: bool,
     /// With a disk cache: the pin that keeps this expert's bytes on disk while it is read.
     pub(super) disk_pin: Option<DiskPin>,
+    /// A failure found before any read (the expert is not in the index or overruns its slot).
+    pub(super) early: Option<ReadFailure>,
+    pub(super) started: Option<Instant>,
 }
 
-impl ReadJob {
-    pub(super) fn run(mut self) {
+// SAFETY: `start` hands out regions of slot `slot` only while that slot is *reading* under this
+// job's ticket. Only this job can end that state once it has started (cancel fails for a
+// running job; completion with its ticket happens in `finish` or `Drop`), nobody reads a
+// reading slot, and the arena lives in `shared`, which this job keeps alive.
+unsafe impl ReadTask for ReadJob {
+    fn start(&mut self) -> Vec<SpanTarget> {
         let sh = &*self.shared;
         {
             let st = sh.lock();
             let s = st.cache.slot(self.slot);
             if s.ticket != self.ticket || s.state != SlotState::Reading {
+                // Stale (the slot was abandoned or reused): nothing to read or report.
                 self.done = true;
-                return;
+                return Vec::new();
             }
         }
-        let result = match sh.index.get(self.layer, self.id) {
-            None => Err(failure(0, 0, 0, std::io::Error::other("expert missing from the index"))),
-            Some(loc) => {
-                // SAFETY: the slot is *reading* under this job's ticket (checked above). Only
-                // this job can end that state (completion) once it has started (cancel fails
-                // for a running job), and nobody reads a reading slot, so this is the only
-                // reference to the slot's bytes until `finish` below.
-                let buf = unsafe { sh.cache.arena().slot_mut(self.slot) };
-                let t0 = Instant::now();
-                let mut res = Ok(0u64);
-                for span in loc.spans() {
-                    let region = usize::try_from(span.region).ok().and_then(|a| {
-                        let b = a.checked_add(usize::try_from(span.region_len()).ok()?)?;
-                        buf.get_mut(a..b)
-                    });
-                    let r = match region {
-                        Some(region) => read_span(&*sh.reader, span, region),
-                        None => Err(std::io::Error::other("expert larger than its cache slot")),
-                    };
-                    match r {
-                        Ok(n) => res = res.map(|t| t + n),
-                        Err(e) => {
-                            res = Err(failure(span.file, span.offset, span.len, e));
-                            break;
-                        }
-                    }
-                }
-                add(&sh.counters.read_ns, nanos(t0));
-                res
-            }
+        self.started = Some(Instant::now());
+        let Some(loc) = sh.index.get(self.layer, self.id) else {
+            let e = std::io::Error::other("expert missing from the index");
+            self.early = Some(failure(0, 0, 0, e));
+            return Vec::new();
         };
+        // SAFETY: see the `unsafe impl`: this job is the slot's only user until it finishes.
+        let buf = unsafe { sh.cache.arena().slot_mut(self.slot) };
+        let mut targets = Vec::with_capacity(loc.spans().len());
+        for span in loc.spans() {
+            let region = usize::try_from(span.region).ok().and_then(|a| {
+                let b = a.checked_add(usize::try_from(span.region_len()).ok()?)?;
+                buf.get_mut(a..b)
+            });
+            let Some(region) = region else {
+                let e = std::io::Error::other("expert larger than its cache slot");
+                self.early = Some(failure(span.file, span.offset, span.len, e));
+                return Vec::new();
+            };
+            targets.push(SpanTarget { span: *span, buf: region.as_mut_ptr(), len: region.len() });
+        }
+        targets
+    }
+
+    fn finish(mut self: Box<Self>, result: Result<u64, SpanError>) {
+        if self.done {
+            return;
+        }
         self.done = true;
+        let result = match (self.early.take(), result) {
+            (Some(f), _) => Err(f),
+            (None, Ok(n)) => Ok(n),
+            (None, Err(e)) => Err(failure(e.span.file, e.span.offset, e.span.len, e.error)),
+        };
+        if let Some(t0) = self.started {
+            add(&self.shared.counters.read_ns, nanos(t0));
+        }
         // Unpinned before waiters wake, so a waiter that needs disk room finds it.
         drop(self.disk_pin.take());
-        sh.finish(self.layer, self.slot, self.ticket, result);
+        self.shared.finish(self.layer, self.slot, self.ticket, result);
     }
 }
 

@@ -1,0 +1,191 @@
+//! The two ways reads reach the disk, behind one submission API ([`Readers`]): the kernel's
+//! io_uring ([`crate::uring`], one ring at the configured queue depth) or the pread pool
+//! ([`crate::reader`], that many threads each blocked in `pread`). Which one runs is chosen at
+//! runtime ([`IoBackend::Auto`]): io_uring when the kernel lets this process create a ring
+//! (it may be compiled out, disabled by `kernel.io_uring_disabled`, or refused by a seccomp
+//! filter), the pool otherwise.
+//!
+//! A job is a [`ReadTask`]: when a backend starts it, it names the spans to read and the memory
+//! they go to; when every span is in (or one failed), the backend calls its `finish`. Both
+//! backends read through the same [`ReadAt`] seam, so injected faults reach either.
+
+use crate::index::Span;
+use crate::io::{read_span, ReadAt};
+use crate::reader::{JobHandle, Priority, ReaderPool};
+use crate::uring::UringReader;
+use crate::StoreError;
+use std::io;
+use std::sync::Arc;
+
+/// Which read backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoBackend {
+    /// io_uring when the kernel allows it, else the pread pool.
+    #[default]
+    Auto,
+    /// io_uring, or an error where the kernel refuses it.
+    Uring,
+    /// The pread thread pool.
+    Pread,
+}
+
+impl IoBackend {
+    /// Parses `auto`, `uring` or `pread`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "auto" => Some(Self::Auto),
+            "uring" | "io_uring" => Some(Self::Uring),
+            "pread" => Some(Self::Pread),
+            _ => None,
+        }
+    }
+}
+
+/// Whether this process may use io_uring: creates (and drops) a small ring. The error is the
+/// kernel's reason (`ENOSYS` not built in, `EPERM` disabled by sysctl or seccomp, ...).
+pub fn uring_available() -> io::Result<()> {
+    io_uring::IoUring::new(4).map(drop)
+}
+
+/// Where one span's aligned read region goes.
+#[derive(Debug, Clone, Copy)]
+pub struct SpanTarget {
+    /// The span.
+    pub span: Span,
+    /// First byte of the destination (the span's aligned read region).
+    pub buf: *mut u8,
+    /// Bytes at `buf` (the span's [`Span::region_len`]).
+    pub len: usize,
+}
+
+// SAFETY: a `SpanTarget` is only an address; `ReadTask`'s contract makes the memory exclusively
+// the reading backend's from `start` to `finish`, whichever thread that runs on.
+unsafe impl Send for SpanTarget {}
+
+/// A failed span: the span and the error (`UnexpectedEof` for a file that ended first).
+#[derive(Debug)]
+pub struct SpanError {
+    /// The span whose read failed.
+    pub span: Span,
+    /// Why.
+    pub error: io::Error,
+}
+
+/// One read job.
+///
+/// # Safety
+/// Every [`SpanTarget`] returned by `start` must point to `len` bytes that stay valid and that
+/// nothing else reads or writes until `finish` has been called or the task has been dropped;
+/// the backend writes the file's bytes there from any thread.
+pub unsafe trait ReadTask: Send + 'static {
+    /// Called once when a backend starts the job (never for a job cancelled while queued).
+    /// Returns the spans to read; none is allowed (the job then finishes with `Ok(0)`).
+    fn start(&mut self) -> Vec<SpanTarget>;
+    /// Called once when every span is read (`Ok(total bytes transferred)`) or one failed (the
+    /// first failure; the others have ended too, so the memory is free again).
+    fn finish(self: Box<Self>, result: Result<u64, SpanError>);
+}
+
+/// A running read backend.
+#[derive(Debug)]
+pub enum Readers {
+    /// io_uring.
+    Uring(UringReader),
+    /// The pread pool and the reader its threads call.
+    Pread {
+        /// The threads.
+        pool: ReaderPool,
+        /// What they read through.
+        reader: Arc<dyn ReadAt>,
+        /// Why io_uring is not used, when it was asked for with `auto` and refused.
+        fallback: Option<String>,
+    },
+}
+
+impl Readers {
+    /// Starts `backend` with `depth` reads in flight (ring entries or threads), reading
+    /// through `reader`.
+    pub fn start(
+        backend: IoBackend,
+        depth: usize,
+        reader: Arc<dyn ReadAt>,
+    ) -> Result<Self, StoreError> {
+        let depth = depth.max(1);
+        let pool = |reader, fallback| {
+            let pool = ReaderPool::new(depth).map_err(|e| {
+                StoreError::Config(format!("cannot start {depth} reader threads: {e}"))
+            })?;
+            Ok(Self::Pread { pool, reader, fallback })
+        };
+        match backend {
+            IoBackend::Pread => pool(reader, None),
+            IoBackend::Uring => UringReader::new(depth, reader)
+                .map(Self::Uring)
+                .map_err(|e| StoreError::Config(format!("io_uring is not available: {e}"))),
+            IoBackend::Auto => match UringReader::new(depth, reader.clone()) {
+                Ok(u) => Ok(Self::Uring(u)),
+                Err(e) => pool(reader, Some(e.to_string())),
+            },
+        }
+    }
+
+    /// Queues `task` at `priority`. An io_uring backend submits it at the next
+    /// [`Readers::kick`] (so a layer's misses go to the kernel as one batch); the pool starts
+    /// it as soon as a thread is free.
+    pub fn submit(&self, priority: Priority, task: Box<dyn ReadTask>) -> JobHandle {
+        match self {
+            Self::Uring(u) => u.submit(priority, task),
+            Self::Pread { pool, reader, .. } => {
+                let reader = reader.clone();
+                pool.submit(priority, move || run_sync(task, &*reader))
+            }
+        }
+    }
+
+    /// Hands everything queued since the last kick to the kernel (no-op for the pool).
+    pub fn kick(&self) {
+        if let Self::Uring(u) = self {
+            u.kick();
+        }
+    }
+
+    /// `"io_uring"` or `"pread"`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Uring(_) => "io_uring",
+            Self::Pread { .. } => "pread",
+        }
+    }
+
+    /// Why `auto` fell back to the pool, if it did.
+    pub fn fallback_reason(&self) -> Option<&str> {
+        match self {
+            Self::Pread { fallback, .. } => fallback.as_deref(),
+            Self::Uring(_) => None,
+        }
+    }
+
+    /// Reads in flight at most (queue depth or threads).
+    pub fn depth(&self) -> usize {
+        match self {
+            Self::Uring(u) => u.depth(),
+            Self::Pread { pool, .. } => pool.threads(),
+        }
+    }
+}
+
+/// Runs `task` on the calling thread: each span with [`read_span`] in turn.
+fn run_sync(mut task: Box<dyn ReadTask>, reader: &dyn ReadAt) {
+    let targets = task.start();
+    let mut total = 0u64;
+    for t in targets {
+        // SAFETY: `ReadTask`'s contract: `t.buf..t.buf + t.len` is valid and ours alone until
+        // `finish`, which is called below, after this borrow ends.
+        let region = unsafe { std::slice::from_raw_parts_mut(t.buf, t.len) };
+        match read_span(reader, &t.span, region) {
+            Ok(n) => total += n,
+            Err(error) => return task.finish(Err(SpanError { span: t.span, error })),
+        }
+    }
+    task.finish(Ok(total));
+}
