@@ -80,6 +80,11 @@ pub struct Stats {
     pub decode_expert_bytes_read: u64,
     /// Seconds decode passes waited on expert reads.
     pub decode_io_wait_s: f64,
+    /// Wall seconds of prefill during which at least one expert read was in flight.
+    pub prefill_read_busy_s: f64,
+    /// Wall seconds of decode during which at least one expert read was in flight (expert
+    /// bytes read over it is the bandwidth the disk gave the engine's own reads).
+    pub decode_read_busy_s: f64,
     /// Bytes read by prefetches that were not used.
     pub prefetch_wasted_bytes: u64,
     /// Per-MoE-layer store counters of the prefill passes.
@@ -368,6 +373,8 @@ pub fn generate(
     {
         stats.prefill_io_wait_s = (store1.stall_ns - store0.stall_ns) as f64 * 1e-9;
         stats.decode_io_wait_s = (s1.stall_ns - store1.stall_ns) as f64 * 1e-9;
+        stats.prefill_read_busy_s = (store1.busy_ns - store0.busy_ns) as f64 * 1e-9;
+        stats.decode_read_busy_s = (s1.busy_ns - store1.busy_ns) as f64 * 1e-9;
     }
     stats.prefetch_wasted_bytes = s1.prefetch_wasted_bytes - store0.prefetch_wasted_bytes;
     stats.process_read_bytes = process_read_bytes().unwrap_or(0);

@@ -220,6 +220,9 @@ pub struct StoreStats {
     pub stall_ns: u64,
     /// Nanoseconds reader threads spent reading, summed over threads.
     pub read_ns: u64,
+    /// Wall nanoseconds during which at least one read was in flight (the disk worked for
+    /// the store); `bytes_read` over it is the bandwidth the store's reads got.
+    pub busy_ns: u64,
 }
 
 /// A source of routed experts.

@@ -563,6 +563,7 @@ impl ExpertStore for StreamingExperts {
             prefetch_wasted_bytes: g(&c.prefetch_wasted_bytes),
             stall_ns: g(&c.stall_ns),
             read_ns: g(&c.read_ns),
+            busy_ns: c.busy.total_ns(),
         }
     }
 

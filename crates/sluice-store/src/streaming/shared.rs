@@ -48,6 +48,46 @@ pub(super) struct Counters {
     pub(super) prefetch_wasted_bytes: AtomicU64,
     pub(super) stall_ns: AtomicU64,
     pub(super) read_ns: AtomicU64,
+    pub(super) busy: BusyClock,
+}
+
+/// Wall time during which at least one expert read was in flight: the time the disk was
+/// working for the store. Bytes read over it is the bandwidth the disk delivered to the
+/// store's own access pattern, which `sluice bench` compares with its probe.
+#[derive(Debug, Default)]
+pub(super) struct BusyClock {
+    /// Reads in flight, and since when the count has been above zero.
+    state: Mutex<(usize, Option<Instant>)>,
+    /// Finished busy periods.
+    ns: AtomicU64,
+}
+
+impl BusyClock {
+    /// A read starts.
+    pub(super) fn enter(&self) {
+        let mut st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if st.0 == 0 {
+            st.1 = Some(Instant::now());
+        }
+        st.0 += 1;
+    }
+
+    /// A read that [`BusyClock::enter`]ed ends.
+    pub(super) fn exit(&self) {
+        let mut st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        st.0 = st.0.saturating_sub(1);
+        if st.0 == 0 {
+            if let Some(t0) = st.1.take() {
+                add(&self.ns, nanos(t0));
+            }
+        }
+    }
+
+    /// Busy nanoseconds so far, the current busy period included.
+    pub(super) fn total_ns(&self) -> u64 {
+        let st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.ns.load(Ordering::Relaxed) + st.1.map_or(0, nanos)
+    }
 }
 
 /// Adds `n` to counter `c`.
@@ -150,6 +190,7 @@ unsafe impl ReadTask for ReadJob {
             }
         }
         self.started = Some(Instant::now());
+        sh.counters.busy.enter();
         let Some(loc) = sh.index.get(self.layer, self.id) else {
             let e = std::io::Error::other("expert missing from the index");
             self.early = Some(failure(0, 0, 0, e));
@@ -183,8 +224,9 @@ unsafe impl ReadTask for ReadJob {
             (None, Ok(n)) => Ok(n),
             (None, Err(e)) => Err(failure(e.span.file, e.span.offset, e.span.len, e.error)),
         };
-        if let Some(t0) = self.started {
+        if let Some(t0) = self.started.take() {
             add(&self.shared.counters.read_ns, nanos(t0));
+            self.shared.counters.busy.exit();
         }
         // Unpinned before waiters wake, so a waiter that needs disk room finds it.
         drop(self.disk_pin.take());
@@ -199,6 +241,9 @@ pub(super) fn failure(file: usize, offset: u64, len: u64, error: std::io::Error)
 
 impl Drop for ReadJob {
     fn drop(&mut self) {
+        if self.started.take().is_some() {
+            self.shared.counters.busy.exit();
+        }
         if !self.done {
             drop(self.disk_pin.take());
             let e = std::io::Error::other("read job ended without completing");

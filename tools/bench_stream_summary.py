@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Summarise tools/bench_stream.sh output (one `sluice bench --json` file per part) as markdown."""
+import json
+import os
+import sys
+
+FIGS = [
+    ("s_per_pass", "decode s/pass", 3),
+    ("decode_read_gbps", "decode reads GB/s while the disk was busy", 2),
+    ("decode_bound_s_per_pass", "storage bound s/pass", 3),
+    ("decode_ratio", "ratio to bound", 2),
+    ("decode_io_wait_s_per_pass", "I/O wait s/pass", 3),
+    ("decode_compute_s_per_pass", "compute s/pass", 3),
+    ("s_per_pass_per_moe_layer", "s/pass per MoE layer", 3),
+    ("prefill_s", "prefill s", 2),
+    ("prefill_ratio", "prefill ratio to bound", 2),
+    ("prefill_read_amplification", "prefill bytes read / distinct", 4),
+    ("hit_rate", "cache hit rate", 3),
+    ("prefetch_recall", "prefetch recall", 3),
+]
+
+
+def cell(m, key, digits):
+    if key not in m:
+        return "—"
+    v = m[key]
+    return f"{v['median']:.{digits}f} ({v['min']:.{digits}f}–{v['max']:.{digits}f})"
+
+
+def main(out):
+    for part in sorted(os.listdir(out)):
+        if not part.endswith(".json"):
+            continue
+        v = json.load(open(os.path.join(out, part)))
+        load = open(os.path.join(out, part[:-5] + ".load")).read().split("load average:")
+        loads = [x.split(",")[0].strip() for x in load[1:]]
+        pb, pa = v["probe_before"]["gbps"], v["probe_after"]["gbps"]
+        print(f"### {part[:-5]}: {v['cache_drop']}; storage probe {pb:.2f} / {pa:.2f} GB/s "
+              f"(before / after); load average {' → '.join(loads)}; mismatches {v['mismatches']}\n")
+        names = [c["config"] for c in v["summary"]]
+        print("| figure | " + " | ".join(names) + " |")
+        print("|---|" + "---|" * len(names))
+        for key, label, digits in FIGS:
+            cells = [cell(c["metrics"], key, digits) for c in v["summary"]]
+            if any(c != "—" for c in cells):
+                print(f"| {label} | " + " | ".join(cells) + " |")
+        rss = max(r["peak_rss_bytes"] for r in v["runs"]) / 2**30
+        print(f"\npeak RSS over all runs {rss:.2f} GiB (cgroup {v['cgroup_limit_bytes'] / 2**30:.2f} GiB)\n")
+        # Per-layer figures of the first run of each configuration.
+        print("| config | phase | layer | bytes read / distinct | recall | guess precision | read / gated |")
+        print("|---|---|---|---|---|---|---|")
+        seen = set()
+        for r in v["runs"]:
+            if r["config"] in seen:
+                continue
+            seen.add(r["config"])
+            for phase in ("prefill_layers", "decode_layers"):
+                for l in r.get(phase, []) or []:
+                    amp = l.get("read_amplification")
+                    rec = l.get("recall")
+                    gp = l.get("guess_precision")
+                    f = lambda x, d=3: "—" if x is None else f"{x:.{d}f}"
+                    print(f"| {r['config']} | {phase.split('_')[0]} | {l['layer']} | {f(amp, 4)} | {f(rec)} | "
+                          f"{f(gp)} | {l['issued']} / {l['gated']} |")
+        print()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
