@@ -12,7 +12,7 @@
 //! cached plus the free space of the install's volume less headroom (2% + 1 GiB).
 
 use crate::load::{ExpertMode, LoadOptions, Loaded};
-use crate::place::{self, Placed};
+use crate::place;
 use crate::spine::Spine;
 use crate::EngineError;
 use sluice_checkpoint::Checkpoint;
@@ -20,7 +20,7 @@ use sluice_hub::{FreeSpace, Install, StatvfsFreeSpace};
 use sluice_models::kimi_k3::config::K3Config;
 use sluice_models::kimi_k3::inventory::inventory;
 use sluice_models::kimi_k3::KimiK3;
-use sluice_models::{Model, ModelError};
+use sluice_models::ModelError;
 use sluice_store::remote::log::{self, LOG_FILE};
 use sluice_store::{DiskCacheConfig, ExpertDiskCache, ShardFiles, StreamingExperts};
 use std::path::Path;
@@ -78,8 +78,7 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
     let disk_cfg = DiskCacheConfig::new(disk_budget(dir, opts, &install.manifest.commit)?);
     let expert_bytes = inventory(&ckpt, &cfg).expert_bytes;
     let fetch_buffers = disk_cfg.buffer_bytes(expert_bytes);
-    let Placed { model: mut m, mut plan, spine, budget, charges, io, .. } =
-        place::place(&ckpt, &cfg, opts, fetch_buffers, "remote fetch buffers")?;
+    let mut placed = place::place(&ckpt, &cfg, opts, fetch_buffers, "remote fetch buffers")?;
     let hub = install.hub_config();
     let remote = install.remote(hub, repo_files).map_err(|e| install_err(dir, e))?;
     let disk = ExpertDiskCache::open(
@@ -91,23 +90,12 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
         disk_cfg,
     )
     .map_err(ModelError::from)?;
-    let config = place::streaming_config(&mut plan, opts, io);
-    let files = ShardFiles::open(index.paths(), io).map_err(ModelError::from)?;
-    let store = Arc::new(
-        StreamingExperts::with_disk_cache(index, Arc::new(files), &config, &budget, disk)
-            .map_err(ModelError::from)?,
-    );
-    m.set_experts(store.clone());
-    m.set_prefetch(opts.prefetch);
-    Ok(Some(Loaded {
-        model: Model::KimiK3(m),
-        plan: Some(plan),
-        streaming: Some(store),
-        spine,
-        mode: "stream",
-        budget,
-        charges,
-    }))
+    let config = place::streaming_config(&mut placed.plan, opts, placed.io);
+    let files = ShardFiles::open(index.paths(), placed.io).map_err(ModelError::from)?;
+    let store =
+        StreamingExperts::with_disk_cache(index, Arc::new(files), &config, &placed.budget, disk)
+            .map_err(ModelError::from)?;
+    Ok(Some(placed.streaming(Arc::new(store), opts.prefetch)))
 }
 
 /// True when `dir` holds a stream install (a `sluice-install.json` in stream mode with sparse

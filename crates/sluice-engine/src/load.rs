@@ -5,7 +5,7 @@
 //! The plan is printed by the caller; a budget that cannot hold the minimum is refused with the
 //! shortfall.
 
-use crate::place::{self, Placed};
+use crate::place;
 use crate::plan::{Plan, SpineMode};
 use crate::spine::Spine;
 use crate::EngineError;
@@ -134,35 +134,16 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
         });
     }
     let cfg = K3Config::from_json(ckpt.config().text_config()).map_err(EngineError::Model)?;
-    let Placed { model: mut m, mut plan, spine, budget, charges, io, .. } =
-        place::place(&ckpt, &cfg, opts, 0, "")?;
+    let mut placed = place::place(&ckpt, &cfg, opts, 0, "")?;
     let stream = match opts.experts {
         ExpertMode::Mapped => false,
         ExpertMode::Stream => true,
-        ExpertMode::Auto => !plan.all_experts_resident,
+        ExpertMode::Auto => !placed.plan.all_experts_resident,
     };
     if !stream {
-        return Ok(Loaded {
-            model: Model::KimiK3(m),
-            plan: Some(plan),
-            streaming: None,
-            spine,
-            mode: "mapped",
-            budget,
-            charges,
-        });
+        return Ok(placed.mapped());
     }
-    let config = place::streaming_config(&mut plan, opts, io);
-    let store = Arc::new(KimiK3::streaming_experts(&ckpt, &cfg, &config, &budget)?);
-    m.set_experts(store.clone());
-    m.set_prefetch(opts.prefetch);
-    Ok(Loaded {
-        model: Model::KimiK3(m),
-        plan: Some(plan),
-        streaming: Some(store),
-        spine,
-        mode: "stream",
-        budget,
-        charges,
-    })
+    let config = place::streaming_config(&mut placed.plan, opts, placed.io);
+    let store = KimiK3::streaming_experts(&ckpt, &cfg, &config, &placed.budget)?;
+    Ok(placed.streaming(Arc::new(store), opts.prefetch))
 }

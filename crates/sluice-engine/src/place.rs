@@ -10,7 +10,7 @@
 //! extra headroom, so the plan leaves room for them). The expert cache is charged by the
 //! streaming store when the caller opens it with [`streaming_config`].
 
-use crate::load::LoadOptions;
+use crate::load::{LoadOptions, Loaded};
 use crate::plan::{default_budget, Needs, Plan, SpinePieces};
 use crate::EngineError;
 use sluice_checkpoint::Checkpoint;
@@ -19,9 +19,11 @@ use sluice_core::MemoryBudget;
 use sluice_models::kimi_k3::config::K3Config;
 use sluice_models::kimi_k3::inventory::inventory;
 use sluice_models::kimi_k3::KimiK3;
-use sluice_models::ModelError;
+use sluice_models::{Model, ModelError};
 use sluice_store::spine::{PieceLayout, SpineFootprint};
-use sluice_store::{CacheSize, IoMode, Placement, ReadAt, ShardFiles, SpineStore, StreamingConfig};
+use sluice_store::{
+    CacheSize, IoMode, Placement, ReadAt, ShardFiles, SpineStore, StreamingConfig, StreamingExperts,
+};
 use std::sync::Arc;
 
 /// I/O headroom every K3 plan keeps for scratch (on top of a caller's extra buffers).
@@ -42,6 +44,33 @@ pub(crate) struct Placed {
     pub charges: Vec<Charge>,
     /// How spine and expert reads go to disk.
     pub io: IoMode,
+}
+
+impl Placed {
+    /// The model with its routed experts mapped in place.
+    pub fn mapped(self) -> Loaded {
+        self.loaded(None, "mapped")
+    }
+
+    /// The model with its routed experts served by `store` (prefetching the next layer's when
+    /// `prefetch`).
+    pub fn streaming(mut self, store: Arc<StreamingExperts>, prefetch: bool) -> Loaded {
+        self.model.set_experts(store.clone());
+        self.model.set_prefetch(prefetch);
+        self.loaded(Some(store), "stream")
+    }
+
+    fn loaded(self, streaming: Option<Arc<StreamingExperts>>, mode: &'static str) -> Loaded {
+        Loaded {
+            model: Model::KimiK3(self.model),
+            plan: Some(self.plan),
+            streaming,
+            spine: self.spine,
+            mode,
+            budget: self.budget,
+            charges: self.charges,
+        }
+    }
 }
 
 /// The budget of `opts` with the draft model charged first: whatever the draft takes, the
