@@ -232,35 +232,19 @@ pub fn convert_spine_int8(
         let quantized = plan.tensors.iter().filter(|t| t.quantize).count();
         report.tensors_quantized += quantized;
         report.tensors_kept += plan.tensors.len() - quantized;
-        let entry = match reusable(&journal, src, dst, name)? {
-            Some(entry) => {
-                report.files_reused += 1;
-                tick(entry.source.size);
-                entry
-            }
-            None => {
-                report.files_written += 1;
-                convert_shard(&ckpt, i, &plan, dst, &expected, &mut tick)?
-            }
-        };
+        let entry = reuse_or_write(&journal, src, dst, name, &mut report, &mut tick, |tick| {
+            convert_shard(&ckpt, i, &plan, dst, &expected, tick)
+        })?;
         expected.check_sha(src, &entry.source)?;
         journal.done.insert(name.clone(), entry);
         journal.save(dst)?;
     }
     for name in &others {
-        let entry = match reusable(&journal, src, dst, name)? {
-            Some(entry) => {
-                report.files_reused += 1;
-                tick(entry.source.size);
-                entry
-            }
-            None => {
-                report.files_written += 1;
-                let entry = copy_file(src, dst, name, &expected)?;
-                tick(entry.source.size);
-                entry
-            }
-        };
+        let entry = reuse_or_write(&journal, src, dst, name, &mut report, &mut tick, |tick| {
+            let entry = copy_file(src, dst, name, &expected)?;
+            tick(entry.source.size);
+            Ok(entry)
+        })?;
         journal.done.insert(name.clone(), entry);
         journal.save(dst)?;
     }
@@ -533,26 +517,34 @@ fn copy_file(
 
 /// The journal's entry for `name` when it can stand: the source has the recorded size and
 /// modification time, and the output exists with the recorded size and SHA-256.
-fn reusable(
+/// The journal entry of file `name` (of `src`, written to `dst`): reused when the journal's
+/// record still matches the source (size, mtime) and the output (size, SHA-256), else made by
+/// `write`; counted as reused or written in `report`, its source bytes reported to `tick`
+/// either way (`write` reports its own).
+fn reuse_or_write<T: FnMut(u64)>(
     journal: &Journal,
     src: &Path,
     dst: &Path,
     name: &str,
-) -> Result<Option<JournalEntry>, ConvertError> {
-    let Some(entry) = journal.done.get(name) else {
-        return Ok(None);
-    };
-    let from = src.join(name);
-    let len = std::fs::metadata(&from).map_err(|e| ConvertError::io(&from, e))?.len();
-    if len != entry.source.size || mtime_ns(&from)? != entry.source_mtime_ns {
-        return Ok(None);
-    }
-    match hash_file(&dst.join(name)) {
-        Ok((size, sha)) if size == entry.output.size && sha == entry.output.sha256 => {
-            Ok(Some(entry.clone()))
+    report: &mut ConvertReport,
+    tick: &mut T,
+    write: impl FnOnce(&mut T) -> Result<JournalEntry, ConvertError>,
+) -> Result<JournalEntry, ConvertError> {
+    if let Some(entry) = journal.done.get(name) {
+        let from = src.join(name);
+        let len = std::fs::metadata(&from).map_err(|e| ConvertError::io(&from, e))?.len();
+        if len == entry.source.size && mtime_ns(&from)? == entry.source_mtime_ns {
+            if let Ok((size, sha)) = hash_file(&dst.join(name)) {
+                if size == entry.output.size && sha == entry.output.sha256 {
+                    report.files_reused += 1;
+                    tick(entry.source.size);
+                    return Ok(entry.clone());
+                }
+            }
         }
-        _ => Ok(None),
     }
+    report.files_written += 1;
+    write(tick)
 }
 
 /// Files of `src` besides the shards that the output carries over: top-level regular files

@@ -1,32 +1,14 @@
 //! `sluice doctor` on real installs pulled from a test hub on 127.0.0.1: healthy, a
 //! truncated file, a missing file, a flipped byte (found only with `--deep`); and `sluice run`
-//! naming a stream install.
+//! naming a stream install, placing its spine as asked, and refusing `--spine int8` on it.
 
-use sluice_hub::testhub::{HubRepo, TestHub};
-use sluice_hub::{
-    HubClient, HubConfig, ModeRequest, NoProgress, PlanOptions, PullOptions, StatvfsFreeSpace,
-};
-use std::path::{Path, PathBuf};
+use sluice_hub::testhub::{install, k3_tiny_fixture, k3_tiny_hub, TestHub, K3_TINY_REPO};
+use sluice_hub::ModeRequest;
+use std::path::Path;
 use std::process::{Command, Output};
 
-const REPO: &str = "moonshotai/Kimi-K3-tiny";
-
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3/tiny-a")
-}
-
 fn pull(hub: &TestHub, dir: &Path, mode: ModeRequest) {
-    let client = HubClient::new(HubConfig::new(hub.endpoint())).expect("client");
-    let info = client.resolve(REPO, "main").expect("resolve");
-    let opts = PlanOptions {
-        mode,
-        dir: Some(dir.to_path_buf()),
-        reuse_cache: None,
-        workers: 2,
-        coalesce_gap: 4096,
-    };
-    let plan = client.plan(&info, &opts, &StatvfsFreeSpace).expect("plan");
-    client.pull(&plan, &PullOptions::default(), &NoProgress).expect("pull");
+    install(hub, K3_TINY_REPO, dir, mode).expect("pull");
 }
 
 fn sluice(args: &[&str]) -> Output {
@@ -43,8 +25,7 @@ fn text(o: &Output) -> String {
 
 #[test]
 fn doctor_finds_truncated_missing_and_flipped_files() {
-    let hub =
-        TestHub::start(vec![HubRepo::from_dir(REPO, &fixture()).expect("repo")]).expect("hub");
+    let hub = k3_tiny_hub().expect("hub");
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("full");
     pull(&hub, &dir, ModeRequest::Full);
@@ -97,14 +78,13 @@ fn doctor_finds_truncated_missing_and_flipped_files() {
     assert!(!o.status.success() && t.contains("config.json: missing"), "{t}");
 
     // Not an install at all.
-    let o = sluice(&["doctor", fixture().to_str().expect("utf-8")]);
+    let o = sluice(&["doctor", k3_tiny_fixture().to_str().expect("utf-8")]);
     assert!(!o.status.success() && text(&o).contains("no sluice-install.json"));
 }
 
 #[test]
 fn run_and_doctor_describe_a_stream_install() {
-    let hub =
-        TestHub::start(vec![HubRepo::from_dir(REPO, &fixture()).expect("repo")]).expect("hub");
+    let hub = k3_tiny_hub().expect("hub");
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("stream");
     pull(&hub, &dir, ModeRequest::Stream);
@@ -124,4 +104,24 @@ fn run_and_doctor_describe_a_stream_install() {
     let o = sluice(&["run", "--model", d, "--prompt-ids", "1,2,3", "--max-new", "3"]);
     let t = text(&o);
     assert!(t.contains("install: stream (") && !t.contains("install: stream (0 of "), "{t}");
+
+    // The spine is placed as for a full install, the plan says so, and the tokens are the same.
+    let placed = sluice(&[
+        "run",
+        "--model",
+        d,
+        "--prompt-ids",
+        "1,2,3",
+        "--max-new",
+        "3",
+        "--spine-placement",
+        "1",
+    ]);
+    let t = text(&placed);
+    assert!(placed.status.success(), "{t}");
+    assert!(t.contains("spine: 1 of 9 layers resident") && t.contains("8 streamed via 2×"), "{t}");
+    assert_eq!(placed.stdout, o.stdout, "the placed spine changed the output");
+    let o = sluice(&["run", "--model", d, "--prompt-ids", "1,2,3", "--spine", "int8"]);
+    let t = text(&o);
+    assert!(!o.status.success() && t.contains("is a stream install"), "{t}");
 }

@@ -5,25 +5,24 @@
 //! routed experts are): it opens with those files standing in for the shards, and its routed
 //! experts are served by the streaming store with a persistent disk cache whose misses are
 //! fetched from the hub the install pins (`sluice_hub::HubRemote`), so output is bit-identical
-//! to a full install. Prefetch never fetches remotely. The disk cache's budget is
-//! `LoadOptions::disk_cache`, by default what is already cached plus the free space of the
-//! install's volume less headroom (2% + 1 GiB).
+//! to a full install. Prefetch never fetches remotely. The memory plan, its charges and the
+//! spine placement (`--spine-placement`) are those of a full install (`place.rs`), with the
+//! remote fetch buffers charged as extra headroom; a streamed spine is read from the sparse
+//! shards. The disk cache's budget is `LoadOptions::disk_cache`, by default what is already
+//! cached plus the free space of the install's volume less headroom (2% + 1 GiB).
 
 use crate::load::{ExpertMode, LoadOptions, Loaded};
-use crate::plan::{default_budget, Needs, Plan, SpineMode, SpinePieces};
+use crate::place;
+use crate::spine::Spine;
 use crate::EngineError;
 use sluice_checkpoint::Checkpoint;
-use sluice_core::MemoryBudget;
 use sluice_hub::{FreeSpace, Install, StatvfsFreeSpace};
 use sluice_models::kimi_k3::config::K3Config;
 use sluice_models::kimi_k3::inventory::inventory;
 use sluice_models::kimi_k3::KimiK3;
-use sluice_models::{Model, ModelError};
+use sluice_models::ModelError;
 use sluice_store::remote::log::{self, LOG_FILE};
-use sluice_store::{
-    CacheSize, DiskCacheConfig, ExpertDiskCache, ExpertIndex, IoMode, ShardFiles, StreamingConfig,
-    StreamingExperts,
-};
+use sluice_store::{DiskCacheConfig, ExpertDiskCache, ShardFiles, StreamingExperts};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -42,6 +41,9 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
         return Ok(None);
     }
     install.check_runnable().map_err(|e| install_err(dir, e))?;
+    if opts.spine == Spine::Int8 {
+        return Err(int8_refusal(dir));
+    }
     if opts.experts == ExpertMode::Mapped {
         return Err(install_err(
             dir,
@@ -69,49 +71,14 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
         names.push(local);
         repo_files.push(repo);
     }
-    let index = ExpertIndex::build(
-        &ckpt,
-        cfg.num_hidden_layers,
-        &KimiK3::moe_layers(&cfg),
-        cfg.num_experts,
-        &KimiK3::expert_names(&cfg),
-    )
-    .map_err(ModelError::from)?;
+    let index = KimiK3::expert_index(&ckpt, &cfg)?;
 
-    // Memory: as for a streamed full install, plus the fetch buffers.
-    let inv = inventory(&ckpt, &cfg);
+    // Memory: planned, charged and the spine placed as for a full install; the remote fetch
+    // buffers are extra headroom.
     let disk_cfg = DiskCacheConfig::new(disk_budget(dir, opts, &install.manifest.commit)?);
-    let fetch_buffers = disk_cfg.buffer_bytes(inv.expert_bytes);
-    let budget_bytes = opts.memory.unwrap_or_else(default_budget);
-    let budget = MemoryBudget::new(budget_bytes);
-    // The spine of a stream install stays mapped from the sparse shards (no placement yet).
-    let needs = Needs {
-        spine: inv.spine_bytes,
-        pieces: SpinePieces { embed: 0, layers: Vec::new(), head: 0, small: 0, rows: 0 },
-        state: inv.kda_state_bytes + inv.mla_bytes_per_token * opts.context as u64,
-        slot: inv.expert_bytes.div_ceil(4096) * 4096 + 8192,
-        experts: inv.experts,
-        min_slots: 2,
-        headroom: (64 << 20) + fetch_buffers,
-        sessions: opts.session_memory,
-        draft: opts.draft_bytes,
-    };
-    let mut plan = Plan::compute(budget_bytes, needs.clone(), SpineMode::Mapped)?;
-    let charges = vec![
-        budget.charge("spine", needs.spine).map_err(EngineError::Budget)?,
-        budget
-            .charge(
-                "sequence state, headroom and remote fetch buffers",
-                needs.state + needs.headroom,
-            )
-            .map_err(EngineError::Budget)?,
-        budget.charge("stored conversation states", needs.sessions).map_err(EngineError::Budget)?,
-        budget.charge("draft model", needs.draft).map_err(EngineError::Budget)?,
-    ];
-    if let Some(n) = opts.slots {
-        plan.slots = n as u64;
-        plan.all_experts_resident = plan.slots >= plan.needs.experts;
-    }
+    let expert_bytes = inventory(&ckpt, &cfg).expert_bytes;
+    let fetch_buffers = disk_cfg.buffer_bytes(expert_bytes);
+    let mut placed = place::place(&ckpt, &cfg, opts, fetch_buffers, "remote fetch buffers")?;
     let hub = install.hub_config();
     let remote = install.remote(hub, repo_files).map_err(|e| install_err(dir, e))?;
     let disk = ExpertDiskCache::open(
@@ -123,31 +90,32 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
         disk_cfg,
     )
     .map_err(ModelError::from)?;
-    let config = StreamingConfig {
-        cache: CacheSize::Slots(usize::try_from(plan.slots).unwrap_or(usize::MAX)),
-        readers: opts.readers,
-        backend: opts.io_backend,
-        io: if opts.direct_io { IoMode::Direct } else { IoMode::BufferedDropCache },
-        max_prefetch_slots: if opts.prefetch { None } else { Some(0) },
-        prefetch_min_precision: opts.prefetch_min_precision,
-        ..StreamingConfig::default()
-    };
-    let files = ShardFiles::open(index.paths(), config.io).map_err(ModelError::from)?;
-    let store = Arc::new(
-        StreamingExperts::with_disk_cache(index, Arc::new(files), &config, &budget, disk)
-            .map_err(ModelError::from)?,
-    );
-    let mut m = KimiK3::with_store(ckpt, store.clone())?;
-    m.set_prefetch(opts.prefetch);
-    Ok(Some(Loaded {
-        model: Model::KimiK3(m),
-        plan: Some(plan),
-        streaming: Some(store),
-        spine: None,
-        mode: "stream",
-        budget,
-        charges,
-    }))
+    let config = place::streaming_config(&mut placed.plan, opts, placed.io);
+    let files = ShardFiles::open(index.paths(), placed.io).map_err(ModelError::from)?;
+    let store =
+        StreamingExperts::with_disk_cache(index, Arc::new(files), &config, &placed.budget, disk)
+            .map_err(ModelError::from)?;
+    Ok(Some(placed.streaming(Arc::new(store), opts.prefetch)))
+}
+
+/// True when `dir` holds a stream install (a `sluice-install.json` in stream mode with sparse
+/// shards); false for a full install, a plain checkpoint, or an unreadable manifest (which
+/// opening the install reports).
+pub fn is_stream_install(dir: &Path) -> bool {
+    matches!(Install::detect(dir), Ok(Some(i)) if i.is_stream() && !i.sparse_shards().is_empty())
+}
+
+/// `--spine int8` on a stream install: the int8 conversion copies the routed experts, which a
+/// stream install does not hold (and `sluice convert` refuses it as a source).
+pub(crate) fn int8_refusal(dir: &Path) -> EngineError {
+    EngineError::Spine {
+        dir: dir.to_path_buf(),
+        reason: "is a stream install: --spine int8 needs a converted copy of the whole \
+                 checkpoint, routed experts included, which a stream install does not hold; \
+                 make a full install (`sluice pull REPO --full`), convert it with \
+                 `sluice convert --spine int8 DIR`, or run this install with --spine bf16"
+            .into(),
+    }
 }
 
 /// The disk cache budget: `opts.disk_cache`, or what is cached already plus the volume's free

@@ -12,6 +12,7 @@ pub mod k3_output;
 pub mod layer_stats;
 pub mod load;
 pub mod logprob;
+pub(crate) mod place;
 pub mod plan;
 pub mod policy;
 pub mod retok;

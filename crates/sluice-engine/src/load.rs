@@ -1,24 +1,21 @@
 //! Opening a model for a run: plan residency from the memory budget, then serve routed experts
 //! either mapped in place (everything fits) or streamed from the shards through a slot cache
-//! sized by the plan; the spine resident, or streamed layer by layer, as the plan places it.
+//! sized by the plan; the spine resident, or streamed layer by layer, as the plan places it
+//! (plan, charges and spine placement are `place.rs`, shared with stream installs).
 //! The plan is printed by the caller; a budget that cannot hold the minimum is refused with the
 //! shortfall.
 
-use crate::plan::{default_budget, Needs, Plan, SpineMode, SpinePieces};
+use crate::place;
+use crate::plan::{Plan, SpineMode};
 use crate::spine::Spine;
 use crate::EngineError;
 use sluice_checkpoint::Checkpoint;
 use sluice_core::budget::Charge;
 use sluice_core::MemoryBudget;
 use sluice_models::kimi_k3::config::K3Config;
-use sluice_models::kimi_k3::inventory::inventory;
 use sluice_models::kimi_k3::KimiK3;
 use sluice_models::Model;
-use sluice_store::spine::SpineFootprint;
-use sluice_store::{
-    CacheSize, IoBackend, IoMode, Placement, ReadAt, ShardFiles, SpineStore, StreamingConfig,
-    StreamingExperts,
-};
+use sluice_store::{IoBackend, SpineStore, StreamingExperts};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -36,7 +33,7 @@ pub enum ExpertMode {
 /// How to open a model.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
-    /// Memory budget in bytes (`None`: [`default_budget`]).
+    /// Memory budget in bytes (`None`: [`crate::plan::default_budget`]).
     pub memory: Option<u64>,
     /// Expert source.
     pub experts: ExpertMode,
@@ -128,20 +125,14 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
     }
     let dir = &crate::spine::resolve(dir, opts.spine)?;
     let ckpt = Arc::new(Checkpoint::open(dir).map_err(sluice_models::ModelError::from)?);
-    crate::spine::check(&ckpt, opts.spine)?;
-    let budget_bytes = opts.memory.unwrap_or_else(default_budget);
-    let budget = MemoryBudget::new(budget_bytes);
-    // The draft model is charged first: whatever it takes, the target plans around.
-    let mut charges = Vec::new();
-    if opts.draft_bytes > 0 {
-        charges.push(budget.charge("draft model", opts.draft_bytes).map_err(EngineError::Budget)?);
-    }
     let is_k3 = K3Config::from_json(ckpt.config().text_config()).is_ok()
         && matches!(
             ckpt.config().architecture(),
             "KimiK3ForConditionalGeneration" | "KimiLinearForCausalLM"
         );
     if !is_k3 {
+        crate::spine::check(&ckpt, opts.spine)?;
+        let (budget, mut charges) = place::budget(opts)?;
         charges.push(
             budget
                 .charge("stored conversation states", opts.session_memory)
@@ -159,112 +150,16 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
         });
     }
     let cfg = K3Config::from_json(ckpt.config().text_config()).map_err(EngineError::Model)?;
-    let inv = inventory(&ckpt, &cfg);
-    // Spine and experts mapped in place first (cheap); the plan then decides what to replace.
-    let mut m = KimiK3::load(ckpt.clone())?;
-    let index = m.spine_index()?;
-    let piece = |i: usize| index.piece(i).map_or(0, sluice_store::spine::PieceLayout::buffer_len);
-    let n = cfg.num_hidden_layers;
-    let rows_only = SpineFootprint::of(&index, &[Placement::Rows]).rows;
-    // Slot = the expert rounded up to 4 KiB plus one page of alignment slack on each side.
-    let slot = inv.expert_bytes.div_ceil(4096) * 4096 + 8192;
-    let needs = Needs {
-        spine: inv.spine_bytes,
-        pieces: SpinePieces {
-            embed: piece(0),
-            layers: (1..=n).map(piece).collect(),
-            head: piece(n + 1),
-            small: m.spine_small_bytes(),
-            rows: rows_only,
-        },
-        state: inv.kda_state_bytes + inv.mla_bytes_per_token * opts.context as u64,
-        sessions: opts.session_memory,
-        slot,
-        experts: inv.experts,
-        min_slots: 2,
-        headroom: 64 << 20,
-        draft: opts.draft_bytes,
-    };
-    let mut plan = Plan::compute(budget_bytes, needs, opts.spine_placement)?;
+    let mut placed = place::place(&ckpt, &cfg, opts, 0, "")?;
     let stream = match opts.experts {
         ExpertMode::Mapped => false,
         ExpertMode::Stream => true,
-        ExpertMode::Auto => !plan.all_experts_resident,
-    };
-    let io = if opts.direct_io { IoMode::Direct } else { IoMode::BufferedDropCache };
-    // The fixed charges are held by `Loaded` for as long as the model lives; the spine store
-    // charges its own buffers.
-    charges.extend([
-        budget
-            .charge("sequence state and headroom", plan.needs.state + plan.needs.headroom)
-            .map_err(EngineError::Budget)?,
-        budget
-            .charge("stored conversation states", plan.needs.sessions)
-            .map_err(EngineError::Budget)?,
-    ]);
-    let spine = if plan.spine.mode == "mapped" {
-        charges.push(budget.charge("spine", plan.spine.charged).map_err(EngineError::Budget)?);
-        None
-    } else {
-        charges.push(
-            budget
-                .charge("spine small tensors", plan.needs.pieces.small)
-                .map_err(EngineError::Budget)?,
-        );
-        let files: Arc<dyn ReadAt> =
-            Arc::new(ShardFiles::open(index.paths(), io).map_err(sluice_models::ModelError::from)?);
-        let store = SpineStore::open(index, files, plan.spine.placements(), 4, &budget)
-            .map_err(sluice_models::ModelError::from)?;
-        let store = Arc::new(store);
-        m.set_spine(store.clone())?;
-        Some(store)
+        ExpertMode::Auto => !placed.plan.all_experts_resident,
     };
     if !stream {
-        return Ok(Loaded {
-            model: Model::KimiK3(m),
-            plan: Some(plan),
-            streaming: None,
-            spine,
-            mode: "mapped",
-            budget,
-            charges,
-        });
+        return Ok(placed.mapped());
     }
-    if let Some(n) = opts.slots {
-        plan.slots = n as u64;
-        plan.all_experts_resident = plan.slots >= plan.needs.experts;
-    }
-    let slots = usize::try_from(plan.slots).unwrap_or(usize::MAX);
-    let config = StreamingConfig {
-        cache: CacheSize::Slots(slots),
-        readers: opts.readers,
-        backend: opts.io_backend,
-        io,
-        max_prefetch_slots: if opts.prefetch { None } else { Some(0) },
-        prefetch_min_precision: opts.prefetch_min_precision,
-        ..StreamingConfig::default()
-    };
-    let store = Arc::new(
-        StreamingExperts::open(
-            &ckpt,
-            cfg.num_hidden_layers,
-            &KimiK3::moe_layers(&cfg),
-            cfg.num_experts,
-            &KimiK3::expert_names(&cfg),
-            &config,
-            &budget,
-        )
-        .map_err(sluice_models::ModelError::from)?,
-    );
-    m.set_experts(store.clone());
-    m.set_prefetch(opts.prefetch);
-    Ok(Loaded {
-        model: Model::KimiK3(m),
-        plan: Some(plan),
-        streaming: Some(store),
-        spine,
-        mode: "stream",
-        budget,
-        charges,
-    })
+    let config = place::streaming_config(&mut placed.plan, opts, placed.io);
+    let store = KimiK3::streaming_experts(&ckpt, &cfg, &config, &placed.budget)?;
+    Ok(placed.streaming(Arc::new(store), opts.prefetch))
 }

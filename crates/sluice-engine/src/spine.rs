@@ -9,7 +9,8 @@
 //!   checkpoint holding I8 tensors.
 //! - `int8` runs a converted directory given directly, or else the default conversion output of
 //!   the directory given (its sibling `DIR-int8`), and refuses, naming both, when neither holds a
-//!   finished conversion.
+//!   finished conversion; a stream install without such a sibling is refused with its
+//!   own reason (it holds no routed experts to convert; see [`crate::install`]).
 
 use crate::EngineError;
 use sluice_checkpoint::convert::{default_output, is_converted, MANIFEST_FILE};
@@ -91,6 +92,8 @@ pub fn resolve(dir: &Path, spine: Spine) -> Result<PathBuf, EngineError> {
             let sibling = default_output(dir);
             if is_converted(&sibling) {
                 Ok(sibling)
+            } else if crate::install::is_stream_install(dir) {
+                Err(crate::install::int8_refusal(dir))
             } else {
                 Err(refuse(
                     dir,

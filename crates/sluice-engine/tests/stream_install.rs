@@ -2,51 +2,28 @@
 //! real HTTP hub on 127.0.0.1, pulled once in full and once in stream mode, and both are run
 //! greedily. Tokens and logits must be bit-identical; a second stream run must make no
 //! request at all; faults during run-time fetches end in the right bytes or a clear error,
-//! with nothing wrong ever recorded present; a tiny disk budget evicts and still matches.
+//! with nothing wrong ever recorded present; a tiny disk budget evicts and still matches; the
+//! spine of a stream install is placed (resident, streamed, a resident prefix) exactly as a
+//! full install's, with the same output.
 
-use sluice_engine::load::{self, ExpertMode, LoadOptions};
-use sluice_engine::{generate, GenerateOptions, Generation};
-use sluice_hub::testhub::{Faults, HubRepo, TestHub};
-use sluice_hub::{
-    HubClient, HubConfig, ModeRequest, NoProgress, PlanOptions, PullOptions, RetryPolicy,
-    StatvfsFreeSpace,
-};
+use sluice_engine::load::{self, ExpertMode, LoadOptions, Loaded};
+use sluice_engine::plan::SpineMode;
+use sluice_engine::{generate, GenerateOptions, Generation, Spine};
+use sluice_hub::testhub::{install, k3_tiny_fixture, k3_tiny_hub, Faults, TestHub, K3_TINY_REPO};
+use sluice_hub::ModeRequest;
 use sluice_store::remote::log::{self, LOG_FILE};
 use sluice_store::ExpertStore;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-const REPO: &str = "moonshotai/Kimi-K3-tiny";
 const PROMPT: [u32; 6] = [1, 17, 42, 99, 5, 23];
 
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3/tiny-a")
-}
-
 fn start_hub() -> TestHub {
-    TestHub::start(vec![HubRepo::from_dir(REPO, &fixture()).expect("fixture repo")])
-        .expect("test hub")
+    k3_tiny_hub().expect("test hub")
 }
 
 fn pull(hub: &TestHub, dir: &Path, mode: ModeRequest) {
-    let mut cfg = HubConfig::new(hub.endpoint());
-    cfg.retry = RetryPolicy {
-        max_attempts: 5,
-        base_delay: Duration::from_millis(20),
-        max_delay: Duration::from_millis(200),
-        max_retry_after: Duration::from_secs(5),
-    };
-    let client = HubClient::new(cfg).expect("client");
-    let info = client.resolve(REPO, "main").expect("resolve");
-    let opts = PlanOptions {
-        mode,
-        dir: Some(dir.to_path_buf()),
-        reuse_cache: None,
-        workers: 2,
-        coalesce_gap: 4096,
-    };
-    let plan = client.plan(&info, &opts, &StatvfsFreeSpace).expect("plan");
-    client.pull(&plan, &PullOptions::default(), &NoProgress).expect("pull");
+    install(hub, K3_TINY_REPO, dir, mode).expect("pull");
 }
 
 fn options(disk_cache: Option<u64>) -> LoadOptions {
@@ -61,6 +38,10 @@ fn options(disk_cache: Option<u64>) -> LoadOptions {
 
 fn run(dir: &Path, opts: &LoadOptions) -> Result<Generation, String> {
     let loaded = load::open(dir, opts).map_err(|e| e.to_string())?;
+    generate_on(&loaded)
+}
+
+fn generate_on(loaded: &Loaded) -> Result<Generation, String> {
     let mut state = loaded.model.new_state();
     let g = GenerateOptions { max_new: 8, keep_logits: true, ..GenerateOptions::default() };
     generate(&loaded.model, &mut state, &PROMPT, &g, None, None).map_err(|e| e.to_string())
@@ -79,7 +60,7 @@ fn assert_log_truthful(dir: &Path) -> usize {
         for s in &p.spans {
             let data = std::fs::read(dir.join(&s.shard)).expect("sparse shard");
             let orig = s.shard.trim_end_matches(".sparse");
-            let want = std::fs::read(fixture().join(orig)).expect("fixture shard");
+            let want = std::fs::read(k3_tiny_fixture().join(orig)).expect("fixture shard");
             let r = usize::try_from(s.offset).expect("offset")
                 ..usize::try_from(s.offset + s.len).expect("end");
             assert!(
@@ -243,4 +224,80 @@ fn a_tiny_disk_budget_evicts_and_keeps_output_identical() {
     // Smaller than one expert: refused at open, naming the flag.
     let err = load::open(&dir, &options(Some(expert - 1))).expect_err("too small");
     assert!(err.to_string().contains("--disk-cache"), "{err}");
+}
+
+#[test]
+fn stream_install_places_its_spine_like_a_full_install_with_identical_logits() {
+    let hub = start_hub();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (full, stream) = (tmp.path().join("full"), tmp.path().join("stream"));
+    pull(&hub, &full, ModeRequest::Full);
+    pull(&hub, &stream, ModeRequest::Stream);
+    let reference = bits(&run(&full, &options(None)).expect("full install runs"));
+
+    // Every layer streamed, a resident prefix of 1 and of all but one, and all resident: the
+    // same placement as the full install gets, and the same bits.
+    let layers = 9;
+    for (k, resident) in [(0, "0 of 9"), (1, "1 of 9"), (layers - 1, "8 of 9"), (layers, "9 of 9")]
+    {
+        let opts = LoadOptions { spine_placement: SpineMode::Layers(k), ..options(None) };
+        let loaded = load::open(&stream, &opts).expect("stream install opens");
+        let plan = loaded.plan.as_ref().expect("a plan").to_string();
+        assert!(plan.contains(&format!("spine: {resident} layers resident")), "{k}: {plan}");
+        // With no layer resident the head streams too (see `SpineMode::Layers`).
+        let streamed = match k {
+            0 => format!("{layers} streamed and the lm_head via 2×"),
+            _ => format!("{} streamed via {}×", layers - k, (layers - k).min(2)),
+        };
+        assert_eq!(plan.contains(&streamed), k < layers, "{plan}");
+        let want = load::open(&full, &opts).expect("full install opens");
+        let (got_spine, want_spine) =
+            (&loaded.plan.as_ref().expect("plan").spine, &want.plan.as_ref().expect("plan").spine);
+        assert_eq!(
+            got_spine.to_string(),
+            want_spine.to_string(),
+            "{k}: placed unlike a full install"
+        );
+        assert_eq!(got_spine.charged, want_spine.charged, "{k}: charged unlike a full install");
+        drop(want);
+        hub.reset_stats();
+        let got = generate_on(&loaded).expect("stream install runs");
+        assert_eq!(bits(&got), reference, "{k} resident layers: output differs");
+        let spine = loaded.spine.as_ref().expect("a placed spine");
+        let st = spine.stats();
+        if k < layers {
+            assert!(st.piece_reads > 0, "{k}: no streamed spine piece was read: {st:?}");
+        }
+        assert!(st.bytes_read > 0, "{k}: the spine store read nothing: {st:?}");
+        if k > 0 {
+            // Experts fetched by an earlier placement stay local; the spine never touches the
+            // hub.
+            let s = hub.stats();
+            assert_eq!(s.content_requests, 0, "{k}: a warm run touched the hub: {s:?}");
+        }
+    }
+
+    // The remote fetch buffers are planned as headroom beyond the full install's.
+    let s = load::open(&stream, &options(None)).expect("opens");
+    let f = load::open(&full, &options(None)).expect("opens");
+    let (sp, fp) = (s.plan.as_ref().expect("plan"), f.plan.as_ref().expect("plan"));
+    assert!(sp.needs.headroom > fp.needs.headroom, "{sp} vs {fp}");
+
+    // Mapped in place from the sparse shards, as before.
+    let opts = LoadOptions { spine_placement: SpineMode::Mapped, ..options(None) };
+    let loaded = load::open(&stream, &opts).expect("opens mapped");
+    assert!(loaded.spine.is_none());
+    assert!(loaded.plan.as_ref().expect("plan").to_string().contains("spine mapped"));
+    assert_eq!(bits(&generate_on(&loaded).expect("runs")), reference);
+
+    // --spine int8 has nothing to run on a stream install: refused with the reason, both where
+    // the CLI resolves the directory and where the loader opens it.
+    let opts = LoadOptions { spine: Spine::Int8, ..options(None) };
+    let e = sluice_engine::spine::resolve(&stream, Spine::Int8).expect_err("int8 refused");
+    assert!(
+        e.to_string().contains("is a stream install") && e.to_string().contains("--full"),
+        "{e}"
+    );
+    let e = load::open(&stream, &opts).expect_err("int8 refused");
+    assert!(e.to_string().contains("is a stream install"), "{e}");
 }

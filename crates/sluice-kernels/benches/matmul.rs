@@ -16,26 +16,14 @@
 
 use criterion::{Criterion, Throughput};
 use rayon::prelude::*;
-use sluice_kernels::probe::{DENSE_SHAPE, EXPERTS, EXPERT_SHAPE, TOKEN_COUNTS};
+use sluice_kernels::probe::{
+    random_bytes as bytes, DENSE_SHAPE, EXPERTS, EXPERT_SHAPE, TOKEN_COUNTS,
+};
 use sluice_kernels::Pool;
 use sluice_kernels::{isa, matmul, Matrix};
 use std::hint::black_box;
 use std::sync::Mutex;
 use std::time::Duration;
-
-/// Deterministic pseudo-random bytes (xorshift64).
-fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed | 1;
-    let mut out = Vec::with_capacity(n + 8);
-    while out.len() < n {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        out.extend_from_slice(&s.to_le_bytes());
-    }
-    out.truncate(n);
-    out
-}
 
 /// bf16 weights with finite values of moderate magnitude: random mantissas and signs, exponent
 /// byte forced into [0x3C, 0x3F] (|w| in about [2^-7, 2)).

@@ -399,8 +399,9 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
-/// Deterministic pseudo-random bytes (xorshift64, eight bytes per step).
-fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+/// Deterministic pseudo-random bytes (xorshift64, eight bytes per step): the weights and
+/// activations of the probe, and of the `matmul` bench, which measures the same shapes.
+pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
     let mut s = seed | 1;
     let mut out = Vec::with_capacity(n + 8);
     while out.len() < n {

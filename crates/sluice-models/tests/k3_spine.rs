@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::fixture;
+use common::{fixture, load, prefill_and_decode_bits, streamed_with, PROMPT};
 use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
 use sluice_models::kimi_k3::KimiK3;
@@ -22,44 +22,15 @@ use sluice_models::LogitRows;
 use sluice_store::fault::{Fault, When};
 use sluice_store::{
     CacheSize, FaultyReader, IoMode, Placement, ReadAt, ShardFiles, SpineStore, StreamingConfig,
-    StreamingExperts,
 };
 use std::sync::Arc;
 
 /// `EIO` on Linux.
 const EIO: i32 = 5;
 
-const PROMPT: [u32; 9] = [5, 17, 300, 42, 99, 7, 250, 301, 12];
-
-fn mapped(name: &str) -> KimiK3 {
-    KimiK3::load(Arc::new(Checkpoint::open(&fixture(name)).unwrap())).unwrap()
-}
-
 /// Logits (as bits) of a 9-token prefill (all rows) and 5 greedy single-token decode steps.
 fn run(m: &KimiK3) -> Vec<u32> {
-    let mut st = m.new_state();
-    let mut out: Vec<u32> = Vec::new();
-    let l = m.forward(&mut st, &PROMPT, LogitRows::All, None).unwrap();
-    st.commit(PROMPT.len());
-    out.extend(l.iter().map(|x| x.to_bits()));
-    let mut tok = 3u32;
-    for _ in 0..5 {
-        let l = m.forward(&mut st, &[tok], LogitRows::All, None).unwrap();
-        st.commit(1);
-        tok = argmax(&l);
-        out.extend(l.iter().map(|x| x.to_bits()));
-    }
-    out
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut b = 0;
-    for (i, &x) in l.iter().enumerate() {
-        if x > l[b] {
-            b = i;
-        }
-    }
-    b as u32
+    prefill_and_decode_bits(m, 5)
 }
 
 /// `k` resident layers (a prefix), the rest streamed; embedding and head as given.
@@ -78,28 +49,17 @@ fn placed(
     reader: Arc<dyn ReadAt>,
     slots: Option<usize>,
 ) -> (KimiK3, Arc<SpineStore>) {
-    let ckpt = Arc::new(Checkpoint::open(&fixture(name)).unwrap());
-    let mut m = KimiK3::load(ckpt.clone()).unwrap();
-    if let Some(slots) = slots {
-        let cfg = m.config().clone();
-        let config = StreamingConfig {
-            cache: CacheSize::Slots(slots),
-            readers: 2,
-            ..StreamingConfig::default()
-        };
-        let store = StreamingExperts::open(
-            &ckpt,
-            cfg.num_hidden_layers,
-            &KimiK3::moe_layers(&cfg),
-            cfg.num_experts,
-            &KimiK3::expert_names(&cfg),
-            &config,
-            &MemoryBudget::unlimited(),
-        )
-        .unwrap();
-        m = KimiK3::with_store(ckpt, Arc::new(store)).unwrap();
-        m.set_prefetch(true);
-    }
+    let mut m = match slots {
+        None => load(name),
+        Some(slots) => {
+            let config = StreamingConfig {
+                cache: CacheSize::Slots(slots),
+                readers: 2,
+                ..StreamingConfig::default()
+            };
+            streamed_with(name, &config, true).0
+        }
+    };
     let index = m.spine_index().unwrap();
     let spine = Arc::new(
         SpineStore::open(index, reader, placements, 2, &MemoryBudget::unlimited()).unwrap(),
@@ -117,8 +77,8 @@ fn files(name: &str, io: IoMode) -> Arc<ShardFiles> {
 fn logits_are_bit_identical_for_every_spine_placement() {
     use Placement::{Resident as R, Rows as W, Streamed as S};
     for name in ["tiny-a", "tiny-b"] {
-        let want = run(&mapped(name));
-        let n = mapped(name).config().num_hidden_layers;
+        let want = run(&load(name));
+        let n = load(name).config().num_hidden_layers;
         let splits = [
             split(n, n, R, R),
             split(n, n, W, R),
@@ -153,8 +113,8 @@ fn logits_are_bit_identical_for_every_spine_placement() {
 #[test]
 fn a_read_fault_fails_the_pass_cleanly_and_the_next_pass_is_exact() {
     let name = "tiny-a";
-    let want = run(&mapped(name));
-    let n = mapped(name).config().num_hidden_layers;
+    let want = run(&load(name));
+    let n = load(name).config().num_hidden_layers;
     let faulty = Arc::new(FaultyReader::new(files(name, IoMode::Direct)));
     let placements = split(n, 2, Placement::Rows, Placement::Streamed);
     let (m, spine) = placed(name, placements, faulty.clone(), None);

@@ -13,11 +13,8 @@
 
 mod common;
 
-use common::fixture;
-use sluice_checkpoint::Checkpoint;
-use sluice_core::MemoryBudget;
+use common::{load, prefill_and_decode_bits, streamed_with};
 use sluice_models::kimi_k3::KimiK3;
-use sluice_models::LogitRows;
 use sluice_store::{CacheSize, ExpertStore, IoBackend, IoMode, StreamingConfig, StreamingExperts};
 use std::sync::Arc;
 
@@ -27,9 +24,6 @@ fn streamed(
     prefetch: bool,
     (io, backend): (IoMode, IoBackend),
 ) -> (KimiK3, Arc<StreamingExperts>) {
-    let ckpt = Arc::new(Checkpoint::open(&fixture(name)).unwrap());
-    let m = KimiK3::load(ckpt.clone()).unwrap();
-    let cfg = m.config().clone();
     let config = StreamingConfig {
         cache: CacheSize::Slots(slots),
         io,
@@ -39,56 +33,18 @@ fn streamed(
         prefetch_min_precision: 0.0,
         ..StreamingConfig::default()
     };
-    let store = Arc::new(
-        StreamingExperts::open(
-            &ckpt,
-            cfg.num_hidden_layers,
-            &KimiK3::moe_layers(&cfg),
-            cfg.num_experts,
-            &KimiK3::expert_names(&cfg),
-            &config,
-            &MemoryBudget::unlimited(),
-        )
-        .unwrap(),
-    );
-    let mut s = KimiK3::with_store(ckpt, store.clone()).unwrap();
-    s.set_prefetch(prefetch);
-    (s, store)
+    streamed_with(name, &config, prefetch)
 }
 
 /// Logits of a 9-token prefill (all rows) and 6 single-token decode steps.
 fn run(m: &KimiK3) -> Vec<u32> {
-    let mut st = m.new_state();
-    let mut out: Vec<u32> = Vec::new();
-    let prompt = [5u32, 17, 300, 42, 99, 7, 250, 301, 12];
-    let l = m.forward(&mut st, &prompt, LogitRows::All, None).unwrap();
-    st.commit(prompt.len());
-    out.extend(l.iter().map(|x| x.to_bits()));
-    let mut tok = 3u32;
-    for _ in 0..6 {
-        let l = m.forward(&mut st, &[tok], LogitRows::All, None).unwrap();
-        st.commit(1);
-        tok = sluice_engine_free_argmax(&l);
-        out.extend(l.iter().map(|x| x.to_bits()));
-    }
-    out
-}
-
-fn sluice_engine_free_argmax(l: &[f32]) -> u32 {
-    let mut b = 0;
-    for (i, &x) in l.iter().enumerate() {
-        if x > l[b] {
-            b = i;
-        }
-    }
-    u32::try_from(b).unwrap()
+    prefill_and_decode_bits(m, 6)
 }
 
 #[test]
 fn streamed_logits_equal_mapped_for_any_cache_and_prefetch() {
     for name in ["tiny-a", "tiny-b"] {
-        let mapped = KimiK3::load(Arc::new(Checkpoint::open(&fixture(name)).unwrap())).unwrap();
-        let want = run(&mapped);
+        let want = run(&load(name));
         for slots in [2usize, 3, 7, 1000] {
             for prefetch in [false, true] {
                 for io in [IoMode::Direct, IoMode::Buffered] {

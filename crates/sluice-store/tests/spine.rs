@@ -11,6 +11,7 @@ use sluice_store::spine::{PieceLayout, SpineFootprint, TensorRange};
 use sluice_store::{FaultyReader, IoMode, Placement, ReadAt, ShardFiles, SpineIndex, SpineStore};
 use std::io::Write;
 use std::sync::Arc;
+use Placement::{Resident as R, Rows as W, Streamed as S};
 
 /// A 9 MB file of position-derived bytes and five pieces: rows (embedding), three layers (two
 /// tensors each with a gap, one spanning more than a chunk) and a head.
@@ -34,6 +35,10 @@ fn index(f: &tempfile::NamedTempFile, pieces: &[Vec<TensorRange>]) -> SpineIndex
     let layouts =
         pieces.iter().enumerate().map(|(i, t)| PieceLayout::new(format!("piece {i}"), t)).collect();
     SpineIndex::new(layouts, vec![f.path().to_path_buf()]).unwrap()
+}
+
+fn files(idx: &SpineIndex, io: IoMode) -> Arc<dyn ReadAt> {
+    Arc::new(ShardFiles::open(idx.paths(), io).unwrap())
 }
 
 fn check_piece(store: &SpineStore, i: usize, tensors: &[TensorRange], data: &[u8]) {
@@ -60,7 +65,6 @@ fn check_rows(store: &SpineStore, t: TensorRange, data: &[u8]) {
 
 #[test]
 fn every_placement_serves_the_file_bytes_over_several_passes() {
-    use Placement::{Resident as R, Rows as W, Streamed as S};
     let (f, pieces, data) = fixture();
     let idx = index(&f, &pieces);
     let plans = [
@@ -73,11 +77,11 @@ fn every_placement_serves_the_file_bytes_over_several_passes() {
     ];
     for io in [IoMode::Direct, IoMode::Buffered] {
         for placements in &plans {
-            let files: Arc<dyn ReadAt> = Arc::new(ShardFiles::open(idx.paths(), io).unwrap());
             let budget = MemoryBudget::new(1 << 30);
             let fp = SpineFootprint::of(&idx, placements);
             let store =
-                SpineStore::open(idx.clone(), files, placements.clone(), 3, &budget).unwrap();
+                SpineStore::open(idx.clone(), files(&idx, io), placements.clone(), 3, &budget)
+                    .unwrap();
             assert_eq!(budget.used(), fp.total(), "{placements:?}: charged what it holds");
             let streamed = placements.iter().filter(|&&p| p == S).count() as u64;
             assert_eq!(fp.buffers, streamed.min(2));
@@ -113,16 +117,10 @@ fn every_placement_serves_the_file_bytes_over_several_passes() {
 fn a_budget_too_small_for_the_buffers_is_refused() {
     let (f, pieces, _) = fixture();
     let idx = index(&f, &pieces);
-    let placements = vec![
-        Placement::Rows,
-        Placement::Streamed,
-        Placement::Streamed,
-        Placement::Streamed,
-        Placement::Resident,
-    ];
+    let placements = vec![W, S, S, S, R];
     let fp = SpineFootprint::of(&idx, &placements);
-    let files: Arc<dyn ReadAt> = Arc::new(ShardFiles::open(idx.paths(), IoMode::Direct).unwrap());
     let budget = MemoryBudget::new(fp.total() - 1);
+    let files = files(&idx, IoMode::Direct);
     let err = SpineStore::open(idx, files, placements, 2, &budget).expect_err("must not fit");
     assert!(err.to_string().contains("memory budget"), "{err}");
     assert_eq!(budget.used(), 0, "nothing stays charged after a refusal");
@@ -132,13 +130,7 @@ fn a_budget_too_small_for_the_buffers_is_refused() {
 fn read_faults_fail_the_acquire_with_the_piece_named_and_the_next_acquire_works() {
     let (f, pieces, data) = fixture();
     let idx = index(&f, &pieces);
-    let placements = vec![
-        Placement::Rows,
-        Placement::Streamed,
-        Placement::Streamed,
-        Placement::Streamed,
-        Placement::Streamed,
-    ];
+    let placements = vec![W, S, S, S, S];
     for fault in [Fault::Error(libc::EIO), Fault::Truncate(1_000_003 + 100), Fault::Short(1000)] {
         let inner = ShardFiles::open(idx.paths(), IoMode::Direct).unwrap();
         let faulty = Arc::new(FaultyReader::new(inner));

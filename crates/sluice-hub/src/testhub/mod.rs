@@ -11,9 +11,14 @@
 //! with `Retry-After: 1`, a connection dropped after K bytes, a stall past the client's read
 //! timeout, a flipped byte, a server that ignores `Range`, and a bandwidth throttle.
 //! [`Stats`] count requests and bytes so tests can assert, for example, that a reused cache
-//! caused zero downloads. Enabled by the `test-hub` feature; never part of a release build.
+//! caused zero downloads. [`install`] pulls a repository from it as `sluice pull` does, and
+//! [`k3_tiny_hub`] serves the committed tiny Kimi K3 fixture. Enabled by the `test-hub`
+//! feature; never part of a release build.
 
 mod http;
+mod install;
+
+pub use install::{install, k3_tiny_fixture, k3_tiny_hub, quick_retries, K3_TINY_REPO};
 
 use std::io::{self, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};

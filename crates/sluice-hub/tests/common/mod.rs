@@ -8,20 +8,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_hub::testhub::{safetensors_bytes, HubFile, HubRepo, TestHub};
+use sluice_hub::testhub::{
+    k3_tiny_fixture, quick_retries, safetensors_bytes, HubFile, HubRepo, TestHub, K3_TINY_REPO,
+};
 use sluice_hub::{
-    FreeSpace, HubClient, HubConfig, InstallPlan, ModeRequest, PlanOptions, RetryPolicy, Sink,
-    SinkFactory,
+    FreeSpace, HubClient, HubConfig, InstallPlan, ModeRequest, PlanOptions, Sink, SinkFactory,
 };
 
 /// The committed tiny Kimi K3 checkpoint.
 pub fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3/tiny-a")
+    k3_tiny_fixture()
 }
 
 /// The fixture as a repository, plus a nested non-LFS file to exercise paths with `/`.
 pub fn fixture_repo() -> HubRepo {
-    let mut repo = HubRepo::from_dir("moonshotai/Kimi-K3-tiny", &fixture_dir()).expect("fixture");
+    let mut repo = HubRepo::from_dir(K3_TINY_REPO, &fixture_dir()).expect("fixture");
     repo.files.push(HubFile::new("docs/notes.txt", b"tiny fixture\n".to_vec(), false));
     HubRepo::new(&repo.id, repo.files)
 }
@@ -92,12 +93,7 @@ pub fn client_with_timeout(
     let mut cfg = HubConfig::new(hub.endpoint());
     cfg.token = token.map(str::to_owned);
     cfg.read_timeout = read_timeout;
-    cfg.retry = RetryPolicy {
-        max_attempts: 5,
-        base_delay: Duration::from_millis(20),
-        max_delay: Duration::from_millis(200),
-        max_retry_after: Duration::from_secs(5),
-    };
+    cfg.retry = quick_retries();
     HubClient::new(cfg).expect("client")
 }
 

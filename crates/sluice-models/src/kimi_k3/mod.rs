@@ -19,10 +19,12 @@ pub mod weights;
 use crate::{LogitRows, ModelError};
 use config::{AttnKind, K3Config};
 use sluice_checkpoint::Checkpoint;
+use sluice_core::MemoryBudget;
 use sluice_kernels::matmul;
 use sluice_kernels::ops::{rms_norm, softmax_inplace};
 use sluice_store::{
-    ExpertStore, ExpertTensorNames, MappedExperts, SpineIndex, SpineStats, SpineStore,
+    ExpertIndex, ExpertStore, ExpertTensorNames, MappedExperts, SpineIndex, SpineStats, SpineStore,
+    StreamingConfig, StreamingExperts,
 };
 use spine::{PieceRef, Spine, TensorBytes};
 use state::{K3State, LayerShape, LayerState};
@@ -113,13 +115,9 @@ impl KimiK3 {
     /// Loads the model from an opened checkpoint, serving experts in place from its shards.
     pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self, ModelError> {
         let cfg = K3Config::from_json(ckpt.config().text_config())?;
-        let experts = MappedExperts::open(
-            ckpt.clone(),
-            cfg.num_hidden_layers,
-            &Self::moe_layers(&cfg),
-            cfg.num_experts,
-            &Self::expert_names(&cfg),
-        )?;
+        let (n, moe, names) =
+            (cfg.num_hidden_layers, Self::moe_layers(&cfg), Self::expert_names(&cfg));
+        let experts = MappedExperts::open(ckpt.clone(), n, &moe, cfg.num_experts, &names)?;
         Self::with_store(ckpt, Arc::new(experts))
     }
 
@@ -135,6 +133,26 @@ impl KimiK3 {
             inter: cfg.moe_intermediate_size as u64,
             hidden: cfg.expert_width() as u64,
         }
+    }
+
+    /// The index of every routed expert of `ckpt` (config `cfg`) in place in its shards.
+    pub fn expert_index(ckpt: &Checkpoint, cfg: &K3Config) -> Result<ExpertIndex, ModelError> {
+        let (n, moe, names) =
+            (cfg.num_hidden_layers, Self::moe_layers(cfg), Self::expert_names(cfg));
+        Ok(ExpertIndex::build(ckpt, n, &moe, cfg.num_experts, &names)?)
+    }
+
+    /// A store that streams the routed experts of `ckpt` (config `cfg`) from its shards through
+    /// the slot cache `config` describes, charged to `budget`.
+    pub fn streaming_experts(
+        ckpt: &Checkpoint,
+        cfg: &K3Config,
+        config: &StreamingConfig,
+        budget: &MemoryBudget,
+    ) -> Result<StreamingExperts, ModelError> {
+        let (n, moe, names) =
+            (cfg.num_hidden_layers, Self::moe_layers(cfg), Self::expert_names(cfg));
+        Ok(StreamingExperts::open(ckpt, n, &moe, cfg.num_experts, &names, config, budget)?)
     }
 
     /// Loads the spine from `ckpt` and takes routed experts from `experts`.

@@ -1,6 +1,7 @@
 //! Shared helpers for the model tests: fixture paths and a reader for the golden tensors that
 //! `tools/gen_k3_goldens.py` (mlx-lm) and `tools/gen_qwen3_goldens.py` (HF transformers) wrote
-//! next to each tiny checkpoint.
+//! next to each tiny checkpoint; the prompt, run and streamed-model setup of the streaming and
+//! spine-placement tests.
 // Fixture ids, shapes and lengths are small; casts between them cannot truncate.
 #![allow(
     dead_code,
@@ -12,8 +13,11 @@
 )]
 
 use sluice_checkpoint::{parse_header, Checkpoint};
-use sluice_core::DType;
+use sluice_core::{DType, MemoryBudget};
+use sluice_models::kimi_k3::config::K3Config;
 use sluice_models::kimi_k3::KimiK3;
+use sluice_models::LogitRows;
+use sluice_store::{StreamingConfig, StreamingExperts};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,6 +36,55 @@ pub fn fixture(name: &str) -> PathBuf {
 pub fn load(name: &str) -> KimiK3 {
     let ckpt = Arc::new(Checkpoint::open(&fixture(name)).expect("fixture opens"));
     KimiK3::load(ckpt).expect("fixture loads")
+}
+
+/// The prompt of the streaming and spine-placement tests.
+pub const PROMPT: [u32; 9] = [5, 17, 300, 42, 99, 7, 250, 301, 12];
+
+/// Logits (as bits) of a prefill of [`PROMPT`] (all rows) and `steps` greedy single-token
+/// decode steps (the first one fed token 3), each pass committed.
+pub fn prefill_and_decode_bits(m: &KimiK3, steps: usize) -> Vec<u32> {
+    let mut st = m.new_state();
+    let mut out: Vec<u32> = Vec::new();
+    let l = m.forward(&mut st, &PROMPT, LogitRows::All, None).unwrap();
+    st.commit(PROMPT.len());
+    out.extend(l.iter().map(|x| x.to_bits()));
+    let mut tok = 3u32;
+    for _ in 0..steps {
+        let l = m.forward(&mut st, &[tok], LogitRows::All, None).unwrap();
+        st.commit(1);
+        tok = argmax(&l);
+        out.extend(l.iter().map(|x| x.to_bits()));
+    }
+    out
+}
+
+/// The index of the first largest value.
+pub fn argmax(l: &[f32]) -> u32 {
+    let mut b = 0;
+    for (i, &x) in l.iter().enumerate() {
+        if x > l[b] {
+            b = i;
+        }
+    }
+    u32::try_from(b).unwrap()
+}
+
+/// A Kimi K3 fixture model whose routed experts stream from its shards through `config`
+/// (charged to no budget), with prefetch as given, and the streaming store.
+pub fn streamed_with(
+    name: &str,
+    config: &StreamingConfig,
+    prefetch: bool,
+) -> (KimiK3, Arc<StreamingExperts>) {
+    let ckpt = Arc::new(Checkpoint::open(&fixture(name)).unwrap());
+    let cfg = K3Config::from_json(ckpt.config().text_config()).unwrap();
+    let store = Arc::new(
+        KimiK3::streaming_experts(&ckpt, &cfg, config, &MemoryBudget::unlimited()).unwrap(),
+    );
+    let mut m = KimiK3::with_store(ckpt, store.clone()).unwrap();
+    m.set_prefetch(prefetch);
+    (m, store)
 }
 
 /// Golden tensors of one fixture.

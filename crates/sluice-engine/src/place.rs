@@ -1,0 +1,176 @@
+//! The one plan-and-charge step of opening a Kimi K3 model, shared by full installs (and plain
+//! checkpoint directories, [`crate::load`]) and stream installs ([`crate::install`]).
+//!
+//! From the budget (`--memory`) it computes the residency [`Plan`], charges what the model holds
+//! for as long as it lives (a draft model first, then sequence state and headroom, stored
+//! conversation states, the spine), and places the spine as `--spine-placement` asks: mapped in
+//! place, or resident pieces and streamed pieces in a [`SpineStore`] that charges its own
+//! buffers. The routed-expert store is the caller's: mapped in place, streamed from the shards,
+//! or streamed through a stream install's disk cache (whose fetch buffers the caller passes in as
+//! extra headroom, so the plan leaves room for them). The expert cache is charged by the
+//! streaming store when the caller opens it with [`streaming_config`].
+
+use crate::load::{LoadOptions, Loaded};
+use crate::plan::{default_budget, Needs, Plan, SpinePieces};
+use crate::EngineError;
+use sluice_checkpoint::Checkpoint;
+use sluice_core::budget::Charge;
+use sluice_core::MemoryBudget;
+use sluice_models::kimi_k3::config::K3Config;
+use sluice_models::kimi_k3::inventory::inventory;
+use sluice_models::kimi_k3::KimiK3;
+use sluice_models::{Model, ModelError};
+use sluice_store::spine::{PieceLayout, SpineFootprint};
+use sluice_store::{
+    CacheSize, IoMode, Placement, ReadAt, ShardFiles, SpineStore, StreamingConfig, StreamingExperts,
+};
+use std::sync::Arc;
+
+/// I/O headroom every K3 plan keeps for scratch (on top of a caller's extra buffers).
+const HEADROOM: u64 = 64 << 20;
+
+/// A Kimi K3 model planned, charged and with its spine placed; its routed experts still mapped
+/// in place until the caller gives it another store.
+pub(crate) struct Placed {
+    /// The model (spine placed, experts mapped).
+    pub model: KimiK3,
+    /// The residency plan.
+    pub plan: Plan,
+    /// The spine store unless the spine is mapped.
+    pub spine: Option<Arc<SpineStore>>,
+    /// The budget everything was (and the expert cache will be) charged to.
+    pub budget: MemoryBudget,
+    /// Charges held for as long as the model lives.
+    pub charges: Vec<Charge>,
+    /// How spine and expert reads go to disk.
+    pub io: IoMode,
+}
+
+impl Placed {
+    /// The model with its routed experts mapped in place.
+    pub fn mapped(self) -> Loaded {
+        self.loaded(None, "mapped")
+    }
+
+    /// The model with its routed experts served by `store` (prefetching the next layer's when
+    /// `prefetch`).
+    pub fn streaming(mut self, store: Arc<StreamingExperts>, prefetch: bool) -> Loaded {
+        self.model.set_experts(store.clone());
+        self.model.set_prefetch(prefetch);
+        self.loaded(Some(store), "stream")
+    }
+
+    fn loaded(self, streaming: Option<Arc<StreamingExperts>>, mode: &'static str) -> Loaded {
+        Loaded {
+            model: Model::KimiK3(self.model),
+            plan: Some(self.plan),
+            streaming,
+            spine: self.spine,
+            mode,
+            budget: self.budget,
+            charges: self.charges,
+        }
+    }
+}
+
+/// The budget of `opts` with the draft model charged first: whatever the draft takes, the
+/// target plans around.
+pub(crate) fn budget(opts: &LoadOptions) -> Result<(MemoryBudget, Vec<Charge>), EngineError> {
+    let budget = MemoryBudget::new(opts.memory.unwrap_or_else(default_budget));
+    let mut charges = Vec::new();
+    if opts.draft_bytes > 0 {
+        charges.push(budget.charge("draft model", opts.draft_bytes).map_err(EngineError::Budget)?);
+    }
+    Ok((budget, charges))
+}
+
+/// Plans `ckpt` (a Kimi K3 checkpoint of config `cfg`) under `opts`, charges the fixed parts and
+/// places the spine. `extra` is headroom for I/O buffers the caller will hold besides the usual
+/// scratch (a stream install's remote fetch buffers; 0 otherwise), named `extra_what` in the
+/// charge. Refuses a budget that cannot hold the minimum with the shortfall, and a spine that
+/// contradicts `--spine` (see [`crate::spine::check`]).
+pub(crate) fn place(
+    ckpt: &Arc<Checkpoint>,
+    cfg: &K3Config,
+    opts: &LoadOptions,
+    extra: u64,
+    extra_what: &str,
+) -> Result<Placed, EngineError> {
+    crate::spine::check(ckpt, opts.spine)?;
+    let (budget, mut charges) = budget(opts)?;
+    let inv = inventory(ckpt, cfg);
+    // Spine and experts mapped in place first (cheap); the plan then decides what to replace.
+    let mut m = KimiK3::load(ckpt.clone())?;
+    let index = m.spine_index()?;
+    let piece = |i: usize| index.piece(i).map_or(0, PieceLayout::buffer_len);
+    let n = cfg.num_hidden_layers;
+    let needs = Needs {
+        spine: inv.spine_bytes,
+        pieces: SpinePieces {
+            embed: piece(0),
+            layers: (1..=n).map(piece).collect(),
+            head: piece(n + 1),
+            small: m.spine_small_bytes(),
+            rows: SpineFootprint::of(&index, &[Placement::Rows]).rows,
+        },
+        state: inv.kda_state_bytes + inv.mla_bytes_per_token * opts.context as u64,
+        sessions: opts.session_memory,
+        // Slot = the expert rounded up to 4 KiB plus one page of alignment slack on each side.
+        slot: inv.expert_bytes.div_ceil(4096) * 4096 + 8192,
+        experts: inv.experts,
+        min_slots: 2,
+        headroom: HEADROOM + extra,
+        draft: opts.draft_bytes,
+    };
+    let plan = Plan::compute(budget.limit(), needs, opts.spine_placement)?;
+    let io = if opts.direct_io { IoMode::Direct } else { IoMode::BufferedDropCache };
+    let what = if extra > 0 {
+        format!("sequence state, headroom and {extra_what}")
+    } else {
+        "sequence state and headroom".to_owned()
+    };
+    charges.extend([
+        budget
+            .charge(&what, plan.needs.state + plan.needs.headroom)
+            .map_err(EngineError::Budget)?,
+        budget
+            .charge("stored conversation states", plan.needs.sessions)
+            .map_err(EngineError::Budget)?,
+    ]);
+    let spine = if plan.spine.mode == "mapped" {
+        charges.push(budget.charge("spine", plan.spine.charged).map_err(EngineError::Budget)?);
+        None
+    } else {
+        charges.push(
+            budget
+                .charge("spine small tensors", plan.needs.pieces.small)
+                .map_err(EngineError::Budget)?,
+        );
+        let files: Arc<dyn ReadAt> =
+            Arc::new(ShardFiles::open(index.paths(), io).map_err(ModelError::from)?);
+        let store = SpineStore::open(index, files, plan.spine.placements(), 4, &budget)
+            .map_err(ModelError::from)?;
+        let store = Arc::new(store);
+        m.set_spine(store.clone())?;
+        Some(store)
+    };
+    Ok(Placed { model: m, plan, spine, budget, charges, io })
+}
+
+/// The streaming store's configuration for `plan` under `opts`: as many cache slots as the plan
+/// leaves (or exactly `--cache-slots`, which `plan` then reports).
+pub(crate) fn streaming_config(plan: &mut Plan, opts: &LoadOptions, io: IoMode) -> StreamingConfig {
+    if let Some(n) = opts.slots {
+        plan.slots = n as u64;
+        plan.all_experts_resident = plan.slots >= plan.needs.experts;
+    }
+    StreamingConfig {
+        cache: CacheSize::Slots(usize::try_from(plan.slots).unwrap_or(usize::MAX)),
+        readers: opts.readers,
+        backend: opts.io_backend,
+        io,
+        max_prefetch_slots: if opts.prefetch { None } else { Some(0) },
+        prefetch_min_precision: opts.prefetch_min_precision,
+        ..StreamingConfig::default()
+    }
+}
