@@ -231,6 +231,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
             s.peak_rss_bytes,
             s.finish_reason
         );
+        if let Some(p) = &s.policy {
+            eprintln!("draft width: {p}");
+        }
         eprint!("{}", layer_stats::describe("prefill", &s.prefill_layers));
         eprint!("{}", layer_stats::describe("decode", &s.decode_layers));
         if let Some(r) = remote_stats() {
