@@ -206,10 +206,7 @@ impl Worker {
             }
             !out.stopped()
         };
-        let drafter = match &mut self.drafter {
-            Some(d) => Some(&mut **d as &mut dyn Drafter),
-            None => None,
-        };
+        let drafter = self.drafter.as_mut().map(|d| &mut **d as &mut dyn Drafter);
         let turn = run_turn(
             &self.model,
             Some(&mut self.cache),
