@@ -199,7 +199,8 @@ impl WidthPolicy {
 impl fmt::Display for WidthPolicy {
     /// One line for `--stats`: the estimates and the decision they give.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let secs = |v: Option<f64>| v.map_or_else(|| "unmeasured".to_owned(), |s| format!("{s:.4}s"));
+        let secs =
+            |v: Option<f64>| v.map_or_else(|| "unmeasured".to_owned(), |s| format!("{s:.4}s"));
         if self.fixed {
             write!(f, "fixed width {}", self.max)?;
         } else {
