@@ -238,6 +238,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
         if let Some(b) = loaded.io_backend() {
             eprintln!("stats: expert reads through {b}");
         }
+        if let Some(p) = &s.policy {
+            eprintln!("draft width: {p}");
+        }
         eprint!("{}", layer_stats::describe("prefill", &s.prefill_layers));
         eprint!("{}", layer_stats::describe("decode", &s.decode_layers));
         if let Some(r) = remote_stats() {

@@ -12,10 +12,12 @@ use sluice_engine::demo::{cache_dir, ensure_demo_model};
 use sluice_engine::load;
 use sluice_engine::plan::parse_size;
 use sluice_engine::session::SessionConfig;
+use sluice_engine::{DraftModel, Drafter, ModelDrafter, NgramDrafter};
 use sluice_server::worker::EngineSettings;
 use sluice_server::ServerConfig;
 use sluice_tokenizer::Tokenizer;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default context when the checkpoint allows more (the planned sequence state grows with it).
@@ -49,7 +51,8 @@ pub struct ServeArgs {
     /// Seconds a client may take to send its request body; slower ones get 408.
     #[arg(long, default_value_t = 30)]
     body_timeout_s: u64,
-    /// Speculative drafts: `none` or `ngram` (prompt lookup). Output is identical either way.
+    /// Speculative drafts: `none`, `ngram` (prompt lookup), or the directory of a Qwen3 draft
+    /// model (charged to --memory). Output is identical either way.
     #[arg(long, default_value = "none")]
     draft: String,
     /// Most draft tokens verified per pass.
@@ -108,25 +111,43 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         bail!("--context must be at least 2 and --max-tokens at least 1");
     }
     let session_bytes = parse_size_or_zero(&a.session_memory)?;
+    let draft_model = match a.draft.as_str() {
+        "none" | "ngram" => None,
+        path => Some(DraftModel::open(Path::new(path))?),
+    };
     let mut opts = a.load.options()?;
     opts.context = context_len;
     opts.session_memory = session_bytes;
-    let loaded = load::open(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
-    if let Some(p) = &loaded.plan {
-        let reads = loaded.io_backend().map(|b| format!(", read with {b}")).unwrap_or_default();
-        eprintln!("sluice: {p}; experts {}{reads}", loaded.mode);
+    // The draft model's weights, KV cache for the whole context and scratch come out of the
+    // same budget, before the target is planned.
+    opts.draft_bytes = draft_model.as_ref().map_or(0, |d| d.memory_needs(context_len));
+    // The directory the spine choice reads (the int8 conversion for --spine int8).
+    // The model id stays the directory given (`K3` whether its bf16 or its int8 spine serves).
+    let read_dir = sluice_engine::spine::resolve(&dir, opts.spine)?;
+    let loaded =
+        load::open(&read_dir, &opts).with_context(|| format!("loading {}", read_dir.display()))?;
+    let spine = opts.spine;
+    let reads = loaded.io_backend().map(|b| format!(", read with {b}")).unwrap_or_default();
+    match &loaded.plan {
+        Some(p) => {
+            eprintln!("sluice: spine {}; {p}; experts {}{reads}", spine.label(), loaded.mode)
+        }
+        None => eprintln!("sluice: spine {}; experts {}{reads}", spine.label(), loaded.mode),
     }
     // The budget charges (spine, state, conversation states) and the expert store live as long
     // as the server.
     let load::Loaded { model, budget: _budget, charges: _charges, streaming: _streaming, .. } =
         loaded;
-    let tok = Tokenizer::from_dir(&dir)
-        .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
-    let ngram = match a.draft.as_str() {
-        "none" => false,
-        "ngram" => true,
-        other => bail!("--draft {other:?}: expected none or ngram"),
+    let tok = Arc::new(
+        Tokenizer::from_dir(&read_dir)
+            .with_context(|| format!("loading the tokenizer of {}", read_dir.display()))?,
+    );
+    let drafter: Option<Box<dyn Drafter>> = match draft_model {
+        Some(d) => Some(Box::new(ModelDrafter::new(d, tok.clone(), context_len))),
+        None if a.draft == "ngram" => Some(Box::new(NgramDrafter::default())),
+        None => None,
     };
+    let drafter_name = drafter.as_ref().map_or_else(|| "none".to_owned(), |d| d.name());
     let model_id = match &a.model_name {
         Some(n) if n.is_empty() => bail!("--model-name must not be empty"),
         Some(n) => n.clone(),
@@ -151,7 +172,9 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         max_request_bytes: a.max_request_bytes,
         body_timeout: Duration::from_secs(a.body_timeout_s.max(1)),
         model_id: model_id.clone(),
-        engine: EngineSettings { ngram, draft_max: a.draft_max, stats: a.stats },
+        engine: EngineSettings { draft_max: a.draft_max, stats: a.stats },
+        spine,
+        drafter: drafter_name,
         session: SessionConfig {
             checkpoint_every: a.checkpoint_every,
             max_bytes: usize::try_from(session_bytes).unwrap_or(usize::MAX),
@@ -161,7 +184,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     if !is_loopback(&a.host) {
         eprintln!("sluice: listening on {} exposes the server beyond this machine", a.host);
     }
-    sluice_server::serve(cfg, model, tok, |addr| {
+    sluice_server::serve(cfg, model, tok, drafter, |addr| {
         eprintln!(
             "sluice: serving {model_id} (context {context_len}, queue {}) on http://{addr}",
             a.queue

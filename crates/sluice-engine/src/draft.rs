@@ -10,6 +10,11 @@ pub trait Drafter: Send {
     /// Proposes up to `max` tokens to follow `context` (prompt and output so far, including the
     /// not-yet-verified last token).
     fn propose(&mut self, context: &[u32], max: usize) -> Vec<u32>;
+
+    /// Why the drafter stopped proposing for good, if it did (a draft model that failed).
+    fn failure(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Prompt-lookup drafting: find the most recent earlier occurrence of the context's last `n`

@@ -355,6 +355,12 @@ impl Drafter for ModelDrafter {
             }
         }
     }
+
+    fn failure(&self) -> Option<String> {
+        self.error
+            .as_ref()
+            .map(|e| format!("the draft model {} failed: {e}", self.draft.dir.display()))
+    }
 }
 
 #[cfg(test)]

@@ -314,7 +314,10 @@ pub fn generate(
         }
         state.commit(emitted);
         let secs = tp.elapsed().as_secs_f64();
-        policy.record(rows.len(), secs, drafts.len(), accepted);
+        // The last emitted token was the target's own choice at a drafted position: a rejection
+        // (not one when every draft was accepted, or generation stopped on an accepted draft).
+        let rejected = accepted < emitted && emitted <= drafts.len();
+        policy.record(rows.len(), secs, accepted, rejected);
         em.out.stats.passes += 1;
         em.out.stats.drafted += drafts.len();
         em.out.stats.accepted += accepted;

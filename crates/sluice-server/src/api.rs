@@ -31,6 +31,10 @@ pub struct App {
     pub limits: Limits,
     /// Rows of the model's logits (prompt ids must be below it).
     pub vocab: usize,
+    /// The spine precision (int8 is lossy).
+    pub spine: sluice_engine::Spine,
+    /// The drafter's name.
+    pub drafter: String,
     /// The tokenizer (used on the blocking pool).
     pub tok: Arc<Tokenizer>,
     /// The queue.
@@ -132,6 +136,11 @@ fn model_card(app: &App) -> Value {
         "created": app.started,
         "owned_by": "sluice",
         "max_model_len": app.limits.context_len,
+        "sluice": {
+            "spine": app.spine,
+            "lossy": app.spine == sluice_engine::Spine::Int8,
+            "drafter": app.drafter,
+        },
     })
 }
 

@@ -29,6 +29,7 @@ use crate::request::Limits;
 use crate::scheduler::Scheduler;
 use crate::worker::{EngineSettings, Worker};
 use sluice_engine::session::{SessionCache, SessionConfig};
+use sluice_engine::{Drafter, Spine};
 use sluice_models::Model;
 use sluice_tokenizer::Tokenizer;
 use std::net::SocketAddr;
@@ -57,8 +58,12 @@ pub struct ServerConfig {
     pub body_timeout: Duration,
     /// The model id clients name.
     pub model_id: String,
-    /// Drafting.
+    /// Drafting width and per-request statistics.
     pub engine: EngineSettings,
+    /// The spine precision the model was opened with (shown in `/v1/models`).
+    pub spine: Spine,
+    /// The drafter's name (`none`, `ngram`, `model:DIR`; shown in `/v1/models`).
+    pub drafter: String,
     /// State reuse.
     pub session: SessionConfig,
 }
@@ -83,15 +88,16 @@ pub enum ServerError {
     Tokenizer(#[from] sluice_tokenizer::Error),
 }
 
-/// Serves `model` until interrupted (Ctrl-C or SIGTERM). `on_ready` gets the bound address.
+/// Serves `model` until interrupted (Ctrl-C or SIGTERM), speculating with `drafter` when there
+/// is one. `on_ready` gets the bound address.
 pub fn serve(
     cfg: ServerConfig,
     model: Model,
-    tok: Tokenizer,
+    tok: Arc<Tokenizer>,
+    drafter: Option<Box<dyn Drafter>>,
     on_ready: impl FnOnce(SocketAddr),
 ) -> Result<(), ServerError> {
     sluice_tokenizer::k3_stop_id(&tok)?;
-    let tok = Arc::new(tok);
     let sched = Scheduler::new(cfg.queue);
     let metrics = Arc::new(Metrics::default());
     let app = Arc::new(App {
@@ -101,6 +107,8 @@ pub fn serve(
             context_len: cfg.context_len,
         },
         vocab: model.vocab_size(),
+        spine: cfg.spine,
+        drafter: cfg.drafter.clone(),
         tok: Arc::clone(&tok),
         sched: Arc::clone(&sched),
         metrics: Arc::clone(&metrics),
@@ -114,6 +122,7 @@ pub fn serve(
         model,
         tok,
         SessionCache::new(cfg.session),
+        drafter,
         cfg.engine,
         Arc::clone(&sched),
         metrics,

@@ -11,7 +11,7 @@ use crate::output::{Delta, Output, OutputKind};
 use crate::scheduler::Scheduler;
 use sluice_engine::session::SessionCache;
 use sluice_engine::turn::{run_turn, TurnOptions, TurnStats};
-use sluice_engine::{Drafter, NgramDrafter, Sampling};
+use sluice_engine::{Drafter, Sampling};
 use sluice_models::Model;
 use sluice_tokenizer::Tokenizer;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -74,11 +74,9 @@ pub enum Event {
     Failed(String),
 }
 
-/// The engine-side settings.
+/// The engine-side settings (the drafter itself is handed to [`crate::serve`]).
 #[derive(Debug, Clone, Copy)]
 pub struct EngineSettings {
-    /// Speculate with prompt-lookup n-grams.
-    pub ngram: bool,
     /// Most drafts per pass.
     pub draft_max: usize,
     /// Print one statistics line per request on stderr (`sluice serve --stats`).
@@ -90,7 +88,9 @@ pub struct Worker {
     model: Model,
     tok: Arc<Tokenizer>,
     cache: SessionCache,
-    drafter: Option<NgramDrafter>,
+    drafter: Option<Box<dyn Drafter>>,
+    /// Whether the drafter's failure was reported.
+    draft_failure_seen: bool,
     draft_max: usize,
     stats: bool,
     stop_ids: Vec<u32>,
@@ -99,11 +99,12 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker over a loaded model.
+    /// A worker over a loaded model, speculating with `drafter` when there is one.
     pub fn new(
         model: Model,
         tok: Arc<Tokenizer>,
         cache: SessionCache,
+        drafter: Option<Box<dyn Drafter>>,
         settings: EngineSettings,
         sched: Arc<Scheduler>,
         metrics: Arc<Metrics>,
@@ -113,7 +114,8 @@ impl Worker {
             model,
             tok,
             cache,
-            drafter: settings.ngram.then(NgramDrafter::default),
+            drafter,
+            draft_failure_seen: false,
             draft_max: settings.draft_max,
             stats: settings.stats,
             stop_ids,
@@ -204,7 +206,7 @@ impl Worker {
             }
             !out.stopped()
         };
-        let drafter = self.drafter.as_mut().map(|d| d as &mut dyn Drafter);
+        let drafter = self.drafter.as_mut().map(|d| &mut **d as &mut dyn Drafter);
         let turn = run_turn(
             &self.model,
             Some(&mut self.cache),
@@ -214,6 +216,14 @@ impl Worker {
             &cancel,
             &mut on_token,
         );
+        if let (false, Some(why)) =
+            (self.draft_failure_seen, self.drafter.as_ref().and_then(|d| d.failure()))
+        {
+            // Output is unaffected (drafts only ever save passes); say once that speculation
+            // stopped.
+            eprintln!("sluice: warning: drafting stopped: {why}");
+            self.draft_failure_seen = true;
+        }
         let turn = match turn {
             Ok(t) => t,
             Err(e) => return Event::Failed(e.to_string()),
