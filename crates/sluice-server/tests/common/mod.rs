@@ -143,6 +143,11 @@ impl Server {
         panic!("server never became idle");
     }
 
+    /// The whole /metrics text (for failure messages).
+    pub fn metrics_text(&self) -> String {
+        String::from_utf8_lossy(&get(self.addr, "/metrics").body).into_owned()
+    }
+
     /// The value of one metric line (`name` or `name{labels}`).
     pub fn metric(&self, name: &str) -> f64 {
         let m = get(self.addr, "/metrics");
