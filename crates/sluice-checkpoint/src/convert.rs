@@ -4,8 +4,8 @@
 //! the embeddings only when asked) is read for every token and dominates what must stay
 //! resident or be streamed per pass; int8 halves it. Each quantized `[rows, cols]` BF16 matrix
 //! `NAME` becomes `NAME` (I8 `[rows, cols]`) and `NAME_scale` (F16 `[rows]`), and element
-//! `(r, c)` means `f32(q) · f32(scale[r])`, which is what `sluice_kernels`'
-//! `Matrix::int8_row` computes with. Everything else (norms, convolution weights, KDA and
+//! `(r, c)` means `f32(q) · f32(scale[r])` (`sluice_kernels`' `Matrix::int8_row`, whose matmul
+//! folds the integers and multiplies each row's sum by its scale). Everything else (norms, convolution weights, KDA and
 //! router parameters, AttnRes, the MXFP4 routed experts) is copied byte for byte: see
 //! [`keeps_full_precision`] and `docs/INT8.md`, which also defines the rounding exactly. The
 //! result is lossy and labelled so: `sluice-int8-manifest.json` names it.

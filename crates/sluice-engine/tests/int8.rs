@@ -1,8 +1,10 @@
 //! The int8 spine end to end on the committed fixtures: a converted checkpoint loads, computes
 //! exactly what its dequantized weights define (bit for bit against an F32 checkpoint holding
-//! `q · scale`), stays within stated tolerances of the published model, is refused where a
-//! scale is missing or misshapen (naming the tensor), and `--spine` picks and checks the
-//! directory.
+//! `q · scale`, once its row scales are rounded to powers of two: the kernels fold the integers
+//! and multiply the row's sum by its scale, which equals folding `q · scale` exactly when the
+//! scale is a power of two), stays within stated tolerances of the published model, is refused
+//! where a scale is missing or misshapen (naming the tensor), and `--spine` picks and checks
+//! the directory.
 //!
 //! Tolerances (Qwen3 fixtures, 4 seeded prompts × 8 greedy steps): max |logit diff| ≤ 0.25,
 //! mean KL(bf16 ‖ int8) ≤ 1e-3 nats, top-1 agreement ≥ 0.9 (measured figures on 8 × 32
@@ -114,11 +116,43 @@ fn dequantized(src: &Path, dst: &Path) {
     });
 }
 
+/// The f16 power of two nearest to the f16 `bits` in log scale, sign kept (zero stays zero).
+fn f16_pow2(bits: u16) -> u16 {
+    let s = f16_to_f32(bits);
+    if s == 0.0 || !s.is_finite() {
+        return bits;
+    }
+    let l = s.abs().log2();
+    let e = (-14i16..=15)
+        .min_by(|a, b| (l - f32::from(*a)).abs().total_cmp(&(l - f32::from(*b)).abs()));
+    (bits & 0x8000) | (u16::try_from(e.unwrap() + 15).unwrap() << 10)
+}
+
+/// `src` with every int8 row scale rounded to a power of two (see the module docs).
+fn pow2_scales(src: &Path, dst: &Path) {
+    rewrite(src, dst, |ckpt, name, dtype, shape, bytes| {
+        let base = name.strip_suffix(SCALE_SUFFIX);
+        let bytes = if dtype == DType::F16
+            && base.is_some_and(|b| ckpt.get(b).is_some_and(|b| b.dtype == DType::I8))
+        {
+            bytes
+                .chunks_exact(2)
+                .flat_map(|h| f16_pow2(u16::from_le_bytes([h[0], h[1]])).to_le_bytes())
+                .collect()
+        } else {
+            bytes.to_vec()
+        };
+        vec![(name.to_owned(), dtype, shape.to_vec(), bytes)]
+    });
+}
+
 #[test]
 fn int8_computes_exactly_its_dequantized_weights() {
     for (family, name) in [("kimi_k3", "tiny-a"), ("kimi_k3", "tiny-b"), ("qwen3", "tiny-a")] {
         let root = tempfile::tempdir().unwrap();
-        let int8 = convert(&copy(root.path(), family, name));
+        let converted = convert(&copy(root.path(), family, name));
+        let int8 = root.path().join("pow2");
+        pow2_scales(&converted, &int8);
         let f32_dir = root.path().join("dequantized");
         dequantized(&int8, &f32_dir);
         let (a, b) = (model(&int8), model(&f32_dir));

@@ -10,10 +10,13 @@
 //! `+2`, `+1`; the result is `acc[0]`. This is exactly what one AVX-512 register (or two AVX2
 //! registers, or four NEON registers) computes, so SIMD tiers equal the scalar reference.
 //! Weight elements are widened to f32 before the FMA: bf16 → f32 and E2M1 × 2^(s−127) → f32
-//! exactly; a row-int8 element is `f32(q) · f32(scale)`, one f32 multiplication, which is
-//! always exact too (an 8-bit integer times an 11-bit f16 significand fits the 24-bit f32 one,
-//! and every f16 magnitude times 127 is a normal f32), so every format is "dequantize the
-//! element, then fold it in" with no format-specific reduction.
+//! exactly. **Row-int8 folds its integers**: `f32(q)` (exact) goes into the lanes and the row's
+//! f16 scale multiplies the reduced sum once, `result = f32(scale) · acc[0]` (one f32
+//! multiplication, rounded). A row scale is common to the whole row, so taking it out of the
+//! sum is the natural int8 dot product, and it saves one multiplication per weight in every
+//! kernel, which is what let int8 matvec reach the memory bound (docs/PERFORMANCE.md, issue 4).
+//! [`Matrix::get`] still returns the dequantized element `f32(q) · f32(scale)` (exact: an 8-bit
+//! integer times an 11-bit f16 significand fits the 24-bit f32 one).
 //!
 //! [`matmul`] runs on the tier chosen by [`crate::isa::isa`] and splits output rows (never a
 //! reduction) across the current [`crate::pool`], so neither the tier nor the thread count nor
@@ -254,6 +257,13 @@ pub fn reduce16(mut acc: [f32; 16]) -> f32 {
 /// Scalar reference dot product of row `r` with `x` in the canonical order.
 pub fn dot_row_scalar(m: &Matrix<'_>, r: usize, x: &[f32]) -> f32 {
     let mut acc = [0.0f32; 16];
+    if m.format == WeightFormat::Int8Row {
+        for (c, &xc) in x.iter().enumerate().take(m.cols) {
+            let q = f32::from(i8::from_le_bytes([m.data[r * m.cols + c]]));
+            acc[c % 16] = q.mul_add(xc, acc[c % 16]);
+        }
+        return reduce16(acc) * m.int8_scale(r);
+    }
     for (c, &xc) in x.iter().enumerate().take(m.cols) {
         acc[c % 16] = m.get(r, c).mul_add(xc, acc[c % 16]);
     }

@@ -51,8 +51,9 @@ pub(crate) type Lanes = [f32; 16];
 
 /// The two per-tier pieces of the loop nest.
 pub(crate) trait Kernel {
-    /// Widens elements `c0 .. c0 + out.len()` of `row` to f32 as [`Matrix::get`] does, except
-    /// that a zero weight may come out as either +0.0 or −0.0: the sign of a zero weight never
+    /// Widens elements `c0 .. c0 + out.len()` of `row` to the f32 values the matmul folds
+    /// (`Row::fold_values`: [`Matrix::get`]'s, except an int8 row's integers, whose row scale
+    /// is applied to the reduced sum), except that a zero weight may come out as either +0.0 or −0.0: the sign of a zero weight never
     /// changes a folded result (see the module docs: `fma(±0, x, acc)` is `acc` for a non-zero
     /// `acc`, +0.0 for a zero one, and the same NaN for an infinite or NaN `x`).
     ///
@@ -214,7 +215,7 @@ unsafe fn run_blocks<K: Kernel, const TB: usize>(
             }
             for (r, a) in acc[..rb].iter().enumerate() {
                 for (j, lanes) in a[..tb].iter().enumerate() {
-                    emit(t0 + j, r0 + r, reduce16(*lanes));
+                    emit(t0 + j, r0 + r, block[r].finish(reduce16(*lanes)));
                 }
             }
         }

@@ -3,11 +3,12 @@
 //! A 16-lane accumulator is four 4-lane registers (lanes 0–3, 4–7, 8–11, 12–15), so a 2 × 3
 //! tile's accumulators take 24 of the 32 vector registers. Weights are loaded as bytes (no
 //! alignment) and widened exactly: bf16 by a widening shift left of 16; int8 by two widening
-//! moves to i32, conversion to f32 (exact) and one multiplication by the row scale; MXFP4 by
+//! moves to i32 and conversion to f32 (exact; the row scale multiplies the reduced sum, see
+//! [`crate::matmul`]); MXFP4 by
 //! looking each nibble up in two byte tables that hold the low and high byte of the E2M1
 //! value's bf16 pattern (every E2M1 value is exactly a bf16, its low 16 f32 bits are zero),
 //! then widening that bf16 and multiplying by `e8m0_to_f32(s)`. Each is the reference's own
-//! expression, so the widened weights equal [`crate::Matrix::get`] bit for bit. Spans that
+//! expression, so the widened weights equal the folded values bit for bit. Spans that
 //! are not a multiple of 16 finish element by element.
 
 use super::Row;
@@ -68,7 +69,7 @@ impl Kernel for Neon {
                     }
                 }
             }
-            Row::Int8 { values, scale } => {
+            Row::Int8 { values, .. } => {
                 let q = &values[c0..c0 + n];
                 for i in (0..full).step_by(16) {
                     // SAFETY: `i + 16 <= n = q.len()` and `out` holds `n` f32.
@@ -81,7 +82,7 @@ impl Kernel for Neon {
                             vmovl_s16(vget_low_s16(hi)),
                             vmovl_high_s16(hi),
                         ]
-                        .map(|w| vmulq_n_f32(vcvtq_f32_s32(w), scale));
+                        .map(|w| vcvtq_f32_s32(w));
                         store4(out.as_mut_ptr().add(i), f);
                     }
                 }
@@ -92,7 +93,7 @@ impl Kernel for Neon {
                 return;
             }
         }
-        row.widen(c0 + full, &mut out[full..]);
+        row.fold_values(c0 + full, &mut out[full..]);
     }
 
     #[target_feature(enable = "neon")]

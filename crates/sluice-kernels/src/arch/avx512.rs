@@ -2,10 +2,11 @@
 //! tile uses six of the 32 and the fold never spills.
 //!
 //! **Decoding.** bf16 widens by a 16-bit left shift into the high half of each f32 lane; int8
-//! by sign-extension to i32, conversion to f32 (exact) and one multiplication by the row scale;
-//! MXFP4 by `vpermps` over the 16 E2M1 values (it reads index bits 0–3 of each lane) and one
-//! multiplication by `e8m0_to_f32(s)`. Each is the reference's own expression, so the widened
-//! weights equal [`crate::Matrix::get`] bit for bit, −0.0 and NaN scales included. Spans that
+//! by sign-extension to i32 and conversion to f32 (exact; the row scale multiplies the reduced
+//! sum, see [`crate::matmul`]); MXFP4 by `vpermps` over the 16 E2M1 values (it reads index
+//! bits 0–3 of each lane) and one multiplication by `e8m0_to_f32(s)`. Each is the reference's
+//! own expression, so the widened weights equal the folded values bit for bit, −0.0 and NaN
+//! scales included. Spans that
 //! are not a multiple of 16 finish element by element.
 //!
 //! One activation row (`fold_one`) widens each row's 16 columns in registers and folds them at
@@ -48,15 +49,14 @@ impl Kernel for Avx512 {
                     }
                 }
             }
-            Row::Int8 { values, scale } => {
+            Row::Int8 { values, .. } => {
                 let q = &values[c0..c0 + n];
-                let s = _mm512_set1_ps(scale);
                 for i in (0..full).step_by(16) {
                     // SAFETY: `i + 16 <= n = q.len()`.
                     unsafe {
                         let raw = _mm_loadu_si128(q.as_ptr().add(i).cast());
                         let v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
-                        _mm512_storeu_ps(out.as_mut_ptr().add(i), _mm512_mul_ps(v, s));
+                        _mm512_storeu_ps(out.as_mut_ptr().add(i), v);
                     }
                 }
             }
@@ -66,7 +66,7 @@ impl Kernel for Avx512 {
                 return;
             }
         }
-        row.widen(c0 + full, &mut out[full..]);
+        row.fold_values(c0 + full, &mut out[full..]);
     }
 
     #[target_feature(enable = "avx512f")]
@@ -101,7 +101,7 @@ impl Kernel for Avx512 {
             }
             Row::Int8 { .. } => {
                 let w = same(rows, |r| match r {
-                    Row::Int8 { values, scale } => Some((&values[c0..c0 + n], scale)),
+                    Row::Int8 { values, .. } => Some(&values[c0..c0 + n]),
                     _ => None,
                 });
                 int8_one(w, x, &mut a, ahead);
@@ -206,23 +206,23 @@ fn bf16_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut [__m512; R], ahead
     }
 }
 
-/// int8 rows against one activation row: `f32(q) · scale`, the reference's expression.
+/// int8 rows against one activation row: `f32(q)` folded (the row scale multiplies the
+/// reduced sum, see [`crate::matmul`]).
 #[target_feature(enable = "avx512f")]
-fn int8_one<const R: usize>(w: [(&[u8], f32); R], x: &[f32], a: &mut [__m512; R], ahead: usize) {
-    assert!(w.iter().all(|(q, _)| q.len() == x.len()) && x.len().is_multiple_of(16));
-    let scales: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(w[r].1));
+fn int8_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut [__m512; R], ahead: usize) {
+    assert!(w.iter().all(|q| q.len() == x.len()) && x.len().is_multiple_of(16));
     for c in (0..x.len()).step_by(16) {
         if c.is_multiple_of(64) {
             for wr in &w {
-                prefetch_line(wr.0.as_ptr().wrapping_add(c + ahead));
+                prefetch_line(wr.as_ptr().wrapping_add(c + ahead));
             }
         }
         // SAFETY: `c + 16 <= x.len()`, and each row holds `x.len()` bytes (asserted).
         let xv = unsafe { _mm512_loadu_ps(x.as_ptr().add(c)) };
-        for (((q, _), s), ar) in w.iter().zip(&scales).zip(a.iter_mut()) {
+        for (q, ar) in w.iter().zip(a.iter_mut()) {
             // SAFETY: as above.
             let raw = unsafe { _mm_loadu_si128(q.as_ptr().add(c).cast()) };
-            let v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw)), *s);
+            let v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
             *ar = _mm512_fmadd_ps(v, xv, *ar);
         }
     }

@@ -72,6 +72,31 @@ impl Row<'_> {
             }
         }
     }
+
+    /// Widens elements `c0 .. c0 + out.len()` to the values the matmul folds: [`Self::widen`]'s,
+    /// except that an int8 row gives its integers, its scale being applied once to the reduced
+    /// sum ([`Self::finish`]; see [`crate::matmul`]).
+    pub(crate) fn fold_values(&self, c0: usize, out: &mut [f32]) {
+        match *self {
+            Self::Int8 { values, .. } => {
+                let n = out.len();
+                for (o, &q) in out.iter_mut().zip(&values[c0..c0 + n]) {
+                    *o = f32::from(i8::from_le_bytes([q]));
+                }
+            }
+            _ => self.widen(c0, out),
+        }
+    }
+
+    /// The row's dot product from its reduced sum of folded values: the sum times the row
+    /// scale for int8, the sum itself otherwise.
+    #[inline]
+    pub(crate) fn finish(&self, sum: f32) -> f32 {
+        match *self {
+            Self::Int8 { scale, .. } => sum * scale,
+            _ => sum,
+        }
+    }
 }
 
 /// The per-format parts of `R` rows of one matrix (which share a format).
@@ -135,7 +160,7 @@ pub(crate) struct Portable;
 
 impl Kernel for Portable {
     unsafe fn decode(row: Row<'_>, c0: usize, out: &mut [f32]) {
-        row.widen(c0, out);
+        row.fold_values(c0, out);
     }
 
     unsafe fn fold<const R: usize, const N: usize>(

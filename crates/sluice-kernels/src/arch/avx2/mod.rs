@@ -6,9 +6,9 @@
 //! folds them at once, four rows per pass (two for MXFP4, see `mxfp4`). bf16 loads 16
 //! bytes broadcast to both 128-bit lanes and widen with one in-lane byte shuffle per eight
 //! values (cheaper than the cross-lane `vpmovzx` family): bf16 patterns go to the high half
-//! of each f32 lane. int8 sign-extends eight values per load (`vpmovsxbd`, no shuffle table,
-//! which leaves registers for the four row scales), converts exactly and multiplies by the
-//! row scale, the reference's exact `f32(q) · scale`.
+//! of each f32 lane. int8 sign-extends eight values per load (`vpmovsxbd`, no shuffle table)
+//! and converts them exactly; the row scale is applied to the reduced sum by the loop nest
+//! (see [`crate::matmul`]), so a weight costs no multiplication.
 //!
 //! **Several activation rows** (`decode` + `fold`) widen a chunk into a buffer once and fold
 //! it in register tiles; `decode` uses `vpmovzxwd`/`vpmovsxbd` and the reference's
@@ -40,7 +40,7 @@ impl Kernel for Avx2 {
         match row {
             Row::F32(w) => f32s(&w[4 * c0..4 * (c0 + n)], out),
             Row::Bf16(w) => bf16s(&w[2 * c0..2 * (c0 + n)], out),
-            Row::Int8 { values, scale } => int8s(&values[c0..c0 + n], scale, out),
+            Row::Int8 { values, .. } => int8s(&values[c0..c0 + n], out),
             Row::Mxfp4 { packed, scales } => {
                 assert!(c0.is_multiple_of(32) && n.is_multiple_of(32), "mxfp4 span");
                 mxfp4s(&packed[c0 / 2..(c0 + n) / 2], &scales[c0 / 32..(c0 + n) / 32], out);
@@ -145,7 +145,7 @@ impl Kernel for Avx2 {
             ),
             Row::Int8 { .. } => int8_one(
                 same(rows, |r| match r {
-                    Row::Int8 { values, scale } => Some((&values[c0..c0 + n], scale)),
+                    Row::Int8 { values, .. } => Some(&values[c0..c0 + n]),
                     _ => None,
                 }),
                 x,
@@ -258,33 +258,31 @@ fn bf16_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut Acc2<R>, ahead: us
 }
 
 /// int8 rows against one activation row: eight values are one sign-extending load
-/// (`vpmovsxbd`, which needs no shuffle table and so leaves registers for the row scales),
-/// an exact conversion, and one multiplication by the row scale, which is exact (see
-/// [`crate::matmul`]) and so the reference's value.
+/// (`vpmovsxbd`) and an exact conversion; the integers are folded (the row scale multiplies
+/// the reduced sum, see [`crate::matmul`]).
 #[target_feature(enable = "avx2,fma")]
-fn int8_one<const R: usize>(w: [(&[u8], f32); R], x: &[f32], a: &mut Acc2<R>, ahead: usize) {
-    assert!(w.iter().all(|(q, _)| q.len() == x.len()) && x.len().is_multiple_of(16));
-    let scales: [__m256; R] = w.map(|(_, s)| _mm256_set1_ps(s));
+fn int8_one<const R: usize>(w: [&[u8]; R], x: &[f32], a: &mut Acc2<R>, ahead: usize) {
+    assert!(w.iter().all(|q| q.len() == x.len()) && x.len().is_multiple_of(16));
     // A local copy: through `a` the compiler stores every accumulator on each step.
     let mut acc = *a;
     for c in (0..x.len()).step_by(16) {
         if c.is_multiple_of(64) {
             for wr in &w {
-                prefetch_line(wr.0.as_ptr().wrapping_add(c + ahead));
+                prefetch_line(wr.as_ptr().wrapping_add(c + ahead));
             }
         }
         // SAFETY: `c + 16 <= x.len()`.
         let (xl, xh) =
             unsafe { (_mm256_loadu_ps(x.as_ptr().add(c)), _mm256_loadu_ps(x.as_ptr().add(c + 8))) };
-        for (((q, _), s), ar) in w.iter().zip(&scales).zip(acc.iter_mut()) {
+        for (q, ar) in w.iter().zip(acc.iter_mut()) {
             // SAFETY: each row holds `x.len()` bytes (asserted) and `c + 16 <= x.len()`, so
             // both 8-byte loads lie inside it.
             let (lo, hi) = unsafe {
                 let p = q.as_ptr().add(c);
                 (_mm_loadl_epi64(p.cast()), _mm_loadl_epi64(p.add(8).cast()))
             };
-            let wl = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), *s);
-            let wh = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), *s);
+            let wl = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+            let wh = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
             ar[0] = _mm256_fmadd_ps(wl, xl, ar[0]);
             ar[1] = _mm256_fmadd_ps(wh, xh, ar[1]);
         }
@@ -326,22 +324,21 @@ fn bf16s(w: &[u8], out: &mut [f32]) {
     }
 }
 
-/// int8 weights: `f32(q) · scale`, the reference's expression.
+/// int8 weights: `f32(q)`, the folded values (the row scale is applied to the reduced sum).
 #[target_feature(enable = "avx2,fma")]
-fn int8s(q: &[u8], scale: f32, out: &mut [f32]) {
+fn int8s(q: &[u8], out: &mut [f32]) {
     assert_eq!(q.len(), out.len());
-    let s = _mm256_set1_ps(scale);
     let full = out.len() - out.len() % 8;
     for i in (0..full).step_by(8) {
         // SAFETY: `i + 8 <= out.len() = q.len()`.
         unsafe {
             let raw = _mm_loadl_epi64(q.as_ptr().add(i).cast());
             let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
-            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(v, s));
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), v);
         }
     }
     for (o, &b) in out[full..].iter_mut().zip(&q[full..]) {
-        *o = f32::from(i8::from_le_bytes([b])) * scale;
+        *o = f32::from(i8::from_le_bytes([b]));
     }
 }
 
