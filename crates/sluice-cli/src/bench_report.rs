@@ -33,15 +33,16 @@ pub const METRICS: &[(&str, &str)] = &[
     ("prefill_s", "prefill s"),
     ("prefill_bound_s", "prefill bound s"),
     ("prefill_ratio", "prefill / bound"),
-    ("prefill_busy_ratio", "prefill / bound at max(probe, reads while busy)"),
+    ("prefill_busy_ratio", "prefill / needed bytes at max(probe, reads while busy)"),
     ("prefill_read_amplification", "prefill read / distinct routed"),
     ("s_per_pass", "decode s/pass"),
     ("decode_bound_s_per_pass", "decode bound s/pass"),
     ("decode_ratio", "decode / bound"),
     ("decode_read_gbps", "decode reads GB/s while busy"),
-    ("decode_busy_ratio", "decode / bound at max(probe, reads while busy)"),
+    ("decode_busy_ratio", "decode / needed bytes at max(probe, reads while busy)"),
     ("tokens_per_pass", "tokens/pass"),
     ("decode_bytes_per_pass", "expert bytes read/pass"),
+    ("decode_needed_bytes_per_pass", "expert bytes needed/pass (read − unused guesses)"),
     ("expert_bytes_read", "expert bytes read"),
     ("other_bytes_read", "other bytes read (spine...)"),
     ("hit_rate", "cache hit rate"),
@@ -62,6 +63,11 @@ fn ratio(a: f64, b: f64) -> Option<f64> {
     (b > 0.0 && a.is_finite()).then(|| a / b)
 }
 
+/// Bytes read for guesses that were never used, summed over a phase's per-layer stats.
+fn wasted(layers: &Value) -> f64 {
+    layers.as_array().map_or(0.0, |ls| ls.iter().map(|l| f(l, "wasted_bytes")).sum())
+}
+
 /// Derives the per-run figures; `gbps` is the probed bandwidth in GB/s (10⁹ bytes).
 ///
 /// A phase's bound divides the expert bytes it read by the probed bandwidth (`*_ratio`, the
@@ -71,7 +77,9 @@ fn ratio(a: f64, b: f64) -> Option<f64> {
 /// faster than the probe's (a swinging virtual disk, a host cache) then cannot make the ratio
 /// look better than the disk's best showing in the same run. With the engine's own rate as the
 /// denominator that bound is exactly the time the disk was busy, so the busy ratio says how
-/// much of the pass the disk sat idle.
+/// much of the pass the disk sat idle. The stricter bound counts only the bytes the phase
+/// needed: prefetched experts that were never used (`wasted_bytes` of its layers) kept the
+/// disk busy without shortening anything, so they do not count as work done.
 pub fn derive(r: &RunRecord, gbps: f64) -> Value {
     let st = &r.output["stats"];
     let bw = gbps * 1e9;
@@ -83,11 +91,14 @@ pub fn derive(r: &RunRecord, gbps: f64) -> Value {
     let decode_got = ratio(decode_read, f(st, "decode_read_busy_s"));
     let per_pass = ratio(decode_read, decode_passes);
     let bound = per_pass.and_then(|b| ratio(b, bw));
-    let busy_bound = per_pass.and_then(|b| ratio(b, decode_got.map_or(bw, |g| g.max(bw))));
+    let decode_needed = (decode_read - wasted(&st["decode_layers"])).max(0.0);
+    let busy_bound = ratio(decode_needed, decode_passes)
+        .and_then(|b| ratio(b, decode_got.map_or(bw, |g| g.max(bw))));
     let prefill_read = f(st, "prefill_expert_bytes_read");
     let prefill_got = ratio(prefill_read, f(st, "prefill_read_busy_s"));
     let prefill_bound = ratio(prefill_read, bw);
-    let prefill_busy_bound = ratio(prefill_read, prefill_got.map_or(bw, |g| g.max(bw)));
+    let prefill_needed = (prefill_read - wasted(&st["prefill_layers"])).max(0.0);
+    let prefill_busy_bound = ratio(prefill_needed, prefill_got.map_or(bw, |g| g.max(bw)));
     let moe_layers = st["decode_layers"].as_array().map_or(0, Vec::len);
     #[allow(clippy::cast_precision_loss)]
     let per_layer = s_per_pass.and_then(|s| ratio(s, moe_layers as f64));
@@ -121,6 +132,7 @@ pub fn derive(r: &RunRecord, gbps: f64) -> Value {
         "decode_ratio": bound.and_then(|b| s_per_pass.and_then(|s| ratio(s, b))),
         "tokens_per_pass": st["tokens_per_pass"],
         "decode_bytes_per_pass": per_pass,
+        "decode_needed_bytes_per_pass": ratio(decode_needed, decode_passes),
         "expert_bytes_read": expert_read,
         "other_bytes_read": (process_read > 0.0).then(|| (process_read - expert_read).max(0.0)),
         "hit_rate": st["hit_rate"],
@@ -238,5 +250,13 @@ mod tests {
         assert_eq!(d["decode_ratio"], 2.0, "against the probe");
         assert_eq!(d["decode_busy_ratio"], 4.0, "against the reads' 4 GB/s");
         assert_eq!(d["prefill_busy_ratio"], 4.0, "1 GB/s while busy: the probe's 2 GB/s stays");
+
+        // Guesses read and never used kept the disk busy but were not needed: the stricter
+        // bound leaves them out (half of the 4 GB here), the probe's bound does not.
+        r.output["stats"]["decode_layers"] = json!([{"wasted_bytes": 1e9}, {"wasted_bytes": 1e9}]);
+        let d = derive(&r, 2.0);
+        assert_eq!(d["decode_needed_bytes_per_pass"], 0.5e9);
+        assert_eq!(d["decode_ratio"], 2.0, "every byte read, against the probe");
+        assert_eq!(d["decode_busy_ratio"], 8.0, "needed bytes only, at the reads' 4 GB/s");
     }
 }

@@ -55,13 +55,23 @@ pub(crate) fn mlp(ctx: &Ctx<'_>, w: &MlpWeights, c: &K3Config, x: &[f32], t: usi
     ctx.mm(&w.down, &a, t)
 }
 
-/// The experts the router `logits [T, E]` pick for any row, sorted and distinct.
+/// The experts the router `logits [T, E]` pick for any row, distinct, most confident first:
+/// by the best rank any row gives them (ties by id). A guess is read in this order, so when
+/// the store has room for only part of it, it reads the likeliest experts.
 fn route_union(logits: &[f32], bias: &[f32], c: &K3Config) -> Vec<u32> {
-    let mut ids: Vec<u32> =
-        logits.chunks_exact(c.num_experts).flat_map(|l| route(l, bias, c).ids).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    ids
+    let mut ranked: Vec<(usize, u32)> = logits
+        .chunks_exact(c.num_experts)
+        .flat_map(|l| route(l, bias, c).ids.into_iter().enumerate())
+        .collect();
+    ranked.sort_unstable();
+    let mut seen = vec![false; c.num_experts];
+    ranked
+        .into_iter()
+        .filter_map(|(_, id)| {
+            let s = seen.get_mut(id as usize)?;
+            (!std::mem::replace(s, true)).then_some(id)
+        })
+        .collect()
 }
 
 /// Guesses the experts of the first MoE layer from `x`, that layer's input before its

@@ -7,11 +7,14 @@
 //!
 //! The gate: a guess for layer L is scored when L is demanded, by its precision (the share of
 //! guessed experts that L really used). The score is an exponential average (weight
-//! [`GATE_WEIGHT`] on the newest pass) that starts at 0: a predictor must prove itself before
-//! it may spend bandwidth. While the score is below the configured minimum precision, guesses
-//! for L are not read at all; they are kept as *shadow* guesses and scored the same way, so
-//! the gate opens after three passes of a perfect predictor (0 → 0.25 → 0.44 → 0.58) and shuts
-//! again after three passes of a useless one (1 → 0.75 → 0.56 → 0.42). A wrong guess on a busy disk delays the next layer's demanded reads (a read cannot be
+//! [`GATE_WEIGHT`] on the newest pass) that starts at the first measured precision: a predictor
+//! must prove itself before it may spend bandwidth, on one pass of *shadow* guesses (guessed,
+//! not read, then scored against what the layer demanded). While the score is below the
+//! configured minimum precision, guesses for L are not read at all; they stay shadow guesses
+//! and are scored the same way, so the gate opens after one pass of a good predictor and shuts
+//! again after three passes of a useless one (1 → 0.75 → 0.56 → 0.42). (An average that started
+//! at 0 kept a predictor of precision 0.67 shut for its first five passes, most of a short
+//! generation: docs/PERFORMANCE.md, issue 3.) A wrong guess on a busy disk delays the next layer's demanded reads (a read cannot be
 //! taken back once it has started), so a predictor that is mostly wrong is worse than none.
 
 use serde::Serialize;
@@ -19,9 +22,14 @@ use serde::Serialize;
 /// Weight of the newest pass in a layer's prefetch score.
 pub const GATE_WEIGHT: f64 = 0.25;
 
-/// Default minimum guess precision for prefetch reads to be issued (see the module docs and
-/// docs/PERFORMANCE.md for the measurement behind it).
-pub const DEFAULT_MIN_PRECISION: f64 = 0.5;
+/// Default minimum guess precision for prefetch reads to be issued. A wrong guess costs a
+/// whole expert read; on a disk-bound pass that read delays the needed ones, and on a machine
+/// whose cores the compute fills, the read's own CPU cost slows the compute. Measured on K3
+/// slices (docs/PERFORMANCE.md, issue 3): with guesses of precision 0.6–0.75, reading them
+/// made decode 3–10% slower than not reading them, on a 2-core machine (compute-bound) and on
+/// a 16-core one (disk-bound) alike, so guesses are read only from a predictor that is right
+/// nine times in ten.
+pub const DEFAULT_MIN_PRECISION: f64 = 0.9;
 
 /// Streaming accounting of one layer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -95,22 +103,22 @@ fn ratio(a: u64, b: u64) -> f64 {
 /// The prefetch gate of one layer.
 #[derive(Debug, Clone)]
 pub(crate) struct Gate {
-    /// Exponential average of guess precision.
-    score: f64,
+    /// Exponential average of guess precision; `None` until a guess has been scored.
+    score: Option<f64>,
     /// Guessed ids not read (gate shut), sorted, awaiting the layer's demand.
     shadow: Vec<u32>,
 }
 
 impl Default for Gate {
     fn default() -> Self {
-        Self { score: 0.0, shadow: Vec::new() }
+        Self { score: None, shadow: Vec::new() }
     }
 }
 
 impl Gate {
     /// Whether guesses may be read now.
     pub(crate) fn open(&self, min_precision: f64) -> bool {
-        self.score >= min_precision
+        self.score.unwrap_or(0.0) >= min_precision
     }
 
     /// Keeps `ids` as a shadow guess (replacing an older one).
@@ -129,7 +137,8 @@ impl Gate {
         let guessed = read + shadow.len() as u64;
         let hits = read_hits + shadow_hits;
         if guessed > 0 {
-            self.score = (1.0 - GATE_WEIGHT) * self.score + GATE_WEIGHT * ratio(hits, guessed);
+            let p = ratio(hits, guessed);
+            self.score = Some(self.score.map_or(p, |s| (1.0 - GATE_WEIGHT) * s + GATE_WEIGHT * p));
         }
         (guessed, hits)
     }
@@ -144,12 +153,19 @@ mod tests {
         let mut g = Gate::default();
         assert!(!g.open(0.5), "shut until measured");
         assert!(g.open(0.0), "a minimum of 0 always reads");
-        for want in [false, false, true] {
+        g.shadow(&[1, 2, 3, 4]);
+        g.settle(&[1, 5], 0, 0);
+        assert!(!g.open(0.5), "one pass at 0.25 keeps it shut");
+        for want in [false, true, true] {
             g.shadow(&[1, 2]);
             g.settle(&[1, 2, 3], 0, 0);
-            assert_eq!(g.open(0.5), want);
+            assert_eq!(g.open(0.5), want, "0.25 → 0.44 → 0.58 → 0.68");
         }
-        g.score = 1.0;
+        let mut fresh = Gate::default();
+        fresh.shadow(&[1, 2, 3]);
+        fresh.settle(&[1, 2, 9], 0, 0);
+        assert!(fresh.open(0.5), "one measured pass at 0.67 opens a fresh gate");
+        g.score = Some(1.0);
         let mut passes = 0;
         while g.open(0.5) {
             assert_eq!(g.settle(&[1, 2], 4, 0), (4, 0));

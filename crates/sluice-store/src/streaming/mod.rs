@@ -9,6 +9,7 @@
 //! ones are cancelled if not yet started and their bytes counted as wasted if they were read.
 
 mod gate;
+mod guess;
 mod shared;
 
 pub use gate::{LayerPrefetchStats, DEFAULT_MIN_PRECISION, GATE_WEIGHT};
@@ -22,7 +23,7 @@ use crate::reader::{JobState, Priority, DEFAULT_READERS};
 use crate::remote::{DiskPin, ExpertDiskCache};
 use crate::{ExpertStore, ExpertTensorNames, ExpertView, StoreError, StoreStats};
 use gate::Gate;
-use shared::{add, nanos, Counters, Guess, Locked, Pins, ReadJob, Request, Shared};
+use shared::{add, nanos, Counters, Locked, Pins, ReadJob, Request, Shared};
 use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
 use std::collections::VecDeque;
@@ -270,111 +271,14 @@ impl StreamingExperts {
         }
         true
     }
-
-    /// Settles the outstanding guesses for `layer` against the demanded `ids`: recall, waste,
-    /// cancellation of unstarted wrong guesses. Returns the demanded ids a prefetch covered,
-    /// sorted.
-    fn settle(&self, st: &mut Locked, layer: usize, ids: &[u32]) -> Vec<u32> {
-        let Some(guesses) = st.guesses.get_mut(layer).map(std::mem::take) else {
-            return Vec::new();
-        };
-        let c = &self.shared.counters;
-        let mut covered = Vec::new();
-        let mut wasted = 0u64;
-        let issued = guesses.len() as u64;
-        for g in guesses {
-            let s = st.cache.slot(g.slot);
-            let live =
-                s.ticket == g.ticket && matches!(s.state, SlotState::Reading | SlotState::Ready);
-            let bytes = self.shared.index.get(layer, g.id).map_or(0, |l| l.read_bytes());
-            if ids.contains(&g.id) && live {
-                st.cache.clear_prefetched(g.slot);
-                covered.push(g.id);
-            } else if live
-                && s.state == SlotState::Reading
-                && s.pins == 0
-                && s.job.as_ref().is_some_and(|(h, _)| h.cancel())
-            {
-                st.cache.abandon(g.slot, g.ticket);
-                add(&c.prefetch_cancelled, 1);
-            } else {
-                // Read (or being read) for nothing, or evicted before its layer came.
-                wasted += bytes;
-                if live {
-                    st.cache.clear_prefetched(g.slot);
-                }
-            }
-        }
-        let n = covered.len() as u64;
-        let (guessed, hits) = st.gates[layer].settle(ids, issued, n);
-        let index = &self.shared.index;
-        let demanded_bytes: u64 =
-            ids.iter().filter_map(|&id| index.get(layer, id)).map(|l| l.bytes()).sum();
-        if let Some(l) = st.layers.get_mut(layer) {
-            l.demanded += ids.len() as u64;
-            l.covered += n;
-            l.wasted_bytes += wasted;
-            l.passes += 1;
-            l.demanded_bytes += demanded_bytes;
-            l.guessed += guessed;
-            l.guess_hits += hits;
-        }
-        add(&c.prefetch_used, n);
-        add(&c.prefetch_wasted_bytes, wasted);
-        covered.sort_unstable();
-        covered
-    }
 }
 
 impl StreamingExperts {
-    /// Queues prefetch reads for the guess `ids` of `layer`, as far as the gate, the prefetch
-    /// cap and the evictable slots allow (a guess never evicts a pinned or unused-prefetch
-    /// slot). With the gate shut the guess is only kept as a shadow to be scored.
-    fn guess(&self, st: &mut Locked, layer: usize, ids: &[u32]) {
-        let sh = &*self.shared;
-        let experts = sh.index.experts(layer);
-        if experts == 0 || sh.max_prefetch == 0 || layer >= st.gates.len() {
-            return;
-        }
-        let valid = |id: u32| usize::try_from(id).is_ok_and(|i| i < experts);
-        if !st.gates[layer].open(sh.min_precision) {
-            // Only guesses that would be read are scored: an already cached guess costs
-            // nothing, and counting it would credit the predictor with the cache's hits.
-            let ids: Vec<u32> = ids
-                .iter()
-                .copied()
-                .filter(|&id| valid(id) && st.cache.lookup(key(layer, id)).is_none())
-                .collect();
-            st.layers[layer].gated += ids.len() as u64;
-            st.gates[layer].shadow(&ids);
-            return;
-        }
-        for &id in ids {
-            if !valid(id) || st.cache.lookup(key(layer, id)).is_some() {
-                continue;
-            }
-            if st.cache.prefetched() >= sh.max_prefetch {
-                break;
-            }
-            // A guess is never fetched remotely: only experts already on local disk.
-            let pin = match &sh.disk {
-                Some(d) => match d.try_pin(layer, id) {
-                    Some(p) => Some(p),
-                    None => continue,
-                },
-                None => None,
-            };
-            let Some((i, ticket)) = st.cache.acquire(key(layer, id), true) else { break };
-            self.submit(st, i, ticket, (layer, id), Priority::Prefetch, pin);
-            st.guesses[layer].push(Guess { id, slot: i, ticket });
-            st.layers[layer].issued += 1;
-            add(&sh.counters.prefetch_issued, 1);
-        }
-    }
-
     /// `for_each`, with the guess `next` for a later layer issued once every expert of this
     /// call holds a pinned slot (so no guess evicts one of them), and dropped when they do not
-    /// all fit at once (a cache that small has no room to spare for guesses).
+    /// all fit at once (a cache that small has no room to spare for guesses). The part of the
+    /// guess that finds no room at first (the cache's slots pinned by this call's experts) is
+    /// issued as those experts are consumed and their slots released, likeliest first.
     fn run(
         &self,
         layer: usize,
@@ -400,6 +304,8 @@ impl StreamingExperts {
         };
         // Disk pins of misses made local but not yet handed to a read job.
         let mut localized: Vec<(u32, DiskPin)> = Vec::new();
+        // The part of the guess `next` that found no room yet, retried as experts are consumed.
+        let mut later: Option<(usize, Vec<u32>)> = None;
         // `st` is declared after `rq`, so on every return it is unlocked before `rq`'s pins
         // are released.
         let mut st = sh.lock();
@@ -460,10 +366,15 @@ impl StreamingExperts {
             todo = waiting;
             if let Some((nl, guess)) = next.take() {
                 if todo.is_empty() {
-                    self.guess(&mut st, nl, guess);
+                    let done = self.guess(&mut st, nl, guess);
+                    later = (done < guess.len()).then(|| (nl, guess[done..].to_vec()));
                 } else if let Some(l) = st.layers.get_mut(nl) {
                     l.skipped += guess.len() as u64;
                 }
+            } else if let Some((nl, rest)) = later.take() {
+                // Slots this call's consumed experts released: room for more of the guess.
+                let done = self.issue(&mut st, nl, &rest);
+                later = (done < rest.len()).then(|| (nl, rest[done..].to_vec()));
             }
             // Everything this round queued (demand misses, then guesses) goes out as one batch.
             self.pool.kick();

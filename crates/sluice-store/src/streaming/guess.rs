@@ -1,0 +1,122 @@
+//! Guesses: prefetch reads of the experts a later layer is expected to demand, and their
+//! settlement when that layer comes (recall, waste, cancellation, the gate's score; see
+//! `gate`). A guess is read likeliest first while the cache has room for guesses, the rest as
+//! the current layer's experts release their slots; it never evicts a pinned slot.
+
+use super::shared::{add, Guess, Locked};
+use super::StreamingExperts;
+use crate::cache::SlotState;
+use crate::policy::key;
+use crate::reader::Priority;
+
+impl StreamingExperts {
+    /// Settles the outstanding guesses for `layer` against the demanded `ids`: recall, waste,
+    /// cancellation of unstarted wrong guesses. Returns the demanded ids a prefetch covered,
+    /// sorted.
+    pub(super) fn settle(&self, st: &mut Locked, layer: usize, ids: &[u32]) -> Vec<u32> {
+        let Some(guesses) = st.guesses.get_mut(layer).map(std::mem::take) else {
+            return Vec::new();
+        };
+        let c = &self.shared.counters;
+        let mut covered = Vec::new();
+        let mut wasted = 0u64;
+        let issued = guesses.len() as u64;
+        for g in guesses {
+            let s = st.cache.slot(g.slot);
+            let live =
+                s.ticket == g.ticket && matches!(s.state, SlotState::Reading | SlotState::Ready);
+            let bytes = self.shared.index.get(layer, g.id).map_or(0, |l| l.read_bytes());
+            if ids.contains(&g.id) && live {
+                st.cache.clear_prefetched(g.slot);
+                covered.push(g.id);
+            } else if live
+                && s.state == SlotState::Reading
+                && s.pins == 0
+                && s.job.as_ref().is_some_and(|(h, _)| h.cancel())
+            {
+                st.cache.abandon(g.slot, g.ticket);
+                add(&c.prefetch_cancelled, 1);
+            } else {
+                // Read (or being read) for nothing, or evicted before its layer came.
+                wasted += bytes;
+                if live {
+                    st.cache.clear_prefetched(g.slot);
+                }
+            }
+        }
+        let n = covered.len() as u64;
+        let (guessed, hits) = st.gates[layer].settle(ids, issued, n);
+        let index = &self.shared.index;
+        let demanded_bytes: u64 =
+            ids.iter().filter_map(|&id| index.get(layer, id)).map(|l| l.bytes()).sum();
+        if let Some(l) = st.layers.get_mut(layer) {
+            l.demanded += ids.len() as u64;
+            l.covered += n;
+            l.wasted_bytes += wasted;
+            l.passes += 1;
+            l.demanded_bytes += demanded_bytes;
+            l.guessed += guessed;
+            l.guess_hits += hits;
+        }
+        add(&c.prefetch_used, n);
+        add(&c.prefetch_wasted_bytes, wasted);
+        covered.sort_unstable();
+        covered
+    }
+
+    /// Queues prefetch reads for the guess `ids` of `layer`, as far as the gate, the prefetch
+    /// cap and the evictable slots allow (a guess never evicts a pinned or unused-prefetch
+    /// slot). With the gate shut the guess is only kept as a shadow to be scored.
+    pub(super) fn guess(&self, st: &mut Locked, layer: usize, ids: &[u32]) -> usize {
+        let sh = &*self.shared;
+        let experts = sh.index.experts(layer);
+        if experts == 0 || sh.max_prefetch == 0 || layer >= st.gates.len() {
+            return ids.len();
+        }
+        let valid = |id: u32| usize::try_from(id).is_ok_and(|i| i < experts);
+        if !st.gates[layer].open(sh.min_precision) {
+            // Only guesses that would be read are scored: an already cached guess costs
+            // nothing, and counting it would credit the predictor with the cache's hits.
+            let ids: Vec<u32> = ids
+                .iter()
+                .copied()
+                .filter(|&id| valid(id) && st.cache.lookup(key(layer, id)).is_none())
+                .collect();
+            st.layers[layer].gated += ids.len() as u64;
+            st.gates[layer].shadow(&ids);
+            return ids.len();
+        }
+        self.issue(st, layer, ids)
+    }
+
+    /// Queues reads of the guess `ids` for `layer` (the gate is open), in order, while the
+    /// cache has room for guesses; returns how many of `ids` it dealt with (read, cached or
+    /// invalid): the rest waits for room.
+    pub(super) fn issue(&self, st: &mut Locked, layer: usize, ids: &[u32]) -> usize {
+        let sh = &*self.shared;
+        let experts = sh.index.experts(layer);
+        let valid = |id: u32| usize::try_from(id).is_ok_and(|i| i < experts);
+        for (n, &id) in ids.iter().enumerate() {
+            if !valid(id) || st.cache.lookup(key(layer, id)).is_some() {
+                continue;
+            }
+            if st.cache.prefetched() >= sh.max_prefetch {
+                return n;
+            }
+            // A guess is never fetched remotely: only experts already on local disk.
+            let pin = match &sh.disk {
+                Some(d) => match d.try_pin(layer, id) {
+                    Some(p) => Some(p),
+                    None => continue,
+                },
+                None => None,
+            };
+            let Some((i, ticket)) = st.cache.acquire(key(layer, id), true) else { return n };
+            self.submit(st, i, ticket, (layer, id), Priority::Prefetch, pin);
+            st.guesses[layer].push(Guess { id, slot: i, ticket });
+            st.layers[layer].issued += 1;
+            add(&sh.counters.prefetch_issued, 1);
+        }
+        ids.len()
+    }
+}
