@@ -101,7 +101,7 @@ fn ratio(a: u64, b: u64) -> f64 {
 }
 
 /// The prefetch gate of one layer.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Gate {
     /// Exponential average of guess precision; `None` until a guess has been scored.
     score: Option<f64>,
@@ -109,11 +109,6 @@ pub(crate) struct Gate {
     shadow: Vec<u32>,
 }
 
-impl Default for Gate {
-    fn default() -> Self {
-        Self { score: None, shadow: Vec::new() }
-    }
-}
 
 impl Gate {
     /// Whether guesses may be read now.
