@@ -47,7 +47,9 @@ def main(out):
             if any(c != "—" for c in cells):
                 print(f"| {label} | " + " | ".join(cells) + " |")
         rss = max(r["peak_rss_bytes"] for r in v["runs"]) / 2**30
-        print(f"\npeak RSS over all runs {rss:.2f} GiB (cgroup {v['cgroup_limit_bytes'] / 2**30:.2f} GiB)\n")
+        limit = v.get("cgroup_limit_bytes")
+        where = f"cgroup {limit / 2**30:.2f} GiB" if limit else "no cgroup set by sluice bench"
+        print(f"\npeak RSS over all runs {rss:.2f} GiB ({where})\n")
         # Per-layer figures of the first run of each configuration.
         print("| config | phase | layer | bytes read / distinct | recall | guess precision | read / gated |")
         print("|---|---|---|---|---|---|---|")
