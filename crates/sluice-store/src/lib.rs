@@ -271,6 +271,15 @@ pub trait ExpertStore: Send + Sync {
         Vec::new()
     }
 
+    /// `layer` is about to ask for exactly `ids` (the router has chosen them): a store that
+    /// reads from storage may submit their reads now, as demanded reads, so the caller can
+    /// compute something that does not need them (the shared experts) while they are in flight.
+    /// The following [`ExpertStore::for_each`] picks them up; they count as misses, not as
+    /// prefetches. Reads start only into free or evictable slots. The default does nothing.
+    fn read_ahead(&self, layer: usize, ids: &[u32]) {
+        let _ = (layer, ids);
+    }
+
     /// Cancels the not-yet-started prefetch reads of `layer`. The default does nothing.
     fn cancel_prefetch(&self, layer: usize) {
         let _ = layer;

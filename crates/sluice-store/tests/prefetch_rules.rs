@@ -1,6 +1,8 @@
 //! Prefetch that never hurts: a guess issued with `for_each_then_prefetch` never evicts an
 //! expert the current call demanded, is dropped when the current call's experts do not all fit
 //! the cache, and is only read while the guesses of its layer have proved precise enough.
+//! Read-ahead (the router's exact choice, read while the caller computes something else) is
+//! demand reading: its reads count as misses, never as prefetches.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -103,4 +105,42 @@ fn guesses_are_read_only_after_they_prove_precise() {
     let lb = store.layer_prefetch_stats()[b];
     assert_eq!(lb.covered, 4);
     assert_eq!(lb.guess_precision(), Some(10.0 / 22.0));
+}
+
+#[test]
+fn read_ahead_starts_demand_reads_that_the_call_then_takes_as_misses() {
+    let fx = Fixture::open("tiny-a");
+    let want = reference(&fx);
+    for slots in [2usize, 4, 64] {
+        let store = fx.streaming(&StreamingConfig {
+            cache: CacheSize::Slots(slots),
+            readers: 2,
+            ..Default::default()
+        });
+        let a = fx.moe_layers[0];
+        let ids = [0u32, 1, 2, 3, 5, 6];
+        // Six experts, however few slots: read-ahead takes what is free, the call the rest.
+        store.read_ahead(a, &ids);
+        let got = serve(&store, a, &ids, None);
+        assert_eq!(got.len(), ids.len());
+        assert_same(&want, a, &got, "read-ahead experts");
+        let s = store.stats();
+        assert_eq!((s.hits, s.misses), (0, 6), "{slots} slots: read-ahead reads are misses");
+        assert_eq!((s.prefetch_issued, s.prefetch_used), (0, 0), "and not prefetches");
+        let plain = fx.streaming(&StreamingConfig {
+            cache: CacheSize::Slots(slots),
+            readers: 2,
+            ..Default::default()
+        });
+        serve(&plain, a, &ids, None);
+        assert_eq!(s.bytes_read, plain.stats().bytes_read, "{slots}: each expert read once");
+        // Cached now (with room): read-ahead of cached experts reads nothing.
+        if slots == 64 {
+            store.read_ahead(a, &ids);
+            serve(&store, a, &ids, None);
+            assert_eq!(store.stats().hits, 6);
+            assert_eq!(store.stats().bytes_read, s.bytes_read);
+        }
+        store.check_consistency(true).expect("consistent");
+    }
 }

@@ -109,6 +109,27 @@ fn eio_is_a_read_error_naming_the_span_and_the_next_request_works_on(backend: Io
 }
 
 #[test]
+fn a_failed_read_ahead_fails_the_call_that_takes_it_and_the_next_works() {
+    for backend in backends() {
+        let fx = Fixture::open("tiny-a");
+        let want = reference(&fx);
+        let (reader, store) = faulty(&fx, 64, 4, backend);
+        let l = fx.moe_layers[1];
+        let s = span(&store, l, 5);
+        reader.inject(at(s), Fault::Error(libc::EIO), Some(1));
+        let mut ids = far_from(&store, l, 5, 3);
+        ids.push(5);
+        store.read_ahead(l, &ids);
+        let err = collect(&store, l, &ids).expect_err("the read-ahead's EIO surfaces");
+        assert!(matches!(err, StoreError::Read { .. }), "{backend:?}: {err:?}");
+        store.check_consistency(true).expect("no slot left half-filled or pinned");
+        let got = collect(&store, l, &ids).expect("the next request works");
+        assert_same(&want, l, &got, "after a failed read-ahead");
+        store.check_consistency(true).expect("consistent");
+    }
+}
+
+#[test]
 fn the_nth_read_failing_fails_only_its_request() {
     for backend in backends() {
         the_nth_read_failing_fails_only_its_request_on(backend);

@@ -116,6 +116,18 @@ pub(crate) fn forward(
 
     let logits = ctx.mm(&w.router, x, t);
     let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, &w.bias, c)).collect();
+    // Union of experts over the pass, each with the (row, slot) pairs that chose it.
+    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
+    for (ti, r) in routes.iter().enumerate() {
+        for (slot, &id) in r.ids.iter().enumerate() {
+            users[id as usize].push((ti, slot));
+        }
+    }
+    let ids: Vec<u32> =
+        (0..e).filter(|&i| !users[i].is_empty()).filter_map(|i| u32::try_from(i).ok()).collect();
+    // The misses start reading now; the work below that does not need them (the next layer's
+    // guess, the latent projection, the shared experts) runs while they are in flight.
+    ctx.experts.read_ahead(layer, &ids);
     // Guess the next MoE layer's experts with its router on this layer's input; the store
     // starts reading them once this layer's own experts hold their slots, while this layer
     // computes (a wrong guess costs bandwidth, never output). The next layer's router is in
@@ -129,16 +141,7 @@ pub(crate) fn forward(
         Some(m) => ctx.mm(m, x, t),
         None => x.to_vec(),
     };
-
-    // Union of experts over the pass, each with the (row, slot) pairs that chose it.
-    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
-    for (ti, r) in routes.iter().enumerate() {
-        for (slot, &id) in r.ids.iter().enumerate() {
-            users[id as usize].push((ti, slot));
-        }
-    }
-    let ids: Vec<u32> =
-        (0..e).filter(|&i| !users[i].is_empty()).filter_map(|i| u32::try_from(i).ok()).collect();
+    let shared = w.shared.as_ref().map(|sh| mlp(ctx, sh, c, x, t));
     // out[ti][slot] = E_id(z_ti); combined after all experts arrive, in router order.
     let mut outs = vec![0.0f32; t * k * lat_w];
     let mut xin = Vec::new();
@@ -198,8 +201,7 @@ pub(crate) fn forward(
         Some(m) => ctx.mm(m, &comb, t),
         None => comb,
     };
-    if let Some(sh) = &w.shared {
-        let s = mlp(ctx, sh, c, x, t);
+    if let Some(s) = shared {
         for (o, v) in out.iter_mut().zip(&s) {
             *o += v;
         }

@@ -10,6 +10,29 @@ use crate::policy::key;
 use crate::reader::Priority;
 
 impl StreamingExperts {
+    /// [`crate::ExpertStore::read_ahead`]: demand reads of `layer`'s uncached `ids` into free or
+    /// evictable slots (never a pinned or reading one), submitted at once. Not for a stream
+    /// install, whose misses must first be fetched to local disk inside the demanding call.
+    pub(super) fn read_now(&self, layer: usize, ids: &[u32]) {
+        let sh = &*self.shared;
+        if sh.disk.is_some() {
+            return;
+        }
+        let experts = sh.index.experts(layer);
+        let mut st = sh.lock();
+        for &id in ids {
+            if usize::try_from(id).map_or(true, |i| i >= experts)
+                || st.cache.lookup(key(layer, id)).is_some()
+            {
+                continue;
+            }
+            let Some((i, ticket)) = st.cache.acquire(key(layer, id), false) else { break };
+            self.submit(&mut st, i, ticket, (layer, id), Priority::Demand, None);
+        }
+        drop(st);
+        self.pool.kick();
+    }
+
     /// Settles the outstanding guesses for `layer` against the demanded `ids`: recall, waste,
     /// cancellation of unstarted wrong guesses. Returns the demanded ids a prefetch covered,
     /// sorted.

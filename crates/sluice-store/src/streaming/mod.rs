@@ -485,6 +485,10 @@ impl ExpertStore for StreamingExperts {
         self.pool.kick();
     }
 
+    fn read_ahead(&self, layer: usize, ids: &[u32]) {
+        self.read_now(layer, ids);
+    }
+
     fn cancel_prefetch(&self, layer: usize) {
         let sh = &*self.shared;
         let mut st = sh.lock();
