@@ -39,6 +39,27 @@ impl IoBackend {
             _ => None,
         }
     }
+
+    /// The concrete backends this process can read through, in a fixed order: io_uring first
+    /// when the kernel lets this process create a ring ([`uring_available`] says why not),
+    /// then the pread pool, which always works. Never [`IoBackend::Auto`]. For running the
+    /// same reads on every backend: the tests, and `sluice probe --io both`.
+    pub fn usable() -> Vec<Self> {
+        match uring_available() {
+            Ok(()) => vec![Self::Uring, Self::Pread],
+            Err(_) => vec![Self::Pread],
+        }
+    }
+
+    /// The name [`Readers::name`] reports for this backend once it runs: `"io_uring"` or
+    /// `"pread"` (`"auto"` for [`IoBackend::Auto`], which becomes one of the two).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Uring => "io_uring",
+            Self::Pread => "pread",
+        }
+    }
 }
 
 /// Whether this process may use io_uring: creates (and drops) a small ring. The error is the
