@@ -31,7 +31,8 @@ pub struct ProbeArgs {
     #[arg(long, default_value_t = 16)]
     readers: usize,
     /// Read backend: auto (io_uring where the kernel allows it, else the pread pool), uring,
-    /// pread, or both (io_uring then pread over the same blocks, in one run).
+    /// pread, or both (io_uring then pread over the same blocks, in one run; pread alone where
+    /// the kernel refuses io_uring).
     #[arg(long, default_value = "auto")]
     io: String,
     /// Most bytes to read.
@@ -85,7 +86,15 @@ pub fn run(a: &ProbeArgs) -> Result<()> {
         (None, None) => bail!("give --model DIR or --file PATH to read from (or --kernels)"),
     };
     let backends = match a.io.as_str() {
-        "both" => vec![IoBackend::Uring, IoBackend::Pread],
+        "both" => {
+            let usable = IoBackend::usable();
+            if let Err(e) = sluice_store::backend::uring_available() {
+                eprintln!(
+                    "io_uring is not available ({e}): --io both measures the pread pool only"
+                );
+            }
+            usable
+        }
         other => match IoBackend::parse(other) {
             Some(b) => vec![b],
             None => bail!("--io {other:?}: expected auto, uring, pread or both"),

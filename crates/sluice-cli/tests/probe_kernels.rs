@@ -1,6 +1,7 @@
 //! `sluice probe --kernels --json`: one run prints memory and storage bandwidth, the thread
 //! count, the ISA and every kernel's rate in the shape issue 4 asks for, with ratios that are
 //! consistent with the figures next to them; bad flags are refused with the cause named.
+//! `sluice probe --io both` measures every read backend this kernel can run, once each.
 
 use std::process::{Command, Output};
 
@@ -75,4 +76,31 @@ fn bad_kernel_flags_are_named() {
     let o = sluice(&["probe"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--model"));
+}
+
+#[test]
+fn io_both_measures_every_usable_backend_once() {
+    use std::io::Write;
+    let mut f = tempfile::NamedTempFile::new().expect("temp file");
+    let block: Vec<u8> = (0..1u32 << 20).map(|i| u8::try_from(i % 251).expect("byte")).collect();
+    for _ in 0..4 {
+        f.write_all(&block).expect("write");
+    }
+    f.as_file().sync_all().expect("sync");
+    let path = f.path().to_str().expect("utf-8 path");
+    let o = sluice(&["probe", "--file", path, "--io", "both", "--json", "--block", "1M"]);
+    assert!(o.status.success(), "stderr: {}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    let ran: Vec<&str> = v["storage_by_backend"]
+        .as_array()
+        .expect("storage_by_backend array")
+        .iter()
+        .map(|s| {
+            assert_eq!(s["bytes"], 4u64 << 20, "{s}");
+            s["backend"].as_str().expect("backend name")
+        })
+        .collect();
+    let usable: Vec<&str> = sluice_store::IoBackend::usable().iter().map(|b| b.name()).collect();
+    assert_eq!(ran, usable);
+    assert_eq!(v["storage"]["backend"], usable[0]);
 }

@@ -16,6 +16,7 @@
 
 use crate::draft::Drafter;
 use crate::generate::{generate, GenerateOptions};
+use crate::policy::WidthPolicy;
 use crate::sample::Sampling;
 use crate::session::{Resume, SessionCache, Snapshot};
 use crate::EngineError;
@@ -76,6 +77,9 @@ pub struct TurnStats {
     pub snapshot_bytes: usize,
     /// `stop` (stop token or the callback asked to stop), `length`, or `cancelled`.
     pub finish_reason: String,
+    /// The speculative width policy's estimates and last decision (absent without a drafter,
+    /// and when no speculative decoding ran: logprobs, or a reply of one token).
+    pub policy: Option<WidthPolicy>,
 }
 
 /// The result of [`run_turn`].
@@ -263,6 +267,7 @@ pub fn run_turn(
                 "cancelled" if asked_stop => "stop".into(),
                 other => other.into(),
             };
+            stats.policy = g.stats.policy;
         }
     }
     stats.decode_s = td.elapsed().as_secs_f64();

@@ -48,9 +48,9 @@ fn streamed_logits_equal_mapped_for_any_cache_and_prefetch() {
         for slots in [2usize, 3, 7, 1000] {
             for prefetch in [false, true] {
                 for io in [IoMode::Direct, IoMode::Buffered] {
-                    for backend in backends() {
+                    for backend in IoBackend::usable() {
                         let (m, store) = streamed(name, slots, prefetch, (io, backend));
-                        assert_eq!(store.io_backend(), backend_name(backend));
+                        assert_eq!(store.io_backend(), backend.name());
                         assert!(
                             run(&m) == want,
                             "{name}: slots {slots} prefetch {prefetch} io {io:?} {backend:?} \
@@ -71,30 +71,11 @@ fn streamed_logits_equal_mapped_for_any_cache_and_prefetch() {
 
 #[test]
 fn prefetch_is_used_when_the_cache_is_large() {
-    for backend in backends() {
+    for backend in IoBackend::usable() {
         let (m, store) = streamed("tiny-a", 1000, true, (IoMode::Direct, backend));
         run(&m);
         let s = store.stats();
         assert!(s.prefetch_issued > 0);
         assert!(s.prefetch_used > 0, "some prefetched experts must be demanded: {s:?}");
-    }
-}
-
-/// Both read backends where the kernel allows io_uring (the pread pool alone otherwise).
-fn backends() -> Vec<IoBackend> {
-    match sluice_store::backend::uring_available() {
-        Ok(()) => vec![IoBackend::Uring, IoBackend::Pread],
-        Err(e) => {
-            eprintln!("io_uring unavailable ({e}): testing the pread pool only");
-            vec![IoBackend::Pread]
-        }
-    }
-}
-
-fn backend_name(b: IoBackend) -> &'static str {
-    if b == IoBackend::Pread {
-        "pread"
-    } else {
-        "io_uring"
     }
 }

@@ -71,7 +71,7 @@ pub fn usage(s: &Summary) -> Value {
     })
 }
 
-/// The `sluice` extension: generated ids, reuse and timing.
+/// The `sluice` extension: generated ids, reuse, timing and the speculative width policy.
 pub fn extension(s: &Summary) -> Value {
     json!({
         "generated_ids": s.generated_ids,
@@ -82,6 +82,7 @@ pub fn extension(s: &Summary) -> Value {
         "decode_passes": s.stats.decode_passes,
         "drafted": s.stats.drafted,
         "accepted": s.stats.accepted,
+        "policy": s.stats.policy,
         "snapshots": s.stats.snapshots,
         "snapshot_bytes": s.stats.snapshot_bytes,
         "queue_s": s.queue_s,

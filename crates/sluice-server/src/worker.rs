@@ -148,7 +148,7 @@ impl Worker {
                     "stats: job {}, prompt {} tokens ({} reused, {} prefilled in {} passes, {:.3}s), \
                      ttft {:.3}s, generated {} tokens in {:.3}s ({} decode passes, {} drafted, {} accepted), \
                      experts {} bytes served / {} read, snapshots {} (+{} bytes), \
-                     session store {entries} conversations / {snaps} snapshots / {bytes} bytes, finish {}",
+                     session store {entries} conversations / {snaps} snapshots / {bytes} bytes, finish {}{}",
                     job.id,
                     t.prompt_tokens,
                     t.cached_tokens,
@@ -166,6 +166,7 @@ impl Worker {
                     t.snapshots,
                     t.snapshot_bytes,
                     s.finish_reason,
+                    t.policy.as_ref().map(|p| format!("; draft width: {p}")).unwrap_or_default(),
                 );
             }
             self.sched.done();

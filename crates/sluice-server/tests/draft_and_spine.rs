@@ -1,5 +1,6 @@
 //! `sluice serve --draft MODEL_DIR` and `sluice serve --spine int8` through real HTTP: a Qwen3
 //! draft model is charged to the plan and changes no token of any reply (while it does draft),
+//! its width policy's decision is in each reply's `sluice.policy` and in the `--stats` line,
 //! another architecture is refused by name, and an int8-converted fixture serves with the lossy
 //! spine named in the startup line and in `/v1/models`.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -47,6 +48,7 @@ fn a_draft_model_drafts_and_changes_no_token() {
         assert_eq!(got["sluice"]["generated_ids"], want["sluice"]["generated_ids"], "{text}");
         assert_eq!(got["choices"][0]["message"], want["choices"][0]["message"], "{text}");
         drafted += got["sluice"]["drafted"].as_u64().unwrap();
+        assert_policy(&got, &want);
         history.push(want["choices"][0]["message"].clone());
     }
     let body = json!({"model": "tiny-a", "prompt": "The keeper opened the gate and the water",
@@ -56,10 +58,35 @@ fn a_draft_model_drafts_and_changes_no_token() {
     assert_eq!(got["sluice"]["generated_ids"], want["sluice"]["generated_ids"]);
     assert_eq!(got["choices"][0]["text"], want["choices"][0]["text"]);
     drafted += got["sluice"]["drafted"].as_u64().unwrap();
+    assert_policy(&got, &want);
     assert!(drafted > 0, "the draft model proposed nothing: the test would prove nothing");
     spec.wait_idle();
     let log = spec.log.lock().unwrap().clone();
     assert!(!log.contains("drafting stopped"), "{log}");
+    let with_policy = log.lines().filter(|l| l.starts_with("stats: job ")).filter(|l| {
+        l.contains(", finish ") && l.contains("; draft width: policy up to 4: next width ")
+    });
+    assert!(with_policy.count() >= 1, "the --stats lines name the width policy: {log}");
+}
+
+/// A reply that decoded speculatively carries its width policy (up to `--draft-max 4`, with a
+/// pass that verified drafts when some were drafted), one that ended at its first token has
+/// none, and neither has the server without a drafter.
+fn assert_policy(spec: &Value, plain: &Value) {
+    assert!(plain["sluice"]["policy"].is_null(), "{plain}");
+    let p = &spec["sluice"]["policy"];
+    if spec["sluice"]["decode_passes"] == 0 {
+        assert!(p.is_null(), "{spec}");
+        return;
+    }
+    assert_eq!(p["max"], 4, "{spec}");
+    assert_eq!(p["fixed"], false, "{spec}");
+    let histogram: Vec<u64> =
+        p["histogram"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).collect();
+    assert_eq!(histogram.len(), 5, "{spec}");
+    if spec["sluice"]["drafted"].as_u64().unwrap() > 0 {
+        assert!(histogram[1..].iter().sum::<u64>() > 0, "a pass verified drafts: {spec}");
+    }
 }
 
 #[test]

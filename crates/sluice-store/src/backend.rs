@@ -39,6 +39,27 @@ impl IoBackend {
             _ => None,
         }
     }
+
+    /// The concrete backends this process can read through, in a fixed order: io_uring first
+    /// when the kernel lets this process create a ring ([`uring_available`] says why not),
+    /// then the pread pool, which always works. Never [`IoBackend::Auto`]. For running the
+    /// same reads on every backend: the tests, and `sluice probe --io both`.
+    pub fn usable() -> Vec<Self> {
+        match uring_available() {
+            Ok(()) => vec![Self::Uring, Self::Pread],
+            Err(_) => vec![Self::Pread],
+        }
+    }
+
+    /// The name [`Readers::name`] reports for this backend once it runs: `"io_uring"` or
+    /// `"pread"` (`"auto"` for [`IoBackend::Auto`], which becomes one of the two).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Uring => "io_uring",
+            Self::Pread => "pread",
+        }
+    }
 }
 
 /// Whether this process may use io_uring: creates (and drops) a small ring. The error is the
@@ -149,19 +170,20 @@ impl Readers {
         }
     }
 
-    /// `"io_uring"` or `"pread"`.
+    /// `"io_uring"` or `"pread"` (also for an io_uring backend whose ring was given up after
+    /// `io_uring_enter` failed: its reads then run on a pread pool, see [`crate::uring`]).
     pub fn name(&self) -> &'static str {
         match self {
-            Self::Uring(_) => "io_uring",
+            Self::Uring(u) => u.name(),
             Self::Pread { .. } => "pread",
         }
     }
 
-    /// Why `auto` fell back to the pool, if it did.
+    /// Why `auto` fell back to the pool, if it did, or why a running ring was given up.
     pub fn fallback_reason(&self) -> Option<&str> {
         match self {
             Self::Pread { fallback, .. } => fallback.as_deref(),
-            Self::Uring(_) => None,
+            Self::Uring(u) => u.failure(),
         }
     }
 
@@ -175,7 +197,7 @@ impl Readers {
 }
 
 /// Runs `task` on the calling thread: each span with [`read_span`] in turn.
-fn run_sync(mut task: Box<dyn ReadTask>, reader: &dyn ReadAt) {
+pub(crate) fn run_sync(mut task: Box<dyn ReadTask>, reader: &dyn ReadAt) {
     let targets = task.start();
     let mut total = 0u64;
     for t in targets {

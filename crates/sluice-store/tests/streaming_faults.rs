@@ -18,17 +18,6 @@ use std::time::{Duration, Instant};
 
 type Faulty = Arc<FaultyReader<ShardFiles>>;
 
-/// Both read backends where the kernel allows io_uring (the pread pool alone otherwise).
-fn backends() -> Vec<IoBackend> {
-    match sluice_store::backend::uring_available() {
-        Ok(()) => vec![IoBackend::Uring, IoBackend::Pread],
-        Err(e) => {
-            eprintln!("io_uring unavailable ({e}): testing the pread pool only");
-            vec![IoBackend::Pread]
-        }
-    }
-}
-
 fn faulty(
     fx: &Fixture,
     slots: usize,
@@ -45,8 +34,7 @@ fn faulty(
         ..Default::default()
     };
     let store = fx.streaming_with(reader.clone(), &cfg);
-    let want = if backend == IoBackend::Pread { "pread" } else { "io_uring" };
-    assert_eq!(store.io_backend(), want, "the backend asked for is the one running");
+    assert_eq!(store.io_backend(), backend.name(), "the backend asked for is the one running");
     (reader, store)
 }
 
@@ -75,7 +63,7 @@ fn at(s: Span) -> When {
 
 #[test]
 fn eio_is_a_read_error_naming_the_span_and_the_next_request_works() {
-    for backend in backends() {
+    for backend in IoBackend::usable() {
         eio_is_a_read_error_naming_the_span_and_the_next_request_works_on(backend);
     }
 }
@@ -131,7 +119,7 @@ fn a_failed_read_ahead_fails_the_call_that_takes_it_and_the_next_works() {
 
 #[test]
 fn the_nth_read_failing_fails_only_its_request() {
-    for backend in backends() {
+    for backend in IoBackend::usable() {
         the_nth_read_failing_fails_only_its_request_on(backend);
     }
 }
@@ -152,7 +140,7 @@ fn the_nth_read_failing_fails_only_its_request_on(backend: IoBackend) {
 
 #[test]
 fn short_reads_are_continued_to_the_exact_bytes() {
-    for backend in backends() {
+    for backend in IoBackend::usable() {
         short_reads_are_continued_to_the_exact_bytes_on(backend);
     }
 }
@@ -173,7 +161,7 @@ fn short_reads_are_continued_to_the_exact_bytes_on(backend: IoBackend) {
 
 #[test]
 fn a_file_that_ends_inside_an_expert_is_an_eof_error() {
-    for backend in backends() {
+    for backend in IoBackend::usable() {
         a_file_that_ends_inside_an_expert_is_an_eof_error_on(backend);
     }
 }
@@ -201,7 +189,7 @@ fn a_file_that_ends_inside_an_expert_is_an_eof_error_on(backend: IoBackend) {
 
 #[test]
 fn a_stalled_read_counts_as_stall_while_hits_are_served_at_once() {
-    for backend in backends() {
+    for backend in IoBackend::usable() {
         a_stalled_read_counts_as_stall_while_hits_are_served_at_once_on(backend);
     }
 }
@@ -236,7 +224,7 @@ fn a_stalled_read_counts_as_stall_while_hits_are_served_at_once_on(backend: IoBa
 
 #[test]
 fn two_waiters_on_one_failing_read_both_get_the_error() {
-    for backend in backends() {
+    for backend in IoBackend::usable() {
         two_waiters_on_one_failing_read_both_get_the_error_on(backend);
     }
 }
@@ -264,7 +252,7 @@ fn two_waiters_on_one_failing_read_both_get_the_error_on(backend: IoBackend) {
 
 #[test]
 fn a_failed_prefetch_frees_its_slot_quietly() {
-    for backend in backends() {
+    for backend in IoBackend::usable() {
         a_failed_prefetch_frees_its_slot_quietly_on(backend);
     }
 }
@@ -286,7 +274,7 @@ fn a_failed_prefetch_frees_its_slot_quietly_on(backend: IoBackend) {
 
 #[test]
 fn a_consumer_error_releases_every_pin() {
-    for backend in backends() {
+    for backend in IoBackend::usable() {
         a_consumer_error_releases_every_pin_on(backend);
     }
 }
@@ -314,7 +302,7 @@ fn a_consumer_error_releases_every_pin_on(backend: IoBackend) {
 
 #[test]
 fn unknown_experts_are_refused() {
-    for backend in backends() {
+    for backend in IoBackend::usable() {
         unknown_experts_are_refused_on(backend);
     }
 }

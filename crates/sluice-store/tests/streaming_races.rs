@@ -1,6 +1,7 @@
 //! Eviction and prefetch races: many random requests, prefetches and cancellations from
 //! several threads on a two-slot cache (and a few other small sizes), every expert checked
-//! byte for byte against `MappedExperts`, and the cache invariants checked afterwards.
+//! byte for byte against `MappedExperts`, and the cache invariants checked afterwards. Every
+//! case runs on each read backend this kernel can run (io_uring where it may, and pread).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -11,7 +12,7 @@ type Reference = BTreeMap<(usize, u32), Vec<u8>>;
 use proptest::prelude::*;
 use sluice_store::fault::{Fault, When};
 use sluice_store::{
-    CacheSize, ExpertStore, FaultyReader, IoMode, PolicyKind, ShardFiles, StoreError,
+    CacheSize, ExpertStore, FaultyReader, IoBackend, IoMode, PolicyKind, ShardFiles, StoreError,
     StreamingConfig,
 };
 use std::collections::BTreeMap;
@@ -85,25 +86,29 @@ proptest! {
         lru in any::<bool>(),
     ) {
         let (fx, _) = fixture();
-        let cfg = StreamingConfig {
-            cache: CacheSize::Slots(2),
-            readers: 3,
-            policy: if lru { PolicyKind::Lru } else { PolicyKind::S3Fifo },
-            prefetch_min_precision: 0.0,
-..StreamingConfig::default()
-        };
-        let store = fx.streaming(&cfg);
-        std::thread::scope(|s| {
-            for ops in [&a, &b, &c] {
-                let st = &store;
-                s.spawn(move || run(st, ops, false));
-            }
-        });
-        // Let unneeded prefetches that were already running land.
-        std::thread::sleep(Duration::from_millis(5));
-        prop_assert_eq!(store.check_consistency(true), Ok(()));
-        let s = store.stats();
-        prop_assert_eq!(s.hits + s.misses, s.requests);
+        for backend in IoBackend::usable() {
+            let cfg = StreamingConfig {
+                cache: CacheSize::Slots(2),
+                readers: 3,
+                backend,
+                policy: if lru { PolicyKind::Lru } else { PolicyKind::S3Fifo },
+                prefetch_min_precision: 0.0,
+                ..StreamingConfig::default()
+            };
+            let store = fx.streaming(&cfg);
+            prop_assert_eq!(store.io_backend(), backend.name());
+            std::thread::scope(|s| {
+                for ops in [&a, &b, &c] {
+                    let st = &store;
+                    s.spawn(move || run(st, ops, false));
+                }
+            });
+            // Let unneeded prefetches that were already running land.
+            std::thread::sleep(Duration::from_millis(5));
+            prop_assert_eq!(store.check_consistency(true), Ok(()));
+            let s = store.stats();
+            prop_assert_eq!(s.hits + s.misses, s.requests);
+        }
     }
 
     #[test]
@@ -115,64 +120,80 @@ proptest! {
         slots in 2usize..5,
     ) {
         let (fx, _) = fixture();
-        let files = ShardFiles::open(fx.ckpt.shard_paths(), IoMode::Direct).expect("opens");
-        let reader = Arc::new(FaultyReader::new(files));
-        reader.inject(When::Always, Fault::Short(short), None);
-        for k in 1..40 {
-            reader.inject(When::Nth(k * fail_every), Fault::Error(libc::EIO), Some(1));
-        }
-        let cfg = StreamingConfig { cache: CacheSize::Slots(slots), readers: 2, prefetch_min_precision: 0.0,
-..StreamingConfig::default() };
-        let store = fx.streaming_with(reader.clone(), &cfg);
-        std::thread::scope(|s| {
-            for ops in [&a, &b] {
-                let st = &store;
-                s.spawn(move || run(st, ops, true));
+        for backend in IoBackend::usable() {
+            let files = ShardFiles::open(fx.ckpt.shard_paths(), IoMode::Direct).expect("opens");
+            let reader = Arc::new(FaultyReader::new(files));
+            reader.inject(When::Always, Fault::Short(short), None);
+            for k in 1..40 {
+                reader.inject(When::Nth(k * fail_every), Fault::Error(libc::EIO), Some(1));
             }
-        });
-        std::thread::sleep(Duration::from_millis(5));
-        prop_assert_eq!(store.check_consistency(true), Ok(()));
-        reader.clear();
-        run(&store, &[Op::ForEach(0, u16::MAX), Op::ForEach(7, 0x0f0f)], false);
-        prop_assert_eq!(store.check_consistency(true), Ok(()));
+            let cfg = StreamingConfig {
+                cache: CacheSize::Slots(slots),
+                readers: 2,
+                backend,
+                prefetch_min_precision: 0.0,
+                ..StreamingConfig::default()
+            };
+            let store = fx.streaming_with(reader.clone(), &cfg);
+            prop_assert_eq!(store.io_backend(), backend.name());
+            std::thread::scope(|s| {
+                for ops in [&a, &b] {
+                    let st = &store;
+                    s.spawn(move || run(st, ops, true));
+                }
+            });
+            std::thread::sleep(Duration::from_millis(5));
+            prop_assert_eq!(store.check_consistency(true), Ok(()));
+            reader.clear();
+            run(&store, &[Op::ForEach(0, u16::MAX), Op::ForEach(7, 0x0f0f)], false);
+            prop_assert_eq!(store.check_consistency(true), Ok(()));
+        }
     }
 }
 
 #[test]
 fn two_threads_sweeping_all_layers_with_prefetch_agree_with_the_mapped_store() {
     let (fx, want) = fixture();
-    for slots in [2, 3, 5, 17] {
-        let cfg = StreamingConfig {
-            cache: CacheSize::Slots(slots),
-            readers: 4,
-            prefetch_min_precision: 0.0,
-            ..Default::default()
-        };
-        let store = fx.streaming(&cfg);
-        std::thread::scope(|s| {
-            for t in 0..2u32 {
-                let st = &store;
-                s.spawn(move || {
-                    for pass in 0..20u32 {
-                        for (j, &l) in fx.moe_layers.iter().enumerate() {
-                            let pick = |salt: u32| -> Vec<u32> {
-                                (0..16)
-                                    .filter(|i| (i * 7 + pass * 3 + t + salt).is_multiple_of(4))
-                                    .collect()
-                            };
-                            if let Some(&next) = fx.moe_layers.get(j + 1) {
-                                st.prefetch(next, &pick(n32(j) + 1));
-                            }
-                            let got = collect(st, l, &pick(n32(j))).expect("served");
-                            assert_same(want, l, &got, "sweep");
-                        }
-                    }
-                });
-            }
-        });
-        store.check_consistency(true).expect("consistent");
-        let s = store.stats();
-        assert_eq!(s.hits + s.misses, s.requests);
-        assert!(s.prefetch_issued > 0);
+    for backend in IoBackend::usable() {
+        for slots in [2, 3, 5, 17] {
+            sweep(fx, want, backend, slots);
+        }
     }
+}
+
+fn sweep(fx: &Fixture, want: &Reference, backend: IoBackend, slots: usize) {
+    let cfg = StreamingConfig {
+        cache: CacheSize::Slots(slots),
+        readers: 4,
+        backend,
+        prefetch_min_precision: 0.0,
+        ..Default::default()
+    };
+    let store = fx.streaming(&cfg);
+    assert_eq!(store.io_backend(), backend.name());
+    std::thread::scope(|s| {
+        for t in 0..2u32 {
+            let st = &store;
+            s.spawn(move || {
+                for pass in 0..20u32 {
+                    for (j, &l) in fx.moe_layers.iter().enumerate() {
+                        let pick = |salt: u32| -> Vec<u32> {
+                            (0..16)
+                                .filter(|i| (i * 7 + pass * 3 + t + salt).is_multiple_of(4))
+                                .collect()
+                        };
+                        if let Some(&next) = fx.moe_layers.get(j + 1) {
+                            st.prefetch(next, &pick(n32(j) + 1));
+                        }
+                        let got = collect(st, l, &pick(n32(j))).expect("served");
+                        assert_same(want, l, &got, &format!("sweep on {}", backend.name()));
+                    }
+                }
+            });
+        }
+    });
+    store.check_consistency(true).expect("consistent");
+    let s = store.stats();
+    assert_eq!(s.hits + s.misses, s.requests);
+    assert!(s.prefetch_issued > 0);
 }

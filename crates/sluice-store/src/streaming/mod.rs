@@ -183,7 +183,8 @@ impl StreamingExperts {
         self.pool.name()
     }
 
-    /// Why io_uring is not in use although `auto` asked for it (the kernel's error), if so.
+    /// Why io_uring is not in use although `auto` asked for it (the kernel's error), or why
+    /// its ring was given up mid-run (`io_uring_enter failed: …`), if so.
     pub fn io_fallback_reason(&self) -> Option<&str> {
         self.pool.fallback_reason()
     }

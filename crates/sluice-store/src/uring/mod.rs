@@ -9,16 +9,27 @@
 //! passed through [`ReadAt::complete`], so O_DIRECT's `EINVAL` falls back to the buffered
 //! descriptor and injected faults apply; a short read is resubmitted for the rest of its span,
 //! and a stalled read waits on a ring timeout before it is submitted.
+//!
+//! The ring's one system call, `io_uring_enter`, is retried when it fails with a transient error
+//! (EINTR, EAGAIN, EBUSY), at most [`ENTER_ATTEMPTS`] times in a row; any other error, or that
+//! many in a row, gives the ring up for good (module `limp`): every read that would need the ring
+//! again fails with an error naming the system call and the OS error, reads the kernel already
+//! holds end as the kernel completes them, and later jobs run on a pread pool started then.
+//! `tests/uring_given_up.rs` makes the system call really fail, with a seccomp filter.
 
-use crate::backend::{ReadTask, SpanError, SpanTarget};
+mod limp;
+
+use crate::backend::{run_sync, ReadTask, SpanError, SpanTarget};
 use crate::io::{ended_early, Completed, Prepared, PreparedRead, ReadAt};
 use crate::reader::{JobHandle, Priority};
 use io_uring::{opcode, squeue, types, IoUring};
+use limp::Broken;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// Largest single read submitted (Linux transfers at most 0x7fff_f000 bytes per read anyway).
 const MAX_READ: usize = 1 << 30;
@@ -28,6 +39,9 @@ const WAKE: u64 = u64::MAX;
 const CANCEL: u64 = u64::MAX - 1;
 /// Low bit of an op's `user_data`: set for its stall timer, clear for its read.
 const TIMER: u64 = 1;
+/// Failures of `io_uring_enter` in a row with a transient error (EINTR, EAGAIN, EBUSY) after
+/// which the ring is given up. The waits between them double from 1 ms (about 0.5 s in all).
+pub const ENTER_ATTEMPTS: u32 = 10;
 
 struct Queued {
     task: Box<dyn ReadTask>,
@@ -44,6 +58,10 @@ struct Queues {
 struct Shared {
     queues: Mutex<Queues>,
     wake: OwnedFd,
+    /// Set once, with the queues locked, when the ring is given up.
+    broken: OnceLock<Broken>,
+    /// Wakes a driver whose ring is given up (it can no longer wait on the eventfd read).
+    limp: Condvar,
 }
 
 impl Shared {
@@ -57,6 +75,9 @@ impl Shared {
         // SAFETY: writes 8 bytes from a live local buffer to an eventfd this struct owns. A
         // failure (counter saturated) means a wake-up is already pending.
         let _ = unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        if self.broken.get().is_some() {
+            self.limp.notify_all();
+        }
     }
 }
 
@@ -65,6 +86,8 @@ pub struct UringReader {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     depth: usize,
+    /// What the fallback pool reads through once the ring is given up.
+    reader: Arc<dyn ReadAt>,
 }
 
 impl std::fmt::Debug for UringReader {
@@ -88,28 +111,45 @@ impl UringReader {
         }
         // SAFETY: `fd` was just created and is owned by nothing else.
         let wake = unsafe { OwnedFd::from_raw_fd(fd) };
-        let shared = Arc::new(Shared { queues: Mutex::new(Queues::default()), wake });
+        let shared = Arc::new(Shared {
+            queues: Mutex::new(Queues::default()),
+            wake,
+            broken: OnceLock::new(),
+            limp: Condvar::new(),
+        });
         let mut driver = Driver {
             ring,
             shared: shared.clone(),
-            reader,
+            reader: reader.clone(),
             depth,
             jobs: Vec::new(),
             ops: Vec::new(),
             ready: VecDeque::new(),
             live: 0,
             wake_buf: Box::new([0u8; 8]),
+            wake_armed: false,
+            unsubmitted: VecDeque::new(),
+            stashed: Vec::new(),
+            failures: 0,
         };
         let thread =
             std::thread::Builder::new().name("sluice-uring".into()).spawn(move || driver.run())?;
-        Ok(Self { shared, thread: Some(thread), depth })
+        Ok(Self { shared, thread: Some(thread), depth, reader })
     }
 
-    /// Queues `task` at `priority`; it is submitted at the next [`UringReader::kick`].
+    /// Queues `task` at `priority`; it is submitted at the next [`UringReader::kick`]. Once the
+    /// ring is given up, it goes to the fallback pool instead.
     pub fn submit(&self, priority: Priority, task: Box<dyn ReadTask>) -> JobHandle {
+        let mut q = self.shared.queues();
+        // Checked with the queues locked: the driver gives the ring up with them locked too, so
+        // a job is either queued before and handed over by the driver, or goes to the pool here.
+        if let Some(pool) = self.shared.broken.get().and_then(|b| b.pool.as_ref()) {
+            drop(q);
+            let reader = self.reader.clone();
+            return pool.submit(priority, move || run_sync(task, &*reader));
+        }
         let handle = JobHandle::queued();
         let job = Queued { task, handle: handle.clone() };
-        let mut q = self.shared.queues();
         match priority {
             Priority::Demand => q.demand.push_back(job),
             Priority::Prefetch => q.prefetch.push_back(job),
@@ -125,6 +165,19 @@ impl UringReader {
     /// Reads in flight at most.
     pub fn depth(&self) -> usize {
         self.depth
+    }
+
+    /// `"io_uring"`, or `"pread"` once the ring is given up and the fallback pool reads.
+    pub fn name(&self) -> &'static str {
+        match self.shared.broken.get() {
+            Some(b) if b.pool.is_some() => "pread",
+            _ => "io_uring",
+        }
+    }
+
+    /// Why the ring was given up (the system call and the OS error), if it was.
+    pub fn failure(&self) -> Option<&str> {
+        self.shared.broken.get().map(|b| b.message.as_str())
     }
 }
 
@@ -163,6 +216,8 @@ struct Op {
     target: SpanTarget,
     needed: usize,
     got: usize,
+    /// Whether one of its SQEs (read or stall timer) is pushed and its completion not reaped.
+    pushed: bool,
     prepared: Option<PreparedRead>,
     /// A result to deliver when the stall timer expires, instead of submitting a read.
     held: Option<io::Result<usize>>,
@@ -181,8 +236,17 @@ struct Driver {
     ready: VecDeque<usize>,
     /// Ops started and not yet ended.
     live: usize,
-    /// The armed eventfd read's buffer; the ring is torn down only after that read has ended.
+    /// The armed eventfd read's buffer; the ring is torn down only after that read has ended
+    /// (or the buffer is leaked, when the ring was given up with the read in the kernel).
     wake_buf: Box<[u8; 8]>,
+    /// Whether the eventfd read is pushed and its completion not reaped.
+    wake_armed: bool,
+    /// `user_data` of the SQEs pushed and not yet taken by the kernel, oldest first.
+    unsubmitted: VecDeque<u64>,
+    /// Completions taken off the ring to make room (after EBUSY) and not yet handled.
+    stashed: Vec<(u64, i32)>,
+    /// `io_uring_enter` failures in a row.
+    failures: u32,
 }
 
 /// Index of the first free entry of `v` (pushing a new one if none).
@@ -199,7 +263,7 @@ fn slot<T>(v: &mut Vec<Option<T>>, item: T) -> usize {
 impl Driver {
     fn run(&mut self) {
         self.arm_wake();
-        loop {
+        while !self.is_broken() {
             let shutdown = self.take_jobs();
             while let Some(op) = self.ready.pop_front() {
                 self.issue(op);
@@ -208,20 +272,68 @@ impl Driver {
                 break;
             }
             // The eventfd read is always armed, so a kick ends this wait as a completion does.
-            if let Err(e) = self.ring.submit_and_wait(1) {
-                if e.kind() != io::ErrorKind::Interrupted {
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-            }
+            self.enter(1);
             self.reap();
         }
-        // Cancel the wake read and wait for it to end before `wake_buf` can be freed.
-        self.push(opcode::AsyncCancel::new(WAKE).build().user_data(CANCEL));
-        let mut armed = true;
-        while armed {
-            let _ = self.ring.submit_and_wait(1);
-            armed = !self.ring.completion().any(|c| c.user_data() == WAKE);
+        if self.is_broken() {
+            return self.limp();
         }
+        // Cancel the wake read and wait for it to end before `wake_buf` can be freed.
+        if self.push(opcode::AsyncCancel::new(WAKE).build().user_data(CANCEL)) {
+            while self.wake_armed && self.enter(1) {
+                for (ud, _) in self.ring.completion().map(|c| (c.user_data(), c.result())) {
+                    self.wake_armed &= ud != WAKE;
+                }
+            }
+        }
+        self.forget_wake();
+    }
+
+    /// Submits what is queued and waits for `want` completions. A transient failure (EINTR,
+    /// EAGAIN, EBUSY) returns true after a short wait, for the caller to try again; any other
+    /// failure, or [`ENTER_ATTEMPTS`] in a row, gives the ring up ([`Driver::give_up`]) and
+    /// returns false (as does every call after that).
+    fn enter(&mut self, want: usize) -> bool {
+        if self.is_broken() {
+            return false;
+        }
+        let r = self.ring.submit_and_wait(want);
+        // Whatever the result, the kernel may have taken some SQEs.
+        let left = self.ring.submission().len();
+        while self.unsubmitted.len() > left {
+            self.unsubmitted.pop_front();
+        }
+        let e = match r {
+            Ok(_) => {
+                self.failures = 0;
+                return true;
+            }
+            Err(e) => e,
+        };
+        self.failures += 1;
+        let code = e.raw_os_error();
+        if !matches!(code, Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) {
+            self.give_up(&e, format!("io_uring_enter failed: {e}"));
+            return false;
+        }
+        if self.failures >= ENTER_ATTEMPTS {
+            let n = self.failures;
+            self.give_up(&e, format!("io_uring_enter failed {n} times in a row: {e}"));
+            return false;
+        }
+        if code == Some(libc::EBUSY) {
+            // The completion queue is full: make room so the kernel can post what it holds.
+            let cqes = self.ring.completion().map(|c| (c.user_data(), c.result()));
+            self.stashed.extend(cqes);
+        }
+        if code != Some(libc::EINTR) {
+            std::thread::sleep(Duration::from_millis(1 << (self.failures - 1).min(9)));
+        }
+        true
+    }
+
+    fn is_broken(&self) -> bool {
+        self.shared.broken.get().is_some()
     }
 
     /// Starts queued jobs, demand first, while fewer than `depth` ops are live. Returns
@@ -264,6 +376,7 @@ impl Driver {
                     target,
                     needed,
                     got: 0,
+                    pushed: false,
                     prepared: None,
                     held: None,
                     timeout: Box::new(types::Timespec::new()),
@@ -280,8 +393,12 @@ impl Driver {
         }
     }
 
-    /// Prepares op `o`'s next read and submits it (or handles a result given at once).
+    /// Prepares op `o`'s next read and submits it (or handles a result given at once). Once the
+    /// ring is given up, the op fails instead.
     fn issue(&mut self, o: usize) {
+        if self.is_broken() {
+            return self.fail(o);
+        }
         let Some(op) = self.ops.get_mut(o).and_then(Option::as_mut) else { return };
         let t = op.target;
         let offset = t.span.read_offset() + op.got as u64;
@@ -291,34 +408,52 @@ impl Driver {
         // and no other reference to these bytes is alive while this one is.
         let buf = unsafe { std::slice::from_raw_parts_mut(t.buf.add(op.got), len) };
         let ud = (o as u64) << 1;
-        match self.reader.prepare(t.span.file, offset, buf) {
-            Prepared::Ready(r) => self.advance(o, r),
+        let entry = match self.reader.prepare(t.span.file, offset, buf) {
+            Prepared::Ready(r) => return self.advance(o, r),
             Prepared::After(d, r) => {
                 op.held = Some(r);
-                let e = timer(&mut op.timeout, d);
-                self.push(e.user_data(ud | TIMER));
+                timer(&mut op.timeout, d).user_data(ud | TIMER)
             }
             Prepared::Read(p) => {
                 let p = PreparedRead { len: p.len.min(len), ..p };
                 op.prepared = Some(PreparedRead { delay: None, ..p });
-                let entry = match p.delay {
+                match p.delay {
                     Some(d) => timer(&mut op.timeout, d).user_data(ud | TIMER),
                     None => read_entry(&p, buf.as_mut_ptr(), offset).user_data(ud),
-                };
-                self.push(entry);
+                }
             }
+        };
+        if !self.push(entry) {
+            self.fail(o);
         }
     }
 
-    /// Queues one SQE, submitting first if the queue is full.
-    fn push(&mut self, entry: squeue::Entry) {
+    /// Queues one SQE, submitting first if the queue is full. False when the ring is given up
+    /// (before or while making room): the entry was not queued.
+    fn push(&mut self, entry: squeue::Entry) -> bool {
+        let ud = entry.get_user_data();
         loop {
-            // SAFETY: every buffer and timespec an entry points to lives in an op (or in
-            // `wake_buf`) that is not freed before the entry's completion is reaped.
-            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
-                return;
+            if self.is_broken() {
+                return false;
             }
-            let _ = self.ring.submit();
+            // SAFETY: every buffer and timespec an entry points to lives in an op (or in
+            // `wake_buf`) that is not freed before the entry's completion is reaped, or before
+            // the ring is given up with the entry never taken by the kernel.
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                self.unsubmitted.push_back(ud);
+                match ud {
+                    WAKE => self.wake_armed = true,
+                    CANCEL => {}
+                    _ => {
+                        let o = usize::try_from(ud >> 1).unwrap_or(usize::MAX);
+                        if let Some(op) = self.ops.get_mut(o).and_then(Option::as_mut) {
+                            op.pushed = true;
+                        }
+                    }
+                }
+                return true;
+            }
+            self.enter(0);
         }
     }
 
@@ -329,14 +464,23 @@ impl Driver {
     }
 
     fn reap(&mut self) {
-        let done: Vec<(u64, i32)> =
-            self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        let mut done = std::mem::take(&mut self.stashed);
+        done.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
         for (ud, res) in done {
             match ud {
-                WAKE => self.arm_wake(),
+                WAKE => {
+                    self.wake_armed = false;
+                    // A given-up ring is not waited on, so its wake read is not re-armed.
+                    if !self.is_broken() {
+                        self.arm_wake();
+                    }
+                }
                 CANCEL => {}
                 _ => {
                     let o = usize::try_from(ud >> 1).unwrap_or(usize::MAX);
+                    if let Some(op) = self.ops.get_mut(o).and_then(Option::as_mut) {
+                        op.pushed = false;
+                    }
                     if ud & TIMER != 0 {
                         self.after_stall(o);
                     } else {
@@ -357,7 +501,9 @@ impl Driver {
         let offset = op.target.span.read_offset() + op.got as u64;
         // SAFETY: as in `issue`: in bounds of the op's target, which only this driver writes.
         let ptr = unsafe { op.target.buf.add(op.got) };
-        self.push(read_entry(&p, ptr, offset).user_data((o as u64) << 1));
+        if !self.push(read_entry(&p, ptr, offset).user_data((o as u64) << 1)) {
+            self.fail(o);
+        }
     }
 
     fn read_done(&mut self, o: usize, res: i32) {
