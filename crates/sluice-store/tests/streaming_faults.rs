@@ -98,7 +98,7 @@ fn eio_is_a_read_error_naming_the_span_and_the_next_request_works_on(backend: Io
 
 #[test]
 fn a_failed_read_ahead_fails_the_call_that_takes_it_and_the_next_works() {
-    for backend in backends() {
+    for backend in IoBackend::usable() {
         let fx = Fixture::open("tiny-a");
         let want = reference(&fx);
         let (reader, store) = faulty(&fx, 64, 4, backend);
