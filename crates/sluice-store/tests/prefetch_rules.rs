@@ -144,3 +144,25 @@ fn read_ahead_starts_demand_reads_that_the_call_then_takes_as_misses() {
         store.check_consistency(true).expect("consistent");
     }
 }
+
+#[test]
+fn a_shut_gate_reads_nothing_even_when_part_of_the_guess_is_cached() {
+    let fx = Fixture::open("tiny-a");
+    let store = fx.streaming(&StreamingConfig {
+        cache: CacheSize::Slots(16),
+        readers: 2,
+        ..Default::default()
+    });
+    let (a, b) = (fx.moe_layers[0], fx.moe_layers[1]);
+    // Two of the four guessed experts are cached: only the other two are scored, and the gate
+    // (shut: no record) must not let the rest of the guess be read once slots free up.
+    serve(&store, b, &[4, 5], None);
+    for _ in 0..4 {
+        serve(&store, a, &[0, 1], Some((b, &[4, 5, 6, 7])));
+        serve(&store, b, &[4, 5, 8], None);
+    }
+    let lb = store.layer_prefetch_stats()[b];
+    assert_eq!(lb.issued, 0, "{lb:?}");
+    assert_eq!(lb.gated, 8, "two scored guesses per pass: {lb:?}");
+    store.check_consistency(true).expect("consistent");
+}

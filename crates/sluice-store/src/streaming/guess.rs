@@ -100,13 +100,14 @@ impl StreamingExperts {
         if !st.gates[layer].open(sh.min_precision) {
             // Only guesses that would be read are scored: an already cached guess costs
             // nothing, and counting it would credit the predictor with the cache's hits.
-            let ids: Vec<u32> = ids
+            let scored: Vec<u32> = ids
                 .iter()
                 .copied()
                 .filter(|&id| valid(id) && st.cache.lookup(key(layer, id)).is_none())
                 .collect();
-            st.layers[layer].gated += ids.len() as u64;
-            st.gates[layer].shadow(&ids);
+            st.layers[layer].gated += scored.len() as u64;
+            st.gates[layer].shadow(&scored);
+            // All of `ids` is dealt with: none of it may be read later.
             return ids.len();
         }
         self.issue(st, layer, ids)
