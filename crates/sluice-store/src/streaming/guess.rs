@@ -10,6 +10,12 @@ use crate::policy::key;
 use crate::reader::Priority;
 
 impl StreamingExperts {
+    /// Whether `id` is an expert of `layer` that holds no slot yet (neither cached nor being
+    /// read): the experts a read-ahead or a guess may start reading.
+    fn uncached(&self, st: &Locked, layer: usize, id: u32) -> bool {
+        self.shared.index.get(layer, id).is_some() && st.cache.lookup(key(layer, id)).is_none()
+    }
+
     /// [`crate::ExpertStore::read_ahead`]: demand reads of `layer`'s uncached `ids` into free or
     /// evictable slots (never a pinned or reading one), submitted at once. Not for a stream
     /// install, whose misses must first be fetched to local disk inside the demanding call.
@@ -18,12 +24,9 @@ impl StreamingExperts {
         if sh.disk.is_some() {
             return;
         }
-        let experts = sh.index.experts(layer);
         let mut st = sh.lock();
         for &id in ids {
-            if usize::try_from(id).map_or(true, |i| i >= experts)
-                || st.cache.lookup(key(layer, id)).is_some()
-            {
+            if !self.uncached(&st, layer, id) {
                 continue;
             }
             let Some((i, ticket)) = st.cache.acquire(key(layer, id), false) else { break };
@@ -92,19 +95,14 @@ impl StreamingExperts {
     /// slot). With the gate shut the guess is only kept as a shadow to be scored.
     pub(super) fn guess(&self, st: &mut Locked, layer: usize, ids: &[u32]) -> usize {
         let sh = &*self.shared;
-        let experts = sh.index.experts(layer);
-        if experts == 0 || sh.max_prefetch == 0 || layer >= st.gates.len() {
+        if sh.index.experts(layer) == 0 || sh.max_prefetch == 0 || layer >= st.gates.len() {
             return ids.len();
         }
-        let valid = |id: u32| usize::try_from(id).is_ok_and(|i| i < experts);
         if !st.gates[layer].open(sh.min_precision) {
             // Only guesses that would be read are scored: an already cached guess costs
             // nothing, and counting it would credit the predictor with the cache's hits.
-            let scored: Vec<u32> = ids
-                .iter()
-                .copied()
-                .filter(|&id| valid(id) && st.cache.lookup(key(layer, id)).is_none())
-                .collect();
+            let scored: Vec<u32> =
+                ids.iter().copied().filter(|&id| self.uncached(st, layer, id)).collect();
             st.layers[layer].gated += scored.len() as u64;
             st.gates[layer].shadow(&scored);
             // All of `ids` is dealt with: none of it may be read later.
@@ -118,10 +116,8 @@ impl StreamingExperts {
     /// invalid): the rest waits for room.
     pub(super) fn issue(&self, st: &mut Locked, layer: usize, ids: &[u32]) -> usize {
         let sh = &*self.shared;
-        let experts = sh.index.experts(layer);
-        let valid = |id: u32| usize::try_from(id).is_ok_and(|i| i < experts);
         for (n, &id) in ids.iter().enumerate() {
-            if !valid(id) || st.cache.lookup(key(layer, id)).is_some() {
+            if !self.uncached(st, layer, id) {
                 continue;
             }
             if st.cache.prefetched() >= sh.max_prefetch {
