@@ -10,6 +10,7 @@ mod common;
 use common::{assert_same, flat, reference, Fixture};
 use sluice_store::{CacheSize, ExpertStore, StreamingConfig, StreamingExperts};
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 fn serve(
     store: &StreamingExperts,
@@ -111,30 +112,36 @@ fn guesses_are_read_only_after_they_prove_precise() {
 fn read_ahead_starts_demand_reads_that_the_call_then_takes_as_misses() {
     let fx = Fixture::open("tiny-a");
     let want = reference(&fx);
+    let a = fx.moe_layers[0];
+    let ids = [0u32, 1, 2, 3, 5, 6];
+    let config = |slots| StreamingConfig {
+        cache: CacheSize::Slots(slots),
+        readers: 2,
+        ..Default::default()
+    };
     for slots in [2usize, 4, 64] {
-        let store = fx.streaming(&StreamingConfig {
-            cache: CacheSize::Slots(slots),
-            readers: 2,
-            ..Default::default()
-        });
-        let a = fx.moe_layers[0];
-        let ids = [0u32, 1, 2, 3, 5, 6];
+        let plain = fx.streaming(&config(slots));
+        serve(&plain, a, &ids, None);
+        let plain_bytes = plain.stats().bytes_read;
+        let store = fx.streaming(&config(slots));
         // Six experts, however few slots: read-ahead takes what is free, the call the rest.
         store.read_ahead(a, &ids);
+        if slots == 64 {
+            // Every read-ahead read finished before the call: still misses, not hits.
+            let t0 = Instant::now();
+            while store.stats().bytes_read < plain_bytes {
+                assert!(t0.elapsed() < Duration::from_secs(30), "read-ahead never finished");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         let got = serve(&store, a, &ids, None);
         assert_eq!(got.len(), ids.len());
         assert_same(&want, a, &got, "read-ahead experts");
         let s = store.stats();
         assert_eq!((s.hits, s.misses), (0, 6), "{slots} slots: read-ahead reads are misses");
         assert_eq!((s.prefetch_issued, s.prefetch_used), (0, 0), "and not prefetches");
-        let plain = fx.streaming(&StreamingConfig {
-            cache: CacheSize::Slots(slots),
-            readers: 2,
-            ..Default::default()
-        });
-        serve(&plain, a, &ids, None);
-        assert_eq!(s.bytes_read, plain.stats().bytes_read, "{slots}: each expert read once");
-        // Cached now (with room): read-ahead of cached experts reads nothing.
+        assert_eq!(s.bytes_read, plain_bytes, "{slots}: each expert read once");
+        // Cached now (with room): a second call is all hits and reads nothing.
         if slots == 64 {
             store.read_ahead(a, &ids);
             serve(&store, a, &ids, None);

@@ -31,9 +31,27 @@ impl StreamingExperts {
             }
             let Some((i, ticket)) = st.cache.acquire(key(layer, id), false) else { break };
             self.submit(&mut st, i, ticket, (layer, id), Priority::Demand, None);
+            if let Some(a) = st.ahead.get_mut(layer) {
+                a.push(Guess { id, slot: i, ticket });
+            }
         }
         drop(st);
         self.pool.kick();
+    }
+
+    /// The ids of `layer` whose reads a read-ahead started and whose slots still hold them
+    /// (sorted), for the demand that takes them.
+    pub(super) fn take_ahead(&self, st: &mut Locked, layer: usize) -> Vec<u32> {
+        let Some(started) = st.ahead.get_mut(layer).map(std::mem::take) else {
+            return Vec::new();
+        };
+        let mut ids: Vec<u32> = started
+            .into_iter()
+            .filter(|g| st.cache.slot(g.slot).ticket == g.ticket)
+            .map(|g| g.id)
+            .collect();
+        ids.sort_unstable();
+        ids
     }
 
     /// Settles the outstanding guesses for `layer` against the demanded `ids`: recall, waste,

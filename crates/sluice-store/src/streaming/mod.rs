@@ -142,6 +142,7 @@ impl StreamingExperts {
         let state = Locked {
             cache: CacheState::new(slots, config.policy),
             guesses: vec![Vec::new(); layers],
+            ahead: vec![Vec::new(); layers],
             layers: vec![LayerPrefetchStats::default(); layers],
             gates: vec![Gate::default(); layers],
         };
@@ -241,13 +242,14 @@ impl StreamingExperts {
         let Some(i) = st.cache.lookup(key(rq.layer, id)) else { return false };
         st.cache.pin(i);
         rq.pins.held.push(i);
-        // A prefetched expert's first use is its insertion, not a re-use.
-        if rq.fresh.binary_search(&id).is_err() {
+        // A prefetched or read-ahead expert's first use is its insertion, not a re-use.
+        let ahead = rq.ahead.binary_search(&id).is_ok();
+        if !ahead && rq.fresh.binary_search(&id).is_err() {
             st.cache.touch(i);
         }
         let c = &self.shared.counters;
         if st.cache.slot(i).state == SlotState::Ready {
-            add(&c.hits, 1);
+            add(if ahead { &c.misses } else { &c.hits }, 1);
             rq.ready.push((id, i));
             return true;
         }
@@ -299,6 +301,7 @@ impl StreamingExperts {
         let mut rq = Request {
             layer,
             fresh: Vec::new(),
+            ahead: Vec::new(),
             pins: Pins { shared: sh, held: Vec::with_capacity(ids.len()) },
             pending: Vec::new(),
             ready: Vec::new(),
@@ -311,6 +314,7 @@ impl StreamingExperts {
         // are released.
         let mut st = sh.lock();
         rq.fresh = self.settle(&mut st, layer, ids);
+        rq.ahead = self.take_ahead(&mut st, layer);
         loop {
             // Pin everything cached or in flight first (so no miss evicts a hit of this call),
             // then take slots for the misses and submit all their reads at once.

@@ -30,6 +30,9 @@ pub(super) struct Guess {
 pub(super) struct Locked {
     pub(super) cache: CacheState,
     pub(super) guesses: Vec<Vec<Guess>>,
+    /// Per layer, the reads a read-ahead started (the router's exact choice), taken by the
+    /// layer's next demand, which counts them as misses even when they have already finished.
+    pub(super) ahead: Vec<Vec<Guess>>,
     pub(super) layers: Vec<LayerPrefetchStats>,
     pub(super) gates: Vec<Gate>,
 }
@@ -289,6 +292,8 @@ pub(super) struct Request<'a> {
     pub(super) layer: usize,
     /// Demanded ids a prefetch brought in (their first use is not a re-use).
     pub(super) fresh: Vec<u32>,
+    /// Demanded ids whose read a read-ahead started: misses, whether or not it has finished.
+    pub(super) ahead: Vec<u32>,
     pub(super) pins: Pins<'a>,
     /// Pinned, still being read.
     pub(super) pending: Vec<(u32, usize)>,
