@@ -238,6 +238,12 @@ pub fn run(a: &RunArgs) -> Result<()> {
         if let Some(b) = loaded.io_backend() {
             eprintln!("stats: expert reads through {b}");
         }
+        if s.expert_read_errors > 0 {
+            eprintln!(
+                "stats: {} expert reads failed before any pass needed them and were read again",
+                s.expert_read_errors
+            );
+        }
         if let Some(p) = &s.policy {
             eprintln!("draft width: {p}");
         }

@@ -125,6 +125,9 @@ pub struct Stats {
     pub expert_bytes: u64,
     /// Expert bytes read from storage.
     pub expert_bytes_read: u64,
+    /// Expert reads that failed. Non-zero only when a read-ahead or prefetch read failed and
+    /// its expert was read again (a failure a request waited on fails that request).
+    pub expert_read_errors: u64,
     /// Expert bytes handed to the model per generated token (decode passes only).
     pub expert_bytes_per_token: f64,
     /// Expert bytes read from storage per generated token (decode passes only).
@@ -384,6 +387,7 @@ pub fn generate(
     stats.expert_requests = s1.requests - store0.requests;
     stats.expert_bytes = s1.bytes_served - store0.bytes_served;
     stats.expert_bytes_read = s1.bytes_read - store0.bytes_read;
+    stats.expert_read_errors = s1.read_errors - store0.read_errors;
     let spine2 = model.spine_stats();
     stats.spine_bytes_read = spine2.bytes_read - spine0.bytes_read;
     #[allow(clippy::cast_precision_loss)]

@@ -223,6 +223,10 @@ pub struct StoreStats {
     /// Wall nanoseconds during which at least one read was in flight (the disk worked for
     /// the store); `bytes_read` over it is the bandwidth the store's reads got.
     pub busy_ns: u64,
+    /// Expert reads that failed (after the reader's own continuation of short reads). A
+    /// failure reaches the requests waiting on that read; a read-ahead or prefetch read that
+    /// fails before any request takes it is dropped, and its request reads the expert again.
+    pub read_errors: u64,
 }
 
 /// A source of routed experts.

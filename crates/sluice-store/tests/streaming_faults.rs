@@ -97,7 +97,32 @@ fn eio_is_a_read_error_naming_the_span_and_the_next_request_works_on(backend: Io
 }
 
 #[test]
-fn a_failed_read_ahead_fails_the_call_that_takes_it_and_the_next_works() {
+fn a_lasting_read_ahead_error_fails_the_call_that_takes_it_and_the_next_works() {
+    // Whether the read-ahead read fails before the call takes it (dropped, read again by the
+    // call, which fails again) or while the call waits on it, the call gets the error.
+    for backend in IoBackend::usable() {
+        let fx = Fixture::open("tiny-a");
+        let want = reference(&fx);
+        let (reader, store) = faulty(&fx, 64, 4, backend);
+        let l = fx.moe_layers[1];
+        let s = span(&store, l, 5);
+        reader.inject(at(s), Fault::Error(libc::EIO), None);
+        let mut ids = far_from(&store, l, 5, 3);
+        ids.push(5);
+        store.read_ahead(l, &ids);
+        let err = collect(&store, l, &ids).expect_err("the read-ahead's EIO surfaces");
+        assert!(matches!(err, StoreError::Read { .. }), "{backend:?}: {err:?}");
+        assert!(store.stats().read_errors >= 1, "{backend:?}: counted");
+        store.check_consistency(true).expect("no slot left half-filled or pinned");
+        reader.clear();
+        let got = collect(&store, l, &ids).expect("the next request works");
+        assert_same(&want, l, &got, "after a failed read-ahead");
+        store.check_consistency(true).expect("consistent");
+    }
+}
+
+#[test]
+fn a_read_ahead_read_that_failed_before_its_call_is_read_again_by_the_call() {
     for backend in IoBackend::usable() {
         let fx = Fixture::open("tiny-a");
         let want = reference(&fx);
@@ -108,11 +133,18 @@ fn a_failed_read_ahead_fails_the_call_that_takes_it_and_the_next_works() {
         let mut ids = far_from(&store, l, 5, 3);
         ids.push(5);
         store.read_ahead(l, &ids);
-        let err = collect(&store, l, &ids).expect_err("the read-ahead's EIO surfaces");
-        assert!(matches!(err, StoreError::Read { .. }), "{backend:?}: {err:?}");
-        store.check_consistency(true).expect("no slot left half-filled or pinned");
-        let got = collect(&store, l, &ids).expect("the next request works");
-        assert_same(&want, l, &got, "after a failed read-ahead");
+        // The failure is counted under the store's lock, after its slot was freed.
+        let t0 = Instant::now();
+        while store.stats().read_errors == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(30), "{backend:?}: the read never ended");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        store.check_consistency(true).expect("the failed slot is free, nothing pinned");
+        let got = collect(&store, l, &ids).expect("the call reads expert 5 again");
+        assert_same(&want, l, &got, "after a transient read-ahead failure");
+        let st = store.stats();
+        assert_eq!(st.read_errors, 1, "{backend:?}");
+        assert_eq!((st.hits, st.misses), (0, ids.len() as u64), "{backend:?}: all misses");
         store.check_consistency(true).expect("consistent");
     }
 }

@@ -480,6 +480,7 @@ impl ExpertStore for StreamingExperts {
             stall_ns: g(&c.stall_ns),
             read_ns: g(&c.read_ns),
             busy_ns: c.busy.total_ns(),
+            read_errors: g(&c.read_errors),
         }
     }
 

@@ -51,6 +51,7 @@ pub(super) struct Counters {
     pub(super) prefetch_wasted_bytes: AtomicU64,
     pub(super) stall_ns: AtomicU64,
     pub(super) read_ns: AtomicU64,
+    pub(super) read_errors: AtomicU64,
     pub(super) busy: BusyClock,
 }
 
@@ -135,7 +136,11 @@ impl Shared {
     ) {
         let mut st = self.lock();
         let bytes = result.as_ref().ok().copied().unwrap_or(0);
+        let failed = result.is_err();
         if st.cache.complete(slot, ticket, result.map(|_| ())) {
+            // Counted under the lock: once a reader sees the error counted, the slot is
+            // already failed (kept for its waiters) or free.
+            add(&self.counters.read_errors, u64::from(failed));
             add(&self.counters.bytes_read, bytes);
             if let Some(l) = st.layers.get_mut(layer) {
                 l.bytes_read += bytes;
