@@ -14,7 +14,7 @@ use sluice_store::{
     StreamingConfig, StreamingExperts,
 };
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A deterministic subset of `0..n` of about `k` ids, varying with `seed`.
 fn subset(n: u32, k: u32, seed: u32) -> Vec<u32> {
@@ -210,7 +210,7 @@ fn unstarted_prefetches_are_cancelled() {
     let fx = Fixture::open("tiny-a");
     let files = ShardFiles::open(fx.ckpt.shard_paths(), IoMode::Direct).expect("opens");
     let reader = Arc::new(FaultyReader::new(files));
-    reader.inject(When::Always, Fault::Stall(Duration::from_millis(100)), None);
+    reader.inject(When::Always, Fault::Stall(Duration::from_millis(500)), None);
     let cfg = StreamingConfig {
         cache: CacheSize::Slots(16),
         readers: 1,
@@ -220,7 +220,12 @@ fn unstarted_prefetches_are_cancelled() {
     let store = fx.streaming_with(reader.clone(), &cfg);
     let l = fx.moe_layers[0];
     store.prefetch(l, &[0, 1, 2, 3, 4]);
-    std::thread::sleep(Duration::from_millis(30));
+    // The one reader takes the first read, which stalls; the other four wait in the queue.
+    let t0 = Instant::now();
+    while reader.calls() == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no read started");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     store.cancel_prefetch(l);
     let s = store.stats();
     assert_eq!(s.prefetch_issued, 5);

@@ -233,7 +233,7 @@ fn a_stalled_read_counts_as_stall_while_hits_are_served_at_once_on(backend: IoBa
     let others = far_from(&store, l, 5, 3);
     collect(&store, l, &others[..2]).expect("warm");
     let before = store.stats();
-    let stall = Duration::from_millis(200);
+    let stall = Duration::from_millis(500);
     reader.inject(at(span(&store, l, 5)), Fault::Stall(stall), Some(1));
     let t0 = Instant::now();
     let mut arrivals = Vec::new();
@@ -266,11 +266,16 @@ fn two_waiters_on_one_failing_read_both_get_the_error_on(backend: IoBackend) {
     let (reader, store) = faulty(&fx, 4, 2, backend);
     let l = fx.moe_layers[2];
     let s = span(&store, l, 3);
-    reader.inject(at(s), Fault::Stall(Duration::from_millis(150)), Some(1));
+    // The read stalls for a second before it fails: the second waiter joins it meanwhile.
+    reader.inject(at(s), Fault::Stall(Duration::from_millis(1000)), Some(1));
     reader.inject(at(s), Fault::Error(libc::EIO), Some(1));
     std::thread::scope(|sc| {
         let a = sc.spawn(|| collect(&store, l, &[3]).map(|_| ()));
-        std::thread::sleep(Duration::from_millis(30));
+        let t0 = Instant::now();
+        while reader.faults() == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(30), "the read never started");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let b = sc.spawn(|| collect(&store, l, &[3]).map(|_| ()));
         for h in [a, b] {
             let r = h.join().expect("no panic");
@@ -295,11 +300,13 @@ fn a_failed_prefetch_frees_its_slot_quietly_on(backend: IoBackend) {
     let l = fx.moe_layers[5];
     reader.inject(at(span(&store, l, 2)), Fault::Error(libc::EIO), Some(1));
     store.prefetch(l, &[2]);
+    // The failure is counted under the store's lock, after its slot was freed.
     let t0 = Instant::now();
-    while reader.faults() == 0 && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(2));
+    while store.stats().read_errors == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the prefetch read never ended");
+        std::thread::sleep(Duration::from_millis(1));
     }
-    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(reader.faults(), 1);
     store.check_consistency(true).expect("consistent");
     assert_same(&reference(&fx), l, &collect(&store, l, &[2]).expect("demand reads afresh"), "pf");
 }

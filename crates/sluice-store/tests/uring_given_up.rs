@@ -150,8 +150,22 @@ fn assert_fallback_works(
     store.check_consistency(true).expect("consistent");
 }
 
+/// A regression of the give-up logic would leave a request waiting for ever: end the process
+/// with a failure instead (a guard against hanging, far above the seconds this test takes).
+fn watchdog(limit: Duration) {
+    std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        // Straight to stderr: the test harness captures `eprintln!` and would drop it.
+        let msg =
+            format!("still running after {limit:?}: a request waits for ever on a given-up ring\n");
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), msg.as_bytes());
+        std::process::exit(101);
+    });
+}
+
 #[test]
 fn a_failing_io_uring_enter_fails_its_request_and_pread_takes_over() {
+    watchdog(Duration::from_secs(300));
     if let Err(e) = sluice_store::backend::uring_available() {
         eprintln!("io_uring unavailable ({e}): nothing to test");
         return;
