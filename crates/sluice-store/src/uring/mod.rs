@@ -101,7 +101,10 @@ impl UringReader {
     /// with the kernel's error where io_uring is unavailable.
     pub fn new(depth: usize, reader: Arc<dyn ReadAt>) -> io::Result<Self> {
         let depth = depth.max(1);
-        // Each op holds at most one SQE (its read or its stall timer), plus the wake read.
+        // Each op holds at most one SQE (its read or its stall timer), plus the wake read and
+        // one cancel: at most `depth + 2` completions are ever outstanding, and the completion
+        // queue (twice `entries`) holds them all, so no completion lands in the kernel's
+        // overflow list, where a given-up ring could strand it.
         let entries = u32::try_from((depth + 2).next_power_of_two()).map_err(io::Error::other)?;
         let ring = IoUring::new(entries)?;
         // SAFETY: `eventfd` takes two integers and returns a new descriptor or -1.
