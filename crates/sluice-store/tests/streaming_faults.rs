@@ -13,6 +13,7 @@ use sluice_store::{
     CacheSize, ExpertStore, FaultyReader, IoBackend, IoMode, ShardFiles, StoreError,
     StreamingConfig, StreamingExperts,
 };
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -96,56 +97,72 @@ fn eio_is_a_read_error_naming_the_span_and_the_next_request_works_on(backend: Io
     }
 }
 
+/// A store on `backend` whose reads of expert 5 of a MoE layer fail with EIO (`times` times, or
+/// for ever), after a read-ahead of expert 5 and three experts whose reads do not touch it.
+struct FailingReadAhead {
+    fx: Fixture,
+    reader: Faulty,
+    store: StreamingExperts,
+    layer: usize,
+    ids: Vec<u32>,
+}
+
+impl FailingReadAhead {
+    fn start(backend: IoBackend, times: Option<u64>) -> Self {
+        let fx = Fixture::open("tiny-a");
+        let (reader, store) = faulty(&fx, 64, 4, backend);
+        let layer = fx.moe_layers[1];
+        reader.inject(at(span(&store, layer, 5)), Fault::Error(libc::EIO), times);
+        let mut ids = far_from(&store, layer, 5, 3);
+        ids.push(5);
+        store.read_ahead(layer, &ids);
+        Self { fx, reader, store, layer, ids }
+    }
+
+    fn collect(&self) -> Result<BTreeMap<u32, Vec<u8>>, StoreError> {
+        collect(&self.store, self.layer, &self.ids)
+    }
+}
+
+/// Waits until a read of `store` has failed. The failure is counted under the store's lock,
+/// after its slot was freed (or kept failed for the requests waiting on it).
+fn wait_for_a_read_error(store: &StreamingExperts) {
+    let t0 = Instant::now();
+    while store.stats().read_errors == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the failing read never ended");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn a_lasting_read_ahead_error_fails_the_call_that_takes_it_and_the_next_works() {
     // Whether the read-ahead read fails before the call takes it (dropped, read again by the
     // call, which fails again) or while the call waits on it, the call gets the error.
     for backend in IoBackend::usable() {
-        let fx = Fixture::open("tiny-a");
-        let want = reference(&fx);
-        let (reader, store) = faulty(&fx, 64, 4, backend);
-        let l = fx.moe_layers[1];
-        let s = span(&store, l, 5);
-        reader.inject(at(s), Fault::Error(libc::EIO), None);
-        let mut ids = far_from(&store, l, 5, 3);
-        ids.push(5);
-        store.read_ahead(l, &ids);
-        let err = collect(&store, l, &ids).expect_err("the read-ahead's EIO surfaces");
+        let r = FailingReadAhead::start(backend, None);
+        let err = r.collect().expect_err("the read-ahead's EIO surfaces");
         assert!(matches!(err, StoreError::Read { .. }), "{backend:?}: {err:?}");
-        assert!(store.stats().read_errors >= 1, "{backend:?}: counted");
-        store.check_consistency(true).expect("no slot left half-filled or pinned");
-        reader.clear();
-        let got = collect(&store, l, &ids).expect("the next request works");
-        assert_same(&want, l, &got, "after a failed read-ahead");
-        store.check_consistency(true).expect("consistent");
+        assert!(r.store.stats().read_errors >= 1, "{backend:?}: counted");
+        r.store.check_consistency(true).expect("no slot left half-filled or pinned");
+        r.reader.clear();
+        let got = r.collect().expect("the next request works");
+        assert_same(&reference(&r.fx), r.layer, &got, "after a failed read-ahead");
+        r.store.check_consistency(true).expect("consistent");
     }
 }
 
 #[test]
 fn a_read_ahead_read_that_failed_before_its_call_is_read_again_by_the_call() {
     for backend in IoBackend::usable() {
-        let fx = Fixture::open("tiny-a");
-        let want = reference(&fx);
-        let (reader, store) = faulty(&fx, 64, 4, backend);
-        let l = fx.moe_layers[1];
-        let s = span(&store, l, 5);
-        reader.inject(at(s), Fault::Error(libc::EIO), Some(1));
-        let mut ids = far_from(&store, l, 5, 3);
-        ids.push(5);
-        store.read_ahead(l, &ids);
-        // The failure is counted under the store's lock, after its slot was freed.
-        let t0 = Instant::now();
-        while store.stats().read_errors == 0 {
-            assert!(t0.elapsed() < Duration::from_secs(30), "{backend:?}: the read never ended");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        store.check_consistency(true).expect("the failed slot is free, nothing pinned");
-        let got = collect(&store, l, &ids).expect("the call reads expert 5 again");
-        assert_same(&want, l, &got, "after a transient read-ahead failure");
-        let st = store.stats();
+        let r = FailingReadAhead::start(backend, Some(1));
+        wait_for_a_read_error(&r.store);
+        r.store.check_consistency(true).expect("the failed slot is free, nothing pinned");
+        let got = r.collect().expect("the call reads expert 5 again");
+        assert_same(&reference(&r.fx), r.layer, &got, "after a transient read-ahead failure");
+        let st = r.store.stats();
         assert_eq!(st.read_errors, 1, "{backend:?}");
-        assert_eq!((st.hits, st.misses), (0, ids.len() as u64), "{backend:?}: all misses");
-        store.check_consistency(true).expect("consistent");
+        assert_eq!((st.hits, st.misses), (0, r.ids.len() as u64), "{backend:?}: all misses");
+        r.store.check_consistency(true).expect("consistent");
     }
 }
 
@@ -300,12 +317,7 @@ fn a_failed_prefetch_frees_its_slot_quietly_on(backend: IoBackend) {
     let l = fx.moe_layers[5];
     reader.inject(at(span(&store, l, 2)), Fault::Error(libc::EIO), Some(1));
     store.prefetch(l, &[2]);
-    // The failure is counted under the store's lock, after its slot was freed.
-    let t0 = Instant::now();
-    while store.stats().read_errors == 0 {
-        assert!(t0.elapsed() < Duration::from_secs(30), "the prefetch read never ended");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_for_a_read_error(&store);
     assert_eq!(reader.faults(), 1);
     store.check_consistency(true).expect("consistent");
     assert_same(&reference(&fx), l, &collect(&store, l, &[2]).expect("demand reads afresh"), "pf");
