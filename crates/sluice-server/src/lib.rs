@@ -98,8 +98,8 @@ pub fn serve(
     on_ready: impl FnOnce(SocketAddr),
 ) -> Result<(), ServerError> {
     sluice_tokenizer::k3_stop_id(&tok)?;
-    let sched = Scheduler::new(cfg.queue);
     let metrics = Arc::new(Metrics::default());
+    let sched = Scheduler::new(cfg.queue, Arc::clone(&metrics));
     let app = Arc::new(App {
         limits: Limits {
             model_id: cfg.model_id.clone(),

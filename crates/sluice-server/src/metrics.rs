@@ -69,9 +69,15 @@ impl Metrics {
         add(&self.snapshot_bytes, n(s.snapshot_bytes));
     }
 
-    /// Counts a generation cancelled because its client went away.
+    /// Counts a generation cancelled because its client went away (while it ran, or while it
+    /// was still queued).
     pub fn cancelled(&self) {
         self.cancelled.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Generations cancelled so far.
+    pub fn cancelled_total(&self) -> u64 {
+        self.cancelled.load(Ordering::Relaxed)
     }
 
     /// Counts a generation that failed in the engine.
@@ -162,7 +168,7 @@ impl Metrics {
         metric(
             "sluice_generations_cancelled_total",
             "counter",
-            "Generations cancelled because the client went away.",
+            "Generations cancelled because the client went away (running or queued).",
             get(&self.cancelled).to_string(),
         );
         metric(

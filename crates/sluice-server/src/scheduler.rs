@@ -8,9 +8,11 @@
 //! Cancellation: the handler (or the SSE stream) owns a [`JobHandle`]. Dropping it — the client
 //! disconnected, or the response is complete — raises the job's cancel flag, which the engine
 //! polls at every pass boundary, and removes the job from the queue if it has not started, so
-//! its slot is free at once.
+//! its slot is free at once. A job removed from the queue that way counts as a cancelled
+//! generation, as does one stopped while running (the engine thread counts those).
 
 use crate::error::ApiError;
+use crate::metrics::Metrics;
 use crate::worker::Job;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +32,7 @@ pub struct Scheduler {
     inner: Mutex<Inner>,
     ready: Condvar,
     queue_limit: usize,
+    metrics: Arc<Metrics>,
 }
 
 /// A slot held while a request is prepared; dropped without submitting, it frees the slot.
@@ -48,9 +51,15 @@ pub struct JobHandle {
 }
 
 impl Scheduler {
-    /// A scheduler admitting one running job and `queue_limit` waiting ones.
-    pub fn new(queue_limit: usize) -> Arc<Self> {
-        Arc::new(Self { inner: Mutex::new(Inner::default()), ready: Condvar::new(), queue_limit })
+    /// A scheduler admitting one running job and `queue_limit` waiting ones, counting the
+    /// queued jobs whose handles are dropped in `metrics`.
+    pub fn new(queue_limit: usize, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Mutex::new(Inner::default()),
+            ready: Condvar::new(),
+            queue_limit,
+            metrics,
+        })
     }
 
     /// The lock; a panic elsewhere while holding it leaves data that is still consistent (every
@@ -145,7 +154,13 @@ impl Drop for Reservation {
 impl Drop for JobHandle {
     fn drop(&mut self) {
         self.cancel.store(true, Ordering::Release);
-        self.sched.lock().queue.retain(|j| j.id != self.id);
+        let mut g = self.sched.lock();
+        let queued = g.queue.len();
+        g.queue.retain(|j| j.id != self.id);
+        if g.queue.len() < queued {
+            // Its client went away before the engine took it.
+            self.sched.metrics.cancelled();
+        }
     }
 }
 
@@ -156,7 +171,7 @@ mod tests {
 
     #[test]
     fn admission_counts_running_waiting_and_reserved() {
-        let s = Scheduler::new(1);
+        let s = Scheduler::new(1, Arc::default());
         let r1 = s.reserve().unwrap_or_else(|e| panic!("{e}"));
         let (job, _rx) = dummy_job(1);
         let h1 = r1.submit(job);
@@ -178,13 +193,22 @@ mod tests {
 
     #[test]
     fn dropping_a_handle_raises_the_cancel_flag() {
-        let s = Scheduler::new(0);
+        let metrics = Arc::new(Metrics::default());
+        let s = Scheduler::new(0, Arc::clone(&metrics));
         let (job, _rx) = dummy_job(7);
         let flag = Arc::clone(&job.cancel);
         let h = s.reserve().unwrap_or_else(|e| panic!("{e}")).submit(job);
         assert!(!flag.load(Ordering::Acquire));
         drop(h);
         assert!(flag.load(Ordering::Acquire));
+        assert_eq!(metrics.cancelled_total(), 1, "dropped while queued: cancelled");
+        // A handle dropped once its job has been taken is counted by the engine thread, not here.
+        let (job, _rx) = dummy_job(8);
+        let h = s.reserve().unwrap_or_else(|e| panic!("{e}")).submit(job);
+        let _taken = s.next().unwrap_or_else(|| panic!("job"));
+        drop(h);
+        assert_eq!(metrics.cancelled_total(), 1);
+        s.done();
         s.close();
         assert!(s.next().is_none());
     }

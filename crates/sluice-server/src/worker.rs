@@ -21,6 +21,9 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
+/// The failure a job cancelled before the engine started it ends with (nobody reads it: its
+/// client is gone).
+const CANCELLED_BEFORE_START: &str = "cancelled";
 /// One generation request, ready for the engine.
 #[derive(Debug)]
 pub struct Job {
@@ -170,7 +173,8 @@ impl Worker {
                 );
             }
             self.sched.done();
-            if let Event::Failed(_) = event {
+            // A job cancelled before it started was counted as cancelled, not failed.
+            if matches!(&event, Event::Failed(why) if why != CANCELLED_BEFORE_START) {
                 self.metrics.failed();
             }
             let _ = job.events.send(event);
@@ -182,7 +186,7 @@ impl Worker {
         let queue_s = started.duration_since(job.enqueued).as_secs_f64();
         if job.cancel.load(Ordering::Acquire) {
             self.metrics.cancelled();
-            return Event::Failed("cancelled".into());
+            return Event::Failed(CANCELLED_BEFORE_START.into());
         }
         let mut out = match Output::new(&self.tok, &job.output, &job.stop) {
             Ok(o) => o,
