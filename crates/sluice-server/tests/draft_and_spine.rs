@@ -61,12 +61,14 @@ fn a_draft_model_drafts_and_changes_no_token() {
     assert_policy(&got, &want);
     assert!(drafted > 0, "the draft model proposed nothing: the test would prove nothing");
     spec.wait_idle();
-    let log = spec.log.lock().unwrap().clone();
+    let with_policy = |log: &str| {
+        log.lines().filter(|l| l.starts_with("stats: job ")).any(|l| {
+            l.contains(", finish ") && l.contains("; draft width: policy up to 4: next width ")
+        })
+    };
+    let log = spec.log_when(with_policy);
     assert!(!log.contains("drafting stopped"), "{log}");
-    let with_policy = log.lines().filter(|l| l.starts_with("stats: job ")).filter(|l| {
-        l.contains(", finish ") && l.contains("; draft width: policy up to 4: next width ")
-    });
-    assert!(with_policy.count() >= 1, "the --stats lines name the width policy: {log}");
+    assert!(with_policy(&log), "the --stats lines name the width policy: {log}");
 }
 
 /// A reply that decoded speculatively carries its width policy (up to `--draft-max 4`, with a

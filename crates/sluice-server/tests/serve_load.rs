@@ -75,6 +75,7 @@ fn streamed_experts_serve_the_same_tokens_and_report_snapshots() {
         assert!(stream.metric("sluice_session_bytes") >= bytes as f64);
     }
     stream.wait_idle();
-    let log = stream.log.lock().unwrap().clone();
-    assert!(log.contains(&format!("snapshots {snaps} (+{bytes} bytes)")), "{log}");
+    let line = format!("snapshots {snaps} (+{bytes} bytes)");
+    let log = stream.log_when(|l| l.contains(&line));
+    assert!(log.contains(&line), "{log}");
 }

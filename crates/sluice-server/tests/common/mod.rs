@@ -95,10 +95,12 @@ impl Server {
         // Keep draining stderr so the server never blocks on a full pipe.
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                // Logged before the address is sent, so the log is complete up to it at start.
+                log2.lock().unwrap().push_str(&line);
+                log2.lock().unwrap().push('\n');
                 if let Some(rest) = line.split("on http://").nth(1) {
                     let _ = tx.send(rest.trim().to_owned());
                 }
-                log2.lock().unwrap().push_str(&(line + "\n"));
             }
         });
         let addr = match rx.recv_timeout(Duration::from_secs(120)) {
@@ -141,6 +143,20 @@ impl Server {
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!("server never became idle");
+    }
+
+    /// The server's stderr so far, once `done` holds for it (or after 30 s: the caller's
+    /// assertion then shows what was there). Lines the server printed arrive through a pipe
+    /// and a reader thread, so they can lag behind the HTTP response they belong to.
+    pub fn log_when(&self, done: impl Fn(&str) -> bool) -> String {
+        let t = Instant::now();
+        loop {
+            let log = self.log.lock().unwrap().clone();
+            if done(&log) || t.elapsed() > Duration::from_secs(30) {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The whole /metrics text (for failure messages).
