@@ -39,6 +39,18 @@ enum Op {
     Cancel(usize),
 }
 
+/// A store of `slots` slots reading through `backend` with `readers` in flight, every guess read
+/// (no precision gate), so prefetches race with the demands.
+fn config(slots: usize, readers: usize, backend: IoBackend) -> StreamingConfig {
+    StreamingConfig {
+        cache: CacheSize::Slots(slots),
+        readers,
+        backend,
+        prefetch_min_precision: 0.0,
+        ..StreamingConfig::default()
+    }
+}
+
 fn ids(mask: u16) -> Vec<u32> {
     let v: Vec<u32> = (0..16).filter(|i| mask & (1 << i) != 0).collect();
     if v.is_empty() {
@@ -88,12 +100,8 @@ proptest! {
         let (fx, _) = fixture();
         for backend in IoBackend::usable() {
             let cfg = StreamingConfig {
-                cache: CacheSize::Slots(2),
-                readers: 3,
-                backend,
                 policy: if lru { PolicyKind::Lru } else { PolicyKind::S3Fifo },
-                prefetch_min_precision: 0.0,
-                ..StreamingConfig::default()
+                ..config(2, 3, backend)
             };
             let store = fx.streaming(&cfg);
             prop_assert_eq!(store.io_backend(), backend.name());
@@ -127,14 +135,7 @@ proptest! {
             for k in 1..40 {
                 reader.inject(When::Nth(k * fail_every), Fault::Error(libc::EIO), Some(1));
             }
-            let cfg = StreamingConfig {
-                cache: CacheSize::Slots(slots),
-                readers: 2,
-                backend,
-                prefetch_min_precision: 0.0,
-                ..StreamingConfig::default()
-            };
-            let store = fx.streaming_with(reader.clone(), &cfg);
+            let store = fx.streaming_with(reader.clone(), &config(slots, 2, backend));
             prop_assert_eq!(store.io_backend(), backend.name());
             std::thread::scope(|s| {
                 for ops in [&a, &b] {
@@ -162,14 +163,7 @@ fn two_threads_sweeping_all_layers_with_prefetch_agree_with_the_mapped_store() {
 }
 
 fn sweep(fx: &Fixture, want: &Reference, backend: IoBackend, slots: usize) {
-    let cfg = StreamingConfig {
-        cache: CacheSize::Slots(slots),
-        readers: 4,
-        backend,
-        prefetch_min_precision: 0.0,
-        ..Default::default()
-    };
-    let store = fx.streaming(&cfg);
+    let store = fx.streaming(&config(slots, 4, backend));
     assert_eq!(store.io_backend(), backend.name());
     std::thread::scope(|s| {
         for t in 0..2u32 {
