@@ -240,7 +240,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
         }
         if s.expert_read_errors > 0 {
             eprintln!(
-                "stats: {} expert reads failed before any pass needed them and were read again",
+                "stats: {} expert reads failed with no pass waiting on them (dropped; a pass \
+                 that needed one of those experts read it again)",
                 s.expert_read_errors
             );
         }

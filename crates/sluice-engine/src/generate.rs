@@ -125,8 +125,9 @@ pub struct Stats {
     pub expert_bytes: u64,
     /// Expert bytes read from storage.
     pub expert_bytes_read: u64,
-    /// Expert reads that failed. Non-zero only when a read-ahead or prefetch read failed and
-    /// its expert was read again (a failure a request waited on fails that request).
+    /// Expert reads that failed. In a run that succeeded, these are read-ahead or prefetch
+    /// reads that failed before a pass took them: dropped, and read again by a pass that needed
+    /// the expert (a failure a pass waits on fails the request).
     pub expert_read_errors: u64,
     /// Expert bytes handed to the model per generated token (decode passes only).
     pub expert_bytes_per_token: f64,
