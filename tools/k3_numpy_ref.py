@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Independent float64 numpy reference for the Kimi K3 text model.
 
-Written from /work/shared/K3.md section 2 (forward math) and section 3 (checkpoint layout, MXFP4), not from
+Written from docs/K3.md section 2 (forward math) and section 3 (checkpoint layout, MXFP4), not from
 mlx-lm: it reads a checkpoint directory in the published layout (config.json with `text_config`,
 `model.safetensors.index.json`, sharded safetensors with `language_model.` names, MXFP4 routed experts) with
 its own safetensors parser and runs the whole forward pass in float64.
