@@ -7,6 +7,7 @@
 
 pub mod kimi_k3;
 pub mod qwen3;
+pub mod qwen3_moe;
 pub mod snapshot;
 
 pub use snapshot::StateSnapshot;
@@ -32,11 +33,21 @@ pub enum ModelError {
     /// The expert store failed.
     #[error(transparent)]
     Store(#[from] sluice_store::StoreError),
+    /// A tensor of a family's checkpoint is missing or has the wrong dtype/shape (names the
+    /// family, the shard file and the tensor).
+    #[error("{family} checkpoint: {source}")]
+    FamilyTensor {
+        /// The family whose roster check failed (`qwen3_moe`, ...).
+        family: &'static str,
+        /// The checkpoint error naming file and tensor.
+        #[source]
+        source: CheckpointError,
+    },
     /// The configuration is invalid or unsupported.
     #[error("invalid model config: {0}")]
     Config(String),
     /// `config.json` names an architecture sluice does not implement.
-    #[error("unknown architecture {0:?}: sluice supports KimiK3ForConditionalGeneration and KimiLinearForCausalLM (Kimi K3), and Qwen3ForCausalLM")]
+    #[error("unknown architecture {0:?}: sluice supports KimiK3ForConditionalGeneration and KimiLinearForCausalLM (Kimi K3), Qwen3ForCausalLM and Qwen3MoeForCausalLM")]
     UnknownArchitecture(String),
     /// A pass was asked to run on no tokens.
     #[error("empty input: a pass needs at least one token")]
@@ -64,6 +75,8 @@ pub enum Model {
     KimiK3(kimi_k3::KimiK3),
     /// Qwen3 dense.
     Qwen3(qwen3::Qwen3),
+    /// Qwen3-MoE.
+    Qwen3Moe(qwen3_moe::Qwen3Moe),
 }
 
 /// Architectures that map to Kimi K3.
@@ -76,6 +89,7 @@ pub fn load(ckpt: Arc<Checkpoint>) -> Result<Model, ModelError> {
     match arch.as_str() {
         a if KIMI_K3_ARCHS.contains(&a) => Ok(Model::KimiK3(kimi_k3::KimiK3::load(ckpt)?)),
         "Qwen3ForCausalLM" => Ok(Model::Qwen3(qwen3::Qwen3::load(ckpt)?)),
+        "Qwen3MoeForCausalLM" => Ok(Model::Qwen3Moe(qwen3_moe::Qwen3Moe::load(ckpt)?)),
         other => Err(ModelError::UnknownArchitecture(other.to_string())),
     }
 }
@@ -85,7 +99,7 @@ pub fn load(ckpt: Arc<Checkpoint>) -> Result<Model, ModelError> {
 pub enum State {
     /// Kimi K3 state.
     KimiK3(kimi_k3::state::K3State),
-    /// Qwen3 state.
+    /// Qwen3 and Qwen3-MoE state (the same KV caches).
     Qwen3(qwen3::Qwen3State),
 }
 
@@ -134,6 +148,7 @@ impl Model {
         match self {
             Self::KimiK3(m) => State::KimiK3(m.new_state()),
             Self::Qwen3(m) => State::Qwen3(m.new_state()),
+            Self::Qwen3Moe(m) => State::Qwen3(m.new_state()),
         }
     }
 
@@ -141,7 +156,7 @@ impl Model {
     pub fn spine_stats(&self) -> sluice_store::SpineStats {
         match self {
             Self::KimiK3(m) => m.spine_stats(),
-            Self::Qwen3(_) => sluice_store::SpineStats::default(),
+            Self::Qwen3(_) | Self::Qwen3Moe(_) => sluice_store::SpineStats::default(),
         }
     }
 
@@ -150,6 +165,7 @@ impl Model {
         match self {
             Self::KimiK3(m) => m.config().vocab_size,
             Self::Qwen3(m) => m.config().vocab_size,
+            Self::Qwen3Moe(m) => m.config().base.vocab_size,
         }
     }
 
@@ -158,6 +174,7 @@ impl Model {
         match self {
             Self::KimiK3(_) => "kimi_k3",
             Self::Qwen3(_) => "qwen3",
+            Self::Qwen3Moe(_) => "qwen3_moe",
         }
     }
 
@@ -165,8 +182,8 @@ impl Model {
     pub fn store_stats(&self) -> sluice_store::StoreStats {
         match self {
             Self::KimiK3(m) => m.experts().stats(),
-            // A dense model has no expert store.
-            Self::Qwen3(_) => sluice_store::StoreStats::default(),
+            // A dense model has no expert store; Qwen3-MoE reads its experts in place (for now).
+            Self::Qwen3(_) | Self::Qwen3Moe(_) => sluice_store::StoreStats::default(),
         }
     }
 
@@ -174,7 +191,7 @@ impl Model {
     pub fn layer_store_stats(&self) -> Vec<sluice_store::LayerPrefetchStats> {
         match self {
             Self::KimiK3(m) => m.experts().layer_stats(),
-            Self::Qwen3(_) => Vec::new(),
+            Self::Qwen3(_) | Self::Qwen3Moe(_) => Vec::new(),
         }
     }
 
@@ -183,6 +200,7 @@ impl Model {
         match self {
             Self::KimiK3(m) => m.spine_bytes_per_pass(),
             Self::Qwen3(m) => m.weight_bytes(),
+            Self::Qwen3Moe(m) => m.dense_weight_bytes(),
         }
     }
 
@@ -197,6 +215,7 @@ impl Model {
         match (self, state) {
             (Self::KimiK3(m), State::KimiK3(s)) => m.forward(s, tokens, rows, trace),
             (Self::Qwen3(m), State::Qwen3(s)) => m.forward(s, tokens, rows, trace),
+            (Self::Qwen3Moe(m), State::Qwen3(s)) => m.forward(s, tokens, rows, trace),
             (m, _) => Err(ModelError::Config(format!(
                 "the sequence state passed to the {} model belongs to another model",
                 m.family()

@@ -40,7 +40,7 @@
 
 use super::config::Qwen3Config;
 use super::state::KvCache;
-use super::weights::LayerWeights;
+use super::weights::AttnWeights;
 use super::Ctx;
 use sluice_kernels::ops::{dot_f64, rms_norm, softmax_inplace};
 
@@ -48,7 +48,7 @@ use sluice_kernels::ops::{dot_f64, rms_norm, softmax_inplace};
 /// rows in `cache`; returns the `o_proj` output `[t, d]`.
 pub(crate) fn forward(
     ctx: &Ctx<'_>,
-    w: &LayerWeights,
+    w: &AttnWeights,
     c: &Qwen3Config,
     cache: &mut KvCache,
     x: &[f32],

@@ -142,7 +142,7 @@ impl Qwen3 {
             // Qwen3DecoderLayer.forward: pre-norm attention and MLP, each added to the residual.
             let a_in = self.norm_rows(&h, &lw.input_norm);
             put(&mut trace, || format!("layer{i}.attn_in"), &a_in);
-            let a = attention::forward(&ctx, lw, c, cache, &a_in, t, &rope);
+            let a = attention::forward(&ctx, &lw.attn, c, cache, &a_in, t, &rope);
             put(&mut trace, || format!("layer{i}.attn_out"), &a);
             add_into(&mut h, &a);
             let m_in = self.norm_rows(&h, &lw.post_norm);

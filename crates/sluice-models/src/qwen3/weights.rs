@@ -64,11 +64,9 @@ impl Linear {
     }
 }
 
-/// One decoder layer (`Qwen3DecoderLayer`).
+/// One layer's attention (`Qwen3Attention`; Qwen3-MoE's `Qwen3MoeAttention` is the same).
 #[derive(Debug)]
-pub struct LayerWeights {
-    pub(crate) input_norm: Vec<f32>,
-    pub(crate) post_norm: Vec<f32>,
+pub struct AttnWeights {
     pub(crate) q_proj: Linear,
     pub(crate) k_proj: Linear,
     pub(crate) v_proj: Linear,
@@ -76,6 +74,34 @@ pub struct LayerWeights {
     /// Per-head RMSNorm weights `[head_dim]` (`Qwen3Attention.q_norm` / `k_norm`).
     pub(crate) q_norm: Vec<f32>,
     pub(crate) k_norm: Vec<f32>,
+}
+
+impl AttnWeights {
+    /// Resolves `{p}.self_attn.*` for the shapes `c` gives.
+    pub(crate) fn load(r: &Roster<'_>, p: &str, c: &Qwen3Config) -> Result<Self, ModelError> {
+        let (d, hd) = (c.hidden_size, c.head_dim);
+        Ok(Self {
+            q_proj: r.mat(&format!("{p}.self_attn.q_proj.weight"), c.q_width(), d)?,
+            k_proj: r.mat(&format!("{p}.self_attn.k_proj.weight"), c.kv_width(), d)?,
+            v_proj: r.mat(&format!("{p}.self_attn.v_proj.weight"), c.kv_width(), d)?,
+            o_proj: r.mat(&format!("{p}.self_attn.o_proj.weight"), d, c.q_width())?,
+            q_norm: r.vec(&format!("{p}.self_attn.q_norm.weight"), hd)?,
+            k_norm: r.vec(&format!("{p}.self_attn.k_norm.weight"), hd)?,
+        })
+    }
+
+    /// Bytes of the four projections in the checkpoint.
+    pub(crate) fn byte_len(&self) -> u64 {
+        [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj].iter().map(|m| m.byte_len()).sum()
+    }
+}
+
+/// One decoder layer (`Qwen3DecoderLayer`).
+#[derive(Debug)]
+pub struct LayerWeights {
+    pub(crate) input_norm: Vec<f32>,
+    pub(crate) post_norm: Vec<f32>,
+    pub(crate) attn: AttnWeights,
     pub(crate) gate: Linear,
     pub(crate) up: Linear,
     pub(crate) down: Linear,
@@ -95,19 +121,14 @@ impl Qwen3Weights {
     /// Resolves and checks every tensor the config names.
     pub fn load(ckpt: &Checkpoint, c: &Qwen3Config) -> Result<Self, ModelError> {
         let r = Roster { ckpt, prefix: ckpt.name_prefix() };
-        let (d, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (d, inter) = (c.hidden_size, c.intermediate_size);
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
             let p = format!("model.layers.{i}");
             layers.push(LayerWeights {
                 input_norm: r.vec(&format!("{p}.input_layernorm.weight"), d)?,
                 post_norm: r.vec(&format!("{p}.post_attention_layernorm.weight"), d)?,
-                q_proj: r.mat(&format!("{p}.self_attn.q_proj.weight"), c.q_width(), d)?,
-                k_proj: r.mat(&format!("{p}.self_attn.k_proj.weight"), c.kv_width(), d)?,
-                v_proj: r.mat(&format!("{p}.self_attn.v_proj.weight"), c.kv_width(), d)?,
-                o_proj: r.mat(&format!("{p}.self_attn.o_proj.weight"), d, c.q_width())?,
-                q_norm: r.vec(&format!("{p}.self_attn.q_norm.weight"), hd)?,
-                k_norm: r.vec(&format!("{p}.self_attn.k_norm.weight"), hd)?,
+                attn: AttnWeights::load(&r, &p, c)?,
                 gate: r.mat(&format!("{p}.mlp.gate_proj.weight"), inter, d)?,
                 up: r.mat(&format!("{p}.mlp.up_proj.weight"), inter, d)?,
                 down: r.mat(&format!("{p}.mlp.down_proj.weight"), d, inter)?,
@@ -131,28 +152,27 @@ impl Qwen3Weights {
             .layers
             .iter()
             .map(|l| {
-                [&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate, &l.up, &l.down]
-                    .iter()
-                    .map(|m| m.byte_len())
-                    .sum::<u64>()
+                l.attn.byte_len()
+                    + [&l.gate, &l.up, &l.down].iter().map(|m| m.byte_len()).sum::<u64>()
             })
             .sum();
         layer + self.embed.byte_len() + if tied { 0 } else { self.lm_head.byte_len() }
     }
 }
 
-/// Name lookups with the checkpoint's prefix and errors that name the shard file and tensor.
-struct Roster<'a> {
-    ckpt: &'a Checkpoint,
-    prefix: &'a str,
+/// Name lookups with the checkpoint's prefix and errors that name the shard file and tensor
+/// (shared with Qwen3-MoE, whose dense tensors are Qwen3's).
+pub(crate) struct Roster<'a> {
+    pub(crate) ckpt: &'a Checkpoint,
+    pub(crate) prefix: &'a str,
 }
 
 impl Roster<'_> {
-    fn entry(&self, name: &str) -> Result<&TensorEntry, ModelError> {
+    pub(crate) fn entry(&self, name: &str) -> Result<&TensorEntry, ModelError> {
         Ok(self.ckpt.tensor(&format!("{}{name}", self.prefix))?)
     }
 
-    fn shape_err(&self, name: &str, e: &TensorEntry, expected: &[usize]) -> ModelError {
+    pub(crate) fn shape_err(&self, name: &str, e: &TensorEntry, expected: &[usize]) -> ModelError {
         ModelError::Checkpoint(CheckpointError::ShapeMismatch {
             file: self.ckpt.shard_file(e).to_path_buf(),
             tensor: format!("{}{name}", self.prefix),
@@ -172,7 +192,7 @@ impl Roster<'_> {
 
     /// A BF16, F32 or row-int8 (I8 with its `NAME_scale` F16 `[rows]`) matrix of exactly
     /// `[rows, cols]`.
-    fn mat(&self, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
+    pub(crate) fn mat(&self, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
         let e = self.entry(name)?;
         let format = match e.dtype {
             DType::BF16 => WeightFormat::Bf16,
@@ -194,7 +214,7 @@ impl Roster<'_> {
     }
 
     /// A BF16 or F32 vector of `len` values, widened to f32.
-    fn vec(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+    pub(crate) fn vec(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
         let e = self.entry(name)?;
         if e.shape != [len as u64] {
             return Err(self.shape_err(name, e, &[len]));

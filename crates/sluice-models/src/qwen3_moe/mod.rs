@@ -1,0 +1,183 @@
+//! Qwen3-MoE (`Qwen3MoeForCausalLM`: Qwen3-30B-A3B, 235B-A22B, Coder-480B): Qwen3's pre-norm
+//! decoder layers (GQA with per-head q/k RMSNorm and RoPE) whose MLP is, on the sparse layers, a
+//! softmax-routed top-k mixture of bf16 SiLU-GLU experts, and on the `mlp_only_layers` /
+//! `decoder_sparse_step`-skipped layers a dense MLP.
+//!
+//! It follows transformers' `models/qwen3_moe/modeling_qwen3_moe.py` (5.17) operation for
+//! operation in f32 and is checked stage by stage, routing included, against goldens that
+//! transformers produced from checkpoints in the published layout
+//! (`tools/gen_qwen3_moe_goldens.py`, `tests/fixtures/qwen3_moe`). The attention, RoPE, norms,
+//! the tensor roster helpers and the sequence state are Qwen3's own ([`crate::qwen3`]); this
+//! module adds the config keys of the sparse block, the expert roster and the router.
+//!
+//! A pass runs T positions layer-major; keys and values are staged in the [`Qwen3State`] until
+//! `commit(n)` / `rollback()`. Every kernel is batch-invariant and the expert combination is per
+//! row, so a T-row pass gives bit for bit the logits of T single-row passes.
+
+pub mod config;
+pub mod moe;
+pub mod weights;
+
+use crate::qwen3::attention::{self, Rope};
+use crate::qwen3::{Ctx, Qwen3State, Trace};
+use crate::{LogitRows, ModelError};
+use config::Qwen3MoeConfig;
+use sluice_checkpoint::Checkpoint;
+use sluice_kernels::ops::rms_norm;
+use std::sync::Arc;
+use weights::{Ffn, Qwen3MoeWeights};
+
+/// Records `v` under `name()` when tracing (the name is only built when a trace is wanted).
+fn put(trace: &mut Option<&mut Trace>, name: impl FnOnce() -> String, v: &[f32]) {
+    if let Some(t) = trace.as_deref_mut() {
+        t.tensors.insert(name(), v.to_vec());
+    }
+}
+
+/// The loaded Qwen3-MoE model.
+pub struct Qwen3Moe {
+    cfg: Qwen3MoeConfig,
+    ckpt: Arc<Checkpoint>,
+    weights: Qwen3MoeWeights,
+    rope: Rope,
+}
+
+impl std::fmt::Debug for Qwen3Moe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qwen3Moe")
+            .field("layers", &self.cfg.base.num_hidden_layers)
+            .field("experts", &self.cfg.num_experts)
+            .field("top_k", &self.cfg.num_experts_per_tok)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Qwen3Moe {
+    /// Loads the model from an opened checkpoint: parses `config.json` and resolves and checks
+    /// every tensor once. Experts are read in place from the mapped shards.
+    pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self, ModelError> {
+        let cfg = Qwen3MoeConfig::from_json(ckpt.config().text_config())?;
+        let weights = Qwen3MoeWeights::load(&ckpt, &cfg)?;
+        let rope = Rope::new(cfg.base.head_dim, cfg.base.rope_theta);
+        Ok(Self { cfg, ckpt, weights, rope })
+    }
+
+    /// The typed configuration.
+    pub fn config(&self) -> &Qwen3MoeConfig {
+        &self.cfg
+    }
+
+    /// The rotary embedding (`inv_freq` and cos/sin rows, as HF's `model.rotary_emb`).
+    pub fn rope(&self) -> &Rope {
+        &self.rope
+    }
+
+    /// Bytes of the non-expert weight matrices a pass reads (a tied lm_head counted once).
+    pub fn dense_weight_bytes(&self) -> u64 {
+        self.weights.dense_byte_len(self.cfg.base.tie_word_embeddings)
+    }
+
+    /// Bytes of one routed expert's three bf16 matrices.
+    pub fn expert_bytes(&self) -> u64 {
+        self.weights.expert_byte_len()
+    }
+
+    /// A fresh, empty sequence state (Qwen3's KV caches).
+    pub fn new_state(&self) -> Qwen3State {
+        Qwen3State::new(self.cfg.base.num_hidden_layers, self.cfg.base.kv_width())
+    }
+
+    /// Runs `tokens` (T ≥ 1 positions after the state's committed ones) through the model,
+    /// staging the new keys and values, and returns the logits of the rows `rows` asks for
+    /// (`[rows, vocab]`). The caller must `commit(n)` or `rollback()` the state afterwards.
+    ///
+    /// With a trace, records `embed`, `layer{i}.attn_in`, `layer{i}.attn_out`, `layer{i}.mlp_in`,
+    /// `layer{i}.mlp_out`, `layer{i}.out` (`[T, d]` each), `layer{i}.router_logits` (`[T, E]`,
+    /// MoE layers), `final_norm` (`[rows, d]`), and each MoE layer's routes in `trace.routes`.
+    pub fn forward(
+        &self,
+        state: &mut Qwen3State,
+        tokens: &[u32],
+        rows: LogitRows,
+        mut trace: Option<&mut Trace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.cfg.base;
+        let t = tokens.len();
+        if t == 0 {
+            return Err(ModelError::EmptyInput);
+        }
+        if let Some(p) = state.pending() {
+            return Err(ModelError::PendingPass(p));
+        }
+        if !state.fits(c.num_hidden_layers, c.kv_width()) {
+            return Err(ModelError::Config(
+                "the state passed to the qwen3_moe model was made for a model of another shape"
+                    .into(),
+            ));
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab_size) {
+            return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
+        }
+        let d = c.hidden_size;
+        let ctx = Ctx { ckpt: &self.ckpt };
+        // inputs_embeds = self.embed_tokens(input_ids)
+        let embed = self.weights.embed.get(&self.ckpt);
+        let mut h = vec![0.0f32; t * d];
+        for (row, &id) in h.chunks_exact_mut(d).zip(tokens) {
+            embed.row_to_f32(id as usize, row);
+        }
+        put(&mut trace, || "embed".into(), &h);
+        let rope = self.rope.rows(state.len(), t);
+        state.begin(t);
+        for (i, (lw, cache)) in self.weights.layers.iter().zip(&mut state.layers).enumerate() {
+            // Qwen3MoeDecoderLayer.forward: pre-norm attention and MLP, each added to the residual.
+            let a_in = self.norm_rows(&h, &lw.input_norm);
+            put(&mut trace, || format!("layer{i}.attn_in"), &a_in);
+            let a = attention::forward(&ctx, &lw.attn, c, cache, &a_in, t, &rope);
+            put(&mut trace, || format!("layer{i}.attn_out"), &a);
+            add_into(&mut h, &a);
+            let m_in = self.norm_rows(&h, &lw.post_norm);
+            put(&mut trace, || format!("layer{i}.mlp_in"), &m_in);
+            let m = match &lw.ffn {
+                Ffn::Dense(w) => moe::mlp(&ctx, w, &m_in, t),
+                Ffn::Moe { router, experts } => {
+                    let (m, logits, routes) =
+                        moe::forward(&ctx, router, experts, &self.cfg, &m_in, t);
+                    put(&mut trace, || format!("layer{i}.router_logits"), &logits);
+                    if let Some(tr) = trace.as_deref_mut() {
+                        tr.routes.insert(i, routes);
+                    }
+                    m
+                }
+            };
+            put(&mut trace, || format!("layer{i}.mlp_out"), &m);
+            add_into(&mut h, &m);
+            put(&mut trace, || format!("layer{i}.out"), &h);
+        }
+        let sel = match rows {
+            LogitRows::All => 0..t,
+            LogitRows::Last => t - 1..t,
+        };
+        let n = sel.len();
+        let normed = self.norm_rows(&h[sel.start * d..sel.end * d], &self.weights.norm);
+        put(&mut trace, || "final_norm".into(), &normed);
+        Ok(ctx.mm(&self.weights.lm_head, &normed, n))
+    }
+
+    /// Qwen3MoeRMSNorm on every row of `x [n, d]`.
+    fn norm_rows(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
+        let (d, eps) = (self.cfg.base.hidden_size, self.cfg.base.rms_norm_eps);
+        let mut out = vec![0.0f32; x.len()];
+        for (i, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+            rms_norm(i, Some(w), eps, o);
+        }
+        out
+    }
+}
+
+/// `dst += src` element-wise (the residual adds).
+fn add_into(dst: &mut [f32], src: &[f32]) {
+    for (a, b) in dst.iter_mut().zip(src) {
+        *a += b;
+    }
+}

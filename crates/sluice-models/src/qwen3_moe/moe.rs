@@ -1,0 +1,142 @@
+//! The Qwen3-MoE sparse block over the T rows of a pass (transformers `Qwen3MoeSparseMoeBlock`,
+//! `Qwen3MoeTopKRouter`, `Qwen3MoeExperts`, 5.17).
+//!
+//! Router: `logits = x · gateᵀ` in f32, `softmax` over all experts in f32, `topk` (probability
+//! descending; ties, which the golden generator rejects, by lower id), and when `norm_topk_prob`
+//! the k probabilities divided by their f32 sum. Each chosen expert computes
+//! `down(silu(gate x) · up x)`; a row's output is the sum of `expert_out · weight` over its
+//! experts **in ascending expert id**, starting from zero, which is the order in which HF's
+//! `index_add_` loop over `expert_hit` adds them.
+//!
+//! Batch invariance: the union of experts over the T rows runs each expert once on all the rows
+//! that chose it, through the batch-invariant matmul, and the combination is per row in an order
+//! fixed by that row's own routing, so a row's output never depends on the other rows.
+
+use super::config::Qwen3MoeConfig;
+use super::weights::Expert;
+use crate::kimi_k3::Route;
+use crate::qwen3::weights::Linear;
+use crate::qwen3::Ctx;
+use sluice_kernels::ops::{silu_glu, softmax_inplace};
+
+/// Selects the top-k experts of one row of router logits.
+pub(crate) fn route(logits: &[f32], c: &Qwen3MoeConfig) -> Route {
+    // routing_weights = softmax(router_logits, dtype=float)
+    let mut probs = logits.to_vec();
+    softmax_inplace(&mut probs);
+    // torch.topk(routing_weights, top_k): largest first.
+    let mut order: Vec<u32> = (0..u32::try_from(probs.len()).unwrap_or(u32::MAX)).collect();
+    order.sort_by(|&a, &b| probs[b as usize].total_cmp(&probs[a as usize]).then(a.cmp(&b)));
+    order.truncate(c.num_experts_per_tok);
+    let mut weights: Vec<f32> = order.iter().map(|&i| probs[i as usize]).collect();
+    if c.norm_topk_prob {
+        // router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+        let sum: f32 = weights.iter().sum();
+        for w in &mut weights {
+            *w /= sum;
+        }
+    }
+    Route { ids: order, weights }
+}
+
+/// `Qwen3MoeMLP` on `x [t, d]`: `down(silu(gate x) · up x)`.
+pub(crate) fn mlp(ctx: &Ctx<'_>, w: &Expert, x: &[f32], t: usize) -> Vec<f32> {
+    let gate = ctx.mm(&w.gate, x, t);
+    let up = ctx.mm(&w.up, x, t);
+    let mut act = vec![0.0f32; gate.len()];
+    silu_glu(&gate, &up, &mut act);
+    ctx.mm(&w.down, &act, t)
+}
+
+/// Runs the sparse block on `x [t, d]` (the `post_attention_layernorm` output); returns the block
+/// output `[t, d]`, the router logits `[t, E]` and each row's route.
+pub(crate) fn forward(
+    ctx: &Ctx<'_>,
+    router: &Linear,
+    experts: &[Expert],
+    c: &Qwen3MoeConfig,
+    x: &[f32],
+    t: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<Route>) {
+    let (d, e, k) = (c.base.hidden_size, c.num_experts, c.num_experts_per_tok);
+    let logits = ctx.mm(router, x, t);
+    let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, c)).collect();
+
+    // The (row, slot) pairs that chose each expert.
+    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
+    for (row, r) in routes.iter().enumerate() {
+        for (slot, &id) in r.ids.iter().enumerate() {
+            users[id as usize].push((row, slot));
+        }
+    }
+    // Each expert once, on all of its rows; outputs land at [row, slot].
+    let mut outs = vec![0.0f32; t * k * d];
+    let mut xs = Vec::new();
+    for (id, us) in users.iter().enumerate().filter(|(_, us)| !us.is_empty()) {
+        xs.clear();
+        for &(row, _) in us {
+            xs.extend_from_slice(&x[row * d..(row + 1) * d]);
+        }
+        let y = mlp(ctx, &experts[id], &xs, us.len());
+        for (j, &(row, slot)) in us.iter().enumerate() {
+            outs[(row * k + slot) * d..(row * k + slot + 1) * d]
+                .copy_from_slice(&y[j * d..(j + 1) * d]);
+        }
+    }
+    // final_hidden_states.index_add_(0, token_idx, expert_out * weight), experts ascending.
+    let mut out = vec![0.0f32; t * d];
+    let mut slots: Vec<usize> = Vec::with_capacity(k);
+    for (row, r) in routes.iter().enumerate() {
+        slots.clear();
+        slots.extend(0..r.ids.len());
+        slots.sort_by_key(|&s| r.ids[s]);
+        let o = &mut out[row * d..(row + 1) * d];
+        for &s in &slots {
+            let w = r.weights[s];
+            let y = &outs[(row * k + s) * d..(row * k + s + 1) * d];
+            for (a, &v) in o.iter_mut().zip(y) {
+                *a += v * w;
+            }
+        }
+    }
+    (out, logits, routes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qwen3::config::Qwen3Config;
+
+    fn cfg(k: usize, norm: bool) -> Qwen3MoeConfig {
+        let base = Qwen3Config::from_json(&serde_json::json!({
+            "vocab_size": 8, "hidden_size": 4, "intermediate_size": 4, "num_hidden_layers": 1,
+            "num_attention_heads": 1, "head_dim": 4
+        }))
+        .expect("config");
+        Qwen3MoeConfig {
+            base,
+            num_experts: 4,
+            num_experts_per_tok: k,
+            moe_intermediate_size: 2,
+            norm_topk_prob: norm,
+            decoder_sparse_step: 1,
+            mlp_only_layers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn top_k_of_the_softmax_largest_first() {
+        let r = route(&[0.1, 2.0, -1.0, 1.0], &cfg(2, false));
+        assert_eq!(r.ids, [1, 3]);
+        let z: f32 = [0.1f32, 2.0, -1.0, 1.0].iter().map(|&v| (v - 2.0).exp()).sum();
+        assert!((r.weights[0] - 1.0 / z).abs() < 1e-6, "unnormalised: the softmax probability");
+        let r = route(&[0.1, 2.0, -1.0, 1.0], &cfg(2, true));
+        assert!((r.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6, "renormalised to one");
+        assert!(r.weights[0] > r.weights[1]);
+    }
+
+    #[test]
+    fn ties_go_to_the_lower_id() {
+        assert_eq!(route(&[1.0, 3.0, 3.0, 0.0], &cfg(1, true)).ids, [1]);
+    }
+}

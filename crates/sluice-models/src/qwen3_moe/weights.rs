@@ -1,0 +1,185 @@
+//! The Qwen3-MoE tensor roster: every tensor of the checkpoint resolved once at load into typed
+//! handles, with dtype and shape checked against the config, and the expert count of every MoE
+//! layer checked against `num_experts`. A checkpoint that contradicts its config fails here with
+//! the family, the tensor and the shard file named; the forward pass never formats a name.
+//!
+//! Names follow the published checkpoints (Qwen3-30B-A3B, 235B-A22B; transformers 5.x merges the
+//! experts into `gate_up_proj` / `down_proj` only in memory):
+//!
+//! | tensor | shape |
+//! |---|---|
+//! | `model.embed_tokens.weight` | `[vocab, d]` |
+//! | `model.layers.{i}.{input,post_attention}_layernorm.weight` | `[d]` |
+//! | `model.layers.{i}.self_attn.{q,k,v,o}_proj.weight`, `{q,k}_norm.weight` | as Qwen3 dense |
+//! | `model.layers.{i}.mlp.gate.weight` (MoE layers) | `[E, d]` router |
+//! | `model.layers.{i}.mlp.experts.{e}.{gate,up}_proj.weight` | `[I_moe, d]` |
+//! | `model.layers.{i}.mlp.experts.{e}.down_proj.weight` | `[d, I_moe]` |
+//! | `model.layers.{i}.mlp.{gate,up,down}_proj.weight` (dense layers) | `[I, d]` ×2, `[d, I]` |
+//! | `model.norm.weight` | `[d]` |
+//! | `lm_head.weight` | `[vocab, d]`, absent when `tie_word_embeddings` |
+//!
+//! Experts are bf16 as published and are read in place from the mapped shards (the engine's
+//! expert store does not serve this family yet).
+
+use super::config::Qwen3MoeConfig;
+use crate::qwen3::weights::{AttnWeights, Linear, Roster};
+use crate::ModelError;
+use sluice_checkpoint::Checkpoint;
+
+/// The family name errors carry.
+pub(crate) const FAMILY: &str = "qwen3_moe";
+
+/// One routed expert (`Qwen3MoeMLP` of width `moe_intermediate_size`).
+#[derive(Debug)]
+pub struct Expert {
+    pub(crate) gate: Linear,
+    pub(crate) up: Linear,
+    pub(crate) down: Linear,
+}
+
+/// The feed-forward half of a layer.
+#[derive(Debug)]
+pub enum Ffn {
+    /// `Qwen3MoeMLP` (a `mlp_only_layers` layer or one `decoder_sparse_step` skips).
+    Dense(Expert),
+    /// `Qwen3MoeSparseMoeBlock`: router `[E, d]` and the experts in id order.
+    Moe {
+        /// `mlp.gate.weight`.
+        router: Linear,
+        /// `mlp.experts.{e}`.
+        experts: Vec<Expert>,
+    },
+}
+
+/// One decoder layer (`Qwen3MoeDecoderLayer`).
+#[derive(Debug)]
+pub struct LayerWeights {
+    pub(crate) input_norm: Vec<f32>,
+    pub(crate) post_norm: Vec<f32>,
+    pub(crate) attn: AttnWeights,
+    pub(crate) ffn: Ffn,
+}
+
+/// Every tensor of the model.
+#[derive(Debug)]
+pub struct Qwen3MoeWeights {
+    pub(crate) embed: Linear,
+    /// `lm_head.weight`, or the embedding again when tied.
+    pub(crate) lm_head: Linear,
+    pub(crate) norm: Vec<f32>,
+    pub(crate) layers: Vec<LayerWeights>,
+}
+
+/// Names a checkpoint error after the family.
+pub(crate) fn in_family(e: ModelError) -> ModelError {
+    match e {
+        ModelError::Checkpoint(source) => ModelError::FamilyTensor { family: FAMILY, source },
+        e => e,
+    }
+}
+
+impl Qwen3MoeWeights {
+    /// Resolves and checks every tensor the config names.
+    pub fn load(ckpt: &Checkpoint, c: &Qwen3MoeConfig) -> Result<Self, ModelError> {
+        Self::load_inner(ckpt, c).map_err(in_family)
+    }
+
+    fn load_inner(ckpt: &Checkpoint, c: &Qwen3MoeConfig) -> Result<Self, ModelError> {
+        let r = Roster { ckpt, prefix: ckpt.name_prefix() };
+        let b = &c.base;
+        let d = b.hidden_size;
+        let mut layers = Vec::with_capacity(b.num_hidden_layers);
+        for i in 0..b.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let ffn = if c.is_moe(i) {
+                check_expert_count(&r, &p, c)?;
+                let router = r.mat(&format!("{p}.mlp.gate.weight"), c.num_experts, d)?;
+                let experts = (0..c.num_experts)
+                    .map(|e| expert(&r, &format!("{p}.mlp.experts.{e}"), c.moe_intermediate_size, d))
+                    .collect::<Result<_, _>>()?;
+                Ffn::Moe { router, experts }
+            } else {
+                Ffn::Dense(expert(&r, &format!("{p}.mlp"), b.intermediate_size, d)?)
+            };
+            layers.push(LayerWeights {
+                input_norm: r.vec(&format!("{p}.input_layernorm.weight"), d)?,
+                post_norm: r.vec(&format!("{p}.post_attention_layernorm.weight"), d)?,
+                attn: AttnWeights::load(&r, &p, b)?,
+                ffn,
+            });
+        }
+        let embed = r.mat("model.embed_tokens.weight", b.vocab_size, d)?;
+        let lm_head = if b.tie_word_embeddings {
+            embed.clone()
+        } else {
+            r.mat("lm_head.weight", b.vocab_size, d)?
+        };
+        Ok(Self { embed, lm_head, norm: r.vec("model.norm.weight", d)?, layers })
+    }
+
+    /// Bytes of the non-expert weight matrices a pass reads (attention, dense MLPs, routers,
+    /// embedding, an untied lm_head).
+    pub fn dense_byte_len(&self, tied: bool) -> u64 {
+        let layer: u64 = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.attn.byte_len()
+                    + match &l.ffn {
+                        Ffn::Dense(m) => m.byte_len(),
+                        Ffn::Moe { router, .. } => router.byte_len(),
+                    }
+            })
+            .sum();
+        layer + self.embed.byte_len() + if tied { 0 } else { self.lm_head.byte_len() }
+    }
+
+    /// Bytes of one routed expert (0 when the model has no MoE layer).
+    pub fn expert_byte_len(&self) -> u64 {
+        self.layers
+            .iter()
+            .find_map(|l| match &l.ffn {
+                Ffn::Moe { experts, .. } => experts.first().map(Expert::byte_len),
+                Ffn::Dense(_) => None,
+            })
+            .unwrap_or(0)
+    }
+}
+
+impl Expert {
+    /// Bytes of the three projections.
+    pub fn byte_len(&self) -> u64 {
+        self.gate.byte_len() + self.up.byte_len() + self.down.byte_len()
+    }
+}
+
+/// `{p}.{gate,up,down}_proj.weight` of width `inter`.
+fn expert(r: &Roster<'_>, p: &str, inter: usize, d: usize) -> Result<Expert, ModelError> {
+    Ok(Expert {
+        gate: r.mat(&format!("{p}.gate_proj.weight"), inter, d)?,
+        up: r.mat(&format!("{p}.up_proj.weight"), inter, d)?,
+        down: r.mat(&format!("{p}.down_proj.weight"), d, inter)?,
+    })
+}
+
+/// Refuses a layer whose experts in the checkpoint are not exactly `0 .. num_experts`: a config
+/// that claims more experts than the files hold, or fewer (the extra experts would silently never
+/// be routed to, and the router's shape is the only other witness).
+fn check_expert_count(r: &Roster<'_>, p: &str, c: &Qwen3MoeConfig) -> Result<(), ModelError> {
+    let name = |e: usize| format!("{}{p}.mlp.experts.{e}.gate_proj.weight", r.prefix);
+    let present = (0..=c.num_experts).take_while(|&e| r.ckpt.get(&name(e)).is_some()).count();
+    if present == c.num_experts {
+        return Ok(());
+    }
+    let (what, tensor) = if present < c.num_experts {
+        ("is missing", name(present))
+    } else {
+        ("exists past the last expert", name(c.num_experts))
+    };
+    Err(ModelError::Config(format!(
+        "{FAMILY}: config.json says num_experts = {} but the checkpoint has {} experts in \
+         {p}: tensor {tensor} {what}",
+        c.num_experts,
+        if present > c.num_experts { format!("more than {}", c.num_experts) } else { present.to_string() },
+    )))
+}
