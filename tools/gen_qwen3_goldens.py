@@ -93,8 +93,10 @@ def tokenizer_cases():
     return cases
 
 
-def build_tokenizer(bpe_vocab):
-    """A Qwen3-shaped byte-level BPE tokenizer trained on the shared corpus."""
+def build_tokenizer(bpe_vocab, specials=None, plain_added=None):
+    """A Qwen3-shaped byte-level BPE tokenizer trained on the shared corpus (other special tokens on request)."""
+    specials = SPECIALS if specials is None else specials
+    plain_added = PLAIN_ADDED if plain_added is None else plain_added
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -106,8 +108,8 @@ def build_tokenizer(bpe_vocab):
     trainer = trainers.BpeTrainer(vocab_size=bpe_vocab, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([tokenizer_corpus.corpus()], trainer)
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
-    tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in PLAIN_ADDED])
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in plain_added])
     return tok
 
 
