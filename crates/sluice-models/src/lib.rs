@@ -5,6 +5,7 @@
 //! Models never do I/O themselves: spine weights are byte slices of the opened checkpoint and
 //! routed experts come from a `sluice_store::ExpertStore`.
 
+pub mod gpt_oss;
 pub mod kimi_k3;
 pub mod qwen3;
 pub mod qwen3_moe;
@@ -47,7 +48,7 @@ pub enum ModelError {
     #[error("invalid model config: {0}")]
     Config(String),
     /// `config.json` names an architecture sluice does not implement.
-    #[error("unknown architecture {0:?}: sluice supports KimiK3ForConditionalGeneration and KimiLinearForCausalLM (Kimi K3), Qwen3ForCausalLM and Qwen3MoeForCausalLM")]
+    #[error("unknown architecture {0:?}: sluice supports KimiK3ForConditionalGeneration and KimiLinearForCausalLM (Kimi K3), Qwen3ForCausalLM, Qwen3MoeForCausalLM and GptOssForCausalLM")]
     UnknownArchitecture(String),
     /// A pass was asked to run on no tokens.
     #[error("empty input: a pass needs at least one token")]
@@ -77,6 +78,8 @@ pub enum Model {
     Qwen3(qwen3::Qwen3),
     /// Qwen3-MoE.
     Qwen3Moe(qwen3_moe::Qwen3Moe),
+    /// GPT-OSS.
+    GptOss(gpt_oss::GptOss),
 }
 
 /// Architectures that map to Kimi K3.
@@ -90,6 +93,7 @@ pub fn load(ckpt: Arc<Checkpoint>) -> Result<Model, ModelError> {
         a if KIMI_K3_ARCHS.contains(&a) => Ok(Model::KimiK3(kimi_k3::KimiK3::load(ckpt)?)),
         "Qwen3ForCausalLM" => Ok(Model::Qwen3(qwen3::Qwen3::load(ckpt)?)),
         "Qwen3MoeForCausalLM" => Ok(Model::Qwen3Moe(qwen3_moe::Qwen3Moe::load(ckpt)?)),
+        "GptOssForCausalLM" => Ok(Model::GptOss(gpt_oss::GptOss::load(ckpt)?)),
         other => Err(ModelError::UnknownArchitecture(other.to_string())),
     }
 }
@@ -99,7 +103,7 @@ pub fn load(ckpt: Arc<Checkpoint>) -> Result<Model, ModelError> {
 pub enum State {
     /// Kimi K3 state.
     KimiK3(kimi_k3::state::K3State),
-    /// Qwen3 and Qwen3-MoE state (the same KV caches).
+    /// Qwen3, Qwen3-MoE and GPT-OSS state (the same KV caches).
     Qwen3(qwen3::Qwen3State),
 }
 
@@ -149,6 +153,7 @@ impl Model {
             Self::KimiK3(m) => State::KimiK3(m.new_state()),
             Self::Qwen3(m) => State::Qwen3(m.new_state()),
             Self::Qwen3Moe(m) => State::Qwen3(m.new_state()),
+            Self::GptOss(m) => State::Qwen3(m.new_state()),
         }
     }
 
@@ -156,7 +161,7 @@ impl Model {
     pub fn spine_stats(&self) -> sluice_store::SpineStats {
         match self {
             Self::KimiK3(m) => m.spine_stats(),
-            Self::Qwen3(_) | Self::Qwen3Moe(_) => sluice_store::SpineStats::default(),
+            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) => sluice_store::SpineStats::default(),
         }
     }
 
@@ -166,6 +171,7 @@ impl Model {
             Self::KimiK3(m) => m.config().vocab_size,
             Self::Qwen3(m) => m.config().vocab_size,
             Self::Qwen3Moe(m) => m.config().base.vocab_size,
+            Self::GptOss(m) => m.config().vocab_size,
         }
     }
 
@@ -175,6 +181,7 @@ impl Model {
             Self::KimiK3(_) => "kimi_k3",
             Self::Qwen3(_) => "qwen3",
             Self::Qwen3Moe(_) => "qwen3_moe",
+            Self::GptOss(_) => "gpt_oss",
         }
     }
 
@@ -182,8 +189,9 @@ impl Model {
     pub fn store_stats(&self) -> sluice_store::StoreStats {
         match self {
             Self::KimiK3(m) => m.experts().stats(),
-            // A dense model has no expert store; Qwen3-MoE reads its experts in place (for now).
-            Self::Qwen3(_) | Self::Qwen3Moe(_) => sluice_store::StoreStats::default(),
+            // A dense model has no expert store; Qwen3-MoE and GPT-OSS read their experts in
+            // place (for now).
+            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) => sluice_store::StoreStats::default(),
         }
     }
 
@@ -191,7 +199,7 @@ impl Model {
     pub fn layer_store_stats(&self) -> Vec<sluice_store::LayerPrefetchStats> {
         match self {
             Self::KimiK3(m) => m.experts().layer_stats(),
-            Self::Qwen3(_) | Self::Qwen3Moe(_) => Vec::new(),
+            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) => Vec::new(),
         }
     }
 
@@ -201,6 +209,7 @@ impl Model {
             Self::KimiK3(m) => m.spine_bytes_per_pass(),
             Self::Qwen3(m) => m.weight_bytes(),
             Self::Qwen3Moe(m) => m.dense_weight_bytes(),
+            Self::GptOss(m) => m.dense_weight_bytes(),
         }
     }
 
@@ -216,6 +225,7 @@ impl Model {
             (Self::KimiK3(m), State::KimiK3(s)) => m.forward(s, tokens, rows, trace),
             (Self::Qwen3(m), State::Qwen3(s)) => m.forward(s, tokens, rows, trace),
             (Self::Qwen3Moe(m), State::Qwen3(s)) => m.forward(s, tokens, rows, trace),
+            (Self::GptOss(m), State::Qwen3(s)) => m.forward(s, tokens, rows, trace),
             (m, _) => Err(ModelError::Config(format!(
                 "the sequence state passed to the {} model belongs to another model",
                 m.family()

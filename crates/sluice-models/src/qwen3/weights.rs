@@ -219,6 +219,12 @@ impl Roster<'_> {
         if e.shape != [len as u64] {
             return Err(self.shape_err(name, e, &[len]));
         }
+        self.vec_of(name, e)
+    }
+
+    /// The values of the BF16 or F32 tensor `e` (called `name`), whatever its shape, widened
+    /// to f32 in storage order.
+    pub(crate) fn vec_of(&self, name: &str, e: &TensorEntry) -> Result<Vec<f32>, ModelError> {
         let b = self.ckpt.bytes(e);
         match e.dtype {
             DType::BF16 => Ok(b

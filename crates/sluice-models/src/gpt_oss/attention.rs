@@ -1,0 +1,132 @@
+//! GPT-OSS grouped-query attention with sinks over the T rows of a pass (transformers
+//! `GptOssAttention.forward` with `eager_attention_forward`, 5.17), appending the pass's keys and
+//! values to the layer's KV cache.
+//!
+//! Per row: `q = q_proj x + b_q`, `k = k_proj x + b_k`, `v = v_proj x + b_v`; YaRN RoPE on q and k
+//! at the row's absolute position (half-width tables, [`super::rope`]); each query head scores
+//! the keys of its KV head (`kv = head / groups`) scaled by `head_dim^-0.5` over positions
+//! `0 ..= pos` on full-attention layers and `pos − window < k ≤ pos` on sliding ones; the head's
+//! learned sink logit joins the softmax as one more column that is dropped afterwards:
+//!
+//! ```python
+//! combined = cat([scores + mask, sinks], -1); combined = combined - combined.max(-1)
+//! probs = softmax(combined, -1)[..., :-1]; out = probs @ v
+//! ```
+//!
+//! and `o_proj` (+ bias). The cache keeps every position, sliding layers included (HF's sliding
+//! cache keeps only the window; the keys a row may see are the same).
+//!
+//! Batch invariance: projections go through the batch-invariant matmul; biases, RoPE, scores and
+//! sums are per (row, head) in position order.
+
+use super::config::{AttnKind, GptOssConfig};
+use super::rope::{apply, HalfRows};
+use super::weights::AttnWeights;
+use crate::qwen3::state::KvCache;
+use crate::qwen3::Ctx;
+use sluice_kernels::ops::dot_f64;
+
+/// Adds `bias` to every row of `x [t, bias.len()]`.
+pub(crate) fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (a, &b) in row.iter_mut().zip(bias) {
+            *a += b;
+        }
+    }
+}
+
+/// Runs the attention of one layer on `x [t, d]` (the `input_layernorm` output), staging the t
+/// new rows in `cache`; returns the `o_proj` output `[t, d]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward(
+    ctx: &Ctx<'_>,
+    w: &AttnWeights,
+    c: &GptOssConfig,
+    kind: AttnKind,
+    cache: &mut KvCache,
+    x: &[f32],
+    t: usize,
+    rope: &HalfRows,
+) -> Vec<f32> {
+    let (hd, heads, kv_heads) = (c.head_dim, c.num_attention_heads, c.num_key_value_heads);
+    let (qw, kw, half) = (c.q_width(), c.kv_width(), c.head_dim / 2);
+    let mut q = ctx.mm(&w.q_proj, x, t);
+    add_bias(&mut q, &w.q_bias);
+    let mut k = ctx.mm(&w.k_proj, x, t);
+    add_bias(&mut k, &w.k_bias);
+    let mut v = ctx.mm(&w.v_proj, x, t);
+    add_bias(&mut v, &w.v_bias);
+    for ti in 0..t {
+        let (cos, sin) = (&rope.cos[ti * half..(ti + 1) * half], &rope.sin[ti * half..(ti + 1) * half]);
+        for head in q[ti * qw..(ti + 1) * qw].chunks_exact_mut(hd) {
+            apply(head, cos, sin);
+        }
+        for head in k[ti * kw..(ti + 1) * kw].chunks_exact_mut(hd) {
+            apply(head, cos, sin);
+        }
+    }
+    cache.k.extend_from_slice(&k);
+    cache.v.extend_from_slice(&v);
+    let past = cache.len() - t;
+
+    #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+    let scale = (hd as f64).powf(-0.5) as f32;
+    let groups = heads / kv_heads;
+    let (k_all, v_all) = (&cache.k, &cache.v);
+    let per_head: Vec<Vec<f32>> = sluice_kernels::pool::map(heads, |h| {
+        let kv = h / groups;
+        let sink = w.sinks[h];
+        let mut out = vec![0.0f32; t * hd];
+        let mut scores = Vec::with_capacity(past + t);
+        let mut acc = vec![0.0f64; hd];
+        for ti in 0..t {
+            let pos = past + ti;
+            let first = match kind {
+                AttnKind::Full => 0,
+                AttnKind::Sliding => (pos + 1).saturating_sub(c.sliding_window),
+            };
+            let qh = &q[ti * qw + h * hd..ti * qw + (h + 1) * hd];
+            scores.clear();
+            scores.extend((first..=pos).map(|p| {
+                let kh = &k_all[p * kw + kv * hd..p * kw + (kv + 1) * hd];
+                #[allow(clippy::cast_possible_truncation)]
+                let s = dot_f64(qh, kh) as f32;
+                s * scale
+            }));
+            // softmax over [scores, sink] in f32 after subtracting the max; the sink column is
+            // dropped from the weights but stays in the denominator.
+            let max = scores.iter().copied().fold(sink, f32::max);
+            let mut sum = f64::from((sink - max).exp());
+            for s in &mut scores {
+                *s = (*s - max).exp();
+                sum += f64::from(*s);
+            }
+            #[allow(clippy::cast_possible_truncation)]
+            let inv = (1.0 / sum) as f32;
+            acc.iter_mut().for_each(|a| *a = 0.0);
+            for (p, &e) in (first..=pos).zip(scores.iter()) {
+                let pr = e * inv;
+                let vh = &v_all[p * kw + kv * hd..p * kw + (kv + 1) * hd];
+                for (a, &vv) in acc.iter_mut().zip(vh) {
+                    *a += f64::from(pr) * f64::from(vv);
+                }
+            }
+            for (o, &a) in out[ti * hd..(ti + 1) * hd].iter_mut().zip(&acc) {
+                #[allow(clippy::cast_possible_truncation)]
+                {
+                    *o = a as f32;
+                }
+            }
+        }
+        out
+    });
+    let mut attn = vec![0.0f32; t * qw];
+    for (h, out) in per_head.iter().enumerate() {
+        for ti in 0..t {
+            attn[ti * qw + h * hd..ti * qw + (h + 1) * hd].copy_from_slice(&out[ti * hd..(ti + 1) * hd]);
+        }
+    }
+    let mut o = ctx.mm(&w.o_proj, &attn, t);
+    add_bias(&mut o, &w.o_bias);
+    o
+}

@@ -1,0 +1,130 @@
+//! The GPT-OSS MoE block over the T rows of a pass (transformers `GptOssMLP`, `GptOssTopKRouter`,
+//! `GptOssExperts`, 5.17).
+//!
+//! Router: `logits = x · Wᵀ + b` in f32, `topk` over the logits (descending; ties, which the golden
+//! generator rejects, by lower id), weights = softmax over the k chosen logits. Each chosen expert:
+//!
+//! ```python
+//! gate_up = x @ W_gate_up + b_gate_up          # 2I columns, gate even, up odd
+//! gate = gate.clamp(max=limit); up = up.clamp(-limit, limit)
+//! out = ((up + 1) * gate * sigmoid(gate * alpha)) @ W_down + b_down
+//! ```
+//!
+//! with the MXFP4 experts read in place (see [`super::weights`]). A row's output is the sum of
+//! `expert_out · weight` over its experts in ascending expert id from zero, the order of HF's
+//! `index_add_` loop. The union of experts over the pass runs each expert once on all its rows
+//! through the batch-invariant matmul; the combination is per row, so rows never interact.
+
+use super::attention::add_bias;
+use super::config::{GptOssConfig, SWIGLU_ALPHA};
+use super::weights::MoeWeights;
+use crate::kimi_k3::Route;
+use crate::qwen3::Ctx;
+use sluice_kernels::matmul;
+use sluice_kernels::ops::{sigmoid, softmax_inplace};
+
+/// Selects the top-k experts of one row of (biased) router logits.
+pub(crate) fn route(logits: &[f32], k: usize) -> Route {
+    let mut order: Vec<u32> = (0..u32::try_from(logits.len()).unwrap_or(u32::MAX)).collect();
+    order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+    order.truncate(k);
+    // softmax(router_top_value, dim=1)
+    let mut weights: Vec<f32> = order.iter().map(|&i| logits[i as usize]).collect();
+    softmax_inplace(&mut weights);
+    Route { ids: order, weights }
+}
+
+/// The clamped SwiGLU of one row of `gate_up [2I]` (interleaved) into `out [I]`.
+pub(crate) fn clamped_swiglu(gate_up: &[f32], limit: f32, out: &mut [f32]) {
+    for (o, gu) in out.iter_mut().zip(gate_up.chunks_exact(2)) {
+        let gate = gu[0].min(limit);
+        let up = gu[1].clamp(-limit, limit);
+        let glu = gate * sigmoid(gate * SWIGLU_ALPHA);
+        *o = (up + 1.0) * glu;
+    }
+}
+
+/// Runs the MoE block on `x [t, d]` (the `post_attention_layernorm` output); returns the block
+/// output `[t, d]`, the router logits `[t, E]` and each row's route.
+pub(crate) fn forward(
+    ctx: &Ctx<'_>,
+    w: &MoeWeights,
+    c: &GptOssConfig,
+    x: &[f32],
+    t: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<Route>) {
+    let (d, e, k, inter) =
+        (c.hidden_size, c.num_local_experts, c.num_experts_per_tok, c.intermediate_size);
+    let mut logits = ctx.mm(&w.router, x, t);
+    add_bias(&mut logits, &w.router_bias);
+    let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, k)).collect();
+
+    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
+    for (row, r) in routes.iter().enumerate() {
+        for (slot, &id) in r.ids.iter().enumerate() {
+            users[id as usize].push((row, slot));
+        }
+    }
+    let mut outs = vec![0.0f32; t * k * d];
+    let mut xs = Vec::new();
+    for (id, us) in users.iter().enumerate().filter(|(_, us)| !us.is_empty()) {
+        let n = us.len();
+        xs.clear();
+        for &(row, _) in us {
+            xs.extend_from_slice(&x[row * d..(row + 1) * d]);
+        }
+        let mut gu = vec![0.0f32; n * 2 * inter];
+        matmul(&w.gate_up.get(ctx.ckpt, id), &xs, n, &mut gu);
+        add_bias(&mut gu, &w.gate_up_bias[id * 2 * inter..(id + 1) * 2 * inter]);
+        let mut act = vec![0.0f32; n * inter];
+        for (a, g) in act.chunks_exact_mut(inter).zip(gu.chunks_exact(2 * inter)) {
+            clamped_swiglu(g, c.swiglu_limit, a);
+        }
+        let mut y = vec![0.0f32; n * d];
+        matmul(&w.down.get(ctx.ckpt, id), &act, n, &mut y);
+        add_bias(&mut y, &w.down_bias[id * d..(id + 1) * d]);
+        for (j, &(row, slot)) in us.iter().enumerate() {
+            outs[(row * k + slot) * d..(row * k + slot + 1) * d]
+                .copy_from_slice(&y[j * d..(j + 1) * d]);
+        }
+    }
+    let mut out = vec![0.0f32; t * d];
+    let mut slots: Vec<usize> = Vec::with_capacity(k);
+    for (row, r) in routes.iter().enumerate() {
+        slots.clear();
+        slots.extend(0..r.ids.len());
+        slots.sort_by_key(|&s| r.ids[s]);
+        let o = &mut out[row * d..(row + 1) * d];
+        for &s in &slots {
+            let wt = r.weights[s];
+            for (a, &v) in o.iter_mut().zip(&outs[(row * k + s) * d..(row * k + s + 1) * d]) {
+                *a += v * wt;
+            }
+        }
+    }
+    (out, logits, routes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_softmaxes_only_the_chosen_logits() {
+        let r = route(&[0.5, 3.0, -1.0, 2.0], 2);
+        assert_eq!(r.ids, [1, 3]);
+        let e = (-1.0f32).exp();
+        assert!((r.weights[0] - 1.0 / (1.0 + e)).abs() < 1e-6);
+        assert!((r.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn swiglu_clamps_gate_above_and_up_both_ways() {
+        let mut out = [0.0f32; 3];
+        clamped_swiglu(&[10.0, 20.0, -10.0, -20.0, 1.0, 0.5], 7.0, &mut out);
+        let glu = |g: f32| g * sigmoid(g * SWIGLU_ALPHA);
+        assert_eq!(out[0], 8.0 * glu(7.0), "gate 10 → 7, up 20 → 7");
+        assert_eq!(out[1], -6.0 * glu(-10.0), "gate is not clamped below, up −20 → −7");
+        assert_eq!(out[2], 1.5 * glu(1.0));
+    }
+}

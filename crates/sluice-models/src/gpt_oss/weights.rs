@@ -1,0 +1,207 @@
+//! The GPT-OSS tensor roster: every tensor of the checkpoint resolved once at load into typed
+//! handles, with dtype and shape checked against the config. A checkpoint that contradicts its
+//! config, or lacks a tensor (an expert's `*_scales`, say), fails here with the family, the
+//! tensor and the shard file named.
+//!
+//! Names and formats are those of the published gpt-oss-20b / 120b files:
+//!
+//! | tensor | dtype, shape |
+//! |---|---|
+//! | `model.embed_tokens.weight`, `lm_head.weight` | bf16 `[vocab, d]` |
+//! | `model.layers.{i}.{input,post_attention}_layernorm.weight`, `model.norm.weight` | bf16 `[d]` |
+//! | `model.layers.{i}.self_attn.{q,k,v,o}_proj.{weight,bias}` | bf16 `[H·hd, d]`, `[KV·hd, d]` ×2, `[d, H·hd]` (+ `[rows]`) |
+//! | `model.layers.{i}.self_attn.sinks` | bf16/f32 `[H]` |
+//! | `model.layers.{i}.mlp.router.{weight,bias}` | bf16 `[E, d]`, `[E]` |
+//! | `model.layers.{i}.mlp.experts.gate_up_proj_blocks` | U8 `[E, 2I, d/32, 16]` |
+//! | `model.layers.{i}.mlp.experts.gate_up_proj_scales` | U8 `[E, 2I, d/32]` (E8M0) |
+//! | `model.layers.{i}.mlp.experts.gate_up_proj_bias` | bf16 `[E, 2I]` |
+//! | `model.layers.{i}.mlp.experts.down_proj_{blocks,scales,bias}` | U8 `[E, d, I/32, 16]`, U8 `[E, d, I/32]`, bf16 `[E, d]` |
+//!
+//! MXFP4 as GPT-OSS packs it: rows are output features blocked along the input axis; byte `k` of
+//! a 16-byte block holds element `2k` in its low nibble and `2k + 1` in its high nibble; value =
+//! `E2M1[nibble] · 2^(scale − 127)`. Flattened per expert that is `[out, in/2]` packed bytes and
+//! `[out, in/32]` scales, exactly the layout of `sluice_kernels::Matrix::mxfp4`, so one expert's
+//! matrices are kernel operands over the mapped bytes, no repacking. `gate_up` rows interleave
+//! gate (row `2j`) and up (row `2j + 1`).
+
+use super::config::GptOssConfig;
+use crate::qwen3::weights::{Linear, Roster};
+use crate::ModelError;
+use sluice_checkpoint::{Checkpoint, TensorEntry};
+use sluice_core::DType;
+use sluice_kernels::Matrix;
+
+/// The family name errors carry.
+pub(crate) const FAMILY: &str = "gpt_oss";
+
+/// One layer's attention.
+#[derive(Debug)]
+pub struct AttnWeights {
+    pub(crate) q_proj: Linear,
+    pub(crate) k_proj: Linear,
+    pub(crate) v_proj: Linear,
+    pub(crate) o_proj: Linear,
+    pub(crate) q_bias: Vec<f32>,
+    pub(crate) k_bias: Vec<f32>,
+    pub(crate) v_bias: Vec<f32>,
+    pub(crate) o_bias: Vec<f32>,
+    /// One sink logit per query head.
+    pub(crate) sinks: Vec<f32>,
+}
+
+/// One MXFP4 expert tensor of all experts: `[E, rows, cols]` as blocks + scales.
+#[derive(Debug, Clone)]
+pub struct Mxfp4Experts {
+    blocks: TensorEntry,
+    scales: TensorEntry,
+    rows: usize,
+    cols: usize,
+}
+
+impl Mxfp4Experts {
+    /// Expert `e`'s matrix `[rows, cols]` as a kernel operand over the checkpoint's bytes.
+    pub fn get<'a>(&self, ckpt: &'a Checkpoint, e: usize) -> Matrix<'a> {
+        let (pb, ps) = (self.rows * self.cols / 2, self.rows * self.cols / 32);
+        let (b, s) = (ckpt.bytes(&self.blocks), ckpt.bytes(&self.scales));
+        Matrix::mxfp4(self.rows, self.cols, &b[e * pb..(e + 1) * pb], &s[e * ps..(e + 1) * ps])
+            .expect("invariant: shapes were checked at load")
+    }
+
+    /// Bytes of one expert (packed values and scales).
+    pub fn expert_byte_len(&self) -> u64 {
+        (self.rows * self.cols / 2 + self.rows * self.cols / 32) as u64
+    }
+}
+
+/// One layer's router and experts.
+#[derive(Debug)]
+pub struct MoeWeights {
+    pub(crate) router: Linear,
+    pub(crate) router_bias: Vec<f32>,
+    /// `[E, 2I, d]`, rows interleaving gate and up.
+    pub(crate) gate_up: Mxfp4Experts,
+    /// `[E · 2I]`.
+    pub(crate) gate_up_bias: Vec<f32>,
+    /// `[E, d, I]`.
+    pub(crate) down: Mxfp4Experts,
+    /// `[E · d]`.
+    pub(crate) down_bias: Vec<f32>,
+}
+
+/// One decoder layer.
+#[derive(Debug)]
+pub struct LayerWeights {
+    pub(crate) input_norm: Vec<f32>,
+    pub(crate) post_norm: Vec<f32>,
+    pub(crate) attn: AttnWeights,
+    pub(crate) moe: MoeWeights,
+}
+
+/// Every tensor of the model.
+#[derive(Debug)]
+pub struct GptOssWeights {
+    pub(crate) embed: Linear,
+    pub(crate) lm_head: Linear,
+    pub(crate) norm: Vec<f32>,
+    pub(crate) layers: Vec<LayerWeights>,
+}
+
+/// Names a checkpoint error after the family.
+fn in_family(e: ModelError) -> ModelError {
+    match e {
+        ModelError::Checkpoint(source) => ModelError::FamilyTensor { family: FAMILY, source },
+        e => e,
+    }
+}
+
+impl GptOssWeights {
+    /// Resolves and checks every tensor the config names.
+    pub fn load(ckpt: &Checkpoint, c: &GptOssConfig) -> Result<Self, ModelError> {
+        Self::load_inner(ckpt, c).map_err(in_family)
+    }
+
+    fn load_inner(ckpt: &Checkpoint, c: &GptOssConfig) -> Result<Self, ModelError> {
+        let r = Roster { ckpt, prefix: ckpt.name_prefix() };
+        let (d, e, inter) = (c.hidden_size, c.num_local_experts, c.intermediate_size);
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for i in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let attn = AttnWeights {
+                q_proj: r.mat(&format!("{a}.q_proj.weight"), c.q_width(), d)?,
+                k_proj: r.mat(&format!("{a}.k_proj.weight"), c.kv_width(), d)?,
+                v_proj: r.mat(&format!("{a}.v_proj.weight"), c.kv_width(), d)?,
+                o_proj: r.mat(&format!("{a}.o_proj.weight"), d, c.q_width())?,
+                q_bias: r.vec(&format!("{a}.q_proj.bias"), c.q_width())?,
+                k_bias: r.vec(&format!("{a}.k_proj.bias"), c.kv_width())?,
+                v_bias: r.vec(&format!("{a}.v_proj.bias"), c.kv_width())?,
+                o_bias: r.vec(&format!("{a}.o_proj.bias"), d)?,
+                sinks: r.vec(&format!("{a}.sinks"), c.num_attention_heads)?,
+            };
+            let x = format!("{p}.mlp.experts");
+            let moe = MoeWeights {
+                router: r.mat(&format!("{p}.mlp.router.weight"), e, d)?,
+                router_bias: r.vec(&format!("{p}.mlp.router.bias"), e)?,
+                gate_up: mxfp4(&r, &format!("{x}.gate_up_proj"), e, 2 * inter, d)?,
+                gate_up_bias: matrix_vec(&r, &format!("{x}.gate_up_proj_bias"), e, 2 * inter)?,
+                down: mxfp4(&r, &format!("{x}.down_proj"), e, d, inter)?,
+                down_bias: matrix_vec(&r, &format!("{x}.down_proj_bias"), e, d)?,
+            };
+            layers.push(LayerWeights {
+                input_norm: r.vec(&format!("{p}.input_layernorm.weight"), d)?,
+                post_norm: r.vec(&format!("{p}.post_attention_layernorm.weight"), d)?,
+                attn,
+                moe,
+            });
+        }
+        let embed = r.mat("model.embed_tokens.weight", c.vocab_size, d)?;
+        let lm_head = if c.tie_word_embeddings {
+            embed.clone()
+        } else {
+            r.mat("lm_head.weight", c.vocab_size, d)?
+        };
+        Ok(Self { embed, lm_head, norm: r.vec("model.norm.weight", d)?, layers })
+    }
+
+    /// Bytes of the non-expert weight matrices a pass reads (attention, routers, embedding, an
+    /// untied lm_head).
+    pub fn dense_byte_len(&self, tied: bool) -> u64 {
+        let layer: u64 = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj, &l.moe.router]
+                    .iter()
+                    .map(|m| m.byte_len())
+                    .sum::<u64>()
+            })
+            .sum();
+        layer + self.embed.byte_len() + if tied { 0 } else { self.lm_head.byte_len() }
+    }
+
+    /// Bytes of one routed expert (both MXFP4 matrices; biases not counted).
+    pub fn expert_byte_len(&self) -> u64 {
+        self.layers
+            .first()
+            .map_or(0, |l| l.moe.gate_up.expert_byte_len() + l.moe.down.expert_byte_len())
+    }
+}
+
+/// `{p}_blocks` U8 `[E, rows, cols/32, 16]` and `{p}_scales` U8 `[E, rows, cols/32]`.
+fn mxfp4(r: &Roster<'_>, p: &str, e: usize, rows: usize, cols: usize) -> Result<Mxfp4Experts, ModelError> {
+    let (e64, r64, b64) = (e as u64, rows as u64, (cols / 32) as u64);
+    let name = |s: &str| format!("{}{p}_{s}", r.prefix);
+    let blocks = r.ckpt.expect(&name("blocks"), DType::U8, &[e64, r64, b64, 16])?.clone();
+    let scales = r.ckpt.expect(&name("scales"), DType::U8, &[e64, r64, b64])?.clone();
+    Ok(Mxfp4Experts { blocks, scales, rows, cols })
+}
+
+/// A bf16/f32 `[e, n]` tensor widened to f32, row-major.
+fn matrix_vec(r: &Roster<'_>, name: &str, e: usize, n: usize) -> Result<Vec<f32>, ModelError> {
+    let entry = r.entry(name)?;
+    if entry.shape != [e as u64, n as u64] {
+        return Err(r.shape_err(name, entry, &[e, n]));
+    }
+    // The same widening as a vector of e·n values.
+    r.vec_of(name, entry)
+}
