@@ -161,7 +161,9 @@ impl Model {
     pub fn spine_stats(&self) -> sluice_store::SpineStats {
         match self {
             Self::KimiK3(m) => m.spine_stats(),
-            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) => sluice_store::SpineStats::default(),
+            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) => {
+                sluice_store::SpineStats::default()
+            }
         }
     }
 
@@ -191,7 +193,9 @@ impl Model {
             Self::KimiK3(m) => m.experts().stats(),
             // A dense model has no expert store; Qwen3-MoE and GPT-OSS read their experts in
             // place (for now).
-            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) => sluice_store::StoreStats::default(),
+            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) => {
+                sluice_store::StoreStats::default()
+            }
         }
     }
 

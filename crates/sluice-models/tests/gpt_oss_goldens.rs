@@ -25,8 +25,8 @@ mod common;
 
 use common::{argmax, max_abs, rel_l2, Golden};
 use sluice_checkpoint::Checkpoint;
-use sluice_models::qwen3::Trace;
 use sluice_models::gpt_oss::GptOss;
+use sluice_models::qwen3::Trace;
 use sluice_models::{LogitRows, Model};
 use std::path::PathBuf;
 use std::sync::Arc;

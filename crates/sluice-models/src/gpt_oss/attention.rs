@@ -57,7 +57,8 @@ pub(crate) fn forward(
     let mut v = ctx.mm(&w.v_proj, x, t);
     add_bias(&mut v, &w.v_bias);
     for ti in 0..t {
-        let (cos, sin) = (&rope.cos[ti * half..(ti + 1) * half], &rope.sin[ti * half..(ti + 1) * half]);
+        let (cos, sin) =
+            (&rope.cos[ti * half..(ti + 1) * half], &rope.sin[ti * half..(ti + 1) * half]);
         for head in q[ti * qw..(ti + 1) * qw].chunks_exact_mut(hd) {
             apply(head, cos, sin);
         }
@@ -123,7 +124,8 @@ pub(crate) fn forward(
     let mut attn = vec![0.0f32; t * qw];
     for (h, out) in per_head.iter().enumerate() {
         for ti in 0..t {
-            attn[ti * qw + h * hd..ti * qw + (h + 1) * hd].copy_from_slice(&out[ti * hd..(ti + 1) * hd]);
+            attn[ti * qw + h * hd..ti * qw + (h + 1) * hd]
+                .copy_from_slice(&out[ti * hd..(ti + 1) * hd]);
         }
     }
     let mut o = ctx.mm(&w.o_proj, &attn, t);

@@ -140,7 +140,9 @@ impl GptOssConfig {
             ));
         }
         if !raw.attention_bias {
-            return bad("attention_bias = false is not supported (GPT-OSS has q/k/v/o biases)".into());
+            return bad(
+                "attention_bias = false is not supported (GPT-OSS has q/k/v/o biases)".into()
+            );
         }
         let heads = raw.num_attention_heads;
         let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
@@ -164,15 +166,22 @@ impl GptOssConfig {
             return bad(format!("{key} must be positive"));
         }
         if k > raw.num_local_experts {
-            return bad(format!("num_experts_per_tok {k} exceeds num_local_experts {}", raw.num_local_experts));
+            return bad(format!(
+                "num_experts_per_tok {k} exceeds num_local_experts {}",
+                raw.num_local_experts
+            ));
         }
         if !heads.is_multiple_of(kv_heads) {
-            return bad(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"));
+            return bad(format!(
+                "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+            ));
         }
         if !head_dim.is_multiple_of(2) {
             return bad(format!("head_dim {head_dim} must be even"));
         }
-        for (key, v) in [("hidden_size", raw.hidden_size), ("intermediate_size", raw.intermediate_size)] {
+        for (key, v) in
+            [("hidden_size", raw.hidden_size), ("intermediate_size", raw.intermediate_size)]
+        {
             if !v.is_multiple_of(32) {
                 return bad(format!("{key} {v} is not a multiple of the MXFP4 block (32)"));
             }
@@ -213,7 +222,10 @@ impl GptOssConfig {
             return bad(format!("swiglu_limit {limit} must be finite and positive"));
         }
         if !(raw.rms_norm_eps.is_finite() && raw.rms_norm_eps >= 0.0) {
-            return bad(format!("rms_norm_eps {} must be finite and non-negative", raw.rms_norm_eps));
+            return bad(format!(
+                "rms_norm_eps {} must be finite and non-negative",
+                raw.rms_norm_eps
+            ));
         }
         let (rope_theta, yarn) = rope(&raw)?;
         #[allow(clippy::cast_possible_truncation)]
@@ -279,7 +291,9 @@ fn rope(raw: &RawConfig) -> Result<(f64, Yarn), ModelError> {
         return bad(format!("rope_theta {theta} must be a finite number above 1"));
     }
     if num(obj, "partial_rotary_factor")?.is_some_and(|f| f != 1.0) {
-        return bad("partial_rotary_factor is not supported (GPT-OSS rotates the whole head)".into());
+        return bad(
+            "partial_rotary_factor is not supported (GPT-OSS rotates the whole head)".into()
+        );
     }
     let Some(orig) = num(obj, "original_max_position_embeddings")? else {
         return bad("yarn needs original_max_position_embeddings".into());
@@ -288,15 +302,21 @@ fn rope(raw: &RawConfig) -> Result<(f64, Yarn), ModelError> {
         return bad("yarn needs factor".into());
     };
     if !(factor.is_finite() && factor >= 1.0 && orig.is_finite() && orig > 0.0) {
-        return bad(format!("yarn factor {factor} / original_max_position_embeddings {orig} are out of range"));
+        return bad(format!(
+            "yarn factor {factor} / original_max_position_embeddings {orig} are out of range"
+        ));
     }
     if num(obj, "mscale")?.is_some() || num(obj, "mscale_all_dim")?.is_some() {
         return bad("yarn mscale / mscale_all_dim are not supported (GPT-OSS has neither)".into());
     }
     // transformers: `beta_fast = rope_parameters.get("beta_fast") or 32` (0 falls back too).
-    let beta = |k: &str, d: f64| Ok::<f64, ModelError>(num(obj, k)?.filter(|&b| b != 0.0).unwrap_or(d));
-    let attention_factor =
-        num(obj, "attention_factor")?.unwrap_or(if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 });
+    let beta =
+        |k: &str, d: f64| Ok::<f64, ModelError>(num(obj, k)?.filter(|&b| b != 0.0).unwrap_or(d));
+    let attention_factor = num(obj, "attention_factor")?.unwrap_or(if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * factor.ln() + 1.0
+    });
     let truncate = obj.get("truncate").and_then(Value::as_bool).unwrap_or(true);
     let yarn = Yarn {
         factor,

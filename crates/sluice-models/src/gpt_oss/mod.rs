@@ -111,7 +111,8 @@ impl GptOss {
         }
         if !state.fits(c.num_hidden_layers, c.kv_width()) {
             return Err(ModelError::Config(
-                "the state passed to the gpt_oss model was made for a model of another shape".into(),
+                "the state passed to the gpt_oss model was made for a model of another shape"
+                    .into(),
             ));
         }
         if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab_size) {

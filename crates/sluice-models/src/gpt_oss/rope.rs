@@ -133,7 +133,10 @@ mod tests {
         assert_eq!(inv[0], 1.0, "the fastest pair keeps its frequency");
         let plain = 150_000f64.powf(-62.0 / 64.0);
         let last = f64::from(inv[31]);
-        assert!((last - plain / 32.0).abs() < plain * 1e-5, "the slowest pair is divided by factor");
+        assert!(
+            (last - plain / 32.0).abs() < plain * 1e-5,
+            "the slowest pair is divided by factor"
+        );
     }
 
     #[test]

@@ -188,7 +188,13 @@ impl GptOssWeights {
 }
 
 /// `{p}_blocks` U8 `[E, rows, cols/32, 16]` and `{p}_scales` U8 `[E, rows, cols/32]`.
-fn mxfp4(r: &Roster<'_>, p: &str, e: usize, rows: usize, cols: usize) -> Result<Mxfp4Experts, ModelError> {
+fn mxfp4(
+    r: &Roster<'_>,
+    p: &str,
+    e: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<Mxfp4Experts, ModelError> {
     let (e64, r64, b64) = (e as u64, rows as u64, (cols / 32) as u64);
     let name = |s: &str| format!("{}{p}_{s}", r.prefix);
     let blocks = r.ckpt.expect(&name("blocks"), DType::U8, &[e64, r64, b64, 16])?.clone();

@@ -40,8 +40,9 @@ pub struct Expert {
 /// The feed-forward half of a layer.
 #[derive(Debug)]
 pub enum Ffn {
-    /// `Qwen3MoeMLP` (a `mlp_only_layers` layer or one `decoder_sparse_step` skips).
-    Dense(Expert),
+    /// `Qwen3MoeMLP` (a `mlp_only_layers` layer or one `decoder_sparse_step` skips); boxed so
+    /// that a layer's `Ffn` is as small as the MoE variant.
+    Dense(Box<Expert>),
     /// `Qwen3MoeSparseMoeBlock`: router `[E, d]` and the experts in id order.
     Moe {
         /// `mlp.gate.weight`.
@@ -95,11 +96,13 @@ impl Qwen3MoeWeights {
                 check_expert_count(&r, &p, c)?;
                 let router = r.mat(&format!("{p}.mlp.gate.weight"), c.num_experts, d)?;
                 let experts = (0..c.num_experts)
-                    .map(|e| expert(&r, &format!("{p}.mlp.experts.{e}"), c.moe_intermediate_size, d))
+                    .map(|e| {
+                        expert(&r, &format!("{p}.mlp.experts.{e}"), c.moe_intermediate_size, d)
+                    })
                     .collect::<Result<_, _>>()?;
                 Ffn::Moe { router, experts }
             } else {
-                Ffn::Dense(expert(&r, &format!("{p}.mlp"), b.intermediate_size, d)?)
+                Ffn::Dense(Box::new(expert(&r, &format!("{p}.mlp"), b.intermediate_size, d)?))
             };
             layers.push(LayerWeights {
                 input_norm: r.vec(&format!("{p}.input_layernorm.weight"), d)?,
@@ -180,6 +183,10 @@ fn check_expert_count(r: &Roster<'_>, p: &str, c: &Qwen3MoeConfig) -> Result<(),
         "{FAMILY}: config.json says num_experts = {} but the checkpoint has {} experts in \
          {p}: tensor {tensor} {what}",
         c.num_experts,
-        if present > c.num_experts { format!("more than {}", c.num_experts) } else { present.to_string() },
+        if present > c.num_experts {
+            format!("more than {}", c.num_experts)
+        } else {
+            present.to_string()
+        },
     )))
 }
