@@ -196,3 +196,32 @@ fn rolled_back_rows_leave_no_trace() {
     let want = m.forward(&mut b, &[1], LogitRows::Last, None).unwrap();
     assert_eq!(got, want);
 }
+
+#[test]
+fn a_verified_draft_with_a_wrong_tail_continues_exactly_as_plain_decoding() {
+    let m = load("tiny-b");
+    let g = Golden::load_dir(&fixture("tiny-b"));
+    let run = &g.json["greedy"].as_array().unwrap()[1];
+    let (prompt, want) = (json_ids(&run["prompt"]), json_ids(&run["tokens"]));
+    let mut st = m.new_state();
+    let first = m.forward(&mut st, &prompt, LogitRows::Last, None).unwrap();
+    st.commit(prompt.len());
+    assert_eq!(argmax(&first), want[0]);
+    // Verify [t0, t1, t2, wrong, wrong]: rows 0..3 confirm t1..t3, the rest is rolled back.
+    let wrong = (want[3] + 1) % 7;
+    let draft = [want[0], want[1], want[2], wrong, wrong];
+    let rows = m.forward(&mut st, &draft, LogitRows::All, None).unwrap();
+    let vocab = rows.len() / draft.len();
+    let got: Vec<u32> = rows.chunks_exact(vocab).map(argmax).collect();
+    assert_eq!(got[..3], want[1..4], "the verified rows give the greedy tokens");
+    st.commit(3);
+    let mut tok = got[2];
+    let mut out = want[..3].to_vec();
+    while out.len() < want.len() {
+        out.push(tok);
+        let l = m.forward(&mut st, &[tok], LogitRows::Last, None).unwrap();
+        st.commit(1);
+        tok = argmax(&l);
+    }
+    assert_eq!(out, want);
+}
