@@ -12,6 +12,8 @@ use crate::ModelError;
 use serde::Deserialize;
 use serde_json::Value;
 
+/// `GptOssConfig.head_dim`'s default.
+const DEFAULT_HEAD_DIM: usize = 64;
 /// `GptOssConfig.default_theta`.
 const DEFAULT_ROPE_THETA: f64 = 150_000.0;
 /// `GptOssExperts.alpha` (a constant of the model, not a config key).
@@ -146,7 +148,8 @@ impl GptOssConfig {
         }
         let heads = raw.num_attention_heads;
         let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
-        let head_dim = raw.head_dim.unwrap_or(raw.hidden_size / heads.max(1));
+        // `GptOssConfig.head_dim` defaults to 64 (not hidden_size / heads: 2880 / 64 = 45).
+        let head_dim = raw.head_dim.unwrap_or(DEFAULT_HEAD_DIM);
         let k = raw.num_experts_per_tok.or(raw.experts_per_token).unwrap_or(4);
         if let Some(other) = raw.experts_per_token.filter(|&o| o != k) {
             return bad(format!("num_experts_per_tok {k} contradicts experts_per_token {other}"));
@@ -327,4 +330,38 @@ fn rope(raw: &RawConfig) -> Result<(f64, Yarn), ModelError> {
         attention_factor,
     };
     Ok((theta, yarn))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base() -> Value {
+        json!({
+            "vocab_size": 512, "hidden_size": 64, "intermediate_size": 64,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "num_local_experts": 8, "quantization_config": {"quant_method": "mxfp4"}
+        })
+    }
+
+    #[test]
+    fn defaults_follow_transformers() {
+        let c = GptOssConfig::from_json(&base()).expect("defaults");
+        assert_eq!(c.head_dim, 64, "head_dim defaults to 64, not hidden / heads");
+        assert_eq!((c.num_experts_per_tok, c.sliding_window), (4, 128));
+        assert_eq!(c.layer_types, [AttnKind::Sliding, AttnKind::Full, AttnKind::Sliding]);
+        assert_eq!(c.rope_theta, 150_000.0);
+        assert_eq!((c.yarn.factor, c.yarn.truncate), (32.0, false));
+        assert!((c.yarn.attention_factor - (0.1 * 32f64.ln() + 1.0)).abs() < 1e-12);
+        assert_eq!(c.swiglu_limit, 7.0);
+    }
+
+    #[test]
+    fn shapes_the_mxfp4_blocks_cannot_hold_are_refused() {
+        let mut v = base();
+        v["intermediate_size"] = json!(48);
+        let e = GptOssConfig::from_json(&v).expect_err("48 is not a multiple of 32").to_string();
+        assert!(e.contains("intermediate_size 48"), "{e}");
+    }
 }
