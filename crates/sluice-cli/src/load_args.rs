@@ -47,7 +47,7 @@ pub enum SpineArg {
 pub struct LoadArgs {
     /// Memory budget (e.g. 24G, 6G, 512M). Default: 85% of physical memory or the cgroup limit,
     /// minus 512 MiB.
-    #[arg(long, value_parser = values::size, allow_negative_numbers = true)]
+    #[arg(long, value_parser = values::size, allow_hyphen_values = true)]
     pub(crate) memory: Option<u64>,
     /// Where routed experts come from.
     #[arg(long, value_enum, default_value_t = ExpertsArg::Auto)]
@@ -88,7 +88,7 @@ pub struct LoadArgs {
     pub(crate) spine_placement: SpineMode,
     /// Stream installs: most disk space for routed experts fetched from the hub (e.g. 200G).
     /// Default: what is cached plus the volume's free space less 2% + 1 GiB.
-    #[arg(long, value_parser = values::size, allow_negative_numbers = true)]
+    #[arg(long, value_parser = values::size, allow_hyphen_values = true)]
     pub(crate) disk_cache: Option<u64>,
 }
 
@@ -116,8 +116,8 @@ impl LoadArgs {
                     "sluice: warning: --memory {} is more than this machine has ({}, physical \
                      memory or the cgroup limit); the plan will count on memory that is not \
                      there, and the system may kill sluice when it runs out",
-                    gib(m),
-                    gib(have)
+                    human(m),
+                    human(have)
                 );
             }
         }
@@ -156,9 +156,13 @@ impl LoadArgs {
     }
 }
 
-/// `bytes` in GiB, labelled.
-pub fn gib(bytes: u64) -> String {
+/// `bytes` in GiB (TiB from 1 TiB), labelled.
+fn human(bytes: u64) -> String {
     #[allow(clippy::cast_precision_loss)]
     let g = bytes as f64 / f64::from(1u32 << 30);
-    format!("{g:.2} GiB")
+    if g >= 1024.0 {
+        format!("{:.2} TiB", g / 1024.0)
+    } else {
+        format!("{g:.2} GiB")
+    }
 }

@@ -81,8 +81,10 @@ fn prompt_text(s: &str) -> Result<String, String> {
 
 /// Parses one id of `--prompt-ids`.
 fn token_id(s: &str) -> Result<u32, String> {
-    let n = values::count(s).map_err(|e| format!("token ids {e}"))?;
-    u32::try_from(n).map_err(|_| format!("{n} is not a token id (ids are below 2^32)"))
+    if s.trim_start().starts_with('-') {
+        return Err("token ids cannot be negative".into());
+    }
+    s.trim().parse().map_err(|_| format!("{s:?} is not a token id (give ids like 1,2,3)"))
 }
 
 /// Runs the command.
@@ -104,10 +106,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
             .map(|c| format!(" (this checkpoint allows up to {c})"))
             .unwrap_or_default();
         bail!(
-            "the prompt ({} tokens) plus --max-new {} is {needed} tokens, more than the context \
-             of {context} tokens (--context {context}{given}); pass --context {needed} or more{allows}, \
+            "the prompt ({}) plus --max-new {} is {needed} tokens, more than the context of \
+             {context} tokens (--context {context}{given}); pass --context {needed} or more{allows}, \
              or a smaller --max-new",
-            prompt_ids.len(),
+            tokens(prompt_ids.len()),
             a.max_new
         );
     }
@@ -174,6 +176,15 @@ pub fn run(a: &RunArgs) -> Result<()> {
         std::process::exit(interrupt::exit_code(sig));
     }
     Ok(())
+}
+
+/// `n tokens`, or `1 token`.
+fn tokens(n: usize) -> String {
+    if n == 1 {
+        "1 token".into()
+    } else {
+        format!("{n} tokens")
+    }
 }
 
 /// The prompt's ids: `--prompt-ids` as given, or `--prompt` through the tokenizer (as a chat

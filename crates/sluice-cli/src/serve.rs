@@ -68,7 +68,7 @@ pub struct ServeArgs {
     checkpoint_every: usize,
     /// Memory for stored conversation state (e.g. 1G, 512M; 0 disables reuse), charged to
     /// the --memory budget.
-    #[arg(long, value_parser = values::size_or_zero, allow_negative_numbers = true,
+    #[arg(long, value_parser = values::size_or_zero, allow_hyphen_values = true,
           default_value = "1G")]
     session_memory: u64,
     /// Most conversations whose state is kept.

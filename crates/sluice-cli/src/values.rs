@@ -1,8 +1,9 @@
 //! Typed values of command-line flags, parsed by clap (`value_parser = …`), so that a bad value
 //! is refused with the flag's name and a reason before any work starts: sizes (`24G`), counts
 //! (never negative), positive counts and fractions. Numeric flags also set
-//! `allow_negative_numbers`, so that `--max-new -1` reaches these parsers and is answered
-//! "cannot be negative" instead of clap's "unexpected argument '-1'".
+//! `allow_negative_numbers` (sizes, which are not plain numbers, `allow_hyphen_values`), so
+//! that `--max-new -1` reaches these parsers and is answered "cannot be negative" instead of
+//! clap's "unexpected argument '-1'".
 
 use sluice_engine::plan::parse_size;
 
