@@ -73,8 +73,9 @@ pub struct LoadArgs {
     /// Exactly this many expert-cache slots (for tests and benchmarks).
     #[arg(long, value_parser = values::positive, allow_negative_numbers = true)]
     pub(crate) cache_slots: Option<usize>,
-    /// Most prompt + generated tokens, which the sequence state is planned for (default: 4096
-    /// for `run`; for `serve` the checkpoint's max_position_embeddings, at most 32768).
+    /// Most prompt + generated tokens, which the sequence state is planned for (default: for
+    /// `run` the prompt plus --max-new, at least 4096; for `serve` the checkpoint's
+    /// max_position_embeddings, at most 32768; never above max_position_embeddings).
     #[arg(long, value_parser = values::positive, allow_negative_numbers = true)]
     pub(crate) context: Option<usize>,
     /// Spine precision: bf16 (as published) or int8 (the lossy `sluice convert` output: the

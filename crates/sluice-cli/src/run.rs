@@ -22,7 +22,7 @@ use sluice_engine::{
 use sluice_tokenizer::chat::{render_k3, ChatMessage, ChatOptions, Role};
 use std::path::{Path, PathBuf};
 
-/// The context `run` plans for when `--context` is not given.
+/// The least context `run` plans for when `--context` is not given.
 const DEFAULT_CONTEXT: usize = 4096;
 
 /// Flags of `sluice run`.
@@ -44,7 +44,8 @@ pub struct RunArgs {
     /// With --chat: no thinking channel (opens the response directly).
     #[arg(long, requires = "chat")]
     no_think: bool,
-    /// Most new tokens to generate; the prompt plus this must fit in --context.
+    /// Most new tokens to generate; the prompt plus this must fit in --context (without
+    /// --context, the context is planned for them, up to the checkpoint's limit).
     #[arg(long, value_parser = values::count, allow_negative_numbers = true, default_value_t = 32)]
     max_new: usize,
     /// Print run statistics to stderr.
@@ -93,26 +94,36 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if let Some(p) = &a.dump_logits {
         check_writable(p)?;
     }
-    let context = a.load.context.unwrap_or(DEFAULT_CONTEXT);
-    let load_opts = a.load.options(context);
-    let target = Target::find(a.model.as_deref(), load_opts.spine, "using")?;
-    target.check_context(context)?;
+    let target = Target::find(a.model.as_deref(), a.load.spine(), "using")?;
     let prompt_ids = prompt_ids(a, &target)?;
     let needed = prompt_ids.len() + a.max_new;
+    // Without --context the state is planned for what this run can use (at least
+    // DEFAULT_CONTEXT), up to what the checkpoint allows.
+    let context = a.load.context.unwrap_or_else(|| {
+        needed.max(DEFAULT_CONTEXT).min(target.max_context.unwrap_or(usize::MAX))
+    });
+    target.check_context(context)?;
     if needed > context {
-        let given = if a.load.context.is_some() { "" } else { ", the default" };
-        let allows = target
-            .max_context
-            .map(|c| format!(" (this checkpoint allows up to {c})"))
-            .unwrap_or_default();
+        let fix = match (a.load.context, target.max_context) {
+            (Some(_), Some(m)) if needed <= m => format!(
+                "pass --context {needed} or more (this checkpoint allows up to {m}), or a \
+                 smaller --max-new"
+            ),
+            (Some(_), None) => format!("pass --context {needed} or more, or a smaller --max-new"),
+            (_, m) => format!(
+                "the checkpoint allows at most {} (max_position_embeddings): give a smaller \
+                 --max-new",
+                m.unwrap_or(context)
+            ),
+        };
         bail!(
             "the prompt ({}) plus --max-new {} is {needed} tokens, more than the context of \
-             {context} tokens (--context {context}{given}); pass --context {needed} or more{allows}, \
-             or a smaller --max-new",
+             {context} tokens; {fix}",
             tokens(prompt_ids.len()),
             a.max_new
         );
     }
+    let load_opts = a.load.options(context);
     if matches!(a.draft, DraftArg::Model(_)) {
         target.tokenizer("--draft DIR needs them to re-encode draft text")?;
     }

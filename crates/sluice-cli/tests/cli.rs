@@ -376,11 +376,13 @@ fn run_ignored_its_context() {
     assert!(!o.status.success(), "3 + 10 tokens do not fit a context of 8: {err}");
     assert!(err.contains("13 tokens") && err.contains("context of 8"), "{err}");
     assert!(!loaded(&err), "refused before loading: {err}");
-    // The default context (4096) is enforced too, and says how to raise it.
+    assert!(err.contains("pass --context 13 or more"), "says how to fit: {err}");
+    // Without --context the context is planned for the run, up to the checkpoint's limit.
     let o =
-        sluice(&["run", "--model", &fx, "--prompt-ids", "1", "--max-new", "5000"], cache.path());
+        sluice(&["run", "--model", &fx, "--prompt-ids", "1", "--max-new", "1048576"], cache.path());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("--context 5001"), "{err}");
+    assert!(!o.status.success() && err.contains("allows at most 1048576"), "{err}");
+    assert!(!loaded(&err), "{err}");
     let o = sluice(&["run", "--model", &fx, "--prompt-ids", "1", "--context", "0"], cache.path());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("--context") && !loaded(&err), "{err}");
