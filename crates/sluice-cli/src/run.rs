@@ -20,6 +20,7 @@ use sluice_engine::{
     generate, Drafter, GenerateOptions, ModelDrafter, NgramDrafter, OnToken, Sampling,
 };
 use sluice_tokenizer::chat::{render_k3, ChatMessage, ChatOptions, Role};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// The least context `run` plans for when `--context` is not given.
@@ -175,12 +176,15 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     if a.json {
         let v = run_output::json(&target, &opened, &prompt_ids, &out)?;
-        println!("{v}");
+        // Not println!, which panics on a closed stdout.
+        writeln!(std::io::stdout(), "{v}").context("writing the JSON to stdout")?;
     }
     if a.stats {
         run_output::print_stats(&opened, &out);
     }
-    if let Some(e) = write_error {
+    // A reader that stopped reading (`| head`) ended the run quietly, as it ends `cat`; any
+    // other failure to write is an error.
+    if let Some(e) = write_error.filter(|e| e.kind() != std::io::ErrorKind::BrokenPipe) {
         return Err(e).context("writing the output to stdout (generation stopped)");
     }
     if let Some(sig) = interrupt::received() {

@@ -426,3 +426,20 @@ fn argument_errors_were_reported_after_loading() {
         err.find("more than this machine has").unwrap_or_else(|| panic!("no warning: {err}"));
     assert!(err[..warn].lines().all(|l| !loaded(l)), "warned before loading: {err}");
 }
+
+#[test]
+fn run_kept_generating_after_its_reader_left() {
+    // `sluice run … | head -c 10`: once the reader is gone, generation stops at once and the run
+    // ends quietly (100000 tokens would otherwise run for minutes).
+    let cache = tempfile::tempdir().unwrap();
+    let fx = fixture("tiny-a");
+    let args =
+        ["run", "--model", &fx, "--prompt", "Hello", "--max-new", "100000", "--context", "100010"];
+    let mut r = Running::start(&[&args[..], &["--stats"]].concat(), cache.path());
+    r.first_output();
+    // Hang up: dropping the receiver ends the reader thread, which closes the pipe.
+    drop(std::mem::replace(&mut r.stdout, std::sync::mpsc::channel().1));
+    let (status, _, err) = r.finish(Vec::new());
+    assert!(status.success(), "a closed stdout ends the run quietly: {err}");
+    assert!(err.contains("finish cancelled") && !err.contains("panicked"), "{err}");
+}
