@@ -6,13 +6,17 @@ mod bench_report;
 mod convert;
 mod doctor;
 mod inspect;
+mod interrupt;
 mod load_args;
 mod npy;
+mod open;
 mod probe;
 mod pull;
 mod run;
+mod run_output;
 mod serve;
 mod synth;
+mod values;
 mod verify;
 
 use anyhow::Result;

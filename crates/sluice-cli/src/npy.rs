@@ -2,7 +2,12 @@
 
 use anyhow::{Context, Result};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// The temporary file [`write_f32_2d`] writes before renaming it to `path`.
+pub fn temp_path(path: &Path) -> PathBuf {
+    path.with_extension("npy.tmp")
+}
 
 /// Writes `rows` (each `cols` long) as a `[rows, cols]` f32 array at `path` (temp + fsync + rename).
 pub fn write_f32_2d(path: &Path, rows: &[Vec<f32>], cols: usize) -> Result<()> {
@@ -16,7 +21,7 @@ pub fn write_f32_2d(path: &Path, rows: &[Vec<f32>], cols: usize) -> Result<()> {
     header.push_str(&" ".repeat((64 - unpadded % 64) % 64));
     header.push('\n');
     let hlen = u16::try_from(header.len()).context("npy header too long")?;
-    let tmp = path.with_extension("npy.tmp");
+    let tmp = temp_path(path);
     let mut f =
         std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let mut buf = Vec::with_capacity(10 + header.len() + rows.len() * cols * 4);

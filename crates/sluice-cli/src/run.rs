@@ -1,48 +1,59 @@
-//! `sluice run`: load a checkpoint (or the built-in demo), tokenize or take ids, decode
-//! greedily, and print text, stats or one JSON object.
+//! `sluice run`: check every argument, find the checkpoint (or the built-in demo) and tokenize
+//! the prompt, check the prompt against the vocabulary and the context, and only then load the
+//! model and decode greedily — so a mistake never costs a load or a generation.
+//!
+//! Text streams to stdout as tokens are committed (UTF-8 safe across token boundaries);
+//! `--json` prints one object at the end instead. Ctrl-C or SIGTERM stops generation after the
+//! current pass: the output so far, the logits (`--dump-logits`) and the statistics are still
+//! written, `finish_reason` is `interrupted`, and the exit status is the conventional 130
+//! (SIGINT) or 143 (SIGTERM). A second signal ends the process at once.
 
+use crate::interrupt;
 use crate::load_args::LoadArgs;
 use crate::npy;
+use crate::open::{self, DraftArg, Target};
+use crate::run_output::{self, Sink};
+use crate::values;
 use anyhow::{bail, Context, Result};
-use clap::Args;
-use serde_json::json;
-use sluice_engine::demo::{cache_dir, ensure_demo_model};
-use sluice_engine::load;
+use clap::{ArgGroup, Args};
 use sluice_engine::{
-    generate, layer_stats, DraftModel, Drafter, GenerateOptions, ModelDrafter, NgramDrafter,
-    Sampling,
+    generate, Drafter, GenerateOptions, ModelDrafter, NgramDrafter, OnToken, Sampling,
 };
 use sluice_tokenizer::chat::{render_k3, ChatMessage, ChatOptions, Role};
-use sluice_tokenizer::{Tokenizer, RANK_FILE};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Instant;
+
+/// The least context `run` plans for when `--context` is not given.
+const DEFAULT_CONTEXT: usize = 4096;
 
 /// Flags of `sluice run`.
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("input").required(true).args(["prompt", "prompt_ids"])))]
 pub struct RunArgs {
     /// Checkpoint directory; omit to use the built-in random-weight demo model.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Prompt text.
-    #[arg(long, conflicts_with = "prompt_ids")]
+    /// Prompt text (not empty).
+    #[arg(long, value_parser = prompt_text)]
     prompt: Option<String>,
     /// Prompt as comma-separated token ids (e.g. 1,2,3).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = token_id, allow_negative_numbers = true)]
     prompt_ids: Option<Vec<u32>>,
-    /// Render the prompt as one user turn in the model's chat format.
-    #[arg(long)]
+    /// Render the --prompt text as one user turn in the model's chat format.
+    #[arg(long, conflicts_with = "prompt_ids")]
     chat: bool,
     /// With --chat: no thinking channel (opens the response directly).
     #[arg(long, requires = "chat")]
     no_think: bool,
-    /// Most new tokens to generate.
-    #[arg(long, default_value_t = 32)]
+    /// Most new tokens to generate; the prompt plus this must fit in --context (without
+    /// --context, the context is planned for them, up to the checkpoint's limit).
+    #[arg(long, value_parser = values::count, allow_negative_numbers = true, default_value_t = 32)]
     max_new: usize,
     /// Print run statistics to stderr.
     #[arg(long)]
     stats: bool,
-    /// Print one JSON object (prompt_ids, generated_ids, text, stats) instead of text.
+    /// Print one JSON object (prompt_ids, generated_ids, text, finish_reason, stats) at the end
+    /// instead of streaming text.
     #[arg(long)]
     json: bool,
     /// Write the f32 logits of every generated step as an .npy array [steps, vocab].
@@ -50,89 +61,87 @@ pub struct RunArgs {
     dump_logits: Option<PathBuf>,
     /// Speculative drafts: `none`, `ngram` (prompt lookup), or the directory of a Qwen3 draft
     /// model (charged to --memory). Output is identical either way.
-    #[arg(long, default_value = "none")]
-    draft: String,
+    #[arg(long, value_parser = open::draft_arg, default_value = "none")]
+    draft: DraftArg,
     /// Most draft tokens verified per pass.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, value_parser = values::count, allow_negative_numbers = true, default_value_t = 8)]
     draft_max: usize,
     /// Prompt tokens per prefill pass (0: the whole prompt in one pass).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, value_parser = values::count, allow_negative_numbers = true, default_value_t = 0)]
     prefill_chunk: usize,
     #[command(flatten)]
     load: LoadArgs,
 }
 
+/// Parses `--prompt`: any text but the empty string.
+fn prompt_text(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("empty prompt: give some text".into());
+    }
+    Ok(s.to_owned())
+}
+
+/// Parses one id of `--prompt-ids`.
+fn token_id(s: &str) -> Result<u32, String> {
+    if s.trim_start().starts_with('-') {
+        return Err("token ids cannot be negative".into());
+    }
+    s.trim().parse().map_err(|_| format!("{s:?} is not a token id (give ids like 1,2,3)"))
+}
+
 /// Runs the command.
 pub fn run(a: &RunArgs) -> Result<()> {
-    let (dir, demo) = match &a.model {
-        Some(d) => (d.clone(), false),
-        None => (ensure_demo_model(&cache_dir()).context("writing the built-in demo model")?, true),
-    };
-    if demo {
-        eprintln!(
-            "sluice: no --model given; using the built-in demo model at {} \
-             (a tiny Kimi K3 layout with RANDOM weights: its text is meaningless by design)",
-            dir.display()
+    interrupt::install().context("installing the Ctrl-C handler")?;
+    if let Some(p) = &a.dump_logits {
+        check_writable(p)?;
+    }
+    let target = Target::find(a.model.as_deref(), a.load.spine(), "using")?;
+    let prompt_ids = prompt_ids(a, &target)?;
+    let needed = prompt_ids.len() + a.max_new;
+    // Without --context the state is planned for what this run can use (at least
+    // DEFAULT_CONTEXT), up to what the checkpoint allows.
+    let context = a.load.context.unwrap_or_else(|| {
+        needed.max(DEFAULT_CONTEXT).min(target.max_context.unwrap_or(usize::MAX))
+    });
+    target.check_context(context)?;
+    if needed > context {
+        let fix = match (a.load.context, target.max_context) {
+            (Some(_), Some(m)) if needed <= m => format!(
+                "pass --context {needed} or more (this checkpoint allows up to {m}), or a \
+                 smaller --max-new"
+            ),
+            (Some(_), None) => format!("pass --context {needed} or more, or a smaller --max-new"),
+            (_, m) => format!(
+                "the checkpoint allows at most {} (max_position_embeddings): give a smaller \
+                 --max-new",
+                m.unwrap_or(context)
+            ),
+        };
+        bail!(
+            "the prompt ({}) plus --max-new {} is {needed} tokens, more than the context of \
+             {context} tokens; {fix}",
+            tokens(prompt_ids.len()),
+            a.max_new
         );
     }
-    let t_load = Instant::now();
-    let draft_model = match a.draft.as_str() {
-        "none" | "ngram" => None,
-        path => Some(DraftModel::open(Path::new(path))?),
-    };
-    let mut load_opts = a.load.options()?;
-    load_opts.draft_bytes = draft_model.as_ref().map_or(0, |d| d.memory_needs(load_opts.context));
-    // The directory the spine choice reads (the int8 conversion for --spine int8).
-    let dir = sluice_engine::spine::resolve(&dir, load_opts.spine)?;
-    let loaded =
-        load::open(&dir, &load_opts).with_context(|| format!("loading {}", dir.display()))?;
-    let spine = load_opts.spine;
-    let reads = loaded.io_backend().map(|b| format!(", read with {b}")).unwrap_or_default();
-    match &loaded.plan {
-        Some(p) => {
-            eprintln!("sluice: spine {}; {p}; experts {}{reads}", spine.label(), loaded.mode);
-        }
-        None => eprintln!("sluice: spine {}; experts {}{reads}", spine.label(), loaded.mode),
+    let load_opts = a.load.options(context);
+    if matches!(a.draft, DraftArg::Model(_)) {
+        target.tokenizer("--draft DIR needs them to re-encode draft text")?;
     }
-    if !demo {
-        eprintln!("sluice: {}", sluice_engine::install::describe(&dir, &loaded));
-    }
-    let remote_stats = || loaded.streaming.as_ref().and_then(|s| s.disk_cache()).map(|d| d.stats());
-    let model = &loaded.model;
-    let load_s = t_load.elapsed().as_secs_f64();
-    // A checkpoint without tokenizer files still runs from --prompt-ids; broken files are an error.
-    let tok = if dir.join(RANK_FILE).exists() {
-        Some(Arc::new(
-            Tokenizer::from_dir(&dir)
-                .with_context(|| format!("loading the tokenizer of {}", dir.display()))?,
-        ))
-    } else {
-        None
+
+    let mut opened = target.load(load_opts, &a.draft)?;
+    let draft_model = opened.draft_model.take();
+    let model = &opened.loaded.model;
+    let tok = target.tok.as_deref();
+    let stop_ids: Vec<u32> = tok.and_then(|t| t.special_id("<|end_of_msg|>")).into_iter().collect();
+    let mut ngram = NgramDrafter::default();
+    let mut model_drafter =
+        draft_model.zip(target.tok.clone()).map(|(d, t)| ModelDrafter::new(d, t, context));
+    let drafter: Option<&mut dyn Drafter> = match &a.draft {
+        DraftArg::None => None,
+        DraftArg::Ngram => Some(&mut ngram),
+        DraftArg::Model(_) => model_drafter.as_mut().map(|d| d as &mut dyn Drafter),
     };
-    let prompt_ids: Vec<u32> = match (&a.prompt, &a.prompt_ids) {
-        (_, Some(ids)) => {
-            if a.chat {
-                bail!("--chat takes --prompt text, not --prompt-ids");
-            }
-            ids.clone()
-        }
-        (Some(text), None) => {
-            let t = tok.as_ref().with_context(|| format!("{}: no tokenizer files (tiktoken.model, tokenizer_config.json); pass --prompt-ids", dir.display()))?;
-            if a.chat {
-                let msgs = [ChatMessage::new(Role::User, text.clone())];
-                let opts = ChatOptions { thinking: !a.no_think, ..ChatOptions::default() };
-                render_k3(t, &msgs, &opts).context("rendering the chat prompt")?
-            } else {
-                t.encode_ordinary(text)
-            }
-        }
-        (None, None) => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
-    };
-    if prompt_ids.is_empty() {
-        bail!("empty prompt: the prompt encodes to no tokens");
-    }
-    let stop_ids: Vec<u32> =
-        tok.as_ref().and_then(|t| t.special_id("<|end_of_msg|>")).into_iter().collect();
     let opts = GenerateOptions {
         max_new: a.max_new,
         stop_ids,
@@ -141,130 +150,96 @@ pub fn run(a: &RunArgs) -> Result<()> {
         sampling: Sampling::greedy(),
         prefill_chunk: a.prefill_chunk,
         fixed_width: false,
+        interrupt: Some(interrupt::arm()),
     };
-    let mut ngram = NgramDrafter::default();
-    let mut model_drafter = match draft_model {
-        Some(d) => {
-            let t = tok.clone().with_context(|| {
-                format!(
-                    "--draft {}: the target {} has no tokenizer files to re-encode draft text with",
-                    d.dir().display(),
-                    dir.display()
-                )
-            })?;
-            Some(ModelDrafter::new(d, t, load_opts.context))
-        }
-        None => None,
-    };
-    let drafter: Option<&mut dyn Drafter> = match (a.draft.as_str(), model_drafter.as_mut()) {
-        ("none", _) => None,
-        ("ngram", _) => Some(&mut ngram),
-        (_, d) => d.map(|d| d as &mut dyn Drafter),
-    };
+    eprintln!("sluice: generating (Ctrl-C stops after the current pass and keeps the output)");
+    let mut sink = (!a.json).then(|| Sink::stdout(tok));
+    let mut on_token = |id: u32| sink.as_mut().is_none_or(|s| s.push(id));
     let mut state = model.new_state();
-    let out = generate(model, &mut state, &prompt_ids, &opts, drafter, None)?;
+    let on_token: OnToken<'_> = &mut on_token;
+    let out = generate(model, &mut state, &prompt_ids, &opts, drafter, Some(on_token));
+    // Whatever was streamed is ended with its line, even when the generation failed.
+    let write_error = sink.map(Sink::finish).and_then(Result::err);
+    let out = out?;
     if let Some(e) = model_drafter.as_ref().and_then(ModelDrafter::error) {
         eprintln!("sluice: warning: the draft model failed and drafting stopped: {e}");
     }
-    let text = tok.as_ref().map(|t| t.decode_lossy(&out.tokens)).transpose()?;
+    if let Some(sig) = interrupt::received() {
+        eprintln!(
+            "sluice: stopped by {} after the current pass ({} tokens generated)",
+            interrupt::name(sig),
+            out.tokens.len()
+        );
+    }
     if let Some(p) = &a.dump_logits {
         npy::write_f32_2d(p, &out.logits, model.vocab_size())?;
     }
     if a.json {
-        let v = json!({
-            "model": dir.display().to_string(),
-            "demo_model": demo,
-            "experts": loaded.mode,
-            "io_backend": loaded.io_backend(),
-            "spine": spine,
-            "plan": loaded.plan.as_ref().map(serde_json::to_value).transpose()?,
-            "prompt_ids": prompt_ids,
-            "generated_ids": out.tokens,
-            "text": text,
-            "stats": serde_json::to_value(&out.stats)?,
-            "load_s": load_s,
-            "remote": remote_stats().map(serde_json::to_value).transpose()?,
-        });
-        println!("{v}");
-    } else {
-        match &text {
-            Some(t) => println!("{t}"),
-            None => {
-                println!("{}", out.tokens.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
-            }
-        }
+        let v = run_output::json(&target, &opened, &prompt_ids, &out)?;
+        // Not println!, which panics on a closed stdout.
+        writeln!(std::io::stdout(), "{v}").context("writing the JSON to stdout")?;
     }
     if a.stats {
-        let s = &out.stats;
-        eprintln!(
-            "stats: load {load_s:.3}s, prompt {} tokens, prefill {:.3}s, generated {} tokens, {:.4} s/token, \
-             {} passes, {:.2} tokens/pass, draft {} ({} drafted, {} accepted, acceptance {:.3}, widths {:?}, \
-             {:.3}s drafting), experts {} requests / {} bytes served / {} bytes read ({:.0} served, \
-             {:.0} read per token), spine {:.0} bytes per token, hit rate {:.3}, \
-             prefetch {} issued / {} used (recall {:.3}), io wait {:.3}s, read {:.3}s, \
-             spine {} bytes read ({:.0} per pass, wait {:.3}s), state {} bytes, \
-             peak rss {} bytes, finish {}",
-            s.prompt_tokens,
-            s.prefill_s,
-            s.generated_tokens,
-            s.s_per_token,
-            s.passes,
-            s.tokens_per_pass,
-            s.drafter,
-            s.drafted,
-            s.accepted,
-            s.acceptance,
-            s.width_histogram,
-            s.draft_s,
-            s.expert_requests,
-            s.expert_bytes,
-            s.expert_bytes_read,
-            s.expert_bytes_per_token,
-            s.expert_bytes_read_per_token,
-            s.spine_bytes_per_token,
-            s.hit_rate,
-            s.prefetch_issued,
-            s.prefetch_used,
-            s.prefetch_recall,
-            s.io_wait_s,
-            s.read_s,
-            s.spine_bytes_read,
-            s.spine_bytes_per_pass,
-            s.spine_io_wait_s,
-            s.state_bytes,
-            s.peak_rss_bytes,
-            s.finish_reason
-        );
-        if let Some(b) = loaded.io_backend() {
-            eprintln!("stats: expert reads through {b}");
-        }
-        if s.expert_read_errors > 0 {
-            eprintln!(
-                "stats: {} expert reads failed with no pass waiting on them (dropped; a pass \
-                 that needed one of those experts read it again)",
-                s.expert_read_errors
-            );
-        }
-        if let Some(p) = &s.policy {
-            eprintln!("draft width: {p}");
-        }
-        eprint!("{}", layer_stats::describe("prefill", &s.prefill_layers));
-        eprint!("{}", layer_stats::describe("decode", &s.decode_layers));
-        if let Some(r) = remote_stats() {
-            #[allow(clippy::cast_precision_loss)]
-            let secs = r.fetch_ns as f64 / 1e9;
-            eprintln!(
-                "remote: {} requests, {} bytes fetched, {} experts fetched, {} local hits, \
-                 {secs:.3}s fetching, {} evictions ({} bytes), {} prefetch guesses not local",
-                r.requests,
-                r.bytes_fetched,
-                r.experts_fetched,
-                r.local_hits,
-                r.evictions,
-                r.evicted_bytes,
-                r.prefetch_skipped
-            );
-        }
+        run_output::print_stats(&opened, &out);
+    }
+    // A reader that stopped reading (`| head`) ended the run quietly, as it ends `cat`; any
+    // other failure to write is an error.
+    if let Some(e) = write_error.filter(|e| e.kind() != std::io::ErrorKind::BrokenPipe) {
+        return Err(e).context("writing the output to stdout (generation stopped)");
+    }
+    if let Some(sig) = interrupt::received() {
+        std::process::exit(interrupt::exit_code(sig));
     }
     Ok(())
+}
+
+/// `n tokens`, or `1 token`.
+fn tokens(n: usize) -> String {
+    if n == 1 {
+        "1 token".into()
+    } else {
+        format!("{n} tokens")
+    }
+}
+
+/// The prompt's ids: `--prompt-ids` as given, or `--prompt` through the tokenizer (as a chat
+/// turn with `--chat`); refused when empty or out of the model's vocabulary.
+fn prompt_ids(a: &RunArgs, target: &Target) -> Result<Vec<u32>> {
+    let ids = match (&a.prompt, &a.prompt_ids) {
+        (_, Some(ids)) => ids.clone(),
+        (Some(text), None) => {
+            let t = target.tokenizer("pass --prompt-ids")?;
+            if a.chat {
+                let msgs = [ChatMessage::new(Role::User, text.clone())];
+                let opts = ChatOptions { thinking: !a.no_think, ..ChatOptions::default() };
+                render_k3(&t, &msgs, &opts).context("rendering the chat prompt")?
+            } else {
+                t.encode_ordinary(text)
+            }
+        }
+        // clap requires one of the two.
+        (None, None) => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
+    };
+    if ids.is_empty() {
+        bail!("empty prompt: the prompt encodes to no tokens");
+    }
+    if let Some(vocab) = target.vocab {
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            bail!("prompt token id {id} is out of vocabulary (the model has {vocab} tokens)");
+        }
+    }
+    Ok(ids)
+}
+
+/// Refuses a `--dump-logits` path that cannot be written, before anything is loaded: the file
+/// is written at the end (through a temporary file next to it), when the run's output is too
+/// late to save.
+fn check_writable(path: &Path) -> Result<()> {
+    if path.is_dir() {
+        bail!("--dump-logits {}: is a directory; give a file path", path.display());
+    }
+    let tmp = npy::temp_path(path);
+    std::fs::File::create(&tmp)
+        .and_then(|_| std::fs::remove_file(&tmp))
+        .with_context(|| format!("--dump-logits {}: cannot write there", path.display()))
 }

@@ -184,3 +184,262 @@ fn bad_input_is_a_clear_error() {
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     }
 }
+
+/// A `sluice run` child with piped stdout and stderr, each read line by line on its own thread
+/// into a channel, so a test can wait for an event (a first byte, a log line) and then signal it.
+struct Running {
+    child: std::process::Child,
+    stdout: std::sync::mpsc::Receiver<Vec<u8>>,
+    stderr: std::sync::mpsc::Receiver<String>,
+    err_log: String,
+}
+
+/// How long a test waits for an event before failing: far above what any event here takes, so
+/// it only ends a test that would otherwise hang (on a build where the event never comes).
+const EVENT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+impl Running {
+    fn start(args: &[&str], cache: &std::path::Path) -> Self {
+        use std::io::{BufRead, Read};
+        use std::process::Stdio;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(args)
+            .env("SLUICE_CACHE", cache)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn sluice");
+        let (out_tx, stdout) = std::sync::mpsc::channel();
+        let mut out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = out.read(&mut buf) {
+                if n == 0 || out_tx.send(buf[..n].to_vec()).is_err() {
+                    break;
+                }
+            }
+        });
+        let (err_tx, stderr) = std::sync::mpsc::channel();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                if err_tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Running { child, stdout, stderr, err_log: String::new() }
+    }
+
+    /// Waits for the first stdout bytes.
+    fn first_output(&mut self) -> Vec<u8> {
+        match self.stdout.recv_timeout(EVENT_DEADLINE) {
+            Ok(b) => b,
+            Err(_) => {
+                let _ = self.child.kill();
+                panic!("nothing was streamed to stdout; stderr: {}", self.drain_stderr());
+            }
+        }
+    }
+
+    /// Waits for a stderr line containing `needle`.
+    fn stderr_line(&mut self, needle: &str) {
+        loop {
+            match self.stderr.recv_timeout(EVENT_DEADLINE) {
+                Ok(line) => {
+                    let hit = line.contains(needle);
+                    self.err_log.push_str(&line);
+                    self.err_log.push('\n');
+                    if hit {
+                        return;
+                    }
+                }
+                Err(_) => {
+                    let _ = self.child.kill();
+                    panic!("no stderr line with {needle:?}: {}", self.err_log);
+                }
+            }
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        let pid = i32::try_from(self.child.id()).unwrap();
+        // SAFETY: `kill` takes any pid and signal number; the pid is our own live child.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(rc, 0, "kill failed");
+    }
+
+    fn drain_stderr(&mut self) -> String {
+        while let Ok(line) = self.stderr.recv_timeout(std::time::Duration::from_secs(30)) {
+            self.err_log.push_str(&line);
+            self.err_log.push('\n');
+        }
+        self.err_log.clone()
+    }
+
+    /// Waits for the exit; the status, all of stdout after `first` and all of stderr.
+    fn finish(mut self, first: Vec<u8>) -> (std::process::ExitStatus, Vec<u8>, String) {
+        let status = self.child.wait().unwrap();
+        let mut out = first;
+        while let Ok(b) = self.stdout.recv() {
+            out.extend_from_slice(&b);
+        }
+        let err = self.drain_stderr();
+        (status, out, err)
+    }
+}
+
+#[test]
+fn run_output_was_lost_on_sigint() {
+    // Greedy on tiny-a never emits the stop token: 100000 tokens would run for minutes, so
+    // the output can only come from streaming, and the run only ends early by the signal.
+    let cache = tempfile::tempdir().unwrap();
+    let fx = fixture("tiny-a");
+    let args =
+        ["run", "--model", &fx, "--prompt", "Hello", "--max-new", "100000", "--context", "100010"];
+    let mut r = Running::start(&[&args[..], &["--stats"]].concat(), cache.path());
+    let first = r.first_output();
+    r.signal(libc::SIGINT);
+    let (status, out, err) = r.finish(first);
+    assert_eq!(status.code(), Some(130), "the conventional status after SIGINT: {err}");
+    let text = String::from_utf8(out).expect("streamed text is UTF-8 (characters never split)");
+    assert!(text.len() > 1 && text.ends_with('\n'), "{text:?}");
+    assert!(err.contains("finish interrupted"), "the stats line is printed: {err}");
+    assert!(err.contains("stopped by SIGINT"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn run_json_was_lost_on_sigterm() {
+    let cache = tempfile::tempdir().unwrap();
+    let fx = fixture("tiny-a");
+    let logits = cache.path().join("logits.npy");
+    let mut r = Running::start(
+        &[
+            "run",
+            "--model",
+            &fx,
+            "--prompt-ids",
+            "60,7",
+            "--max-new",
+            "100000",
+            "--context",
+            "100010",
+            "--json",
+            "--dump-logits",
+            logits.to_str().unwrap(),
+        ],
+        cache.path(),
+    );
+    r.stderr_line("sluice: generating");
+    r.signal(libc::SIGTERM);
+    let (status, out, err) = r.finish(Vec::new());
+    assert_eq!(status.code(), Some(143), "the conventional status after SIGTERM: {err}");
+    let v: serde_json::Value = serde_json::from_slice(&out).expect("one JSON object on stdout");
+    assert_eq!(v["finish_reason"], "interrupted", "{v}");
+    assert_eq!(v["stats"]["finish_reason"], "interrupted");
+    let n = v["generated_ids"].as_array().unwrap().len();
+    assert!(n < 100_000, "stopped early: {n}");
+    // The logits of exactly the generated steps were written.
+    let b = std::fs::read(&logits).unwrap();
+    let hlen = u16::from_le_bytes([b[8], b[9]]) as usize;
+    assert_eq!(b.len(), 10 + hlen + n * 712 * 4, "{n} steps of logits");
+}
+
+#[test]
+fn streamed_text_equals_the_json_text() {
+    // The demo model's random weights emit byte tokens that split characters: the streamed
+    // bytes must still equal the text decoded from all ids at once.
+    let cache = tempfile::tempdir().unwrap();
+    let args = ["run", "--prompt", "Hello, sluice", "--max-new", "64"];
+    let v = json_out(&sluice(&[&args[..], &["--json"]].concat(), cache.path()));
+    let o = sluice(&args, cache.path());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = v["text"].as_str().unwrap();
+    assert_eq!(String::from_utf8(o.stdout).unwrap(), format!("{text}\n"));
+}
+
+/// Whether a run got as far as loading the model (the plan line comes right after the load).
+fn loaded(stderr: &str) -> bool {
+    stderr.contains("memory plan") || stderr.contains("experts mapped")
+}
+
+#[test]
+fn run_ignored_its_context() {
+    let cache = tempfile::tempdir().unwrap();
+    let fx = fixture("tiny-a");
+    let o = sluice(
+        &["run", "--model", &fx, "--prompt-ids", "1,2,3", "--max-new", "10", "--context", "8"],
+        cache.path(),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "3 + 10 tokens do not fit a context of 8: {err}");
+    assert!(err.contains("13 tokens") && err.contains("context of 8"), "{err}");
+    assert!(!loaded(&err), "refused before loading: {err}");
+    assert!(err.contains("pass --context 13 or more"), "says how to fit: {err}");
+    // Without --context the context is planned for the run, up to the checkpoint's limit.
+    let o =
+        sluice(&["run", "--model", &fx, "--prompt-ids", "1", "--max-new", "1048576"], cache.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("allows at most 1048576"), "{err}");
+    assert!(!loaded(&err), "{err}");
+    let o = sluice(&["run", "--model", &fx, "--prompt-ids", "1", "--context", "0"], cache.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--context") && !loaded(&err), "{err}");
+}
+
+#[test]
+fn argument_errors_were_reported_after_loading() {
+    let cache = tempfile::tempdir().unwrap();
+    let fx = fixture("tiny-a");
+    let base = ["run", "--model", fx.as_str()];
+    let cases: &[(&[&str], &str)] = &[
+        (&["--prompt-ids", "1,99999"], "out of vocabulary"),
+        (&["--prompt", ""], "empty prompt"),
+        (&["--prompt", "hi", "--chat", "--prompt-ids", "1"], "cannot be used with"),
+        (&["--prompt-ids", "1", "--chat"], "cannot be used with"),
+        (&["--prompt-ids", "1", "--dump-logits", "/nonexistent-dir/l.npy"], "--dump-logits"),
+        (&["--prompt-ids", "1", "--max-new", "-1"], "cannot be negative"),
+        (&["--prompt-ids", "1,-2"], "cannot be negative"),
+        (&["--prompt-ids", "1", "--readers", "-3"], "cannot be negative"),
+        (&["--prompt-ids", "1", "--memory", "-1G"], "cannot be negative"),
+        (&["--prompt-ids", "1", "--prefetch-min-precision", "-0.5"], "between 0 and 1"),
+        (&["--prompt-ids", "1", "--experts", "bogus"], "possible values"),
+        (&["--prompt-ids", "1", "--draft", "/nonexistent-draft"], "draft model directory"),
+    ];
+    for (args, needle) in cases {
+        let o = sluice(&[&base[..], args].concat(), cache.path());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} should fail");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!loaded(&err), "{args:?} was reported only after loading: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    // serve checks its numbers the same way.
+    let o = sluice(&["serve", "--model", &fx, "--max-tokens", "-1"], cache.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("cannot be negative"), "{err}");
+    // A budget above what the machine has is the user's call, but said before loading.
+    let o = sluice(&[&base[..], &["--prompt-ids", "1", "--memory", "100T"]].concat(), cache.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    let warn =
+        err.find("more than this machine has").unwrap_or_else(|| panic!("no warning: {err}"));
+    assert!(err[..warn].lines().all(|l| !loaded(l)), "warned before loading: {err}");
+}
+
+#[test]
+fn run_kept_generating_after_its_reader_left() {
+    // `sluice run … | head -c 10`: once the reader is gone, generation stops at once and the run
+    // ends quietly (100000 tokens would otherwise run for minutes).
+    let cache = tempfile::tempdir().unwrap();
+    let fx = fixture("tiny-a");
+    let args =
+        ["run", "--model", &fx, "--prompt", "Hello", "--max-new", "100000", "--context", "100010"];
+    let mut r = Running::start(&[&args[..], &["--stats"]].concat(), cache.path());
+    r.first_output();
+    // Hang up: dropping the receiver ends the reader thread, which closes the pipe.
+    drop(std::mem::replace(&mut r.stdout, std::sync::mpsc::channel().1));
+    let (status, _, err) = r.finish(Vec::new());
+    assert!(status.success(), "a closed stdout ends the run quietly: {err}");
+    assert!(err.contains("finish cancelled") && !err.contains("panicked"), "{err}");
+}

@@ -81,7 +81,7 @@ fn convert_then_run_labelled_int8() {
     let o = run("bf16", int8.to_str().unwrap());
     assert!(!o.status.success() && text(&o.stderr).contains("--spine int8"), "{}", text(&o.stderr));
     let o = run("fp8", s);
-    assert!(!o.status.success() && text(&o.stderr).contains("expected bf16 or int8"));
+    assert!(!o.status.success() && text(&o.stderr).contains("possible values: bf16, int8"));
 
     // inspect names the format.
     for (dir, want) in [(s, "bf16"), (int8.to_str().unwrap(), "int8")] {

@@ -16,6 +16,7 @@ use crate::sample::Sampling;
 use crate::EngineError;
 use serde::Serialize;
 use sluice_models::{LogitRows, Model, State};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 /// What to generate.
@@ -38,6 +39,9 @@ pub struct GenerateOptions {
     /// Always verify `draft_max` drafts instead of letting the width policy choose (for
     /// benchmarks that compare the policy with fixed widths).
     pub fixed_width: bool,
+    /// Raised (by a signal handler: `sluice run` on Ctrl-C) to stop at the next pass boundary,
+    /// prefill chunks included; generation then ends as `interrupted`, keeping what was emitted.
+    pub interrupt: Option<&'static AtomicBool>,
 }
 
 impl Default for GenerateOptions {
@@ -50,6 +54,7 @@ impl Default for GenerateOptions {
             sampling: Sampling::greedy(),
             prefill_chunk: 0,
             fixed_width: false,
+            interrupt: None,
         }
     }
 }
@@ -159,7 +164,7 @@ pub struct Stats {
     pub state_bytes: usize,
     /// Peak resident memory of the process (VmHWM), bytes.
     pub peak_rss_bytes: u64,
-    /// Why generation stopped: "stop", "length", "cancelled".
+    /// Why generation stopped: "stop", "length", "cancelled", "interrupted".
     pub finish_reason: String,
 }
 
@@ -197,6 +202,16 @@ impl Emitter<'_, '_> {
     /// The token the target chooses at the next generated position.
     fn choose(&self, logits: &[f32]) -> u32 {
         self.opts.sampling.choose(logits, self.out.tokens.len())
+    }
+
+    /// Whether [`GenerateOptions::interrupt`] was raised; if so, generation is done.
+    fn interrupted(&mut self) -> bool {
+        let hit = self.opts.interrupt.is_some_and(|f| f.load(Ordering::Acquire));
+        if hit {
+            self.out.stats.finish_reason = "interrupted".into();
+            self.done = true;
+        }
+        hit
     }
 
     /// Emits `tok` chosen from `logits`; returns false once generation must stop.
@@ -260,14 +275,21 @@ pub fn generate(
     let chunk = if opts.prefill_chunk == 0 { prompt.len() } else { opts.prefill_chunk };
     let mut logits = Vec::new();
     for part in prompt.chunks(chunk) {
+        if em.interrupted() {
+            break;
+        }
         logits = model.forward(state, part, LogitRows::Last, None)?;
         state.commit(part.len());
         em.out.stats.prefill_passes += 1;
     }
     em.out.stats.prefill_s = t0.elapsed().as_secs_f64();
-    em.out.stats.passes = 1;
-    let mut pending = em.choose(&logits);
-    em.emit(pending, &logits);
+    // The prefill counts as one pass however it was chunked (none if interrupted before it).
+    em.out.stats.passes = usize::from(em.out.stats.prefill_passes > 0);
+    let mut pending = 0;
+    if !em.done {
+        pending = em.choose(&logits);
+        em.emit(pending, &logits);
+    }
 
     let draft_max = if drafter.is_some() { opts.draft_max } else { 0 };
     let mut policy =
@@ -278,7 +300,7 @@ pub fn generate(
     let store1 = model.store_stats();
     let layers1 = Snapshot(model.layer_store_stats());
     let spine1 = model.spine_stats();
-    while !em.done {
+    while !em.done && !em.interrupted() {
         let want = policy.width().min(opts.max_new.saturating_sub(em.out.tokens.len()));
         let drafts = match (&mut drafter, want) {
             (Some(d), w) if w > 0 => {
@@ -333,8 +355,8 @@ pub fn generate(
     if drafter.is_some() {
         stats.policy = Some(policy);
     }
-    let decode_passes = stats.passes - 1;
-    let decode_tokens = em.out.tokens.len() - 1;
+    let decode_passes = stats.passes.saturating_sub(1);
+    let decode_tokens = em.out.tokens.len().saturating_sub(1);
     #[allow(clippy::cast_precision_loss)]
     {
         if decode_passes > 0 {

@@ -191,3 +191,48 @@ fn a_callback_cancels_and_the_state_holds_what_was_emitted() {
     // Plain decoding feeds every emitted token but the last.
     assert_eq!(st.len(), prompt.len() + 3);
 }
+
+#[test]
+fn an_interrupt_stops_at_the_next_pass_and_keeps_what_was_emitted() {
+    let m = model("tiny-a");
+    let prompt = [60u32, 7, 126, 3, 9];
+    let plain = run(m, &prompt, 12, 0, None);
+    for draft_max in [0, 4] {
+        // Raised from the callback after the third token: no further pass runs.
+        let flag: &'static std::sync::atomic::AtomicBool = Box::leak(Box::default());
+        let opts = GenerateOptions {
+            max_new: 12,
+            draft_max,
+            interrupt: Some(flag),
+            ..GenerateOptions::default()
+        };
+        let mut seen = 0;
+        let mut cb = |_: u32| {
+            seen += 1;
+            if seen == 3 {
+                flag.store(true, std::sync::atomic::Ordering::Release);
+            }
+            true
+        };
+        let mut ngram = NgramDrafter::default();
+        let d = (draft_max > 0).then_some(&mut ngram as &mut dyn Drafter);
+        let mut st = m.new_state();
+        let g = generate(m, &mut st, &prompt, &opts, d, Some(&mut cb)).unwrap();
+        assert_eq!(g.stats.finish_reason, "interrupted");
+        assert!(g.tokens.len() >= 3 && g.tokens.len() < 12, "{:?}", g.tokens);
+        assert_eq!(g.tokens[..], plain.tokens[..g.tokens.len()], "the tokens emitted stand");
+        assert_eq!(st.len(), prompt.len() + g.tokens.len() - 1, "the state holds exactly them");
+    }
+    // Raised before the start: not even the prefill runs (the prompt is in chunks of 2).
+    let flag: &'static std::sync::atomic::AtomicBool =
+        Box::leak(Box::new(std::sync::atomic::AtomicBool::new(true)));
+    let opts = GenerateOptions {
+        max_new: 12,
+        prefill_chunk: 2,
+        interrupt: Some(flag),
+        ..GenerateOptions::default()
+    };
+    let g = generate(m, &mut m.new_state(), &prompt, &opts, None, None).unwrap();
+    assert!(g.tokens.is_empty());
+    assert_eq!((g.stats.finish_reason.as_str(), g.stats.prefill_passes), ("interrupted", 0));
+}

@@ -264,7 +264,7 @@ async fn run(
     }
     // `handle` lives across the wait: if the client disconnects, this future is dropped with it
     // and the job is cancelled.
-    let collected = collect(&mut rx).await.map_err(ApiError::Internal)?;
+    let collected = collect(&mut rx).await?;
     drop(handle);
     Ok((StatusCode::OK, Json(body(&meta, &collected))).into_response())
 }

@@ -52,6 +52,9 @@ pub enum ApiError {
     /// The engine thread is gone (503).
     #[error("The engine is not running")]
     Unavailable,
+    /// The server is stopping (SIGINT or SIGTERM) and takes no more work (503).
+    #[error("The server is shutting down and did not start this request; retry when it is back")]
+    ShuttingDown,
     /// A bug or a model failure (500).
     #[error("Internal error: {0}")]
     Internal(String),
@@ -82,7 +85,7 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Self::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable | Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -92,7 +95,7 @@ impl ApiError {
         match self {
             Self::Unauthorized => "authentication_error",
             Self::QueueFull { .. } => "rate_limit_error",
-            Self::Unavailable | Self::Internal(_) => "server_error",
+            Self::Unavailable | Self::ShuttingDown | Self::Internal(_) => "server_error",
             _ => "invalid_request_error",
         }
     }
@@ -114,6 +117,7 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => Some("request_too_large"),
             Self::QueueFull { .. } => Some("queue_full"),
             Self::BodyTimeout => Some("timeout"),
+            Self::ShuttingDown => Some("server_shutting_down"),
             _ => None,
         }
     }

@@ -32,6 +32,7 @@ use sluice_engine::session::{SessionCache, SessionConfig};
 use sluice_engine::{Drafter, Spine};
 use sluice_models::Model;
 use sluice_tokenizer::Tokenizer;
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -88,8 +89,14 @@ pub enum ServerError {
     Tokenizer(#[from] sluice_tokenizer::Error),
 }
 
+/// How long a stopping server waits for open connections, and then for the engine's pass.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
 /// Serves `model` until interrupted (Ctrl-C or SIGTERM), speculating with `drafter` when there
-/// is one. `on_ready` gets the bound address.
+/// is one. `on_ready` gets the bound address. On the signal, the running generation is cancelled
+/// at its next pass boundary (its client gets what was generated, `finish_reason`
+/// `cancelled`), queued requests are answered 503, and the call returns once the responses in
+/// flight are sent, or after [`SHUTDOWN_GRACE`] for connections and again for the engine.
 pub fn serve(
     cfg: ServerConfig,
     model: Model,
@@ -127,7 +134,8 @@ pub fn serve(
         Arc::clone(&sched),
         metrics,
     );
-    let engine = worker.spawn()?;
+    let (engine_done_tx, engine_done) = std::sync::mpsc::channel::<()>();
+    let engine = worker.spawn(engine_done_tx)?;
     // Two async workers are plenty: handlers only parse, queue and forward events. Prompt
     // rendering and tokenization go to a small blocking pool.
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -141,16 +149,51 @@ pub fn serve(
             .await
             .map_err(|source| ServerError::Bind { addr: addr.clone(), source })?;
         on_ready(listener.local_addr()?);
-        axum::serve(listener, router(app)).with_graceful_shutdown(shutdown_signal()).await?;
+        let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+        let stopping = Arc::clone(&sched);
+        let on_signal = async move {
+            let name = shutdown_signal().await;
+            eprintln!(
+                "sluice: {name} received: stopping (the running generation ends at its next \
+                 pass; queued requests are answered 503)"
+            );
+            stopping.shutdown();
+            let _ = stop_tx.send(true);
+        };
+        let server = axum::serve(listener, router(app)).with_graceful_shutdown(on_signal);
+        // Responses in flight end once the engine has cancelled their job; a connection that
+        // is still open after the grace period (a client still sending its body) is closed.
+        let grace = async {
+            let _ = stop_rx.wait_for(|stopped| *stopped).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        tokio::select! {
+            r = server.into_future() => r?,
+            () = grace => eprintln!(
+                "sluice: connections still open {}s after the signal; closing them",
+                SHUTDOWN_GRACE.as_secs()
+            ),
+        }
         Ok::<_, ServerError>(())
     });
     sched.close();
-    let _ = engine.join();
+    // The engine ends at its next pass boundary; a pass of a streamed model can take long, so
+    // the wait is bounded (exiting mid-pass loses nothing: every job has been answered).
+    // Nothing is ever sent: the channel disconnects when the engine thread ends.
+    if engine_done.recv_timeout(SHUTDOWN_GRACE) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+        let _ = engine.join();
+    } else {
+        eprintln!(
+            "sluice: the engine is still in a pass {}s after the signal; exiting without it",
+            SHUTDOWN_GRACE.as_secs()
+        );
+    }
+    rt.shutdown_timeout(Duration::from_secs(1));
     res
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
+/// Resolves on Ctrl-C or SIGTERM, with the signal's name.
+async fn shutdown_signal() -> &'static str {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -166,7 +209,7 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+        () = ctrl_c => "SIGINT",
+        () = term => "SIGTERM",
     }
 }

@@ -1,6 +1,7 @@
 //! Response bodies and SSE chunks in the OpenAI shapes, plus the `sluice` extension object that
 //! carries the generated token ids and the engine's timings (documented in docs/SERVER.md).
 
+use crate::error::ApiError;
 use crate::output::{Delta, TokenLogprob};
 use crate::scheduler::JobHandle;
 use crate::worker::{Event, Summary};
@@ -47,14 +48,15 @@ pub struct Collected {
 }
 
 /// Waits for a job's end, accumulating its output.
-pub async fn collect(rx: &mut UnboundedReceiver<Event>) -> Result<Collected, String> {
+pub async fn collect(rx: &mut UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
     let mut delta = Delta::default();
     loop {
         match rx.recv().await {
             Some(Event::Delta(d)) => delta.extend(d),
             Some(Event::Done(summary)) => return Ok(Collected { delta, summary: *summary }),
-            Some(Event::Failed(m)) => return Err(m),
-            None => return Err("the engine dropped the request".into()),
+            Some(Event::Failed(m)) => return Err(ApiError::Internal(m)),
+            Some(Event::ShuttingDown) => return Err(ApiError::ShuttingDown),
+            None => return Err(ApiError::Internal("the engine dropped the request".into())),
         }
     }
 }
@@ -283,11 +285,12 @@ impl Streamer {
                     self.out.push_back("[DONE]".into());
                 }
                 other => {
-                    let msg = match other {
-                        Some(Event::Failed(m)) => m,
-                        _ => "the engine dropped the request".into(),
+                    let err = match other {
+                        Some(Event::Failed(m)) => ApiError::Internal(m),
+                        Some(Event::ShuttingDown) => ApiError::ShuttingDown,
+                        _ => ApiError::Internal("the engine dropped the request".into()),
                     };
-                    self.out.push_back(crate::error::ApiError::Internal(msg).body().to_string());
+                    self.out.push_back(err.body().to_string());
                     self.out.push_back("[DONE]".into());
                     self.done = true;
                 }

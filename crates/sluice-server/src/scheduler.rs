@@ -10,10 +10,14 @@
 //! polls at every pass boundary, and removes the job from the queue if it has not started, so
 //! its slot is free at once. A job removed from the queue that way counts as a cancelled
 //! generation, as does one stopped while running (the engine thread counts those).
+//!
+//! Shutdown ([`Scheduler::shutdown`], on SIGINT or SIGTERM): the running job is cancelled at its
+//! next pass boundary, every queued job and every job submitted afterwards is answered
+//! [`Event::ShuttingDown`] (503), and no new request is admitted.
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::worker::Job;
+use crate::worker::{Event, Job};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -33,6 +37,8 @@ pub struct Scheduler {
     ready: Condvar,
     queue_limit: usize,
     metrics: Arc<Metrics>,
+    /// Raised by [`Scheduler::shutdown`]; the engine polls it with the job's own cancel flag.
+    stopping: AtomicBool,
 }
 
 /// A slot held while a request is prepared; dropped without submitting, it frees the slot.
@@ -59,6 +65,7 @@ impl Scheduler {
             ready: Condvar::new(),
             queue_limit,
             metrics,
+            stopping: AtomicBool::new(false),
         })
     }
 
@@ -73,7 +80,11 @@ impl Scheduler {
         let mut g = self.lock();
         let waiting = g.queue.len() + g.reserved;
         if g.closed {
-            return Err(ApiError::Unavailable);
+            return Err(if self.stopping() {
+                ApiError::ShuttingDown
+            } else {
+                ApiError::Unavailable
+            });
         }
         if usize::from(g.running) + waiting > self.queue_limit {
             return Err(ApiError::QueueFull {
@@ -124,6 +135,28 @@ impl Scheduler {
         g.queue.clear();
         self.ready.notify_all();
     }
+
+    /// Stops the server's work: the running job ends at its next pass boundary (the engine
+    /// polls [`Scheduler::stopping`]), queued jobs are answered [`Event::ShuttingDown`], new
+    /// requests are refused with 503, and the engine thread ends after the running job.
+    pub fn shutdown(&self) {
+        self.stopping.store(true, Ordering::Release);
+        let queued: Vec<Job> = {
+            let mut g = self.lock();
+            g.closed = true;
+            self.ready.notify_all();
+            g.queue.drain(..).collect()
+        };
+        for job in queued {
+            self.metrics.cancelled();
+            let _ = job.events.send(Event::ShuttingDown);
+        }
+    }
+
+    /// Whether [`Scheduler::shutdown`] was called.
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
 }
 
 impl Reservation {
@@ -137,6 +170,12 @@ impl Reservation {
         let mut g = self.sched.lock();
         g.reserved -= 1;
         self.held = false;
+        if g.closed {
+            // Prepared while the server began stopping: it will never run.
+            drop(g);
+            let _ = job.events.send(Event::ShuttingDown);
+            return handle;
+        }
         g.queue.push_back(job);
         self.sched.ready.notify_one();
         handle
@@ -189,6 +228,26 @@ mod tests {
         drop(h1);
         s.done();
         assert!(!s.running());
+    }
+
+    #[test]
+    fn shutdown_answers_queued_and_late_jobs_and_refuses_new_ones() {
+        let s = Scheduler::new(2, Arc::default());
+        let (running, _r0) = dummy_job(1);
+        let _h0 = s.reserve().unwrap_or_else(|e| panic!("{e}")).submit(running);
+        let _taken = s.next().unwrap_or_else(|| panic!("job"));
+        let (queued, mut rx1) = dummy_job(2);
+        let _h1 = s.reserve().unwrap_or_else(|e| panic!("{e}")).submit(queued);
+        let late = s.reserve().unwrap_or_else(|e| panic!("{e}"));
+        assert!(!s.stopping());
+        s.shutdown();
+        assert!(s.stopping(), "the running job sees the flag at its next pass");
+        assert!(matches!(rx1.try_recv(), Ok(Event::ShuttingDown)));
+        let (job, mut rx2) = dummy_job(3);
+        let _h2 = late.submit(job);
+        assert!(matches!(rx2.try_recv(), Ok(Event::ShuttingDown)));
+        assert!(matches!(s.reserve(), Err(ApiError::ShuttingDown)));
+        assert!(s.next().is_none(), "the engine thread ends");
     }
 
     #[test]

@@ -75,6 +75,8 @@ pub enum Event {
     Done(Box<Summary>),
     /// Generation failed.
     Failed(String),
+    /// The server stopped before the job started (answered 503).
+    ShuttingDown,
 }
 
 /// The engine-side settings (the drafter itself is handed to [`crate::serve`]).
@@ -127,9 +129,13 @@ impl Worker {
         }
     }
 
-    /// Runs the engine loop on its own thread until the scheduler closes.
-    pub fn spawn(self) -> std::io::Result<JoinHandle<()>> {
-        std::thread::Builder::new().name("sluice-engine".into()).spawn(move || self.run())
+    /// Runs the engine loop on its own thread until the scheduler closes; `done` is dropped when
+    /// the thread ends (so a stopping server can wait for it with a deadline).
+    pub fn spawn(self, done: std::sync::mpsc::Sender<()>) -> std::io::Result<JoinHandle<()>> {
+        std::thread::Builder::new().name("sluice-engine".into()).spawn(move || {
+            self.run();
+            drop(done);
+        })
     }
 
     fn run(mut self) {
@@ -188,6 +194,10 @@ impl Worker {
             self.metrics.cancelled();
             return Event::Failed(CANCELLED_BEFORE_START.into());
         }
+        if self.sched.stopping() {
+            self.metrics.cancelled();
+            return Event::ShuttingDown;
+        }
         let mut out = match Output::new(&self.tok, &job.output, &job.stop) {
             Ok(o) => o,
             Err(e) => return Event::Failed(e.to_string()),
@@ -199,7 +209,8 @@ impl Worker {
             draft_max: self.draft_max,
             per_token_logits: job.logprobs.is_some(),
         };
-        let cancel = || job.cancel.load(Ordering::Acquire);
+        // The client leaving and the server stopping both end the job at the next pass.
+        let cancel = || job.cancel.load(Ordering::Acquire) || self.sched.stopping();
         let tok = &self.tok;
         let mut on_token = |id: u32, logits: Option<&[f32]>| -> bool {
             let mut d = out.push(id);

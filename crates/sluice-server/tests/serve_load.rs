@@ -2,12 +2,16 @@
 //! conversation states are charged to the `--memory` budget (a budget that cannot hold them is
 //! refused naming them), and a server whose experts stream through a two-slot cache answers with
 //! exactly the tokens of a mapped one, with snapshot bytes reported in /metrics and `--stats`.
+//! SIGTERM stops it promptly: the running generation is cancelled at its next pass and queued
+//! requests are answered 503.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
 
-use common::{post, sluice_bin, tiny_a, Server};
+use common::{get, post, sluice_bin, tiny_a, Server};
 use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::process::Command;
 
 fn chat(server: &Server, body: &Value) -> Value {
@@ -78,4 +82,66 @@ fn streamed_experts_serve_the_same_tokens_and_report_snapshots() {
     let line = format!("snapshots {snaps} (+{bytes} bytes)");
     let log = stream.log_when(|l| l.contains(&line));
     assert!(log.contains(&line), "{log}");
+}
+
+/// Waits until `/health` satisfies `ok` (the server reports each state change at once; the loop
+/// only re-asks).
+fn wait_health(s: &Server, ok: impl Fn(&Value) -> bool) {
+    let t = std::time::Instant::now();
+    loop {
+        let h = get(s.addr, "/health").json();
+        if ok(&h) {
+            return;
+        }
+        assert!(t.elapsed().as_secs() < 120, "health never matched: {h}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sigterm_waited_for_the_running_generation() {
+    // Greedy on tiny-a never emits the stop token: 30000 tokens run for minutes unless the
+    // signal cancels them.
+    let mut s = Server::start(&["--model", &tiny_a(), "--queue", "1", "--max-tokens", "30000"]);
+    let long = json!({"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 30000, "reasoning_effort": "none", "temperature": 0.0});
+    let mut body = long.clone();
+    body["stream"] = json!(true);
+    let text = body.to_string();
+    let mut c = TcpStream::connect(s.addr).unwrap();
+    c.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{text}",
+            text.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut streamed = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&streamed).contains("content") {
+        let n = c.read(&mut buf).unwrap();
+        assert!(n > 0, "stream ended early");
+        streamed.extend_from_slice(&buf[..n]);
+    }
+    wait_health(&s, |h| h["running"] == true);
+    let addr = s.addr;
+    let queued = std::thread::spawn(move || post(addr, "/v1/chat/completions", &long));
+    wait_health(&s, |h| h["queue_depth"] == 1);
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    // The streamed reply ends with what was generated and finish_reason `cancelled`.
+    c.read_to_end(&mut streamed).unwrap();
+    let streamed = String::from_utf8_lossy(&streamed);
+    assert!(streamed.contains(r#""finish_reason":"cancelled""#), "{streamed}");
+    assert!(streamed.contains("data: [DONE]"), "{streamed}");
+    // The queued request never ran: a clean 503 naming the shutdown.
+    let q = queued.join().unwrap();
+    assert_eq!(q.status, 503, "{}", String::from_utf8_lossy(&q.body));
+    assert_eq!(q.json()["error"]["code"], "server_shutting_down");
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "a clean stop after SIGTERM: {status}");
+    let log = s.log_when(|l| l.contains("SIGTERM received"));
+    assert!(log.contains("SIGTERM received") && !log.contains("panicked"), "{log}");
 }

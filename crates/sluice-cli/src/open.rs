@@ -1,0 +1,162 @@
+//! Opening a model: the one path `sluice run` and `sluice serve` share.
+//!
+//! [`Target::find`] does the cheap part: it finds the checkpoint (writing the built-in demo
+//! model when none is given), resolves the directory the spine choice reads, and reads
+//! `config.json` and the tokenizer. Each command then checks its arguments against them — the
+//! vocabulary, the context, the prompt — so that a mistake is reported before the expensive
+//! part. [`Target::load`] then opens the draft model, plans the memory budget, places the spine
+//! and starts the expert store, and prints the plan.
+
+use anyhow::{bail, Context, Result};
+use sluice_checkpoint::CheckpointConfig;
+use sluice_engine::demo::{cache_dir, ensure_demo_model};
+use sluice_engine::load::{self, LoadOptions, Loaded};
+use sluice_engine::{DraftModel, Spine};
+use sluice_tokenizer::{Tokenizer, RANK_FILE};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// `--draft`: where speculative drafts come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DraftArg {
+    /// No speculation.
+    None,
+    /// Prompt lookup (no model).
+    Ngram,
+    /// A Qwen3 draft model's directory.
+    Model(PathBuf),
+}
+
+/// Parses `--draft`: `none`, `ngram` or an existing directory.
+pub fn draft_arg(s: &str) -> Result<DraftArg, String> {
+    match s {
+        "none" => Ok(DraftArg::None),
+        "ngram" => Ok(DraftArg::Ngram),
+        dir if Path::new(dir).is_dir() => Ok(DraftArg::Model(dir.into())),
+        other => Err(format!("{other:?} is not none, ngram or a draft model directory")),
+    }
+}
+
+/// A checkpoint found and its cheap parts read; nothing large is loaded yet.
+#[derive(Debug)]
+pub struct Target {
+    /// The directory given (or the demo model's); `serve` names the model after it.
+    pub dir: PathBuf,
+    /// The directory the spine choice reads (the int8 conversion for `--spine int8`).
+    pub read_dir: PathBuf,
+    /// Whether this is the built-in demo model.
+    pub demo: bool,
+    /// The tokenizer, when the checkpoint has tokenizer files.
+    pub tok: Option<Arc<Tokenizer>>,
+    /// Rows of the logits (`vocab_size` in config.json), when the config says.
+    pub vocab: Option<usize>,
+    /// The checkpoint's `max_position_embeddings`, when the config says.
+    pub max_context: Option<usize>,
+}
+
+/// A loaded model and what came with it.
+#[derive(Debug)]
+pub struct Opened {
+    /// The model, its plan, budget charges and stores.
+    pub loaded: Loaded,
+    /// The draft model (`--draft DIR`).
+    pub draft_model: Option<DraftModel>,
+    /// The spine precision it was opened with.
+    pub spine: Spine,
+    /// Seconds the load took (draft model included).
+    pub load_s: f64,
+}
+
+impl Target {
+    /// Finds the checkpoint in `model` (the demo model when `None`; `verb` says what the command
+    /// does with it) and reads its config and tokenizer.
+    pub fn find(model: Option<&Path>, spine: Spine, verb: &str) -> Result<Self> {
+        let (dir, demo) = match model {
+            Some(d) => (d.to_path_buf(), false),
+            None => {
+                (ensure_demo_model(&cache_dir()).context("writing the built-in demo model")?, true)
+            }
+        };
+        if demo {
+            eprintln!(
+                "sluice: no --model given; {verb} the built-in demo model at {} (a tiny Kimi K3 \
+                 layout with RANDOM weights: its text is meaningless by design)",
+                dir.display()
+            );
+        }
+        let read_dir = sluice_engine::spine::resolve(&dir, spine)?;
+        let config = CheckpointConfig::load(&read_dir)
+            .with_context(|| format!("opening {}", read_dir.display()))?;
+        let number = |key: &str| {
+            config
+                .text_config()
+                .get(key)
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|n| usize::try_from(n).ok())
+        };
+        // A checkpoint without tokenizer files still runs from token ids; broken files are an
+        // error.
+        let tok = if read_dir.join(RANK_FILE).exists() {
+            Some(Arc::new(
+                Tokenizer::from_dir(&read_dir)
+                    .with_context(|| format!("loading the tokenizer of {}", read_dir.display()))?,
+            ))
+        } else {
+            None
+        };
+        Ok(Self {
+            vocab: number("vocab_size"),
+            max_context: number("max_position_embeddings"),
+            dir,
+            read_dir,
+            demo,
+            tok,
+        })
+    }
+
+    /// The tokenizer, or an error saying the checkpoint has none (`why` names what needs it).
+    pub fn tokenizer(&self, why: &str) -> Result<Arc<Tokenizer>> {
+        self.tok.clone().with_context(|| {
+            format!(
+                "{}: no tokenizer files ({RANK_FILE}, tokenizer_config.json); {why}",
+                self.read_dir.display()
+            )
+        })
+    }
+
+    /// Refuses a context of `context` tokens above the checkpoint's `max_position_embeddings`.
+    pub fn check_context(&self, context: usize) -> Result<()> {
+        if let Some(c) = self.max_context.filter(|&c| context > c) {
+            bail!("--context {context} is above the checkpoint's max_position_embeddings {c}");
+        }
+        Ok(())
+    }
+
+    /// Opens the draft model, then the model under `opts` (the draft model's memory charged to
+    /// the same budget first), and prints the plan.
+    pub fn load(&self, mut opts: LoadOptions, draft: &DraftArg) -> Result<Opened> {
+        let t0 = Instant::now();
+        let draft_model = match draft {
+            DraftArg::Model(d) => Some(DraftModel::open(d)?),
+            DraftArg::None | DraftArg::Ngram => None,
+        };
+        // The draft model's weights, KV cache for the whole context and scratch come out of the
+        // same budget, before the target is planned.
+        opts.draft_bytes = draft_model.as_ref().map_or(0, |d| d.memory_needs(opts.context));
+        let loaded = load::open(&self.read_dir, &opts)
+            .with_context(|| format!("loading {}", self.read_dir.display()))?;
+        let spine = opts.spine;
+        let reads = loaded.io_backend().map(|b| format!(", read with {b}")).unwrap_or_default();
+        match &loaded.plan {
+            Some(p) => {
+                eprintln!("sluice: spine {}; {p}; experts {}{reads}", spine.label(), loaded.mode);
+            }
+            None => eprintln!("sluice: spine {}; experts {}{reads}", spine.label(), loaded.mode),
+        }
+        if !self.demo {
+            eprintln!("sluice: {}", sluice_engine::install::describe(&self.read_dir, &loaded));
+        }
+        Ok(Opened { loaded, draft_model, spine, load_s: t0.elapsed().as_secs_f64() })
+    }
+}

@@ -1,0 +1,179 @@
+//! What `sluice run` prints: the streamed text (or ids), the `--json` object and the `--stats`
+//! lines.
+//!
+//! Streamed text goes through the tokenizer's incremental UTF-8 decoder
+//! ([`sluice_tokenizer::StreamDecoder`]), so a character split across tokens is written once it
+//! is complete and the streamed bytes equal the `--json` text. stdout is flushed after every
+//! token: at seconds per token on a streamed model, buffering would hide the output for minutes.
+
+use crate::open::{Opened, Target};
+use anyhow::Result;
+use serde_json::{json, Value};
+use sluice_engine::{layer_stats, Generation};
+use sluice_tokenizer::{StreamDecoder, Tokenizer};
+use std::io::{StdoutLock, Write};
+
+/// Generated tokens written to stdout as they are committed: text through the incremental
+/// decoder, or comma-separated ids when the checkpoint has no tokenizer.
+pub struct Sink<'t> {
+    decoder: Option<StreamDecoder<'t>>,
+    /// Ids written so far (for the separator in id mode).
+    written: usize,
+    out: StdoutLock<'static>,
+    error: Option<std::io::Error>,
+}
+
+impl<'t> Sink<'t> {
+    /// A sink on stdout; text when `tok` is given, else ids.
+    pub fn stdout(tok: Option<&'t Tokenizer>) -> Self {
+        Self {
+            decoder: tok.map(Tokenizer::stream_decoder),
+            written: 0,
+            out: std::io::stdout().lock(),
+            error: None,
+        }
+    }
+
+    /// Writes what token `id` completes; returns false (stopping generation) once stdout
+    /// fails, e.g. a closed pipe.
+    pub fn push(&mut self, id: u32) -> bool {
+        let text = match &mut self.decoder {
+            Some(d) => push_lossy(d, id),
+            None if self.written == 0 => id.to_string(),
+            None => format!(",{id}"),
+        };
+        self.written += 1;
+        if let Err(e) = self.out.write_all(text.as_bytes()).and_then(|()| self.out.flush()) {
+            self.error = Some(e);
+        }
+        self.error.is_none()
+    }
+
+    /// Writes what is still buffered and ends the line; the first write error, if any.
+    pub fn finish(mut self) -> std::io::Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let tail = self.decoder.take().map(StreamDecoder::finish).unwrap_or_default();
+        writeln!(self.out, "{tail}")?;
+        self.out.flush()
+    }
+}
+
+/// Adds `id` to `d`, rendering an id the tokenizer does not know (a padding row of the
+/// vocabulary) as U+FFFD rather than failing the run after its output.
+fn push_lossy(d: &mut StreamDecoder<'_>, id: u32) -> String {
+    d.push(id).unwrap_or_else(|_| char::REPLACEMENT_CHARACTER.to_string())
+}
+
+/// The text of `ids` exactly as [`Sink`] streams it.
+pub fn text(tok: &Tokenizer, ids: &[u32]) -> String {
+    let mut d = tok.stream_decoder();
+    let mut s: String = ids.iter().map(|&id| push_lossy(&mut d, id)).collect();
+    s.push_str(&d.finish());
+    s
+}
+
+/// The `--json` object.
+pub fn json(
+    target: &Target,
+    opened: &Opened,
+    prompt_ids: &[u32],
+    out: &Generation,
+) -> Result<Value> {
+    let loaded = &opened.loaded;
+    Ok(json!({
+        "model": target.read_dir.display().to_string(),
+        "demo_model": target.demo,
+        "experts": loaded.mode,
+        "io_backend": loaded.io_backend(),
+        "spine": opened.spine,
+        "plan": loaded.plan.as_ref().map(serde_json::to_value).transpose()?,
+        "prompt_ids": prompt_ids,
+        "generated_ids": out.tokens,
+        "text": target.tok.as_deref().map(|t| text(t, &out.tokens)),
+        "finish_reason": out.stats.finish_reason,
+        "stats": serde_json::to_value(&out.stats)?,
+        "load_s": opened.load_s,
+        "remote": remote_stats(opened).map(serde_json::to_value).transpose()?,
+    }))
+}
+
+fn remote_stats(opened: &Opened) -> Option<sluice_store::RemoteStats> {
+    opened.loaded.streaming.as_ref().and_then(|s| s.disk_cache()).map(|d| d.stats())
+}
+
+/// The `--stats` lines on stderr.
+pub fn print_stats(opened: &Opened, out: &Generation) {
+    let s = &out.stats;
+    eprintln!(
+        "stats: load {:.3}s, prompt {} tokens, prefill {:.3}s, generated {} tokens, {:.4} s/token, \
+         {} passes, {:.2} tokens/pass, draft {} ({} drafted, {} accepted, acceptance {:.3}, widths {:?}, \
+         {:.3}s drafting), experts {} requests / {} bytes served / {} bytes read ({:.0} served, \
+         {:.0} read per token), spine {:.0} bytes per token, hit rate {:.3}, \
+         prefetch {} issued / {} used (recall {:.3}), io wait {:.3}s, read {:.3}s, \
+         spine {} bytes read ({:.0} per pass, wait {:.3}s), state {} bytes, \
+         peak rss {} bytes, finish {}",
+        opened.load_s,
+        s.prompt_tokens,
+        s.prefill_s,
+        s.generated_tokens,
+        s.s_per_token,
+        s.passes,
+        s.tokens_per_pass,
+        s.drafter,
+        s.drafted,
+        s.accepted,
+        s.acceptance,
+        s.width_histogram,
+        s.draft_s,
+        s.expert_requests,
+        s.expert_bytes,
+        s.expert_bytes_read,
+        s.expert_bytes_per_token,
+        s.expert_bytes_read_per_token,
+        s.spine_bytes_per_token,
+        s.hit_rate,
+        s.prefetch_issued,
+        s.prefetch_used,
+        s.prefetch_recall,
+        s.io_wait_s,
+        s.read_s,
+        s.spine_bytes_read,
+        s.spine_bytes_per_pass,
+        s.spine_io_wait_s,
+        s.state_bytes,
+        s.peak_rss_bytes,
+        s.finish_reason
+    );
+    if let Some(b) = opened.loaded.io_backend() {
+        eprintln!("stats: expert reads through {b}");
+    }
+    if s.expert_read_errors > 0 {
+        eprintln!(
+            "stats: {} expert reads failed with no pass waiting on them (dropped; a pass \
+             that needed one of those experts read it again)",
+            s.expert_read_errors
+        );
+    }
+    if let Some(p) = &s.policy {
+        eprintln!("draft width: {p}");
+    }
+    eprint!("{}", layer_stats::describe("prefill", &s.prefill_layers));
+    eprint!("{}", layer_stats::describe("decode", &s.decode_layers));
+    if let Some(r) = remote_stats(opened) {
+        #[allow(clippy::cast_precision_loss)]
+        let secs = r.fetch_ns as f64 / 1e9;
+        eprintln!(
+            "remote: {} requests, {} bytes fetched, {} experts fetched, {} local hits, \
+             {secs:.3}s fetching, {} evictions ({} bytes), {} prefetch guesses not local",
+            r.requests,
+            r.bytes_fetched,
+            r.experts_fetched,
+            r.local_hits,
+            r.evictions,
+            r.evicted_bytes,
+            r.prefetch_skipped
+        );
+    }
+}
