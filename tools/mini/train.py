@@ -78,8 +78,11 @@ def batches(data, seq, bsz, seed):
 
 @torch.no_grad()
 def evaluate(m, data, seq, bsz, dev, max_tokens=None):
+    """Mean next-token NLL over non-overlapping windows, whole batches of `bsz` only (the training shape, so
+    the GPU kernels tuned for training are reused)."""
     m.eval()
     nwin = (len(data) - 1) // seq
+    nwin = max(bsz, nwin // bsz * bsz) if nwin >= bsz else nwin
     if max_tokens:
         nwin = min(nwin, max_tokens // seq)
     tot, cnt = 0.0, 0
@@ -100,6 +103,8 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--train-s", type=float, default=0, help="choose the total steps at step 45 so that training "
+                    "takes about this many seconds (printed, so a re-run can use --steps)")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--bsz", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -140,19 +145,36 @@ def main():
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=dev.type == "cuda")
     steps = args.steps if not args.bench else args.bench + 5
     qat_from = int(steps * (1 - args.qat_frac)) if args.qat_frac > 0 else steps + 1
-    sched = lambda s: min(1.0, (s + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
+    # Warm-up, then cosine from the end of the warm-up: the first --warmup steps do not depend on the total, so a
+    # run whose total was chosen by --train-s is re-run exactly with --steps set to the total it printed.
+    def sched(s):
+        if s < args.warmup:
+            return (s + 1) / args.warmup
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - args.warmup) / max(1, steps - args.warmup))))
     moes = [L.block_sparse_moe for L in m.layers if L.is_moe]
     it = batches(train, args.seq, args.bsz, args.seed)
     log = []
     t0 = time.time()
-    for step in range(steps):
+    if args.train_s:
+        steps = 10 ** 9                       # fixed at step 45 from the measured rate
+        qat_from = steps + 1
+    step = 0
+    while step < steps:
+        if args.train_s and step == 25:
+            torch.cuda.synchronize() if dev.type == "cuda" else None
+            t25 = time.time()
+        if args.train_s and step == 45:
+            torch.cuda.synchronize() if dev.type == "cuda" else None
+            per = (time.time() - t25) / 20
+            steps = max(args.warmup + 10, int(45 + (args.train_s - (time.time() - t0)) / per) // 10 * 10)
+            qat_from = int(steps * (1 - args.qat_frac)) if args.qat_frac > 0 else steps + 1
+            print(f"TOTAL STEPS {steps} ({per * 1e3:.1f} ms/step; re-run with --steps {steps})", flush=True)
         if args.bench and step == 5:
             torch.cuda.synchronize() if dev.type == "cuda" else None
             tb = time.time()
         if args.deadline_s and step < qat_from and time.time() - t0 > args.deadline_s * (1 - args.qat_frac):
             qat_from = step
-            res_note = f"deadline: QAT from step {step}"
-            print(res_note, flush=True)
+            print(f"deadline: QAT from step {step}", flush=True)
         if args.deadline_s and time.time() - t0 > args.deadline_s:
             print(f"deadline: stopped after {step} of {steps} steps", flush=True)
             steps = step
@@ -181,6 +203,7 @@ def main():
             log.append({"step": step, "loss": lv, "grad_norm": float(gn), "max_load_over_mean": imb, "s": el})
             print(f"step {step} loss {lv:.4f} gn {float(gn):.2f} maxload/mean {imb:.2f} "
                   f"{(step + 1) * args.bsz * args.seq / max(el, 1e-9) / 1e3:.0f} ktok/s {el:.0f}s", flush=True)
+        step += 1
     train_s = time.time() - t0
     if args.bench:
         torch.cuda.synchronize() if dev.type == "cuda" else None
@@ -191,11 +214,11 @@ def main():
     res = {"seed": args.seed, "steps": steps, "seq": args.seq, "bsz": args.bsz, "tokens_seen": steps * args.bsz *
            args.seq, "train_seconds": train_s, "params": nparams, "config": cfg, "log": log}
     m.set_fake_quant(False)
-    nll, n = evaluate(m, held, args.seq, 32, dev, args.eval_tokens or None)
+    nll, n = evaluate(m, held, args.seq, args.bsz, dev, args.eval_tokens or None)
     res["heldout_bf16"] = {"nll": nll, "ppl": math.exp(nll), "tokens": n}
     print(f"held-out bf16 experts: nll {nll:.4f} ppl {math.exp(nll):.2f} over {n} tokens", flush=True)
     m.set_fake_quant(True)
-    nll, n = evaluate(m, held, args.seq, 32, dev, args.eval_tokens or None)
+    nll, n = evaluate(m, held, args.seq, args.bsz, dev, args.eval_tokens or None)
     res["heldout_fakequant"] = {"nll": nll, "ppl": math.exp(nll), "tokens": n}
     print(f"held-out fake-MXFP4 experts: nll {nll:.4f} ppl {math.exp(nll):.2f}", flush=True)
     m.set_fake_quant(False)
@@ -205,7 +228,7 @@ def main():
         m2, _ = M.load_checkpoint_dir(ck, torch.float32)
         m2.to(dev)
         m2.set_fla(dev.type == "cuda")
-        nll, n = evaluate(m2, held, args.seq, 32, dev, args.eval_tokens or None)
+        nll, n = evaluate(m2, held, args.seq, args.bsz, dev, args.eval_tokens or None)
         res["heldout_mxfp4_export"] = {"nll": nll, "ppl": math.exp(nll), "tokens": n}
         res["files"] = {os.path.basename(f): os.path.getsize(f) for f in files}
         print(f"held-out MXFP4 checkpoint as exported: nll {nll:.4f} ppl {math.exp(nll):.2f}; files {res['files']}",
