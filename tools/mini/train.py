@@ -111,6 +111,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--bias-rate", type=float, default=1e-3)
     ap.add_argument("--qat-frac", type=float, default=0.2)
+    ap.add_argument("--qat-from", type=int, default=-1, help="first MXFP4-aware step (overrides --qat-frac; a run "
+                    "whose deadline guard moved it is re-run exactly with the step it printed)")
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--eval-tokens", type=int, default=0, help="cap on held-out tokens evaluated (0: all)")
     ap.add_argument("--config", help="JSON overriding export.MINI (smoke tests)")
@@ -151,13 +153,15 @@ def main():
         if s < args.warmup:
             return (s + 1) / args.warmup
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - args.warmup) / max(1, steps - args.warmup))))
+    if args.qat_from >= 0:
+        qat_from = args.qat_from
     moes = [L.block_sparse_moe for L in m.layers if L.is_moe]
     it = batches(train, args.seq, args.bsz, args.seed)
     log = []
     t0 = time.time()
     if args.train_s:
         steps = 10 ** 9                       # fixed at step 45 from the measured rate
-        qat_from = steps + 1
+        qat_from = steps + 1 if args.qat_from < 0 else args.qat_from
     step = 0
     while step < steps:
         if args.train_s and step == 25:
@@ -167,12 +171,13 @@ def main():
             torch.cuda.synchronize() if dev.type == "cuda" else None
             per = (time.time() - t25) / 20
             steps = max(args.warmup + 10, int(45 + (args.train_s - (time.time() - t0)) / per) // 10 * 10)
-            qat_from = int(steps * (1 - args.qat_frac)) if args.qat_frac > 0 else steps + 1
+            if args.qat_from < 0:
+                qat_from = int(steps * (1 - args.qat_frac)) if args.qat_frac > 0 else steps + 1
             print(f"TOTAL STEPS {steps} ({per * 1e3:.1f} ms/step; re-run with --steps {steps})", flush=True)
         if args.bench and step == 5:
             torch.cuda.synchronize() if dev.type == "cuda" else None
             tb = time.time()
-        if args.deadline_s and step < qat_from and time.time() - t0 > args.deadline_s * (1 - args.qat_frac):
+        if args.deadline_s and args.qat_from < 0 and step < qat_from and time.time() - t0 > args.deadline_s * (1 - args.qat_frac):
             qat_from = step
             print(f"deadline: QAT from step {step}", flush=True)
         if args.deadline_s and time.time() - t0 > args.deadline_s:
