@@ -1,4 +1,5 @@
-//! Kimi K3 against golden vectors from mlx-lm 0.32.2 (f32, CPU), stage by stage.
+//! Kimi K3 against golden vectors from mlx-lm 0.32.2 (f32, CPU), stage by stage: the random tiny
+//! fixtures and the trained mini-K3 (`tests/fixtures/kimi_k3/mini-k3`).
 //!
 //! Tolerances (f32 engine vs f32 mlx-lm; the goldens were cross-checked against an independent
 //! float64 numpy reference at relL2 ≈ 3e-6): every `[T, d]` stage and the logits within
@@ -151,4 +152,21 @@ fn tiny_a_greedy_matches_mlx() {
 #[test]
 fn tiny_b_greedy_matches_mlx() {
     check_greedy("tiny-b");
+}
+
+// The trained mini-K3 (issue 17; tools/mini/): real routing and real text, the same tolerances.
+
+#[test]
+fn mini_k3_stages_match_mlx() {
+    check_prompts("mini-k3");
+}
+
+#[test]
+fn mini_k3_decode_matches_mlx() {
+    check_decode("mini-k3");
+}
+
+#[test]
+fn mini_k3_greedy_matches_mlx() {
+    check_greedy("mini-k3");
 }
