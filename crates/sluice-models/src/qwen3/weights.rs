@@ -200,7 +200,7 @@ impl Roster<'_> {
             return Err(self.shape_err(name, e, &[len]));
         }
         let b = self.ckpt.bytes(e);
-        match e.dtype {
+        let v = match e.dtype {
             DType::BF16 => Ok(b
                 .chunks_exact(2)
                 .map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))
@@ -210,6 +210,7 @@ impl Roster<'_> {
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect()),
             _ => Err(self.dtype_err(name, e)),
-        }
+        }?;
+        crate::finite::checked(self.ckpt, e, v)
     }
 }
