@@ -12,6 +12,7 @@
 //!
 //! The API, every accepted field and every refusal are documented in docs/SERVER.md.
 
+mod deadline;
 pub mod api;
 pub mod chat_request;
 pub mod error;
@@ -141,6 +142,7 @@ pub fn serve(
             .await
             .map_err(|source| ServerError::Bind { addr: addr.clone(), source })?;
         on_ready(listener.local_addr()?);
+        let listener = deadline::HeaderDeadline::new(listener, cfg.body_timeout);
         axum::serve(listener, router(app)).with_graceful_shutdown(shutdown_signal()).await?;
         Ok::<_, ServerError>(())
     });
