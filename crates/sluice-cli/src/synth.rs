@@ -110,8 +110,11 @@ pub fn run(a: &SynthArgs) -> Result<()> {
         );
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    std::fs::write(a.out.join(MARKER), b"written by sluice synth; rerunning it rewrites this directory\n")
-        .with_context(|| format!("marking {} as synth output", a.out.display()))?;
+    std::fs::write(
+        a.out.join(MARKER),
+        b"written by sluice synth; rerunning it rewrites this directory\n",
+    )
+    .with_context(|| format!("marking {} as synth output", a.out.display()))?;
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template(
@@ -166,7 +169,8 @@ fn empty_own_dir(dir: &Path) -> Result<u64> {
     }
     for e in entries {
         let len = e.metadata().map_or(0, |m| m.len());
-        std::fs::remove_file(e.path()).with_context(|| format!("removing {}", e.path().display()))?;
+        std::fs::remove_file(e.path())
+            .with_context(|| format!("removing {}", e.path().display()))?;
         freed += len;
     }
     Ok(freed)

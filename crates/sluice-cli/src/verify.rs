@@ -68,10 +68,13 @@ pub fn run(a: &VerifyArgs) -> Result<()> {
             .context("progress template")?,
         );
         let install = manifest.as_ref().map(|m| verify_install(&a.dir, m, &mut |n| bar.inc(n)));
-        let converted = int8.as_ref().map(|m| check_records(&a.dir, &m.output, &mut |n| bar.inc(n)));
-        let all = install.into_iter().flatten().map(|c| (c.file, c.bytes, c.problem)).chain(
-            converted.into_iter().flatten().map(|c| (c.file, c.bytes, c.problem)),
-        );
+        let converted =
+            int8.as_ref().map(|m| check_records(&a.dir, &m.output, &mut |n| bar.inc(n)));
+        let all = install
+            .into_iter()
+            .flatten()
+            .map(|c| (c.file, c.bytes, c.problem))
+            .chain(converted.into_iter().flatten().map(|c| (c.file, c.bytes, c.problem)));
         for (file, bytes, problem) in all {
             let v = files.entry(file).or_default();
             v.bytes = v.bytes.max(bytes);
@@ -89,7 +92,8 @@ pub fn run(a: &VerifyArgs) -> Result<()> {
         v.problems.extend(c.problem);
     }
     let model = check_model(&a.dir);
-    let bad = files.values().filter(|v| !v.problems.is_empty()).count() + usize::from(model.is_err());
+    let bad =
+        files.values().filter(|v| !v.problems.is_empty()).count() + usize::from(model.is_err());
     if a.json {
         let list: Vec<_> = files
             .iter()

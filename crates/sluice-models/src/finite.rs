@@ -11,7 +11,11 @@ use sluice_core::{bf16_to_f32, f16_to_f32, DType};
 
 /// `v`, the widened values of tensor `e` read at load, if every one is finite; else the error
 /// naming the tensor, its file and the first bad element.
-pub(crate) fn checked(ckpt: &Checkpoint, e: &TensorEntry, v: Vec<f32>) -> Result<Vec<f32>, ModelError> {
+pub(crate) fn checked(
+    ckpt: &Checkpoint,
+    e: &TensorEntry,
+    v: Vec<f32>,
+) -> Result<Vec<f32>, ModelError> {
     if all_finite(&v) {
         return Ok(v);
     }
@@ -49,12 +53,14 @@ pub(crate) fn first_non_finite(v: &[f32]) -> Option<(usize, f32)> {
 /// widened to f32. Integer and packed (MXFP4) types cannot hold a non-finite value.
 pub(crate) fn scan_bytes(dtype: DType, bytes: &[u8]) -> Option<(usize, f32)> {
     match dtype {
-        DType::BF16 => bytes.chunks_exact(2).position(|c| c[1] & 0x7f == 0x7f && c[0] & 0x80 != 0).map(
-            |i| (i, bf16_to_f32(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]))),
-        ),
-        DType::F16 => bytes.chunks_exact(2).position(|c| c[1] & 0x7c == 0x7c).map(|i| {
-            (i, f16_to_f32(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])))
-        }),
+        DType::BF16 => bytes
+            .chunks_exact(2)
+            .position(|c| c[1] & 0x7f == 0x7f && c[0] & 0x80 != 0)
+            .map(|i| (i, bf16_to_f32(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])))),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .position(|c| c[1] & 0x7c == 0x7c)
+            .map(|i| (i, f16_to_f32(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])))),
         DType::F32 => bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))

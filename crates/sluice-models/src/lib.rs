@@ -110,8 +110,9 @@ pub fn check(ckpt: &Checkpoint) -> Result<Checked, ModelError> {
     match arch.as_str() {
         a if KIMI_K3_ARCHS.contains(&a) => {
             let cfg = kimi_k3::config::K3Config::from_json(ckpt.config().text_config())?;
-            kimi_k3::weights::K3Weights::load(ckpt, &cfg)?;
+            // In the order loading for `run` meets them, so both name the same first problem.
             kimi_k3::KimiK3::expert_index(ckpt, &cfg)?;
+            kimi_k3::weights::K3Weights::load(ckpt, &cfg)?;
             Ok(Checked::KimiK3(cfg))
         }
         "Qwen3ForCausalLM" => {

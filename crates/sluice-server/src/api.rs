@@ -354,7 +354,10 @@ mod tests {
         let l = Limits { model_id: "m".into(), max_tokens: 50, context_len: 100 };
         let e = budget(&l, 100, Some(40), "prompt").expect_err("no room at all");
         let msg = e.body()["error"]["message"].as_str().unwrap_or_default().to_owned();
-        assert!(msg.contains("you requested 140 tokens (100 in the prompt, 40 in the completion)"), "{msg}");
+        assert!(
+            msg.contains("you requested 140 tokens (100 in the prompt, 40 in the completion)"),
+            "{msg}"
+        );
     }
 
     #[test]

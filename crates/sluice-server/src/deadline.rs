@@ -65,11 +65,8 @@ impl Timed {
     fn scan(&mut self, bytes: &[u8]) -> bool {
         const END: &[u8; 4] = b"\r\n\r\n";
         for &b in bytes {
-            self.matched = if b == END[self.matched] {
-                self.matched + 1
-            } else {
-                usize::from(b == b'\r')
-            };
+            self.matched =
+                if b == END[self.matched] { self.matched + 1 } else { usize::from(b == b'\r') };
             if self.matched == END.len() {
                 return true;
             }

@@ -12,9 +12,9 @@
 //!
 //! The API, every accepted field and every refusal are documented in docs/SERVER.md.
 
-mod deadline;
 pub mod api;
 pub mod chat_request;
+mod deadline;
 pub mod error;
 pub mod fields;
 pub mod metrics;

@@ -299,7 +299,10 @@ mod tests {
     fn max_tokens_said_its_upper_bound_was_i64_max() {
         for n in [0, 101] {
             let e = err(json!({"model": "m", "prompt": "x", "max_tokens": n}));
-            assert_eq!(e["message"], json!(format!("max_tokens must be between 1 and 100, got {n}")));
+            assert_eq!(
+                e["message"],
+                json!(format!("max_tokens must be between 1 and 100, got {n}"))
+            );
         }
     }
 }

@@ -81,7 +81,8 @@ pub fn storage_read(
     // size, so either would measure nothing and report 0 GB/s as if it were a result.
     let mut lens = Vec::with_capacity(paths.len());
     for p in paths {
-        let meta = std::fs::metadata(p).map_err(|e| StoreError::Io { path: p.clone(), source: e })?;
+        let meta =
+            std::fs::metadata(p).map_err(|e| StoreError::Io { path: p.clone(), source: e })?;
         if !meta.is_file() {
             return Err(StoreError::ProbeInput(format!(
                 "{}: not a regular file; the storage probe reads files (a checkpoint's shards or \
