@@ -117,7 +117,6 @@ fn causes(e: &anyhow::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::causes;
-    use anyhow::Context;
 
     #[test]
     fn error_causes_were_printed_twice() {
@@ -126,9 +125,9 @@ mod tests {
         let source = std::io::Error::from(std::io::ErrorKind::NotFound);
         let said = source.to_string();
         let inline = sluice_checkpoint::CheckpointError::Io { path: "/m/a".into(), source };
-        let e = Err::<(), _>(inline).context("reading /m/a").unwrap_err();
+        let e = anyhow::Error::new(inline).context("reading /m/a");
         assert_eq!(causes(&e), format!("reading /m/a: {said}"));
-        let e = Err::<(), _>(anyhow::anyhow!("x: boom")).context("y").unwrap_err();
+        let e = anyhow::anyhow!("x: boom").context("y");
         assert_eq!(causes(&e), "y: x: boom", "distinct causes are all kept");
     }
 }

@@ -95,7 +95,7 @@ const KIMI_K3_ARCHS: [&str; 2] = ["KimiK3ForConditionalGeneration", "KimiLinearF
 #[derive(Debug, Clone)]
 pub enum Checked {
     /// Kimi K3: its config; the spine roster and every routed expert were checked.
-    KimiK3(kimi_k3::config::K3Config),
+    KimiK3(Box<kimi_k3::config::K3Config>),
     /// Qwen3 dense: its config; every tensor was checked.
     Qwen3(qwen3::config::Qwen3Config),
 }
@@ -113,7 +113,7 @@ pub fn check(ckpt: &Checkpoint) -> Result<Checked, ModelError> {
             // In the order loading for `run` meets them, so both name the same first problem.
             kimi_k3::KimiK3::expert_index(ckpt, &cfg)?;
             kimi_k3::weights::K3Weights::load(ckpt, &cfg)?;
-            Ok(Checked::KimiK3(cfg))
+            Ok(Checked::KimiK3(Box::new(cfg)))
         }
         "Qwen3ForCausalLM" => {
             let cfg = qwen3::config::Qwen3Config::from_json(ckpt.config().text_config())?;
