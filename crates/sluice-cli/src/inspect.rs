@@ -30,10 +30,24 @@ pub fn human(b: u64) -> String {
     }
 }
 
+/// Opens the checkpoint in `dir` as `sluice run` does: a stream install's sparse shard files
+/// stand in for the shards they hold the spine of.
+pub fn open_checkpoint(dir: &Path) -> Result<Checkpoint> {
+    let install = sluice_hub::Install::detect(dir)
+        .with_context(|| format!("reading the install manifest of {}", dir.display()))?;
+    let sparse = install.filter(sluice_hub::Install::is_stream).map(|i| i.sparse_shards());
+    let ckpt = match sparse {
+        Some(sparse) => Checkpoint::open_with_shards(dir, &|name| {
+            dir.join(sparse.get(name).map_or(name, String::as_str))
+        }),
+        None => Checkpoint::open(dir),
+    };
+    ckpt.with_context(|| format!("opening checkpoint {}", dir.display()))
+}
+
 /// Runs the command.
 pub fn run(dir: &Path, as_json: bool) -> Result<()> {
-    let ckpt =
-        Checkpoint::open(dir).with_context(|| format!("opening checkpoint {}", dir.display()))?;
+    let ckpt = open_checkpoint(dir)?;
     let checked = sluice_models::check(&ckpt)
         .with_context(|| format!("{} would not load for `sluice run`", dir.display()))?;
     match checked {

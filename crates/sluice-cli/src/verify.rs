@@ -13,7 +13,6 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use sluice_checkpoint::convert::{Int8Manifest, MANIFEST_FILE as INT8_MANIFEST};
 use sluice_checkpoint::verify::{check_records, check_structure};
-use sluice_checkpoint::Checkpoint;
 use sluice_hub::verify::{bytes_to_hash, verify_install};
 use sluice_hub::{InstallManifest, MANIFEST_FILE};
 use sluice_models::Checked;
@@ -151,7 +150,7 @@ pub fn run(a: &VerifyArgs) -> Result<()> {
 /// The checks `sluice run` makes when it loads the model: the family it found, or why it
 /// would refuse to run.
 fn check_model(dir: &Path) -> Result<&'static str> {
-    let ckpt = Checkpoint::open(dir)?;
+    let ckpt = crate::inspect::open_checkpoint(dir)?;
     Ok(match sluice_models::check(&ckpt)? {
         Checked::KimiK3(_) => "Kimi K3",
         Checked::Qwen3(_) => "Qwen3",
