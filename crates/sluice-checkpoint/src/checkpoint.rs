@@ -332,9 +332,48 @@ pub(crate) fn is_plain_file_name(name: &str) -> bool {
     matches!((parts.next(), parts.next()), (Some(Component::Normal(p)), None) if p == name)
 }
 
+/// Opens `path` for reading if it is a regular file (symlinks followed). Anything else is
+/// refused before `open`: a FIFO would block the open until some writer appears (forever, for a
+/// checkpoint), and a device or socket is not a file of weights.
+pub(crate) fn open_regular(path: &Path) -> std::io::Result<File> {
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        let msg = format!("not a regular file ({})", file_kind(&meta.file_type()));
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
+    }
+    File::open(path)
+}
+
+/// What a file type is, for messages.
+pub(crate) fn file_kind(t: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_file() {
+        "a regular file"
+    } else {
+        "not a regular file"
+    }
+}
+
 /// Opens and maps one shard read-only.
 fn map_shard(path: &Path) -> Result<Mmap> {
-    let file = File::open(path).map_err(|e| CheckpointError::io(path, e))?;
+    let file = open_regular(path).map_err(|e| CheckpointError::io(path, e))?;
     let len = file.metadata().map_err(|e| CheckpointError::io(path, e))?.len();
     if len < 8 {
         // Also avoids mapping an empty file, which some platforms refuse.

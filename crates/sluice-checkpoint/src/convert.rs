@@ -33,7 +33,8 @@ use serde::{Deserialize, Serialize};
 use sluice_core::DType;
 
 pub use digest::hash_file;
-use digest::{hash_range, hex};
+use digest::hash_range;
+pub(crate) use digest::hex;
 pub use manifest::{
     default_output, is_converted, FileRecord, Int8Manifest, FORMAT_VERSION, INSTALL_MANIFEST,
     MANIFEST_FILE, MANIFEST_KIND,
@@ -198,6 +199,10 @@ pub fn convert_spine_int8(
     }
     // The directory is incomplete from here until the new manifest is written.
     remove_if_present(&dst.join(MANIFEST_FILE))?;
+    // What an interrupted run left half-written is never resumed from (finished shards are,
+    // through the journal); removing it first keeps the output from growing with each
+    // interruption.
+    crate::remove_stale_temps(dst, &[".converting"])?;
     let mut journal = Journal::load(dst, opts);
 
     let shards: Vec<String> = ckpt.shard_paths().iter().map(|p| file_name(p)).collect();

@@ -30,7 +30,8 @@ pub use config::{CheckpointConfig, CONFIG_FILE};
 pub use convert::{convert_spine_int8, ConvertError, ConvertOptions, ConvertReport};
 pub use safetensors::{parse_header, read_header, SafetensorsHeader, TensorInfo, MAX_HEADER_LEN};
 pub use writer::{
-    write_index, write_json_atomic, write_safetensors, ShardWriter, TensorData, TensorSpec,
+    remove_stale_temps, write_index, write_json_atomic, write_safetensors, writer_is_gone,
+    ShardWriter, TensorData, TensorSpec,
 };
 
 /// Everything that can go wrong reading or writing a checkpoint directory.

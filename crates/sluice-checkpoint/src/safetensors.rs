@@ -13,7 +13,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -76,7 +75,8 @@ pub fn parse_header(path: &Path, file: &[u8]) -> Result<SafetensorsHeader> {
 /// Reads and validates the header of the safetensors file at `path` with ordinary reads,
 /// without mapping the file. Reads at most 8 + [`MAX_HEADER_LEN`] bytes.
 pub fn read_header(path: &Path) -> Result<SafetensorsHeader> {
-    let mut file = File::open(path).map_err(|e| CheckpointError::io(path, e))?;
+    let mut file =
+        crate::checkpoint::open_regular(path).map_err(|e| CheckpointError::io(path, e))?;
     let file_len = file.metadata().map_err(|e| CheckpointError::io(path, e))?.len();
     if file_len < 8 {
         return Err(CheckpointError::FileTooShort { path: path.to_path_buf(), len: file_len });

@@ -97,3 +97,79 @@ pub fn check_shard(dir: &Path, file: &str, indexed: &[String]) -> ShardCheck {
 pub fn check_structure(dir: &Path) -> Result<Vec<ShardCheck>> {
     Ok(shard_names(dir)?.iter().map(|(f, ts)| check_shard(dir, f, ts)).collect())
 }
+
+/// The verdict on one file a manifest records with its size and SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordCheck {
+    /// File name inside the directory.
+    pub file: String,
+    /// Bytes hashed.
+    pub bytes: u64,
+    /// What is wrong with it, `None` when size and hash match the record.
+    pub problem: Option<String>,
+}
+
+/// Re-hashes every file of `records` (the output list of `sluice-int8-manifest.json`) under
+/// `dir` and compares size and SHA-256, calling `progress(bytes)` as it reads. A flipped byte
+/// anywhere in a converted shard fails here, which the structural checks cannot see.
+pub fn check_records(
+    dir: &Path,
+    records: &[crate::convert::FileRecord],
+    progress: &mut dyn FnMut(u64),
+) -> Vec<RecordCheck> {
+    records
+        .iter()
+        .map(|r| {
+            let mut check = RecordCheck { file: r.name.clone(), bytes: 0, problem: None };
+            if !crate::checkpoint::is_plain_file_name(&r.name) {
+                check.problem = Some("the manifest names a path outside the directory".into());
+                return check;
+            }
+            match hash_with_progress(&dir.join(&r.name), progress) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    check.problem = Some("missing: the int8 manifest records this file".into());
+                }
+                Err(e) => check.problem = Some(format!("cannot read: {e}")),
+                Ok((n, sha)) => {
+                    check.bytes = n;
+                    if n != r.size {
+                        check.problem = Some(format!(
+                            "truncated or extended: {n} bytes, the int8 manifest records {}",
+                            r.size
+                        ));
+                    } else if sha != r.sha256 {
+                        check.problem = Some(format!(
+                            "altered: SHA-256 {sha}, the int8 manifest records {}",
+                            r.sha256
+                        ));
+                    }
+                }
+            }
+            check
+        })
+        .collect()
+}
+
+/// Size and lowercase hex SHA-256 of the file at `path`, reporting bytes read to `progress`.
+fn hash_with_progress(
+    path: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> std::io::Result<(u64, String)> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut file = crate::checkpoint::open_regular(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 4 << 20];
+    let mut size = 0u64;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        let n = n as u64;
+        size += n;
+        progress(n);
+    }
+    Ok((size, crate::convert::hex(&h.finalize())))
+}

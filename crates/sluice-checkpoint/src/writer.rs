@@ -350,6 +350,54 @@ impl Drop for AtomicFile {
     }
 }
 
+/// Removes the temporary files that [`AtomicFile`]s of processes no longer running left in
+/// `dir` (`.NAME.PID.N.tmp`): a `synth`, `convert` or demo creation killed mid-shard leaves one
+/// of up to a whole shard, which nothing else would ever remove. A temporary file of a process
+/// still running (another writer into the same directory) is left alone where that can be told
+/// (`/proc`); this process's own are left alone everywhere. Also removes files whose name ends
+/// with one of `extra_suffixes` (a caller's own intermediate names). Returns the bytes freed.
+pub fn remove_stale_temps(dir: &Path, extra_suffixes: &[&str]) -> Result<u64> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(CheckpointError::io(dir, e)),
+    };
+    let mut freed = 0u64;
+    for entry in entries {
+        let entry = entry.map_err(|e| CheckpointError::io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let stale = match temp_owner(&name) {
+            Some(pid) => writer_is_gone(pid),
+            None => extra_suffixes.iter().any(|s| name.ends_with(s)),
+        };
+        let Ok(meta) = entry.metadata() else { continue };
+        if stale && meta.is_file() {
+            std::fs::remove_file(entry.path()).map_err(|e| CheckpointError::io(entry.path(), e))?;
+            freed += meta.len();
+        }
+    }
+    Ok(freed)
+}
+
+/// The process id in an [`AtomicFile`] temporary name `.NAME.PID.N.tmp`, if `name` is one.
+fn temp_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix('.')?.strip_suffix(".tmp")?;
+    let mut parts = rest.rsplitn(3, '.');
+    let (n, pid, base) = (parts.next()?, parts.next()?, parts.next()?);
+    if base.is_empty() || n.parse::<u64>().is_err() {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// Whether process `pid`, which wrote a temporary file or directory, has gone, so that what it
+/// left can be removed: never for this process; without `/proc`, where a running process cannot
+/// be told cheaply, a writer that left temporary files behind is taken to be gone.
+pub fn writer_is_gone(pid: u32) -> bool {
+    pid != std::process::id()
+        && !(Path::new("/proc/self").exists() && Path::new("/proc").join(pid.to_string()).exists())
+}
+
 /// Makes a completed rename durable by fsyncing its directory (Unix only; best effort, since
 /// the file's own data is already synced and some file systems refuse directory fsync).
 fn sync_parent_dir(path: &Path) {
@@ -365,4 +413,18 @@ fn sync_parent_dir(path: &Path) {
     }
     #[cfg(not(unix))]
     let _ = path;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temp_names_parse_to_their_writer() {
+        assert_eq!(temp_owner(".model-00001-of-000002.safetensors.4242.7.tmp"), Some(4242));
+        assert_eq!(temp_owner(".config.json.1.0.tmp"), Some(1));
+        for not in ["model.safetensors", ".x.tmp", ".a.b.tmp", "..1.2.tmp", "a.1.2.tmp"] {
+            assert_eq!(temp_owner(not), None, "{not}");
+        }
+    }
 }

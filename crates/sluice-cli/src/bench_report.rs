@@ -193,15 +193,21 @@ pub fn print_summary(summary: &Value) {
             if let (Some(med), Some(lo), Some(hi)) =
                 (m["median"].as_f64(), m["min"].as_f64(), m["max"].as_f64())
             {
-                println!("  {what:<32} median {:>12} [min {}, max {}]", fmt(med), fmt(lo), fmt(hi));
+                let f = |v| fmt(k, v);
+                println!("  {what:<32} median {:>12} [min {}, max {}]", f(med), f(lo), f(hi));
             }
         }
     }
 }
 
-fn fmt(v: f64) -> String {
-    if v.abs() >= 1e6 {
-        format!("{:.4e}", v)
+/// A metric's value with its unit: byte counts in binary units (GiB, MiB, KiB).
+fn fmt(key: &str, v: f64) -> String {
+    if key.contains("bytes") && v.is_finite() && v >= 0.0 {
+        // Byte counts are whole and far below 2^53; the cast only drops a fraction.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        crate::inspect::human(v.round() as u64)
+    } else if v.abs() >= 1e6 {
+        format!("{v:.0}")
     } else {
         format!("{v:.4}")
     }
@@ -210,6 +216,14 @@ fn fmt(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bench_printed_bytes_as_1_6755e7() {
+        assert_eq!(fmt("decode_bytes_per_pass", 1.6755e7), "15.98 MiB");
+        assert_eq!(fmt("peak_rss_bytes", 3.0 * 1024.0 * 1024.0 * 1024.0), "3.00 GiB");
+        assert_eq!(fmt("s_per_pass", 0.25), "0.2500");
+        assert_eq!(fmt("wall_s", 1.5e6), "1500000");
+    }
 
     #[test]
     fn medians_and_ratios() {

@@ -41,6 +41,15 @@ pub fn run(a: &ConvertArgs) -> Result<()> {
     if a.spine != "int8" {
         bail!("--spine {:?}: the only conversion is --spine int8", a.spine);
     }
+    // A source `sluice run` would refuse (a missing tensor, a wrong dtype or shape, a config
+    // contradicting its tensors) would only give an output that fails the same way, after
+    // minutes or hours of writing: refuse it first, with the cause.
+    let src = Checkpoint::open(&a.src)
+        .with_context(|| format!("opening the source checkpoint {}", a.src.display()))?;
+    sluice_models::check(&src).with_context(|| {
+        format!("{} would not load for `sluice run`; refusing to convert it", a.src.display())
+    })?;
+    drop(src);
     let dst = a.out.clone().unwrap_or_else(|| default_output(&a.src));
     let opts = ConvertOptions { embeddings: a.embeddings };
     let bar = bar("{spinner} {bytes}/{total_bytes} {wide_bar} {binary_bytes_per_sec} eta {eta}")?;

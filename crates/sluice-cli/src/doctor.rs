@@ -1,5 +1,6 @@
 //! `sluice doctor [DIR] [--deep] [--json]`: a read-only, network-free health check of an
-//! install (files, sizes, hashes with `--deep`, mode, pinned revision, expert cache), the
+//! install (files, sizes, hashes with `--deep`, mode, pinned revision, expert cache) or of a
+//! plain checkpoint directory (checked as `sluice run` checks it at load), the
 //! kernels' self-test on this CPU, and free disk, ending in a verdict and, for each problem,
 //! what to do. Exits 1 when something is wrong.
 
@@ -42,12 +43,20 @@ pub fn run(a: &DoctorArgs) -> Result<bool> {
                 problems.push((p.file.clone(), p.what.clone(), p.fix.clone()));
             }
         }
-        None => problems.push((
-            dir.display().to_string(),
-            "no sluice-install.json: not an install made by `sluice pull`".into(),
-            "run `sluice pull REPO --dir DIR`, or `sluice inspect DIR` for a plain checkpoint"
-                .into(),
-        )),
+        // A plain checkpoint directory (the demo model, `sluice synth` or `sluice convert`
+        // output, a copied download) has no install record to compare against; it is checked
+        // the way `sluice run` checks it at load instead.
+        None => {
+            if let Err(e) = check_plain(&dir) {
+                problems.push((
+                    dir.display().to_string(),
+                    format!("{e:#}"),
+                    "point doctor at a checkpoint directory (config.json + safetensors shards), \
+                     or reinstall it with `sluice pull REPO --dir DIR`"
+                        .into(),
+                ));
+            }
+        }
     }
     for k in kernels.iter().filter(|k| !k.ok) {
         problems.push((
@@ -92,11 +101,16 @@ pub fn run(a: &DoctorArgs) -> Result<bool> {
             println!("experts     {} cached locally ({}){verified}", c.experts, bytes(c.bytes));
         }
     }
-    let tiers: Vec<&str> = {
-        let mut t: Vec<&str> = kernels.iter().map(|k| k.isa.name()).collect();
-        t.dedup();
+    if health.is_none() {
+        println!("checkpoint  {} (a plain directory, no sluice-install.json)", dir.display());
+    }
+    // The self-test runs every format on every tier; each tier is named once.
+    let tiers: Vec<&str> = kernels.iter().fold(Vec::new(), |mut t, k| {
+        if !t.contains(&k.isa.name()) {
+            t.push(k.isa.name());
+        }
         t
-    };
+    });
     let ok = kernels.iter().filter(|k| k.ok).count();
     println!(
         "kernels     {} in use; {ok} of {} checks equal the scalar reference (tiers {})",
@@ -116,4 +130,12 @@ pub fn run(a: &DoctorArgs) -> Result<bool> {
         }
     }
     Ok(problems.is_empty())
+}
+
+/// Checks a plain checkpoint directory as `sluice run` would at load.
+fn check_plain(dir: &std::path::Path) -> Result<()> {
+    let ckpt = sluice_checkpoint::Checkpoint::open(dir)
+        .context("no sluice-install.json, and not a checkpoint directory either")?;
+    sluice_models::check(&ckpt).context("the model would not load for `sluice run`")?;
+    Ok(())
 }

@@ -1,4 +1,8 @@
-//! `sluice inspect DIR`: what a checkpoint holds and what running it takes in memory.
+//! `sluice inspect DIR`: what a checkpoint holds and what running it takes in memory. The
+//! checkpoint first passes the checks `sluice run` makes at load (architecture, every tensor's
+//! presence, dtype and shape against the config), so the summary describes a model that runs:
+//! a config that contradicts its tensors, or an architecture sluice does not run, is refused
+//! with the cause instead of being described as something it is not.
 
 use anyhow::{Context, Result};
 use serde_json::json;
@@ -7,6 +11,8 @@ use sluice_checkpoint::Checkpoint;
 use sluice_core::DType;
 use sluice_models::kimi_k3::config::{AttnKind, K3Config};
 use sluice_models::kimi_k3::inventory::inventory;
+use sluice_models::qwen3::config::Qwen3Config;
+use sluice_models::Checked;
 use std::path::Path;
 
 /// Human-readable bytes (GiB/MiB/KiB).
@@ -24,15 +30,69 @@ pub fn human(b: u64) -> String {
     }
 }
 
+/// Opens the checkpoint in `dir` as `sluice run` does: a stream install's sparse shard files
+/// stand in for the shards they hold the spine of.
+pub fn open_checkpoint(dir: &Path) -> Result<Checkpoint> {
+    let install = sluice_hub::Install::detect(dir)
+        .with_context(|| format!("reading the install manifest of {}", dir.display()))?;
+    let sparse = install.filter(sluice_hub::Install::is_stream).map(|i| i.sparse_shards());
+    let ckpt = match sparse {
+        Some(sparse) => Checkpoint::open_with_shards(dir, &|name| {
+            dir.join(sparse.get(name).map_or(name, String::as_str))
+        }),
+        None => Checkpoint::open(dir),
+    };
+    ckpt.with_context(|| format!("opening checkpoint {}", dir.display()))
+}
+
 /// Runs the command.
 pub fn run(dir: &Path, as_json: bool) -> Result<()> {
-    let ckpt =
-        Checkpoint::open(dir).with_context(|| format!("opening checkpoint {}", dir.display()))?;
+    let ckpt = open_checkpoint(dir)?;
+    let checked = sluice_models::check(&ckpt)
+        .with_context(|| format!("{} would not load for `sluice run`", dir.display()))?;
+    match checked {
+        Checked::KimiK3(cfg) => kimi_k3(dir, &ckpt, &cfg, as_json),
+        Checked::Qwen3(cfg) => qwen3(dir, &ckpt, &cfg, as_json),
+    }
+}
+
+/// A dense Qwen3 checkpoint (sluice runs it as a draft model): its shape and bytes.
+fn qwen3(dir: &Path, ckpt: &Checkpoint, cfg: &Qwen3Config, as_json: bool) -> Result<()> {
     let arch = ckpt.config().architecture().to_string();
-    let cfg = K3Config::from_json(ckpt.config().text_config()).with_context(|| {
-        format!("{}: not a Kimi K3 configuration (architecture {arch})", dir.display())
-    })?;
-    let inv = inventory(&ckpt, &cfg);
+    let bytes: u64 = ckpt.tensors().map(|e| e.len).sum();
+    if as_json {
+        let v = json!({
+            "dir": dir.display().to_string(), "architecture": arch, "family": "qwen3",
+            "layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size,
+            "vocab_size": cfg.vocab_size, "experts_per_layer": 0,
+            "tensors": ckpt.len(), "shards": ckpt.shard_paths().len(), "weight_bytes": bytes,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("{}", dir.display());
+    println!(
+        "  architecture   {arch} ({} tensors in {} shards)",
+        ckpt.len(),
+        ckpt.shard_paths().len()
+    );
+    println!(
+        "  layers         {} dense (attention {} heads, {} KV heads), hidden {}, vocab {}",
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.hidden_size,
+        cfg.vocab_size
+    );
+    println!("  experts        none (a dense model: every weight is read by every pass)");
+    println!("  weights        {} (mapped in place; runs as a --draft model)", human(bytes));
+    Ok(())
+}
+
+/// A Kimi K3 checkpoint: config, tensors by kind, expert size, memory needs.
+fn kimi_k3(dir: &Path, ckpt: &Checkpoint, cfg: &K3Config, as_json: bool) -> Result<()> {
+    let arch = ckpt.config().architecture().to_string();
+    let inv = inventory(ckpt, cfg);
     // The spine format: row-int8 tensors (the lossy `sluice convert` output) or as published.
     let int8_tensors = ckpt.tensors().filter(|e| e.dtype == DType::I8).count();
     let spine_format = if int8_tensors > 0 { "int8" } else { "bf16" };
@@ -62,7 +122,7 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
             .collect();
         let v = json!({
             "dir": dir.display().to_string(),
-            "architecture": arch,
+            "architecture": arch, "family": "kimi_k3",
             "layers": cfg.num_hidden_layers, "kda_layers": kda, "mla_layers": cfg.num_hidden_layers - kda,
             "moe_layers": moe, "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
             "experts_per_layer": cfg.num_experts, "experts_per_token": cfg.num_experts_per_token,

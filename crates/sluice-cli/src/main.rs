@@ -84,7 +84,54 @@ fn main() {
         Cmd::Inspect { dir, json } => inspect::run(&dir, json),
     };
     if let Err(e) = res {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", causes(&e));
         std::process::exit(1);
+    }
+}
+
+/// The error and its causes, `: ` apart, each said once. Library errors print their source
+/// inline as well as expose it as a cause, and contexts name the path their cause names too;
+/// `{e:#}` would repeat both ("…: No such file (os error 2): No such file (os error 2)").
+/// A cause already inside the message is left out, and one that begins with the words the
+/// message ends with continues it.
+fn causes(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if s.is_empty() || out.contains(&s) {
+            continue;
+        }
+        // "opening /m" + "/m: no config.json" → "opening /m: no config.json".
+        let overlap = s.match_indices(": ").map(|(i, _)| i).find(|&i| {
+            out.strip_suffix(&s[..i]).is_some_and(|head| head.is_empty() || head.ends_with(' '))
+        });
+        match overlap {
+            Some(i) => out.push_str(&s[i..]),
+            None => {
+                if !out.is_empty() {
+                    out.push_str(": ");
+                }
+                out.push_str(&s);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::causes;
+
+    #[test]
+    fn error_causes_were_printed_twice() {
+        // A library error that prints its source inline and also exposes it as its cause,
+        // under a context that names the same path.
+        let source = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let said = source.to_string();
+        let inline = sluice_checkpoint::CheckpointError::Io { path: "/m/a".into(), source };
+        let e = anyhow::Error::new(inline).context("reading /m/a");
+        assert_eq!(causes(&e), format!("reading /m/a: {said}"));
+        let e = anyhow::anyhow!("x: boom").context("y");
+        assert_eq!(causes(&e), "y: x: boom", "distinct causes are all kept");
     }
 }

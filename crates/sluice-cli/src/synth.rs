@@ -1,11 +1,21 @@
 //! `sluice synth`: write a synthetic checkpoint of a real architecture in its published layout,
-//! deterministic from a seed, with a progress bar.
+//! deterministic from a seed, with a progress bar. It says how much it will write before it
+//! starts (the default k3-slice is gigabytes), marks its output directory as its own first, and
+//! rewrites a directory so marked when run again, so an interrupted run is finished by running
+//! the same command; the temporary files an interrupted run left there are removed.
 
+use crate::inspect::human;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use sluice_models::kimi_k3::synth::{k3_slice_text_config, release_config, write_checkpoint};
-use std::path::PathBuf;
+use sluice_models::kimi_k3::synth::{
+    checkpoint_bytes, k3_slice_text_config, release_config, write_checkpoint,
+};
+use std::path::{Path, PathBuf};
+
+/// Written into the output directory before anything else: the directory is synth's own, and a
+/// later run may empty and rewrite it.
+const MARKER: &str = ".sluice-synth";
 
 /// Which configuration to write.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -23,7 +33,8 @@ pub enum Preset {
 /// Flags of `sluice synth`.
 #[derive(Debug, Args)]
 pub struct SynthArgs {
-    /// Output directory (must not exist, or be empty).
+    /// Output directory: new, empty, or an earlier `sluice synth` output (finished or
+    /// interrupted), which is rewritten.
     #[arg(long)]
     out: PathBuf,
     /// Configuration preset.
@@ -45,8 +56,14 @@ pub struct SynthArgs {
 
 /// Runs the command.
 pub fn run(a: &SynthArgs) -> Result<()> {
-    if a.out.exists() && a.out.read_dir().map(|mut d| d.next().is_some()).unwrap_or(true) {
-        bail!("{} exists and is not empty; choose a new directory", a.out.display());
+    let reuse = a.out.join(MARKER).is_file();
+    if !reuse && a.out.exists() && a.out.read_dir().map(|mut d| d.next().is_some()).unwrap_or(true)
+    {
+        bail!(
+            "{} exists, is not empty and is not the output of an earlier `sluice synth`; choose \
+             a new directory",
+            a.out.display()
+        );
     }
     let (text, ranks) = match a.preset {
         Preset::K3Slice => {
@@ -76,6 +93,28 @@ pub fn run(a: &SynthArgs) -> Result<()> {
         }
     };
     let config = release_config(&text, ranks as u64);
+    let bytes = checkpoint_bytes(&text).context("sizing the checkpoint")?;
+    eprintln!(
+        "sluice synth: writing {} of tensors ({bytes} bytes, preset {}, seed {}) into {}",
+        human(bytes),
+        a.preset.name(),
+        a.seed,
+        a.out.display()
+    );
+    if reuse {
+        let freed = empty_own_dir(&a.out)?;
+        eprintln!(
+            "sluice synth: {} is an earlier synth output: removed its {} and rewriting it",
+            a.out.display(),
+            human(freed)
+        );
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    std::fs::write(
+        a.out.join(MARKER),
+        b"written by sluice synth; rerunning it rewrites this directory\n",
+    )
+    .with_context(|| format!("marking {} as synth output", a.out.display()))?;
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template(
@@ -91,6 +130,48 @@ pub fn run(a: &SynthArgs) -> Result<()> {
     bar.finish_and_clear();
     sluice_engine::demo::write_tokenizer_files(&a.out, ranks)
         .with_context(|| format!("writing the tokenizer of {}", a.out.display()))?;
-    println!("wrote {} ({} bytes of tensors, seed {})", a.out.display(), total, a.seed);
+    println!(
+        "wrote {} ({} of tensors, {total} bytes, seed {})",
+        a.out.display(),
+        human(total),
+        a.seed
+    );
     Ok(())
+}
+
+impl Preset {
+    /// The name `--preset` takes.
+    fn name(self) -> &'static str {
+        match self {
+            Self::K3Slice => "k3-slice",
+            Self::Demo => "demo",
+            Self::ManyExperts => "many-experts",
+        }
+    }
+}
+
+/// Removes every file of an earlier synth output in `dir` (finished shards, an interrupted
+/// run's temporary files, the marker), so that nothing of a run with other flags survives the
+/// rewrite. Returns the bytes freed. Refuses a directory with subdirectories: synth never makes
+/// one, so someone else's files are there.
+fn empty_own_dir(dir: &Path) -> Result<u64> {
+    let mut freed = 0;
+    let entries: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .collect::<std::io::Result<_>>()
+        .with_context(|| format!("reading {}", dir.display()))?;
+    if let Some(sub) = entries.iter().find(|e| e.file_type().is_ok_and(|t| t.is_dir())) {
+        bail!(
+            "{} holds a directory ({}) that sluice synth did not write; choose a new directory",
+            dir.display(),
+            sub.file_name().to_string_lossy()
+        );
+    }
+    for e in entries {
+        let len = e.metadata().map_or(0, |m| m.len());
+        std::fs::remove_file(e.path())
+            .with_context(|| format!("removing {}", e.path().display()))?;
+        freed += len;
+    }
+    Ok(freed)
 }

@@ -1,18 +1,23 @@
-//! `sluice verify DIR`: is this checkpoint intact? With an install manifest
+//! `sluice verify DIR`: is this checkpoint intact, and will it run? With an install manifest
 //! (`sluice-install.json`, written by `sluice pull`) every installed file is re-hashed against
-//! its recorded SHA-256; in every case each shard's header is parsed and every tensor's byte
-//! range checked against the file length and the index. One line per file, a non-zero exit
-//! when anything is wrong.
+//! its recorded SHA-256, and so is every file of a converted checkpoint's int8 manifest
+//! (`sluice-int8-manifest.json`, written by `sluice convert`); in every case each shard's
+//! header is parsed and every tensor's byte range checked against the file length and the
+//! index, and the model is checked as `sluice run` checks it at load (architecture, every
+//! tensor's presence, dtype and shape against the config). One line per file and one for the
+//! model, a non-zero exit when anything is wrong.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
-use sluice_checkpoint::verify::check_structure;
+use sluice_checkpoint::convert::{Int8Manifest, MANIFEST_FILE as INT8_MANIFEST};
+use sluice_checkpoint::verify::{check_records, check_structure};
 use sluice_hub::verify::{bytes_to_hash, verify_install};
 use sluice_hub::{InstallManifest, MANIFEST_FILE};
+use sluice_models::Checked;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Flags of `sluice verify`.
 #[derive(Debug, Args)]
@@ -41,9 +46,17 @@ pub fn run(a: &VerifyArgs) -> Result<()> {
     } else {
         None
     };
+    let int8_path = a.dir.join(INT8_MANIFEST);
+    let int8 = if int8_path.exists() {
+        Some(Int8Manifest::read(&int8_path).context("reading the int8 manifest")?)
+    } else {
+        None
+    };
     let mut files: BTreeMap<String, Verdict> = BTreeMap::new();
-    if let Some(m) = &manifest {
-        let bar = ProgressBar::new(bytes_to_hash(m));
+    let total = manifest.as_ref().map_or(0, bytes_to_hash)
+        + int8.as_ref().map_or(0, |m| m.output.iter().map(|f| f.size).sum());
+    if total > 0 {
+        let bar = ProgressBar::new(total);
         if a.json {
             bar.set_draw_target(ProgressDrawTarget::hidden());
         }
@@ -53,11 +66,19 @@ pub fn run(a: &VerifyArgs) -> Result<()> {
             )
             .context("progress template")?,
         );
-        for c in verify_install(&a.dir, m, &mut |n| bar.inc(n)) {
-            let v = files.entry(c.file).or_default();
-            v.bytes = c.bytes;
-            v.hashed = c.problem.is_none();
-            v.problems.extend(c.problem);
+        let install = manifest.as_ref().map(|m| verify_install(&a.dir, m, &mut |n| bar.inc(n)));
+        let converted =
+            int8.as_ref().map(|m| check_records(&a.dir, &m.output, &mut |n| bar.inc(n)));
+        let all = install
+            .into_iter()
+            .flatten()
+            .map(|c| (c.file, c.bytes, c.problem))
+            .chain(converted.into_iter().flatten().map(|c| (c.file, c.bytes, c.problem)));
+        for (file, bytes, problem) in all {
+            let v = files.entry(file).or_default();
+            v.bytes = v.bytes.max(bytes);
+            v.hashed = problem.is_none() && v.problems.is_empty();
+            v.problems.extend(problem);
         }
         bar.finish_and_clear();
     }
@@ -69,7 +90,9 @@ pub fn run(a: &VerifyArgs) -> Result<()> {
         v.tensors = Some(c.tensors);
         v.problems.extend(c.problem);
     }
-    let bad = files.values().filter(|v| !v.problems.is_empty()).count();
+    let model = check_model(&a.dir);
+    let bad =
+        files.values().filter(|v| !v.problems.is_empty()).count() + usize::from(model.is_err());
     if a.json {
         let list: Vec<_> = files
             .iter()
@@ -78,13 +101,18 @@ pub fn run(a: &VerifyArgs) -> Result<()> {
                        "tensors": v.tensors, "ok": v.problems.is_empty(), "problems": v.problems})
             })
             .collect();
+        let model = match &model {
+            Ok(family) => json!({"ok": true, "family": family}),
+            Err(e) => json!({"ok": false, "problem": format!("{e:#}")}),
+        };
         println!(
             "{}",
             json!({"dir": a.dir.display().to_string(), "manifest": manifest.is_some(),
-                   "ok": bad == 0, "files": list})
+                   "int8_manifest": int8.is_some(), "ok": bad == 0, "model": model,
+                   "files": list})
         );
     } else {
-        if manifest.is_none() {
+        if manifest.is_none() && int8.is_none() {
             println!(
                 "no {MANIFEST_FILE}: checking structure only (headers, tensor ranges against file \
                  lengths and the index); bytes changed inside a tensor cannot be detected without \
@@ -104,9 +132,27 @@ pub fn run(a: &VerifyArgs) -> Result<()> {
                 println!("BAD  {f}: {}", v.problems.join("; "));
             }
         }
+        match &model {
+            Ok(family) => println!(
+                "OK   model: {family}; every tensor `sluice run` loads is present with the dtype \
+                 and shape its config implies"
+            ),
+            Err(e) => println!("BAD  model: {e:#}"),
+        }
     }
     if bad > 0 {
-        bail!("{bad} of {} files failed verification", files.len());
+        let what = if model.is_err() { " and the model check" } else { "" };
+        bail!("{bad} of {} checks failed (the files{what})", files.len() + 1);
     }
     Ok(())
+}
+
+/// The checks `sluice run` makes when it loads the model: the family it found, or why it
+/// would refuse to run.
+fn check_model(dir: &Path) -> Result<&'static str> {
+    let ckpt = crate::inspect::open_checkpoint(dir)?;
+    Ok(match sluice_models::check(&ckpt)? {
+        Checked::KimiK3(_) => "Kimi K3",
+        Checked::Qwen3(_) => "Qwen3",
+    })
 }

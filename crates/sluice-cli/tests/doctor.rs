@@ -77,9 +77,14 @@ fn doctor_finds_truncated_missing_and_flipped_files() {
     let t = text(&o);
     assert!(!o.status.success() && t.contains("config.json: missing"), "{t}");
 
-    // Not an install at all.
+    // A plain checkpoint directory is checked as `run` checks it, and healthy.
     let o = sluice(&["doctor", k3_tiny_fixture().to_str().expect("utf-8")]);
-    assert!(!o.status.success() && text(&o).contains("no sluice-install.json"));
+    assert!(o.status.success() && text(&o).contains("a plain directory, no sluice-install.json"));
+    // A directory that is neither an install nor a checkpoint is a problem.
+    let empty = tempfile::tempdir().expect("tempdir");
+    let o = sluice(&["doctor", empty.path().to_str().expect("utf-8")]);
+    let t = text(&o);
+    assert!(!o.status.success() && t.contains("not a checkpoint directory either"), "{t}");
 }
 
 #[test]

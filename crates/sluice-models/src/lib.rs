@@ -5,6 +5,7 @@
 //! Models never do I/O themselves: spine weights are byte slices of the opened checkpoint and
 //! routed experts come from a `sluice_store::ExpertStore`.
 
+mod finite;
 pub mod gpt_oss;
 pub mod kimi_k3;
 pub mod qwen3;
@@ -64,6 +65,26 @@ pub enum ModelError {
     /// The previous pass was neither committed nor rolled back.
     #[error("a pass of {0} rows is still pending: commit or roll it back first")]
     PendingPass(usize),
+    /// A weight read at load holds NaN or ±Inf.
+    #[error("{file}: tensor {tensor} holds {value} at element {index}: the checkpoint is corrupt")]
+    NonFiniteWeight {
+        /// The shard file.
+        file: std::path::PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Element index (row-major).
+        index: usize,
+        /// `NaN`, `+Inf` or `-Inf`.
+        value: &'static str,
+    },
+    /// A pass produced NaN or ±Inf; the pass is rolled back.
+    #[error("non-finite values (NaN/Inf) in {stage}: {cause}")]
+    NonFiniteActivation {
+        /// Where: `the output of layer 3`, `the logits`, `the embedding of token 7`.
+        stage: String,
+        /// The tensor found holding a non-finite value, or what else can cause it.
+        cause: String,
+    },
 }
 
 /// A loaded model of any supported family.
@@ -84,6 +105,40 @@ pub enum Model {
 
 /// Architectures that map to Kimi K3.
 const KIMI_K3_ARCHS: [&str; 2] = ["KimiK3ForConditionalGeneration", "KimiLinearForCausalLM"];
+
+/// What [`check`] found in a checkpoint whose every tensor the model needs is present with the
+/// dtype and shape its config implies.
+#[derive(Debug, Clone)]
+pub enum Checked {
+    /// Kimi K3: its config; the spine roster and every routed expert were checked.
+    KimiK3(Box<kimi_k3::config::K3Config>),
+    /// Qwen3 dense: its config; every tensor was checked.
+    Qwen3(qwen3::config::Qwen3Config),
+}
+
+/// Runs the checks that loading the model for `sluice run` runs — architecture, config, every
+/// spine tensor's presence, dtype and shape (and finiteness of the small ones read at load),
+/// every routed expert's tensors — without mapping or reading the routed experts. `inspect`,
+/// `verify` and `convert` use it so that they never call a checkpoint good that `run` refuses.
+pub fn check(ckpt: &Checkpoint) -> Result<Checked, ModelError> {
+    let archs = ckpt.config().architectures();
+    let arch = archs.first().cloned().unwrap_or_default();
+    match arch.as_str() {
+        a if KIMI_K3_ARCHS.contains(&a) => {
+            let cfg = kimi_k3::config::K3Config::from_json(ckpt.config().text_config())?;
+            // In the order loading for `run` meets them, so both name the same first problem.
+            kimi_k3::KimiK3::expert_index(ckpt, &cfg)?;
+            kimi_k3::weights::K3Weights::load(ckpt, &cfg)?;
+            Ok(Checked::KimiK3(Box::new(cfg)))
+        }
+        "Qwen3ForCausalLM" => {
+            let cfg = qwen3::config::Qwen3Config::from_json(ckpt.config().text_config())?;
+            qwen3::weights::Qwen3Weights::load(ckpt, &cfg)?;
+            Ok(Checked::Qwen3(cfg))
+        }
+        other => Err(ModelError::UnknownArchitecture(other.to_string())),
+    }
+}
 
 /// Loads the model `config.json` names.
 pub fn load(ckpt: Arc<Checkpoint>) -> Result<Model, ModelError> {

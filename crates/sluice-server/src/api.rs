@@ -226,7 +226,8 @@ fn budget(
         code: Some("context_length_exceeded"),
     };
     match requested {
-        _ if room == 0 => Err(over(1)),
+        // The message counts what was asked: a request naming no limit asks for at least one.
+        _ if room == 0 => Err(over(requested.unwrap_or(1))),
         Some(m) if m > room => Err(over(m)),
         Some(m) => Ok(m),
         None => Ok(limits.max_tokens.min(room)),
@@ -346,6 +347,17 @@ mod tests {
         let e = budget(&l, 70, Some(31), "prompt").expect_err("over the context");
         assert_eq!(e.body()["error"]["code"], json!("context_length_exceeded"));
         assert!(budget(&l, 100, None, "messages").is_err());
+    }
+
+    #[test]
+    fn context_length_exceeded_said_1_completion_token() {
+        let l = Limits { model_id: "m".into(), max_tokens: 50, context_len: 100 };
+        let e = budget(&l, 100, Some(40), "prompt").expect_err("no room at all");
+        let msg = e.body()["error"]["message"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            msg.contains("you requested 140 tokens (100 in the prompt, 40 in the completion)"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -40,11 +40,9 @@ pub enum ApiError {
     #[error("Timed out reading the request body")]
     BodyTimeout,
     /// The queue is full (429, with `Retry-After`).
-    #[error("The server is busy: {running} generation running and {queued} queued (queue limit {limit}); retry later")]
+    #[error("The server is busy: one generation running and {queued} queued (queue limit {limit}); retry later")]
     QueueFull {
-        /// Generations running (0 or 1).
-        running: usize,
-        /// Requests waiting or being prepared.
+        /// Admitted requests besides the one running or next to run.
         queued: usize,
         /// The queue limit.
         limit: usize,
@@ -171,7 +169,7 @@ mod tests {
             (e.status(), e.body()["error"]["code"].clone()),
             (StatusCode::NOT_FOUND, json!("model_not_found"))
         );
-        let full = ApiError::QueueFull { running: 1, queued: 0, limit: 0 }.into_response();
+        let full = ApiError::QueueFull { queued: 0, limit: 0 }.into_response();
         assert_eq!(full.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(full.headers()[header::RETRY_AFTER], "1");
     }

@@ -14,6 +14,7 @@
 
 pub mod api;
 pub mod chat_request;
+mod deadline;
 pub mod error;
 pub mod fields;
 pub mod metrics;
@@ -160,6 +161,7 @@ pub fn serve(
             stopping.shutdown();
             let _ = stop_tx.send(true);
         };
+        let listener = deadline::HeaderDeadline::new(listener, cfg.body_timeout);
         let server = axum::serve(listener, router(app)).with_graceful_shutdown(on_signal);
         // Responses in flight end once the engine has cancelled their job; a connection that
         // is still open after the grace period (a client still sending its body) is closed.

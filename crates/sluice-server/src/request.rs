@@ -82,23 +82,13 @@ pub fn parse_common(o: &mut Obj<'_>, limits: &Limits, chat: bool) -> Result<Comm
         Some(m) if m != limits.model_id => return Err(ApiError::ModelNotFound(m.to_owned())),
         Some(_) => {}
     }
-    let cap = i64::try_from(limits.max_tokens).unwrap_or(i64::MAX);
-    let mut max_tokens = o.int("max_tokens", 1, i64::MAX)?;
+    // The range a message states is this server's (`--max-tokens`), not i64's.
+    let cap = i64::try_from(limits.max_tokens).unwrap_or(i64::MAX).max(1);
+    let mut max_tokens = o.int("max_tokens", 1, cap)?;
     if chat {
-        if let Some(m) = o.int("max_completion_tokens", 1, i64::MAX)? {
+        if let Some(m) = o.int("max_completion_tokens", 1, cap)? {
             max_tokens = Some(m);
         }
-    }
-    if let Some(m) = max_tokens.filter(|&m| m > cap) {
-        let param = if chat && o.value("max_completion_tokens").is_some() {
-            "max_completion_tokens"
-        } else {
-            "max_tokens"
-        };
-        return Err(ApiError::invalid(
-            param,
-            format!("{param} is {m}, above this server's limit of {cap} (--max-tokens)"),
-        ));
     }
     let temperature = o.num("temperature", 0.0, 2.0)?.unwrap_or(1.0);
     let top_p = o.num("top_p", 0.0, 1.0)?.unwrap_or(1.0);
@@ -303,5 +293,16 @@ mod tests {
             assert_eq!(err(body.clone())["param"], json!(param), "{body}");
         }
         assert_eq!(err(json!({"model": "x", "prompt": "p"}))["code"], json!("model_not_found"));
+    }
+
+    #[test]
+    fn max_tokens_said_its_upper_bound_was_i64_max() {
+        for n in [0, 101] {
+            let e = err(json!({"model": "m", "prompt": "x", "max_tokens": n}));
+            assert_eq!(
+                e["message"],
+                json!(format!("max_tokens must be between 1 and 100, got {n}"))
+            );
+        }
     }
 }

@@ -86,12 +86,12 @@ impl Scheduler {
                 ApiError::Unavailable
             });
         }
-        if usize::from(g.running) + waiting > self.queue_limit {
-            return Err(ApiError::QueueFull {
-                running: usize::from(g.running),
-                queued: waiting,
-                limit: self.queue_limit,
-            });
+        let admitted = usize::from(g.running) + waiting;
+        if admitted > self.queue_limit {
+            // One admitted request is running or next to run (it may still be tokenizing, or
+            // the engine is between jobs); the others wait. Counting the next-to-run one as
+            // queued said "0 running and 1 queued (queue limit 0)".
+            return Err(ApiError::QueueFull { queued: admitted - 1, limit: self.queue_limit });
         }
         g.reserved += 1;
         Ok(Reservation { sched: Arc::clone(self), held: true })
@@ -218,7 +218,7 @@ mod tests {
         assert!(s.running());
         let r2 = s.reserve().unwrap_or_else(|e| panic!("{e}"));
         let e = s.reserve().expect_err("queue full");
-        assert!(matches!(e, ApiError::QueueFull { running: 1, queued: 1, limit: 1 }));
+        assert!(matches!(e, ApiError::QueueFull { queued: 1, limit: 1 }));
         drop(r2);
         let (job2, _rx2) = dummy_job(2);
         let h2 = s.reserve().unwrap_or_else(|e| panic!("{e}")).submit(job2);
@@ -248,6 +248,19 @@ mod tests {
         assert!(matches!(rx2.try_recv(), Ok(Event::ShuttingDown)));
         assert!(matches!(s.reserve(), Err(ApiError::ShuttingDown)));
         assert!(s.next().is_none(), "the engine thread ends");
+    }
+
+    #[test]
+    fn queue_full_said_more_queued_than_the_limit() {
+        // --queue 0: one request admitted and still being prepared (nothing running yet).
+        let s = Scheduler::new(0, Arc::default());
+        let _first = s.reserve().unwrap_or_else(|e| panic!("{e}"));
+        let e = s.reserve().expect_err("one at a time");
+        assert!(matches!(e, ApiError::QueueFull { queued: 0, limit: 0 }), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "The server is busy: one generation running and 0 queued (queue limit 0); retry later"
+        );
     }
 
     #[test]

@@ -151,6 +151,25 @@ fn slow_bodies_time_out_while_others_are_served() {
 }
 
 #[test]
+fn a_connection_that_never_finished_its_header_was_held_forever() {
+    let s = Server::start(&["--model", &tiny_a(), "--body-timeout-s", "1"]);
+    let mut silent = TcpStream::connect(s.addr).unwrap();
+    let mut partial = TcpStream::connect(s.addr).unwrap();
+    partial.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ").unwrap();
+    for c in [&mut silent, &mut partial] {
+        // The event waited on is the server closing the connection (EOF or a reset); the read
+        // timeout only keeps a regression from hanging the suite.
+        c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut buf = Vec::new();
+        match c.read_to_end(&mut buf) {
+            Ok(_) => assert!(buf.is_empty(), "no response is possible before a header"),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+        }
+    }
+    assert_eq!(get(s.addr, "/health").status, 200, "a prompt client is still served");
+}
+
+#[test]
 fn disconnects_cancel_generation_and_free_the_slot() {
     // Greedy on tiny-a never emits the stop token: 30000 tokens run for well over a minute, so
     // the generation is still running when the hang-up is noticed, even on a loaded machine

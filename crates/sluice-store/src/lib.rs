@@ -192,6 +192,10 @@ pub enum StoreError {
     /// A configuration value that cannot work (zero readers, zero slots, a bad layer list).
     #[error("invalid expert store configuration: {0}")]
     Config(String),
+    /// The storage probe was given nothing it can measure (a file smaller than one block, a
+    /// device, a FIFO).
+    #[error("storage probe: {0}")]
+    ProbeInput(String),
 }
 
 /// Hit/miss/byte counters a store keeps (all zero for a store that maps everything in place).

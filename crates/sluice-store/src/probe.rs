@@ -77,14 +77,36 @@ pub fn storage_read(
 ) -> Result<StorageProbe, StoreError> {
     let block = block.div_ceil(4096).max(1) * 4096;
     let depth = depth.max(1);
-    let files = Arc::new(ShardFiles::open(paths, IoMode::Direct)?);
+    // Checked before opening: a FIFO would block the open, and a device's length is not its
+    // size, so either would measure nothing and report 0 GB/s as if it were a result.
+    let mut lens = Vec::with_capacity(paths.len());
+    for p in paths {
+        let meta =
+            std::fs::metadata(p).map_err(|e| StoreError::Io { path: p.clone(), source: e })?;
+        if !meta.is_file() {
+            return Err(StoreError::ProbeInput(format!(
+                "{}: not a regular file; the storage probe reads files (a checkpoint's shards or \
+                 a large file on the disk to measure)",
+                p.display()
+            )));
+        }
+        lens.push(meta.len());
+    }
     let mut blocks: Vec<(usize, u64)> = Vec::new();
-    for (i, p) in paths.iter().enumerate() {
-        let len =
-            std::fs::metadata(p).map_err(|e| StoreError::Io { path: p.clone(), source: e })?.len();
+    for (i, len) in lens.iter().enumerate() {
         let n = len / block as u64;
         blocks.extend((0..n).map(|b| (i, b * block as u64)));
     }
+    if blocks.is_empty() || max_bytes < block as u64 {
+        let largest = lens.iter().max().copied().unwrap_or(0);
+        return Err(StoreError::ProbeInput(format!(
+            "nothing to measure: {} bytes to read at most and the largest file holds {largest} \
+             bytes, but each read is one {block}-byte block; read a larger file or give a \
+             smaller block",
+            max_bytes
+        )));
+    }
+    let files = Arc::new(ShardFiles::open(paths, IoMode::Direct)?);
     // A fixed permutation (multiplicative hash order) so reads are scattered but repeatable.
     blocks.sort_by_key(|&(f, o)| (o / block as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ f as u64);
     let take = usize::try_from(max_bytes / block as u64).unwrap_or(usize::MAX).min(blocks.len());

@@ -280,6 +280,13 @@ impl KimiK3 {
         let _pass = self.spine.begin_pass();
         let mut h = vec![0.0f32; t * d];
         self.spine.embed(&self.ckpt, &self.weights.embed, tokens, &mut h)?;
+        if !crate::finite::all_finite(&h) {
+            let bad = h.chunks_exact(d).position(|r| !crate::finite::all_finite(r)).unwrap_or(0);
+            return Err(ModelError::NonFiniteActivation {
+                stage: format!("the embedding of token {}", tokens[bad]),
+                cause: self.culprit_rows(&self.weights.embed, tokens[bad] as usize),
+            });
+        }
         Trace::put(&mut trace, || "embed".into(), &h);
         state.begin(t);
         match self.layers_and_head(state, h, t, rows, &mut trace) {
@@ -319,7 +326,52 @@ impl KimiK3 {
         }
         let head = self.spine.piece(&self.ckpt, spine::head_piece(c.num_hidden_layers))?;
         let ctx = self.ctx(&head);
-        Ok(ctx.mm(&self.weights.lm_head, &normed, sel.len()))
+        let logits = ctx.mm(&self.weights.lm_head, &normed, sel.len());
+        if !crate::finite::all_finite(&logits) {
+            return Err(ModelError::NonFiniteActivation {
+                stage: "the logits".into(),
+                cause: self.culprit(&[&self.weights.lm_head], "the lm_head"),
+            });
+        }
+        Ok(logits)
+    }
+
+    /// Names the first of `mats` that holds a non-finite value, scanning their bytes in the
+    /// mapped checkpoint (only after a check failed, so the cost never lands on a good pass).
+    fn culprit(&self, mats: &[&Mat], what: &str) -> String {
+        for m in mats {
+            for e in std::iter::once(m.entry()).chain(m.scale_entry()) {
+                if let Some((i, x)) = crate::finite::scan_bytes(e.dtype, self.ckpt.bytes(e)) {
+                    return format!(
+                        "tensor {} ({}) holds {} at element {i}",
+                        e.name,
+                        self.ckpt.shard_file(e).display(),
+                        crate::finite::name(x)
+                    );
+                }
+            }
+        }
+        format!(
+            "no weight of {what} holds NaN/Inf, so a routed expert's weights do or the arithmetic \
+             overflowed"
+        )
+    }
+
+    /// Names the embedding row `row` if it holds a non-finite value.
+    fn culprit_rows(&self, m: &Mat, row: usize) -> String {
+        let e = m.entry();
+        let rb = usize::try_from(m.row_bytes()).unwrap_or(usize::MAX);
+        let b = self.ckpt.bytes(e);
+        let r = b.get(row.saturating_mul(rb)..row.saturating_add(1).saturating_mul(rb));
+        match r.and_then(|r| crate::finite::scan_bytes(e.dtype, r)) {
+            Some((i, x)) => format!(
+                "tensor {} ({}) holds {} in row {row}, column {i}",
+                e.name,
+                self.ckpt.shard_file(e).display(),
+                crate::finite::name(x)
+            ),
+            None => self.culprit(&[m], "the embedding"),
+        }
     }
 
     fn ctx<'a>(&'a self, piece: &'a PieceRef<'a>) -> Ctx<'a> {
@@ -402,6 +454,12 @@ impl KimiK3 {
             };
             Trace::put(trace, || format!("layer{i}.mlp_out"), &m);
             add_into(&mut p, &m);
+            if !crate::finite::all_finite(&p) {
+                return Err(ModelError::NonFiniteActivation {
+                    stage: format!("the output of layer {i}"),
+                    cause: self.culprit(&lw.mats(), &format!("layer {i}")),
+                });
+            }
             prefix = Some(p);
         }
         let last = prefix.expect("invariant: prefix is set after the last layer");

@@ -280,6 +280,16 @@ pub fn release_config(text_config: &Value, vocab_base: u64) -> Value {
     })
 }
 
+/// Bytes of tensor data [`write_checkpoint`] writes for `text_config`, known before it starts
+/// (so that a caller can say how much it will write).
+pub fn checkpoint_bytes(text_config: &Value) -> Result<u64, ModelError> {
+    let c = K3Config::from_json(text_config)?;
+    let mut groups: Vec<Vec<Tensor>> =
+        (0..c.num_hidden_layers).map(|i| layer_tensors(&c, i)).collect();
+    groups.push(global_tensors(&c, 0));
+    Ok(groups.iter().flatten().map(|t| t.shape.iter().product::<u64>() * t.dtype.size()).sum())
+}
+
 /// Writes a synthetic checkpoint of `text_config` into `dir` (created if needed). `config` is
 /// the full `config.json` to write; lm_head rows from `special_from` on (the reserved specials)
 /// are drawn small. `progress(done, total)` is called with bytes written. Returns the bytes of

@@ -170,6 +170,34 @@ pub struct LayerWeights {
     pub(crate) ffn: Ffn,
 }
 
+impl LayerWeights {
+    /// Every matrix of the layer (attention, dense MLP or the MoE's router, latent projections
+    /// and shared experts), for naming the one that holds a bad value.
+    pub(crate) fn mats(&self) -> Vec<&Mat> {
+        let mut out: Vec<&Mat> = match &self.attn {
+            Attn::Kda(w) => vec![
+                &w.q_proj, &w.k_proj, &w.v_proj, &w.f_a, &w.f_b, &w.b_proj, &w.g_proj, &w.o_proj,
+            ],
+            Attn::Mla(w) => {
+                let mut v = vec![&w.q_a, &w.q_b, &w.kv_a, &w.kv_b, &w.o_proj];
+                v.extend(&w.g_proj);
+                v
+            }
+        };
+        match &self.ffn {
+            Ffn::Dense(m) => out.extend([&m.gate, &m.up, &m.down]),
+            Ffn::Moe(m) => {
+                out.push(&m.router);
+                out.extend(m.down.iter().chain(&m.up));
+                if let Some(s) = &m.shared {
+                    out.extend([&s.gate, &s.up, &s.down]);
+                }
+            }
+        }
+        out
+    }
+}
+
 /// Every spine tensor of the model.
 #[derive(Debug)]
 pub struct K3Weights {
@@ -232,8 +260,14 @@ impl Roster<'_> {
         })
     }
 
-    /// A small BF16/F32 tensor of `shape` widened to f32.
+    /// A small BF16/F32 tensor of `shape` widened to f32, every value finite.
     fn vec(&self, name: &str, shape: &[u64]) -> Result<Vec<f32>, ModelError> {
+        let v = self.vec_any(name, shape)?;
+        crate::finite::checked(self.ckpt, self.entry(name)?, v)
+    }
+
+    /// A small BF16/F32 tensor of `shape` widened to f32, values unchecked.
+    fn vec_any(&self, name: &str, shape: &[u64]) -> Result<Vec<f32>, ModelError> {
         let e = self.entry(name)?;
         if e.shape != shape {
             return Err(self.shape_err(name, e, shape.to_vec()));
@@ -281,7 +315,10 @@ impl Roster<'_> {
         if ae.shape.len() != 1 || n_a < h as u64 {
             return Err(self.shape_err(&a_name, ae, vec![h as u64]));
         }
-        let a_log = self.vec(&a_name, &ae.shape.clone())?;
+        // Only the real heads must be finite: the padding is never read.
+        let mut a_log = self.vec_any(&a_name, &ae.shape.clone())?;
+        a_log.truncate(h);
+        let a_log = crate::finite::checked(self.ckpt, ae, a_log)?;
         if !la.use_full_rank_gate {
             return Err(ModelError::Config(
                 "use_full_rank_gate = false (g_a/g_b gate) is not supported".into(),

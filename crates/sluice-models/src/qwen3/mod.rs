@@ -160,7 +160,15 @@ impl Qwen3 {
         let n = sel.len();
         let normed = self.norm_rows(&h[sel.start * d..sel.end * d], &self.weights.norm);
         put(&mut trace, || "final_norm".into(), &normed);
-        Ok(ctx.mm(&self.weights.lm_head, &normed, n))
+        let logits = ctx.mm(&self.weights.lm_head, &normed, n);
+        if !crate::finite::all_finite(&logits) {
+            state.rollback();
+            return Err(ModelError::NonFiniteActivation {
+                stage: "the logits".into(),
+                cause: "a weight of the model holds NaN/Inf or the arithmetic overflowed".into(),
+            });
+        }
+        Ok(logits)
     }
 
     /// Qwen3RMSNorm on every row of `x [n, d]`.

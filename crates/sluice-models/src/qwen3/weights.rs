@@ -226,7 +226,7 @@ impl Roster<'_> {
     /// to f32 in storage order.
     pub(crate) fn vec_of(&self, name: &str, e: &TensorEntry) -> Result<Vec<f32>, ModelError> {
         let b = self.ckpt.bytes(e);
-        match e.dtype {
+        let v = match e.dtype {
             DType::BF16 => Ok(b
                 .chunks_exact(2)
                 .map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))
@@ -236,6 +236,7 @@ impl Roster<'_> {
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect()),
             _ => Err(self.dtype_err(name, e)),
-        }
+        }?;
+        crate::finite::checked(self.ckpt, e, v)
     }
 }
