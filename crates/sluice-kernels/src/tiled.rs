@@ -14,14 +14,18 @@
 //!   cache line of the next tile per line consumed (bursts of prefetches between spans left
 //!   the loads queued behind them); MXFP4's block scales are named between spans.
 //! - **Several rows: decode once, reuse for every token.** Each row's [`CHUNK`]-column span is
-//!   widened once per block of up to [`TOKEN_BLOCK`] activation rows into a stack buffer, so
-//!   a verification pass of 8 rows pays the MXFP4 or int8 decode once, not eight times.
+//!   widened once per block of up to [`TOKEN_BLOCK`] activation rows ([`WIDE_TOKEN_BLOCK`] for
+//!   calls of more than that, prefill chunks) into a stack buffer, so a verification pass of 8
+//!   rows pays the MXFP4 or int8 decode once, not eight times, and a prefill chunk once per 64
+//!   rows: the widened panel then feeds register tiles that are nothing but loads and FMAs.
 //! - **Activations stay in L1.** A chunk of each activation row (2 KiB) is reused by all
 //!   [`ROW_BLOCK`] weight rows of the block before the next chunk is touched; without this a
 //!   T-row call streams all T activation rows from L2 once per weight row.
 //! - **Independent FMA chains.** A tile of R × N accumulators gives R · N independent
-//!   dependency chains (four rows at T = 1, 2 × 3 beyond), enough to hide FMA latency; a
-//!   single row's lanes alone would leave the FMA units idle most of the time.
+//!   dependency chains (four rows at T = 1, 2 × 3 beyond, 4 × 6 on AVX-512's 32 registers),
+//!   enough to hide FMA latency; a single row's lanes alone would leave the FMA units idle
+//!   most of the time. A tile loads its R weight vectors once per 16-column step and each of
+//!   its N activation vectors once, R + N loads per R · N FMAs.
 //!
 //! **Exactness.** Accumulators start at +0.0 and are stored and reloaded bit-unchanged between
 //! chunks; every span starts at a multiple of 16 columns, so local index `i` lands in lane
@@ -39,8 +43,14 @@ use crate::matmul::{reduce16, Matrix, WeightFormat};
 
 /// Weight rows decoded together for each column chunk.
 pub(crate) const ROW_BLOCK: usize = 8;
-/// Activation rows whose accumulators are live together.
+/// Activation rows whose accumulators are live together in a call of a few rows (a
+/// verification pass).
 pub(crate) const TOKEN_BLOCK: usize = 8;
+/// Activation rows whose accumulators are live together in a call of more than
+/// [`TOKEN_BLOCK`] rows (a prefill chunk): each chunk of weights is decoded once per this many
+/// rows, so the decode is a small share of the work (64 accumulators of a row block are 32 KiB,
+/// which stays in L2 with the block's activations).
+pub(crate) const WIDE_TOKEN_BLOCK: usize = 64;
 /// Columns per chunk: a multiple of 32 (the MXFP4 block) and hence of 16 (the lane count).
 pub(crate) const CHUNK: usize = 512;
 
@@ -51,6 +61,13 @@ pub(crate) type Lanes = [f32; 16];
 
 /// The two per-tier pieces of the loop nest.
 pub(crate) trait Kernel {
+    /// Whether the tier has 32 vector registers that each hold a 16-lane accumulator
+    /// (AVX-512): its `fold` then takes tiles of 4 weight rows × up to 6 activation rows
+    /// (24 accumulators, 4 weight registers, 1 activation register), which keeps the FMA units
+    /// busy with 10 loads per 24 FMAs. Otherwise tiles are at most 2 × 3 (12 of AVX2's 16
+    /// registers as accumulators).
+    const WIDE: bool = false;
+
     /// Widens elements `c0 .. c0 + out.len()` of `row` to the f32 values the matmul folds
     /// (`Row::fold_values`: [`Matrix::get`]'s, except an int8 row's integers, whose row scale
     /// is applied to the reduced sum), except that a zero weight may come out as either +0.0 or −0.0: the sign of a zero weight never
@@ -143,13 +160,16 @@ pub(crate) unsafe fn run<K: Kernel>(
     emit: impl FnMut(usize, usize, f32),
 ) {
     // A one-row call (the common case) keeps one accumulator per row, not TOKEN_BLOCK: the
-    // fixed cost of a call is mostly initialising these buffers.
-    if t == 1 {
+    // fixed cost of a call is mostly initialising these buffers. A few rows keep small token
+    // blocks; a prefill chunk takes wide ones, so each weight chunk is decoded once per 64
+    // activation rows.
+    match t {
         // SAFETY: guaranteed by the caller.
-        unsafe { run_blocks::<K, 1>(m, x, t, rows, emit) };
-    } else {
+        1 => unsafe { run_blocks::<K, 1>(m, x, t, rows, emit) },
         // SAFETY: guaranteed by the caller.
-        unsafe { run_blocks::<K, TOKEN_BLOCK>(m, x, t, rows, emit) };
+        2..=TOKEN_BLOCK => unsafe { run_blocks::<K, TOKEN_BLOCK>(m, x, t, rows, emit) },
+        // SAFETY: guaranteed by the caller.
+        _ => unsafe { run_blocks::<K, WIDE_TOKEN_BLOCK>(m, x, t, rows, emit) },
     }
 }
 
@@ -369,6 +389,11 @@ impl<const W: usize, const TB: usize> Span<'_, W, TB> {
         if cols.is_empty() {
             return;
         }
+        if K::WIDE {
+            // SAFETY: guaranteed by the caller.
+            unsafe { self.fold_wide::<K>(cols, x) };
+            return;
+        }
         let mut j = 0;
         while j < self.tb {
             // Token groups of 3 (2 when that leaves no group of 1), each with row pairs: 2 × 3
@@ -394,6 +419,50 @@ impl<const W: usize, const TB: usize> Span<'_, W, TB> {
                         (2, _) => tile::<K, 1, 2, W, TB>(w, a, r, j, c, &x),
                         (_, 2..) => tile::<K, 2, 3, W, TB>(w, a, r, j, c, &x),
                         (_, _) => tile::<K, 1, 3, W, TB>(w, a, r, j, c, &x),
+                    }
+                };
+            }
+            j += n;
+        }
+    }
+}
+
+impl<const W: usize, const TB: usize> Span<'_, W, TB> {
+    /// [`Span::fold`] for a tier of 32 accumulator registers: token groups of 6 (the rest in
+    /// one smaller group), each against row tiles of 4 (the rest as 2 and 1).
+    ///
+    /// # Safety
+    /// The running CPU supports the tier `K`.
+    unsafe fn fold_wide<'x, K: Kernel>(self, cols: Range<usize>, x: impl Fn(usize) -> &'x [f32]) {
+        let mut j = 0;
+        while j < self.tb {
+            let n = (self.tb - j).min(6);
+            let mut r = 0;
+            while r < self.rb {
+                let left = self.rb - r;
+                let (w, a) = (self.w, &mut *self.acc);
+                let c = cols.clone();
+                // SAFETY: the caller guarantees the tier (for every arm).
+                r += unsafe {
+                    match (n, left) {
+                        (6, 4..) => tile::<K, 4, 6, W, TB>(w, a, r, j, c, &x),
+                        (6, 2..) => tile::<K, 2, 6, W, TB>(w, a, r, j, c, &x),
+                        (6, _) => tile::<K, 1, 6, W, TB>(w, a, r, j, c, &x),
+                        (5, 4..) => tile::<K, 4, 5, W, TB>(w, a, r, j, c, &x),
+                        (5, 2..) => tile::<K, 2, 5, W, TB>(w, a, r, j, c, &x),
+                        (5, _) => tile::<K, 1, 5, W, TB>(w, a, r, j, c, &x),
+                        (4, 4..) => tile::<K, 4, 4, W, TB>(w, a, r, j, c, &x),
+                        (4, 2..) => tile::<K, 2, 4, W, TB>(w, a, r, j, c, &x),
+                        (4, _) => tile::<K, 1, 4, W, TB>(w, a, r, j, c, &x),
+                        (3, 4..) => tile::<K, 4, 3, W, TB>(w, a, r, j, c, &x),
+                        (3, 2..) => tile::<K, 2, 3, W, TB>(w, a, r, j, c, &x),
+                        (3, _) => tile::<K, 1, 3, W, TB>(w, a, r, j, c, &x),
+                        (2, 4..) => tile::<K, 4, 2, W, TB>(w, a, r, j, c, &x),
+                        (2, 2..) => tile::<K, 2, 2, W, TB>(w, a, r, j, c, &x),
+                        (2, _) => tile::<K, 1, 2, W, TB>(w, a, r, j, c, &x),
+                        (_, 4..) => tile::<K, 4, 1, W, TB>(w, a, r, j, c, &x),
+                        (_, 2..) => tile::<K, 2, 1, W, TB>(w, a, r, j, c, &x),
+                        (_, _) => tile::<K, 1, 1, W, TB>(w, a, r, j, c, &x),
                     }
                 };
             }
