@@ -286,6 +286,17 @@ fn fma_peak(pool: &Pool, budget: Duration) -> f64 {
     median(&rates)
 }
 
+/// Runs `rounds` rounds of the FMA loop [`measure`] takes the peak from on the calling thread,
+/// on tier `isa`; returns the floating-point operations done (for tools that time it
+/// themselves, e.g. in on-CPU time on a shared machine).
+///
+/// # Panics
+/// If the running CPU does not support `isa`.
+pub fn fma_loop(isa: crate::Isa, rounds: u64) -> f64 {
+    black_box(crate::arch::peak::fma_loop(isa, black_box(rounds)));
+    crate::arch::peak::fma_loop_flops(isa, rounds)
+}
+
 /// Concurrent sequential streams per thread the memory read tries: one stream per core
 /// leaves bandwidth unused on many machines (a core's line-fill buffers and prefetchers track
 /// several streams, and the kernels read four to eight rows at once), so the probe reports the

@@ -14,10 +14,9 @@
 //!   cache line of the next tile per line consumed (bursts of prefetches between spans left
 //!   the loads queued behind them); MXFP4's block scales are named between spans.
 //! - **Several rows: decode once, reuse for every token.** Each row's [`CHUNK`]-column span is
-//!   widened once per block of up to [`TOKEN_BLOCK`] activation rows ([`WIDE_TOKEN_BLOCK`] for
-//!   calls of more than that, prefill chunks) into a stack buffer, so a verification pass of 8
-//!   rows pays the MXFP4 or int8 decode once, not eight times, and a prefill chunk once per 64
-//!   rows: the widened panel then feeds register tiles that are nothing but loads and FMAs.
+//!   widened once per block of up to [`TOKEN_BLOCK`] activation rows into a stack buffer, so
+//!   a verification pass of 8 rows pays the MXFP4 or int8 decode once, not eight times. Calls
+//!   of more rows (prefill chunks) take the compute-bound nest of [`crate::wide`].
 //! - **Activations stay in L1.** A chunk of each activation row (2 KiB) is reused by all
 //!   [`ROW_BLOCK`] weight rows of the block before the next chunk is touched; without this a
 //!   T-row call streams all T activation rows from L2 once per weight row.
@@ -40,17 +39,13 @@ use std::ops::Range;
 
 use crate::arch::{prefetch, Row};
 use crate::matmul::{reduce16, Matrix, WeightFormat};
+use crate::wide::fold_tiles;
 
 /// Weight rows decoded together for each column chunk.
 pub(crate) const ROW_BLOCK: usize = 8;
 /// Activation rows whose accumulators are live together in a call of a few rows (a
 /// verification pass).
 pub(crate) const TOKEN_BLOCK: usize = 8;
-/// Activation rows whose accumulators are live together in a call of more than
-/// [`TOKEN_BLOCK`] rows (a prefill chunk): each chunk of weights is decoded once per this many
-/// rows, so the decode is a small share of the work (64 accumulators of a row block are 32 KiB,
-/// which stays in L2 with the block's activations).
-pub(crate) const WIDE_TOKEN_BLOCK: usize = 64;
 /// Columns per chunk: a multiple of 32 (the MXFP4 block) and hence of 16 (the lane count).
 pub(crate) const CHUNK: usize = 512;
 
@@ -169,7 +164,7 @@ pub(crate) unsafe fn run<K: Kernel>(
         // SAFETY: guaranteed by the caller.
         2..=TOKEN_BLOCK => unsafe { run_blocks::<K, TOKEN_BLOCK>(m, x, t, rows, emit) },
         // SAFETY: guaranteed by the caller.
-        _ => unsafe { run_blocks::<K, WIDE_TOKEN_BLOCK>(m, x, t, rows, emit) },
+        _ => unsafe { crate::wide::run::<K>(m, x, t, rows, emit) },
     }
 }
 
@@ -389,108 +384,8 @@ impl<const W: usize, const TB: usize> Span<'_, W, TB> {
         if cols.is_empty() {
             return;
         }
-        if K::WIDE {
-            // SAFETY: guaranteed by the caller.
-            unsafe { self.fold_wide::<K>(cols, x) };
-            return;
-        }
-        let mut j = 0;
-        while j < self.tb {
-            // Token groups of 3 (2 when that leaves no group of 1), each with row pairs: 2 × 3
-            // tiles hold 12 of the 16 AVX2 registers as accumulators. A lone token takes rows
-            // four at a time instead.
-            let n = match self.tb - j {
-                1 => 1,
-                2 | 4 => 2,
-                _ => 3,
-            };
-            let mut r = 0;
-            while r < self.rb {
-                let left = self.rb - r;
-                let (w, a) = (self.w, &mut *self.acc);
-                let c = cols.clone();
-                // SAFETY: the caller guarantees the tier (for every arm).
-                r += unsafe {
-                    match (n, left) {
-                        (1, 4..) => tile::<K, 4, 1, W, TB>(w, a, r, j, c, &x),
-                        (1, 2..) => tile::<K, 2, 1, W, TB>(w, a, r, j, c, &x),
-                        (1, _) => tile::<K, 1, 1, W, TB>(w, a, r, j, c, &x),
-                        (2, 2..) => tile::<K, 2, 2, W, TB>(w, a, r, j, c, &x),
-                        (2, _) => tile::<K, 1, 2, W, TB>(w, a, r, j, c, &x),
-                        (_, 2..) => tile::<K, 2, 3, W, TB>(w, a, r, j, c, &x),
-                        (_, _) => tile::<K, 1, 3, W, TB>(w, a, r, j, c, &x),
-                    }
-                };
-            }
-            j += n;
-        }
+        let w = |r: usize| &self.w[r][cols.clone()];
+        // SAFETY: the caller guarantees the tier.
+        unsafe { fold_tiles::<K>(&w, self.rb, self.tb, self.acc.as_flattened_mut(), TB, &x) };
     }
-}
-
-impl<const W: usize, const TB: usize> Span<'_, W, TB> {
-    /// [`Span::fold`] for a tier of 32 accumulator registers: token groups of 6 (the rest in
-    /// one smaller group), each against row tiles of 4 (the rest as 2 and 1).
-    ///
-    /// # Safety
-    /// The running CPU supports the tier `K`.
-    unsafe fn fold_wide<'x, K: Kernel>(self, cols: Range<usize>, x: impl Fn(usize) -> &'x [f32]) {
-        let mut j = 0;
-        while j < self.tb {
-            let n = (self.tb - j).min(6);
-            let mut r = 0;
-            while r < self.rb {
-                let left = self.rb - r;
-                let (w, a) = (self.w, &mut *self.acc);
-                let c = cols.clone();
-                // SAFETY: the caller guarantees the tier (for every arm).
-                r += unsafe {
-                    match (n, left) {
-                        (6, 4..) => tile::<K, 4, 6, W, TB>(w, a, r, j, c, &x),
-                        (6, 2..) => tile::<K, 2, 6, W, TB>(w, a, r, j, c, &x),
-                        (6, _) => tile::<K, 1, 6, W, TB>(w, a, r, j, c, &x),
-                        (5, 4..) => tile::<K, 4, 5, W, TB>(w, a, r, j, c, &x),
-                        (5, 2..) => tile::<K, 2, 5, W, TB>(w, a, r, j, c, &x),
-                        (5, _) => tile::<K, 1, 5, W, TB>(w, a, r, j, c, &x),
-                        (4, 4..) => tile::<K, 4, 4, W, TB>(w, a, r, j, c, &x),
-                        (4, 2..) => tile::<K, 2, 4, W, TB>(w, a, r, j, c, &x),
-                        (4, _) => tile::<K, 1, 4, W, TB>(w, a, r, j, c, &x),
-                        (3, 4..) => tile::<K, 4, 3, W, TB>(w, a, r, j, c, &x),
-                        (3, 2..) => tile::<K, 2, 3, W, TB>(w, a, r, j, c, &x),
-                        (3, _) => tile::<K, 1, 3, W, TB>(w, a, r, j, c, &x),
-                        (2, 4..) => tile::<K, 4, 2, W, TB>(w, a, r, j, c, &x),
-                        (2, 2..) => tile::<K, 2, 2, W, TB>(w, a, r, j, c, &x),
-                        (2, _) => tile::<K, 1, 2, W, TB>(w, a, r, j, c, &x),
-                        (_, 4..) => tile::<K, 4, 1, W, TB>(w, a, r, j, c, &x),
-                        (_, 2..) => tile::<K, 2, 1, W, TB>(w, a, r, j, c, &x),
-                        (_, _) => tile::<K, 1, 1, W, TB>(w, a, r, j, c, &x),
-                    }
-                };
-            }
-            j += n;
-        }
-    }
-}
-
-/// Folds one R × N tile (rows `r..r + R`, tokens `j..j + N` of the block) over `cols`; returns R.
-///
-/// # Safety
-/// The running CPU supports the tier `K`.
-unsafe fn tile<'x, K: Kernel, const R: usize, const N: usize, const W: usize, const TB: usize>(
-    w: &[[f32; W]; ROW_BLOCK],
-    acc: &mut BlockAcc<TB>,
-    r: usize,
-    j: usize,
-    cols: Range<usize>,
-    x: &impl Fn(usize) -> &'x [f32],
-) -> usize {
-    let ws: [&[f32]; R] = std::array::from_fn(|i| &w[r + i][cols.clone()]);
-    let xs: [&[f32]; N] = std::array::from_fn(|i| x(j + i));
-    let mut rows = acc[r..r + R].iter_mut();
-    let a: [&mut [Lanes; N]; R] = std::array::from_fn(|_| {
-        let row = rows.next().expect("invariant: R rows were sliced");
-        (&mut row[j..j + N]).try_into().expect("invariant: N tokens were sliced")
-    });
-    // SAFETY: the caller guarantees the tier; `fold` checks the slice lengths.
-    unsafe { K::fold(ws, xs, a) };
-    R
 }
