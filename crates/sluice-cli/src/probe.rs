@@ -170,6 +170,8 @@ fn merge_kernels(out: &mut Value, k: &KernelProbe, storage_gbps: f64) {
                 "rows": r.rows,
                 "gbps": r.gbps,
                 "ratio_to_memory": r.ratio_to_memory,
+                "gflops": r.gflops,
+                "ratio_to_fma_peak": r.ratio_to_fma_peak,
                 "shape": r.shape,
                 "bytes_per_call": r.bytes_per_call,
                 "samples": r.samples,
@@ -181,6 +183,7 @@ fn merge_kernels(out: &mut Value, k: &KernelProbe, storage_gbps: f64) {
         })
         .collect();
     out["memory_read_gbps"] = json!(k.memory_read_gbps);
+    out["fma_peak_gflops"] = json!(k.fma_peak_gflops);
     out["kernels"] = Value::Array(rates);
     out["dispatch_overhead_ns"] = json!(k.dispatch_overhead_ns);
     out["dispatch"] = json!(k.dispatch);
@@ -188,8 +191,14 @@ fn merge_kernels(out: &mut Value, k: &KernelProbe, storage_gbps: f64) {
 
 /// The kernel measurements as a table.
 fn print_kernels(k: &KernelProbe, storage_gbps: f64) {
-    println!("memory read {:.2} GB/s ({} threads)", k.memory_read_gbps, k.threads);
-    println!("{:<6} {:>4} {:>9} {:>10} {:>11}", "format", "T", "GB/s", "vs memory", "vs storage");
+    println!(
+        "memory read {:.2} GB/s, FMA peak {:.1} GFLOP/s ({} threads)",
+        k.memory_read_gbps, k.fma_peak_gflops, k.threads
+    );
+    println!(
+        "{:<6} {:>4} {:>9} {:>10} {:>11} {:>8} {:>8}",
+        "format", "T", "GB/s", "vs memory", "vs storage", "GFLOP/s", "vs peak"
+    );
     for r in &k.kernels {
         let storage = if r.format == "mxfp4" {
             format!("{:.1}x", r.gbps / storage_gbps)
@@ -197,12 +206,14 @@ fn print_kernels(k: &KernelProbe, storage_gbps: f64) {
             String::new()
         };
         println!(
-            "{:<6} {:>4} {:>9.2} {:>9.0}% {:>11}",
+            "{:<6} {:>4} {:>9.2} {:>9.0}% {:>11} {:>8.1} {:>7.0}%",
             r.format,
             r.rows,
             r.gbps,
             100.0 * r.ratio_to_memory,
-            storage
+            storage,
+            r.gflops,
+            100.0 * r.ratio_to_fma_peak
         );
     }
     let d = &k.dispatch;

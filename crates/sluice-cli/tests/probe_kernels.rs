@@ -1,6 +1,6 @@
 //! `sluice probe --kernels --json`: one run prints memory and storage bandwidth, the thread
-//! count, the ISA and every kernel's rate in the shape issue 4 asks for, with ratios that are
-//! consistent with the figures next to them; bad flags are refused with the cause named.
+//! count, the ISA, the FMA peak and every kernel's rate in the shape issues 4 and 20 ask for,
+//! with ratios that are consistent with the figures next to them; bad flags are refused with the cause named.
 //! `sluice probe --io both` measures every read backend this kernel can run, once each.
 
 use std::process::{Command, Output};
@@ -38,6 +38,7 @@ fn kernels_json_has_the_issue_shape() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
     let memory = positive(&v["memory_read_gbps"], "memory_read_gbps");
     let storage = positive(&v["storage_read_gbps"], "storage_read_gbps");
+    let peak = positive(&v["fma_peak_gflops"], "fma_peak_gflops");
     assert_eq!(v["threads"], 2);
     assert!(v["isa"].is_string());
     positive(&v["dispatch"]["serial_call_ns"], "serial call");
@@ -49,6 +50,9 @@ fn kernels_json_has_the_issue_shape() {
         let gbps = positive(&k["gbps"], "gbps");
         let ratio = positive(&k["ratio_to_memory"], "ratio_to_memory");
         assert!((ratio - gbps / memory).abs() <= 1e-9 * ratio.max(1.0), "{k}");
+        let gflops = positive(&k["gflops"], "gflops");
+        let vs_peak = positive(&k["ratio_to_fma_peak"], "ratio_to_fma_peak");
+        assert!((vs_peak - gflops / peak).abs() <= 1e-9 * vs_peak.max(1.0), "{k}");
         if format == "mxfp4" {
             let r = positive(&k["ratio_to_storage"], "ratio_to_storage");
             assert!((r - gbps / storage).abs() <= 1e-9 * r.max(1.0), "{k}");
@@ -56,11 +60,11 @@ fn kernels_json_has_the_issue_shape() {
         seen.push((format.to_owned(), rows.expect("rows")));
     }
     for format in ["int8", "bf16", "f32", "mxfp4"] {
-        for rows in [1, 8] {
+        for rows in [1, 8, 64, 256] {
             assert!(seen.contains(&(format.to_owned(), rows)), "{format} T={rows} in {seen:?}");
         }
     }
-    assert_eq!(seen.len(), 8);
+    assert_eq!(seen.len(), 16);
     // The temporary storage file is gone.
     assert_eq!(std::fs::read_dir(dir.path()).expect("read dir").count(), 0);
 }

@@ -14,6 +14,7 @@ pub mod pool;
 pub mod probe;
 pub mod selftest;
 mod tiled;
+mod wide;
 
 pub use isa::{isa, Isa, IsaError};
 pub use matmul::{matmul, matmul_with, Matrix, WeightFormat};

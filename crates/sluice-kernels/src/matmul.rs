@@ -18,9 +18,10 @@
 //! [`Matrix::get`] still returns the dequantized element `f32(q) · f32(scale)` (exact: an 8-bit
 //! integer times an 11-bit f16 significand fits the 24-bit f32 one).
 //!
-//! [`matmul`] runs on the tier chosen by [`crate::isa::isa`] and splits output rows (never a
-//! reduction) across the current [`crate::pool`], so neither the tier nor the thread count nor
-//! the number of activation rows changes a result bit; [`matmul_with`] picks the tier
+//! [`matmul`] runs on the tier chosen by [`crate::isa::isa`] and splits output rows (and, for
+//! many activation rows against few output rows, activation rows; never a reduction) across
+//! the current [`crate::pool`], so neither the tier nor the thread count nor the number of
+//! activation rows changes a result bit; [`matmul_with`] picks the tier
 //! explicitly.
 //! The loop nest every tier shares (row blocks, token blocks, column chunks, register tiles)
 //! is in the crate's `tiled` module.
@@ -299,6 +300,9 @@ const PAR_MIN_WORK: usize = 1 << 16;
 const CHUNKS_PER_THREAD: usize = 4;
 /// Fewest rows in a chunk.
 const MIN_CHUNK_ROWS: usize = 16;
+/// Fewest activation rows in a chunk when a call of many activation rows is also split by
+/// activation rows (each such chunk decodes its weights again).
+const MIN_CHUNK_TOKENS: usize = 16;
 
 /// [`matmul`] on an explicit tier (tests and benchmarks run every [`Isa::available`] tier).
 ///
@@ -312,22 +316,49 @@ pub fn matmul_with(isa: Isa, m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32
     let out_ptr = OutPtr(out.as_mut_ptr());
     crate::pool::with_current(|pool| {
         let threads = pool.threads();
-        if threads <= 1 || rows < PAR_MIN_ROWS || rows * m.cols * t < PAR_MIN_WORK {
+        let (row_chunks, token_chunks) = split(threads, rows, m.cols, t);
+        if row_chunks * token_chunks <= 1 {
             // SAFETY: `isa` is available (asserted above); `out_ptr` comes from `out`, which is
             // `t * rows` long and exclusively borrowed for this call.
-            unsafe { run_rows(isa, m, x, t, 0..rows, &out_ptr) };
+            unsafe { run_cells(isa, m, x, 0..t, 0..rows, &out_ptr) };
             return;
         }
-        let chunk = rows.div_ceil(threads * CHUNKS_PER_THREAD).max(MIN_CHUNK_ROWS);
-        pool.run(rows.div_ceil(chunk), &|i| {
-            let r = i * chunk..rows.min((i + 1) * chunk);
+        let (rc, tc) = (rows.div_ceil(row_chunks), t.div_ceil(token_chunks));
+        pool.run(row_chunks * token_chunks, &|i| {
+            let (ri, ti) = (i % row_chunks, i / row_chunks);
+            let r = (ri * rc).min(rows)..rows.min((ri + 1) * rc);
+            let tk = (ti * tc).min(t)..t.min((ti + 1) * tc);
             // SAFETY: `isa` is available (asserted above); `out` is exclusively borrowed until
-            // `run` returns, which is after every chunk has finished, and the chunks' row
-            // ranges are disjoint, so each (t, r) cell is written by exactly one chunk and
-            // read by none.
-            unsafe { run_rows(isa, m, x, t, r, &out_ptr) };
+            // `run` returns, which is after every chunk has finished, and the chunks' (token,
+            // row) ranges are disjoint, so each (t, r) cell is written by exactly one chunk
+            // and read by none.
+            unsafe { run_cells(isa, m, x, tk, r, &out_ptr) };
         });
     });
+}
+
+/// How a call of `t` activation rows on a `rows × cols` matrix is split over `threads`:
+/// (row chunks, activation-row chunks). Output rows are split first; a call with too few
+/// output rows to keep every thread busy and many activation rows (a prefill on a small
+/// matrix) is split by activation rows too. Either split computes every cell with the same
+/// code, so no result bit depends on it.
+fn split(threads: usize, rows: usize, cols: usize, t: usize) -> (usize, usize) {
+    if threads <= 1 || rows * cols * t < PAR_MIN_WORK {
+        return (1, 1);
+    }
+    let want = threads * CHUNKS_PER_THREAD;
+    let row_chunks = if rows < PAR_MIN_ROWS {
+        1
+    } else {
+        let chunk = rows.div_ceil(want).max(MIN_CHUNK_ROWS);
+        rows.div_ceil(chunk)
+    };
+    let token_chunks = if row_chunks < threads && t >= 2 * MIN_CHUNK_TOKENS {
+        want.div_ceil(row_chunks).min(t / MIN_CHUNK_TOKENS)
+    } else {
+        1
+    };
+    (row_chunks, token_chunks)
 }
 
 /// The output buffer shared by the row tasks of one [`matmul_with`] call.
@@ -348,26 +379,30 @@ impl OutPtr {
     }
 }
 
-/// Computes output rows `rows` for all `t` activation rows on `isa` (see [`crate::tiled`]).
+/// Computes the cells `(ti, r)` for `ti` in `tokens` and `r` in `rows` on `isa` (see
+/// [`crate::tiled`]).
 ///
 /// # Safety
-/// The CPU supports `isa`; `out` points to `t * m.rows()` f32 whose cells `(ti, r)` for `r` in
-/// `rows` no other thread accesses during the call.
-unsafe fn run_rows(
+/// The CPU supports `isa`; `out` points to `x.len() / m.cols() * m.rows()` f32 whose cells
+/// `(ti, r)` for `ti` in `tokens` and `r` in `rows` no other thread accesses during the call.
+unsafe fn run_cells(
     isa: Isa,
     m: &Matrix<'_>,
     x: &[f32],
-    t: usize,
+    tokens: std::ops::Range<usize>,
     rows: std::ops::Range<usize>,
     out: &OutPtr,
 ) {
     assert!(rows.end <= m.rows, "matmul: row range");
+    assert!(tokens.end * m.cols <= x.len(), "matmul: token range");
+    let (t0, t) = (tokens.start, tokens.len());
     let emit = |ti: usize, r: usize, v: f32| {
         assert!(ti < t && r < m.rows, "matmul: output cell");
-        // SAFETY: `ti < t` and `r < m.rows` (asserted), so the cell is inside the `t * rows`
-        // buffer, and the caller gives this call sole access to the cells of `rows`.
-        unsafe { out.write(ti * m.rows + r, v) };
+        // SAFETY: `t0 + ti < tokens.end` and `r < m.rows` (asserted), so the cell is inside
+        // the buffer, and the caller gives this call sole access to these cells.
+        unsafe { out.write((t0 + ti) * m.rows + r, v) };
     };
+    let x = &x[t0 * m.cols..tokens.end * m.cols];
     // SAFETY: the caller guarantees the CPU supports `isa`.
     unsafe { arch::run(isa, m, x, t, rows, emit) };
 }

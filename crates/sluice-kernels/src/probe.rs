@@ -1,6 +1,7 @@
 //! Measuring what the kernels achieve on this machine, in one run: streaming memory read
-//! bandwidth, each weight format's matmul throughput at one and eight activation rows, and
-//! the fixed costs of one `matmul` call (alone, and split over the pool).
+//! bandwidth, the cores' FMA throughput, each weight format's matmul throughput at one and
+//! eight activation rows (decode, verification) and at 64 and 256 (prefill chunks), and the
+//! fixed costs of one `matmul` call (alone, and split over the pool).
 //!
 //! Everything runs in one [`Pool`] of the requested size, on matrices far larger than the
 //! caches (weights come from memory, as they do in a pass), so the kernel rates can be read
@@ -10,8 +11,9 @@
 //! pass's time can be accounted for.
 //!
 //! Rates are in GB/s (10^9 bytes per second) of weight bytes read, scales included: the
-//! figure to compare with storage and memory bandwidth. Each figure is the median of as many
-//! timed repetitions as fit the time budget.
+//! figure to compare with storage and memory bandwidth; and in GFLOP/s (two per weight per
+//! activation row), the figure to compare with the FMA peak, which bounds the many-row calls.
+//! Each figure is the median of as many timed repetitions as fit the time budget.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +36,12 @@ pub const EXPERT_SHAPE: (usize, usize) = (3072, 3584);
 pub const EXPERTS: usize = 16;
 /// Activation rows measured: plain decode and an 8-row verification pass.
 pub const TOKEN_COUNTS: [usize; 2] = [1, 8];
+/// Activation rows of the prefill-sized calls measured, which are compute-bound.
+pub const BATCH_COUNTS: [usize; 2] = [64, 256];
+/// Shape of the bf16, int8 and f32 matrices measured at [`BATCH_COUNTS`] rows (the first
+/// rows of the dense buffer: a call is 7.5 GFLOP at 256 rows, so a few fit any budget; they
+/// are compute-bound, so where the weights come from does not matter).
+pub const BATCH_SHAPE: (usize, usize) = (2048, 7168);
 
 /// Everything [`measure`] found.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,6 +52,10 @@ pub struct KernelProbe {
     pub threads: usize,
     /// Streaming read bandwidth of a buffer far larger than the caches, GB/s.
     pub memory_read_gbps: f64,
+    /// What the pool's threads together reach in a loop of independent FMAs on registers on
+    /// this tier, GFLOP/s (two per lane per FMA): the compute bound of the many-row calls.
+    #[serde(default)]
+    pub fma_peak_gflops: f64,
     /// One entry per (format, activation rows).
     pub kernels: Vec<KernelRate>,
     /// What one call costs to bring every pool thread onto it and back, nanoseconds:
@@ -94,6 +106,12 @@ pub struct KernelRate {
     pub gbps: f64,
     /// `gbps` over the memory read bandwidth measured in the same run.
     pub ratio_to_memory: f64,
+    /// Median rate in GFLOP/s: `2 · out · in · rows` per call.
+    #[serde(default)]
+    pub gflops: f64,
+    /// `gflops` over the FMA peak measured in the same run.
+    #[serde(default)]
+    pub ratio_to_fma_peak: f64,
     /// Timed calls the median was taken over.
     pub samples: usize,
 }
@@ -121,13 +139,15 @@ pub enum ProbeError {
 pub fn measure(threads: usize, budget_secs: f64) -> Result<KernelProbe, ProbeError> {
     let pool = Pool::new(threads)?;
     let data = Weights::new();
-    // Memory, four formats at two row counts, and the call overheads share the budget.
-    let slots = 2 + 4 * TOKEN_COUNTS.len();
+    // Memory, the FMA peak, four formats at four row counts, and the call overheads share
+    // the budget.
+    let slots = 3 + 4 * (TOKEN_COUNTS.len() + BATCH_COUNTS.len());
     let per = Duration::from_secs_f64((budget_secs.max(0.0) / slots as f64).min(3600.0));
     Ok(pool.install(|| {
         let memory_read_gbps = memory_read(&pool, &data.bytes, per);
+        let fma_peak_gflops = fma_peak(&pool, per);
         let mut kernels = Vec::new();
-        for t in TOKEN_COUNTS {
+        for t in TOKEN_COUNTS.into_iter().chain(BATCH_COUNTS) {
             for f in [WeightFormat::Int8Row, WeightFormat::Bf16, WeightFormat::F32] {
                 kernels.push(data.dense_rate(f, t, per));
             }
@@ -135,12 +155,14 @@ pub fn measure(threads: usize, budget_secs: f64) -> Result<KernelProbe, ProbeErr
         }
         for k in &mut kernels {
             k.ratio_to_memory = k.gbps / memory_read_gbps;
+            k.ratio_to_fma_peak = k.gflops / fma_peak_gflops;
         }
         let dispatch = dispatch(&pool, per);
         KernelProbe {
             isa: isa().name().to_owned(),
             threads,
             memory_read_gbps,
+            fma_peak_gflops,
             kernels,
             dispatch_overhead_ns: dispatch.join_ns,
             dispatch,
@@ -173,15 +195,21 @@ impl Weights {
     }
 
     fn dense_rate(&self, format: WeightFormat, t: usize, budget: Duration) -> KernelRate {
-        let (rows, cols) = DENSE_SHAPE;
+        let (rows, cols) = if t > TOKEN_COUNTS[1] { BATCH_SHAPE } else { DENSE_SHAPE };
+        let (f32_rows, f32_cols) = if t > TOKEN_COUNTS[1] { BATCH_SHAPE } else { F32_SHAPE };
         let m = match format {
-            WeightFormat::Int8Row => {
-                Matrix::int8_row(rows, cols, &self.bytes[..rows * cols], &self.int8_scales)
-            }
+            WeightFormat::Int8Row => Matrix::int8_row(
+                rows,
+                cols,
+                &self.bytes[..rows * cols],
+                &self.int8_scales[..2 * rows],
+            ),
             // The bf16 bytes read as f32 have a bf16 value's high byte on top: finite, with
             // |w| in about [2^-7, 2).
-            WeightFormat::F32 => Matrix::f32(F32_SHAPE.0, F32_SHAPE.1, &self.bytes),
-            _ => Matrix::bf16(rows, cols, &self.bytes),
+            WeightFormat::F32 => {
+                Matrix::f32(f32_rows, f32_cols, &self.bytes[..4 * f32_rows * f32_cols])
+            }
+            _ => Matrix::bf16(rows, cols, &self.bytes[..2 * rows * cols]),
         }
         .expect("invariant: buffers are sized from DENSE_SHAPE");
         rate(format, t, &[m], budget)
@@ -219,15 +247,54 @@ fn rate(format: WeightFormat, t: usize, ms: &[Matrix<'_>], budget: Duration) -> 
         matmul(black_box(m), black_box(&x), t, &mut out);
         bytes as f64 / start.elapsed().as_secs_f64() / 1e9
     });
+    let gbps = median(&rates);
+    // Weights per byte (an MXFP4 weight is half a byte plus a 32nd of a scale byte).
+    let weights_per_byte = (rows * cols) as f64 / bytes as f64;
     KernelRate {
         format: format.name().to_owned(),
         rows: t,
         shape: [rows, cols],
         bytes_per_call: u64::try_from(bytes).unwrap_or(u64::MAX),
-        gbps: median(&rates),
+        gbps,
         ratio_to_memory: f64::NAN,
+        gflops: gbps * weights_per_byte * 2.0 * t as f64,
+        ratio_to_fma_peak: f64::NAN,
         samples: rates.len(),
     }
+}
+
+/// Rounds of the FMA loop per chunk: 12 vector FMAs each, a few milliseconds per chunk on
+/// any current core, so the pool's join is a negligible share of a timed call.
+const FMA_ROUNDS: u64 = 1 << 20;
+
+/// The FMA loop of the selected tier on every pool thread at once (one chunk per thread):
+/// the median rate of the whole call, GFLOP/s.
+fn fma_peak(pool: &Pool, budget: Duration) -> f64 {
+    let n = pool.threads();
+    let sinks: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    let isa = isa();
+    let rates = timed(budget, || {
+        let start = Instant::now();
+        pool.run(n, &|i| {
+            let sink = crate::arch::peak::fma_loop(isa, black_box(FMA_ROUNDS));
+            sinks[i].store(u64::from(sink.to_bits()), Ordering::Relaxed);
+        });
+        black_box(&sinks);
+        let flops = crate::arch::peak::fma_loop_flops(isa, FMA_ROUNDS) * n as f64;
+        flops / start.elapsed().as_secs_f64() / 1e9
+    });
+    median(&rates)
+}
+
+/// Runs `rounds` rounds of the FMA loop [`measure`] takes the peak from on the calling thread,
+/// on tier `isa`; returns the floating-point operations done (for tools that time it
+/// themselves, e.g. in on-CPU time on a shared machine).
+///
+/// # Panics
+/// If the running CPU does not support `isa`.
+pub fn fma_loop(isa: crate::Isa, rounds: u64) -> f64 {
+    black_box(crate::arch::peak::fma_loop(isa, black_box(rounds)));
+    crate::arch::peak::fma_loop_flops(isa, rounds)
 }
 
 /// Concurrent sequential streams per thread the memory read tries: one stream per core

@@ -15,13 +15,16 @@
 //!   the loads queued behind them); MXFP4's block scales are named between spans.
 //! - **Several rows: decode once, reuse for every token.** Each row's [`CHUNK`]-column span is
 //!   widened once per block of up to [`TOKEN_BLOCK`] activation rows into a stack buffer, so
-//!   a verification pass of 8 rows pays the MXFP4 or int8 decode once, not eight times.
+//!   a verification pass of 8 rows pays the MXFP4 or int8 decode once, not eight times. Calls
+//!   of more rows (prefill chunks) take the compute-bound nest of [`crate::wide`].
 //! - **Activations stay in L1.** A chunk of each activation row (2 KiB) is reused by all
 //!   [`ROW_BLOCK`] weight rows of the block before the next chunk is touched; without this a
 //!   T-row call streams all T activation rows from L2 once per weight row.
 //! - **Independent FMA chains.** A tile of R × N accumulators gives R · N independent
-//!   dependency chains (four rows at T = 1, 2 × 3 beyond), enough to hide FMA latency; a
-//!   single row's lanes alone would leave the FMA units idle most of the time.
+//!   dependency chains (four rows at T = 1, 2 × 3 beyond, 4 × 6 on AVX-512's 32 registers),
+//!   enough to hide FMA latency; a single row's lanes alone would leave the FMA units idle
+//!   most of the time. A tile loads its R weight vectors once per 16-column step and each of
+//!   its N activation vectors once, R + N loads per R · N FMAs.
 //!
 //! **Exactness.** Accumulators start at +0.0 and are stored and reloaded bit-unchanged between
 //! chunks; every span starts at a multiple of 16 columns, so local index `i` lands in lane
@@ -36,10 +39,12 @@ use std::ops::Range;
 
 use crate::arch::{prefetch, Row};
 use crate::matmul::{reduce16, Matrix, WeightFormat};
+use crate::wide::fold_tiles;
 
 /// Weight rows decoded together for each column chunk.
 pub(crate) const ROW_BLOCK: usize = 8;
-/// Activation rows whose accumulators are live together.
+/// Activation rows whose accumulators are live together in a call of a few rows (a
+/// verification pass).
 pub(crate) const TOKEN_BLOCK: usize = 8;
 /// Columns per chunk: a multiple of 32 (the MXFP4 block) and hence of 16 (the lane count).
 pub(crate) const CHUNK: usize = 512;
@@ -51,6 +56,13 @@ pub(crate) type Lanes = [f32; 16];
 
 /// The two per-tier pieces of the loop nest.
 pub(crate) trait Kernel {
+    /// Whether the tier has 32 vector registers that each hold a 16-lane accumulator
+    /// (AVX-512): its `fold` then takes tiles of 4 weight rows × up to 6 activation rows
+    /// (24 accumulators, 4 weight registers, 1 activation register), which keeps the FMA units
+    /// busy with 10 loads per 24 FMAs. Otherwise tiles are at most 2 × 3 (12 of AVX2's 16
+    /// registers as accumulators).
+    const WIDE: bool = false;
+
     /// Widens elements `c0 .. c0 + out.len()` of `row` to the f32 values the matmul folds
     /// (`Row::fold_values`: [`Matrix::get`]'s, except an int8 row's integers, whose row scale
     /// is applied to the reduced sum), except that a zero weight may come out as either +0.0 or −0.0: the sign of a zero weight never
@@ -143,13 +155,16 @@ pub(crate) unsafe fn run<K: Kernel>(
     emit: impl FnMut(usize, usize, f32),
 ) {
     // A one-row call (the common case) keeps one accumulator per row, not TOKEN_BLOCK: the
-    // fixed cost of a call is mostly initialising these buffers.
-    if t == 1 {
+    // fixed cost of a call is mostly initialising these buffers. A few rows keep small token
+    // blocks; a prefill chunk takes wide ones, so each weight chunk is decoded once per 64
+    // activation rows.
+    match t {
         // SAFETY: guaranteed by the caller.
-        unsafe { run_blocks::<K, 1>(m, x, t, rows, emit) };
-    } else {
+        1 => unsafe { run_blocks::<K, 1>(m, x, t, rows, emit) },
         // SAFETY: guaranteed by the caller.
-        unsafe { run_blocks::<K, TOKEN_BLOCK>(m, x, t, rows, emit) };
+        2..=TOKEN_BLOCK => unsafe { run_blocks::<K, TOKEN_BLOCK>(m, x, t, rows, emit) },
+        // SAFETY: guaranteed by the caller.
+        _ => unsafe { crate::wide::run::<K>(m, x, t, rows, emit) },
     }
 }
 
@@ -369,59 +384,8 @@ impl<const W: usize, const TB: usize> Span<'_, W, TB> {
         if cols.is_empty() {
             return;
         }
-        let mut j = 0;
-        while j < self.tb {
-            // Token groups of 3 (2 when that leaves no group of 1), each with row pairs: 2 × 3
-            // tiles hold 12 of the 16 AVX2 registers as accumulators. A lone token takes rows
-            // four at a time instead.
-            let n = match self.tb - j {
-                1 => 1,
-                2 | 4 => 2,
-                _ => 3,
-            };
-            let mut r = 0;
-            while r < self.rb {
-                let left = self.rb - r;
-                let (w, a) = (self.w, &mut *self.acc);
-                let c = cols.clone();
-                // SAFETY: the caller guarantees the tier (for every arm).
-                r += unsafe {
-                    match (n, left) {
-                        (1, 4..) => tile::<K, 4, 1, W, TB>(w, a, r, j, c, &x),
-                        (1, 2..) => tile::<K, 2, 1, W, TB>(w, a, r, j, c, &x),
-                        (1, _) => tile::<K, 1, 1, W, TB>(w, a, r, j, c, &x),
-                        (2, 2..) => tile::<K, 2, 2, W, TB>(w, a, r, j, c, &x),
-                        (2, _) => tile::<K, 1, 2, W, TB>(w, a, r, j, c, &x),
-                        (_, 2..) => tile::<K, 2, 3, W, TB>(w, a, r, j, c, &x),
-                        (_, _) => tile::<K, 1, 3, W, TB>(w, a, r, j, c, &x),
-                    }
-                };
-            }
-            j += n;
-        }
+        let w = |r: usize| &self.w[r][cols.clone()];
+        // SAFETY: the caller guarantees the tier.
+        unsafe { fold_tiles::<K>(&w, self.rb, self.tb, self.acc.as_flattened_mut(), TB, &x) };
     }
-}
-
-/// Folds one R × N tile (rows `r..r + R`, tokens `j..j + N` of the block) over `cols`; returns R.
-///
-/// # Safety
-/// The running CPU supports the tier `K`.
-unsafe fn tile<'x, K: Kernel, const R: usize, const N: usize, const W: usize, const TB: usize>(
-    w: &[[f32; W]; ROW_BLOCK],
-    acc: &mut BlockAcc<TB>,
-    r: usize,
-    j: usize,
-    cols: Range<usize>,
-    x: &impl Fn(usize) -> &'x [f32],
-) -> usize {
-    let ws: [&[f32]; R] = std::array::from_fn(|i| &w[r + i][cols.clone()]);
-    let xs: [&[f32]; N] = std::array::from_fn(|i| x(j + i));
-    let mut rows = acc[r..r + R].iter_mut();
-    let a: [&mut [Lanes; N]; R] = std::array::from_fn(|_| {
-        let row = rows.next().expect("invariant: R rows were sliced");
-        (&mut row[j..j + N]).try_into().expect("invariant: N tokens were sliced")
-    });
-    // SAFETY: the caller guarantees the tier; `fold` checks the slice lengths.
-    unsafe { K::fold(ws, xs, a) };
-    R
 }

@@ -1,5 +1,7 @@
-//! AVX-512F pieces of the matmul loop nest: a 16-lane accumulator is one register, so a 2 × 3
-//! tile uses six of the 32 and the fold never spills.
+//! AVX-512F pieces of the matmul loop nest: a 16-lane accumulator is one register, so the
+//! several-row fold takes tiles of up to 4 weight rows × 6 activation rows (24 accumulators,
+//! the tile's 4 weight registers loaded once per step, 1 activation register) and never
+//! spills.
 //!
 //! **Decoding.** bf16 widens by a 16-bit left shift into the high half of each f32 lane; int8
 //! by sign-extension to i32 and conversion to f32 (exact; the row scale multiplies the reduced
@@ -24,6 +26,8 @@ use core::arch::x86_64::*;
 pub(crate) struct Avx512;
 
 impl Kernel for Avx512 {
+    const WIDE: bool = true;
+
     #[target_feature(enable = "avx512f")]
     unsafe fn decode(row: Row<'_>, c0: usize, out: &mut [f32]) {
         let n = out.len();
@@ -140,13 +144,18 @@ impl Kernel for Avx512 {
             }
         }
         for c in (0..len).step_by(16) {
-            for (xj, j) in x.iter().zip(0..N) {
+            // The tile's weights once per step (R registers), then each activation row against
+            // all of them: R + N loads per R · N FMAs.
+            let mut wv = [_mm512_setzero_ps(); R];
+            for (v, wr) in wv.iter_mut().zip(&w) {
                 // SAFETY: `c + 16 <= len` and every slice is `len` long (asserted above).
+                *v = unsafe { _mm512_loadu_ps(wr.as_ptr().add(c)) };
+            }
+            for (xj, j) in x.iter().zip(0..N) {
+                // SAFETY: as for the weights.
                 let xv = unsafe { _mm512_loadu_ps(xj.as_ptr().add(c)) };
-                for (wr, ar) in w.iter().zip(a.iter_mut()) {
-                    // SAFETY: as for the activations.
-                    let wv = unsafe { _mm512_loadu_ps(wr.as_ptr().add(c)) };
-                    ar[j] = _mm512_fmadd_ps(wv, xv, ar[j]);
+                for (v, ar) in wv.iter().zip(a.iter_mut()) {
+                    ar[j] = _mm512_fmadd_ps(*v, xv, ar[j]);
                 }
             }
         }

@@ -11,6 +11,7 @@ pub(crate) mod aarch64;
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+pub(crate) mod peak;
 
 use std::ops::Range;
 

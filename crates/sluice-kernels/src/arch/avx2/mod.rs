@@ -67,20 +67,21 @@ impl Kernel for Avx2 {
             }
         }
         for c in (0..len).step_by(16) {
-            for (xj, j) in x.iter().zip(0..N) {
-                // SAFETY: `c + 16 <= len` and every slice is `len` long (asserted above).
-                let (xl, xh) = unsafe {
-                    let p = xj.as_ptr().add(c);
-                    (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
-                };
-                for (wr, ar) in w.iter().zip(a.iter_mut()) {
-                    // SAFETY: as for the activations.
-                    let (wl, wh) = unsafe {
-                        let p = wr.as_ptr().add(c);
-                        (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
-                    };
-                    ar[j][0] = _mm256_fmadd_ps(wl, xl, ar[j][0]);
-                    ar[j][1] = _mm256_fmadd_ps(wh, xh, ar[j][1]);
+            // One 8-lane half at a time: the tile's weights once (R registers), then each
+            // activation row against all of them, so a 2 × 3 tile needs 12 accumulators + 2
+            // weights + 1 activation = 15 registers and 5 loads per 6 FMAs.
+            for h in 0..2 {
+                let mut wv = [_mm256_setzero_ps(); R];
+                for (v, wr) in wv.iter_mut().zip(&w) {
+                    // SAFETY: `c + 16 <= len` and every slice is `len` long (asserted above).
+                    *v = unsafe { _mm256_loadu_ps(wr.as_ptr().add(c + 8 * h)) };
+                }
+                for (xj, j) in x.iter().zip(0..N) {
+                    // SAFETY: as for the weights.
+                    let xv = unsafe { _mm256_loadu_ps(xj.as_ptr().add(c + 8 * h)) };
+                    for (v, ar) in wv.iter().zip(a.iter_mut()) {
+                        ar[j][h] = _mm256_fmadd_ps(*v, xv, ar[j][h]);
+                    }
                 }
             }
         }

@@ -1,0 +1,73 @@
+//! Many-row matmul rates against the FMA peak on one thread, timed in on-CPU time (Linux
+//! `/proc/thread-self/schedstat`), so that a shared, oversubscribed machine still gives
+//! comparable figures: `cargo run --release -p sluice-kernels --example batch_cpu -- [REPS]`
+//! (tier from `SLUICE_ISA` or detection). Prints one line per format and row count: GFLOP/s
+//! per on-CPU second and the ratio to the FMA loop's.
+
+use sluice_kernels::probe::{fma_loop, random_bytes, BATCH_SHAPE, EXPERT_SHAPE};
+use sluice_kernels::{isa, matmul, Matrix, Pool};
+
+/// Nanoseconds this thread has spent on a CPU.
+fn on_cpu_ns() -> Result<u64, Box<dyn std::error::Error>> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat")?;
+    Ok(s.split_whitespace().next().ok_or("empty schedstat")?.parse()?)
+}
+
+/// Median of on-CPU GFLOP/s over `reps` runs of `f`, which returns its flops.
+fn rate(reps: usize, mut f: impl FnMut() -> f64) -> Result<f64, Box<dyn std::error::Error>> {
+    let mut v = Vec::new();
+    for _ in 0..reps {
+        // Calls until 50 ms on a CPU have passed (the counter moves at scheduler events).
+        let t0 = on_cpu_ns()?;
+        let mut flops = 0.0;
+        let mut dt = 0;
+        while dt < 50_000_000 {
+            flops += f();
+            dt = on_cpu_ns()? - t0;
+        }
+        v.push(flops / dt as f64);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let reps = std::env::args().nth(1).map_or(Ok(5), |a| a.parse())?;
+    let isa = isa();
+    let peak = rate(reps, || fma_loop(isa, 1 << 22))?;
+    println!("{isa}: FMA peak {peak:.1} GFLOP/s per on-CPU second");
+    let (rows, cols) = BATCH_SHAPE;
+    let (er, ec) = EXPERT_SHAPE;
+    let mut bytes = random_bytes(4 * rows * cols, 7);
+    for hi in bytes.iter_mut().skip(1).step_by(2) {
+        *hi = (*hi & 0x83) | 0x3C;
+    }
+    let int8_scales = [0x00, 0x20].repeat(rows);
+    let mx_scales: Vec<u8> =
+        random_bytes(er * ec / 32, 5).into_iter().map(|s| 119 + s % 8).collect();
+    let ms = [
+        ("int8", Matrix::int8_row(rows, cols, &bytes[..rows * cols], &int8_scales)?),
+        ("bf16", Matrix::bf16(rows, cols, &bytes[..2 * rows * cols])?),
+        ("f32", Matrix::f32(rows, cols, &bytes[..4 * rows * cols])?),
+        ("mxfp4", Matrix::mxfp4(er, ec, &bytes[..er * ec / 2], &mx_scales)?),
+    ];
+    let pool = Pool::new(1)?;
+    for t in [8usize, 64, 256] {
+        for (name, m) in &ms {
+            let x: Vec<f32> = random_bytes(t * m.cols(), 11)
+                .into_iter()
+                .map(|b| f32::from(b) / 128.0 - 1.0)
+                .collect();
+            let mut out = vec![0.0f32; t * m.rows()];
+            let flops = 2.0 * (m.rows() * m.cols() * t) as f64;
+            let r = pool.install(|| {
+                rate(reps, || {
+                    matmul(m, &x, t, &mut out);
+                    flops
+                })
+            })?;
+            println!("{name:<6} T={t:<4} {r:7.1} GFLOP/s  {:5.1}% of peak", 100.0 * r / peak);
+        }
+    }
+    Ok(())
+}

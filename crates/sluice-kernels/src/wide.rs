@@ -1,0 +1,194 @@
+//! The loop nest of prefill-sized calls (more than [`crate::tiled::TOKEN_BLOCK`] activation
+//! rows), and the
+//! register-tile dispatch every several-row fold shares.
+//!
+//! A call of T activation rows against a weight matrix is compute-bound once T is large, so
+//! the nest is arranged so that the FMA units, not a cache level, set the pace:
+//!
+//! - **Token blocks** of up to [`WIDE_TOKEN_BLOCK`] activation rows: the weights are read from
+//!   memory and widened once per block, so a weight byte serves 64 activation rows.
+//! - **Row groups** of [`GROUP`] weight rows within a block: the block's activations are read
+//!   from L3 once per group, so an activation value serves 32 weight rows (row blocks of 8, as
+//!   the few-row nest uses, made the activations' L3 traffic the bound).
+//! - **Column chunks** of [`CHUNK`] within a group: the group's chunk is widened to f32 once
+//!   into a panel (64 KiB, in L2), and every (row, activation row) pair's 16-lane accumulator
+//!   lives in a buffer (the group × block accumulators: up to 128 KiB, in L2) between chunks.
+//! - **Register tiles** within a chunk: tokens in groups of 6 (3 on tiers of 16 registers), each
+//!   group's chunk of activations (12 KiB) held in L1 while the tile sweeps the group's rows 4
+//!   (2) at a time; a tile is nothing but R + N loads per R · N FMAs per 16-column step.
+//!
+//! **Exactness** is the few-row nest's ([`crate::tiled`]): accumulators start at +0.0, are
+//! stored and reloaded bit-unchanged between chunks, every span starts at a multiple of 16
+//! columns and spans are folded in increasing column order, and the final partial 16-column
+//! step folds zero-padded weights against zero-padded activations (`fma(0, 0, acc) = acc`).
+//! So every result is the canonical reduction of [`crate::matmul`], whatever the blocking.
+
+use std::ops::Range;
+
+use crate::matmul::{reduce16, Matrix};
+use crate::tiled::{Kernel, Lanes, CHUNK};
+
+/// Most activation rows per token block.
+pub(crate) const WIDE_TOKEN_BLOCK: usize = 64;
+/// Weight rows per row group.
+pub(crate) const GROUP: usize = 32;
+
+/// `emit(ti, r, Σ_c W[r, c] · x[ti, c])` for every `r` in `rows` and `ti < t`, each sum in the
+/// canonical order, on the tier `K`, for any `t` (meant for `t` > [`crate::tiled::TOKEN_BLOCK`]).
+///
+/// # Safety
+/// The running CPU supports the tier `K`.
+///
+/// # Panics
+/// If `x` is not `t * m.cols()` long or `rows` runs past `m.rows()`.
+pub(crate) unsafe fn run<K: Kernel>(
+    m: &Matrix<'_>,
+    x: &[f32],
+    t: usize,
+    rows: Range<usize>,
+    mut emit: impl FnMut(usize, usize, f32),
+) {
+    let cols = m.cols();
+    assert_eq!(x.len(), t * cols, "matmul: x length");
+    assert!(rows.end <= m.rows(), "matmul: row range");
+    if t == 0 || rows.is_empty() {
+        return;
+    }
+    // Blocks of equal size, so that none is left with a lone activation row.
+    let size = t.div_ceil(t.div_ceil(WIDE_TOKEN_BLOCK));
+    let main_cols = cols - cols % 16;
+    let mut panel = vec![0.0f32; GROUP * CHUNK];
+    let mut acc = vec![[0.0f32; 16]; GROUP * size];
+    let mut xpad = vec![[0.0f32; 16]; size];
+    for t0 in (0..t).step_by(size) {
+        let n = size.min(t - t0);
+        for (j, p) in xpad[..n].iter_mut().enumerate() {
+            *p = [0.0; 16];
+            p[..cols - main_cols]
+                .copy_from_slice(&x[(t0 + j) * cols + main_cols..][..cols - main_cols]);
+        }
+        for g0 in rows.clone().step_by(GROUP) {
+            let gr = GROUP.min(rows.end - g0);
+            let acc = &mut acc[..gr * n];
+            acc.fill([0.0; 16]);
+            for c0 in (0..cols).step_by(CHUNK) {
+                let len = CHUNK.min(cols - c0);
+                let main = len - len % 16;
+                for (i, p) in panel.chunks_exact_mut(CHUNK).take(gr).enumerate() {
+                    // SAFETY: the caller guarantees the tier; the span `c0..c0 + len` lies in
+                    // the row, and for MXFP4 `c0` is a multiple of `CHUNK` and `len` either
+                    // `CHUNK` or the rest of a row whose width is a multiple of 32.
+                    unsafe { K::decode(m.row(g0 + i), c0, &mut p[..len]) };
+                    p[len..len.next_multiple_of(16)].fill(0.0);
+                }
+                let w = |r: usize| &panel[r * CHUNK..][..main];
+                let xs = |j: usize| &x[(t0 + j) * cols + c0..][..main];
+                // SAFETY: the caller guarantees the tier.
+                unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs) };
+                if main < len {
+                    let w = |r: usize| &panel[r * CHUNK + main..][..16];
+                    let xs = |j: usize| &xpad[j][..];
+                    // SAFETY: the caller guarantees the tier.
+                    unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs) };
+                }
+            }
+            for (i, a) in acc.chunks_exact(n).enumerate() {
+                let row = m.row(g0 + i);
+                for (j, lanes) in a.iter().enumerate() {
+                    emit(t0 + j, g0 + i, row.finish(reduce16(*lanes)));
+                }
+            }
+        }
+    }
+}
+
+/// Folds one span of widened weights into the accumulators of `rb` weight rows × `tb`
+/// activation rows in register tiles: `w(r)` is row `r`'s span, `x(j)` activation row `j`'s
+/// (all the same length, a multiple of 16), and `acc[r * stride + j]` is the pair's
+/// accumulator. Token groups go outermost, so a group's activations stay in L1 while its tile
+/// sweeps the rows.
+///
+/// # Safety
+/// The running CPU supports the tier `K`.
+///
+/// # Panics
+/// If `acc` is shorter than `rb` rows of `stride ≥ tb` accumulators.
+pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
+    w: &impl Fn(usize) -> &'w [f32],
+    rb: usize,
+    tb: usize,
+    acc: &mut [Lanes],
+    stride: usize,
+    x: &impl Fn(usize) -> &'x [f32],
+) {
+    assert!(stride >= tb && acc.len() >= rb * stride, "fold_tiles: accumulators");
+    let mut j = 0;
+    while j < tb {
+        // 32 registers: groups of 6 tokens against rows 4 at a time (24 accumulators). 16:
+        // groups of 3 (2 when that leaves no group of 1) against row pairs (12 registers).
+        let n = if K::WIDE {
+            (tb - j).min(6)
+        } else {
+            match tb - j {
+                1 => 1,
+                2 | 4 => 2,
+                _ => 3,
+            }
+        };
+        let mut r = 0;
+        while r < rb {
+            let four = K::WIDE && rb - r >= 4;
+            let two = rb - r >= 2;
+            let a = &mut *acc;
+            // SAFETY: the caller guarantees the tier (for every arm).
+            r += unsafe {
+                match (n, four, two) {
+                    (6, true, _) => tile::<K, 4, 6>(w, a, stride, r, j, x),
+                    (6, _, true) => tile::<K, 2, 6>(w, a, stride, r, j, x),
+                    (6, _, _) => tile::<K, 1, 6>(w, a, stride, r, j, x),
+                    (5, true, _) => tile::<K, 4, 5>(w, a, stride, r, j, x),
+                    (5, _, true) => tile::<K, 2, 5>(w, a, stride, r, j, x),
+                    (5, _, _) => tile::<K, 1, 5>(w, a, stride, r, j, x),
+                    (4, true, _) => tile::<K, 4, 4>(w, a, stride, r, j, x),
+                    (4, _, true) => tile::<K, 2, 4>(w, a, stride, r, j, x),
+                    (4, _, _) => tile::<K, 1, 4>(w, a, stride, r, j, x),
+                    (3, true, _) => tile::<K, 4, 3>(w, a, stride, r, j, x),
+                    (3, _, true) => tile::<K, 2, 3>(w, a, stride, r, j, x),
+                    (3, _, _) => tile::<K, 1, 3>(w, a, stride, r, j, x),
+                    (2, true, _) => tile::<K, 4, 2>(w, a, stride, r, j, x),
+                    (2, _, true) => tile::<K, 2, 2>(w, a, stride, r, j, x),
+                    (2, _, _) => tile::<K, 1, 2>(w, a, stride, r, j, x),
+                    // A lone token takes rows four at a time on every tier (4 × 2 registers).
+                    (_, _, _) if rb - r >= 4 => tile::<K, 4, 1>(w, a, stride, r, j, x),
+                    (_, _, true) => tile::<K, 2, 1>(w, a, stride, r, j, x),
+                    (_, _, _) => tile::<K, 1, 1>(w, a, stride, r, j, x),
+                }
+            };
+        }
+        j += n;
+    }
+}
+
+/// Folds one R × N tile (rows `r..r + R`, tokens `j..j + N`); returns R.
+///
+/// # Safety
+/// The running CPU supports the tier `K`.
+unsafe fn tile<'w, 'x, K: Kernel, const R: usize, const N: usize>(
+    w: &impl Fn(usize) -> &'w [f32],
+    acc: &mut [Lanes],
+    stride: usize,
+    r: usize,
+    j: usize,
+    x: &impl Fn(usize) -> &'x [f32],
+) -> usize {
+    let ws: [&[f32]; R] = std::array::from_fn(|i| w(r + i));
+    let xs: [&[f32]; N] = std::array::from_fn(|i| x(j + i));
+    let mut rows = acc[r * stride..].chunks_exact_mut(stride);
+    let a: [&mut [Lanes; N]; R] = std::array::from_fn(|_| {
+        let row = rows.next().expect("invariant: R rows of accumulators (asserted)");
+        (&mut row[j..j + N]).try_into().expect("invariant: N tokens were sliced")
+    });
+    // SAFETY: the caller guarantees the tier; `fold` checks the slice lengths.
+    unsafe { K::fold(ws, xs, a) };
+    R
+}

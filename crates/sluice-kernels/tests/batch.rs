@@ -1,0 +1,170 @@
+//! Prefill-sized calls (many activation rows): a T-row call equals T one-row calls bit for bit
+//! at T up to 512 and in pools of 1 to 16 threads, on every tier; and the wide register tiles
+//! equal the scalar reference at awkward shapes (every remainder of the 4-row × 6-token tiles
+//! and of the 64-row token blocks).
+//!
+//! Tiers as in `tests/matmul.rs`: every tier the CPU supports, or the one `SLUICE_ISA` forces.
+
+// Not every helper of the shared test module is used here.
+#[allow(dead_code)]
+mod common;
+
+use common::{bf16_bytes, bits, f32_bytes, int8_data, mode, mxfp4_data, values, Mode, Rng};
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+use sluice_kernels::matmul::{matmul_scalar, Matrix};
+use sluice_kernels::{matmul_with, Isa, Pool};
+
+/// The tiers under test (see `tests/matmul.rs`).
+fn tiers() -> Vec<Isa> {
+    match std::env::var(sluice_kernels::isa::ISA_ENV).ok().filter(|v| !v.trim().is_empty()) {
+        Some(v) => {
+            let isa: Isa = v.parse().expect("SLUICE_ISA names a tier");
+            if isa.is_available() {
+                vec![isa]
+            } else {
+                eprintln!("note: {isa} forced but not supported here: skipped");
+                Vec::new()
+            }
+        }
+        None => Isa::available(),
+    }
+}
+
+/// Owned bytes of one matrix.
+struct Weights {
+    format: &'static str,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+    scales: Vec<u8>,
+}
+
+impl Weights {
+    fn gen(format: &'static str, rows: usize, cols: usize, rng: &mut Rng, mode: Mode) -> Self {
+        let (data, scales) = match format {
+            "f32" => (f32_bytes(&values(rng, mode, rows * cols)), Vec::new()),
+            "bf16" => (bf16_bytes(&values(rng, mode, rows * cols)), Vec::new()),
+            "int8" => int8_data(rng, mode, rows, cols),
+            _ => mxfp4_data(rng, mode, rows, cols),
+        };
+        Self { format, rows, cols, data, scales }
+    }
+
+    fn matrix(&self) -> Matrix<'_> {
+        match self.format {
+            "f32" => Matrix::f32(self.rows, self.cols, &self.data),
+            "bf16" => Matrix::bf16(self.rows, self.cols, &self.data),
+            "int8" => Matrix::int8_row(self.rows, self.cols, &self.data, &self.scales),
+            _ => Matrix::mxfp4(self.rows, self.cols, &self.data, &self.scales),
+        }
+        .expect("generated buffers match the shape")
+    }
+}
+
+/// Activation-row counts: small, around the 8-row and 64-row token blocks and the 6-row
+/// tiles, and prefill chunk sizes.
+const TS: [usize; 11] = [1, 2, 3, 7, 8, 9, 17, 64, 255, 256, 512];
+/// Pool sizes.
+const THREADS: [usize; 4] = [1, 2, 3, 16];
+
+/// Every T of [`TS`] in every pool of [`THREADS`] equals one-row calls, which equal the scalar
+/// reference, for each format; shapes with tails in every dimension, one with too few output
+/// rows to split by rows (so the pool splits activation rows).
+#[test]
+fn t_rows_equal_one_row_calls_at_any_t_and_thread_count() {
+    let shapes = [("bf16", 70, 300), ("int8", 70, 529), ("mxfp4", 70, 1056), ("bf16", 20, 300)];
+    let pools: Vec<Pool> = THREADS.iter().map(|&n| Pool::new(n).expect("kernel pool")).collect();
+    let t_max = TS[TS.len() - 1];
+    for (k, &(format, rows, cols)) in shapes.iter().enumerate() {
+        let mut rng = Rng::new(0x7E57_0000 + u64::try_from(k).expect("small"));
+        let w = Weights::gen(format, rows, cols, &mut rng, Mode::Normal);
+        let m = w.matrix();
+        let x = values(&mut rng, Mode::Normal, t_max * cols);
+        let mut want = vec![0.0f32; t_max * rows];
+        matmul_scalar(&m, &x, t_max, &mut want);
+        let want = bits(&want);
+        for isa in tiers() {
+            // One-row calls on this tier, one thread.
+            let mut single = vec![f32::NAN; t_max * rows];
+            pools[0].install(|| {
+                for (xr, o) in x.chunks_exact(cols).zip(single.chunks_exact_mut(rows)) {
+                    matmul_with(isa, &m, xr, 1, o);
+                }
+            });
+            assert_eq!(bits(&single), want, "{isa} {format} {rows}x{cols}: one-row calls");
+            for (pool, threads) in pools.iter().zip(THREADS) {
+                for t in TS {
+                    let mut got = vec![f32::NAN; t * rows];
+                    pool.install(|| matmul_with(isa, &m, &x[..t * cols], t, &mut got));
+                    if let Some(i) = bits(&got).iter().zip(&want).position(|(g, w)| g != w) {
+                        panic!(
+                            "{isa} {format} {rows}x{cols} t={t} threads={threads}: cell \
+                             (t={}, r={}) differs from the one-row call",
+                            i / rows,
+                            i % rows
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `matmul_with` on every tier equals `matmul_scalar` bit for bit.
+fn check(
+    format: &'static str,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    seed: u64,
+    wm: Mode,
+    xm: Mode,
+) -> Result<(), TestCaseError> {
+    let mut rng = Rng::new(seed);
+    let w = Weights::gen(format, rows, cols, &mut rng, wm);
+    let m = w.matrix();
+    let x = values(&mut rng, xm, t * cols);
+    let mut want = vec![0.0f32; t * rows];
+    matmul_scalar(&m, &x, t, &mut want);
+    for isa in tiers() {
+        let mut got = vec![f32::from_bits(0x7FA5_5A5A); t * rows];
+        matmul_with(isa, &m, &x, t, &mut got);
+        if let Some(i) = bits(&got).iter().zip(bits(&want)).position(|(g, w)| *g != w) {
+            return Err(TestCaseError::fail(format!(
+                "{isa} {format} {rows}x{cols} t={t}: cell (t={}, r={}) got {:#010x} want {:#010x}",
+                i / rows,
+                i % rows,
+                got[i].to_bits(),
+                want[i].to_bits()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Dense widths: below one 16-column step, a step plus one, a chunk minus one, past a chunk.
+const DENSE_COLS: [usize; 6] = [1, 3, 17, 255, 513, 1023];
+/// MXFP4 widths: one block, a chunk plus a block, past a 1024-column span.
+const MXFP4_COLS: [usize; 3] = [32, 544, 1056];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn many_rows_f32_bf16_int8_bit_exact(
+        format in prop::sample::select(vec!["f32", "bf16", "int8"]),
+        cols in prop::sample::select(DENSE_COLS.to_vec()),
+        rows in 1usize..=19, t in 9usize..=75, seed in any::<u64>(), wm in mode(), xm in mode(),
+    ) {
+        check(format, rows, cols, t, seed, wm, xm)?;
+    }
+
+    #[test]
+    fn many_rows_mxfp4_bit_exact(
+        cols in prop::sample::select(MXFP4_COLS.to_vec()),
+        rows in 1usize..=19, t in 9usize..=75, seed in any::<u64>(), wm in mode(), xm in mode(),
+    ) {
+        check("mxfp4", rows, cols, t, seed, wm, xm)?;
+    }
+}
