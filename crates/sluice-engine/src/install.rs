@@ -84,7 +84,8 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
     let disk_cfg = DiskCacheConfig::new(disk_budget(dir, opts, &install.manifest.commit)?);
     let expert_bytes = inventory(&ckpt, &cfg).expert_bytes;
     let fetch_buffers = disk_cfg.buffer_bytes(expert_bytes);
-    let mut placed = place::place(&ckpt, &cfg, opts, (fetch_buffers, "remote fetch buffers"), false)?;
+    let mut placed =
+        place::place(&ckpt, &cfg, opts, (fetch_buffers, "remote fetch buffers"), false)?;
     let hub = install.hub_config();
     let remote = install.remote(hub, repo_files).map_err(|e| install_err(dir, e))?;
     let disk = ExpertDiskCache::open(
