@@ -6,6 +6,12 @@
 //! the manifest is trusted: lookups return [`TensorEntry`] values whose byte ranges are known
 //! to lie inside their shard, and [`Checkpoint::expect`] checks dtype and shape once, at
 //! model load, with an error that names the shard file.
+//!
+//! A stream install's sparse shards are different: the expert disk cache writes routed experts
+//! into their holes and punches them out again while the checkpoint is open. A `&[u8]` over
+//! bytes that change under it is undefined behaviour, so [`Checkpoint::open_with_shards`] never
+//! maps those ranges: such a shard is mapped piece by piece, each piece a run of the tensors it
+//! does hold, and the routed experts are located (for the store's own reads) but never mapped.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -67,10 +73,40 @@ struct RawIndex {
     weight_map: BTreeMap<String, String>,
 }
 
-/// One mapped shard.
+/// Which tensors of which shard [`Checkpoint::open_with_shards`] leaves unmapped: `(shard
+/// name, tensor name) -> bool`.
+type Unmapped<'a> = dyn Fn(&str, &str) -> bool + 'a;
+
+/// One shard's bytes in memory.
+#[derive(Debug)]
+enum ShardMap {
+    /// The whole file.
+    Whole(Mmap),
+    /// Only these runs of tensors, each its own mapping, by ascending start offset (a sparse
+    /// shard; nothing between the runs is mapped).
+    Pieces(Vec<(u64, Mmap)>),
+}
+
+impl ShardMap {
+    /// The bytes `offset .. offset + len`, if one mapping holds them all.
+    fn get(&self, offset: u64, len: u64) -> Option<&[u8]> {
+        let (base, map) = match self {
+            Self::Whole(m) => (0, m),
+            Self::Pieces(p) => {
+                let i = p.partition_point(|(start, _)| *start <= offset).checked_sub(1)?;
+                let (start, m) = p.get(i)?;
+                (*start, m)
+            }
+        };
+        let start = usize::try_from(offset.checked_sub(base)?).ok()?;
+        map.get(start..start.checked_add(usize::try_from(len).ok()?)?)
+    }
+}
+
+/// One opened shard.
 #[derive(Debug)]
 struct Shard {
-    map: Mmap,
+    map: ShardMap,
     metadata: BTreeMap<String, String>,
 }
 
@@ -100,16 +136,34 @@ impl Checkpoint {
     /// mapping fault with SIGBUS, and a modified file may change bytes already validated).
     /// sluice itself never writes to a file it has opened as a checkpoint.
     pub fn open(dir: &Path) -> Result<Self> {
-        Self::open_with_shards(dir, &|name| dir.join(name))
+        Self::open_inner(dir, &|name| dir.join(name), None)
     }
 
     /// Like [`Checkpoint::open`], but shard `name` (as the index or `model.safetensors`
-    /// names it) is read from `shard_path(name)`. A stream install keeps each expert shard as
-    /// `{name}.sparse` (same length and offsets, routed experts as holes); this opens it
-    /// without renaming anything. The same read-only contract applies; a sparse shard's
-    /// routed-expert holes may be filled in place by the expert store while it is mapped,
-    /// since no byte the checkpoint hands out lies in them.
-    pub fn open_with_shards(dir: &Path, shard_path: &dyn Fn(&str) -> PathBuf) -> Result<Self> {
+    /// names it) is read from `shard_path(name)`, and tensor `t` of shard `name` is not mapped
+    /// when `unmapped(name, t)`.
+    ///
+    /// A stream install keeps each expert shard as `{name}.sparse` (same length and offsets,
+    /// routed experts as holes), and its expert disk cache writes experts into those holes and
+    /// punches them out again while the checkpoint is open. Such a shard is therefore mapped
+    /// only in runs of the tensors it holds; the `unmapped` tensors are in the manifest, with
+    /// their offsets, for readers of the file ([`Checkpoint::locate`]), but
+    /// [`Checkpoint::tensor`] and [`Checkpoint::expect`] refuse them
+    /// ([`CheckpointError::NotMapped`]) and no slice the checkpoint hands out covers them. The
+    /// mapped runs keep [`Checkpoint::open`]'s read-only contract.
+    pub fn open_with_shards(
+        dir: &Path,
+        shard_path: &dyn Fn(&str) -> PathBuf,
+        unmapped: &dyn Fn(&str, &str) -> bool,
+    ) -> Result<Self> {
+        Self::open_inner(dir, shard_path, Some(unmapped))
+    }
+
+    fn open_inner(
+        dir: &Path,
+        shard_path: &dyn Fn(&str) -> PathBuf,
+        unmapped: Option<&Unmapped<'_>>,
+    ) -> Result<Self> {
         let config = CheckpointConfig::load(dir)?;
         let index_path = dir.join(INDEX_FILE);
         let (weight_map, index_metadata) = match std::fs::read(&index_path) {
@@ -156,19 +210,22 @@ impl Checkpoint {
         let mut tensors: BTreeMap<String, TensorEntry> = BTreeMap::new();
         for (i, (&name, &example)) in shard_names.iter().enumerate() {
             let path = shard_path(name);
-            let map = map_shard(&path).map_err(|e| match e {
-                CheckpointError::Io { source, .. }
-                    if source.kind() == std::io::ErrorKind::NotFound =>
-                {
-                    CheckpointError::MissingShard {
-                        dir: dir.to_path_buf(),
-                        shard: name.to_owned(),
-                        tensor_example: example.to_owned(),
-                    }
-                }
-                other => other,
-            })?;
-            let header = parse_header(&path, &map)?;
+            let unmapped_here = unmapped.map(|u| move |t: &str| u(name, t));
+            let opened =
+                open_shard(&path, unmapped_here.as_ref().map(|u| u as &dyn Fn(&str) -> bool))
+                    .map_err(|e| match e {
+                        CheckpointError::Io { source, .. }
+                            if source.kind() == std::io::ErrorKind::NotFound =>
+                        {
+                            CheckpointError::MissingShard {
+                                dir: dir.to_path_buf(),
+                                shard: name.to_owned(),
+                                tensor_example: example.to_owned(),
+                            }
+                        }
+                        other => other,
+                    })?;
+            let (map, header) = opened;
             for info in header.tensors {
                 if let Some(first) = tensors.get(&info.name) {
                     return Err(CheckpointError::DuplicateTensor {
@@ -255,17 +312,46 @@ impl Checkpoint {
         self.tensors.get(name)
     }
 
-    /// The tensor called `name`, or [`CheckpointError::MissingTensor`].
+    /// The tensor called `name`, or [`CheckpointError::MissingTensor`]; a tensor this
+    /// checkpoint does not map is [`CheckpointError::NotMapped`].
     pub fn tensor(&self, name: &str) -> Result<&TensorEntry> {
-        self.tensors.get(name).ok_or_else(|| CheckpointError::MissingTensor {
+        let entry = self.tensors.get(name).ok_or_else(|| CheckpointError::MissingTensor {
             dir: self.dir.clone(),
             tensor: name.to_owned(),
-        })
+        })?;
+        if !self.is_mapped(entry) {
+            return Err(CheckpointError::NotMapped {
+                file: self.shard_file(entry).to_path_buf(),
+                tensor: name.to_owned(),
+            });
+        }
+        Ok(entry)
     }
 
     /// The tensor called `name`, checked to have `dtype` and `shape`. Errors name the shard.
     pub fn expect(&self, name: &str, dtype: DType, shape: &[u64]) -> Result<&TensorEntry> {
-        let entry = self.tensor(name)?;
+        self.check(self.tensor(name)?, name, dtype, shape)
+    }
+
+    /// Like [`Checkpoint::expect`], but also for a tensor this checkpoint does not map (a
+    /// routed expert of a sparse shard): where its bytes are in the shard file, for a store
+    /// that reads the file itself. [`Checkpoint::bytes`] has nothing for such an entry.
+    pub fn locate(&self, name: &str, dtype: DType, shape: &[u64]) -> Result<&TensorEntry> {
+        let entry = self.tensors.get(name).ok_or_else(|| CheckpointError::MissingTensor {
+            dir: self.dir.clone(),
+            tensor: name.to_owned(),
+        })?;
+        self.check(entry, name, dtype, shape)
+    }
+
+    /// `entry` (called `name`) if it has `dtype` and `shape`.
+    fn check<'a>(
+        &self,
+        entry: &'a TensorEntry,
+        name: &str,
+        dtype: DType,
+        shape: &[u64],
+    ) -> Result<&'a TensorEntry> {
         if entry.dtype != dtype {
             return Err(CheckpointError::DTypeMismatch {
                 file: self.shard_file(entry).to_path_buf(),
@@ -289,16 +375,25 @@ impl Checkpoint {
     ///
     /// # Panics
     ///
-    /// If `entry` did not come from this checkpoint (entries from [`Checkpoint::get`] and
-    /// friends were validated at open and always fit).
+    /// If `entry` did not come from this checkpoint, or is one it does not map (entries from
+    /// [`Checkpoint::tensor`] and [`Checkpoint::expect`] were validated at open and are
+    /// always mapped; [`Checkpoint::try_bytes`] does not panic).
     pub fn bytes(&self, entry: &TensorEntry) -> &[u8] {
-        let range = usize::try_from(entry.offset)
-            .ok()
-            .zip(usize::try_from(entry.len).ok())
-            .and_then(|(start, len)| Some(start..start.checked_add(len)?));
-        range
-            .and_then(|r| self.shards.get(entry.shard)?.map.get(r))
-            .expect("invariant: entry belongs to this checkpoint, validated at open")
+        self.try_bytes(entry)
+            .expect("invariant: a mapped entry of this checkpoint, validated at open")
+    }
+
+    /// The bytes of `entry`, or `None` if it is not a tensor this checkpoint maps.
+    pub fn try_bytes(&self, entry: &TensorEntry) -> Option<&[u8]> {
+        if entry.len == 0 {
+            return self.shards.get(entry.shard).map(|_| &[][..]);
+        }
+        self.shards.get(entry.shard)?.map.get(entry.offset, entry.len)
+    }
+
+    /// Whether the bytes of `entry` are mapped (false for a routed expert of a sparse shard).
+    pub fn is_mapped(&self, entry: &TensorEntry) -> bool {
+        self.try_bytes(entry).is_some()
     }
 
     /// The shard file holding `entry` (empty if `entry` is not from this checkpoint).
@@ -369,6 +464,55 @@ pub(crate) fn file_kind(t: &std::fs::FileType) -> &'static str {
     } else {
         "not a regular file"
     }
+}
+
+/// Opens one shard: parses its header and maps it read-only, whole or, when some tensor is
+/// `unmapped`, as runs of the other tensors only (its header then read without mapping).
+fn open_shard(
+    path: &Path,
+    unmapped: Option<&dyn Fn(&str) -> bool>,
+) -> Result<(ShardMap, crate::safetensors::SafetensorsHeader)> {
+    let Some(unmapped) = unmapped else {
+        let map = map_shard(path)?;
+        let header = parse_header(path, &map)?;
+        return Ok((ShardMap::Whole(map), header));
+    };
+    let header = crate::safetensors::read_header(path)?;
+    if !header.tensors.iter().any(|t| unmapped(&t.name)) {
+        let map = map_shard(path)?;
+        // Parsed again from the map: the file may have changed since `read_header`.
+        let header = parse_header(path, &map)?;
+        return Ok((ShardMap::Whole(map), header));
+    }
+    // Runs of tensors, in file order, broken by every unmapped one.
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    let mut open_run = false;
+    for t in &header.tensors {
+        if unmapped(&t.name) {
+            open_run = false;
+        } else if t.len > 0 {
+            let end = t.data_start + t.len;
+            match runs.last_mut() {
+                Some((_, e)) if open_run => *e = (*e).max(end),
+                _ => runs.push((t.data_start, end)),
+            }
+            open_run = true;
+        }
+    }
+    let file = open_regular(path).map_err(|e| CheckpointError::io(path, e))?;
+    let mut pieces = Vec::with_capacity(runs.len());
+    for (start, end) in runs {
+        let len = usize::try_from(end - start)
+            .map_err(|_| CheckpointError::HeaderTooLarge { path: path.to_path_buf(), len: end })?;
+        // SAFETY: as in `map_shard`, for the bytes of tensors that the expert store never
+        // writes: the range holds only tensors that are not `unmapped`, and no other range of
+        // the file is mapped (the pages at its ends may hold a neighbour's bytes, which no
+        // slice handed out covers). `read_header` checked the range lies inside the file.
+        let map = unsafe { memmap2::MmapOptions::new().offset(start).len(len).map(&file) }
+            .map_err(|e| CheckpointError::io(path, e))?;
+        pieces.push((start, map));
+    }
+    Ok((ShardMap::Pieces(pieces), header))
 }
 
 /// Opens and maps one shard read-only.

@@ -256,6 +256,19 @@ pub enum CheckpointError {
         /// The tensor asked for.
         tensor: String,
     },
+    /// A tensor lies in a range this checkpoint does not map: a routed expert of a stream
+    /// install's sparse shard, which only the expert store reads (see
+    /// [`Checkpoint::open_with_shards`]).
+    #[error(
+        "{file}: tensor {tensor:?} is not held in this file (a routed expert of a stream \
+         install: only the streaming expert store reads it)"
+    )]
+    NotMapped {
+        /// The shard file.
+        file: PathBuf,
+        /// The tensor asked for.
+        tensor: String,
+    },
     /// A tensor has a different dtype than the model expects.
     #[error("{file}: tensor {tensor:?} has dtype {got}, expected {expected}")]
     DTypeMismatch {

@@ -3,11 +3,11 @@
 //! Configurations are interleaved (A B C A B C …) so slow drift of a shared machine hits each
 //! alike; every run's tokens are checked against an oracle (the first run's, or ids given in a
 //! file) and a mismatch is a loud failure with a non-zero exit. Storage bandwidth is probed on
-//! the model's own shards (O_DIRECT, cold) before and after the runs, so each run's pass time
+//! the model's own shards (uncached, cold) before and after the runs, so each run's pass time
 //! is compared with the bound measured in the same invocation: expert bytes read ÷ bandwidth.
 //! Cold runs drop the model's pages first. With `--cgroup-limit` every child runs in a fresh
 //! memory cgroup (v1) of that size, so page cache counts against the limit like on a small
-//! machine.
+//! machine (Linux only; the OS-specific calls are in `sluice_store::platform`).
 
 use crate::bench_report::{derive, print_summary, summarize, RunRecord};
 use anyhow::{bail, Context, Result};
@@ -15,6 +15,7 @@ use clap::Args;
 use serde_json::{json, Value};
 use sluice_checkpoint::{Checkpoint, CheckpointConfig};
 use sluice_engine::plan::parse_size;
+use sluice_store::platform::{advice, counters, direct, memory::ChildLimit};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -36,7 +37,8 @@ pub struct BenchArgs {
     /// Drop the model's cached pages before every run.
     #[arg(long)]
     cold: bool,
-    /// With --cold: only `posix_fadvise` the model's files, never write /proc/sys/vm/drop_caches.
+    /// With --cold: only drop the model's files' pages (`posix_fadvise`; `msync` on macOS),
+    /// never the whole page cache (/proc/sys/vm/drop_caches).
     #[arg(long)]
     fadvise_only: bool,
     /// Prompt text.
@@ -123,68 +125,27 @@ fn read_ids(path: &Path) -> Result<Vec<u32>> {
 }
 
 /// Drops the model's cached pages; returns how.
-fn drop_caches(paths: &[PathBuf], fadvise_only: bool) -> Result<&'static str> {
+fn drop_caches(paths: &[PathBuf], fadvise_only: bool) -> Result<String> {
     for p in paths {
         sluice_store::probe::drop_file_cache(p)
             .with_context(|| format!("dropping the cached pages of {}", p.display()))?;
     }
-    if !fadvise_only {
-        // "1" drops clean page-cache pages only; it works only where this process may write it.
-        if std::fs::write("/proc/sys/vm/drop_caches", "1\n").is_ok() {
-            return Ok("posix_fadvise(DONTNEED) on every model file + /proc/sys/vm/drop_caches");
-        }
+    // The whole cache is dropped only where this process may.
+    if !fadvise_only && advice::drop_all().is_ok() {
+        return Ok(format!("{} on every model file + {}", advice::FILE_METHOD, advice::ALL_METHOD));
     }
-    Ok("posix_fadvise(DONTNEED) on every model file")
-}
-
-/// A v1 memory cgroup for the children, removed on drop.
-struct Cgroup {
-    dir: PathBuf,
-}
-
-impl Cgroup {
-    fn new(limit: u64) -> Result<Self> {
-        let dir =
-            PathBuf::from(format!("/sys/fs/cgroup/memory/sluice-bench-{}", std::process::id()));
-        std::fs::create_dir(&dir).with_context(|| {
-            format!("creating the memory cgroup {} (cgroup v1 writable?)", dir.display())
-        })?;
-        let cg = Self { dir };
-        std::fs::write(cg.dir.join("memory.limit_in_bytes"), limit.to_string())
-            .with_context(|| format!("setting {}/memory.limit_in_bytes", cg.dir.display()))?;
-        Ok(cg)
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        // The children have exited; an empty group can be removed.
-        let _ = std::fs::remove_dir(&self.dir);
-    }
-}
-
-fn loadavg() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+    Ok(format!("{} on every model file", advice::FILE_METHOD))
 }
 
 /// Runs one child and returns its JSON output (or why it failed).
 fn run_child(
     exe: &Path,
-    cg: Option<&Cgroup>,
+    cg: Option<&ChildLimit>,
     base: &[String],
     cfg: &Config,
 ) -> Result<(Value, f64)> {
     let mut cmd = match cg {
-        // The shell moves itself into the group, then becomes sluice: nothing the child
-        // allocates escapes the limit.
-        Some(cg) => {
-            let mut c = Command::new("sh");
-            c.arg("-c")
-                .arg(r#"echo $$ > "$0" && exec "$@""#)
-                .arg(cg.dir.join("cgroup.procs"))
-                .arg(exe);
-            c
-        }
+        Some(cg) => cg.command(exe),
         None => Command::new(exe),
     };
     cmd.args(base).args(&cfg.args);
@@ -253,7 +214,11 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let cg = a
         .cgroup_limit
         .as_deref()
-        .map(|s| parse_size(s).map_err(anyhow::Error::msg).and_then(Cgroup::new))
+        .map(|s| {
+            parse_size(s)
+                .map_err(anyhow::Error::msg)
+                .and_then(|b| ChildLimit::new(b).context("--cgroup-limit"))
+        })
         .transpose()?;
     let mut oracle: Option<Vec<u32>> = a.oracle_ids.as_deref().map(read_ids).transpose()?;
     let oracle_source = if oracle.is_some() { "file" } else { "first run" };
@@ -268,7 +233,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let probe = |when: &str| -> Result<sluice_store::probe::StorageProbe> {
         if !a.json {
             eprintln!(
-                "bench: probing storage on the model's shards ({when}, O_DIRECT, {} bytes)",
+                "bench: probing storage on the model's shards ({when}, {}, {} bytes)",
+                direct::NAME,
                 probe_max
             );
         }
@@ -287,13 +253,13 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let before = probe("before")?;
     let mut records: Vec<RunRecord> = Vec::new();
     let mut mismatches = 0usize;
-    let mut drop_method = "none (warm)";
+    let mut drop_method = String::from("none (warm)");
     for r in 0..a.runs {
         for cfg in &configs {
             if a.cold {
                 drop_method = drop_caches(&files, a.fadvise_only)?;
             }
-            let load = loadavg();
+            let load = counters::load_average();
             let (v, wall) = run_child(&exe, cg.as_ref(), &base, cfg)?;
             let ids: Vec<u32> = v["generated_ids"]
                 .as_array()
@@ -365,9 +331,10 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         );
     } else {
         println!(
-            "storage: {:.3} GB/s before, {:.3} GB/s after (O_DIRECT, {} KiB blocks, 16 in flight) → bound uses {gbps:.3} GB/s; cold: {} ({drop_method})",
+            "storage: {:.3} GB/s before, {:.3} GB/s after ({}, {} KiB blocks, 16 in flight) → bound uses {gbps:.3} GB/s; cold: {} ({drop_method})",
             before.gbps,
             after.gbps,
+            direct::NAME,
             before.block / 1024,
             a.cold
         );

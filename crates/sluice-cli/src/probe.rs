@@ -149,7 +149,7 @@ pub fn run(a: &ProbeArgs) -> Result<()> {
             s.block / 1024,
             s.readers,
             s.backend,
-            if s.direct { "O_DIRECT" } else { "page cache" },
+            if s.direct { sluice_store::platform::direct::NAME } else { "page cache" },
         );
     }
     if let Some(k) = &kernels {

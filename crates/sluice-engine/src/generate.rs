@@ -426,14 +426,8 @@ pub fn generate(
     Ok(em.out)
 }
 
-/// Peak resident set size of this process (`VmHWM` in /proc/self/status), 0 where unknown.
+/// Peak resident set size of this process in bytes, 0 where unknown
+/// ([`sluice_store::platform::counters::peak_rss`]).
 pub fn peak_rss() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|st| {
-            st.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
-        })
-        .map_or(0, |kb| kb * 1024)
+    sluice_store::platform::counters::peak_rss()
 }

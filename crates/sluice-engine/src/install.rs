@@ -16,6 +16,7 @@ use crate::place;
 use crate::spine::Spine;
 use crate::EngineError;
 use sluice_checkpoint::Checkpoint;
+use sluice_hub::shard::is_routed_expert;
 use sluice_hub::{FreeSpace, Install, StatvfsFreeSpace};
 use sluice_models::kimi_k3::config::K3Config;
 use sluice_models::kimi_k3::inventory::inventory;
@@ -51,10 +52,15 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
              or make a full install with `sluice pull REPO --full`",
         ));
     }
+    // The routed experts of a sparse shard are the holes the disk cache fills and punches
+    // while the model runs: they are never mapped (see `Checkpoint::open_with_shards`), only
+    // read by the streaming store.
     let ckpt = Arc::new(
-        Checkpoint::open_with_shards(dir, &|name| {
-            dir.join(sparse.get(name).map_or(name, String::as_str))
-        })
+        Checkpoint::open_with_shards(
+            dir,
+            &|name| dir.join(sparse.get(name).map_or(name, String::as_str)),
+            &|name, tensor| sparse.contains_key(name) && is_routed_expert(tensor),
+        )
         .map_err(ModelError::from)?,
     );
     let cfg = K3Config::from_json(ckpt.config().text_config())
@@ -78,7 +84,8 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
     let disk_cfg = DiskCacheConfig::new(disk_budget(dir, opts, &install.manifest.commit)?);
     let expert_bytes = inventory(&ckpt, &cfg).expert_bytes;
     let fetch_buffers = disk_cfg.buffer_bytes(expert_bytes);
-    let mut placed = place::place(&ckpt, &cfg, opts, fetch_buffers, "remote fetch buffers")?;
+    let mut placed =
+        place::place(&ckpt, &cfg, opts, (fetch_buffers, "remote fetch buffers"), false)?;
     let hub = install.hub_config();
     let remote = install.remote(hub, repo_files).map_err(|e| install_err(dir, e))?;
     let disk = ExpertDiskCache::open(

@@ -2,8 +2,9 @@
 //! how many bytes each MoE layer read against the bytes of the distinct experts it routed to
 //! (the "each expert read once per pass" check), the cache hit side of prefetch (recall), and
 //! how good the next-layer guesses were (precision, wasted bytes) whether or not they were read.
-//! Also the process's own storage reads from `/proc/self/io`, which count every byte the kernel
-//! fetched for this process (spine pages faulted in, O_DIRECT expert reads).
+//! Also the process's own storage reads (`/proc/self/io` on Linux, `proc_pid_rusage` on macOS),
+//! which count every byte the kernel fetched for this process (spine pages faulted in, uncached
+//! expert reads).
 
 use serde::Serialize;
 use sluice_store::LayerPrefetchStats;
@@ -57,13 +58,10 @@ pub fn phase_bytes(layers: &[LayerStats]) -> (u64, u64) {
         .fold((0, 0), |(r, d), l| (r + l.counters.bytes_read, d + l.counters.demanded_bytes))
 }
 
-/// Bytes this process has caused to be fetched from storage (`read_bytes` of
-/// `/proc/self/io`), or `None` where the kernel does not report it.
+/// Bytes this process has caused to be fetched from storage, or `None` where the kernel does
+/// not report it ([`sluice_store::platform::counters::read_bytes`]).
 pub fn process_read_bytes() -> Option<u64> {
-    let io = std::fs::read_to_string("/proc/self/io").ok()?;
-    io.lines()
-        .find_map(|l| l.strip_prefix("read_bytes:"))
-        .and_then(|v| v.trim().parse::<u64>().ok())
+    sluice_store::platform::counters::read_bytes()
 }
 
 /// One line per layer for `--stats`.
@@ -109,6 +107,6 @@ mod tests {
         assert_eq!(d[0].read_amplification, Some(1.05));
         assert_eq!(phase_bytes(&d), (105, 100));
         assert!(describe("prefill", &d).contains("layer 1: 2 passes"));
-        assert!(process_read_bytes().is_some(), "Linux reports /proc/self/io");
+        assert!(process_read_bytes().is_some(), "Linux and macOS report bytes read");
     }
 }

@@ -150,7 +150,7 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
         });
     }
     let cfg = K3Config::from_json(ckpt.config().text_config()).map_err(EngineError::Model)?;
-    let mut placed = place::place(&ckpt, &cfg, opts, 0, "")?;
+    let mut placed = place::place(&ckpt, &cfg, opts, (0, ""), true)?;
     let stream = match opts.experts {
         ExpertMode::Mapped => false,
         ExpertMode::Stream => true,

@@ -22,7 +22,8 @@ use sluice_models::kimi_k3::KimiK3;
 use sluice_models::{Model, ModelError};
 use sluice_store::spine::{PieceLayout, SpineFootprint};
 use sluice_store::{
-    CacheSize, IoMode, Placement, ReadAt, ShardFiles, SpineStore, StreamingConfig, StreamingExperts,
+    CacheSize, ExpertStore, ExpertView, IoMode, Placement, ReadAt, ShardFiles, SpineStore,
+    StoreError, StoreStats, StreamingConfig, StreamingExperts,
 };
 use std::sync::Arc;
 
@@ -88,19 +89,25 @@ pub(crate) fn budget(opts: &LoadOptions) -> Result<(MemoryBudget, Vec<Charge>), 
 /// places the spine. `extra` is headroom for I/O buffers the caller will hold besides the usual
 /// scratch (a stream install's remote fetch buffers; 0 otherwise), named `extra_what` in the
 /// charge. Refuses a budget that cannot hold the minimum with the shortfall, and a spine that
-/// contradicts `--spine` (see [`crate::spine::check`]).
+/// contradicts `--spine` (see [`crate::spine::check`]). With `map_experts` false (a stream
+/// install, whose routed experts the checkpoint never maps) the model has no expert store until
+/// the caller gives it one.
 pub(crate) fn place(
     ckpt: &Arc<Checkpoint>,
     cfg: &K3Config,
     opts: &LoadOptions,
-    extra: u64,
-    extra_what: &str,
+    (extra, extra_what): (u64, &str),
+    map_experts: bool,
 ) -> Result<Placed, EngineError> {
     crate::spine::check(ckpt, opts.spine)?;
     let (budget, mut charges) = budget(opts)?;
     let inv = inventory(ckpt, cfg);
     // Spine and experts mapped in place first (cheap); the plan then decides what to replace.
-    let mut m = KimiK3::load(ckpt.clone())?;
+    let mut m = if map_experts {
+        KimiK3::load(ckpt.clone())?
+    } else {
+        KimiK3::with_store(ckpt.clone(), Arc::new(Unattached))?
+    };
     let index = m.spine_index()?;
     let piece = |i: usize| index.piece(i).map_or(0, PieceLayout::buffer_len);
     let n = cfg.num_hidden_layers;
@@ -172,5 +179,26 @@ pub(crate) fn streaming_config(plan: &mut Plan, opts: &LoadOptions, io: IoMode) 
         max_prefetch_slots: if opts.prefetch { None } else { Some(0) },
         prefetch_min_precision: opts.prefetch_min_precision,
         ..StreamingConfig::default()
+    }
+}
+
+/// The expert store of a model whose real store is attached after planning (a stream install):
+/// a pass before then is an error, never a read of unmapped bytes.
+struct Unattached;
+
+impl ExpertStore for Unattached {
+    fn for_each(
+        &self,
+        layer: usize,
+        _ids: &[u32],
+        _f: &mut dyn FnMut(u32, ExpertView<'_>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        Err(StoreError::Config(format!(
+            "invariant: the expert store is attached before a pass (layer {layer} asked first)"
+        )))
+    }
+
+    fn stats(&self) -> StoreStats {
+        StoreStats::default()
     }
 }

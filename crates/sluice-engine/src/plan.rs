@@ -39,48 +39,17 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
-/// Memory this process may use: the smallest of physical memory and a cgroup limit (v1 or v2).
+/// Memory this process may use: the smallest of physical memory and any limit on the process
+/// (a cgroup on Linux), from [`sluice_store::platform::memory`].
 pub fn available_memory() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        m.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| {
-            l.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()).map(|kb| kb * 1024)
-        })
-    });
-    let cgroup = cgroup_limit();
-    match (meminfo, cgroup) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    sluice_store::platform::memory::available()
 }
 
-/// The memory limit of this process's own cgroup (v2 `memory.max` or v1
-/// `memory.limit_in_bytes`, found through `/proc/self/cgroup`), if one is set.
-fn cgroup_limit() -> Option<u64> {
-    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let mut limits = Vec::new();
-    for line in groups.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        let path = path.trim_start_matches('/');
-        let file = if controllers.is_empty() {
-            format!("/sys/fs/cgroup/{path}/memory.max")
-        } else if controllers.split(',').any(|c| c == "memory") {
-            format!("/sys/fs/cgroup/memory/{path}/memory.limit_in_bytes")
-        } else {
-            continue;
-        };
-        if let Some(v) =
-            std::fs::read_to_string(file).ok().and_then(|s| s.trim().parse::<u64>().ok())
-        {
-            limits.push(v);
-        }
-    }
-    limits.into_iter().min()
-}
-
-/// The default budget: 85% of [`available_memory`] minus 512 MiB of headroom for the OS.
+/// The default budget ([`sluice_store::platform::memory::default_budget`]): on Linux 85% of
+/// [`available_memory`] less 512 MiB for the OS; on macOS, whose memory the OS and the GPU
+/// share, 75% of it less 2 GiB (less under memory pressure).
 pub fn default_budget() -> u64 {
-    available_memory().map_or(8 << 30, |m| (m / 100 * 85).saturating_sub(512 << 20).max(256 << 20))
+    sluice_store::platform::memory::default_budget()
 }
 
 /// What a model needs, for planning.

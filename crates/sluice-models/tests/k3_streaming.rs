@@ -1,7 +1,8 @@
 //! Streaming never changes output: logits are bit-identical whether experts are mapped in place
 //! or streamed through a slot cache of any size (down to 2 slots), with prefetch on or off,
 //! through O_DIRECT or buffered reads, on the io_uring and the pread backend, for a single pass
-//! and for a whole prefill + decode.
+//! and for a whole prefill + decode; and on the read path macOS takes (the pread pool, no
+//! O_DIRECT, pages dropped after each read), exercised here on Linux.
 // Fixture ids, shapes and lengths are small; casts between them cannot truncate.
 #![allow(
     clippy::unwrap_used,
@@ -64,6 +65,27 @@ fn streamed_logits_equal_mapped_for_any_cache_and_prefetch() {
                         store.check_consistency(true).unwrap();
                     }
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn streamed_logits_equal_mapped_on_the_macos_read_path() {
+    for name in ["tiny-a", "tiny-b"] {
+        let want = run(&load(name));
+        for slots in [2usize, 1000] {
+            for prefetch in [false, true] {
+                let path = (IoMode::BufferedDropCache, IoBackend::Pread);
+                let (m, store) = streamed(name, slots, prefetch, path);
+                assert_eq!(store.io_backend(), "pread");
+                assert!(
+                    run(&m) == want,
+                    "{name}: slots {slots} prefetch {prefetch}: the pread pool without O_DIRECT \
+                     changed the logits"
+                );
+                assert!(store.stats().bytes_read > 0, "{name}: streaming must read");
+                store.check_consistency(true).unwrap();
             }
         }
     }

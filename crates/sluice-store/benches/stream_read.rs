@@ -119,9 +119,5 @@ fn main() {
 
 /// Drops the file's pages from the page cache so every configuration starts cold.
 fn drop_page_cache(path: &std::path::Path) {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(path).expect("open");
-    // SAFETY: `posix_fadvise` only reads its integer arguments; the descriptor is open.
-    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    assert_eq!(rc, 0, "posix_fadvise");
+    sluice_store::platform::advice::drop_file(path).expect("dropping the file's cached pages");
 }

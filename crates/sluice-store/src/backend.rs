@@ -1,9 +1,9 @@
 //! The two ways reads reach the disk, behind one submission API ([`Readers`]): the kernel's
-//! io_uring ([`crate::uring`], one ring at the configured queue depth) or the pread pool
-//! ([`crate::reader`], that many threads each blocked in `pread`). Which one runs is chosen at
-//! runtime ([`IoBackend::Auto`]): io_uring when the kernel lets this process create a ring
-//! (it may be compiled out, disabled by `kernel.io_uring_disabled`, or refused by a seccomp
-//! filter), the pool otherwise.
+//! io_uring (one ring at the configured queue depth; Linux only, [`crate::platform::ring`]) or
+//! the pread pool ([`crate::reader`], that many threads each blocked in `pread`). Which one runs
+//! is chosen at runtime ([`IoBackend::Auto`]): io_uring when the kernel lets this process create
+//! a ring (it may be compiled out, disabled by `kernel.io_uring_disabled`, or refused by a
+//! seccomp filter; macOS has none), the pool otherwise.
 //!
 //! A job is a [`ReadTask`]: when a backend starts it, it names the spans to read and the memory
 //! they go to; when every span is in (or one failed), the backend calls its `finish`. Both
@@ -11,8 +11,8 @@
 
 use crate::index::Span;
 use crate::io::{read_span, ReadAt};
+use crate::platform::ring::{self, Ring};
 use crate::reader::{JobHandle, Priority, ReaderPool};
-use crate::uring::UringReader;
 use crate::StoreError;
 use std::io;
 use std::sync::Arc;
@@ -63,9 +63,10 @@ impl IoBackend {
 }
 
 /// Whether this process may use io_uring: creates (and drops) a small ring. The error is the
-/// kernel's reason (`ENOSYS` not built in, `EPERM` disabled by sysctl or seccomp, ...).
+/// kernel's reason (`ENOSYS` not built in, `EPERM` disabled by sysctl or seccomp, ...; on macOS,
+/// that io_uring is Linux-only).
 pub fn uring_available() -> io::Result<()> {
-    io_uring::IoUring::new(4).map(drop)
+    ring::available()
 }
 
 /// Where one span's aligned read region goes.
@@ -111,7 +112,7 @@ pub unsafe trait ReadTask: Send + 'static {
 #[derive(Debug)]
 pub enum Readers {
     /// io_uring.
-    Uring(UringReader),
+    Uring(Ring),
     /// The pread pool and the reader its threads call.
     Pread {
         /// The threads.
@@ -140,10 +141,10 @@ impl Readers {
         };
         match backend {
             IoBackend::Pread => pool(reader, None),
-            IoBackend::Uring => UringReader::new(depth, reader)
+            IoBackend::Uring => Ring::new(depth, reader)
                 .map(Self::Uring)
                 .map_err(|e| StoreError::Config(format!("io_uring is not available: {e}"))),
-            IoBackend::Auto => match UringReader::new(depth, reader.clone()) {
+            IoBackend::Auto => match Ring::new(depth, reader.clone()) {
                 Ok(u) => Ok(Self::Uring(u)),
                 Err(e) => pool(reader, Some(e.to_string())),
             },

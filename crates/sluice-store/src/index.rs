@@ -212,7 +212,7 @@ impl ExpertIndex {
                 let n = (names.names)(prefix, l, e);
                 let mut ents: Vec<TensorEntry> = Vec::with_capacity(6);
                 for (name, shape) in n.iter().zip(&shapes) {
-                    ents.push(ckpt.expect(name, DType::U8, shape)?.clone());
+                    ents.push(ckpt.locate(name, DType::U8, shape)?.clone());
                 }
                 let arr: [TensorEntry; 6] = ents
                     .try_into()

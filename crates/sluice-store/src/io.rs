@@ -2,25 +2,27 @@
 //! a fault injector ([`crate::fault::FaultyReader`]).
 //!
 //! The real reader, [`ShardFiles`], keeps two descriptors per shard: a buffered one and, when
-//! [`IoMode::Direct`] is asked for and the file system accepts it, an `O_DIRECT` one. A read
-//! whose offset, length and buffer address are all multiples of [`ALIGN`] goes to the direct
-//! descriptor (no page cache, so the memory budget is real); anything else (a continuation
-//! after a short read, a file system that refuses O_DIRECT such as tmpfs) goes to the buffered
-//! descriptor and, unless plain buffered I/O was asked for, the pages it pulled into the page
-//! cache are dropped again with `posix_fadvise(POSIX_FADV_DONTNEED)`.
+//! [`IoMode::Direct`] is asked for and the file system accepts it, an uncached one (`O_DIRECT`
+//! on Linux, `F_NOCACHE` on macOS: [`crate::platform::direct`]). A read whose offset, length and
+//! buffer address are all multiples of [`ALIGN`] goes to the direct descriptor (no page cache,
+//! so the memory budget is real); anything else (a continuation after a short read, a file
+//! system that refuses O_DIRECT such as tmpfs) goes to the buffered descriptor and, unless
+//! plain buffered I/O was asked for, the pages it pulled into the page cache are dropped again
+//! ([`crate::platform::advice`]).
 //!
 //! A queue-based backend ([`crate::uring`]) cannot call `read_at` (the kernel does the read), so
 //! the trait also splits a read in two: [`ReadAt::prepare`] says which descriptor to read (or
 //! completes the read at once, which is how a fault injector fails or shortens it) and
-//! [`ReadAt::complete`] sees the kernel's result (where O_DIRECT's `EINVAL` turns into a retry
+//! [`ReadAt::complete`] sees the kernel's result (where O_DIRECT's refusal turns into a retry
 //! on the buffered descriptor, and buffered pages are dropped), so both backends share one seam.
 
 use crate::index::{Span, ALIGN};
+use crate::platform::{advice, direct};
 use crate::StoreError;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -76,7 +78,7 @@ pub struct PreparedRead {
     pub fd: RawFd,
     /// Bytes to read (at most the length asked for).
     pub len: usize,
-    /// Whether `fd` is the O_DIRECT descriptor.
+    /// Whether `fd` is the uncached (O_DIRECT / F_NOCACHE) descriptor.
     pub direct: bool,
     /// Start the read only after this long (a fault injector's stall).
     pub delay: Option<Duration>,
@@ -87,7 +89,8 @@ pub struct PreparedRead {
 pub enum Completed {
     /// The read's result.
     Done(io::Result<usize>),
-    /// Prepare and submit the read again (O_DIRECT was refused; the buffered descriptor is next).
+    /// Prepare and submit the read again (the uncached read was refused; the buffered
+    /// descriptor is next).
     Retry,
 }
 
@@ -120,11 +123,11 @@ impl std::fmt::Debug for dyn ReadAt {
 /// How [`ShardFiles`] treats the page cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IoMode {
-    /// O_DIRECT where the file system allows it; elsewhere buffered reads whose pages are
-    /// dropped after reading.
+    /// Uncached reads (O_DIRECT on Linux, F_NOCACHE on macOS) where the file system allows
+    /// them; elsewhere buffered reads whose pages are dropped after reading.
     #[default]
     Direct,
-    /// Buffered reads whose pages are dropped after reading (`POSIX_FADV_DONTNEED`).
+    /// Buffered reads whose pages are dropped after reading ([`crate::platform::advice`]).
     BufferedDropCache,
     /// Plain buffered reads; the page cache keeps what it likes (outside the budget).
     Buffered,
@@ -135,7 +138,8 @@ pub enum IoMode {
 struct Shard {
     buffered: File,
     direct: Option<File>,
-    /// Cleared when the direct descriptor refuses a read (`EINVAL`), so later reads skip it.
+    /// Cleared when the direct descriptor refuses a read ([`direct::refused`]), so later reads
+    /// skip it.
     direct_ok: AtomicBool,
 }
 
@@ -159,7 +163,7 @@ impl ShardFiles {
             let buffered =
                 File::open(p).map_err(|source| StoreError::Io { path: p.clone(), source })?;
             let direct = match mode {
-                IoMode::Direct => open_direct(p),
+                IoMode::Direct => direct::open(p),
                 IoMode::BufferedDropCache | IoMode::Buffered => None,
             };
             let direct_ok = AtomicBool::new(direct.is_some());
@@ -195,11 +199,6 @@ impl ShardFiles {
     }
 }
 
-/// Opens `path` with `O_DIRECT`, or `None` where the file system refuses it.
-fn open_direct(path: &Path) -> Option<File> {
-    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).ok()
-}
-
 /// True when `offset`, the buffer address and the buffer length are all O_DIRECT-aligned.
 fn aligned(offset: u64, addr: usize, len: usize) -> bool {
     offset.is_multiple_of(ALIGN)
@@ -217,7 +216,7 @@ impl ReadAt for ShardFiles {
                 && aligned(offset, buf.as_ptr() as usize, buf.len())
             {
                 match d.read_at(buf, offset) {
-                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    Err(e) if direct::refused(&e) => {
                         s.direct_ok.store(false, Ordering::Relaxed);
                     }
                     r => {
@@ -260,7 +259,7 @@ impl ReadAt for ShardFiles {
     ) -> Completed {
         let Some(s) = self.shards.get(file) else { return Completed::Done(result) };
         if p.direct {
-            if result.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EINVAL)) {
+            if result.as_ref().is_err_and(direct::refused) {
                 s.direct_ok.store(false, Ordering::Relaxed);
                 return Completed::Retry;
             }
@@ -282,14 +281,7 @@ impl ReadAt for ShardFiles {
 fn drop_cached(file: &File, offset: u64, len: usize) {
     let start = offset - offset % ALIGN;
     let end = (offset + len as u64).div_ceil(ALIGN) * ALIGN;
-    let (Ok(start), Ok(span)) = (libc::off_t::try_from(start), libc::off_t::try_from(end - start))
-    else {
-        return;
-    };
-    // SAFETY: `posix_fadvise` only reads its integer arguments; the descriptor is open for the
-    // lifetime of `file`, and advice on any range is harmless to memory safety.
-    let _ =
-        unsafe { libc::posix_fadvise(file.as_raw_fd(), start, span, libc::POSIX_FADV_DONTNEED) };
+    let _ = advice::drop_range(file, start, end - start);
 }
 
 /// Reads `span`'s aligned region into `region` (exactly [`Span::region_len`] bytes), looping

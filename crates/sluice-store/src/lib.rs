@@ -23,12 +23,14 @@ pub mod fault;
 pub mod index;
 pub mod io;
 pub mod mapped;
+pub mod platform;
 pub mod policy;
 pub mod probe;
 pub mod reader;
 pub mod remote;
 pub mod spine;
 pub mod streaming;
+#[cfg(target_os = "linux")]
 pub mod uring;
 
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! Storage read bandwidth as the expert store sees it: `block`-byte aligned reads at scattered
 //! offsets of the given files, `depth` of them in flight through the chosen read backend
-//! (io_uring or the pread pool, [`crate::backend`]), O_DIRECT when the file system allows it so
-//! the page cache does not flatter the number. This is the denominator of the storage bound that
+//! (io_uring or the pread pool, [`crate::backend`]), uncached (O_DIRECT, F_NOCACHE) when the file
+//! system allows it so the page cache does not flatter the number. This is the denominator of the storage bound that
 //! `sluice bench` reports against.
 
 use crate::arena::Arena;
@@ -167,17 +167,8 @@ pub fn storage_read(
     Ok(StorageProbe { bytes: total, secs, gbps, block, readers: depth, direct, backend })
 }
 
-/// Drops the page-cache pages of the whole file at `path` (`posix_fadvise(POSIX_FADV_DONTNEED)`),
-/// so the next read of it comes from storage. Pages another process has mapped stay cached.
+/// Drops the page-cache pages of the whole file at `path` ([`crate::platform::advice`]), so
+/// the next read of it comes from storage. Pages another process has mapped stay cached.
 pub fn drop_file_cache(path: &std::path::Path) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(path)?;
-    // SAFETY: `posix_fadvise` only reads its integer arguments; the descriptor stays open for
-    // the call, and advice on any range is harmless to memory safety.
-    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::from_raw_os_error(rc))
-    }
+    crate::platform::advice::drop_file(path)
 }

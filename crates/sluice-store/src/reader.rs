@@ -213,7 +213,7 @@ fn worker(shared: &PoolShared) {
             // A panicking job must not take the thread with it; its closure's guards clean up
             // during unwinding.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job.run));
-            job.handle.finish(DONE);
+            job.handle.done();
         }
     }
 }

@@ -10,7 +10,7 @@ use sluice_checkpoint::TensorEntry;
 use sluice_core::MemoryBudget;
 use sluice_store::fault::{Fault, When};
 use sluice_store::{
-    CacheSize, ExpertIndex, ExpertLoc, ExpertStore, FaultyReader, IoMode, ShardFiles,
+    CacheSize, ExpertIndex, ExpertLoc, ExpertStore, FaultyReader, IoBackend, IoMode, ShardFiles,
     StreamingConfig, StreamingExperts,
 };
 use std::sync::Arc;
@@ -123,6 +123,40 @@ fn aligned_reads_go_through_o_direct_where_the_file_system_allows_it() {
     if (0..fx.ckpt.shard_paths().len()).all(|f| files.direct(f)) {
         assert_eq!(buffered, 0, "slot regions are aligned, so every read is direct");
     } else {
+        assert!(buffered > 0);
+    }
+}
+
+/// The read path macOS takes (no io_uring, no O_DIRECT: the pread pool over buffered reads whose
+/// pages are dropped after), run here on Linux: every expert is byte-exact and no read bypassed
+/// the page cache.
+#[test]
+fn the_macos_read_path_pread_without_o_direct_serves_exact_bytes() {
+    let fx = Fixture::open("tiny-b");
+    let want = reference(&fx);
+    let total = fx.moe_layers.len() * fx.experts;
+    for slots in [2, total] {
+        let files = Arc::new(
+            ShardFiles::open(fx.ckpt.shard_paths(), IoMode::BufferedDropCache).expect("opens"),
+        );
+        let cfg = StreamingConfig {
+            cache: CacheSize::Slots(slots),
+            readers: 3,
+            backend: IoBackend::Pread,
+            prefetch_min_precision: 0.0,
+            ..Default::default()
+        };
+        let store = fx.streaming_with(files.clone(), &cfg);
+        assert_eq!(store.io_backend(), "pread");
+        for _ in 0..2 {
+            for &l in &fx.moe_layers {
+                let got = collect(&store, l, &fx.all_ids()).expect("reads");
+                assert_same(&want, l, &got, &format!("pread, buffered, {slots} slots"));
+            }
+        }
+        store.check_consistency(true).expect("consistent");
+        let (direct, buffered) = files.read_counts();
+        assert_eq!(direct, 0, "nothing went through O_DIRECT");
         assert!(buffered > 0);
     }
 }

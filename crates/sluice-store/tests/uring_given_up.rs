@@ -9,6 +9,7 @@
 //! A seccomp filter cannot be removed and is installed on every thread of the process (so that
 //! the ring's driver thread gets it too): this file holds one test, and each filter matches only
 //! the descriptor of a ring that stays open until the process ends.
+#![cfg(target_os = "linux")] // io_uring and seccomp are Linux's.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

@@ -22,7 +22,7 @@ pub trait TensorBytes {
 
 impl TensorBytes for Checkpoint {
     fn tensor_bytes(&self, e: &TensorEntry) -> Option<&[u8]> {
-        Some(self.bytes(e))
+        self.try_bytes(e)
     }
 }
 

@@ -1,14 +1,13 @@
 //! Giving disk space back: choosing eviction victims (least recently used among present,
 //! unpinned experts, in O(log n) through [`super::entries::Entries`]), recording them absent in
-//! the log, then punching their holes back (`fallocate(PUNCH_HOLE)`), and undoing reservations
+//! the log, then punching their holes back ([`crate::platform::holes`]), and undoing reservations
 //! whose fetch failed.
 
 use super::entries::{EntryState, Key};
 use super::{ExpertDiskCache, Inner};
+use crate::platform::holes;
 use crate::remote::log;
-use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 
 /// Evicts least recently used unpinned experts until `bytes` more fit in `budget`, adding each
@@ -59,7 +58,7 @@ impl ExpertDiskCache {
                 .files
                 .get(s.file)
                 .and_then(Option::as_ref)
-                .is_some_and(|f| punch_hole(f, s.offset, s.len).is_ok());
+                .is_some_and(|f| holes::punch(f, s.offset, s.len).is_ok());
             if !ok {
                 self.counters.punch_failures.fetch_add(1, Ordering::Relaxed);
             }
@@ -77,28 +76,5 @@ impl ExpertDiskCache {
                 self.punch_expert(layer, id);
             }
         }
-    }
-}
-
-/// Returns the blocks of `offset .. offset + len` of `file` to the file system; the file keeps
-/// its length and the range reads as zeros.
-pub(crate) fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
-    let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
-        return Err(io::Error::from(io::ErrorKind::InvalidInput));
-    };
-    // SAFETY: `fallocate` only reads its integer arguments; the descriptor is open for the
-    // lifetime of `file`. Punching a hole changes file contents, never memory we hold.
-    let r = unsafe {
-        libc::fallocate(
-            file.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            off,
-            n,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }

@@ -7,7 +7,6 @@ use crate::StoreError;
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, PoisonError};
@@ -180,9 +179,5 @@ fn hex(bytes: &[u8]) -> String {
 /// Drops the page-cache pages of a range just written and synced (best effort), so filling
 /// the disk cache does not grow memory outside the budget.
 fn drop_cached(file: &File, offset: u64, len: u64) {
-    let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
-        return;
-    };
-    // SAFETY: `posix_fadvise` only reads its integer arguments; advice is harmless to memory.
-    let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), off, n, libc::POSIX_FADV_DONTNEED) };
+    let _ = crate::platform::advice::drop_range(file, offset, len);
 }

@@ -1,0 +1,128 @@
+//! Dropping a file's pages from the page cache: after a buffered read (so reading a model does
+//! not grow memory outside the budget), after the disk cache writes an expert, and before a
+//! cold `sluice bench` or `sluice probe` run (so storage, not memory, is measured). Pages another
+//! process has mapped stay cached on both systems.
+//!
+//! - **Linux**: `posix_fadvise(POSIX_FADV_DONTNEED)`; a privileged process can also drop every
+//!   clean page through `/proc/sys/vm/drop_caches`.
+//! - **macOS**: there is no `posix_fadvise`. The range is mapped and `msync(MS_INVALIDATE)`
+//!   discards its cached pages (what `vmtouch -e` does there); the whole cache can be dropped
+//!   only by the `purge` tool as root, which sluice does not run.
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+compile_error!(
+    "sluice-store/src/platform/advice.rs has no page-cache advice for this OS (Linux uses \
+     posix_fadvise(DONTNEED), macOS msync(MS_INVALIDATE)): buffered reads would stay cached \
+     outside the memory budget"
+);
+
+/// How [`drop_range`] and [`drop_file`] drop pages, for reports.
+#[cfg(target_os = "linux")]
+pub const FILE_METHOD: &str = "posix_fadvise(DONTNEED)";
+
+/// How [`drop_all`] drops pages, for reports.
+#[cfg(target_os = "linux")]
+pub const ALL_METHOD: &str = "/proc/sys/vm/drop_caches";
+
+/// Drops the cached pages of `file` covering `offset .. offset + len` (the kernel keeps
+/// partial pages). Failures cost memory, not correctness, so callers may ignore them.
+#[cfg(target_os = "linux")]
+pub fn drop_range(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (off, n) = super::off_pair(offset, len)?;
+    // SAFETY: `posix_fadvise` only reads its integer arguments; the descriptor is open for the
+    // lifetime of `file`, and advice on any range is harmless to memory safety.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), off, n, libc::POSIX_FADV_DONTNEED) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(rc))
+    }
+}
+
+/// Drops every clean page of the page cache, where this process may (root); `Err` otherwise.
+#[cfg(target_os = "linux")]
+pub fn drop_all() -> io::Result<()> {
+    // "1" drops clean page-cache pages only.
+    std::fs::write("/proc/sys/vm/drop_caches", "1\n")
+}
+
+/// How [`drop_range`] and [`drop_file`] drop pages, for reports.
+#[cfg(target_os = "macos")]
+pub const FILE_METHOD: &str = "msync(MS_INVALIDATE)";
+
+/// How [`drop_all`] drops pages, for reports (it never does on macOS).
+#[cfg(target_os = "macos")]
+pub const ALL_METHOD: &str = "purge (root only; not run)";
+
+/// Drops the cached pages of `file` covering `offset .. offset + len` (rounded out to whole
+/// pages). Failures cost memory, not correctness, so callers may ignore them.
+#[cfg(target_os = "macos")]
+pub fn drop_range(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: `sysconf` only reads its integer argument.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(16_384);
+    let start = offset / page.max(1) * page.max(1);
+    let end = offset.checked_add(len).ok_or(io::ErrorKind::InvalidInput)?;
+    let span = usize::try_from(end - start).map_err(|_| io::ErrorKind::InvalidInput)?;
+    let (off, _) = super::off_pair(start, 0)?;
+    // SAFETY: a fresh read-only shared mapping at an address the kernel picks; nothing else
+    // refers to it, and it is unmapped below without being read.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            span,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            off,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `p .. p + span` is the mapping made above.
+    let rc = unsafe { libc::msync(p, span, libc::MS_INVALIDATE) };
+    let result = if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
+    // SAFETY: as above; no reference into the mapping exists.
+    unsafe { libc::munmap(p, span) };
+    result
+}
+
+/// Drops every clean page of the page cache: not possible for a process on macOS.
+#[cfg(target_os = "macos")]
+pub fn drop_all() -> io::Result<()> {
+    Err(io::Error::new(io::ErrorKind::Unsupported, "macOS drops the whole cache only with purge"))
+}
+
+/// Drops the cached pages of the whole file at `path`, so its next read comes from storage.
+pub fn drop_file(path: &Path) -> io::Result<()> {
+    let f = File::open(path)?;
+    let len = f.metadata()?.len();
+    drop_range(&f, 0, len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn dropping_pages_keeps_the_bytes() {
+        let mut f = tempfile::NamedTempFile::new().expect("temp file");
+        let data: Vec<u8> = (0..50_000u32).map(|i| u8::try_from(i % 241).expect("byte")).collect();
+        f.write_all(&data).expect("write");
+        f.as_file().sync_all().expect("sync");
+        drop_range(f.as_file(), 1234, 20_000).expect("drop a range");
+        drop_file(f.path()).expect("drop the file");
+        assert_eq!(std::fs::read(f.path()).expect("read"), data);
+        assert!(drop_file(Path::new("/nonexistent/sluice")).is_err());
+    }
+}
