@@ -109,6 +109,7 @@ impl LoadArgs {
             spine_placement,
             disk_cache,
             draft_bytes: 0,
+            prefill_chunk: 0,
         })
     }
 }

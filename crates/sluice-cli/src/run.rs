@@ -55,7 +55,8 @@ pub struct RunArgs {
     /// Most draft tokens verified per pass.
     #[arg(long, default_value_t = 8)]
     draft_max: usize,
-    /// Prompt tokens per prefill pass (0: the whole prompt in one pass).
+    /// Prompt tokens per prefill pass. 0 (auto): the largest chunk whose working memory fits
+    /// the --memory budget after the rest of the plan; a chunk that does not fit is refused.
     #[arg(long, default_value_t = 0)]
     prefill_chunk: usize,
     #[command(flatten)]
@@ -82,6 +83,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     };
     let mut load_opts = a.load.options()?;
     load_opts.draft_bytes = draft_model.as_ref().map_or(0, |d| d.memory_needs(load_opts.context));
+    load_opts.prefill_chunk = a.prefill_chunk;
     // The directory the spine choice reads (the int8 conversion for --spine int8).
     let dir = sluice_engine::spine::resolve(&dir, load_opts.spine)?;
     let loaded =
@@ -139,7 +141,11 @@ pub fn run(a: &RunArgs) -> Result<()> {
         keep_logits: a.dump_logits.is_some(),
         draft_max: a.draft_max,
         sampling: Sampling::greedy(),
-        prefill_chunk: a.prefill_chunk,
+        // The chunk the plan charged (a model without a plan runs as asked).
+        prefill_chunk: loaded
+            .plan
+            .as_ref()
+            .map_or(a.prefill_chunk, |p| usize::try_from(p.chunk).unwrap_or(usize::MAX)),
         fixed_width: false,
     };
     let mut ngram = NgramDrafter::default();

@@ -134,6 +134,9 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         }
         None => eprintln!("sluice: spine {}; experts {}{reads}", spine.label(), loaded.mode),
     }
+    // Passes take no more rows than the plan charged working memory for.
+    let prefill_chunk =
+        loaded.plan.as_ref().map_or(0, |p| usize::try_from(p.chunk).unwrap_or(usize::MAX));
     // The budget charges (spine, state, conversation states) and the expert store live as long
     // as the server.
     let load::Loaded { model, budget: _budget, charges: _charges, streaming: _streaming, .. } =
@@ -172,7 +175,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         max_request_bytes: a.max_request_bytes,
         body_timeout: Duration::from_secs(a.body_timeout_s.max(1)),
         model_id: model_id.clone(),
-        engine: EngineSettings { draft_max: a.draft_max, stats: a.stats },
+        engine: EngineSettings { draft_max: a.draft_max, stats: a.stats, prefill_chunk },
         spine,
         drafter: drafter_name,
         session: SessionConfig {

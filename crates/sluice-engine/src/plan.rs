@@ -3,12 +3,17 @@
 //!
 //! Charged: the spine (resident pieces, two stream buffers, the embedding row buffer, small
 //! vectors), the sequence state for the context the user asked for, the stored conversation states of
-//! `sluice serve` (`--session-memory`), I/O headroom, and the
+//! `sluice serve` (`--session-memory`), I/O headroom, the working memory of a pass (activations
+//! per prompt row times the rows one pass may take: the prefill chunk), and the
 //! expert cache (whole slots). The spine comes first: after the state and the minimum expert
 //! cache, the largest resident prefix that fits is kept and the rest streams layer by layer
 //! (a resident spine byte saves a byte of reading on every pass, a cache byte only on a hit).
-//! What is left becomes cache slots. When even an all-streamed spine and `min_slots` slots do
-//! not fit, the refusal says how much more memory the run needs.
+//! What is left becomes the prefill chunk and cache slots: an explicit chunk
+//! (`--prefill-chunk N`) is charged as asked, or refused with the numbers; the automatic one
+//! takes what a cache holding every expert would not need, or half of what is left when the
+//! cache cannot hold them all, at least [`AUTO_CHUNK_FLOOR`] rows when they fit (reserved before
+//! the spine is placed), at most the planned context. When even an all-streamed spine, one row
+//! and `min_slots` slots do not fit, the refusal says how much more memory the run needs.
 
 use serde::Serialize;
 use sluice_store::Placement;
@@ -106,7 +111,22 @@ pub struct Needs {
     /// A draft model's weights, state and scratch (0 without one).
     #[serde(default)]
     pub draft: u64,
+    /// Working memory of a pass per row (activations, a logits row; see
+    /// `sluice_models::kimi_k3::working`).
+    #[serde(default)]
+    pub pass_row: u64,
+    /// Rows one pass may take as asked (`--prefill-chunk`; 0: chosen by the plan).
+    #[serde(default)]
+    pub prefill_chunk: u64,
+    /// Most rows the automatic chunk takes: the planned context.
+    #[serde(default)]
+    pub max_rows: u64,
 }
+
+/// Rows the automatic prefill chunk reserves before the spine is placed, when they fit: a
+/// resident spine byte saves a read on every pass, but a chunk of one row makes a prompt as many
+/// passes as tokens, each reading every routed expert it needs again.
+pub const AUTO_CHUNK_FLOOR: u64 = 64;
 
 /// The spine's pieces as buffer bytes (aligned spans), in pass order.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -247,6 +267,11 @@ pub struct Plan {
     pub slots: u64,
     /// Whether every expert fits in the cache.
     pub all_experts_resident: bool,
+    /// Rows one pass may take: prompt tokens per prefill pass, and the most rows (the pending
+    /// token and its drafts) a decode pass verifies.
+    pub chunk: u64,
+    /// Working memory charged for a pass of `chunk` rows.
+    pub work: u64,
 }
 
 /// The budget cannot hold the minimum.
@@ -254,9 +279,10 @@ pub struct Plan {
 #[error(
     "memory budget of {budget} bytes is too small: the spine needs at least {spine} (layers \
      streamed through two buffers; its largest piece is {largest_piece} bytes), sequence state \
-     {state}, stored conversation state {sessions}, headroom {headroom}, the draft model {draft}, and at least {min_slots} expert slots of {slot} bytes; \
+     {state}, stored conversation state {sessions}, headroom {headroom}, the draft model {draft}, \
+     the working memory of a pass of {chunk} prompt rows {work} ({pass_row} per row), and at least {min_slots} expert slots of {slot} bytes; \
      the minimum is {minimum} bytes ({short} more). Raise --memory or use a smaller context \
-     (or a smaller --session-memory)."
+     (or a smaller --session-memory or --prefill-chunk)."
 )]
 pub struct PlanError {
     /// The budget.
@@ -273,6 +299,12 @@ pub struct PlanError {
     pub headroom: u64,
     /// Draft-model bytes.
     pub draft: u64,
+    /// Prompt rows of the pass charged.
+    pub chunk: u64,
+    /// Working memory of that pass.
+    pub work: u64,
+    /// Working memory per row.
+    pub pass_row: u64,
     /// Minimum slots.
     pub min_slots: u64,
     /// Slot bytes.
@@ -285,12 +317,27 @@ pub struct PlanError {
 
 impl Plan {
     /// Plans `needs` within `budget`: the spine first (the largest resident prefix that fits
-    /// after the state and the minimum expert cache, the rest streamed), then every byte left
-    /// becomes expert-cache slots.
+    /// after the state, the minimum expert cache and the working memory of the least chunk,
+    /// the rest streamed), then the prefill chunk, then every byte left becomes expert-cache
+    /// slots (see the module docs).
     pub fn compute(budget: u64, needs: Needs, mode: SpineMode) -> Result<Self, PlanError> {
+        if needs.prefill_chunk > 0 {
+            return Self::with_floor(budget, needs.clone(), mode, needs.prefill_chunk);
+        }
+        let floor = AUTO_CHUNK_FLOOR.min(needs.max_rows.max(1));
+        match Self::with_floor(budget, needs.clone(), mode, floor) {
+            Err(_) if floor > 1 => Self::with_floor(budget, needs, mode, 1),
+            planned => planned,
+        }
+    }
+
+    /// [`Self::compute`] with the working memory of `floor` rows reserved before the spine.
+    fn with_floor(budget: u64, needs: Needs, mode: SpineMode, floor: u64) -> Result<Self, PlanError> {
         let sp = &needs.pieces;
         let min_cache = needs.min_slots * needs.slot;
-        let others = needs.state + needs.sessions + needs.draft + needs.headroom + min_cache;
+        let least_work = floor.saturating_mul(needs.pass_row);
+        let others =
+            needs.state + needs.sessions + needs.draft + needs.headroom + min_cache + least_work;
         let spine = match mode {
             SpineMode::Mapped => Some(SpinePlan {
                 mode: "mapped",
@@ -319,6 +366,9 @@ impl Plan {
                 sessions: needs.sessions,
                 headroom: needs.headroom,
                 draft: needs.draft,
+                chunk: floor,
+                work: least_work,
+                pass_row: needs.pass_row,
                 min_slots: needs.min_slots,
                 slot: needs.slot,
                 minimum,
@@ -326,9 +376,21 @@ impl Plan {
             });
         };
         let fixed = spine.charged + needs.state + needs.sessions + needs.draft + needs.headroom;
-        let slots = ((budget - fixed) / needs.slot.max(1)).min(needs.experts.max(needs.min_slots));
+        let chunk = if needs.prefill_chunk > 0 {
+            floor
+        } else {
+            // What is left past the minimum cache: the surplus over a cache of every expert,
+            // or half of it when the cache cannot hold them all (the other half is cache).
+            let spare = budget - fixed - min_cache;
+            let full_cache = needs.experts.saturating_sub(needs.min_slots) * needs.slot;
+            let room = spare.saturating_sub(full_cache).max(spare / 2);
+            (room / needs.pass_row.max(1)).min(needs.max_rows).max(floor)
+        };
+        let work = chunk.saturating_mul(needs.pass_row);
+        let slots = ((budget - fixed - work) / needs.slot.max(1))
+            .min(needs.experts.max(needs.min_slots));
         let all_experts_resident = slots >= needs.experts;
-        Ok(Self { budget, needs, spine, slots, all_experts_resident })
+        Ok(Self { budget, needs, spine, slots, all_experts_resident, chunk, work })
     }
 }
 
@@ -378,10 +440,12 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "memory plan: budget {}; {}; state {}; {}headroom {}{}; expert cache {} slots × {} = {} ({} of {} experts{})",
+            "memory plan: budget {}; {}; state {}; prefill chunk {} tokens ({} per pass); {}headroom {}{}; expert cache {} slots × {} = {} ({} of {} experts{})",
             gib(self.budget),
             self.spine,
             gib(self.needs.state),
+            self.chunk,
+            gib(self.work),
             if self.needs.sessions > 0 {
                 format!("conversation states {}; ", gib(self.needs.sessions))
             } else {
@@ -432,6 +496,9 @@ mod tests {
             experts: 64,
             min_slots: 4,
             headroom: 0,
+            pass_row: 0,
+            prefill_chunk: 0,
+            max_rows: 0,
         }
     }
 
@@ -466,6 +533,47 @@ mod tests {
         let e = Plan::compute(600 + 250, draft, SpineMode::Auto).expect_err("draft does not fit");
         assert_eq!(e.short, 115);
         assert!(e.to_string().contains("the draft model 250"), "{e}");
+    }
+
+    #[test]
+    fn the_plan_charged_no_working_memory_for_a_prompt_pass() {
+        // Fixed parts: spine 910, state 100; 4 slots of 50 at least; 64 experts; 10 per row.
+        let n = Needs { pass_row: 10, max_rows: 4096, ..needs(vec![100; 4]) };
+        // Explicit: charged as asked, the rest is cache.
+        let e = Needs { prefill_chunk: 30, ..n.clone() };
+        let p = Plan::compute(2000, e.clone(), SpineMode::Auto).expect("fits");
+        assert_eq!((p.chunk, p.work), (30, 300));
+        assert_eq!(p.slots, (2000 - 910 - 100 - 300) / 50);
+        assert!(p.to_string().contains("prefill chunk 30 tokens"), "{p}");
+        // One that does not fit is refused with the numbers.
+        let big = Needs { prefill_chunk: 1000, ..n.clone() };
+        let err = Plan::compute(2000, big, SpineMode::Layers(4)).expect_err("10000 bytes");
+        assert_eq!((err.chunk, err.work, err.minimum), (1000, 10_000, 910 + 100 + 200 + 10_000));
+        let msg = err.to_string();
+        assert!(msg.contains("a pass of 1000 prompt rows 10000 (10 per row)"), "{msg}");
+        assert!(msg.contains("--prefill-chunk"), "{msg}");
+        // Auto, short of a full cache (64 × 50): half of what is past the minimum cache.
+        let p = Plan::compute(3000, n.clone(), SpineMode::Auto).expect("fits");
+        let spare = 3000 - 910 - 100 - 200;
+        assert_eq!(p.chunk, spare / 2 / 10);
+        assert_eq!(p.slots, 4 + (spare - p.work) / 50);
+        // Room for every expert and more: the surplus, at most the context.
+        let p = Plan::compute(10_000, n.clone(), SpineMode::Auto).expect("fits");
+        assert_eq!(p.chunk, (10_000 - 910 - 100 - 64 * 50) / 10);
+        assert!(p.all_experts_resident);
+        let p = Plan::compute(1 << 30, n.clone(), SpineMode::Auto).expect("fits");
+        assert_eq!(p.chunk, 4096);
+        // The floor of 64 rows (640 bytes) is reserved before the spine: the embedding is
+        // read by rows rather than the chunk shrinking below it (without the floor, the whole
+        // spine would be resident and the chunk 31 rows).
+        let p = Plan::compute(910 + 100 + 200 + 639, n.clone(), SpineMode::Auto).expect("fits");
+        assert_eq!((p.chunk, p.spine.embed_resident), (64, false), "{p}");
+        // Below the floor, one row is the least; less than that is refused.
+        let least = 415 + 100 + 200;
+        let p = Plan::compute(least + 10, n.clone(), SpineMode::Auto).expect("one row fits");
+        assert_eq!(p.chunk, 1);
+        let err = Plan::compute(least + 9, n, SpineMode::Auto).expect_err("no row fits");
+        assert_eq!((err.chunk, err.short), (1, 1));
     }
 
     #[test]
