@@ -168,4 +168,18 @@ fn a_long_prompt_pass_exceeded_the_memory_budget() {
         assert_eq!(passes, (len as u64).div_ceil(chunk), "{len} tokens in chunks of {chunk}");
         assert_eq!(v["generated_ids"].as_array().unwrap().len(), 2);
     }
+    // An explicit chunk whose working memory does not fit is refused before any work.
+    let out = cg.sluice(
+        &["run", "--model", m, "--prompt-ids", "1,2,3", "--memory", "128M"]
+            .iter()
+            .chain(&["--prefill-chunk", "20000"])
+            .copied()
+            .collect::<Vec<_>>(),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a 20000-row chunk ran in 128M: {err}");
+    assert!(
+        err.contains("a pass of 20000 prompt rows") && err.contains("--prefill-chunk"),
+        "{err}"
+    );
 }

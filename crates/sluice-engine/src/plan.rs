@@ -332,7 +332,12 @@ impl Plan {
     }
 
     /// [`Self::compute`] with the working memory of `floor` rows reserved before the spine.
-    fn with_floor(budget: u64, needs: Needs, mode: SpineMode, floor: u64) -> Result<Self, PlanError> {
+    fn with_floor(
+        budget: u64,
+        needs: Needs,
+        mode: SpineMode,
+        floor: u64,
+    ) -> Result<Self, PlanError> {
         let sp = &needs.pieces;
         let min_cache = needs.min_slots * needs.slot;
         let least_work = floor.saturating_mul(needs.pass_row);
@@ -387,8 +392,8 @@ impl Plan {
             (room / needs.pass_row.max(1)).min(needs.max_rows).max(floor)
         };
         let work = chunk.saturating_mul(needs.pass_row);
-        let slots = ((budget - fixed - work) / needs.slot.max(1))
-            .min(needs.experts.max(needs.min_slots));
+        let slots =
+            ((budget - fixed - work) / needs.slot.max(1)).min(needs.experts.max(needs.min_slots));
         let all_experts_resident = slots >= needs.experts;
         Ok(Self { budget, needs, spine, slots, all_experts_resident, chunk, work })
     }

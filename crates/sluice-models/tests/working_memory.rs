@@ -103,14 +103,13 @@ fn the_plan_charged_no_working_memory_for_a_prompt_pass() {
     let models = [("tiny-a", load("tiny-a")), ("tiny-b", load("tiny-b"))];
     let wide = ("wide experts", wide_experts(tmp.path()));
     for (name, m) in models.iter().chain(std::iter::once(&wide)) {
-        let m = &*m;
         let row = pass_bytes_per_row(m.config()) as f64;
         // Warm the kernels' thread pool and any lazily built tables first.
-        pass_peak(&m, 4, LogitRows::All);
+        pass_peak(m, 4, LogitRows::All);
         for rows in [LogitRows::Last, LogitRows::All] {
             let (short, long) = (64, 512);
-            let a = pass_peak(&m, short, rows);
-            let b = pass_peak(&m, long, rows);
+            let a = pass_peak(m, short, rows);
+            let b = pass_peak(m, long, rows);
             let per_row = (b - a) as f64 / (long - short) as f64;
             eprintln!(
                 "{name} {rows:?}: {a} bytes at {short} rows, {b} at {long}: {per_row:.0} per \
