@@ -341,8 +341,10 @@ impl Plan {
         let sp = &needs.pieces;
         let min_cache = needs.min_slots * needs.slot;
         let least_work = floor.saturating_mul(needs.pass_row);
-        let others =
-            needs.state + needs.sessions + needs.draft + needs.headroom + min_cache + least_work;
+        // Saturating: an absurd --prefill-chunk is refused with its numbers, never an overflow.
+        let others = [needs.state, needs.sessions, needs.draft, needs.headroom, min_cache]
+            .into_iter()
+            .fold(least_work, u64::saturating_add);
         let spine = match mode {
             SpineMode::Mapped => Some(SpinePlan {
                 mode: "mapped",
@@ -361,7 +363,7 @@ impl Plan {
             .min_by_key(|p| p.charged)
             .unwrap_or_else(|| SpinePlan::split(sp, 0));
         let spine_min = spine.as_ref().map_or(least.charged, |s| s.charged);
-        let minimum = spine_min + others;
+        let minimum = spine_min.saturating_add(others);
         let Some(spine) = spine.filter(|_| budget >= minimum) else {
             return Err(PlanError {
                 budget,
@@ -552,6 +554,9 @@ mod tests {
         assert!(p.to_string().contains("prefill chunk 30 tokens"), "{p}");
         // One that does not fit is refused with the numbers.
         let big = Needs { prefill_chunk: 1000, ..n.clone() };
+        let huge = Needs { prefill_chunk: u64::MAX, ..n.clone() };
+        let err = Plan::compute(2000, huge, SpineMode::Auto).expect_err("refused, no overflow");
+        assert_eq!(err.chunk, u64::MAX);
         let err = Plan::compute(2000, big, SpineMode::Layers(4)).expect_err("10000 bytes");
         assert_eq!((err.chunk, err.work, err.minimum), (1000, 10_000, 910 + 100 + 200 + 10_000));
         let msg = err.to_string();
