@@ -145,6 +145,7 @@ impl LoadArgs {
             spine_placement: self.spine_placement,
             disk_cache: self.disk_cache,
             draft_bytes: 0,
+            prefill_chunk: 0,
         }
     }
 

@@ -66,7 +66,8 @@ pub struct RunArgs {
     /// Most draft tokens verified per pass.
     #[arg(long, value_parser = values::count, allow_negative_numbers = true, default_value_t = 8)]
     draft_max: usize,
-    /// Prompt tokens per prefill pass (0: the whole prompt in one pass).
+    /// Prompt tokens per prefill pass. 0 (auto): the largest chunk whose working memory fits
+    /// the --memory budget after the rest of the plan; a chunk that does not fit is refused.
     #[arg(long, value_parser = values::count, allow_negative_numbers = true, default_value_t = 0)]
     prefill_chunk: usize,
     #[command(flatten)]
@@ -124,7 +125,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
             a.max_new
         );
     }
-    let load_opts = a.load.options(context);
+    let mut load_opts = a.load.options(context);
+    load_opts.prefill_chunk = a.prefill_chunk;
     if matches!(a.draft, DraftArg::Model(_)) {
         target.tokenizer("--draft DIR needs them to re-encode draft text")?;
     }
@@ -148,7 +150,12 @@ pub fn run(a: &RunArgs) -> Result<()> {
         keep_logits: a.dump_logits.is_some(),
         draft_max: a.draft_max,
         sampling: Sampling::greedy(),
-        prefill_chunk: a.prefill_chunk,
+        // The chunk the plan charged (a model without a plan runs as asked).
+        prefill_chunk: opened
+            .loaded
+            .plan
+            .as_ref()
+            .map_or(a.prefill_chunk, |p| usize::try_from(p.chunk).unwrap_or(usize::MAX)),
         fixed_width: false,
         interrupt: Some(interrupt::arm()),
     };

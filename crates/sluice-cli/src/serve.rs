@@ -103,6 +103,9 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     opts.session_memory = a.session_memory;
     let opened = target.load(opts, &a.draft)?;
     let spine = opened.spine;
+    // Passes take no more rows than the plan charged working memory for.
+    let prefill_chunk =
+        opened.loaded.plan.as_ref().map_or(0, |p| usize::try_from(p.chunk).unwrap_or(usize::MAX));
     // The budget charges (spine, state, conversation states) and the expert store live as long
     // as the server.
     let load::Loaded { model, budget: _budget, charges: _charges, streaming: _streaming, .. } =
@@ -137,7 +140,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         max_request_bytes: a.max_request_bytes,
         body_timeout: Duration::from_secs(a.body_timeout_s),
         model_id: model_id.clone(),
-        engine: EngineSettings { draft_max: a.draft_max, stats: a.stats },
+        engine: EngineSettings { draft_max: a.draft_max, stats: a.stats, prefill_chunk },
         spine,
         drafter: drafter_name,
         session: SessionConfig {

@@ -1,6 +1,7 @@
 //! Greedy decoding with optional exact speculative verification.
 //!
-//! The prompt runs as one pass (each expert read once per layer). Then every pass feeds the
+//! The prompt runs in passes of at most `prefill_chunk` rows (the memory plan's chunk; each
+//! expert read once per layer per pass). Then every pass feeds the
 //! pending token (the target's own choice, not yet in the state) followed by up to k drafted
 //! tokens; row i's logits give the target's choice after row i. Drafts are accepted while they
 //! equal the target's choice; the target's token after the last accepted row becomes the new
@@ -32,9 +33,11 @@ pub struct GenerateOptions {
     pub draft_max: usize,
     /// Greedy or seeded sampling.
     pub sampling: Sampling,
-    /// Prompt tokens per prefill pass (0: the whole prompt in one pass). Each pass reads every
-    /// routed expert it needs once per layer, so fewer, larger chunks read fewer bytes; the
-    /// logits are bit-identical whatever the chunking.
+    /// Prompt tokens per prefill pass (0: the whole prompt in one pass), and the most rows a
+    /// decode pass takes (the pending token and its drafts): the rows whose working memory the
+    /// plan charged (`Plan::chunk`). Each pass reads every routed expert it needs once per
+    /// layer, so fewer, larger chunks read fewer bytes; the logits are bit-identical whatever
+    /// the chunking.
     pub prefill_chunk: usize,
     /// Always verify `draft_max` drafts instead of letting the width policy choose (for
     /// benchmarks that compare the policy with fixed widths).
@@ -301,7 +304,11 @@ pub fn generate(
     let layers1 = Snapshot(model.layer_store_stats());
     let spine1 = model.spine_stats();
     while !em.done && !em.interrupted() {
-        let want = policy.width().min(opts.max_new.saturating_sub(em.out.tokens.len()));
+        let mut want = policy.width().min(opts.max_new.saturating_sub(em.out.tokens.len()));
+        if opts.prefill_chunk > 0 {
+            // The pending token and its drafts are one pass: no more rows than charged.
+            want = want.min(opts.prefill_chunk - 1);
+        }
         let drafts = match (&mut drafter, want) {
             (Some(d), w) if w > 0 => {
                 let td = Instant::now();

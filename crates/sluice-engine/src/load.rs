@@ -63,6 +63,9 @@ pub struct LoadOptions {
     pub spine_placement: SpineMode,
     /// Bytes of a draft model (weights, state, scratch), charged before the target is planned.
     pub draft_bytes: u64,
+    /// Prompt rows per pass (`--prefill-chunk`): charged as asked, or 0 to let the plan choose
+    /// the largest chunk that fits (see [`crate::plan`]); [`Plan::chunk`] is what to run with.
+    pub prefill_chunk: usize,
 }
 
 impl Default for LoadOptions {
@@ -82,6 +85,7 @@ impl Default for LoadOptions {
             session_memory: 0,
             spine_placement: SpineMode::Auto,
             draft_bytes: 0,
+            prefill_chunk: 0,
         }
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! From the budget (`--memory`) it computes the residency [`Plan`], charges what the model holds
 //! for as long as it lives (a draft model first, then sequence state and headroom, stored
-//! conversation states, the spine), and places the spine as `--spine-placement` asks: mapped in
+//! conversation states, the working memory of a pass of the planned prefill chunk, the spine), and places the spine as `--spine-placement` asks: mapped in
 //! place, or resident pieces and streamed pieces in a [`SpineStore`] that charges its own
 //! buffers. The routed-expert store is the caller's: mapped in place, streamed from the shards,
 //! or streamed through a stream install's disk cache (whose fetch buffers the caller passes in as
@@ -128,6 +128,9 @@ pub(crate) fn place(
         min_slots: 2,
         headroom: HEADROOM + extra,
         draft: opts.draft_bytes,
+        pass_row: sluice_models::kimi_k3::working::pass_bytes_per_row(cfg),
+        prefill_chunk: opts.prefill_chunk as u64,
+        max_rows: opts.context as u64,
     };
     let plan = Plan::compute(budget.limit(), needs, opts.spine_placement)?;
     let io = if opts.direct_io { IoMode::Direct } else { IoMode::BufferedDropCache };
@@ -142,6 +145,9 @@ pub(crate) fn place(
             .map_err(EngineError::Budget)?,
         budget
             .charge("stored conversation states", plan.needs.sessions)
+            .map_err(EngineError::Budget)?,
+        budget
+            .charge("working memory of a prefill chunk", plan.work)
             .map_err(EngineError::Budget)?,
     ]);
     let spine = if plan.spine.mode == "mapped" {

@@ -3,12 +3,17 @@
 //!
 //! Charged: the spine (resident pieces, two stream buffers, the embedding row buffer, small
 //! vectors), the sequence state for the context the user asked for, the stored conversation states of
-//! `sluice serve` (`--session-memory`), I/O headroom, and the
+//! `sluice serve` (`--session-memory`), I/O headroom, the working memory of a pass (activations
+//! per prompt row times the rows one pass may take: the prefill chunk), and the
 //! expert cache (whole slots). The spine comes first: after the state and the minimum expert
 //! cache, the largest resident prefix that fits is kept and the rest streams layer by layer
 //! (a resident spine byte saves a byte of reading on every pass, a cache byte only on a hit).
-//! What is left becomes cache slots. When even an all-streamed spine and `min_slots` slots do
-//! not fit, the refusal says how much more memory the run needs.
+//! What is left becomes the prefill chunk and cache slots: an explicit chunk
+//! (`--prefill-chunk N`) is charged as asked, or refused with the numbers; the automatic one
+//! takes what a cache holding every expert would not need, or half of what is left when the
+//! cache cannot hold them all, at least [`AUTO_CHUNK_FLOOR`] rows when they fit (reserved before
+//! the spine is placed), at most the planned context. When even an all-streamed spine, one row
+//! and `min_slots` slots do not fit, the refusal says how much more memory the run needs.
 
 use serde::Serialize;
 use sluice_store::Placement;
@@ -75,7 +80,22 @@ pub struct Needs {
     /// A draft model's weights, state and scratch (0 without one).
     #[serde(default)]
     pub draft: u64,
+    /// Working memory of a pass per row (activations, a logits row; see
+    /// `sluice_models::kimi_k3::working`).
+    #[serde(default)]
+    pub pass_row: u64,
+    /// Rows one pass may take as asked (`--prefill-chunk`; 0: chosen by the plan).
+    #[serde(default)]
+    pub prefill_chunk: u64,
+    /// Most rows the automatic chunk takes: the planned context.
+    #[serde(default)]
+    pub max_rows: u64,
 }
+
+/// Rows the automatic prefill chunk reserves before the spine is placed, when they fit: a
+/// resident spine byte saves a read on every pass, but a chunk of one row makes a prompt as many
+/// passes as tokens, each reading every routed expert it needs again.
+pub const AUTO_CHUNK_FLOOR: u64 = 64;
 
 /// The spine's pieces as buffer bytes (aligned spans), in pass order.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -216,6 +236,11 @@ pub struct Plan {
     pub slots: u64,
     /// Whether every expert fits in the cache.
     pub all_experts_resident: bool,
+    /// Rows one pass may take: prompt tokens per prefill pass, and the most rows (the pending
+    /// token and its drafts) a decode pass verifies.
+    pub chunk: u64,
+    /// Working memory charged for a pass of `chunk` rows.
+    pub work: u64,
 }
 
 /// The budget cannot hold the minimum.
@@ -223,9 +248,10 @@ pub struct Plan {
 #[error(
     "memory budget of {budget} bytes is too small: the spine needs at least {spine} (layers \
      streamed through two buffers; its largest piece is {largest_piece} bytes), sequence state \
-     {state}, stored conversation state {sessions}, headroom {headroom}, the draft model {draft}, and at least {min_slots} expert slots of {slot} bytes; \
+     {state}, stored conversation state {sessions}, headroom {headroom}, the draft model {draft}, \
+     the working memory of a pass of {chunk} prompt rows {work} ({pass_row} per row), and at least {min_slots} expert slots of {slot} bytes; \
      the minimum is {minimum} bytes ({short} more). Raise --memory or use a smaller context \
-     (or a smaller --session-memory)."
+     (or a smaller --session-memory or --prefill-chunk)."
 )]
 pub struct PlanError {
     /// The budget.
@@ -242,6 +268,12 @@ pub struct PlanError {
     pub headroom: u64,
     /// Draft-model bytes.
     pub draft: u64,
+    /// Prompt rows of the pass charged.
+    pub chunk: u64,
+    /// Working memory of that pass.
+    pub work: u64,
+    /// Working memory per row.
+    pub pass_row: u64,
     /// Minimum slots.
     pub min_slots: u64,
     /// Slot bytes.
@@ -254,12 +286,34 @@ pub struct PlanError {
 
 impl Plan {
     /// Plans `needs` within `budget`: the spine first (the largest resident prefix that fits
-    /// after the state and the minimum expert cache, the rest streamed), then every byte left
-    /// becomes expert-cache slots.
+    /// after the state, the minimum expert cache and the working memory of the least chunk,
+    /// the rest streamed), then the prefill chunk, then every byte left becomes expert-cache
+    /// slots (see the module docs).
     pub fn compute(budget: u64, needs: Needs, mode: SpineMode) -> Result<Self, PlanError> {
+        if needs.prefill_chunk > 0 {
+            return Self::with_floor(budget, needs.clone(), mode, needs.prefill_chunk);
+        }
+        let floor = AUTO_CHUNK_FLOOR.min(needs.max_rows.max(1));
+        match Self::with_floor(budget, needs.clone(), mode, floor) {
+            Err(_) if floor > 1 => Self::with_floor(budget, needs, mode, 1),
+            planned => planned,
+        }
+    }
+
+    /// [`Self::compute`] with the working memory of `floor` rows reserved before the spine.
+    fn with_floor(
+        budget: u64,
+        needs: Needs,
+        mode: SpineMode,
+        floor: u64,
+    ) -> Result<Self, PlanError> {
         let sp = &needs.pieces;
         let min_cache = needs.min_slots * needs.slot;
-        let others = needs.state + needs.sessions + needs.draft + needs.headroom + min_cache;
+        let least_work = floor.saturating_mul(needs.pass_row);
+        // Saturating: an absurd --prefill-chunk is refused with its numbers, never an overflow.
+        let others = [needs.state, needs.sessions, needs.draft, needs.headroom, min_cache]
+            .into_iter()
+            .fold(least_work, u64::saturating_add);
         let spine = match mode {
             SpineMode::Mapped => Some(SpinePlan {
                 mode: "mapped",
@@ -278,7 +332,7 @@ impl Plan {
             .min_by_key(|p| p.charged)
             .unwrap_or_else(|| SpinePlan::split(sp, 0));
         let spine_min = spine.as_ref().map_or(least.charged, |s| s.charged);
-        let minimum = spine_min + others;
+        let minimum = spine_min.saturating_add(others);
         let Some(spine) = spine.filter(|_| budget >= minimum) else {
             return Err(PlanError {
                 budget,
@@ -288,6 +342,9 @@ impl Plan {
                 sessions: needs.sessions,
                 headroom: needs.headroom,
                 draft: needs.draft,
+                chunk: floor,
+                work: least_work,
+                pass_row: needs.pass_row,
                 min_slots: needs.min_slots,
                 slot: needs.slot,
                 minimum,
@@ -295,9 +352,21 @@ impl Plan {
             });
         };
         let fixed = spine.charged + needs.state + needs.sessions + needs.draft + needs.headroom;
-        let slots = ((budget - fixed) / needs.slot.max(1)).min(needs.experts.max(needs.min_slots));
+        let chunk = if needs.prefill_chunk > 0 {
+            floor
+        } else {
+            // What is left past the minimum cache: the surplus over a cache of every expert,
+            // or half of it when the cache cannot hold them all (the other half is cache).
+            let spare = budget - fixed - min_cache;
+            let full_cache = needs.experts.saturating_sub(needs.min_slots) * needs.slot;
+            let room = spare.saturating_sub(full_cache).max(spare / 2);
+            (room / needs.pass_row.max(1)).min(needs.max_rows).max(floor)
+        };
+        let work = chunk.saturating_mul(needs.pass_row);
+        let slots =
+            ((budget - fixed - work) / needs.slot.max(1)).min(needs.experts.max(needs.min_slots));
         let all_experts_resident = slots >= needs.experts;
-        Ok(Self { budget, needs, spine, slots, all_experts_resident })
+        Ok(Self { budget, needs, spine, slots, all_experts_resident, chunk, work })
     }
 }
 
@@ -347,10 +416,12 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "memory plan: budget {}; {}; state {}; {}headroom {}{}; expert cache {} slots × {} = {} ({} of {} experts{})",
+            "memory plan: budget {}; {}; state {}; prefill chunk {} tokens ({} per pass); {}headroom {}{}; expert cache {} slots × {} = {} ({} of {} experts{})",
             gib(self.budget),
             self.spine,
             gib(self.needs.state),
+            self.chunk,
+            gib(self.work),
             if self.needs.sessions > 0 {
                 format!("conversation states {}; ", gib(self.needs.sessions))
             } else {
@@ -373,107 +444,5 @@ impl fmt::Display for Plan {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("2K"), Ok(2048));
-        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
-        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
-        assert_eq!(parse_size("6GB"), Ok(6 << 30));
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("5X").is_err());
-        assert!(parse_size("0").is_err());
-    }
-
-    fn needs(layers: Vec<u64>) -> Needs {
-        let pieces = SpinePieces { embed: 300, layers, head: 200, small: 10, rows: 5 };
-        let spine = pieces.embed + pieces.head + pieces.layers.iter().sum::<u64>();
-        Needs {
-            spine,
-            pieces,
-            state: 100,
-            sessions: 0,
-            draft: 0,
-            slot: 50,
-            experts: 64,
-            min_slots: 4,
-            headroom: 0,
-        }
-    }
-
-    #[test]
-    fn plans_slots_and_refuses_with_the_shortfall() {
-        // Spine 300 + 200 + 4 × 100 = 900 (+ 10 small), state 100, 4 slots of 50.
-        let n = needs(vec![100; 4]);
-        let p = Plan::compute(2000, n.clone(), SpineMode::Auto).expect("fits");
-        assert_eq!(p.spine.charged, 910);
-        assert_eq!(p.spine.resident_layers, 4);
-        assert!(p.spine.embed_resident && p.spine.head_resident);
-        assert_eq!(p.slots, (2000 - 910 - 100) / 50);
-        assert!(!p.all_experts_resident);
-        let all = Plan::compute(1_000_000, n.clone(), SpineMode::Auto).expect("fits");
-        assert_eq!(all.slots, 64);
-        // Least: every layer and the head streamed through 2 × 200, rows 5, small 10 = 415.
-        let e = Plan::compute(600, n, SpineMode::Auto).expect_err("too small");
-        assert_eq!(e.minimum, 415 + 100 + 200);
-        assert_eq!(e.short, 115);
-        assert_eq!(e.largest_piece, 200);
-        assert!(e.to_string().contains("115 more"), "{e}");
-        let serve = Needs { sessions: 300, ..needs(vec![100; 4]) };
-        let p = Plan::compute(2000, serve.clone(), SpineMode::Auto).expect("fits");
-        assert_eq!(p.slots, (2000 - 910 - 100 - 300) / 50);
-        let e = Plan::compute(600 + 300, serve, SpineMode::Auto).expect_err("sessions do not fit");
-        assert_eq!(e.short, 115);
-        assert!(e.to_string().contains("stored conversation state 300"), "{e}");
-        let draft = Needs { draft: 250, ..needs(vec![100; 4]) };
-        let p = Plan::compute(2000, draft.clone(), SpineMode::Auto).expect("fits");
-        assert_eq!(p.slots, (2000 - 910 - 100 - 250) / 50);
-        assert!(p.to_string().contains("draft model"), "{p}");
-        let e = Plan::compute(600 + 250, draft, SpineMode::Auto).expect_err("draft does not fit");
-        assert_eq!(e.short, 115);
-        assert!(e.to_string().contains("the draft model 250"), "{e}");
-    }
-
-    #[test]
-    fn the_largest_resident_prefix_that_fits_is_kept_and_the_rest_streams() {
-        let n = needs(vec![100; 6]);
-        // After state 100 and 4 slots (200): avail = budget − 300.
-        // Head + 2 layers resident (400) + 2 × 100 buffers + rows 5 + small 10 = 615.
-        let p = Plan::compute(915, n.clone(), SpineMode::Auto).expect("fits");
-        assert_eq!((p.spine.resident_layers, p.spine.head_resident), (2, true));
-        assert!(!p.spine.embed_resident);
-        assert_eq!((p.spine.buffers, p.spine.buffer_bytes), (2, 100));
-        assert_eq!(p.spine.streamed_bytes, 400);
-        assert_eq!(p.spine.charged, 615);
-        assert_eq!(p.slots, 4);
-        let text = p.to_string();
-        assert!(text.contains("spine: 2 of 6 layers resident"), "{text}");
-        assert!(text.contains("4 streamed via 2×"), "{text}");
-        assert!(text.contains("embedding rows read per pass"), "{text}");
-        // One byte less: one layer fewer.
-        let q = Plan::compute(914, n.clone(), SpineMode::Auto).expect("fits");
-        assert_eq!(q.spine.resident_layers, 1);
-        // No layer, only the head: 200 + 2 × 100 + 15.
-        let r = Plan::compute(300 + 415, n.clone(), SpineMode::Auto).expect("fits");
-        assert_eq!((r.spine.resident_layers, r.spine.head_resident), (0, true));
-        // A head smaller than a layer streams too when that is all that fits: 2 × 100 + 15.
-        let mut small_head = needs(vec![100; 6]);
-        small_head.pieces.head = 50;
-        let h = Plan::compute(300 + 215, small_head.clone(), SpineMode::Auto).expect("fits");
-        assert_eq!((h.spine.resident_layers, h.spine.head_resident), (0, false));
-        assert_eq!(h.spine.placements()[0], Placement::Rows);
-        assert_eq!(h.spine.placements()[7], Placement::Streamed);
-        let e = Plan::compute(300 + 214, small_head, SpineMode::Auto).expect_err("too small");
-        assert_eq!(e.short, 1);
-        // Forced splits, whatever the budget allows.
-        let f = Plan::compute(1_000_000, n.clone(), SpineMode::Layers(1)).expect("fits");
-        assert_eq!((f.spine.resident_layers, f.spine.head_resident), (1, true));
-        let z = Plan::compute(1_000_000, n.clone(), SpineMode::Layers(0)).expect("fits");
-        assert_eq!(z.spine.placements().iter().filter(|&&p| p == Placement::Resident).count(), 0);
-        let a = Plan::compute(1_000_000, n, SpineMode::Layers(99)).expect("fits");
-        assert!(a.spine.placements().iter().all(|&p| p == Placement::Resident));
-    }
-}
+#[path = "plan_tests.rs"]
+mod tests;

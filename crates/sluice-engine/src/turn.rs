@@ -38,6 +38,9 @@ pub struct TurnOptions {
     pub draft_max: usize,
     /// Hand every token's logits to the callback (decodes with plain one-token passes).
     pub per_token_logits: bool,
+    /// Most rows one pass takes: prompt tokens per prefill pass (also cut at checkpoints) and
+    /// the pending token plus drafts of a decode pass; the memory plan's chunk (0: no limit).
+    pub prefill_chunk: usize,
 }
 
 /// Statistics of one turn.
@@ -189,6 +192,10 @@ pub fn run_turn(
         // The next checkpoint boundary (a multiple of `every`), or the end of the prompt.
         let end =
             pos.checked_div(every).map_or(prompt.len(), |k| ((k + 1) * every).min(prompt.len()));
+        let end = match opts.prefill_chunk {
+            0 => end,
+            chunk => end.min(pos + chunk),
+        };
         let tp = Instant::now();
         let l = model.forward(&mut state, &prompt[pos..end], LogitRows::Last, None)?;
         state.commit(end - pos);
@@ -247,6 +254,7 @@ pub fn run_turn(
                 keep_logits: false,
                 draft_max: opts.draft_max,
                 sampling: cont,
+                prefill_chunk: opts.prefill_chunk,
                 ..GenerateOptions::default()
             };
             let mut prefixed =

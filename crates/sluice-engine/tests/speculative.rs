@@ -236,3 +236,34 @@ fn an_interrupt_stops_at_the_next_pass_and_keeps_what_was_emitted() {
     assert!(g.tokens.is_empty());
     assert_eq!((g.stats.finish_reason.as_str(), g.stats.prefill_passes), ("interrupted", 0));
 }
+
+#[test]
+fn prefill_chunking_and_pass_row_limits_change_no_logit() {
+    // The memory plan chunks the prompt and caps the rows of a decode pass (pending token and
+    // drafts) at its chunk: neither may change a bit of any emitted token's logits.
+    let prompt: Vec<u32> = (0..37u32).map(|i| (i * 53 + 11) % 400).collect();
+    for name in ["tiny-a", "tiny-b"] {
+        let m = model(name);
+        let plain = run(m, &prompt, 12, 0, None);
+        for chunk in [1usize, 2, 5, 16, 36, 37, 1000] {
+            for draft_max in [0, 4] {
+                let opts = GenerateOptions {
+                    max_new: 12,
+                    keep_logits: true,
+                    draft_max,
+                    prefill_chunk: chunk,
+                    ..GenerateOptions::default()
+                };
+                let mut d = NgramDrafter::default();
+                let drafter: Option<&mut dyn Drafter> =
+                    if draft_max > 0 { Some(&mut d) } else { None };
+                let mut st = m.new_state();
+                let g = generate(m, &mut st, &prompt, &opts, drafter, None).unwrap();
+                assert_eq!(g.stats.prefill_passes, prompt.len().div_ceil(chunk), "{name}");
+                let wide = g.stats.width_histogram.iter().skip(chunk).sum::<usize>();
+                assert_eq!(wide, 0, "{name}: a decode pass of more than {chunk} rows");
+                assert_same(&plain, &g, &format!("{name} chunk {chunk} drafts {draft_max}"));
+            }
+        }
+    }
+}

@@ -14,7 +14,6 @@ use sluice_hub::ModeRequest;
 use sluice_store::remote::log::{self, LOG_FILE};
 use sluice_store::ExpertStore;
 use std::path::Path;
-use std::time::Duration;
 
 const PROMPT: [u32; 6] = [1, 17, 42, 99, 5, 23];
 
@@ -117,7 +116,9 @@ fn adjacent_missing_experts_are_one_request_and_prefetch_never_fetches() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("stream");
     pull(&hub, &dir, ModeRequest::Stream);
-    let loaded = load::open(&dir, &options(None)).expect("opens");
+    // Guesses always pass the gate, so the prefetch below reaches the disk cache's decision.
+    let opts = LoadOptions { prefetch_min_precision: 0.0, ..options(None) };
+    let loaded = load::open(&dir, &opts).expect("opens");
     let store = loaded.streaming.as_ref().expect("streams");
     let disk = store.disk_cache().expect("disk cache").clone();
     let index = store.index();
@@ -134,8 +135,12 @@ fn adjacent_missing_experts_are_one_request_and_prefetch_never_fetches() {
     let far = far.expect("a third expert");
 
     hub.reset_stats();
+    let (issued, skipped) = (store.stats().prefetch_issued, disk.stats().prefetch_skipped);
     store.prefetch(layer, &[far]);
-    std::thread::sleep(Duration::from_millis(100));
+    // The guess is settled inside `prefetch`: skipped because it is not on local disk, and no
+    // read queued, so nothing left running could fetch it later.
+    assert_eq!(disk.stats().prefetch_skipped, skipped + 1, "the guess was not skipped");
+    assert_eq!(store.stats().prefetch_issued, issued, "a read was queued for a remote guess");
     assert_eq!(hub.stats().content_requests, 0, "a prefetch guess was fetched remotely");
     assert!(!disk.is_present(layer, far));
 

@@ -86,6 +86,8 @@ pub struct EngineSettings {
     pub draft_max: usize,
     /// Print one statistics line per request on stderr (`sluice serve --stats`).
     pub stats: bool,
+    /// Most rows per pass: the memory plan's prefill chunk (0: no limit).
+    pub prefill_chunk: usize,
 }
 
 /// The engine thread's state.
@@ -98,6 +100,7 @@ pub struct Worker {
     draft_failure_seen: bool,
     draft_max: usize,
     stats: bool,
+    prefill_chunk: usize,
     stop_ids: Vec<u32>,
     sched: Arc<Scheduler>,
     metrics: Arc<Metrics>,
@@ -123,6 +126,7 @@ impl Worker {
             draft_failure_seen: false,
             draft_max: settings.draft_max,
             stats: settings.stats,
+            prefill_chunk: settings.prefill_chunk,
             stop_ids,
             sched,
             metrics,
@@ -208,6 +212,7 @@ impl Worker {
             sampling: job.sampling,
             draft_max: self.draft_max,
             per_token_logits: job.logprobs.is_some(),
+            prefill_chunk: self.prefill_chunk,
         };
         // The client leaving and the server stopping both end the job at the next pass.
         let cancel = || job.cancel.load(Ordering::Acquire) || self.sched.stopping();

@@ -32,6 +32,7 @@ fn turn(
         sampling,
         draft_max: 4,
         per_token_logits: logits,
+        prefill_chunk: 0,
     };
     let mut rows = Vec::new();
     let mut d = NgramDrafter::default();

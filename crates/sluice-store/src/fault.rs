@@ -10,8 +10,8 @@
 use crate::io::{Completed, Prepared, PreparedRead, ReadAt};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// What happens to a read a rule matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +60,8 @@ pub struct FaultyReader<R> {
     rules: Mutex<Vec<Rule>>,
     calls: AtomicU64,
     faults: AtomicU64,
+    /// Wakes [`FaultyReader::wait_faults`] when a rule has altered a read.
+    faulted: (Mutex<()>, Condvar),
 }
 
 impl<R: ReadAt> FaultyReader<R> {
@@ -70,6 +72,7 @@ impl<R: ReadAt> FaultyReader<R> {
             rules: Mutex::new(Vec::new()),
             calls: AtomicU64::new(0),
             faults: AtomicU64::new(0),
+            faulted: (Mutex::new(()), Condvar::new()),
         }
     }
 
@@ -98,6 +101,23 @@ impl<R: ReadAt> FaultyReader<R> {
     /// Reads that a rule altered so far.
     pub fn faults(&self) -> u64 {
         self.faults.load(Ordering::Acquire)
+    }
+
+    /// Waits until rules have altered at least `n` reads (a stalled read counts when its
+    /// stall begins) or `timeout` passes; returns whether they had. Tests wait on this event
+    /// instead of sleeping.
+    pub fn wait_faults(&self, n: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let (lock, cv) = &self.faulted;
+        let mut g = lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while self.faults() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            g = cv.wait_timeout(g, left).unwrap_or_else(std::sync::PoisonError::into_inner).0;
+        }
+        true
     }
 
     /// The wrapped reader.
@@ -150,6 +170,9 @@ impl<R: ReadAt> FaultyReader<R> {
         }
         if !hits.is_empty() {
             self.faults.fetch_add(1, Ordering::AcqRel);
+            // Taken so a waiter between its check and its wait cannot miss this wake-up.
+            let _g = self.faulted.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.faulted.1.notify_all();
         }
         let mut d = Decision { stall: None, error: None, limit: len };
         for f in hits {

@@ -125,13 +125,11 @@ impl FailingReadAhead {
 }
 
 /// Waits until a read of `store` has failed. The failure is counted under the store's lock,
-/// after its slot was freed (or kept failed for the requests waiting on it).
+/// after its slot was freed (or kept failed for the requests waiting on it), and wakes the
+/// store's waiters.
 fn wait_for_a_read_error(store: &StreamingExperts) {
-    let t0 = Instant::now();
-    while store.stats().read_errors == 0 {
-        assert!(t0.elapsed() < Duration::from_secs(30), "the failing read never ended");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let failed = store.wait_until(Duration::from_secs(30), |s| s.read_errors > 0);
+    assert!(failed, "the failing read never ended");
 }
 
 #[test]
@@ -288,11 +286,7 @@ fn two_waiters_on_one_failing_read_both_get_the_error_on(backend: IoBackend) {
     reader.inject(at(s), Fault::Error(libc::EIO), Some(1));
     std::thread::scope(|sc| {
         let a = sc.spawn(|| collect(&store, l, &[3]).map(|_| ()));
-        let t0 = Instant::now();
-        while reader.faults() == 0 {
-            assert!(t0.elapsed() < Duration::from_secs(30), "the read never started");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        assert!(reader.wait_faults(1, Duration::from_secs(30)), "the read never started");
         let b = sc.spawn(|| collect(&store, l, &[3]).map(|_| ()));
         for h in [a, b] {
             let r = h.join().expect("no panic");
@@ -346,7 +340,7 @@ fn a_consumer_error_releases_every_pin_on(backend: IoBackend) {
         .expect_err("consumer stops");
     assert!(matches!(err, StoreError::Consumer(_)));
     // Reads still in flight land in the cache; wait for them, then everything is unpinned.
-    std::thread::sleep(Duration::from_millis(50));
+    assert!(store.wait_reads_done(Duration::from_secs(30)), "reads still in flight");
     store.check_consistency(true).expect("consistent");
     collect(&store, l, &fx.all_ids()).expect("works again");
 }

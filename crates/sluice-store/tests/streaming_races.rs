@@ -112,7 +112,7 @@ proptest! {
                 }
             });
             // Let unneeded prefetches that were already running land.
-            std::thread::sleep(Duration::from_millis(5));
+            prop_assert!(store.wait_reads_done(Duration::from_secs(30)), "reads never landed");
             prop_assert_eq!(store.check_consistency(true), Ok(()));
             let s = store.stats();
             prop_assert_eq!(s.hits + s.misses, s.requests);
@@ -143,7 +143,7 @@ proptest! {
                     s.spawn(move || run(st, ops, true));
                 }
             });
-            std::thread::sleep(Duration::from_millis(5));
+            prop_assert!(store.wait_reads_done(Duration::from_secs(30)), "reads never landed");
             prop_assert_eq!(store.check_consistency(true), Ok(()));
             reader.clear();
             run(&store, &[Op::ForEach(0, u16::MAX), Op::ForEach(7, 0x0f0f)], false);

@@ -15,6 +15,7 @@ pub mod spine;
 pub mod state;
 pub mod synth;
 pub mod weights;
+pub mod working;
 
 use crate::{LogitRows, ModelError};
 use config::{AttnKind, K3Config};

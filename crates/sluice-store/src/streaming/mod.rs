@@ -200,6 +200,43 @@ impl StreamingExperts {
         self.shared.lock().layers.clone()
     }
 
+    /// Waits until `done(stats)` holds or `timeout` passes; returns whether it held. Every
+    /// read ends by recording its counters under the store's lock and waking its waiters, so
+    /// this waits on that event rather than polling (for tests and diagnostics: "a read has
+    /// failed", "n bytes were read").
+    pub fn wait_until(&self, timeout: Duration, mut done: impl FnMut(&StoreStats) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.lock();
+        loop {
+            if done(&ExpertStore::stats(self)) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self.shared.cv.wait_timeout(st, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+
+    /// Waits until no slot is being read (every read submitted so far, prefetches included,
+    /// has landed in the cache or failed) or `timeout` passes; returns whether the store went
+    /// quiet. For tests and diagnostics: reads end under the store's lock and wake its waiters.
+    pub fn wait_reads_done(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.lock();
+        loop {
+            if !(0..self.slots()).any(|i| st.cache.slot(i).state == SlotState::Reading) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self.shared.cv.wait_timeout(st, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+
     /// Checks the cache invariants (map, free list, prefetch marks) and, when `idle` (no
     /// request in progress), that no slot is pinned. For tests and diagnostics.
     pub fn check_consistency(&self, idle: bool) -> Result<(), String> {

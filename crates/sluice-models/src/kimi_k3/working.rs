@@ -1,0 +1,122 @@
+//! The working memory of a Kimi K3 pass, per row: what `forward` allocates for each of the T
+//! positions it runs, at the moment the most is live, so the memory plan can charge a prompt
+//! pass and choose how many rows one pass may take.
+//!
+//! A pass runs layer-major, so per row it holds, for the whole pass: the AttnRes anchors
+//! (one hidden row per block started) and, for every KDA layer, the row's recurrence inputs
+//! (`KdaRow`: pre-conv q/k/v, q, k, v, decay, β), kept until `commit` so that `commit(n < T)`
+//! can replay them. On top of that, one layer at a time: the residual-stream rows a layer keeps
+//! (its input, the mixed input, the normed input, the attention output, the MLP input), and
+//! the largest of the attention's and the MLP's own buffers (KDA projections and recurrence
+//! output; MLA q/kv projections and per-head outputs; router logits, routes, each row's k
+//! latent expert outputs, the expert batch buffers, the shared experts). At the end: a hidden
+//! row and a logits row (the engine asks for every row's logits when it verifies drafts).
+//!
+//! The count follows the code in `mod.rs`, `kda.rs`, `mla.rs` and `moe.rs` (capacities, not
+//! lengths: a route's id list keeps the capacity of all experts) plus 16 bytes of allocator
+//! header per allocation made per row. `tests/working_memory.rs` measures the real peak of
+//! live heap bytes of passes of several lengths with a counting allocator and checks that this
+//! count covers it without charging far more. The sequence state (KDA matrices, MLA cache rows)
+//! is charged separately, for the planned context.
+
+use super::config::{AttnKind, K3Config};
+
+/// Bytes of one `f32`.
+const F: u64 = 4;
+/// Allocator header bytes per allocation.
+const HEADER: u64 = 16;
+/// Bytes of a `Vec` header.
+const VEC: u64 = 24;
+
+/// Heap bytes a pass holds per row (position) at its peak, beyond the sequence state.
+pub fn pass_bytes_per_row(c: &K3Config) -> u64 {
+    let d = c.hidden_size as u64;
+    let layers = c.num_hidden_layers;
+    let anchors =
+        c.attn_res_block_size.map_or(0, |b| (0..layers).filter(|i| i % b.max(1) == 0).count());
+    let kda_layers = (0..layers).filter(|&i| c.attn_kind(i) == AttnKind::Kda).count() as u64;
+    let has_kda = kda_layers > 0;
+    let has_mla = (0..layers).any(|i| c.attn_kind(i) == AttnKind::Mla);
+    let has_moe = (0..layers).any(|i| c.is_moe(i));
+    let has_dense = (0..layers).any(|i| !c.is_moe(i));
+
+    // Kept for the whole pass.
+    let kept = anchors as u64 * d * F + kda_layers * kda_row(c);
+
+    // One layer at a time: the residual rows plus the attention's or the MLP's buffers.
+    let la = &c.linear_attn_config;
+    let (p, h) = ((la.num_heads * la.head_dim) as u64, la.num_heads as u64);
+    let kda = if has_kda { (8 * p + h + la.head_dim as u64 + d) * F } else { 0 };
+    let mla = if has_mla {
+        let heads = c.num_attention_heads as u64;
+        let (ql, kl, rope) =
+            (c.q_lora_rank as u64, c.kv_lora_rank as u64, c.qk_rope_head_dim as u64);
+        let qd = c.mla_qk_dim() as u64;
+        let vd = c.v_head_dim as u64;
+        (2 * ql + heads * qd + kl + rope + 3 * heads * vd + d) * F
+    } else {
+        0
+    };
+    let dense = if has_dense { (3 * c.intermediate_size as u64 + d) * F } else { 0 };
+    let moe = if has_moe { moe_row(c) } else { 0 };
+    // During attention: input, mixed input, normed input (3d) besides the attention's own;
+    // during the MLP: those, the attention output and the mixed and normed MLP input (6d).
+    let layer = (3 * d * F + kda.max(mla)).max(6 * d * F + dense.max(moe));
+
+    // The end of the pass: the final hidden row (and its AttnRes mix), its normed copy and
+    // a logits row.
+    let head = (3 * d + c.vocab_size as u64) * F + 3 * HEADER;
+    kept + layer.max(head) + 4 * HEADER
+}
+
+/// What one KDA layer keeps per row until commit: `KdaRow` (pre-conv 3P, q, k, v, g of P,
+/// β of H) and its six allocations.
+fn kda_row(c: &K3Config) -> u64 {
+    let la = &c.linear_attn_config;
+    let (p, h) = ((la.num_heads * la.head_dim) as u64, la.num_heads as u64);
+    (7 * p + h) * F + 6 * (VEC + HEADER)
+}
+
+/// The MoE block's buffers per row at its peak (the end of the block, when every buffer but
+/// the shared experts' intermediates is still live).
+fn moe_row(c: &K3Config) -> u64 {
+    let d = c.hidden_size as u64;
+    let e = c.num_experts as u64;
+    let k = c.num_experts_per_token as u64;
+    let lat = c.expert_width() as u64;
+    let inter = c.moe_intermediate_size as u64;
+    let shared = c.num_shared_experts as u64 * inter;
+    // Router logits; a route's ids (capacity: every expert) and weights, and their headers;
+    // the (row, slot) lists of each expert (16 bytes a pair, grown by doubling).
+    let routing = e * F + (e + k) * F + 2 * (VEC + HEADER) + 2 * k * 16;
+    // The next layer's guess: its router logits and the ranked (rank, id) pairs.
+    let guess = e * F + 2 * k * 16;
+    let z = if c.routed_expert_hidden_size.is_some() { lat * F } else { 0 };
+    // Each row's k expert outputs; the batch buffers of an expert all rows chose (input and
+    // output of the latent width, gate, up and activation of the expert width).
+    let experts = k * lat * F + (2 * lat + 3 * inter) * F;
+    // The combination, its norm and the up projection, next to the shared output.
+    let combine = (2 * lat).max(lat + d) * F + d * F;
+    let with_shared_running = routing + guess + z + (3 * shared + d) * F;
+    let at_end = routing + guess + z + experts + combine;
+    with_shared_running.max(at_end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kimi_k3::synth::K3Dims;
+
+    #[test]
+    fn a_k3_row_is_dominated_by_the_kda_rows_kept_until_commit() {
+        // Full K3 widths: hidden 7168, 96 KDA heads of 128, top-16 of 896.
+        let mut dims = K3Dims::k3_slice(92, 896, 163_840);
+        dims.kda_layers = (1..=92).filter(|l| l % 4 != 0).collect();
+        let c = K3Config::from_json(&dims.text_config()).expect("config");
+        let row = pass_bytes_per_row(&c);
+        let kda = 69 * kda_row(&c);
+        assert!(kda > row / 2, "KDA rows {kda} of {row}");
+        // Roughly 24 MiB of KDA rows and a few MiB of layer buffers.
+        assert!((20 << 20..40 << 20).contains(&row), "{row}");
+    }
+}
