@@ -37,9 +37,7 @@ pub fn open_checkpoint(dir: &Path) -> Result<Checkpoint> {
         .with_context(|| format!("reading the install manifest of {}", dir.display()))?;
     let sparse = install.filter(sluice_hub::Install::is_stream).map(|i| i.sparse_shards());
     let ckpt = match sparse {
-        Some(sparse) => Checkpoint::open_with_shards(dir, &|name| {
-            dir.join(sparse.get(name).map_or(name, String::as_str))
-        }),
+        Some(sparse) => sluice_engine::install::open_sparse(dir, &sparse),
         None => Checkpoint::open(dir),
     };
     ckpt.with_context(|| format!("opening checkpoint {}", dir.display()))

@@ -24,11 +24,26 @@ use sluice_models::kimi_k3::KimiK3;
 use sluice_models::ModelError;
 use sluice_store::remote::log::{self, LOG_FILE};
 use sluice_store::{DiskCacheConfig, ExpertDiskCache, ShardFiles, StreamingExperts};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
 fn install_err(dir: &Path, reason: impl std::fmt::Display) -> EngineError {
     EngineError::Install { dir: dir.to_path_buf(), reason: reason.to_string() }
+}
+
+/// Opens the checkpoint of a stream install whose expert shards are the `sparse` files
+/// (shard name → file): the spine is mapped from them, their routed-expert ranges never are
+/// (the disk cache writes and punches those while a model runs).
+pub fn open_sparse(
+    dir: &Path,
+    sparse: &BTreeMap<String, String>,
+) -> Result<Checkpoint, sluice_checkpoint::CheckpointError> {
+    Checkpoint::open_with_shards(
+        dir,
+        &|name| dir.join(sparse.get(name).map_or(name, String::as_str)),
+        &|name, tensor| sparse.contains_key(name) && is_routed_expert(tensor),
+    )
 }
 
 /// Opens `dir` if it is a stream install (`Ok(None)` otherwise: a full install or a plain
@@ -55,14 +70,7 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
     // The routed experts of a sparse shard are the holes the disk cache fills and punches
     // while the model runs: they are never mapped (see `Checkpoint::open_with_shards`), only
     // read by the streaming store.
-    let ckpt = Arc::new(
-        Checkpoint::open_with_shards(
-            dir,
-            &|name| dir.join(sparse.get(name).map_or(name, String::as_str)),
-            &|name, tensor| sparse.contains_key(name) && is_routed_expert(tensor),
-        )
-        .map_err(ModelError::from)?,
-    );
+    let ckpt = Arc::new(open_sparse(dir, &sparse).map_err(ModelError::from)?);
     let cfg = K3Config::from_json(ckpt.config().text_config())
         .map_err(|e| install_err(dir, format!("stream installs run Kimi K3 models only: {e}")))?;
     // Shard i: its name in the log (the file in the model directory) and on the hub.
