@@ -3,7 +3,8 @@
 //! shards or a file) through io_uring or the pread pool (`--io`; `both` measures each in the
 //! same run), and the ISA tier the kernels run on. With `--kernels`, in the same run:
 //! memory read bandwidth, every weight format's matmul rate at 1 and 8 activation rows next to
-//! it (and MXFP4's next to storage), and the fixed cost of a kernel call.
+//! it (and MXFP4's next to storage), the rates at 64 and 256 rows in GFLOP/s next to the FMA
+//! peak measured on the same threads, and the fixed cost of a kernel call.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -38,8 +39,9 @@ pub struct ProbeArgs {
     /// Most bytes to read.
     #[arg(long, default_value = "4G")]
     bytes: String,
-    /// Also measure memory read bandwidth and every kernel's rate (int8, bf16, f32, MXFP4 at
-    /// 1 and 8 activation rows) and call overhead. Without --model or --file, storage is read
+    /// Also measure memory read bandwidth, every kernel's rate (int8, bf16, f32, MXFP4 at 1
+    /// and 8 activation rows in GB/s; at 64 and 256 rows in GFLOP/s against the measured FMA
+    /// peak) and call overhead. Without --model or --file, storage is read
     /// from a temporary file of up to 1 GiB written in --scratch-dir and removed afterwards.
     #[arg(long)]
     kernels: bool,
