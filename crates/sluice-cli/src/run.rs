@@ -12,10 +12,8 @@ use sluice_engine::{
     generate, layer_stats, DraftModel, Drafter, GenerateOptions, ModelDrafter, NgramDrafter,
     Sampling,
 };
-use sluice_tokenizer::chat::{render_k3, ChatMessage, ChatOptions, Role};
-use sluice_tokenizer::{Tokenizer, RANK_FILE};
+use sluice_tokenizer::{AnyTokenizer, PromptFormat};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 /// Flags of `sluice run`.
@@ -101,14 +99,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let model = &loaded.model;
     let load_s = t_load.elapsed().as_secs_f64();
     // A checkpoint without tokenizer files still runs from --prompt-ids; broken files are an error.
-    let tok = if dir.join(RANK_FILE).exists() {
-        Some(Arc::new(
-            Tokenizer::from_dir(&dir)
-                .with_context(|| format!("loading the tokenizer of {}", dir.display()))?,
-        ))
-    } else {
-        None
-    };
+    let fmt = PromptFormat::from_dir(&dir)
+        .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
     let prompt_ids: Vec<u32> = match (&a.prompt, &a.prompt_ids) {
         (_, Some(ids)) => {
             if a.chat {
@@ -117,13 +109,13 @@ pub fn run(a: &RunArgs) -> Result<()> {
             ids.clone()
         }
         (Some(text), None) => {
-            let t = tok.as_ref().with_context(|| format!("{}: no tokenizer files (tiktoken.model, tokenizer_config.json); pass --prompt-ids", dir.display()))?;
+            let f = fmt.as_ref().with_context(|| {
+                format!("{}: no tokenizer files ({}); pass --prompt-ids", dir.display(), AnyTokenizer::FILES)
+            })?;
             if a.chat {
-                let msgs = [ChatMessage::new(Role::User, text.clone())];
-                let opts = ChatOptions { thinking: !a.no_think, ..ChatOptions::default() };
-                render_k3(t, &msgs, &opts).context("rendering the chat prompt")?
+                f.encode_user_turn(text, !a.no_think).context("rendering the chat prompt")?
             } else {
-                t.encode_ordinary(text)
+                f.encode_text(text)?
             }
         }
         (None, None) => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
@@ -131,8 +123,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if prompt_ids.is_empty() {
         bail!("empty prompt: the prompt encodes to no tokens");
     }
-    let stop_ids: Vec<u32> =
-        tok.as_ref().and_then(|t| t.special_id("<|end_of_msg|>")).into_iter().collect();
+    let stop_ids: Vec<u32> = fmt.as_ref().map(|f| f.stop_ids().to_vec()).unwrap_or_default();
     let opts = GenerateOptions {
         max_new: a.max_new,
         stop_ids,
@@ -145,9 +136,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let mut ngram = NgramDrafter::default();
     let mut model_drafter = match draft_model {
         Some(d) => {
-            let t = tok.clone().with_context(|| {
+            let t = fmt.as_ref().and_then(|f| f.tokenizer().tiktoken()).cloned().with_context(|| {
                 format!(
-                    "--draft {}: the target {} has no tokenizer files to re-encode draft text with",
+                    "--draft {}: the target {} has no tiktoken.model tokenizer to re-encode draft text with",
                     d.dir().display(),
                     dir.display()
                 )
@@ -166,7 +157,14 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if let Some(e) = model_drafter.as_ref().and_then(ModelDrafter::error) {
         eprintln!("sluice: warning: the draft model failed and drafting stopped: {e}");
     }
-    let text = tok.as_ref().map(|t| t.decode_lossy(&out.tokens)).transpose()?;
+    let text = fmt.as_ref().map(|f| f.decode_lossy(&out.tokens)).transpose()?;
+    // --chat on a family with its own template: reasoning, answer and tool calls split out.
+    let message = match (&fmt, a.chat, &text) {
+        (Some(f), true, Some(t)) if f.tokenizer().tiktoken().is_none() => {
+            Some(f.output_format().parse(t))
+        }
+        _ => None,
+    };
     if let Some(p) = &a.dump_logits {
         npy::write_f32_2d(p, &out.logits, model.vocab_size())?;
     }
@@ -181,6 +179,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
             "prompt_ids": prompt_ids,
             "generated_ids": out.tokens,
             "text": text,
+            "message": message,
             "stats": serde_json::to_value(&out.stats)?,
             "load_s": load_s,
             "remote": remote_stats().map(serde_json::to_value).transpose()?,

@@ -11,6 +11,7 @@
 //! `config.json` (gpt-oss lists `<|return|>`, `<|endoftext|>` and `<|call|>` there).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::hf::{HfError, HfTokenizer, TOKENIZER_FILE};
 use crate::tokenizer::{Tokenizer, CONFIG_FILE, RANK_FILE};
@@ -38,7 +39,7 @@ pub enum AnyError {
 #[derive(Debug)]
 pub enum AnyTokenizer {
     /// `tiktoken.model` + `tokenizer_config.json` (Kimi K3).
-    Tiktoken(Tokenizer),
+    Tiktoken(Arc<Tokenizer>),
     /// `tokenizer.json`.
     Hf(HfTokenizer),
 }
@@ -51,12 +52,20 @@ impl AnyTokenizer {
     /// token ids). Broken files are an error.
     pub fn from_dir(dir: &Path) -> Result<Option<Self>, AnyError> {
         if dir.join(RANK_FILE).exists() {
-            return Ok(Some(Self::Tiktoken(Tokenizer::from_dir(dir)?)));
+            return Ok(Some(Self::Tiktoken(Arc::new(Tokenizer::from_dir(dir)?))));
         }
         if dir.join(TOKENIZER_FILE).exists() {
             return Ok(Some(Self::Hf(HfTokenizer::from_dir(dir)?)));
         }
         Ok(None)
+    }
+
+    /// The Kimi tokenizer, when this is one (the K3 chat renderer and draft models need it).
+    pub fn tiktoken(&self) -> Option<&Arc<Tokenizer>> {
+        match self {
+            Self::Tiktoken(t) => Some(t),
+            Self::Hf(_) => None,
+        }
     }
 
     /// Encodes prompt text (see the module docs for each form's rules).

@@ -22,7 +22,9 @@ pub mod chat;
 mod error;
 pub mod hf;
 pub mod load;
+pub mod output;
 pub mod pretokenize;
+mod prompt;
 pub mod pyjson;
 mod stream;
 pub mod template;
@@ -38,6 +40,8 @@ pub use chat::{
 pub use error::{Error, Result};
 pub use hf::{HfError, HfTokenizer};
 pub use load::AddedToken;
+pub use output::{OutputFormat, ParsedOutput, ParsedToolCall};
+pub use prompt::{PromptError, PromptFormat};
 pub use stream::StreamDecoder;
 pub use template::{ChatTemplate, TemplateError, TemplateInputs};
 pub use tokenizer::{Tokenizer, CONFIG_FILE, RANK_FILE};

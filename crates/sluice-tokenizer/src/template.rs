@@ -59,6 +59,7 @@ pub enum TemplateError {
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     path: PathBuf,
 }
 
@@ -128,9 +129,9 @@ impl ChatTemplate {
         env.add_function("raise_exception", |message: String| -> Result<Value, minijinja::Error> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
         });
-        env.add_template_owned("chat", source)
+        env.add_template_owned("chat", source.clone())
             .map_err(|source| TemplateError::Compile { path: path.clone(), source })?;
-        Ok(Self { env, path })
+        Ok(Self { env, source, path })
     }
 
     /// Where the template came from.
@@ -138,9 +139,9 @@ impl ChatTemplate {
         &self.path
     }
 
-    /// Whether the template text contains `needle` (used to recognise an output format).
-    pub fn source_contains(&self, needle: &str) -> bool {
-        self.env.get_template("chat").is_ok_and(|t| t.source().contains(needle))
+    /// The template text.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders `messages` (a list of message objects as in the OpenAI API) to prompt text.
