@@ -86,14 +86,22 @@ impl AnyTokenizer {
         }
     }
 
-    /// Decodes ids to text with special tokens spelled out; invalid UTF-8 becomes U+FFFD.
+    /// Decodes ids to text with special tokens spelled out; invalid UTF-8, and ids outside a
+    /// `tokenizer.json` vocabulary, become U+FFFD.
     pub fn decode_lossy(&self, ids: &[u32]) -> Result<String, AnyError> {
         match self {
             Self::Tiktoken(t) => Ok(t.decode_lossy(ids)?),
             Self::Hf(t) => {
                 let mut bytes = Vec::new();
                 for &id in ids {
-                    bytes.extend(t.token_bytes(id)?);
+                    // An id past the tokenizer (Qwen3 pads its embedding past it) has no text:
+                    // shown as U+FFFD, as this method does for invalid UTF-8, rather than failing
+                    // a whole run over one token.
+                    match t.token_bytes(id) {
+                        Ok(b) => bytes.extend(b),
+                        Err(HfError::UnknownId { .. }) => bytes.extend("\u{fffd}".as_bytes()),
+                        Err(e) => return Err(e.into()),
+                    }
                 }
                 Ok(String::from_utf8_lossy(&bytes).into_owned())
             }
