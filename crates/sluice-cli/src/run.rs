@@ -110,7 +110,11 @@ pub fn run(a: &RunArgs) -> Result<()> {
         }
         (Some(text), None) => {
             let f = fmt.as_ref().with_context(|| {
-                format!("{}: no tokenizer files ({}); pass --prompt-ids", dir.display(), AnyTokenizer::FILES)
+                format!(
+                    "{}: no tokenizer files ({}); pass --prompt-ids",
+                    dir.display(),
+                    AnyTokenizer::FILES
+                )
             })?;
             if a.chat {
                 f.encode_user_turn(text, !a.no_think).context("rendering the chat prompt")?

@@ -2,14 +2,17 @@
 //! `tokenizer.json` and their own chat template: real processes over the golden fixtures.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn fixture(family: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(family).join("tiny-a")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(family)
+        .join("tiny-a")
 }
 
-fn run(dir: &PathBuf, extra: &[&str]) -> serde_json::Value {
+fn run(dir: &Path, extra: &[&str]) -> serde_json::Value {
     let dir = dir.display().to_string();
     let mut args = vec!["run", "--model", dir.as_str(), "--json"];
     args.extend_from_slice(extra);

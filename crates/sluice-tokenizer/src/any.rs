@@ -41,7 +41,7 @@ pub enum AnyTokenizer {
     /// `tiktoken.model` + `tokenizer_config.json` (Kimi K3).
     Tiktoken(Arc<Tokenizer>),
     /// `tokenizer.json`.
-    Hf(HfTokenizer),
+    Hf(Box<HfTokenizer>),
 }
 
 impl AnyTokenizer {
@@ -55,7 +55,7 @@ impl AnyTokenizer {
             return Ok(Some(Self::Tiktoken(Arc::new(Tokenizer::from_dir(dir)?))));
         }
         if dir.join(TOKENIZER_FILE).exists() {
-            return Ok(Some(Self::Hf(HfTokenizer::from_dir(dir)?)));
+            return Ok(Some(Self::Hf(Box::new(HfTokenizer::from_dir(dir)?))));
         }
         Ok(None)
     }

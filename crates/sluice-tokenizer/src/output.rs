@@ -200,7 +200,10 @@ mod tests {
         assert_eq!(out.content, "Let me check.");
         assert_eq!(
             out.tool_calls,
-            [call("get_weather", r#"{"city": "Zürich", "days": 2}"#), call("search", r#"{"query": "x"}"#)]
+            [
+                call("get_weather", r#"{"city": "Zürich", "days": 2}"#),
+                call("search", r#"{"query": "x"}"#)
+            ]
         );
     }
 
@@ -245,7 +248,8 @@ mod tests {
 
     #[test]
     fn format_is_detected_from_the_template() {
-        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        let fixtures =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
         let qwen = std::fs::read_to_string(fixtures.join("qwen3_moe/tiny-a/tokenizer_config.json"));
         let harmony = std::fs::read_to_string(fixtures.join("gpt_oss/tiny-a/chat_template.jinja"));
         assert_eq!(OutputFormat::detect(&qwen.unwrap_or_default()), OutputFormat::Qwen3);

@@ -54,7 +54,8 @@ impl PromptFormat {
             AnyTokenizer::Tiktoken(_) => None,
             AnyTokenizer::Hf(_) => ChatTemplate::from_dir(dir)?,
         };
-        let output = template.as_ref().map_or(OutputFormat::Plain, |t| OutputFormat::detect(t.source()));
+        let output =
+            template.as_ref().map_or(OutputFormat::Plain, |t| OutputFormat::detect(t.source()));
         let stop_ids = tokenizer.stop_ids(dir)?;
         Ok(Some(Self { tokenizer, template, stop_ids, output, dir: dir.to_path_buf() }))
     }
@@ -89,8 +90,10 @@ impl PromptFormat {
             let opts = ChatOptions { thinking, ..ChatOptions::default() };
             return Ok(render_k3(k3, &msgs, &opts)?);
         }
-        let template =
-            self.template.as_ref().ok_or_else(|| PromptError::NoTemplate { dir: self.dir.clone() })?;
+        let template = self
+            .template
+            .as_ref()
+            .ok_or_else(|| PromptError::NoTemplate { dir: self.dir.clone() })?;
         let message = PyValue::Dict(vec![
             ("role".into(), PyValue::Str("user".into())),
             ("content".into(), PyValue::Str(text.into())),

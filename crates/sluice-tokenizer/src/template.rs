@@ -305,7 +305,10 @@ mod tests {
         // 2026-01-15 09:30:00 UTC.
         let t = 1_768_469_400;
         assert_eq!(strftime("%Y-%m-%d", t).ok().as_deref(), Some("2026-01-15"));
-        assert_eq!(strftime("%d %b %Y %H:%M:%S %%", t).ok().as_deref(), Some("15 Jan 2026 09:30:00 %"));
+        assert_eq!(
+            strftime("%d %b %Y %H:%M:%S %%", t).ok().as_deref(),
+            Some("15 Jan 2026 09:30:00 %")
+        );
         assert!(strftime("%j", t).is_err(), "an unknown directive is an error, not a guess");
     }
 }

@@ -74,7 +74,9 @@ fn check_family(family: &str) {
             let PyValue::Dict(kwargs) = get(case, "kwargs") else { panic!("kwargs") };
             for (key, value) in kwargs {
                 match (key.as_str(), value) {
-                    ("add_generation_prompt", PyValue::Bool(b)) => inputs.add_generation_prompt = *b,
+                    ("add_generation_prompt", PyValue::Bool(b)) => {
+                        inputs.add_generation_prompt = *b
+                    }
                     _ => inputs.extra.push((key.clone(), value.clone())),
                 }
             }
@@ -84,7 +86,8 @@ fn check_family(family: &str) {
             let expected = string(get(case, "text"));
             if rendered != expected {
                 let at = rendered.chars().zip(expected.chars()).take_while(|(a, b)| a == b).count();
-                let tail = |s: &str| s.chars().skip(at.saturating_sub(40)).take(120).collect::<String>();
+                let tail =
+                    |s: &str| s.chars().skip(at.saturating_sub(40)).take(120).collect::<String>();
                 panic!(
                     "{family}/{name}/{case_name}: rendering differs at char {at}:\n sluice: {:?}\n python: {:?}",
                     tail(&rendered),
