@@ -362,6 +362,9 @@ def generate(name, c, root):
     os.makedirs(out_dir, exist_ok=True)
     tok = q3.build_tokenizer(c["bpe_vocab"], specials=HARMONY_SPECIALS, plain_added=[])
     write_tokenizer(tok, out_dir)
+    import gen_family_chat_goldens  # the published chat template, as gpt-oss ships it (chat_template.jinja)
+
+    gen_family_chat_goldens.install_chat_template(out_dir, "gpt_oss")
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     for a in range(qm.MAX_ATTEMPTS):
         ok, reasons, r = attempt(c, c["seed"] + a, tok, out_dir)

@@ -388,6 +388,9 @@ def generate(name, c, root):
     os.makedirs(out_dir, exist_ok=True)
     tok = q3.build_tokenizer(c["bpe_vocab"])
     q3.write_tokenizer(tok, out_dir)
+    import gen_family_chat_goldens  # the published chat template, where Qwen3 MoE checkpoints keep it
+
+    gen_family_chat_goldens.install_chat_template(out_dir, "qwen3_moe")
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     for a in range(MAX_ATTEMPTS):
         ok, reasons, r = attempt(c, c["seed"] + a, tok, out_dir)

@@ -12,7 +12,7 @@ use sluice_checkpoint::CheckpointConfig;
 use sluice_engine::demo::{cache_dir, ensure_demo_model};
 use sluice_engine::load::{self, LoadOptions, Loaded};
 use sluice_engine::{DraftModel, Spine};
-use sluice_tokenizer::{Tokenizer, RANK_FILE};
+use sluice_tokenizer::{AnyTokenizer, PromptFormat, Tokenizer, RANK_FILE};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -47,7 +47,11 @@ pub struct Target {
     pub read_dir: PathBuf,
     /// Whether this is the built-in demo model.
     pub demo: bool,
-    /// The tokenizer, when the checkpoint has tokenizer files.
+    /// The checkpoint's tokenizer, chat format and stop ids, when it has tokenizer files
+    /// (`tiktoken.model` for Kimi K3, `tokenizer.json` for the other families).
+    pub fmt: Option<PromptFormat>,
+    /// The Kimi K3 (tiktoken) tokenizer, when that is the checkpoint's: the server and the
+    /// draft-model re-encoding still need it.
     pub tok: Option<Arc<Tokenizer>>,
     /// Rows of the logits (`vocab_size` in config.json), when the config says.
     pub vocab: Option<usize>,
@@ -97,20 +101,16 @@ impl Target {
         };
         // A checkpoint without tokenizer files still runs from token ids; broken files are an
         // error.
-        let tok = if read_dir.join(RANK_FILE).exists() {
-            Some(Arc::new(
-                Tokenizer::from_dir(&read_dir)
-                    .with_context(|| format!("loading the tokenizer of {}", read_dir.display()))?,
-            ))
-        } else {
-            None
-        };
+        let fmt = PromptFormat::from_dir(&read_dir)
+            .with_context(|| format!("loading the tokenizer of {}", read_dir.display()))?;
+        let tok = fmt.as_ref().and_then(|f| f.tokenizer().tiktoken().cloned());
         Ok(Self {
             vocab: number("vocab_size"),
             max_context: number("max_position_embeddings"),
             dir,
             read_dir,
             demo,
+            fmt,
             tok,
         })
     }
@@ -121,6 +121,18 @@ impl Target {
             format!(
                 "{}: no tokenizer files ({RANK_FILE}, tokenizer_config.json); {why}",
                 self.read_dir.display()
+            )
+        })
+    }
+
+    /// The prompt format, or an error saying the checkpoint has no tokenizer files (`why` names
+    /// what needs them).
+    pub fn format(&self, why: &str) -> Result<&PromptFormat> {
+        self.fmt.as_ref().with_context(|| {
+            format!(
+                "{}: no tokenizer files ({}); {why}",
+                self.read_dir.display(),
+                AnyTokenizer::FILES
             )
         })
     }

@@ -19,7 +19,6 @@ use clap::{ArgGroup, Args};
 use sluice_engine::{
     generate, Drafter, GenerateOptions, ModelDrafter, NgramDrafter, OnToken, Sampling,
 };
-use sluice_tokenizer::chat::{render_k3, ChatMessage, ChatOptions, Role};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -134,8 +133,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let mut opened = target.load(load_opts, &a.draft)?;
     let draft_model = opened.draft_model.take();
     let model = &opened.loaded.model;
-    let tok = target.tok.as_deref();
-    let stop_ids: Vec<u32> = tok.and_then(|t| t.special_id("<|end_of_msg|>")).into_iter().collect();
+    let stop_ids: Vec<u32> = target.fmt.as_ref().map(|f| f.stop_ids().to_vec()).unwrap_or_default();
     let mut ngram = NgramDrafter::default();
     let mut model_drafter =
         draft_model.zip(target.tok.clone()).map(|(d, t)| ModelDrafter::new(d, t, context));
@@ -160,7 +158,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         interrupt: Some(interrupt::arm()),
     };
     eprintln!("sluice: generating (Ctrl-C stops after the current pass and keeps the output)");
-    let mut sink = (!a.json).then(|| Sink::stdout(tok));
+    let mut sink = (!a.json).then(|| Sink::stdout(target.fmt.as_ref()));
     let mut on_token = |id: u32| sink.as_mut().is_none_or(|s| s.push(id));
     let mut state = model.new_state();
     let on_token: OnToken<'_> = &mut on_token;
@@ -182,7 +180,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         npy::write_f32_2d(p, &out.logits, model.vocab_size())?;
     }
     if a.json {
-        let v = run_output::json(&target, &opened, &prompt_ids, &out)?;
+        let v = run_output::json(&target, &opened, &prompt_ids, &out, a.chat)?;
         // Not println!, which panics on a closed stdout.
         writeln!(std::io::stdout(), "{v}").context("writing the JSON to stdout")?;
     }
@@ -215,13 +213,11 @@ fn prompt_ids(a: &RunArgs, target: &Target) -> Result<Vec<u32>> {
     let ids = match (&a.prompt, &a.prompt_ids) {
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => {
-            let t = target.tokenizer("pass --prompt-ids")?;
+            let f = target.format("pass --prompt-ids")?;
             if a.chat {
-                let msgs = [ChatMessage::new(Role::User, text.clone())];
-                let opts = ChatOptions { thinking: !a.no_think, ..ChatOptions::default() };
-                render_k3(&t, &msgs, &opts).context("rendering the chat prompt")?
+                f.encode_user_turn(text, !a.no_think).context("rendering the chat prompt")?
             } else {
-                t.encode_ordinary(text)
+                f.encode_text(text)?
             }
         }
         // clap requires one of the two.

@@ -2,21 +2,23 @@
 //! lines.
 //!
 //! Streamed text goes through the tokenizer's incremental UTF-8 decoder
-//! ([`sluice_tokenizer::StreamDecoder`]), so a character split across tokens is written once it
-//! is complete and the streamed bytes equal the `--json` text. stdout is flushed after every
+//! ([`sluice_tokenizer::StreamDecoder`]) for Kimi K3, and for a `tokenizer.json` checkpoint
+//! through its decoder over the ids so far, holding back a trailing incomplete character; either
+//! way a character split across tokens is written once it is complete and the streamed bytes
+//! equal the `--json` text. stdout is flushed after every
 //! token: at seconds per token on a streamed model, buffering would hide the output for minutes.
 
 use crate::open::{Opened, Target};
 use anyhow::Result;
 use serde_json::{json, Value};
 use sluice_engine::{layer_stats, Generation};
-use sluice_tokenizer::{StreamDecoder, Tokenizer};
+use sluice_tokenizer::{PromptFormat, StreamDecoder};
 use std::io::{StdoutLock, Write};
 
 /// Generated tokens written to stdout as they are committed: text through the incremental
 /// decoder, or comma-separated ids when the checkpoint has no tokenizer.
 pub struct Sink<'t> {
-    decoder: Option<StreamDecoder<'t>>,
+    decoder: Option<Decoder<'t>>,
     /// Ids written so far (for the separator in id mode).
     written: usize,
     out: StdoutLock<'static>,
@@ -24,10 +26,10 @@ pub struct Sink<'t> {
 }
 
 impl<'t> Sink<'t> {
-    /// A sink on stdout; text when `tok` is given, else ids.
-    pub fn stdout(tok: Option<&'t Tokenizer>) -> Self {
+    /// A sink on stdout; text when `fmt` is given, else ids.
+    pub fn stdout(fmt: Option<&'t PromptFormat>) -> Self {
         Self {
-            decoder: tok.map(Tokenizer::stream_decoder),
+            decoder: fmt.map(Decoder::new),
             written: 0,
             out: std::io::stdout().lock(),
             error: None,
@@ -38,7 +40,7 @@ impl<'t> Sink<'t> {
     /// fails, e.g. a closed pipe.
     pub fn push(&mut self, id: u32) -> bool {
         let text = match &mut self.decoder {
-            Some(d) => push_lossy(d, id),
+            Some(d) => d.push(id),
             None if self.written == 0 => id.to_string(),
             None => format!(",{id}"),
         };
@@ -54,7 +56,7 @@ impl<'t> Sink<'t> {
         if let Some(e) = self.error.take() {
             return Err(e);
         }
-        let tail = self.decoder.take().map(StreamDecoder::finish).unwrap_or_default();
+        let tail = self.decoder.take().map(Decoder::finish).unwrap_or_default();
         writeln!(self.out, "{tail}")?;
         self.out.flush()
     }
@@ -66,22 +68,80 @@ fn push_lossy(d: &mut StreamDecoder<'_>, id: u32) -> String {
     d.push(id).unwrap_or_else(|_| char::REPLACEMENT_CHARACTER.to_string())
 }
 
+/// Incremental decoding for one run's stream.
+enum Decoder<'t> {
+    /// Kimi K3's tiktoken decoder, byte-exact and incremental.
+    Tiktoken(StreamDecoder<'t>),
+    /// A `tokenizer.json` decoder run over every id so far; `sent` bytes of its text are out.
+    Whole { fmt: &'t PromptFormat, ids: Vec<u32>, sent: usize },
+}
+
+impl<'t> Decoder<'t> {
+    fn new(fmt: &'t PromptFormat) -> Self {
+        match fmt.tokenizer().tiktoken() {
+            Some(t) => Self::Tiktoken(t.stream_decoder()),
+            None => Self::Whole { fmt, ids: Vec::new(), sent: 0 },
+        }
+    }
+
+    /// The text `id` completes.
+    fn push(&mut self, id: u32) -> String {
+        match self {
+            Self::Tiktoken(d) => push_lossy(d, id),
+            Self::Whole { fmt, ids, sent } => {
+                ids.push(id);
+                let text = fmt.decode_lossy(ids).unwrap_or_default();
+                // A trailing U+FFFD may be a character whose last bytes are still to come.
+                let ready = text.trim_end_matches(char::REPLACEMENT_CHARACTER);
+                match ready.get(*sent..) {
+                    Some(new) if ready.len() > *sent => {
+                        *sent = ready.len();
+                        new.to_owned()
+                    }
+                    _ => String::new(),
+                }
+            }
+        }
+    }
+
+    /// What is still held back.
+    fn finish(self) -> String {
+        match self {
+            Self::Tiktoken(d) => d.finish(),
+            Self::Whole { fmt, ids, sent } => {
+                let text = fmt.decode_lossy(&ids).unwrap_or_default();
+                text.get(sent..).unwrap_or_default().to_owned()
+            }
+        }
+    }
+}
+
 /// The text of `ids` exactly as [`Sink`] streams it.
-pub fn text(tok: &Tokenizer, ids: &[u32]) -> String {
-    let mut d = tok.stream_decoder();
-    let mut s: String = ids.iter().map(|&id| push_lossy(&mut d, id)).collect();
+pub fn text(fmt: &PromptFormat, ids: &[u32]) -> String {
+    let mut d = Decoder::new(fmt);
+    let mut s: String = ids.iter().map(|&id| d.push(id)).collect();
     s.push_str(&d.finish());
     s
 }
 
 /// The `--json` object.
+/// With `chat` on a family with its own template, `message` splits the completion into
+/// reasoning, answer and tool calls.
 pub fn json(
     target: &Target,
     opened: &Opened,
     prompt_ids: &[u32],
     out: &Generation,
+    chat: bool,
 ) -> Result<Value> {
     let loaded = &opened.loaded;
+    let text = target.fmt.as_ref().map(|f| text(f, &out.tokens));
+    let message = match (&target.fmt, &text) {
+        (Some(f), Some(t)) if chat && f.tokenizer().tiktoken().is_none() => {
+            Some(f.output_format().parse(t))
+        }
+        _ => None,
+    };
     Ok(json!({
         "model": target.read_dir.display().to_string(),
         "demo_model": target.demo,
@@ -91,7 +151,8 @@ pub fn json(
         "plan": loaded.plan.as_ref().map(serde_json::to_value).transpose()?,
         "prompt_ids": prompt_ids,
         "generated_ids": out.tokens,
-        "text": target.tok.as_deref().map(|t| text(t, &out.tokens)),
+        "text": text,
+        "message": message,
         "finish_reason": out.stats.finish_reason,
         "stats": serde_json::to_value(&out.stats)?,
         "load_s": opened.load_s,

@@ -6,6 +6,9 @@
 //!   incrementally at UTF-8 boundaries ([`StreamDecoder`]).
 //! - [`HfTokenizer`] loads a Hugging Face `tokenizer.json` (Qwen3 and other byte-level BPE
 //!   checkpoints) through the `tokenizers` crate.
+//! - [`AnyTokenizer`] is whichever of the two a checkpoint ships, chosen from its files.
+//! - [`ChatTemplate`] renders a checkpoint's own Jinja chat template (Qwen3-MoE, GPT-OSS) with
+//!   `minijinja`, byte-identical to transformers' `apply_chat_template`.
 //! - [`chat`] renders conversations in K3's XTML format, inserting the structural markers by id
 //!   so that text can never forge them.
 //!
@@ -13,17 +16,22 @@
 //! (`tools/gen_tokenizer_goldens.py`) and from the llama.cpp `Kimi-K3.jinja` template rendered by
 //! jinja2 (`tools/gen_chat_goldens.py`).
 
+mod any;
 pub mod bpe;
 pub mod chat;
 mod error;
 pub mod hf;
 pub mod load;
+pub mod output;
 pub mod pretokenize;
+mod prompt;
 pub mod pyjson;
 mod stream;
+pub mod template;
 mod tokenizer;
 mod xtml;
 
+pub use any::{AnyError, AnyTokenizer};
 pub use bpe::CoreBpe;
 pub use chat::{
     k3_stop_id, render_k3, render_k3_segments, render_k3_text, ChatMessage, ChatOptions, Marker,
@@ -32,5 +40,8 @@ pub use chat::{
 pub use error::{Error, Result};
 pub use hf::{HfError, HfTokenizer};
 pub use load::AddedToken;
+pub use output::{OutputFormat, ParsedOutput, ParsedToolCall};
+pub use prompt::{PromptError, PromptFormat};
 pub use stream::StreamDecoder;
+pub use template::{ChatTemplate, TemplateError, TemplateInputs};
 pub use tokenizer::{Tokenizer, CONFIG_FILE, RANK_FILE};

@@ -1,0 +1,259 @@
+//! Splitting a completion into reasoning, answer and tool calls, for the chat formats of the
+//! families that render with their own Jinja template. Family-neutral: the format is chosen once
+//! from the checkpoint ([`OutputFormat::detect`]) and the parser only sees decoded text with
+//! special tokens spelled out.
+//!
+//! - [`OutputFormat::Qwen3`]: `<think>…</think>` reasoning (the opening tag may be absent: the
+//!   prompt can end inside the think block), then the answer, with tool calls as
+//!   `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` (the format Qwen3's template
+//!   declares to the model; the template renders history calls the same way).
+//! - [`OutputFormat::Harmony`] (gpt-oss): messages `<|channel|>C<|message|>BODY` ended by
+//!   `<|end|>`, `<|return|>` or `<|call|>`, each after an optional `<|start|>assistant` header.
+//!   `analysis` bodies are reasoning, `final` is the answer, and a message whose header names a
+//!   recipient `to=functions.NAME` (before or after the channel) is a tool call whose body is the
+//!   JSON arguments.
+//! - [`OutputFormat::Plain`]: everything is the answer.
+//!
+//! A completion cut off by the token limit parses as far as it goes: an unclosed think block or
+//! message still yields its text.
+
+use serde::Serialize;
+
+use crate::pyjson::{self, PyValue};
+
+/// A chat format's output conventions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputFormat {
+    /// No reasoning or tool-call markup.
+    Plain,
+    /// Qwen3: `<think>` reasoning and `<tool_call>` JSON.
+    Qwen3,
+    /// OpenAI harmony (gpt-oss): channels and `<|call|>` tool calls.
+    Harmony,
+}
+
+/// A tool call found in a completion.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ParsedToolCall {
+    /// The function name.
+    pub name: String,
+    /// The arguments as JSON text, as the model wrote them (Qwen3: re-serialised from the
+    /// parsed object, Python-style).
+    pub arguments: String,
+}
+
+/// A completion split into its parts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ParsedOutput {
+    /// Reasoning text (`None` when the completion has none).
+    pub reasoning: Option<String>,
+    /// The answer text.
+    pub content: String,
+    /// Tool calls, in order.
+    pub tool_calls: Vec<ParsedToolCall>,
+}
+
+impl OutputFormat {
+    /// The format of a checkpoint from its chat template's text: harmony markers, or Qwen3's
+    /// `<tool_call>` / `<think>` conventions.
+    pub fn detect(template_source: &str) -> Self {
+        if template_source.contains("<|channel|>") {
+            Self::Harmony
+        } else if template_source.contains("<tool_call>") || template_source.contains("<think>") {
+            Self::Qwen3
+        } else {
+            Self::Plain
+        }
+    }
+
+    /// Splits `text` (decoded with special tokens spelled out).
+    pub fn parse(self, text: &str) -> ParsedOutput {
+        match self {
+            Self::Plain => ParsedOutput { content: text.to_owned(), ..ParsedOutput::default() },
+            Self::Qwen3 => parse_qwen3(text),
+            Self::Harmony => parse_harmony(text),
+        }
+    }
+}
+
+/// The Qwen3 format: end markers removed, then the think block, then tool calls.
+fn parse_qwen3(text: &str) -> ParsedOutput {
+    let text = text.split("<|im_end|>").next().unwrap_or_default();
+    let text = text.split("<|endoftext|>").next().unwrap_or_default();
+    let mut out = ParsedOutput::default();
+    let rest = match text.find("</think>") {
+        Some(end) => {
+            let reasoning = &text[..end];
+            let reasoning = reasoning.split_once("<think>").map_or(reasoning, |(_, r)| r);
+            out.reasoning = Some(reasoning.trim_matches('\n').to_owned());
+            &text[end + "</think>".len()..]
+        }
+        // An open think block that never closed (cut off): all of it is reasoning.
+        None if text.trim_start().starts_with("<think>") => {
+            let reasoning = text.trim_start().trim_start_matches("<think>");
+            out.reasoning = Some(reasoning.trim_start_matches('\n').to_owned());
+            return out;
+        }
+        None => text,
+    };
+    let mut content = String::new();
+    let mut rest = rest;
+    while let Some(start) = rest.find("<tool_call>") {
+        content.push_str(&rest[..start]);
+        let body_start = start + "<tool_call>".len();
+        let (body, next) = match rest[body_start..].find("</tool_call>") {
+            Some(end) => (&rest[body_start..body_start + end], &rest[body_start + end + 12..]),
+            None => (&rest[body_start..], ""),
+        };
+        match qwen3_call(body) {
+            Some(call) => out.tool_calls.push(call),
+            // Not a valid call: keep the text, as the model wrote it.
+            None => content.push_str(&rest[start..rest.len() - next.len()]),
+        }
+        rest = next;
+    }
+    content.push_str(rest);
+    out.content = content.trim_start_matches('\n').trim_end().to_owned();
+    out
+}
+
+/// One `{"name": …, "arguments": …}` object.
+fn qwen3_call(body: &str) -> Option<ParsedToolCall> {
+    let PyValue::Dict(entries) = PyValue::parse(body.trim())? else { return None };
+    let field = |key: &str| entries.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+    let PyValue::Str(name) = field("name")? else { return None };
+    let arguments = match field("arguments") {
+        Some(PyValue::Str(s)) => s.clone(),
+        Some(v) => pyjson::dumps(v),
+        None => "{}".to_owned(),
+    };
+    Some(ParsedToolCall { name: name.clone(), arguments })
+}
+
+/// The harmony format: a sequence of messages.
+fn parse_harmony(text: &str) -> ParsedOutput {
+    let mut out = ParsedOutput::default();
+    let mut reasoning: Vec<&str> = Vec::new();
+    let mut finals: Vec<&str> = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let Some(msg_at) = rest.find("<|message|>") else {
+            // Header without a body (cut off), or stray text: text with no header is the answer.
+            if !rest.contains("<|channel|>") && !rest.contains("<|start|>") {
+                finals.push(rest);
+            }
+            break;
+        };
+        let header = &rest[..msg_at];
+        let body_start = msg_at + "<|message|>".len();
+        let ends = ["<|end|>", "<|return|>", "<|call|>"];
+        let (body, next) = ends
+            .iter()
+            .filter_map(|e| rest[body_start..].find(e).map(|i| (i, e.len())))
+            .min()
+            .map_or((&rest[body_start..], ""), |(i, len)| {
+                (&rest[body_start..body_start + i], &rest[body_start + i + len..])
+            });
+        let channel = header
+            .split_once("<|channel|>")
+            .map(|(_, c)| c.split(|ch: char| ch.is_whitespace() || ch == '<').next().unwrap_or(""))
+            .unwrap_or("");
+        let recipient = header
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("to="))
+            .map(|r| r.split("<|").next().unwrap_or(r));
+        match recipient {
+            Some(to) if to.starts_with("functions.") => out.tool_calls.push(ParsedToolCall {
+                name: to["functions.".len()..].to_owned(),
+                arguments: body.trim().to_owned(),
+            }),
+            _ if channel == "analysis" => reasoning.push(body),
+            _ => finals.push(body),
+        }
+        rest = next;
+    }
+    if !reasoning.is_empty() {
+        out.reasoning = Some(reasoning.concat());
+    }
+    out.content = finals.concat();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{OutputFormat, ParsedToolCall};
+
+    fn call(name: &str, arguments: &str) -> ParsedToolCall {
+        ParsedToolCall { name: name.into(), arguments: arguments.into() }
+    }
+
+    #[test]
+    fn qwen3_reasoning_answer_and_tool_calls() {
+        let out = OutputFormat::Qwen3.parse(
+            "<think>\nThe user wants weather.\n</think>\n\nLet me check.\n<tool_call>\n\
+             {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\", \"days\": 2}}\n\
+             </tool_call>\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}\n\
+             </tool_call><|im_end|>",
+        );
+        assert_eq!(out.reasoning.as_deref(), Some("The user wants weather."));
+        assert_eq!(out.content, "Let me check.");
+        assert_eq!(
+            out.tool_calls,
+            [
+                call("get_weather", r#"{"city": "Zürich", "days": 2}"#),
+                call("search", r#"{"query": "x"}"#)
+            ]
+        );
+    }
+
+    #[test]
+    fn qwen3_prompt_opened_think_and_cut_off_outputs() {
+        // The prompt ended with `<think>\n`: the completion holds only the closing tag.
+        let out = OutputFormat::Qwen3.parse("Two plus two.\n</think>\n\nIt is 4.<|im_end|>");
+        assert_eq!(out.reasoning.as_deref(), Some("Two plus two."));
+        assert_eq!(out.content, "It is 4.");
+        let cut = OutputFormat::Qwen3.parse("<think>\nStill thinking about");
+        assert_eq!(cut.reasoning.as_deref(), Some("Still thinking about"));
+        assert_eq!(cut.content, "");
+        let plain = OutputFormat::Qwen3.parse("No reasoning here.<|im_end|>");
+        assert_eq!((plain.reasoning, plain.content.as_str()), (None, "No reasoning here."));
+        // A malformed call stays in the answer rather than vanishing.
+        let bad = OutputFormat::Qwen3.parse("<tool_call>\nnot json\n</tool_call>");
+        assert!(bad.tool_calls.is_empty() && bad.content.contains("not json"), "{bad:?}");
+    }
+
+    #[test]
+    fn harmony_channels_and_calls() {
+        let out = OutputFormat::Harmony.parse(
+            "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>\
+             commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>",
+        );
+        assert_eq!(out.reasoning.as_deref(), Some("Need the weather."));
+        assert_eq!(out.tool_calls, [call("get_weather", r#"{"city": "Paris"}"#)]);
+        assert_eq!(out.content, "");
+        // The recipient may also stand before the channel, as the template renders history.
+        let out = OutputFormat::Harmony.parse(
+            " to=functions.search<|channel|>commentary json<|message|>{\"query\": \"q\"}<|call|>",
+        );
+        assert_eq!(out.tool_calls, [call("search", r#"{"query": "q"}"#)]);
+        let out = OutputFormat::Harmony.parse(
+            "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final\
+             <|message|>Paris.<|return|>",
+        );
+        assert_eq!((out.reasoning.as_deref(), out.content.as_str()), (Some("Easy."), "Paris."));
+        let cut = OutputFormat::Harmony.parse("<|channel|>final<|message|>Par");
+        assert_eq!(cut.content, "Par");
+    }
+
+    #[test]
+    fn format_is_detected_from_the_template() {
+        let fixtures =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        let qwen = std::fs::read_to_string(fixtures.join("qwen3_moe/tiny-a/tokenizer_config.json"));
+        let harmony = std::fs::read_to_string(fixtures.join("gpt_oss/tiny-a/chat_template.jinja"));
+        assert_eq!(OutputFormat::detect(&qwen.unwrap_or_default()), OutputFormat::Qwen3);
+        assert_eq!(OutputFormat::detect(&harmony.unwrap_or_default()), OutputFormat::Harmony);
+        assert_eq!(OutputFormat::detect("{{ messages }}"), OutputFormat::Plain);
+    }
+}

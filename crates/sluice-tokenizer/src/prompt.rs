@@ -1,0 +1,114 @@
+//! Everything a front end needs to turn user text into prompt ids and ids back into text, for
+//! any family: the checkpoint's tokenizer ([`AnyTokenizer`]), its chat format (Kimi K3's XTML
+//! renderer, or the checkpoint's own Jinja template), its stop ids and its output format.
+//! `sluice run` calls this one place; nothing here names a family except through the files a
+//! checkpoint ships.
+
+use std::path::{Path, PathBuf};
+
+use crate::any::{AnyError, AnyTokenizer};
+use crate::chat::{render_k3, ChatMessage, ChatOptions, Role};
+use crate::output::OutputFormat;
+use crate::pyjson::PyValue;
+use crate::template::{ChatTemplate, TemplateError, TemplateInputs};
+
+/// Errors from [`PromptFormat`].
+#[derive(Debug, thiserror::Error)]
+pub enum PromptError {
+    /// The tokenizer failed to load or run.
+    #[error(transparent)]
+    Tokenizer(#[from] AnyError),
+    /// The chat template failed to load or render.
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    /// K3's chat renderer failed.
+    #[error(transparent)]
+    K3Chat(#[from] crate::Error),
+    /// A chat prompt was asked of a checkpoint without a chat template.
+    #[error(
+        "{dir}: no chat template (chat_template.jinja, or chat_template in \
+         tokenizer_config.json); run without --chat"
+    )]
+    NoTemplate {
+        /// The checkpoint.
+        dir: PathBuf,
+    },
+}
+
+/// A checkpoint's tokenizer and chat conventions.
+#[derive(Debug)]
+pub struct PromptFormat {
+    tokenizer: AnyTokenizer,
+    template: Option<ChatTemplate>,
+    stop_ids: Vec<u32>,
+    output: OutputFormat,
+    dir: PathBuf,
+}
+
+impl PromptFormat {
+    /// Loads what `dir` ships; `Ok(None)` when it has no tokenizer files.
+    pub fn from_dir(dir: &Path) -> Result<Option<Self>, PromptError> {
+        let Some(tokenizer) = AnyTokenizer::from_dir(dir)? else { return Ok(None) };
+        // K3 renders chat in code (crate::chat); its tokenizer_config.json template is not used.
+        let template = match tokenizer {
+            AnyTokenizer::Tiktoken(_) => None,
+            AnyTokenizer::Hf(_) => ChatTemplate::from_dir(dir)?,
+        };
+        let output =
+            template.as_ref().map_or(OutputFormat::Plain, |t| OutputFormat::detect(t.source()));
+        let stop_ids = tokenizer.stop_ids(dir)?;
+        Ok(Some(Self { tokenizer, template, stop_ids, output, dir: dir.to_path_buf() }))
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &AnyTokenizer {
+        &self.tokenizer
+    }
+
+    /// The ids generation stops at.
+    pub fn stop_ids(&self) -> &[u32] {
+        &self.stop_ids
+    }
+
+    /// How to split completions into reasoning, answer and tool calls ([`OutputFormat::Plain`]
+    /// for K3, whose output is parsed by the engine's K3 module).
+    pub fn output_format(&self) -> OutputFormat {
+        self.output
+    }
+
+    /// Prompt ids for plain text.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, PromptError> {
+        Ok(self.tokenizer.encode(text)?)
+    }
+
+    /// Prompt ids for `text` as one user turn in the checkpoint's chat format, with the
+    /// assistant turn opened. `thinking` is K3's thinking mode and the template variable
+    /// `enable_thinking` (Qwen3); templates that do not read it ignore it.
+    pub fn encode_user_turn(&self, text: &str, thinking: bool) -> Result<Vec<u32>, PromptError> {
+        if let Some(k3) = self.tokenizer.tiktoken() {
+            let msgs = [ChatMessage::new(Role::User, text)];
+            let opts = ChatOptions { thinking, ..ChatOptions::default() };
+            return Ok(render_k3(k3, &msgs, &opts)?);
+        }
+        let template = self
+            .template
+            .as_ref()
+            .ok_or_else(|| PromptError::NoTemplate { dir: self.dir.clone() })?;
+        let message = PyValue::Dict(vec![
+            ("role".into(), PyValue::Str("user".into())),
+            ("content".into(), PyValue::Str(text.into())),
+        ]);
+        let inputs = TemplateInputs {
+            add_generation_prompt: true,
+            extra: vec![("enable_thinking".into(), PyValue::Bool(thinking))],
+            ..TemplateInputs::default()
+        };
+        let rendered = template.render(&PyValue::List(vec![message]), &inputs)?;
+        Ok(self.tokenizer.encode_rendered(&rendered)?)
+    }
+
+    /// Decodes ids with special tokens spelled out (U+FFFD for invalid UTF-8).
+    pub fn decode_lossy(&self, ids: &[u32]) -> Result<String, PromptError> {
+        Ok(self.tokenizer.decode_lossy(ids)?)
+    }
+}
