@@ -17,6 +17,7 @@
 use crate::draft::Drafter;
 use crate::generate::{generate, GenerateOptions};
 use crate::policy::WidthPolicy;
+use crate::progress::{PrefillHook, Reporter};
 use crate::sample::Sampling;
 use crate::session::{Resume, SessionCache, Snapshot};
 use crate::EngineError;
@@ -38,6 +39,9 @@ pub struct TurnOptions {
     pub draft_max: usize,
     /// Hand every token's logits to the callback (decodes with plain one-token passes).
     pub per_token_logits: bool,
+    /// Called before the first prefill pass and after each one (see [`crate::progress`]);
+    /// positions resumed from the session cache count as done.
+    pub on_prefill: Option<PrefillHook>,
 }
 
 /// Statistics of one turn.
@@ -178,6 +182,8 @@ pub fn run_turn(
     let mut snaps = Vec::new();
     let mut logits: Option<Vec<f32>> = cached_logits.map(|l| l.to_vec());
     let mut pos = reused;
+    let progress = Reporter::new(opts.on_prefill.as_ref(), model, prompt.len());
+    progress.report(pos);
     while pos < prompt.len() {
         if cancel() {
             stats.finish_reason = "cancelled".into();
@@ -196,6 +202,7 @@ pub fn run_turn(
         stats.prefill_passes += 1;
         stats.prefill_tokens += end - pos;
         pos = end;
+        progress.report(pos);
         if keep(&cache, state.snapshot_bytes()) {
             snaps.push(Snapshot::shared(
                 take_snapshot(&state, &mut base, &mut stats),

@@ -32,6 +32,7 @@ fn turn(
         sampling,
         draft_max: 4,
         per_token_logits: logits,
+        on_prefill: None,
     };
     let mut rows = Vec::new();
     let mut d = NgramDrafter::default();
