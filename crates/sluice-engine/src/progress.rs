@@ -53,6 +53,38 @@ impl fmt::Debug for PrefillHook {
     }
 }
 
+/// When a progress line is worth printing, for front ends that log lines rather than draw a
+/// bar: never for the report before the first pass, at most one every `every_s` seconds while
+/// the prefill runs, and at its end only if it took more than one pass (so short prompts print
+/// nothing).
+#[derive(Debug)]
+pub struct LineThrottle {
+    every_s: f64,
+    reports: usize,
+    last: Instant,
+}
+
+impl LineThrottle {
+    /// At most one line every `every_s` seconds.
+    pub fn new(every_s: f64) -> Self {
+        Self { every_s, reports: 0, last: Instant::now() }
+    }
+
+    /// Whether to print a line for `p` (call it for every report, in order).
+    pub fn due(&mut self, p: &PrefillProgress) -> bool {
+        self.reports += 1;
+        let due = match (self.reports, p.done >= p.total) {
+            (1, _) => false,
+            (n, true) => n > 2,
+            (_, false) => self.last.elapsed().as_secs_f64() >= self.every_s,
+        };
+        if due {
+            self.last = Instant::now();
+        }
+        due
+    }
+}
+
 /// Reports one prefill's progress to an optional hook.
 pub(crate) struct Reporter<'a> {
     hook: Option<&'a PrefillHook>,

@@ -54,7 +54,8 @@ fn generate_reports_every_prefill_chunk_and_output_is_unchanged() {
 #[test]
 fn run_turn_counts_resumed_positions_as_done() {
     let m = model();
-    let mut cache = SessionCache::new(SessionConfig { checkpoint_every: 4, ..SessionConfig::default() });
+    let mut cache =
+        SessionCache::new(SessionConfig { checkpoint_every: 4, ..SessionConfig::default() });
     let prompt: Vec<u32> = (0..10).map(|i| (i * 5 + 1) % 100).collect();
     let (hook, seen) = recorder();
     let opts = TurnOptions {

@@ -9,6 +9,7 @@
 use crate::metrics::Metrics;
 use crate::output::{Delta, Output, OutputKind};
 use crate::scheduler::Scheduler;
+use sluice_engine::progress::LineThrottle;
 use sluice_engine::session::SessionCache;
 use sluice_engine::turn::{run_turn, TurnOptions, TurnStats};
 use sluice_engine::{Drafter, PrefillHook, PrefillProgress, Sampling};
@@ -272,20 +273,11 @@ impl Worker {
 /// of more than one pass is logged (every 2 s at most, and when it ends), so short prompts add
 /// no log lines.
 fn prefill_hook(id: u64, metrics: Arc<Metrics>) -> PrefillHook {
-    // (reports so far, when the last line was logged)
-    let seen = Mutex::new((0usize, Instant::now()));
+    let throttle = Mutex::new(LineThrottle::new(2.0));
     PrefillHook::new(move |p: &PrefillProgress| {
         metrics.set_prefill(p.done, p.total, p.expert_bytes_read);
-        let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
-        seen.0 += 1;
-        let log = match (seen.0, p.done == p.total) {
-            (1, _) => false,
-            // The end of a prefill that ran more than one pass.
-            (n, true) => n > 2,
-            (_, false) => seen.1.elapsed().as_secs_f64() >= 2.0,
-        };
+        let log = throttle.lock().unwrap_or_else(PoisonError::into_inner).due(p);
         if log {
-            seen.1 = Instant::now();
             eprintln!(
                 "sluice: job {id}: prefill {}/{} positions, {:.1} MiB of experts read, {:.1}s",
                 p.done,
