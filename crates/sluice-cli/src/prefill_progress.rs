@@ -31,9 +31,10 @@ fn bar() -> PrefillHook {
             .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
     PrefillHook::new(move |p: &PrefillProgress| {
+        // The message first: each setter may redraw, and the first frame should be whole.
+        bar.set_message(format!("{} of experts read", human(p.expert_bytes_read)));
         bar.set_length(n(p.total));
         bar.set_position(n(p.done));
-        bar.set_message(format!("{} of experts read", human(p.expert_bytes_read)));
         if p.done >= p.total {
             bar.finish_and_clear();
         }
