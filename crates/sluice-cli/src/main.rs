@@ -10,6 +10,7 @@ mod interrupt;
 mod load_args;
 mod npy;
 mod open;
+mod prefill_progress;
 mod probe;
 mod pull;
 mod run;

@@ -3,7 +3,8 @@
 //! model and decode greedily — so a mistake never costs a load or a generation.
 //!
 //! Text streams to stdout as tokens are committed (UTF-8 safe across token boundaries);
-//! `--json` prints one object at the end instead. Ctrl-C or SIGTERM stops generation after the
+//! `--json` prints one object at the end instead. Prefill progress goes to stderr only (a bar
+//! on a terminal, plain lines otherwise: [`crate::prefill_progress`]). Ctrl-C or SIGTERM stops generation after the
 //! current pass: the output so far, the logits (`--dump-logits`) and the statistics are still
 //! written, `finish_reason` is `interrupted`, and the exit status is the conventional 130
 //! (SIGINT) or 143 (SIGTERM). A second signal ends the process at once.
@@ -12,6 +13,7 @@ use crate::interrupt;
 use crate::load_args::LoadArgs;
 use crate::npy;
 use crate::open::{self, DraftArg, Target};
+use crate::prefill_progress;
 use crate::run_output::{self, Sink};
 use crate::values;
 use anyhow::{bail, Context, Result};
@@ -156,6 +158,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
             .map_or(a.prefill_chunk, |p| usize::try_from(p.chunk).unwrap_or(usize::MAX)),
         fixed_width: false,
         interrupt: Some(interrupt::arm()),
+        on_prefill: Some(prefill_progress::hook()),
     };
     eprintln!("sluice: generating (Ctrl-C stops after the current pass and keeps the output)");
     let mut sink = (!a.json).then(|| Sink::stdout(target.fmt.as_ref()));

@@ -13,6 +13,7 @@
 use crate::draft::Drafter;
 use crate::layer_stats::{phase_bytes, process_read_bytes, Snapshot};
 use crate::policy::WidthPolicy;
+use crate::progress::{PrefillHook, Reporter};
 use crate::sample::Sampling;
 use crate::EngineError;
 use serde::Serialize;
@@ -45,6 +46,8 @@ pub struct GenerateOptions {
     /// Raised (by a signal handler: `sluice run` on Ctrl-C) to stop at the next pass boundary,
     /// prefill chunks included; generation then ends as `interrupted`, keeping what was emitted.
     pub interrupt: Option<&'static AtomicBool>,
+    /// Called before the first prefill pass and after each one (see [`crate::progress`]).
+    pub on_prefill: Option<PrefillHook>,
 }
 
 impl Default for GenerateOptions {
@@ -58,6 +61,7 @@ impl Default for GenerateOptions {
             prefill_chunk: 0,
             fixed_width: false,
             interrupt: None,
+            on_prefill: None,
         }
     }
 }
@@ -277,6 +281,9 @@ pub fn generate(
     let layers0 = Snapshot(model.layer_store_stats());
     let chunk = if opts.prefill_chunk == 0 { prompt.len() } else { opts.prefill_chunk };
     let mut logits = Vec::new();
+    let progress = Reporter::new(opts.on_prefill.as_ref(), model, prompt.len());
+    progress.report(0);
+    let mut done = 0;
     for part in prompt.chunks(chunk) {
         if em.interrupted() {
             break;
@@ -284,6 +291,8 @@ pub fn generate(
         logits = model.forward(state, part, LogitRows::Last, None)?;
         state.commit(part.len());
         em.out.stats.prefill_passes += 1;
+        done += part.len();
+        progress.report(done);
     }
     em.out.stats.prefill_s = t0.elapsed().as_secs_f64();
     // The prefill counts as one pass however it was chunked (none if interrupted before it).

@@ -15,6 +15,7 @@ pub mod logprob;
 pub(crate) mod place;
 pub mod plan;
 pub mod policy;
+pub mod progress;
 pub mod retok;
 pub mod sample;
 pub mod session;
@@ -26,6 +27,7 @@ pub use draft::{Drafter, NgramDrafter, ScriptDrafter};
 pub use draft_model::{DraftError, DraftModel, ModelDrafter};
 pub use generate::{argmax, generate, GenerateOptions, Generation, OnToken, Stats};
 pub use policy::WidthPolicy;
+pub use progress::{PrefillHook, PrefillProgress};
 pub use sample::Sampling;
 pub use spine::Spine;
 

@@ -17,6 +17,7 @@
 use crate::draft::Drafter;
 use crate::generate::{generate, GenerateOptions};
 use crate::policy::WidthPolicy;
+use crate::progress::{PrefillHook, Reporter};
 use crate::sample::Sampling;
 use crate::session::{Resume, SessionCache, Snapshot};
 use crate::EngineError;
@@ -41,6 +42,9 @@ pub struct TurnOptions {
     /// Most rows one pass takes: prompt tokens per prefill pass (also cut at checkpoints) and
     /// the pending token plus drafts of a decode pass; the memory plan's chunk (0: no limit).
     pub prefill_chunk: usize,
+    /// Called before the first prefill pass and after each one (see [`crate::progress`]);
+    /// positions resumed from the session cache count as done.
+    pub on_prefill: Option<PrefillHook>,
 }
 
 /// Statistics of one turn.
@@ -181,6 +185,8 @@ pub fn run_turn(
     let mut snaps = Vec::new();
     let mut logits: Option<Vec<f32>> = cached_logits.map(|l| l.to_vec());
     let mut pos = reused;
+    let progress = Reporter::new(opts.on_prefill.as_ref(), model, prompt.len());
+    progress.report(pos);
     while pos < prompt.len() {
         if cancel() {
             stats.finish_reason = "cancelled".into();
@@ -203,6 +209,7 @@ pub fn run_turn(
         stats.prefill_passes += 1;
         stats.prefill_tokens += end - pos;
         pos = end;
+        progress.report(pos);
         if keep(&cache, state.snapshot_bytes()) {
             snaps.push(Snapshot::shared(
                 take_snapshot(&state, &mut base, &mut stats),

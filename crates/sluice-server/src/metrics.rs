@@ -31,6 +31,9 @@ pub struct Metrics {
     session_entries: AtomicU64,
     session_snapshots: AtomicU64,
     session_bytes: AtomicU64,
+    prefill_done: AtomicU64,
+    prefill_total: AtomicU64,
+    prefill_read: AtomicU64,
 }
 
 fn micros(s: f64) -> u64 {
@@ -90,6 +93,14 @@ impl Metrics {
         self.session_entries.store(n(entries), Ordering::Relaxed);
         self.session_snapshots.store(n(snapshots), Ordering::Relaxed);
         self.session_bytes.store(n(bytes), Ordering::Relaxed);
+    }
+
+    /// Sets the prefill progress gauges (the running request's, or the last one's once it
+    /// finished).
+    pub fn set_prefill(&self, done: usize, total: usize, expert_bytes_read: u64) {
+        self.prefill_done.store(n(done), Ordering::Relaxed);
+        self.prefill_total.store(n(total), Ordering::Relaxed);
+        self.prefill_read.store(expert_bytes_read, Ordering::Relaxed);
     }
 
     /// Prefill tokens saved by state reuse so far.
@@ -190,6 +201,25 @@ impl Metrics {
             u8::from(running).to_string(),
         );
         metric(
+            "sluice_prefill_positions_done",
+            "gauge",
+            "Prompt positions prefilled (or resumed) so far by the running request, or by the \
+             last one once it finished.",
+            get(&self.prefill_done).to_string(),
+        );
+        metric(
+            "sluice_prefill_positions_total",
+            "gauge",
+            "Prompt positions of that request.",
+            get(&self.prefill_total).to_string(),
+        );
+        metric(
+            "sluice_prefill_expert_bytes_read",
+            "gauge",
+            "Routed-expert bytes read from storage by that request's prefill so far.",
+            get(&self.prefill_read).to_string(),
+        );
+        metric(
             "sluice_session_entries",
             "gauge",
             "Conversations held for state reuse.",
@@ -266,6 +296,7 @@ mod tests {
             ..TurnStats::default()
         });
         m.set_sessions(1, 2, 5000);
+        m.set_prefill(512, 2000, 1 << 20);
         let text = m.render(2, true);
         for line in [
             "sluice_prefill_tokens_saved_total 6",
@@ -277,6 +308,9 @@ mod tests {
             "sluice_session_snapshots 2",
             "sluice_session_bytes 5000",
             "sluice_generation_running 1",
+            "sluice_prefill_positions_done 512",
+            "sluice_prefill_positions_total 2000",
+            "sluice_prefill_expert_bytes_read 1048576",
             "sluice_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2",
             "sluice_requests_total{route=\"/v1/chat/completions\",status=\"429\"} 1",
         ] {

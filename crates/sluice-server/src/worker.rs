@@ -9,14 +9,15 @@
 use crate::metrics::Metrics;
 use crate::output::{Delta, Output, OutputKind};
 use crate::scheduler::Scheduler;
+use sluice_engine::progress::LineThrottle;
 use sluice_engine::session::SessionCache;
 use sluice_engine::turn::{run_turn, TurnOptions, TurnStats};
-use sluice_engine::{Drafter, Sampling};
+use sluice_engine::{Drafter, PrefillHook, PrefillProgress, Sampling};
 use sluice_models::Model;
 use sluice_tokenizer::Tokenizer;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
@@ -213,6 +214,7 @@ impl Worker {
             draft_max: self.draft_max,
             per_token_logits: job.logprobs.is_some(),
             prefill_chunk: self.prefill_chunk,
+            on_prefill: Some(prefill_hook(job.id, Arc::clone(&self.metrics))),
         };
         // The client leaving and the server stopping both end the job at the next pass.
         let cancel = || job.cancel.load(Ordering::Acquire) || self.sched.stopping();
@@ -270,6 +272,33 @@ impl Worker {
             stats: turn.stats,
         }))
     }
+}
+
+/// The prefill progress of job `id`: the `/metrics` gauges follow every pass, and a prefill
+/// of more than one pass is logged (every 2 s at most, and when it ends), so short prompts add
+/// no log lines.
+fn prefill_hook(id: u64, metrics: Arc<Metrics>) -> PrefillHook {
+    let throttle = Mutex::new(LineThrottle::new(2.0));
+    PrefillHook::new(move |p: &PrefillProgress| {
+        metrics.set_prefill(p.done, p.total, p.expert_bytes_read);
+        let log = throttle.lock().unwrap_or_else(PoisonError::into_inner).due(p);
+        if log {
+            eprintln!(
+                "sluice: job {id}: prefill {}/{} positions, {:.1} MiB of experts read, {:.1}s",
+                p.done,
+                p.total,
+                mib(p.expert_bytes_read),
+                p.elapsed_s
+            );
+        }
+    })
+}
+
+/// Bytes as MiB (for log lines).
+fn mib(b: u64) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let m = b as f64 / (1024.0 * 1024.0);
+    m
 }
 
 #[cfg(test)]

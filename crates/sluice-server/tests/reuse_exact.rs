@@ -33,6 +33,7 @@ fn turn(
         draft_max: 4,
         per_token_logits: logits,
         prefill_chunk: 0,
+        on_prefill: None,
     };
     let mut rows = Vec::new();
     let mut d = NgramDrafter::default();
