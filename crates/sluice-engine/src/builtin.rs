@@ -178,6 +178,7 @@ fn sync_dir(dir: &Path) -> Result<(), BuiltinError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
