@@ -34,7 +34,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Generate from a prompt (greedy). Without --model, uses the built-in random-weight demo model.
+    /// Generate from a prompt (greedy). Without --model, uses the built-in model (mini-K3).
     Run(run::RunArgs),
     /// Serve the OpenAI-compatible HTTP API (chat, completions, SSE) on 127.0.0.1.
     Serve(serve::ServeArgs),

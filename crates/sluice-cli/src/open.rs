@@ -1,7 +1,7 @@
 //! Opening a model: the one path `sluice run` and `sluice serve` share.
 //!
-//! [`Target::find`] does the cheap part: it finds the checkpoint (writing the built-in demo
-//! model when none is given), resolves the directory the spine choice reads, and reads
+//! [`Target::find`] does the cheap part: it finds the checkpoint (writing the built-in
+//! model mini-K3 when none is given), resolves the directory the spine choice reads, and reads
 //! `config.json` and the tokenizer. Each command then checks its arguments against them — the
 //! vocabulary, the context, the prompt — so that a mistake is reported before the expensive
 //! part. [`Target::load`] then opens the draft model, plans the memory budget, places the spine
@@ -9,7 +9,8 @@
 
 use anyhow::{bail, Context, Result};
 use sluice_checkpoint::CheckpointConfig;
-use sluice_engine::demo::{cache_dir, ensure_demo_model};
+use sluice_engine::builtin::{ensure_builtin_model, BUILTIN_DESCRIPTION};
+use sluice_engine::demo::cache_dir;
 use sluice_engine::load::{self, LoadOptions, Loaded};
 use sluice_engine::{DraftModel, Spine};
 use sluice_tokenizer::{AnyTokenizer, PromptFormat, Tokenizer, RANK_FILE};
@@ -41,11 +42,11 @@ pub fn draft_arg(s: &str) -> Result<DraftArg, String> {
 /// A checkpoint found and its cheap parts read; nothing large is loaded yet.
 #[derive(Debug)]
 pub struct Target {
-    /// The directory given (or the demo model's); `serve` names the model after it.
+    /// The directory given (or the built-in model's); `serve` names the model after it.
     pub dir: PathBuf,
     /// The directory the spine choice reads (the int8 conversion for `--spine int8`).
     pub read_dir: PathBuf,
-    /// Whether this is the built-in demo model.
+    /// Whether this is the built-in model (mini-K3).
     pub demo: bool,
     /// The checkpoint's tokenizer, chat format and stop ids, when it has tokenizer files
     /// (`tiktoken.model` for Kimi K3, `tokenizer.json` for the other families).
@@ -73,19 +74,25 @@ pub struct Opened {
 }
 
 impl Target {
-    /// Finds the checkpoint in `model` (the demo model when `None`; `verb` says what the command
+    /// Finds the checkpoint in `model` (the built-in model when `None`; `verb` says what the command
     /// does with it) and reads its config and tokenizer.
     pub fn find(model: Option<&Path>, spine: Spine, verb: &str) -> Result<Self> {
         let (dir, demo) = match model {
             Some(d) => (d.to_path_buf(), false),
             None => {
-                (ensure_demo_model(&cache_dir()).context("writing the built-in demo model")?, true)
+                let dir = ensure_builtin_model(&cache_dir(), &mut |bad| {
+                    eprintln!(
+                        "sluice: the cached built-in model is damaged ({bad} fails its SHA-256 \
+                         check); writing a fresh copy"
+                    );
+                })
+                .context("placing the built-in model in the cache")?;
+                (dir, true)
             }
         };
         if demo {
             eprintln!(
-                "sluice: no --model given; {verb} the built-in demo model at {} (a tiny Kimi K3 \
-                 layout with RANDOM weights: its text is meaningless by design)",
+                "sluice: no --model given; {verb} the built-in model at {} ({BUILTIN_DESCRIPTION})",
                 dir.display()
             );
         }

@@ -1,4 +1,4 @@
-//! `sluice run`: check every argument, find the checkpoint (or the built-in demo) and tokenize
+//! `sluice run`: check every argument, find the checkpoint (or the built-in model) and tokenize
 //! the prompt, check the prompt against the vocabulary and the context, and only then load the
 //! model and decode greedily — so a mistake never costs a load or a generation.
 //!
@@ -31,7 +31,7 @@ const DEFAULT_CONTEXT: usize = 4096;
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("input").required(true).args(["prompt", "prompt_ids"])))]
 pub struct RunArgs {
-    /// Checkpoint directory; omit to use the built-in random-weight demo model.
+    /// Checkpoint directory; omit to use the built-in model (mini-K3).
     #[arg(long)]
     model: Option<PathBuf>,
     /// Prompt text (not empty).

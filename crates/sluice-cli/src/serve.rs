@@ -23,7 +23,7 @@ const DEFAULT_CONTEXT: usize = 32_768;
 /// Flags of `sluice serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Checkpoint directory; omit to serve the built-in random-weight demo model.
+    /// Checkpoint directory; omit to serve the built-in model (mini-K3).
     #[arg(long)]
     model: Option<PathBuf>,
     /// Address to listen on. Anything but loopback exposes the server to the network.
@@ -118,7 +118,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let drafter_name = drafter.as_ref().map_or_else(|| "none".to_owned(), |d| d.name());
     let model_id = match &a.model_name {
         Some(n) => n.clone(),
-        None if target.demo => "sluice-demo".into(),
+        None if target.demo => sluice_engine::builtin::BUILTIN_NAME.into(),
         None => target
             .dir
             .canonicalize()

@@ -22,7 +22,7 @@ const MARKER: &str = ".sluice-synth";
 pub enum Preset {
     /// Kimi K3's real per-layer dimensions with fewer layers, experts and vocabulary rows.
     K3Slice,
-    /// The built-in demo model's toy configuration.
+    /// The random-weight demo model's toy configuration (tests use it).
     Demo,
     /// The demo model's layout with --experts routed experts of latent 128 × 1024 (≈ 208 KB
     /// each) in --layers MoE layers: a small model whose size is almost all routed experts,

@@ -149,20 +149,39 @@ fn text_prompts_and_chat_use_the_checkpoint_tokenizer() {
 }
 
 #[test]
-fn demo_model_runs_without_a_model_and_is_deterministic() {
+fn builtin_model_runs_without_a_model_and_is_deterministic() {
     let cache = tempfile::tempdir().unwrap();
     let a = sluice(&["run", "--prompt", "Hello", "--max-new", "8", "--json"], cache.path());
     let b_cache = tempfile::tempdir().unwrap();
     let b = sluice(&["run", "--prompt", "Hello", "--max-new", "8", "--json"], b_cache.path());
     let (va, vb) = (json_out(&a), json_out(&b));
-    assert_eq!(va["generated_ids"], vb["generated_ids"], "two fresh demo writes must agree");
+    assert_eq!(va["generated_ids"], vb["generated_ids"], "two fresh copies must agree");
     assert_eq!(va["demo_model"], true);
-    assert!(String::from_utf8_lossy(&a.stderr).contains("RANDOM weights"));
-    // The demo directory is a real checkpoint: inspect reads it.
-    let dir = cache.path().join("demo-kimi-k3-v3");
+    let err = String::from_utf8_lossy(&a.stderr);
+    assert!(err.contains("mini-K3, a 31.6M-parameter Kimi K3-architecture model"), "{err}");
+    assert!(!err.contains("RANDOM"), "{err}");
+    // The built-in directory is a real checkpoint: inspect reads it.
+    let dir = cache.path().join("mini-k3");
     let i = sluice(&["inspect", dir.to_str().unwrap(), "--json"], cache.path());
     let iv = json_out(&i);
     assert_eq!(iv["architecture"], "KimiK3ForConditionalGeneration");
+}
+
+#[test]
+fn damaged_builtin_model_in_the_cache_was_run() {
+    let cache = tempfile::tempdir().unwrap();
+    let args = ["run", "--prompt", "fn main", "--max-new", "4", "--json"];
+    let good = json_out(&sluice(&args, cache.path()));
+    // Flip one byte in a shard of the cached copy: the next run replaces it, then runs as before.
+    let shard = cache.path().join("mini-k3/model-00003-of-000003.safetensors");
+    let mut b = std::fs::read(&shard).unwrap();
+    let last = b.len() - 1;
+    b[last] ^= 1;
+    std::fs::write(&shard, &b).unwrap();
+    let o = sluice(&args, cache.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("model-00003-of-000003.safetensors fails its SHA-256 check"), "{err}");
+    assert_eq!(json_out(&o)["generated_ids"], good["generated_ids"], "{err}");
 }
 
 #[test]
@@ -348,10 +367,14 @@ fn run_json_was_lost_on_sigterm() {
 
 #[test]
 fn streamed_text_equals_the_json_text() {
-    // The demo model's random weights emit byte tokens that split characters: the streamed
+    // The random demo model's weights emit byte tokens that split characters: the streamed
     // bytes must still equal the text decoded from all ids at once.
     let cache = tempfile::tempdir().unwrap();
-    let args = ["run", "--prompt", "Hello, sluice", "--max-new", "64"];
+    let demo = cache.path().join("demo");
+    let d = demo.to_str().unwrap();
+    let o = sluice(&["synth", "--preset", "demo", "--out", d], cache.path());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let args = ["run", "--model", d, "--prompt", "Hello, sluice", "--max-new", "64"];
     let v = json_out(&sluice(&[&args[..], &["--json"]].concat(), cache.path()));
     let o = sluice(&args, cache.path());
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -1,8 +1,8 @@
-//! The built-in demo model: a tiny Kimi K3 in the published layout with **random weights** and
-//! a small byte-level rank-BPE tokenizer, written deterministically into the cache directory on
-//! first use. It makes `sluice run --prompt ...` work on a fresh machine with no download and
-//! runs through exactly the loading and expert-store path of a real checkpoint. Its output is
-//! meaningless by design; every command that uses it says so.
+//! The random-weight demo model: a tiny Kimi K3 in the published layout with **random weights**
+//! and a small byte-level rank-BPE tokenizer, written deterministically. `run` and `serve` no
+//! longer use it (their built-in model is the trained mini-K3, [`crate::builtin`]); it remains
+//! for `sluice synth --preset demo` and for tests that need random weights. Its output is
+//! meaningless by design.
 
 use base64::Engine as _;
 use serde_json::{json, Value};

@@ -3,6 +3,7 @@
 //! glue, and run statistics. It never speaks HTTP and never touches weights directly.
 
 pub mod accuracy;
+pub mod builtin;
 pub mod demo;
 pub mod draft;
 pub mod draft_model;

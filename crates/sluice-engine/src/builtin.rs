@@ -1,0 +1,238 @@
+//! The built-in default model: mini-K3, a 31.6M-parameter model with Kimi K3's architecture
+//! trained on 64 MB of documentation and source code (issue 17; `tools/mini/`). `sluice run` and
+//! `sluice serve` use it when no `--model` is given, so the first command works offline on a
+//! fresh clone and prints readable (if small-model) text.
+//!
+//! Its files are compiled into the binary with `include_bytes!` from
+//! `tests/fixtures/kimi_k3/mini-k3/`, so a binary built from the repository (`cargo build`,
+//! `cargo install --path crates/sluice-cli`) carries them and needs no download or source tree
+//! at run time. On first use they are written into the cache directory under a temporary name,
+//! fsynced, read back and checked against the committed SHA-256 sums (`SHA256SUMS` beside them),
+//! and only then renamed into place. Every later start checks each cached file's size and
+//! SHA-256 again (about 31 MB of hashing), so a corrupt, truncated or partial copy is replaced
+//! before anything runs it, never opened.
+
+use sha2::{Digest, Sha256};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+/// Directory name of the built-in model inside the cache.
+pub const BUILTIN_NAME: &str = "mini-k3";
+
+/// What every command that uses the built-in model says about it.
+pub const BUILTIN_DESCRIPTION: &str = "mini-K3, a 31.6M-parameter Kimi K3-architecture model \
+trained on 64 MB of docs and code; its text is readable but it is small";
+
+/// The committed sums, in `sha256sum` format (`HEX  NAME` per line).
+const SUMS: &str = include_str!("../../../tests/fixtures/kimi_k3/mini-k3/SHA256SUMS");
+
+macro_rules! mini {
+    ($name:literal) => {
+        ($name, include_bytes!(concat!("../../../tests/fixtures/kimi_k3/mini-k3/", $name)))
+    };
+}
+
+/// The embedded files: name and bytes.
+const FILES: [(&str, &[u8]); 8] = [
+    mini!("config.json"),
+    mini!("generation_config.json"),
+    mini!("model-00001-of-000003.safetensors"),
+    mini!("model-00002-of-000003.safetensors"),
+    mini!("model-00003-of-000003.safetensors"),
+    mini!("model.safetensors.index.json"),
+    mini!("tiktoken.model"),
+    mini!("tokenizer_config.json"),
+];
+
+/// Why the built-in model could not be placed in the cache.
+#[derive(Debug, thiserror::Error)]
+pub enum BuiltinError {
+    /// A file system operation failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The path it failed on.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A file read back after writing does not match its committed sum (a failing disk, or a
+    /// binary built from a checkout whose files and `SHA256SUMS` disagree).
+    #[error("{}: SHA-256 {got} after writing, expected {want} (committed SHA256SUMS)", path.display())]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// Its SHA-256.
+        got: String,
+        /// The committed sum.
+        want: String,
+    },
+    /// `SHA256SUMS` lacks a line for an embedded file.
+    #[error("SHA256SUMS has no sum for {0}")]
+    NoSum(&'static str),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BuiltinError + '_ {
+    move |source| BuiltinError::Io { path: path.to_path_buf(), source }
+}
+
+/// The committed SHA-256 (lowercase hex) of embedded file `name`.
+pub fn committed_sum(name: &str) -> Option<&'static str> {
+    SUMS.lines().find_map(|l| {
+        let (sum, file) = l.split_once("  ")?;
+        (file.trim() == name).then_some(sum.trim())
+    })
+}
+
+/// The embedded files' names, in the order they are written.
+pub fn file_names() -> impl Iterator<Item = &'static str> {
+    FILES.iter().map(|(n, _)| *n)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// SHA-256 of the file at `path`, or `None` when it cannot be read.
+fn file_sum(path: &Path) -> Option<String> {
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => return Some(hex(&h.finalize())),
+            Ok(n) => h.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+/// The first file of `dir` that is missing, of the wrong size or whose SHA-256 differs from the
+/// committed sum; `None` when the whole copy is intact.
+pub fn first_bad_file(dir: &Path) -> Option<&'static str> {
+    FILES.iter().find_map(|(name, bytes)| {
+        let path = dir.join(name);
+        let size_ok = std::fs::metadata(&path).is_ok_and(|m| m.len() == bytes.len() as u64);
+        let sum_ok = size_ok && file_sum(&path).as_deref() == committed_sum(name);
+        (!sum_ok).then_some(*name)
+    })
+}
+
+/// Returns the built-in model's directory under `cache`, first (re)writing it when it is
+/// absent or any file fails the size and SHA-256 check; `replaced` is told which file was bad.
+/// A damaged copy is moved aside and deleted, never opened.
+pub fn ensure_builtin_model(
+    cache: &Path,
+    replaced: &mut dyn FnMut(&str),
+) -> Result<PathBuf, BuiltinError> {
+    let dir = cache.join(BUILTIN_NAME);
+    match first_bad_file(&dir) {
+        None => return Ok(dir),
+        Some(bad) if dir.exists() => replaced(bad),
+        Some(_) => {}
+    }
+    std::fs::create_dir_all(cache).map_err(io(cache))?;
+    let pid = std::process::id();
+    let tmp = cache.join(format!("{BUILTIN_NAME}.tmp-{pid}"));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    for (name, bytes) in FILES {
+        let want = committed_sum(name).ok_or(BuiltinError::NoSum(name))?;
+        let path = tmp.join(name);
+        let mut f = std::fs::File::create(&path).map_err(io(&path))?;
+        f.write_all(bytes).map_err(io(&path))?;
+        f.sync_all().map_err(io(&path))?;
+        // Read back what the disk holds: the sum is checked on the bytes that will be run.
+        let got = file_sum(&path).unwrap_or_default();
+        if got != want {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(BuiltinError::Mismatch { path, got, want: want.into() });
+        }
+    }
+    sync_dir(&tmp)?;
+    // A damaged copy is renamed aside first (a process that has it open keeps its files), then
+    // the checked copy takes its name.
+    let aside = cache.join(format!("{BUILTIN_NAME}.bad-{pid}"));
+    if dir.exists() {
+        std::fs::rename(&dir, &aside).map_err(io(&dir))?;
+    }
+    let placed = std::fs::rename(&tmp, &dir);
+    let _ = std::fs::remove_dir_all(&aside);
+    match placed {
+        Ok(()) => {}
+        // Another process placed its checked copy first: use that one.
+        Err(_) if first_bad_file(&dir).is_none() => {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        Err(e) => return Err(io(&dir)(e)),
+    }
+    sync_dir(cache)?;
+    Ok(dir)
+}
+
+/// fsyncs a directory so the names in it survive a crash.
+fn sync_dir(dir: &Path) -> Result<(), BuiltinError> {
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_files_match_the_committed_sums() {
+        for (name, bytes) in FILES {
+            let sum = hex(&Sha256::digest(bytes));
+            assert_eq!(Some(sum.as_str()), committed_sum(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn flipped_byte_in_a_cached_shard_was_run() {
+        let cache = tempfile::tempdir().unwrap();
+        let dir = ensure_builtin_model(cache.path(), &mut |_| panic!("fresh copy")).unwrap();
+        let shard = dir.join("model-00002-of-000003.safetensors");
+        let mut b = std::fs::read(&shard).unwrap();
+        let mid = b.len() / 2;
+        b[mid] ^= 0x10;
+        std::fs::write(&shard, &b).unwrap();
+        assert_eq!(first_bad_file(&dir), Some("model-00002-of-000003.safetensors"));
+        let mut seen = Vec::new();
+        let again = ensure_builtin_model(cache.path(), &mut |f| seen.push(f.to_owned())).unwrap();
+        assert_eq!(again, dir);
+        assert_eq!(seen, ["model-00002-of-000003.safetensors"]);
+        assert_eq!(first_bad_file(&dir), None, "the shard was replaced");
+        let leftovers: Vec<_> = std::fs::read_dir(cache.path()).unwrap().collect();
+        assert_eq!(leftovers.len(), 1, "no temporary or set-aside directory is left");
+    }
+
+    #[test]
+    fn partial_cached_directory_was_run() {
+        let cache = tempfile::tempdir().unwrap();
+        let dir = cache.path().join(BUILTIN_NAME);
+        // What an interrupted copy by hand (or an older sluice) leaves: some files, one cut short.
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), FILES[0].1).unwrap();
+        std::fs::write(dir.join("model-00001-of-000003.safetensors"), &FILES[2].1[..4096]).unwrap();
+        assert_eq!(first_bad_file(&dir), Some("generation_config.json"));
+        let mut seen = Vec::new();
+        ensure_builtin_model(cache.path(), &mut |f| seen.push(f.to_owned())).unwrap();
+        assert_eq!(seen, ["generation_config.json"]);
+        assert_eq!(first_bad_file(&dir), None, "the directory was completed");
+        let shard = std::fs::read(dir.join("model-00001-of-000003.safetensors")).unwrap();
+        assert_eq!(shard, FILES[2].1);
+    }
+
+    #[test]
+    fn intact_copy_is_kept() {
+        let cache = tempfile::tempdir().unwrap();
+        let dir = ensure_builtin_model(cache.path(), &mut |_| panic!("fresh copy")).unwrap();
+        let before = std::fs::metadata(dir.join("tiktoken.model")).unwrap().modified().unwrap();
+        ensure_builtin_model(cache.path(), &mut |f| panic!("{f} reported bad")).unwrap();
+        let after = std::fs::metadata(dir.join("tiktoken.model")).unwrap().modified().unwrap();
+        assert_eq!(before, after, "an intact copy is not rewritten");
+    }
+}
