@@ -260,8 +260,9 @@ fn a_stalled_read_counts_as_stall_while_hits_are_served_at_once_on(backend: IoBa
         .expect("served");
     let ids: Vec<u32> = arrivals.iter().map(|a| a.0).collect();
     assert_eq!(&ids[..2], &others[..2], "hits first");
+    // The unstalled miss arrives before the stalled one, so it was not queued behind the stall;
+    // the order shows it without a clock, which a loaded machine could stretch past the stall.
     assert_eq!(ids[3], 5, "the stalled expert last");
-    assert!(arrivals[2].1 < stall, "the unstalled miss arrives while the stall lasts");
     assert!(t0.elapsed() >= stall);
     let s = store.stats();
     let stalled = Duration::from_nanos(s.stall_ns - before.stall_ns);
