@@ -278,14 +278,17 @@ fn interrupted_synth_convert_and_demo_left_debris() {
     assert!(o.status.success(), "{}", err(&o));
     assert!(!t1.exists() && !t2.exists(), "convert left its temporary files");
 
-    // The demo model: killed while being written into its temporary directory.
+    // The built-in model: killed while being written into its temporary directory.
     let cache = root.path().join("cache");
-    let abandoned = cache.join(format!("demo-kimi-k3-v3.tmp-{pid}"));
+    let abandoned = cache.join(format!("mini-k3.tmp-{pid}"));
     std::fs::create_dir_all(&abandoned).unwrap();
     std::fs::write(abandoned.join("model-00001-of-000008.safetensors"), &big).unwrap();
     let o = sluice(&["run", "--prompt", "Hello", "--max-new", "2"], &cache);
     assert!(o.status.success(), "{}", err(&o));
-    assert!(!abandoned.exists(), "the demo's abandoned temporary directory is still there");
+    assert!(
+        !abandoned.exists(),
+        "the built-in model's abandoned temporary directory is still there"
+    );
 }
 
 #[test]

@@ -125,6 +125,11 @@ pub fn ensure_builtin_model(
     cache: &Path,
     replaced: &mut dyn FnMut(&str),
 ) -> Result<PathBuf, BuiltinError> {
+    // Copies that an interrupted process was writing or had set aside.
+    if cache.is_dir() {
+        crate::demo::remove_abandoned(cache, BUILTIN_NAME, &[".tmp-", ".bad-"])
+            .map_err(io(cache))?;
+    }
     let dir = cache.join(BUILTIN_NAME);
     match first_bad_file(&dir) {
         None => return Ok(dir),

@@ -202,7 +202,7 @@ pub fn ensure_demo_model(cache: &Path) -> Result<PathBuf, crate::EngineError> {
     let io =
         |e: std::io::Error, p: &Path| crate::EngineError::Io { path: p.to_path_buf(), source: e };
     std::fs::create_dir_all(cache).map_err(|e| io(e, cache))?;
-    remove_abandoned(cache).map_err(|e| io(e, cache))?;
+    remove_abandoned(cache, "demo-kimi-k3-", &[".tmp-"]).map_err(|e| io(e, cache))?;
     let tmp = cache.join(format!("{DEMO_NAME}.tmp-{}", std::process::id()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| io(e, &tmp))?;
@@ -238,16 +238,23 @@ pub fn ensure_demo_model(cache: &Path) -> Result<PathBuf, crate::EngineError> {
     }
 }
 
-/// Removes the half-written demo directories (`NAME.tmp-PID`, of this or an older demo version)
-/// that processes no longer running left in `cache` when they were interrupted.
-fn remove_abandoned(cache: &Path) -> std::io::Result<()> {
+/// Removes the directories that processes no longer running left in `cache` when they were
+/// interrupted while writing a model there: names `{prefix}…{marker}PID` for any of `markers`
+/// (`.tmp-` for a half-written copy, `.bad-` for a damaged one set aside).
+pub(crate) fn remove_abandoned(
+    cache: &Path,
+    prefix: &str,
+    markers: &[&str],
+) -> std::io::Result<()> {
     for entry in std::fs::read_dir(cache)? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let owner = name
-            .strip_prefix("demo-kimi-k3-")
-            .and_then(|rest| rest.split_once(".tmp-"))
-            .and_then(|(_, pid)| pid.parse::<u32>().ok());
+        let owner = name.strip_prefix(prefix).and_then(|rest| {
+            markers
+                .iter()
+                .find_map(|m| rest.split_once(m))
+                .and_then(|(_, pid)| pid.parse::<u32>().ok())
+        });
         if owner.is_some_and(sluice_checkpoint::writer_is_gone) && entry.file_type()?.is_dir() {
             std::fs::remove_dir_all(entry.path())?;
         }
