@@ -19,6 +19,7 @@ mod wide;
 pub use isa::{isa, Isa, IsaError};
 pub use matmul::{matmul, matmul_with, Matrix, WeightFormat};
 pub use pool::Pool;
+pub use wide::WIDE_SCRATCH_BYTES;
 
 /// Errors from constructing kernel operands.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -33,6 +33,12 @@ pub(crate) const WIDE_TOKEN_BLOCK: usize = 64;
 /// Weight rows per row group.
 pub(crate) const GROUP: usize = 32;
 
+/// The most bytes one thread's call of more than eight activation rows allocates for itself
+/// (its f32 weight panel, accumulators and padded activation tails), whatever the row count:
+/// a fixed cost per kernel thread that a memory plan's headroom must cover.
+pub const WIDE_SCRATCH_BYTES: usize =
+    (GROUP * CHUNK + GROUP * WIDE_TOKEN_BLOCK * 16 + WIDE_TOKEN_BLOCK * 16) * 4;
+
 /// `emit(ti, r, Σ_c W[r, c] · x[ti, c])` for every `r` in `rows` and `ti < t`, each sum in the
 /// canonical order, on the tier `K`, for any `t` (meant for `t` > [`crate::tiled::TOKEN_BLOCK`]).
 ///

@@ -120,8 +120,15 @@ fn the_plan_charged_no_working_memory_for_a_prompt_pass() {
                 per_row >= row / 3.0,
                 "{name} {rows:?}: {row:.0} bytes charged per row, over 3× the {per_row:.0} held"
             );
-            // The charge covers the whole pass, constants included, from a few rows on.
-            assert!((b as f64) <= long as f64 * row, "{name} {rows:?}: {b} > {long} × {row:.0}");
+            // The charge covers the whole pass, constants included, from a few rows on — but
+            // for the kernels' fixed scratch per thread in calls of more than eight rows, which
+            // is bounded whatever the rows and left to the plan's headroom.
+            let scratch =
+                sluice_kernels::pool::global().threads() * sluice_kernels::WIDE_SCRATCH_BYTES;
+            assert!(
+                (b as f64) <= long as f64 * row + scratch as f64,
+                "{name} {rows:?}: {b} > {long} × {row:.0} + {scratch} of kernel scratch"
+            );
         }
     }
 }
