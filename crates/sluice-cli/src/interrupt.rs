@@ -46,6 +46,16 @@ pub fn install() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Lets a write to a closed pipe end the process quietly, as it ends `cat` or `grep`.
+///
+/// The Rust runtime ignores SIGPIPE, so `println!` into `sluice inspect … | head -1` panicked
+/// with "failed printing to stdout". Every command but `serve` restores the default action;
+/// the server keeps it ignored, so a client that hangs up costs one failed write, not the process.
+pub fn default_sigpipe() {
+    // SAFETY: `signal` with `SIG_DFL` installs no handler code; it only resets the disposition.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 /// From now on the first signal only raises the returned flag (generation polls it).
 pub fn arm() -> &'static AtomicBool {
     ARMED.store(true, Ordering::SeqCst);

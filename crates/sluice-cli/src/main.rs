@@ -67,6 +67,9 @@ enum Cmd {
 
 fn main() {
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Serve(_)) {
+        interrupt::default_sigpipe();
+    }
     let res: Result<()> = match cli.cmd {
         Cmd::Run(a) => run::run(&a),
         Cmd::Probe(a) => probe::run(&a),
