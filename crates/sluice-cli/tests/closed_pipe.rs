@@ -1,5 +1,6 @@
 //! Output into a pipe whose reader has gone (`sluice inspect DIR | head -1`): the process ends
 //! quietly on SIGPIPE, as Unix tools do, instead of panicking with "failed printing to stdout".
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
