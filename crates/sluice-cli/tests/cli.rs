@@ -185,6 +185,46 @@ fn damaged_builtin_model_in_the_cache_was_run() {
 }
 
 #[test]
+fn builtin_draft_changes_no_output_token() {
+    // The built-in model drafts with mini-draft by default (`--draft auto`); the draft only
+    // proposes, the target verifies, so the tokens equal those of a run without drafts.
+    let cache = tempfile::tempdir().unwrap();
+    for prompt in ["The Python interpreter", "fn main() {\n    let v = Vec::new();"] {
+        let base = ["run", "--prompt", prompt, "--max-new", "24", "--json"];
+        let with = sluice(&base, cache.path());
+        let err = String::from_utf8_lossy(&with.stderr).into_owned();
+        assert!(err.contains("drafting with the built-in draft model"), "{err}");
+        let with = json_out(&with);
+        let without = json_out(&sluice(&[&base[..], &["--draft", "none"]].concat(), cache.path()));
+        assert_eq!(with["generated_ids"], without["generated_ids"], "{prompt:?}");
+        let st = &with["stats"];
+        assert!(st["drafter"].as_str().unwrap().contains("mini-draft"), "{st}");
+        assert!(st["accepted"].as_u64().unwrap() > 0, "the draft is accepted sometimes: {st}");
+        assert_eq!(without["stats"]["drafted"].as_u64().unwrap(), 0);
+    }
+    // Another model gets no draft from `auto`.
+    let o = sluice(&["run", "--model", &fixture("tiny-a"), "--prompt-ids", "1,2", "--json"], cache.path());
+    assert_eq!(json_out(&o)["stats"]["drafted"].as_u64().unwrap(), 0);
+}
+
+#[test]
+fn damaged_builtin_draft_in_the_cache_was_run() {
+    let cache = tempfile::tempdir().unwrap();
+    let args = ["run", "--prompt", "import os", "--max-new", "6", "--json"];
+    let good = json_out(&sluice(&args, cache.path()));
+    let weights = cache.path().join("mini-draft/model.safetensors");
+    let mut b = std::fs::read(&weights).unwrap();
+    b.truncate(b.len() / 2);
+    std::fs::write(&weights, &b).unwrap();
+    let o = sluice(&args, cache.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("built-in draft is damaged (model.safetensors fails its SHA-256"), "{err}");
+    let again = json_out(&o);
+    assert_eq!(again["generated_ids"], good["generated_ids"], "{err}");
+    assert_eq!(again["stats"]["drafted"], good["stats"]["drafted"], "the fresh draft drafts as before");
+}
+
+#[test]
 fn bad_input_is_a_clear_error() {
     let cache = tempfile::tempdir().unwrap();
     let fx = fixture("tiny-a");
