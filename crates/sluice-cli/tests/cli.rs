@@ -203,7 +203,10 @@ fn builtin_draft_changes_no_output_token() {
         assert_eq!(without["stats"]["drafted"].as_u64().unwrap(), 0);
     }
     // Another model gets no draft from `auto`.
-    let o = sluice(&["run", "--model", &fixture("tiny-a"), "--prompt-ids", "1,2", "--json"], cache.path());
+    let o = sluice(
+        &["run", "--model", &fixture("tiny-a"), "--prompt-ids", "1,2", "--json"],
+        cache.path(),
+    );
     assert_eq!(json_out(&o)["stats"]["drafted"].as_u64().unwrap(), 0);
 }
 
@@ -218,10 +221,16 @@ fn damaged_builtin_draft_in_the_cache_was_run() {
     std::fs::write(&weights, &b).unwrap();
     let o = sluice(&args, cache.path());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("built-in draft is damaged (model.safetensors fails its SHA-256"), "{err}");
+    assert!(
+        err.contains("built-in draft is damaged (model.safetensors fails its SHA-256"),
+        "{err}"
+    );
     let again = json_out(&o);
     assert_eq!(again["generated_ids"], good["generated_ids"], "{err}");
-    assert_eq!(again["stats"]["drafted"], good["stats"]["drafted"], "the fresh draft drafts as before");
+    assert_eq!(
+        again["stats"]["drafted"], good["stats"]["drafted"],
+        "the fresh draft drafts as before"
+    );
 }
 
 #[test]
