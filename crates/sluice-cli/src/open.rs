@@ -9,7 +9,7 @@
 
 use anyhow::{bail, Context, Result};
 use sluice_checkpoint::CheckpointConfig;
-use sluice_engine::builtin::{ensure_builtin_model, BUILTIN_DESCRIPTION};
+use sluice_engine::builtin::{ensure_builtin_draft, ensure_builtin_model, BUILTIN_DESCRIPTION};
 use sluice_engine::demo::cache_dir;
 use sluice_engine::load::{self, LoadOptions, Loaded};
 use sluice_engine::{DraftModel, Spine};
@@ -21,6 +21,9 @@ use std::time::Instant;
 /// `--draft`: where speculative drafts come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DraftArg {
+    /// The default: the built-in draft (mini-draft) with the built-in model, none otherwise
+    /// ([`Target::resolve_draft`]).
+    Auto,
     /// No speculation.
     None,
     /// Prompt lookup (no model).
@@ -29,13 +32,14 @@ pub enum DraftArg {
     Model(PathBuf),
 }
 
-/// Parses `--draft`: `none`, `ngram` or an existing directory.
+/// Parses `--draft`: `auto`, `none`, `ngram` or an existing directory.
 pub fn draft_arg(s: &str) -> Result<DraftArg, String> {
     match s {
+        "auto" => Ok(DraftArg::Auto),
         "none" => Ok(DraftArg::None),
         "ngram" => Ok(DraftArg::Ngram),
         dir if Path::new(dir).is_dir() => Ok(DraftArg::Model(dir.into())),
-        other => Err(format!("{other:?} is not none, ngram or a draft model directory")),
+        other => Err(format!("{other:?} is not auto, none, ngram or a draft model directory")),
     }
 }
 
@@ -144,6 +148,31 @@ impl Target {
         })
     }
 
+    /// What `--draft` means for this model: `auto` is the built-in draft, mini-draft (placed in
+    /// the cache and SHA-checked like the built-in model), when the model is the built-in one,
+    /// and no drafting for any other model; the other values stand as given.
+    pub fn resolve_draft(&self, arg: &DraftArg) -> Result<DraftArg> {
+        match arg {
+            DraftArg::Auto if self.demo => {
+                let dir = ensure_builtin_draft(&cache_dir(), &mut |bad| {
+                    eprintln!(
+                        "sluice: the cached built-in draft is damaged ({bad} fails its SHA-256 \
+                         check); writing a fresh copy"
+                    );
+                })
+                .context("placing the built-in draft model in the cache")?;
+                eprintln!(
+                    "sluice: drafting with the built-in draft model at {} (--draft none turns \
+                     it off; output is identical either way)",
+                    dir.display()
+                );
+                Ok(DraftArg::Model(dir))
+            }
+            DraftArg::Auto => Ok(DraftArg::None),
+            other => Ok(other.clone()),
+        }
+    }
+
     /// Refuses a context of `context` tokens above the checkpoint's `max_position_embeddings`.
     pub fn check_context(&self, context: usize) -> Result<()> {
         if let Some(c) = self.max_context.filter(|&c| context > c) {
@@ -158,7 +187,7 @@ impl Target {
         let t0 = Instant::now();
         let draft_model = match draft {
             DraftArg::Model(d) => Some(DraftModel::open(d)?),
-            DraftArg::None | DraftArg::Ngram => None,
+            DraftArg::Auto | DraftArg::None | DraftArg::Ngram => None,
         };
         // The draft model's weights, KV cache for the whole context and scratch come out of the
         // same budget, before the target is planned.

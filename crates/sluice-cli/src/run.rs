@@ -60,9 +60,10 @@ pub struct RunArgs {
     /// Write the f32 logits of every generated step as an .npy array [steps, vocab].
     #[arg(long)]
     dump_logits: Option<PathBuf>,
-    /// Speculative drafts: `none`, `ngram` (prompt lookup), or the directory of a Qwen3 draft
-    /// model (charged to --memory). Output is identical either way.
-    #[arg(long, value_parser = open::draft_arg, default_value = "none")]
+    /// Speculative drafts: `auto` (the built-in draft model with the built-in model, none
+    /// otherwise), `none`, `ngram` (prompt lookup), or the directory of a Qwen3 draft model
+    /// (charged to --memory). Output is identical either way.
+    #[arg(long, value_parser = open::draft_arg, default_value = "auto")]
     draft: DraftArg,
     /// Most draft tokens verified per pass.
     #[arg(long, value_parser = values::count, allow_negative_numbers = true, default_value_t = 8)]
@@ -128,19 +129,20 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     let mut load_opts = a.load.options(context);
     load_opts.prefill_chunk = a.prefill_chunk;
-    if matches!(a.draft, DraftArg::Model(_)) {
+    let draft = target.resolve_draft(&a.draft)?;
+    if matches!(draft, DraftArg::Model(_)) {
         target.tokenizer("--draft DIR needs them to re-encode draft text")?;
     }
 
-    let mut opened = target.load(load_opts, &a.draft)?;
+    let mut opened = target.load(load_opts, &draft)?;
     let draft_model = opened.draft_model.take();
     let model = &opened.loaded.model;
     let stop_ids: Vec<u32> = target.fmt.as_ref().map(|f| f.stop_ids().to_vec()).unwrap_or_default();
     let mut ngram = NgramDrafter::default();
     let mut model_drafter =
         draft_model.zip(target.tok.clone()).map(|(d, t)| ModelDrafter::new(d, t, context));
-    let drafter: Option<&mut dyn Drafter> = match &a.draft {
-        DraftArg::None => None,
+    let drafter: Option<&mut dyn Drafter> = match &draft {
+        DraftArg::Auto | DraftArg::None => None,
         DraftArg::Ngram => Some(&mut ngram),
         DraftArg::Model(_) => model_drafter.as_mut().map(|d| d as &mut dyn Drafter),
     };

@@ -51,9 +51,10 @@ pub struct ServeArgs {
     #[arg(long, value_parser = values::seconds, allow_negative_numbers = true,
           default_value_t = 30)]
     body_timeout_s: u64,
-    /// Speculative drafts: `none`, `ngram` (prompt lookup), or the directory of a Qwen3 draft
-    /// model (charged to --memory). Output is identical either way.
-    #[arg(long, value_parser = open::draft_arg, default_value = "none")]
+    /// Speculative drafts: `auto` (the built-in draft model with the built-in model, none
+    /// otherwise), `none`, `ngram` (prompt lookup), or the directory of a Qwen3 draft model
+    /// (charged to --memory). Output is identical either way.
+    #[arg(long, value_parser = open::draft_arg, default_value = "auto")]
     draft: DraftArg,
     /// Most draft tokens verified per pass.
     #[arg(long, value_parser = values::count, allow_negative_numbers = true, default_value_t = 8)]
@@ -101,7 +102,8 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let tok = target.tokenizer("the server needs them to read prompts")?;
     let mut opts = a.load.options(context_len);
     opts.session_memory = a.session_memory;
-    let opened = target.load(opts, &a.draft)?;
+    let draft = target.resolve_draft(&a.draft)?;
+    let opened = target.load(opts, &draft)?;
     let spine = opened.spine;
     // Passes take no more rows than the plan charged working memory for.
     let prefill_chunk =
@@ -110,7 +112,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     // as the server.
     let load::Loaded { model, budget: _budget, charges: _charges, streaming: _streaming, .. } =
         opened.loaded;
-    let drafter: Option<Box<dyn Drafter>> = match (opened.draft_model, &a.draft) {
+    let drafter: Option<Box<dyn Drafter>> = match (opened.draft_model, &draft) {
         (Some(d), _) => Some(Box::new(ModelDrafter::new(d, tok.clone(), context_len))),
         (None, DraftArg::Ngram) => Some(Box::new(NgramDrafter::default())),
         (None, _) => None,

@@ -185,6 +185,58 @@ fn damaged_builtin_model_in_the_cache_was_run() {
 }
 
 #[test]
+fn builtin_draft_changes_no_output_token() {
+    // The built-in model drafts with mini-draft by default (`--draft auto`); the draft only
+    // proposes, the target verifies, so the tokens equal those of a run without drafts.
+    let cache = tempfile::tempdir().unwrap();
+    let mut accepted = 0;
+    for prompt in ["The Python interpreter", "fn main() {\n    let v = Vec::new();"] {
+        let base = ["run", "--prompt", prompt, "--max-new", "24", "--json"];
+        let with = sluice(&base, cache.path());
+        let err = String::from_utf8_lossy(&with.stderr).into_owned();
+        assert!(err.contains("drafting with the built-in draft model"), "{err}");
+        let with = json_out(&with);
+        let without = json_out(&sluice(&[&base[..], &["--draft", "none"]].concat(), cache.path()));
+        assert_eq!(with["generated_ids"], without["generated_ids"], "{prompt:?}");
+        let st = &with["stats"];
+        assert!(st["drafter"].as_str().unwrap().contains("mini-draft"), "{st}");
+        // The width policy's second decode pass runs at full width whatever the timings, so
+        // these counts do not depend on the machine's speed.
+        assert!(st["drafted"].as_u64().unwrap() > 0, "{st}");
+        accepted += st["accepted"].as_u64().unwrap();
+        assert_eq!(without["stats"]["drafted"].as_u64().unwrap(), 0);
+    }
+    assert!(accepted > 0, "mini-draft's drafts are accepted (measured: 7 and 3 of 12 and 14)");
+    // Another model gets no draft from `auto`.
+    let o = sluice(
+        &["run", "--model", &fixture("tiny-a"), "--prompt-ids", "1,2", "--json"],
+        cache.path(),
+    );
+    assert_eq!(json_out(&o)["stats"]["drafted"].as_u64().unwrap(), 0);
+}
+
+#[test]
+fn damaged_builtin_draft_in_the_cache_was_run() {
+    let cache = tempfile::tempdir().unwrap();
+    let args = ["run", "--prompt", "import os", "--max-new", "6", "--json"];
+    let good = json_out(&sluice(&args, cache.path()));
+    let weights = cache.path().join("mini-draft/model.safetensors");
+    let mut b = std::fs::read(&weights).unwrap();
+    b.truncate(b.len() / 2);
+    std::fs::write(&weights, &b).unwrap();
+    let o = sluice(&args, cache.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("built-in draft is damaged (model.safetensors fails its SHA-256"),
+        "{err}"
+    );
+    let again = json_out(&o);
+    assert_eq!(again["generated_ids"], good["generated_ids"], "{err}");
+    // The policy's second decode pass always runs at full width: the fresh copy drafted.
+    assert!(again["stats"]["drafted"].as_u64().unwrap() > 0, "{}", again["stats"]);
+}
+
+#[test]
 fn bad_input_is_a_clear_error() {
     let cache = tempfile::tempdir().unwrap();
     let fx = fixture("tiny-a");

@@ -11,6 +11,11 @@
 //! and only then renamed into place. Every later start checks each cached file's size and
 //! SHA-256 again (about 31 MB of hashing), so a corrupt, truncated or partial copy is replaced
 //! before anything runs it, never opened.
+//!
+//! Beside it ships its default draft, mini-draft (`tests/fixtures/qwen3/mini-draft/`): a 2.5M-
+//! parameter Qwen3 with its own 4096-entry tokenizer, trained on the same corpus, which drafts
+//! for mini-K3 through the cross-tokenizer path. It is placed and checked the same way, in its
+//! own cache directory ([`ensure_builtin_draft`]).
 
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
@@ -23,8 +28,13 @@ pub const BUILTIN_NAME: &str = "mini-k3";
 pub const BUILTIN_DESCRIPTION: &str = "mini-K3, a 31.6M-parameter Kimi K3-architecture model \
 trained on 64 MB of docs and code; its text is readable but it is small";
 
+/// Directory name of the built-in draft inside the cache.
+pub const BUILTIN_DRAFT_NAME: &str = "mini-draft";
+
 /// The committed sums, in `sha256sum` format (`HEX  NAME` per line).
 const SUMS: &str = include_str!("../../../tests/fixtures/kimi_k3/mini-k3/SHA256SUMS");
+/// The draft's committed sums.
+const DRAFT_SUMS: &str = include_str!("../../../tests/fixtures/qwen3/mini-draft/SHA256SUMS");
 
 macro_rules! mini {
     ($name:literal) => {
@@ -43,6 +53,32 @@ const FILES: [(&str, &[u8]); 8] = [
     mini!("tiktoken.model"),
     mini!("tokenizer_config.json"),
 ];
+
+macro_rules! draft {
+    ($name:literal) => {
+        ($name, include_bytes!(concat!("../../../tests/fixtures/qwen3/mini-draft/", $name)))
+    };
+}
+
+/// The embedded draft's files: name and bytes.
+const DRAFT_FILES: [(&str, &[u8]); 5] = [
+    draft!("config.json"),
+    draft!("generation_config.json"),
+    draft!("model.safetensors"),
+    draft!("tokenizer.json"),
+    draft!("tokenizer_config.json"),
+];
+
+/// One embedded checkpoint: its cache directory name, committed sums and files.
+struct Embedded {
+    name: &'static str,
+    sums: &'static str,
+    files: &'static [(&'static str, &'static [u8])],
+}
+
+const MODEL: Embedded = Embedded { name: BUILTIN_NAME, sums: SUMS, files: &FILES };
+const DRAFT: Embedded =
+    Embedded { name: BUILTIN_DRAFT_NAME, sums: DRAFT_SUMS, files: &DRAFT_FILES };
 
 /// Why the built-in model could not be placed in the cache.
 #[derive(Debug, thiserror::Error)]
@@ -75,9 +111,13 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BuiltinError + '_ {
     move |source| BuiltinError::Io { path: path.to_path_buf(), source }
 }
 
-/// The committed SHA-256 (lowercase hex) of embedded file `name`.
+/// The committed SHA-256 (lowercase hex) of the built-in model's embedded file `name`.
 pub fn committed_sum(name: &str) -> Option<&'static str> {
-    SUMS.lines().find_map(|l| {
+    sum_in(SUMS, name)
+}
+
+fn sum_in(sums: &'static str, name: &str) -> Option<&'static str> {
+    sums.lines().find_map(|l| {
         let (sum, file) = l.split_once("  ")?;
         (file.trim() == name).then_some(sum.trim())
     })
@@ -108,14 +148,14 @@ fn file_sum(path: &Path) -> Option<String> {
 }
 
 /// The first file of `dir` that is missing, of the wrong size or whose SHA-256 differs from the
-/// committed sum; `None` when the whole copy is intact.
+/// committed sum of the built-in model; `None` when the whole copy is intact.
 pub fn first_bad_file(dir: &Path) -> Option<&'static str> {
-    FILES.iter().find_map(|(name, bytes)| {
-        let path = dir.join(name);
-        let size_ok = std::fs::metadata(&path).is_ok_and(|m| m.len() == bytes.len() as u64);
-        let sum_ok = size_ok && file_sum(&path).as_deref() == committed_sum(name);
-        (!sum_ok).then_some(*name)
-    })
+    MODEL.first_bad_file(dir)
+}
+
+/// [`first_bad_file`] for the built-in draft.
+pub fn first_bad_draft_file(dir: &Path) -> Option<&'static str> {
+    DRAFT.first_bad_file(dir)
 }
 
 /// Returns the built-in model's directory under `cache`, first (re)writing it when it is
@@ -125,56 +165,83 @@ pub fn ensure_builtin_model(
     cache: &Path,
     replaced: &mut dyn FnMut(&str),
 ) -> Result<PathBuf, BuiltinError> {
-    // Copies that an interrupted process was writing or had set aside.
-    if cache.is_dir() {
-        crate::demo::remove_abandoned(cache, BUILTIN_NAME, &[".tmp-", ".bad-"])
-            .map_err(io(cache))?;
+    MODEL.ensure(cache, replaced)
+}
+
+/// [`ensure_builtin_model`] for the built-in draft, mini-draft (its own directory beside it).
+pub fn ensure_builtin_draft(
+    cache: &Path,
+    replaced: &mut dyn FnMut(&str),
+) -> Result<PathBuf, BuiltinError> {
+    DRAFT.ensure(cache, replaced)
+}
+
+impl Embedded {
+    fn first_bad_file(&self, dir: &Path) -> Option<&'static str> {
+        self.files.iter().find_map(|(name, bytes)| {
+            let path = dir.join(name);
+            let size_ok = std::fs::metadata(&path).is_ok_and(|m| m.len() == bytes.len() as u64);
+            let sum_ok = size_ok && file_sum(&path).as_deref() == sum_in(self.sums, name);
+            (!sum_ok).then_some(*name)
+        })
     }
-    let dir = cache.join(BUILTIN_NAME);
-    match first_bad_file(&dir) {
-        None => return Ok(dir),
-        Some(bad) if dir.exists() => replaced(bad),
-        Some(_) => {}
-    }
-    std::fs::create_dir_all(cache).map_err(io(cache))?;
-    let pid = std::process::id();
-    let tmp = cache.join(format!("{BUILTIN_NAME}.tmp-{pid}"));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
-    }
-    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-    for (name, bytes) in FILES {
-        let want = committed_sum(name).ok_or(BuiltinError::NoSum(name))?;
-        let path = tmp.join(name);
-        let mut f = std::fs::File::create(&path).map_err(io(&path))?;
-        f.write_all(bytes).map_err(io(&path))?;
-        f.sync_all().map_err(io(&path))?;
-        // Read back what the disk holds: the sum is checked on the bytes that will be run.
-        let got = file_sum(&path).unwrap_or_default();
-        if got != want {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(BuiltinError::Mismatch { path, got, want: want.into() });
+
+    fn ensure(
+        &self,
+        cache: &Path,
+        replaced: &mut dyn FnMut(&str),
+    ) -> Result<PathBuf, BuiltinError> {
+        let name = self.name;
+        // Copies that an interrupted process was writing or had set aside.
+        if cache.is_dir() {
+            crate::demo::remove_abandoned(cache, name, &[".tmp-", ".bad-"]).map_err(io(cache))?;
         }
-    }
-    sync_dir(&tmp)?;
-    // A damaged copy is renamed aside first (a process that has it open keeps its files), then
-    // the checked copy takes its name.
-    let aside = cache.join(format!("{BUILTIN_NAME}.bad-{pid}"));
-    if dir.exists() {
-        std::fs::rename(&dir, &aside).map_err(io(&dir))?;
-    }
-    let placed = std::fs::rename(&tmp, &dir);
-    let _ = std::fs::remove_dir_all(&aside);
-    match placed {
-        Ok(()) => {}
-        // Another process placed its checked copy first: use that one.
-        Err(_) if first_bad_file(&dir).is_none() => {
-            let _ = std::fs::remove_dir_all(&tmp);
+        let dir = cache.join(name);
+        match self.first_bad_file(&dir) {
+            None => return Ok(dir),
+            Some(bad) if dir.exists() => replaced(bad),
+            Some(_) => {}
         }
-        Err(e) => return Err(io(&dir)(e)),
+        std::fs::create_dir_all(cache).map_err(io(cache))?;
+        let pid = std::process::id();
+        let tmp = cache.join(format!("{name}.tmp-{pid}"));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+        for &(file, bytes) in self.files {
+            let want = sum_in(self.sums, file).ok_or(BuiltinError::NoSum(file))?;
+            let path = tmp.join(file);
+            let mut f = std::fs::File::create(&path).map_err(io(&path))?;
+            f.write_all(bytes).map_err(io(&path))?;
+            f.sync_all().map_err(io(&path))?;
+            // Read back what the disk holds: the sum is checked on the bytes that will be run.
+            let got = file_sum(&path).unwrap_or_default();
+            if got != want {
+                let _ = std::fs::remove_dir_all(&tmp);
+                return Err(BuiltinError::Mismatch { path, got, want: want.into() });
+            }
+        }
+        sync_dir(&tmp)?;
+        // A damaged copy is renamed aside first (a process that has it open keeps its files), then
+        // the checked copy takes its name.
+        let aside = cache.join(format!("{name}.bad-{pid}"));
+        if dir.exists() {
+            std::fs::rename(&dir, &aside).map_err(io(&dir))?;
+        }
+        let placed = std::fs::rename(&tmp, &dir);
+        let _ = std::fs::remove_dir_all(&aside);
+        match placed {
+            Ok(()) => {}
+            // Another process placed its checked copy first: use that one.
+            Err(_) if self.first_bad_file(&dir).is_none() => {
+                let _ = std::fs::remove_dir_all(&tmp);
+            }
+            Err(e) => return Err(io(&dir)(e)),
+        }
+        sync_dir(cache)?;
+        Ok(dir)
     }
-    sync_dir(cache)?;
-    Ok(dir)
 }
 
 /// fsyncs a directory so the names in it survive a crash.
@@ -189,10 +256,33 @@ mod tests {
 
     #[test]
     fn embedded_files_match_the_committed_sums() {
-        for (name, bytes) in FILES {
-            let sum = hex(&Sha256::digest(bytes));
-            assert_eq!(Some(sum.as_str()), committed_sum(name), "{name}");
+        for emb in [&MODEL, &DRAFT] {
+            for &(name, bytes) in emb.files {
+                let sum = hex(&Sha256::digest(bytes));
+                assert_eq!(Some(sum.as_str()), sum_in(emb.sums, name), "{}/{name}", emb.name);
+            }
         }
+    }
+
+    #[test]
+    fn flipped_byte_in_the_cached_draft_was_run() {
+        let cache = tempfile::tempdir().unwrap();
+        let model = ensure_builtin_model(cache.path(), &mut |_| panic!("fresh copy")).unwrap();
+        let dir = ensure_builtin_draft(cache.path(), &mut |_| panic!("fresh copy")).unwrap();
+        assert_eq!(dir, cache.path().join(BUILTIN_DRAFT_NAME));
+        let weights = dir.join("model.safetensors");
+        let mut b = std::fs::read(&weights).unwrap();
+        let mid = b.len() / 2;
+        b[mid] ^= 0x01;
+        std::fs::write(&weights, &b).unwrap();
+        assert_eq!(first_bad_draft_file(&dir), Some("model.safetensors"));
+        let mut seen = Vec::new();
+        ensure_builtin_draft(cache.path(), &mut |f| seen.push(f.to_owned())).unwrap();
+        assert_eq!(seen, ["model.safetensors"]);
+        assert_eq!(first_bad_draft_file(&dir), None, "the draft was replaced");
+        assert_eq!(first_bad_file(&model), None, "the model beside it is untouched");
+        let left: Vec<_> = std::fs::read_dir(cache.path()).unwrap().collect();
+        assert_eq!(left.len(), 2, "no temporary or set-aside directory is left");
     }
 
     #[test]

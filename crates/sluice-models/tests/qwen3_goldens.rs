@@ -1,5 +1,6 @@
 //! Qwen3 against golden vectors from HF transformers (`Qwen3ForCausalLM`, f32 on CPU, eager
-//! attention, bf16 checkpoint widened exactly), stage by stage; see `tests/fixtures/qwen3/README.md`.
+//! attention, bf16 checkpoint widened exactly), stage by stage, for the tiny random fixtures and
+//! the trained mini-draft; see `tests/fixtures/qwen3/README.md`.
 //!
 //! Tolerances (f32 engine vs f32 transformers; the goldens agree with an independent float64
 //! numpy forward to relL2 ≤ 9.1e-7 on the logits; the engine is measured at ≤ 1.1e-6):
@@ -30,7 +31,7 @@ use std::sync::Arc;
 const STAGE_TOL: f64 = 1e-4;
 const DECODE_ABS_TOL: f32 = 1e-4;
 const ROPE_ABS_TOL: f32 = 2.4e-7;
-const FIXTURES: [&str; 2] = ["tiny-a", "tiny-b"];
+const FIXTURES: [&str; 3] = ["tiny-a", "tiny-b", "mini-draft"];
 
 fn fixture(name: &str) -> PathBuf {
     common::fixture_of("qwen3", name)

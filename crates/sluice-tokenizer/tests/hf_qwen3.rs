@@ -1,5 +1,5 @@
 //! `HfTokenizer` against Python `tokenizers`: the Qwen3-shaped `tokenizer.json` of each
-//! `tests/fixtures/qwen3` fixture encodes and decodes every recorded string exactly as Python did
+//! `tests/fixtures/qwen3` fixture (the tiny random ones and the trained mini-draft) encodes and decodes every recorded string exactly as Python did
 //! (`tokenizer_cases` in `golden.json`, written by `tools/gen_qwen3_goldens.py`).
 // Fixture ids, shapes and lengths are small; casts between them cannot truncate.
 #![allow(
@@ -14,7 +14,7 @@ use serde_json::Value;
 use sluice_tokenizer::{HfError, HfTokenizer};
 use std::path::PathBuf;
 
-const FIXTURES: [&str; 2] = ["tiny-a", "tiny-b"];
+const FIXTURES: [&str; 3] = ["tiny-a", "tiny-b", "mini-draft"];
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3").join(name)
