@@ -60,8 +60,8 @@ pub struct RunArgs {
     /// Write the f32 logits of every generated step as an .npy array [steps, vocab].
     #[arg(long)]
     dump_logits: Option<PathBuf>,
-    /// Speculative drafts: `auto` (the built-in draft model with the built-in model, none
-    /// otherwise), `none`, `ngram` (prompt lookup), or the directory of a Qwen3 draft model
+    /// Speculative drafts: `auto` (the measured default: none today), `none`, `ngram` (prompt
+    /// lookup), `builtin` (the built-in mini-draft), or the directory of a Qwen3 draft model
     /// (charged to --memory). Output is identical either way.
     #[arg(long, value_parser = open::draft_arg, default_value = "auto")]
     draft: DraftArg,
@@ -142,7 +142,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let mut model_drafter =
         draft_model.zip(target.tok.clone()).map(|(d, t)| ModelDrafter::new(d, t, context));
     let drafter: Option<&mut dyn Drafter> = match &draft {
-        DraftArg::Auto | DraftArg::None => None,
+        DraftArg::Auto | DraftArg::Builtin | DraftArg::None => None,
         DraftArg::Ngram => Some(&mut ngram),
         DraftArg::Model(_) => model_drafter.as_mut().map(|d| d as &mut dyn Drafter),
     };

@@ -51,8 +51,8 @@ pub struct ServeArgs {
     #[arg(long, value_parser = values::seconds, allow_negative_numbers = true,
           default_value_t = 30)]
     body_timeout_s: u64,
-    /// Speculative drafts: `auto` (the built-in draft model with the built-in model, none
-    /// otherwise), `none`, `ngram` (prompt lookup), or the directory of a Qwen3 draft model
+    /// Speculative drafts: `auto` (the measured default: none today), `none`, `ngram` (prompt
+    /// lookup), `builtin` (the built-in mini-draft), or the directory of a Qwen3 draft model
     /// (charged to --memory). Output is identical either way.
     #[arg(long, value_parser = open::draft_arg, default_value = "auto")]
     draft: DraftArg,

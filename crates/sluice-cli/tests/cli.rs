@@ -186,17 +186,17 @@ fn damaged_builtin_model_in_the_cache_was_run() {
 
 #[test]
 fn builtin_draft_changes_no_output_token() {
-    // The built-in model drafts with mini-draft by default (`--draft auto`); the draft only
-    // proposes, the target verifies, so the tokens equal those of a run without drafts.
+    // The built-in draft model (`--draft builtin`) only proposes, the target verifies, so the
+    // tokens equal those of a run without drafts (`auto`, the default, drafts nothing).
     let cache = tempfile::tempdir().unwrap();
     let mut accepted = 0;
     for prompt in ["The Python interpreter", "fn main() {\n    let v = Vec::new();"] {
         let base = ["run", "--prompt", prompt, "--max-new", "24", "--json"];
-        let with = sluice(&base, cache.path());
+        let with = sluice(&[&base[..], &["--draft", "builtin"]].concat(), cache.path());
         let err = String::from_utf8_lossy(&with.stderr).into_owned();
         assert!(err.contains("drafting with the built-in draft model"), "{err}");
         let with = json_out(&with);
-        let without = json_out(&sluice(&[&base[..], &["--draft", "none"]].concat(), cache.path()));
+        let without = json_out(&sluice(&base, cache.path()));
         assert_eq!(with["generated_ids"], without["generated_ids"], "{prompt:?}");
         let st = &with["stats"];
         assert!(st["drafter"].as_str().unwrap().contains("mini-draft"), "{st}");
@@ -207,7 +207,7 @@ fn builtin_draft_changes_no_output_token() {
         assert_eq!(without["stats"]["drafted"].as_u64().unwrap(), 0);
     }
     assert!(accepted > 0, "mini-draft's drafts are accepted (measured: 7 and 3 of 12 and 14)");
-    // Another model gets no draft from `auto`.
+    // `auto` drafts nothing for another model either.
     let o = sluice(
         &["run", "--model", &fixture("tiny-a"), "--prompt-ids", "1,2", "--json"],
         cache.path(),
@@ -218,7 +218,7 @@ fn builtin_draft_changes_no_output_token() {
 #[test]
 fn damaged_builtin_draft_in_the_cache_was_run() {
     let cache = tempfile::tempdir().unwrap();
-    let args = ["run", "--prompt", "import os", "--max-new", "6", "--json"];
+    let args = ["run", "--prompt", "import os", "--max-new", "6", "--json", "--draft", "builtin"];
     let good = json_out(&sluice(&args, cache.path()));
     let weights = cache.path().join("mini-draft/model.safetensors");
     let mut b = std::fs::read(&weights).unwrap();
