@@ -30,6 +30,7 @@ pub mod reader;
 pub mod remote;
 pub mod spine;
 pub mod streaming;
+pub mod telemetry;
 #[cfg(target_os = "linux")]
 pub mod uring;
 
@@ -48,6 +49,7 @@ pub use remote::{
 };
 pub use spine::{Placement, SpineIndex, SpineStats, SpineStore};
 pub use streaming::{LayerPrefetchStats, StreamingConfig, StreamingExperts};
+pub use telemetry::{Sample, Telemetry};
 
 /// One expert's three MXFP4 matrices as byte slices (packed nibbles and E8M0 scales).
 #[derive(Debug, Clone, Copy)]

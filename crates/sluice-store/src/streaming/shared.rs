@@ -142,6 +142,7 @@ impl Shared {
             // already failed (kept for its waiters) or free.
             add(&self.counters.read_errors, u64::from(failed));
             add(&self.counters.bytes_read, bytes);
+            crate::telemetry::count_expert_read(bytes);
             if let Some(l) = st.layers.get_mut(layer) {
                 l.bytes_read += bytes;
             }
