@@ -108,6 +108,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         opened.loaded.plan.as_ref().map_or(0, |p| usize::try_from(p.chunk).unwrap_or(usize::MAX));
     // The budget charges (spine, state, conversation states) and the expert store live as long
     // as the server.
+    let plan_budget = opened.loaded.plan.as_ref().map(|p| p.budget);
     let load::Loaded { model, budget: _budget, charges: _charges, streaming: _streaming, .. } =
         opened.loaded;
     let drafter: Option<Box<dyn Drafter>> = match (opened.draft_model, &a.draft) {
@@ -148,6 +149,8 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             max_bytes: usize::try_from(a.session_memory).unwrap_or(usize::MAX),
             max_entries: if a.session_memory == 0 { 0 } else { a.max_sessions },
         },
+        model_dir: Some(target.read_dir.clone()),
+        budget: plan_budget,
     };
     if !is_loopback(&a.host) {
         eprintln!("sluice: listening on {} exposes the server beyond this machine", a.host);

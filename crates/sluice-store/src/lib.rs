@@ -29,6 +29,7 @@ pub mod probe;
 pub mod reader;
 pub mod remote;
 pub mod spine;
+pub mod storage_check;
 pub mod streaming;
 pub mod telemetry;
 #[cfg(target_os = "linux")]

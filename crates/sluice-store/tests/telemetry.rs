@@ -105,3 +105,30 @@ fn swap_areas_are_parsed_with_their_sizes() {
     assert_eq!(areas[0].disk, None, "a missing swap file has no known disk");
     assert!(machine::swap_areas().is_some(), "/proc/swaps is readable here");
 }
+
+#[test]
+fn the_write_test_measures_and_removes_its_file_and_says_when_it_cannot() {
+    use sluice_store::storage_check::{write_bandwidth, BLOCK};
+    use std::time::Duration;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let b = write_bandwidth(dir.path(), 8 << 20, Duration::from_secs(2)).expect("writable");
+    assert!(b.bytes >= BLOCK as u64 && b.bytes <= 8 << 20, "{b:?}");
+    assert!(b.gbps > 0.0 && b.secs > 0.0, "{b:?}");
+    assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 0, "test file removed");
+    let e = write_bandwidth(&dir.path().join("missing"), 8 << 20, Duration::from_secs(1))
+        .expect_err("no such directory");
+    assert!(e.contains("cannot write a test file in") && e.contains("missing"), "{e}");
+}
+
+#[test]
+fn swap_on_the_model_disk_is_warned_about() {
+    use sluice_store::storage_check::{swap_warnings, SwapEntry};
+    let on = SwapEntry { path: "/swapfile".into(), disk: Some("vda".into()), bytes: 1 << 30 };
+    let w = swap_warnings(Some(&[on.clone()]), Some("vda"));
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(w[0].contains("on the model's disk (vda)") && w[0].contains("swapoff"), "{w:?}");
+    let w = swap_warnings(Some(&[on]), Some("nvme0n1"));
+    assert_eq!(w.len(), 1, "enabled, elsewhere: {w:?}");
+    assert!(swap_warnings(Some(&[]), Some("vda")).is_empty());
+    assert!(swap_warnings(None, Some("vda")).is_empty(), "unknown is not a warning");
+}

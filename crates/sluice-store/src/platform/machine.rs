@@ -156,6 +156,29 @@ pub fn resident_pages(file: &std::fs::File, windows: u64, window_pages: u64) -> 
     ok.then_some((resident, sampled))
 }
 
+/// Creates `path` (which must not exist) for uncached writes (`O_DIRECT`), or `None` where
+/// the filesystem refuses; a file the refused open left behind is removed.
+#[cfg(target_os = "linux")]
+pub fn create_direct(path: &Path) -> Option<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(f) => Some(f),
+        Err(e) => {
+            // tmpfs creates the file, then refuses O_DIRECT with EINVAL; O_EXCL means the file
+            // did not exist before, so it is ours to remove.
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                let _ = std::fs::remove_file(path);
+            }
+            None
+        }
+    }
+}
+
 /// Bytes this process read from and wrote to storage (`/proc/self/io`).
 #[cfg(target_os = "linux")]
 pub fn process_io() -> Option<ProcessIo> {
@@ -291,6 +314,21 @@ pub fn process_io() -> Option<ProcessIo> {
     // SAFETY: zero-initialised plain integers, filled in by the successful call above.
     let info = unsafe { info.assume_init() };
     Some(ProcessIo { read: info.ri_diskio_bytesread, written: info.ri_diskio_byteswritten })
+}
+
+/// Creates `path` (which must not exist) for uncached writes (`F_NOCACHE`), or `None`.
+#[cfg(target_os = "macos")]
+pub fn create_direct(path: &Path) -> Option<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::options().write(true).create_new(true).open(path).ok()?;
+    // SAFETY: `fcntl` with an integer argument on a descriptor `f` keeps open; it changes only
+    // how the kernel caches this file.
+    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_NOCACHE, 1) } == -1 {
+        drop(f);
+        let _ = std::fs::remove_file(path);
+        return None;
+    }
+    Some(f)
 }
 
 /// Swap traffic is not read on macOS ("n/a").
