@@ -16,6 +16,7 @@ use crate::open::{self, DraftArg, Target};
 use crate::prefill_progress;
 use crate::run_output::{self, Sink};
 use crate::values;
+use crate::warm_start;
 use anyhow::{bail, Context, Result};
 use clap::{ArgGroup, Args};
 use sluice_engine::{
@@ -136,6 +137,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
 
     let mut opened = target.load(load_opts, &a.draft)?;
+    let warm =
+        warm_start::begin(&target.read_dir, opened.loaded.streaming.as_ref(), !a.load.no_warm_start);
     let draft_model = opened.draft_model.take();
     let model = &opened.loaded.model;
     let stop_ids: Vec<u32> = target.fmt.as_ref().map(|f| f.stop_ids().to_vec()).unwrap_or_default();
@@ -184,6 +187,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     if let Some(p) = &a.dump_logits {
         npy::write_f32_2d(p, &out.logits, model.vocab_size())?;
+    }
+    if let Some(w) = &warm {
+        w.save();
     }
     let mut machine = Telemetry::since(&machine0).with_page_cache(&model_files(&target.read_dir));
     machine.budget_bytes = opened.loaded.plan.as_ref().map(|p| p.budget);

@@ -7,6 +7,7 @@
 use crate::load_args::LoadArgs;
 use crate::open::{self, DraftArg, Target};
 use crate::values;
+use crate::warm_start;
 use anyhow::{bail, Result};
 use clap::Args;
 use sluice_engine::load;
@@ -15,6 +16,7 @@ use sluice_engine::{Drafter, ModelDrafter, NgramDrafter};
 use sluice_server::worker::EngineSettings;
 use sluice_server::ServerConfig;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default context when the checkpoint allows more (the planned sequence state grows with it).
@@ -109,6 +111,20 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     // The budget charges (spine, state, conversation states) and the expert store live as long
     // as the server.
     let plan_budget = opened.loaded.plan.as_ref().map(|p| p.budget);
+    let warm = warm_start::begin(
+        &target.read_dir,
+        opened.loaded.streaming.as_ref(),
+        !a.load.no_warm_start,
+    )
+    .map(Arc::new);
+    if let Some(w) = &warm {
+        // Saved every few minutes as well as at exit, so a crash or a kill loses little.
+        let w = Arc::clone(w);
+        let _ = std::thread::Builder::new().name("sluice-hotset".into()).spawn(move || loop {
+            std::thread::sleep(HOT_SET_PERIOD);
+            w.save();
+        });
+    }
     let load::Loaded { model, budget: _budget, charges: _charges, streaming: _streaming, .. } =
         opened.loaded;
     let drafter: Option<Box<dyn Drafter>> = match (opened.draft_model, &a.draft) {
@@ -161,8 +177,14 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             a.queue
         );
     })?;
+    if let Some(w) = &warm {
+        w.save();
+    }
     Ok(())
 }
+
+/// How often a running server saves its hot set.
+const HOT_SET_PERIOD: Duration = Duration::from_secs(300);
 
 fn is_loopback(host: &str) -> bool {
     host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())

@@ -20,6 +20,7 @@ pub mod arena;
 pub mod backend;
 pub mod cache;
 pub mod fault;
+pub mod hotset;
 pub mod index;
 pub mod io;
 pub mod mapped;
