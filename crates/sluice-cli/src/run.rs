@@ -137,8 +137,11 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
 
     let mut opened = target.load(load_opts, &a.draft)?;
-    let warm =
-        warm_start::begin(&target.read_dir, opened.loaded.streaming.as_ref(), !a.load.no_warm_start);
+    let warm = warm_start::begin(
+        &target.read_dir,
+        opened.loaded.streaming.as_ref(),
+        !a.load.no_warm_start,
+    );
     let draft_model = opened.draft_model.take();
     let model = &opened.loaded.model;
     let stop_ids: Vec<u32> = target.fmt.as_ref().map(|f| f.stop_ids().to_vec()).unwrap_or_default();
