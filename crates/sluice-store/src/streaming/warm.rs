@@ -5,8 +5,10 @@
 //! demand read is queued (in the pread pool and in io_uring alike), so the first token's reads
 //! overtake every warm read that has not started; a warm read still queued when its expert is
 //! demanded is moved to the demand queue (as a queued guess is). At most half the slots are
-//! filled this way (the share guesses may hold), so a pass always finds room, and a warm
-//! entry is an ordinary cached expert: the policy evicts it like any other.
+//! filled this way (the share guesses may hold), so a pass always finds room. A warm entry
+//! enters the replacement policy as used once (it was hot before the restart), so a prefill's
+//! one-time reads do not push it out before it is asked for; otherwise it is an ordinary cached
+//! expert that the policy evicts like any other.
 
 use std::sync::atomic::Ordering;
 
@@ -64,6 +66,9 @@ impl StreamingExperts {
             }
             let Some((i, ticket)) = st.cache.acquire(key(layer, id), false) else { break };
             self.submit(&mut st, i, ticket, (layer, id), Priority::Prefetch, None);
+            // Known hot: counted as used once, so S3-FIFO moves it to the main queue instead of
+            // evicting it with the one-time reads of the first prefill.
+            st.cache.touch(i);
             started += 1;
         }
         drop(st);
