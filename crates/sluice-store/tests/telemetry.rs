@@ -124,7 +124,7 @@ fn the_write_test_measures_and_removes_its_file_and_says_when_it_cannot() {
 fn swap_on_the_model_disk_is_warned_about() {
     use sluice_store::storage_check::{swap_warnings, SwapEntry};
     let on = SwapEntry { path: "/swapfile".into(), disk: Some("vda".into()), bytes: 1 << 30 };
-    let w = swap_warnings(Some(&[on.clone()]), Some("vda"));
+    let w = swap_warnings(Some(std::slice::from_ref(&on)), Some("vda"));
     assert_eq!(w.len(), 2, "{w:?}");
     assert!(w[0].contains("on the model's disk (vda)") && w[0].contains("swapoff"), "{w:?}");
     let w = swap_warnings(Some(&[on]), Some("nvme0n1"));
