@@ -5,7 +5,8 @@
 //!
 //! A hot-set file that is corrupt, from another model or names experts the model lacks is
 //! ignored with a warning; `--no-warm-start` neither reads nor writes one. Only a streaming
-//! store has a cache to warm (a mapped store leaves residency to the page cache).
+//! store reading a full checkpoint has a cache to warm (a mapped store leaves residency to the
+//! page cache; a stream install's experts may not be on local disk yet).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,7 +30,8 @@ pub fn begin(
     store: Option<&Arc<StreamingExperts>>,
     enabled: bool,
 ) -> Option<WarmStart> {
-    let store = store.filter(|_| enabled)?;
+    // A stream install's experts may not be on local disk yet: warming would fetch them.
+    let store = store.filter(|s| enabled && s.disk_cache().is_none())?;
     let fingerprint = hotset::fingerprint(dir, store.index());
     let path = hotset::path_for(dir, &sluice_engine::demo::cache_dir(), &fingerprint);
     let previous = match HotSet::load(&path, &fingerprint, store.index()) {
