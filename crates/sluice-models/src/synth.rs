@@ -102,7 +102,12 @@ pub fn write(
 }
 
 /// Fills `buf` with the `len` bytes of `t`.
-fn fill(rng: &mut SplitMix, t: &SynthTensor, len: usize, buf: &mut Vec<u8>) -> Result<(), ModelError> {
+fn fill(
+    rng: &mut SplitMix,
+    t: &SynthTensor,
+    len: usize,
+    buf: &mut Vec<u8>,
+) -> Result<(), ModelError> {
     buf.clear();
     buf.resize(len, 0);
     match (t.init, t.dtype) {

@@ -60,8 +60,10 @@ pub fn tensors(config: &Value) -> Result<Vec<Vec<SynthTensor>>, crate::ModelErro
         c.num_attention_heads,
     ]
     .map(|x| x as u64);
-    let bf = |name: String, shape: &[u64], init: Init| SynthTensor::new(name, DType::BF16, shape, init);
-    let u8t = |name: String, shape: &[u64], init: Init| SynthTensor::new(name, DType::U8, shape, init);
+    let bf =
+        |name: String, shape: &[u64], init: Init| SynthTensor::new(name, DType::BF16, shape, init);
+    let u8t =
+        |name: String, shape: &[u64], init: Init| SynthTensor::new(name, DType::U8, shape, init);
     // E8M0 scales 2^-6 .. 2^-4 times E2M1 values up to 6: entries up to ~0.4, like a trained
     // expert's; a row of `in` of them keeps the output near unit scale.
     let scales = Init::Scales(121, 123);

@@ -192,7 +192,6 @@ impl GptOssWeights {
             .sum();
         layer + self.embed.byte_len() + if tied { 0 } else { self.lm_head.byte_len() }
     }
-
 }
 
 /// Checks `{p}_blocks` U8 `[E, rows, cols/32, 16]` and `{p}_scales` U8 `[E, rows, cols/32]`.

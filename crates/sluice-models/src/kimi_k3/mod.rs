@@ -20,10 +20,10 @@ pub mod working;
 use crate::{LogitRows, ModelError};
 use config::{AttnKind, K3Config};
 use sluice_checkpoint::Checkpoint;
+use sluice_core::DType;
 use sluice_core::MemoryBudget;
 use sluice_kernels::matmul;
 use sluice_kernels::ops::{rms_norm, softmax_inplace};
-use sluice_core::DType;
 use sluice_store::{
     ExpertIndex, ExpertLayout, ExpertPart, ExpertStore, MappedExperts, SpineIndex, SpineStats,
     SpineStore, StreamingConfig, StreamingExperts,

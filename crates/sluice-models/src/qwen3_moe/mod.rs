@@ -70,8 +70,10 @@ impl Qwen3Moe {
 
     /// Where the routed experts of a model of config `c` are.
     fn routed(c: &Qwen3MoeConfig) -> RoutedExperts {
-        let layout =
-            Qwen3MoeExpertLayout { inter: c.moe_intermediate_size as u64, hidden: c.base.hidden_size as u64 };
+        let layout = Qwen3MoeExpertLayout {
+            inter: c.moe_intermediate_size as u64,
+            hidden: c.base.hidden_size as u64,
+        };
         RoutedExperts {
             num_layers: c.base.num_hidden_layers,
             moe_layers: c.moe_layers(),

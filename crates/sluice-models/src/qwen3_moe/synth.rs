@@ -52,7 +52,8 @@ pub fn tensors(config: &Value) -> Result<Vec<Vec<SynthTensor>>, crate::ModelErro
         b.vocab_size,
     ]
     .map(|x| x as u64);
-    let t = |name: String, shape: &[u64], init: Init| SynthTensor::new(name, DType::BF16, shape, init);
+    let t =
+        |name: String, shape: &[u64], init: Init| SynthTensor::new(name, DType::BF16, shape, init);
     let mut shards = Vec::new();
     for i in 0..b.num_hidden_layers {
         let p = format!("model.layers.{i}");

@@ -138,7 +138,6 @@ impl Qwen3MoeWeights {
             .sum();
         layer + self.embed.byte_len() + if tied { 0 } else { self.lm_head.byte_len() }
     }
-
 }
 
 /// The layout of one Qwen3-MoE routed expert for the expert store: `gate_proj`, `up_proj`
