@@ -20,6 +20,7 @@ use super::config::{GptOssConfig, SWIGLU_ALPHA};
 use super::weights::MoeWeights;
 use crate::kimi_k3::Route;
 use crate::qwen3::Ctx;
+use crate::qwen3_moe::moe::BlockOut;
 use crate::ModelError;
 use sluice_kernels::ops::{sigmoid, softmax_inplace};
 use sluice_kernels::{matmul, Matrix};
@@ -57,7 +58,7 @@ pub(crate) fn forward(
     c: &GptOssConfig,
     x: &[f32],
     t: usize,
-) -> Result<(Vec<f32>, Vec<f32>, Vec<Route>), ModelError> {
+) -> Result<BlockOut, ModelError> {
     let (d, e, k, inter) =
         (c.hidden_size, c.num_local_experts, c.num_experts_per_tok, c.intermediate_size);
     let mut logits = ctx.mm(&w.router, x, t);

@@ -24,6 +24,10 @@ use sluice_kernels::ops::{silu_glu, softmax_inplace};
 use sluice_kernels::{matmul, Matrix};
 use sluice_store::{ExpertStore, StoreError};
 
+/// What a sparse block returns: its output `[t, d]`, the router logits `[t, E]` and each
+/// row's route (shared with GPT-OSS's block).
+pub(crate) type BlockOut = (Vec<f32>, Vec<f32>, Vec<Route>);
+
 /// Selects the top-k experts of one row of router logits.
 pub(crate) fn route(logits: &[f32], c: &Qwen3MoeConfig) -> Route {
     // routing_weights = softmax(router_logits, dtype=float)
@@ -64,7 +68,7 @@ pub(crate) fn forward(
     c: &Qwen3MoeConfig,
     x: &[f32],
     t: usize,
-) -> Result<(Vec<f32>, Vec<f32>, Vec<Route>), ModelError> {
+) -> Result<BlockOut, ModelError> {
     let (d, e, k, inter) =
         (c.base.hidden_size, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size);
     let logits = ctx.mm(router, x, t);
