@@ -68,8 +68,7 @@ fn main() {
                     t
                 })
                 .collect();
-            ExpertLoc::locate(&ents, std::slice::from_ref(&path), &[len])
-                .expect("locate")
+            ExpertLoc::locate(&ents, std::slice::from_ref(&path), &[len]).expect("locate")
         })
         .collect();
     let index = ExpertIndex::from_layers(vec![locs], vec![path.clone()]);

@@ -4,8 +4,8 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use sluice_checkpoint::Checkpoint;
-use sluice_core::MemoryBudget;
 use sluice_core::DType;
+use sluice_core::MemoryBudget;
 use sluice_store::{
     ExpertLayout, ExpertPart, ExpertStore, ExpertView, MappedExperts, ReadAt, StreamingConfig,
     StreamingExperts,
