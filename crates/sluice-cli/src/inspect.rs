@@ -11,9 +11,9 @@ use sluice_checkpoint::Checkpoint;
 use sluice_core::DType;
 use sluice_models::kimi_k3::config::{AttnKind, K3Config};
 use sluice_models::kimi_k3::inventory::inventory;
-use sluice_models::qwen3::config::Qwen3Config;
-use sluice_models::Checked;
+use sluice_models::Family;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Human-readable bytes (GiB/MiB/KiB).
 pub fn human(b: u64) -> String {
@@ -48,42 +48,71 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
     let ckpt = open_checkpoint(dir)?;
     let checked = sluice_models::check(&ckpt)
         .with_context(|| format!("{} would not load for `sluice run`", dir.display()))?;
-    match checked {
-        Checked::KimiK3(cfg) => kimi_k3(dir, &ckpt, &cfg, as_json),
-        Checked::Qwen3(cfg) => qwen3(dir, &ckpt, &cfg, as_json),
+    match checked.k3 {
+        Some(cfg) => kimi_k3(dir, &ckpt, &cfg, as_json),
+        None => family(dir, ckpt, checked.family, as_json),
     }
 }
 
-/// A dense Qwen3 checkpoint (sluice runs it as a draft model): its shape and bytes.
-fn qwen3(dir: &Path, ckpt: &Checkpoint, cfg: &Qwen3Config, as_json: bool) -> Result<()> {
+/// A checkpoint of any family whose spine is mapped whole: its shape, its routed experts (as its
+/// family's expert layout describes them) and its memory needs, all read through the family
+/// boundary.
+fn family(dir: &Path, ckpt: Checkpoint, family: &Family, as_json: bool) -> Result<()> {
     let arch = ckpt.config().architecture().to_string();
+    let (tensors, shards) = (ckpt.len(), ckpt.shard_paths().len());
     let bytes: u64 = ckpt.tensors().map(|e| e.len).sum();
+    let model = sluice_models::load(Arc::new(ckpt))?;
+    let s = model.shape();
+    let routed = model.routed_experts();
+    let mem = model.memory_needs();
+    let (moe_layers, per_layer, expert_bytes) =
+        routed.as_ref().map_or((0, 0, 0), |r| (r.moe_layers.len(), r.per_layer, r.expert_bytes));
     if as_json {
         let v = json!({
-            "dir": dir.display().to_string(), "architecture": arch, "family": "qwen3",
-            "layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size,
-            "vocab_size": cfg.vocab_size, "experts_per_layer": 0,
-            "tensors": ckpt.len(), "shards": ckpt.shard_paths().len(), "weight_bytes": bytes,
+            "dir": dir.display().to_string(), "architecture": arch, "family": family.name,
+            "layers": s.layers, "hidden_size": s.hidden, "vocab_size": s.vocab,
+            "experts_per_layer": per_layer, "moe_layers": moe_layers,
+            "experts_per_token": s.experts_per_token, "expert_bytes": expert_bytes,
+            "spine_bytes": mem.map_or(bytes, |m| m.spine),
+            "state_bytes_per_position": mem.map_or(0, |m| m.state_per_position),
+            "tensors": tensors, "shards": shards, "weight_bytes": bytes,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     println!("{}", dir.display());
     println!(
-        "  architecture   {arch} ({} tensors in {} shards)",
-        ckpt.len(),
-        ckpt.shard_paths().len()
+        "  architecture   {arch} ({} family, {tensors} tensors in {shards} shards)",
+        family.display
     );
+    let kind =
+        if moe_layers > 0 { format!("{moe_layers} with routed experts") } else { "dense".into() };
     println!(
-        "  layers         {} dense (attention {} heads, {} KV heads), hidden {}, vocab {}",
-        cfg.num_hidden_layers,
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.hidden_size,
-        cfg.vocab_size
+        "  layers         {} ({kind}; attention {} heads, {} KV heads), hidden {}, vocab {}",
+        s.layers, s.heads, s.kv_heads, s.hidden, s.vocab
     );
-    println!("  experts        none (a dense model: every weight is read by every pass)");
-    println!("  weights        {} (mapped in place; runs as a --draft model)", human(bytes));
+    match &routed {
+        Some(r) => println!(
+            "  experts        {} per layer, top-{}, {} each; {} in all",
+            r.per_layer,
+            s.experts_per_token,
+            human(r.expert_bytes),
+            human(r.expert_bytes * r.total())
+        ),
+        None => {
+            println!("  experts        none (a dense model: every weight is read by every pass)")
+        }
+    }
+    match (&routed, mem) {
+        (Some(_), Some(m)) => println!(
+            "  memory         spine {} (mapped in place); sequence state {} per position",
+            human(m.spine),
+            human(m.state_per_position)
+        ),
+        _ => {
+            println!("  weights        {} (mapped in place; runs as a --draft model)", human(bytes))
+        }
+    }
     Ok(())
 }
 

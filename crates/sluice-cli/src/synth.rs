@@ -28,6 +28,14 @@ pub enum Preset {
     /// each) in --layers MoE layers: a small model whose size is almost all routed experts,
     /// for streaming tests that must run in seconds.
     ManyExperts,
+    /// Qwen3-235B-A22B's real per-layer dimensions (hidden 4096, 128 experts of width 1536,
+    /// top-8, 64 / 4 heads of 128) with --layers MoE layers and --ranks vocabulary rows; bf16
+    /// per-expert tensors as published; no tokenizer (run it with --prompt-ids).
+    Qwen3MoeSlice,
+    /// gpt-oss-120b's real per-layer dimensions (hidden 2880, 128 MXFP4 experts of width 2880,
+    /// top-4, 64 / 8 heads of 64) with --layers layers and --ranks vocabulary rows; stacked
+    /// `*_blocks` / `*_scales` experts as published; no tokenizer (run it with --prompt-ids).
+    GptOssSlice,
 }
 
 /// Flags of `sluice synth`.
@@ -40,13 +48,14 @@ pub struct SynthArgs {
     /// Configuration preset.
     #[arg(long, value_enum, default_value = "k3-slice")]
     preset: Preset,
-    /// MoE layers (k3-slice).
+    /// MoE layers (k3-slice, qwen3-moe-slice, gpt-oss-slice).
     #[arg(long, default_value_t = 4)]
     layers: usize,
     /// Routed experts per layer (k3-slice).
     #[arg(long, default_value_t = 128)]
     experts: usize,
-    /// Tokenizer ranks; the vocabulary adds K3's 256 reserved specials (k3-slice).
+    /// Tokenizer ranks; the vocabulary adds K3's 256 reserved specials (k3-slice); the
+    /// vocabulary rows of qwen3-moe-slice and gpt-oss-slice.
     #[arg(long, default_value_t = 32768)]
     ranks: usize,
     /// Seed of the random weights.
@@ -73,6 +82,7 @@ pub fn run(a: &SynthArgs) -> Result<()> {
             (k3_slice_text_config(a.layers, a.experts, a.ranks + 256), a.ranks)
         }
         Preset::Demo => (sluice_engine::demo::demo_text_config(512 + 256), 512),
+        Preset::Qwen3MoeSlice | Preset::GptOssSlice => return family_slice(a, reuse),
         Preset::ManyExperts => {
             if a.layers == 0 || a.experts < 4 {
                 bail!("many-experts needs --layers ≥ 1 and --experts ≥ 4");
@@ -101,27 +111,8 @@ pub fn run(a: &SynthArgs) -> Result<()> {
         a.seed,
         a.out.display()
     );
-    if reuse {
-        let freed = empty_own_dir(&a.out)?;
-        eprintln!(
-            "sluice synth: {} is an earlier synth output: removed its {} and rewriting it",
-            a.out.display(),
-            human(freed)
-        );
-    }
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    std::fs::write(
-        a.out.join(MARKER),
-        b"written by sluice synth; rerunning it rewrites this directory\n",
-    )
-    .with_context(|| format!("marking {} as synth output", a.out.display()))?;
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} {bytes}/{total_bytes} {wide_bar} {binary_bytes_per_sec} eta {eta}",
-        )
-        .context("progress template")?,
-    );
+    prepare_dir(a, reuse)?;
+    let bar = progress_bar()?;
     let total = write_checkpoint(&a.out, &config, &text, a.seed, ranks, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
@@ -139,6 +130,81 @@ pub fn run(a: &SynthArgs) -> Result<()> {
     Ok(())
 }
 
+/// A slice of a family whose synthetic writer is [`sluice_models::synth`] (Qwen3-MoE, GPT-OSS).
+fn family_slice(a: &SynthArgs, reuse: bool) -> Result<()> {
+    if a.layers == 0 || a.ranks < 16 {
+        bail!("{} needs --layers ≥ 1 and --ranks ≥ 16", a.preset.name());
+    }
+    let (config, shards) = match a.preset {
+        Preset::GptOssSlice => {
+            let c = sluice_models::gpt_oss::synth::slice_config(a.layers, a.ranks);
+            let t = sluice_models::gpt_oss::synth::tensors(&c);
+            (c, t)
+        }
+        _ => {
+            let c = sluice_models::qwen3_moe::synth::slice_config(a.layers, a.ranks);
+            let t = sluice_models::qwen3_moe::synth::tensors(&c);
+            (c, t)
+        }
+    };
+    let shards = shards.context("listing the slice's tensors")?;
+    let bytes = sluice_models::synth::total_bytes(&shards);
+    eprintln!(
+        "sluice synth: writing {} of tensors ({bytes} bytes, preset {}, seed {}) into {}",
+        human(bytes),
+        a.preset.name(),
+        a.seed,
+        a.out.display()
+    );
+    prepare_dir(a, reuse)?;
+    let bar = progress_bar()?;
+    let total =
+        sluice_models::synth::write(&a.out, &config, &shards, a.seed, &mut |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        })
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    bar.finish_and_clear();
+    println!(
+        "wrote {} ({} of tensors, {total} bytes, seed {}; no tokenizer: run it with --prompt-ids)",
+        a.out.display(),
+        human(total),
+        a.seed
+    );
+    Ok(())
+}
+
+/// Empties an earlier synth output (`reuse`) and marks the directory as synth's own.
+fn prepare_dir(a: &SynthArgs, reuse: bool) -> Result<()> {
+    if reuse {
+        let freed = empty_own_dir(&a.out)?;
+        eprintln!(
+            "sluice synth: {} is an earlier synth output: removed its {} and rewriting it",
+            a.out.display(),
+            human(freed)
+        );
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    std::fs::write(
+        a.out.join(MARKER),
+        b"written by sluice synth; rerunning it rewrites this directory\n",
+    )
+    .with_context(|| format!("marking {} as synth output", a.out.display()))?;
+    Ok(())
+}
+
+/// The byte progress bar of a write.
+fn progress_bar() -> Result<ProgressBar> {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} {bytes}/{total_bytes} {wide_bar} {binary_bytes_per_sec} eta {eta}",
+        )
+        .context("progress template")?,
+    );
+    Ok(bar)
+}
+
 impl Preset {
     /// The name `--preset` takes.
     fn name(self) -> &'static str {
@@ -146,6 +212,8 @@ impl Preset {
             Self::K3Slice => "k3-slice",
             Self::Demo => "demo",
             Self::ManyExperts => "many-experts",
+            Self::Qwen3MoeSlice => "qwen3-moe-slice",
+            Self::GptOssSlice => "gpt-oss-slice",
         }
     }
 }

@@ -15,7 +15,6 @@ use sluice_checkpoint::convert::{Int8Manifest, MANIFEST_FILE as INT8_MANIFEST};
 use sluice_checkpoint::verify::{check_records, check_structure};
 use sluice_hub::verify::{bytes_to_hash, verify_install};
 use sluice_hub::{InstallManifest, MANIFEST_FILE};
-use sluice_models::Checked;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -151,8 +150,5 @@ pub fn run(a: &VerifyArgs) -> Result<()> {
 /// would refuse to run.
 fn check_model(dir: &Path) -> Result<&'static str> {
     let ckpt = crate::inspect::open_checkpoint(dir)?;
-    Ok(match sluice_models::check(&ckpt)? {
-        Checked::KimiK3(_) => "Kimi K3",
-        Checked::Qwen3(_) => "Qwen3",
-    })
+    Ok(sluice_models::check(&ckpt)?.family.display)
 }

@@ -129,29 +129,10 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
     }
     let dir = &crate::spine::resolve(dir, opts.spine)?;
     let ckpt = Arc::new(Checkpoint::open(dir).map_err(sluice_models::ModelError::from)?);
-    let is_k3 = K3Config::from_json(ckpt.config().text_config()).is_ok()
-        && matches!(
-            ckpt.config().architecture(),
-            "KimiK3ForConditionalGeneration" | "KimiLinearForCausalLM"
-        );
-    if !is_k3 {
-        crate::spine::check(&ckpt, opts.spine)?;
-        let (budget, mut charges) = place::budget(opts)?;
-        charges.push(
-            budget
-                .charge("stored conversation states", opts.session_memory)
-                .map_err(EngineError::Budget)?,
-        );
-        let model = sluice_models::load(ckpt)?;
-        return Ok(Loaded {
-            model,
-            plan: None,
-            streaming: None,
-            spine: None,
-            mode: "mapped",
-            budget,
-            charges,
-        });
+    // A family that places its spine piece by piece (Kimi K3) plans it here; every other
+    // family maps its spine whole and plans only its routed experts.
+    if !sluice_models::family::of(&ckpt)?.places_spine {
+        return place::open_mapped_spine(&ckpt, opts);
     }
     let cfg = K3Config::from_json(ckpt.config().text_config()).map_err(EngineError::Model)?;
     let mut placed = place::place(&ckpt, &cfg, opts, (0, ""), true)?;

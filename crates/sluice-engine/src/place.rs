@@ -208,3 +208,105 @@ impl ExpertStore for Unattached {
         StoreStats::default()
     }
 }
+
+/// Opens a model whose family plans no spine pieces (every family but Kimi K3, whose spine
+/// placement is [`place`]): its spine mapped in place and charged whole, its routed experts —
+/// described by the family's [`sluice_models::RoutedExperts`] — mapped when the plan holds them
+/// all, or streamed from the published shards through a slot cache of the planned size.
+/// The family is never named here: the plan reads the model's [`sluice_models::MemoryNeeds`].
+pub(crate) fn open_mapped_spine(
+    ckpt: &Arc<Checkpoint>,
+    opts: &LoadOptions,
+) -> Result<Loaded, EngineError> {
+    crate::spine::check(ckpt, opts.spine)?;
+    if let crate::plan::SpineMode::Layers(_) = opts.spine_placement {
+        return Err(EngineError::Spine {
+            dir: ckpt.dir().to_path_buf(),
+            reason: format!(
+                "--spine-placement with resident layers needs a family whose spine is placed \
+                 piece by piece; {} maps its spine whole (use auto or mapped)",
+                sluice_models::family::of(ckpt)?.display
+            ),
+        });
+    }
+    let (budget, mut charges) = budget(opts)?;
+    let mut model = sluice_models::load(ckpt.clone())?;
+    let (Some(routed), Some(mem)) = (model.routed_experts(), model.memory_needs()) else {
+        // A dense model: everything mapped, nothing to plan.
+        charges.push(
+            budget
+                .charge("stored conversation states", opts.session_memory)
+                .map_err(EngineError::Budget)?,
+        );
+        return Ok(Loaded {
+            model,
+            plan: None,
+            streaming: None,
+            spine: None,
+            mode: "mapped",
+            budget,
+            charges,
+        });
+    };
+    // The index is where every expert's spans are; its slot size is exact (aligned regions).
+    let index = routed.index(ckpt).map_err(ModelError::from)?;
+    let needs = Needs {
+        spine: mem.spine,
+        pieces: SpinePieces { layers: vec![0; routed.num_layers], ..SpinePieces::default() },
+        state: mem.state(opts.context),
+        sessions: opts.session_memory,
+        slot: index.slot_bytes(),
+        experts: routed.total(),
+        min_slots: 2,
+        headroom: HEADROOM,
+        draft: opts.draft_bytes,
+        pass_row: mem.pass_per_row,
+        prefill_chunk: opts.prefill_chunk as u64,
+        max_rows: opts.context as u64,
+    };
+    let mut plan = Plan::compute(budget.limit(), needs, crate::plan::SpineMode::Mapped)?;
+    charges.extend([
+        budget
+            .charge("sequence state and headroom", plan.needs.state + plan.needs.headroom)
+            .map_err(EngineError::Budget)?,
+        budget
+            .charge("stored conversation states", plan.needs.sessions)
+            .map_err(EngineError::Budget)?,
+        budget
+            .charge("working memory of a prefill chunk", plan.work)
+            .map_err(EngineError::Budget)?,
+        budget.charge("spine", plan.spine.charged).map_err(EngineError::Budget)?,
+    ]);
+    let stream = match opts.experts {
+        crate::load::ExpertMode::Mapped => false,
+        crate::load::ExpertMode::Stream => true,
+        crate::load::ExpertMode::Auto => !plan.all_experts_resident,
+    };
+    if !stream {
+        return Ok(Loaded {
+            model,
+            plan: Some(plan),
+            streaming: None,
+            spine: None,
+            mode: "mapped",
+            budget,
+            charges,
+        });
+    }
+    let io = if opts.direct_io { IoMode::Direct } else { IoMode::BufferedDropCache };
+    let config = streaming_config(&mut plan, opts, io);
+    let files = ShardFiles::open(index.paths(), io).map_err(ModelError::from)?;
+    let store = StreamingExperts::new(index, Arc::new(files), &config, &budget)
+        .map_err(ModelError::from)?;
+    let store = Arc::new(store);
+    model.set_experts(store.clone());
+    Ok(Loaded {
+        model,
+        plan: Some(plan),
+        streaming: Some(store),
+        spine: None,
+        mode: "stream",
+        budget,
+        charges,
+    })
+}

@@ -1,17 +1,23 @@
-//! Model families for sluice: one module per family (config, tensor roster, forward pass,
-//! sequence state with transactions). Adding a family touches its own module and the one
-//! `match` on `config.json`'s `architectures` in [`load`].
+//! Model families for sluice: one module per family (config, tensor roster, expert layout,
+//! forward pass, sequence state with transactions) behind the family boundary of [`family`]:
+//! the family table keyed by `config.json`'s `architectures`, the routed-expert layout the
+//! store opens over, and the memory needs the planner charges. Adding a family is its own
+//! module, one line in [`family::FAMILIES`] and a variant of [`Model`] (docs/ADDING_A_FAMILY.md).
 //!
 //! Models never do I/O themselves: spine weights are byte slices of the opened checkpoint and
 //! routed experts come from a `sluice_store::ExpertStore`.
 
+pub mod family;
 mod finite;
 pub mod gpt_oss;
 pub mod kimi_k3;
 pub mod qwen3;
 pub mod qwen3_moe;
 pub mod snapshot;
+pub mod synth;
+pub mod working;
 
+pub use family::{Family, MemoryNeeds, RoutedExperts, Shape, FAMILIES};
 pub use snapshot::StateSnapshot;
 
 use sluice_checkpoint::{Checkpoint, CheckpointError};
@@ -49,8 +55,13 @@ pub enum ModelError {
     #[error("invalid model config: {0}")]
     Config(String),
     /// `config.json` names an architecture sluice does not implement.
-    #[error("unknown architecture {0:?}: sluice supports KimiK3ForConditionalGeneration and KimiLinearForCausalLM (Kimi K3), Qwen3ForCausalLM, Qwen3MoeForCausalLM and GptOssForCausalLM")]
-    UnknownArchitecture(String),
+    #[error("unknown architecture {arch:?}: sluice supports {supported}")]
+    UnknownArchitecture {
+        /// The first entry of `architectures` (empty when there is none).
+        arch: String,
+        /// The supported architectures, family by family ([`family::supported`]).
+        supported: String,
+    },
     /// A pass was asked to run on no tokens.
     #[error("empty input: a pass needs at least one token")]
     EmptyInput,
@@ -103,17 +114,15 @@ pub enum Model {
     GptOss(gpt_oss::GptOss),
 }
 
-/// Architectures that map to Kimi K3.
-const KIMI_K3_ARCHS: [&str; 2] = ["KimiK3ForConditionalGeneration", "KimiLinearForCausalLM"];
-
 /// What [`check`] found in a checkpoint whose every tensor the model needs is present with the
 /// dtype and shape its config implies.
 #[derive(Debug, Clone)]
-pub enum Checked {
-    /// Kimi K3: its config; the spine roster and every routed expert were checked.
-    KimiK3(Box<kimi_k3::config::K3Config>),
-    /// Qwen3 dense: its config; every tensor was checked.
-    Qwen3(qwen3::config::Qwen3Config),
+pub struct Checked {
+    /// The family.
+    pub family: &'static Family,
+    /// The family's typed config, for `inspect`: Kimi K3's (whose check does not load the
+    /// model); `None` for the others, which are loaded and described by [`Model::describe`].
+    pub k3: Option<Box<kimi_k3::config::K3Config>>,
 }
 
 /// Runs the checks that loading the model for `sluice run` runs — architecture, config, every
@@ -121,36 +130,25 @@ pub enum Checked {
 /// every routed expert's tensors — without mapping or reading the routed experts. `inspect`,
 /// `verify` and `convert` use it so that they never call a checkpoint good that `run` refuses.
 pub fn check(ckpt: &Checkpoint) -> Result<Checked, ModelError> {
-    let archs = ckpt.config().architectures();
-    let arch = archs.first().cloned().unwrap_or_default();
-    match arch.as_str() {
-        a if KIMI_K3_ARCHS.contains(&a) => {
-            let cfg = kimi_k3::config::K3Config::from_json(ckpt.config().text_config())?;
-            // In the order loading for `run` meets them, so both name the same first problem.
-            kimi_k3::KimiK3::expert_index(ckpt, &cfg)?;
-            kimi_k3::weights::K3Weights::load(ckpt, &cfg)?;
-            Ok(Checked::KimiK3(Box::new(cfg)))
-        }
-        "Qwen3ForCausalLM" => {
-            let cfg = qwen3::config::Qwen3Config::from_json(ckpt.config().text_config())?;
-            qwen3::weights::Qwen3Weights::load(ckpt, &cfg)?;
-            Ok(Checked::Qwen3(cfg))
-        }
-        other => Err(ModelError::UnknownArchitecture(other.to_string())),
+    let family = family::of(ckpt)?;
+    if family.name == "kimi_k3" {
+        // K3's check stops short of mapping its routed experts (a stream install has none).
+        let cfg = kimi_k3::config::K3Config::from_json(ckpt.config().text_config())?;
+        // In the order loading for `run` meets them, so both name the same first problem.
+        kimi_k3::KimiK3::expert_index(ckpt, &cfg)?;
+        kimi_k3::weights::K3Weights::load(ckpt, &cfg)?;
+        return Ok(Checked { family, k3: Some(Box::new(cfg)) });
     }
+    // The others: loading is the check (the roster and the expert layout are resolved, the
+    // experts mapped but never read).
+    let reopened = Checkpoint::open(ckpt.dir())?;
+    (family.load)(Arc::new(reopened))?;
+    Ok(Checked { family, k3: None })
 }
 
-/// Loads the model `config.json` names.
+/// Loads the model `config.json` names, through the family table.
 pub fn load(ckpt: Arc<Checkpoint>) -> Result<Model, ModelError> {
-    let archs = ckpt.config().architectures();
-    let arch = archs.first().cloned().unwrap_or_default();
-    match arch.as_str() {
-        a if KIMI_K3_ARCHS.contains(&a) => Ok(Model::KimiK3(kimi_k3::KimiK3::load(ckpt)?)),
-        "Qwen3ForCausalLM" => Ok(Model::Qwen3(qwen3::Qwen3::load(ckpt)?)),
-        "Qwen3MoeForCausalLM" => Ok(Model::Qwen3Moe(qwen3_moe::Qwen3Moe::load(ckpt)?)),
-        "GptOssForCausalLM" => Ok(Model::GptOss(gpt_oss::GptOss::load(ckpt)?)),
-        other => Err(ModelError::UnknownArchitecture(other.to_string())),
-    }
+    (family::of(&ckpt)?.load)(ckpt)
 }
 
 /// Sequence state of any supported family.
@@ -212,6 +210,114 @@ impl Model {
         }
     }
 
+    /// The family table's line for this model.
+    pub fn family_entry(&self) -> &'static Family {
+        let name = self.family();
+        FAMILIES
+            .iter()
+            .find(|f| f.name == name)
+            .expect("invariant: every Model variant has a line in the family table")
+    }
+
+    /// The model's shape.
+    pub fn shape(&self) -> Shape {
+        match self {
+            Self::KimiK3(m) => {
+                let c = m.config();
+                Shape {
+                    layers: c.num_hidden_layers,
+                    hidden: c.hidden_size,
+                    vocab: c.vocab_size,
+                    heads: c.num_attention_heads,
+                    kv_heads: c.num_attention_heads,
+                    experts_per_token: c.num_experts_per_token,
+                }
+            }
+            Self::Qwen3(m) => {
+                let c = m.config();
+                Shape {
+                    layers: c.num_hidden_layers,
+                    hidden: c.hidden_size,
+                    vocab: c.vocab_size,
+                    heads: c.num_attention_heads,
+                    kv_heads: c.num_key_value_heads,
+                    experts_per_token: 0,
+                }
+            }
+            Self::Qwen3Moe(m) => {
+                let c = m.config();
+                Shape {
+                    layers: c.base.num_hidden_layers,
+                    hidden: c.base.hidden_size,
+                    vocab: c.base.vocab_size,
+                    heads: c.base.num_attention_heads,
+                    kv_heads: c.base.num_key_value_heads,
+                    experts_per_token: c.num_experts_per_tok,
+                }
+            }
+            Self::GptOss(m) => {
+                let c = m.config();
+                Shape {
+                    layers: c.num_hidden_layers,
+                    hidden: c.hidden_size,
+                    vocab: c.vocab_size,
+                    heads: c.num_attention_heads,
+                    kv_heads: c.num_key_value_heads,
+                    experts_per_token: c.num_experts_per_tok,
+                }
+            }
+        }
+    }
+
+    /// Where the routed experts are (`None` for a dense model).
+    pub fn routed_experts(&self) -> Option<RoutedExperts> {
+        match self {
+            Self::KimiK3(m) => Some(m.routed_experts()),
+            Self::Qwen3(_) => None,
+            Self::Qwen3Moe(m) => Some(m.routed_experts()),
+            Self::GptOss(m) => Some(m.routed_experts()),
+        }
+    }
+
+    /// Takes routed experts from `store` from now on (ignored by a dense model).
+    pub fn set_experts(&mut self, store: Arc<dyn sluice_store::ExpertStore>) {
+        match self {
+            Self::KimiK3(m) => m.set_experts(store),
+            Self::Qwen3(_) => {}
+            Self::Qwen3Moe(m) => m.set_experts(store),
+            Self::GptOss(m) => m.set_experts(store),
+        }
+    }
+
+    /// What the model holds besides its expert cache, for the memory plan (`None` for Kimi K3,
+    /// whose spine placement plans piece by piece).
+    pub fn memory_needs(&self) -> Option<MemoryNeeds> {
+        match self {
+            Self::KimiK3(_) => None,
+            Self::Qwen3(m) => Some(MemoryNeeds {
+                spine: m.weight_bytes(),
+                state_fixed: 0,
+                state_per_position: {
+                    let c = m.config();
+                    (c.num_hidden_layers * c.kv_width() * 2 * 4) as u64
+                },
+                pass_per_row: {
+                    let c = m.config();
+                    working::pass_bytes_per_row(
+                        c.hidden_size,
+                        c.q_width() + 2 * c.kv_width(),
+                        0,
+                        0,
+                        c.intermediate_size,
+                        c.vocab_size,
+                    )
+                },
+            }),
+            Self::Qwen3Moe(m) => Some(m.memory_needs()),
+            Self::GptOss(m) => Some(m.memory_needs()),
+        }
+    }
+
     /// Spine I/O counters (zero unless a Kimi K3 spine is placed by a spine store).
     pub fn spine_stats(&self) -> sluice_store::SpineStats {
         match self {
@@ -242,24 +348,24 @@ impl Model {
         }
     }
 
-    /// Expert-store counters.
-    pub fn store_stats(&self) -> sluice_store::StoreStats {
+    /// The expert store in use (`None` for a dense model).
+    pub fn experts(&self) -> Option<&Arc<dyn sluice_store::ExpertStore>> {
         match self {
-            Self::KimiK3(m) => m.experts().stats(),
-            // A dense model has no expert store; Qwen3-MoE and GPT-OSS read their experts in
-            // place (for now).
-            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) => {
-                sluice_store::StoreStats::default()
-            }
+            Self::KimiK3(m) => Some(m.experts()),
+            Self::Qwen3(_) => None,
+            Self::Qwen3Moe(m) => Some(m.experts()),
+            Self::GptOss(m) => Some(m.experts()),
         }
+    }
+
+    /// Expert-store counters (zero for a dense model).
+    pub fn store_stats(&self) -> sluice_store::StoreStats {
+        self.experts().map(|s| s.stats()).unwrap_or_default()
     }
 
     /// Expert-store counters per layer (empty when experts do not stream).
     pub fn layer_store_stats(&self) -> Vec<sluice_store::LayerPrefetchStats> {
-        match self {
-            Self::KimiK3(m) => m.experts().layer_stats(),
-            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) => Vec::new(),
-        }
+        self.experts().map(|s| s.layer_stats()).unwrap_or_default()
     }
 
     /// Weight bytes a pass reads besides routed experts (memory traffic, not storage reads).

@@ -68,8 +68,7 @@ fn main() {
                     t
                 })
                 .collect();
-            ExpertLoc::locate(&ents.try_into().expect("six"), std::slice::from_ref(&path), &[len])
-                .expect("locate")
+            ExpertLoc::locate(&ents, std::slice::from_ref(&path), &[len]).expect("locate")
         })
         .collect();
     let index = ExpertIndex::from_layers(vec![locs], vec![path.clone()]);
@@ -100,7 +99,8 @@ fn main() {
         for wave in ids.chunks(16) {
             store
                 .for_each(0, wave, &mut |_, v| {
-                    sum += u64::from(v.w1_packed[0]) + u64::from(v.w3_scale[v.w3_scale.len() - 1]);
+                    let (first, last) = (v.part(0), v.part(5));
+                    sum += u64::from(first[0]) + u64::from(last[last.len() - 1]);
                     Ok(())
                 })
                 .expect("read");

@@ -1,16 +1,17 @@
 //! Where every routed expert lives on disk, resolved once at open.
 //!
-//! An expert is six tensors (w1, w2, w3; packed nibbles and scales). In the published Kimi K3
-//! shards (and the fixtures) they are adjacent in one shard, in some order, so one read fetches
-//! the whole expert. The index checks adjacency in any order and otherwise falls back to one
-//! span per run of adjacent tensors. It also fixes the **slot layout**: each span's 4096-aligned
-//! superset gets its own aligned region of the slot buffer, so the same layout serves O_DIRECT
-//! reads (aligned offset, length and buffer) and buffered ones, and an [`ExpertView`] is six
-//! slices of the slot.
+//! An expert is the list of parts its family's [`ExpertLayout`] gives: byte ranges of checkpoint
+//! tensors (Kimi K3: six MXFP4 tensors; Qwen3-MoE: three bf16 matrices; GPT-OSS: its slice of
+//! each stacked `[E, ...]` tensor). Where parts are adjacent in one shard, in any order (all of a
+//! K3 expert, in the published shards), one read fetches them; otherwise there is one span per
+//! run of adjacent parts (GPT-OSS: one per stacked tensor). The index also fixes the **slot
+//! layout**: each span's 4096-aligned superset gets its own aligned region of the slot buffer,
+//! so the same layout serves O_DIRECT reads (aligned offset, length and buffer) and buffered
+//! ones, and an [`ExpertView`] is the parts sliced out of the slot.
 
-use crate::{ExpertTensorNames, ExpertView, StoreError};
+use crate::layout::{resolve, ExpertLayout, MAX_PARTS};
+use crate::{ExpertView, StoreError};
 use sluice_checkpoint::{Checkpoint, TensorEntry};
-use sluice_core::DType;
 use std::path::{Path, PathBuf};
 
 /// Alignment of read offsets, lengths and buffers for O_DIRECT (and of slot regions).
@@ -57,7 +58,7 @@ impl Span {
     }
 }
 
-/// Where one of the six tensors sits in the slot buffer.
+/// Where one part of an expert sits in the slot buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Part {
     /// Offset in the slot buffer.
@@ -66,20 +67,20 @@ pub struct Part {
     pub len: u64,
 }
 
-/// One expert's spans and the position of its six tensors in a slot.
+/// One expert's spans and the position of its parts in a slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExpertLoc {
     spans: Vec<Span>,
-    parts: [Part; 6],
+    parts: Vec<Part>,
     bytes: u64,
     buffer_len: u64,
 }
 
 impl ExpertLoc {
-    /// Locates an expert from its six tensor entries (order w1 packed, w1 scale, w2 packed,
-    /// w2 scale, w3 packed, w3 scale), checking every byte lies inside its file.
+    /// Locates an expert from the entries of its parts (in layout order; each covering exactly
+    /// the part's bytes), checking every byte lies inside its file.
     pub fn locate(
-        entries: &[TensorEntry; 6],
+        entries: &[TensorEntry],
         paths: &[PathBuf],
         file_lens: &[u64],
     ) -> Result<Self, StoreError> {
@@ -97,10 +98,16 @@ impl ExpertLoc {
             }
         }
         // Disk order; runs of adjacent tensors merge into one span.
-        let mut order: [usize; 6] = [0, 1, 2, 3, 4, 5];
+        if entries.len() > MAX_PARTS {
+            return Err(StoreError::Config(format!(
+                "an expert of {} parts; at most {MAX_PARTS} are supported",
+                entries.len()
+            )));
+        }
+        let mut order: Vec<usize> = (0..entries.len()).collect();
         order.sort_by_key(|&k| (entries[k].shard, entries[k].offset));
         let mut spans: Vec<Span> = Vec::with_capacity(1);
-        let mut parts = [Part { start: 0, len: 0 }; 6];
+        let mut parts = vec![Part { start: 0, len: 0 }; entries.len()];
         let mut cursor = 0u64;
         for &k in &order {
             let t = &entries[k];
@@ -126,8 +133,8 @@ impl ExpertLoc {
         &self.spans
     }
 
-    /// Position of each tensor in the slot buffer (same order as the tensor names).
-    pub fn parts(&self) -> &[Part; 6] {
+    /// Position of each part in the slot buffer (layout order).
+    pub fn parts(&self) -> &[Part] {
         &self.parts
     }
 
@@ -136,7 +143,7 @@ impl ExpertLoc {
         self.spans.len() == 1
     }
 
-    /// Bytes of the expert's six tensors.
+    /// Bytes of the expert's parts.
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -151,23 +158,16 @@ impl ExpertLoc {
         self.spans.iter().map(Span::region_len).sum()
     }
 
-    /// The expert's six tensors sliced out of a slot buffer filled per this layout, or `None`
-    /// if `buf` is too short.
+    /// The expert's parts sliced out of a slot buffer filled per this layout, or `None` if
+    /// `buf` is too short.
     pub fn view<'a>(&self, buf: &'a [u8]) -> Option<ExpertView<'a>> {
-        let part = |k: usize| {
-            let p = self.parts[k];
+        let mut parts: [&'a [u8]; MAX_PARTS] = [&[]; MAX_PARTS];
+        for (slice, p) in parts.iter_mut().zip(&self.parts) {
             let start = usize::try_from(p.start).ok()?;
             let end = start.checked_add(usize::try_from(p.len).ok()?)?;
-            buf.get(start..end)
-        };
-        Some(ExpertView {
-            w1_packed: part(0)?,
-            w1_scale: part(1)?,
-            w2_packed: part(2)?,
-            w2_scale: part(3)?,
-            w3_packed: part(4)?,
-            w3_scale: part(5)?,
-        })
+            *slice = buf.get(start..end)?;
+        }
+        ExpertView::new(&parts[..self.parts.len()])
     }
 }
 
@@ -180,14 +180,15 @@ pub struct ExpertIndex {
 }
 
 impl ExpertIndex {
-    /// Resolves and checks (dtype, shape, inside the file) the six tensors of each of the
-    /// `experts` routed experts of every layer in `moe_layers`, out of `num_layers` layers.
+    /// Resolves and checks (dtype, shape, inside the tensor, inside the file) the parts
+    /// `layout` gives for each of the `experts` routed experts of every layer in `moe_layers`,
+    /// out of `num_layers` layers. The tensors need not be mapped (a stream install's are not).
     pub fn build(
         ckpt: &Checkpoint,
         num_layers: usize,
         moe_layers: &[usize],
         experts: usize,
-        names: &ExpertTensorNames,
+        layout: &dyn ExpertLayout,
     ) -> Result<Self, StoreError> {
         let paths = ckpt.shard_paths().to_vec();
         let file_lens = paths
@@ -198,8 +199,6 @@ impl ExpertIndex {
                     .map_err(|source| StoreError::Io { path: p.clone(), source })
             })
             .collect::<Result<Vec<u64>, _>>()?;
-        let prefix = ckpt.name_prefix();
-        let shapes = names.shapes();
         let mut layers = vec![Vec::new(); num_layers];
         for &l in moe_layers {
             let Some(slot) = layers.get_mut(l) else {
@@ -209,15 +208,8 @@ impl ExpertIndex {
             };
             let mut locs = Vec::with_capacity(experts);
             for e in 0..experts {
-                let n = (names.names)(prefix, l, e);
-                let mut ents: Vec<TensorEntry> = Vec::with_capacity(6);
-                for (name, shape) in n.iter().zip(&shapes) {
-                    ents.push(ckpt.locate(name, DType::U8, shape)?.clone());
-                }
-                let arr: [TensorEntry; 6] = ents
-                    .try_into()
-                    .map_err(|_| StoreError::Config("invariant: six expert tensors".to_string()))?;
-                locs.push(ExpertLoc::locate(&arr, &paths, &file_lens)?);
+                let ents = resolve(ckpt, layout, l, e, false)?;
+                locs.push(ExpertLoc::locate(&ents, &paths, &file_lens)?);
             }
             *slot = locs;
         }
@@ -275,6 +267,7 @@ impl ExpertIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_core::DType;
 
     fn entry(name: &str, shard: usize, offset: u64, len: u64) -> TensorEntry {
         TensorEntry { name: name.into(), shard, dtype: DType::U8, shape: vec![len], offset, len }

@@ -23,6 +23,7 @@ pub mod fault;
 pub mod hotset;
 pub mod index;
 pub mod io;
+pub mod layout;
 pub mod mapped;
 pub mod platform;
 pub mod policy;
@@ -43,7 +44,8 @@ pub use cache::CacheSize;
 pub use fault::FaultyReader;
 pub use index::{ExpertIndex, ExpertLoc};
 pub use io::{IoMode, ReadAt, ShardFiles};
-pub use mapped::{ExpertTensorNames, MappedExperts};
+pub use layout::{ExpertLayout, ExpertPart, ExpertView, MAX_PARTS};
+pub use mapped::MappedExperts;
 pub use policy::PolicyKind;
 pub use reader::ReaderPool;
 pub use remote::{
@@ -52,23 +54,6 @@ pub use remote::{
 pub use spine::{Placement, SpineIndex, SpineStats, SpineStore};
 pub use streaming::{LayerPrefetchStats, StreamingConfig, StreamingExperts};
 pub use telemetry::{Sample, Telemetry};
-
-/// One expert's three MXFP4 matrices as byte slices (packed nibbles and E8M0 scales).
-#[derive(Debug, Clone, Copy)]
-pub struct ExpertView<'a> {
-    /// `w1` (gate) packed `[inter, latent/2]`.
-    pub w1_packed: &'a [u8],
-    /// `w1` scales `[inter, latent/32]`.
-    pub w1_scale: &'a [u8],
-    /// `w2` (down) packed `[latent, inter/2]`.
-    pub w2_packed: &'a [u8],
-    /// `w2` scales `[latent, inter/32]`.
-    pub w2_scale: &'a [u8],
-    /// `w3` (up) packed `[inter, latent/2]`.
-    pub w3_packed: &'a [u8],
-    /// `w3` scales `[inter, latent/32]`.
-    pub w3_scale: &'a [u8],
-}
 
 /// Errors from the expert store.
 #[derive(Debug, thiserror::Error)]

@@ -1,70 +1,44 @@
 //! The simplest expert store: every expert mapped in place from the published shards. The
-//! checkpoint's tensors are validated once at open, so serving an expert is a slice of the map.
+//! checkpoint's tensors are validated once at open (parts as the family's [`ExpertLayout`]
+//! describes them), so serving an expert is a few slices of the map.
 
+use crate::layout::{resolve, ExpertLayout, MAX_PARTS};
 use crate::{ExpertStore, ExpertView, StoreError, StoreStats};
 use sluice_checkpoint::{Checkpoint, TensorEntry};
-use sluice_core::DType;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// How a model family names one expert's tensors and what shapes they have.
-#[derive(Debug, Clone)]
-pub struct ExpertTensorNames {
-    /// For layer `l` and expert `e`, the six tensor names in the order w1 packed, w1 scale, w2
-    /// packed, w2 scale, w3 packed, w3 scale.
-    pub names: fn(prefix: &str, layer: usize, expert: usize) -> [String; 6],
-    /// Expert FFN width (rows of w1/w3, cols of w2).
-    pub inter: u64,
-    /// Expert input width (cols of w1/w3, rows of w2).
-    pub hidden: u64,
-}
-
-impl ExpertTensorNames {
-    /// The `[rows, cols]` byte shapes of the six tensors, in the order of
-    /// [`ExpertTensorNames::names`] (MXFP4: two values per packed byte, one scale per 32).
-    pub fn shapes(&self) -> [[u64; 2]; 6] {
-        let (i, h) = (self.inter, self.hidden);
-        [[i, h / 2], [i, h / 32], [h, i / 2], [h, i / 32], [i, h / 2], [i, h / 32]]
-    }
-}
 
 /// Experts served straight from the checkpoint's memory map.
 #[derive(Debug)]
 pub struct MappedExperts {
     ckpt: Arc<Checkpoint>,
-    /// `layers[l]` is empty for layers without routed experts; otherwise six entries per expert.
-    layers: Vec<Vec<[TensorEntry; 6]>>,
+    /// `layers[l]` is empty for layers without routed experts; otherwise each expert's parts.
+    layers: Vec<Vec<Vec<TensorEntry>>>,
     requests: AtomicU64,
     bytes: AtomicU64,
 }
 
 impl MappedExperts {
-    /// Resolves and checks every expert tensor of the `moe_layers` (each with `experts` experts)
-    /// once; a missing tensor or wrong dtype/shape is an error naming the shard and tensor.
+    /// Resolves and checks every expert part of the `moe_layers` (each with `experts` experts)
+    /// once, as `layout` describes them; a missing tensor or wrong dtype/shape is an error naming
+    /// the shard and tensor.
     pub fn open(
         ckpt: Arc<Checkpoint>,
         num_layers: usize,
         moe_layers: &[usize],
         experts: usize,
-        names: &ExpertTensorNames,
+        layout: &dyn ExpertLayout,
     ) -> Result<Self, StoreError> {
-        let prefix = ckpt.name_prefix().to_string();
-        let shapes = names.shapes();
         let mut layers = vec![Vec::new(); num_layers];
         for &l in moe_layers {
-            let mut v = Vec::with_capacity(experts);
-            for e in 0..experts {
-                let n = (names.names)(&prefix, l, e);
-                let mut ents: Vec<TensorEntry> = Vec::with_capacity(6);
-                for (name, shape) in n.iter().zip(&shapes) {
-                    ents.push(ckpt.expect(name, DType::U8, shape)?.clone());
-                }
-                let arr: [TensorEntry; 6] = ents.try_into().map_err(|_| {
-                    StoreError::Consumer("invariant: six expert tensors".to_string())
-                })?;
-                v.push(arr);
-            }
-            layers[l] = v;
+            let Some(slot) = layers.get_mut(l) else {
+                return Err(StoreError::Config(format!(
+                    "MoE layer {l} is outside the model's {num_layers} layers"
+                )));
+            };
+            *slot = (0..experts)
+                .map(|e| resolve(&ckpt, layout, l, e, true))
+                .collect::<Result<Vec<_>, _>>()?;
         }
         Ok(Self { ckpt, layers, requests: AtomicU64::new(0), bytes: AtomicU64::new(0) })
     }
@@ -87,15 +61,12 @@ impl ExpertStore for MappedExperts {
             let Some(t) = self.layers.get(layer).and_then(|v| v.get(id as usize)) else {
                 return Err(StoreError::NoSuchExpert { layer, expert: id, experts });
             };
-            let b = |k: usize| self.ckpt.bytes(&t[k]);
-            let view = ExpertView {
-                w1_packed: b(0),
-                w1_scale: b(1),
-                w2_packed: b(2),
-                w2_scale: b(3),
-                w3_packed: b(4),
-                w3_scale: b(5),
-            };
+            let mut parts: [&[u8]; MAX_PARTS] = [&[]; MAX_PARTS];
+            for (p, e) in parts.iter_mut().zip(t) {
+                *p = self.ckpt.bytes(e);
+            }
+            let view = ExpertView::new(&parts[..t.len()])
+                .expect("invariant: resolve gives at most MAX_PARTS parts");
             self.requests.fetch_add(1, Ordering::Relaxed);
             self.bytes.fetch_add(t.iter().map(|e| e.len).sum(), Ordering::Relaxed);
             f(id, view)?;

@@ -17,16 +17,19 @@ pub mod attention;
 pub mod config;
 pub mod moe;
 pub mod rope;
+pub mod synth;
 pub mod weights;
 
+use crate::family::{MemoryNeeds, RoutedExperts};
 use crate::qwen3::{Ctx, Qwen3State, Trace};
 use crate::{LogitRows, ModelError};
 use config::GptOssConfig;
 use rope::YarnRope;
 use sluice_checkpoint::Checkpoint;
 use sluice_kernels::ops::rms_norm;
+use sluice_store::ExpertStore;
 use std::sync::Arc;
-use weights::GptOssWeights;
+use weights::{GptOssExpertLayout, GptOssWeights};
 
 /// Records `v` under `name()` when tracing.
 fn put(trace: &mut Option<&mut Trace>, name: impl FnOnce() -> String, v: &[f32]) {
@@ -41,6 +44,7 @@ pub struct GptOss {
     ckpt: Arc<Checkpoint>,
     weights: GptOssWeights,
     rope: YarnRope,
+    experts: Arc<dyn ExpertStore>,
 }
 
 impl std::fmt::Debug for GptOss {
@@ -55,12 +59,64 @@ impl std::fmt::Debug for GptOss {
 
 impl GptOss {
     /// Loads the model from an opened checkpoint: parses `config.json` and resolves and checks
-    /// every tensor once. Experts are read in place from the mapped shards.
+    /// every tensor once. Experts are served in place from the mapped shards until
+    /// [`Self::set_experts`] gives the model another store.
     pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self, ModelError> {
         let cfg = GptOssConfig::from_json(ckpt.config().text_config())?;
         let weights = GptOssWeights::load(&ckpt, &cfg)?;
         let rope = YarnRope::new(cfg.head_dim, cfg.rope_theta, &cfg.yarn);
-        Ok(Self { cfg, ckpt, weights, rope })
+        let experts = Arc::new(Self::routed(&cfg).mapped(ckpt.clone())?);
+        Ok(Self { cfg, ckpt, weights, rope, experts })
+    }
+
+    /// Where the routed experts of a model of config `c` are: every layer is an MoE layer.
+    fn routed(c: &GptOssConfig) -> RoutedExperts {
+        let layout = GptOssExpertLayout {
+            experts: c.num_local_experts as u64,
+            inter: c.intermediate_size as u64,
+            hidden: c.hidden_size as u64,
+        };
+        RoutedExperts {
+            num_layers: c.num_hidden_layers,
+            moe_layers: (0..c.num_hidden_layers).collect(),
+            per_layer: c.num_local_experts,
+            expert_bytes: layout.expert_bytes(),
+            layout: Arc::new(layout),
+        }
+    }
+
+    /// Where this model's routed experts are (for opening an expert store over them).
+    pub fn routed_experts(&self) -> RoutedExperts {
+        Self::routed(&self.cfg)
+    }
+
+    /// Takes routed experts from `experts` from now on.
+    pub fn set_experts(&mut self, experts: Arc<dyn ExpertStore>) {
+        self.experts = experts;
+    }
+
+    /// The expert store in use.
+    pub fn experts(&self) -> &Arc<dyn ExpertStore> {
+        &self.experts
+    }
+
+    /// What the model holds besides its expert cache: the spine, a KV cache of keys and values
+    /// (f32) per position, and a pass's activations per row (see [`crate::working`]).
+    pub fn memory_needs(&self) -> MemoryNeeds {
+        let c = &self.cfg;
+        MemoryNeeds {
+            spine: self.dense_weight_bytes(),
+            state_fixed: 0,
+            state_per_position: (c.num_hidden_layers * c.kv_width() * 2 * 4) as u64,
+            pass_per_row: crate::working::pass_bytes_per_row(
+                c.hidden_size,
+                c.q_width() + 2 * c.kv_width(),
+                c.num_local_experts,
+                c.num_experts_per_tok,
+                2 * c.intermediate_size,
+                c.vocab_size,
+            ),
+        }
     }
 
     /// The typed configuration.
@@ -80,7 +136,7 @@ impl GptOss {
 
     /// Bytes of one routed expert (MXFP4 values and scales of both matrices).
     pub fn expert_bytes(&self) -> u64 {
-        self.weights.expert_byte_len()
+        self.routed_experts().expert_bytes
     }
 
     /// A fresh, empty sequence state.
@@ -137,7 +193,14 @@ impl GptOss {
             add_into(&mut h, &a);
             let m_in = self.norm_rows(&h, &lw.post_norm);
             put(&mut trace, || format!("layer{i}.mlp_in"), &m_in);
-            let (m, logits, routes) = moe::forward(&ctx, &lw.moe, c, &m_in, t);
+            let store = self.experts.as_ref();
+            let (m, logits, routes) = match moe::forward(&ctx, &lw.moe, store, i, c, &m_in, t) {
+                Ok(out) => out,
+                Err(e) => {
+                    state.rollback();
+                    return Err(e);
+                }
+            };
             put(&mut trace, || format!("layer{i}.router_logits"), &logits);
             if let Some(tr) = trace.as_deref_mut() {
                 tr.routes.insert(i, routes);

@@ -10,7 +10,7 @@
 //! out = ((up + 1) * gate * sigmoid(gate * alpha)) @ W_down + b_down
 //! ```
 //!
-//! with the MXFP4 experts read in place (see [`super::weights`]). A row's output is the sum of
+//! with the MXFP4 experts served by the expert store (see [`super::weights`]). A row's output is the sum of
 //! `expert_out · weight` over its experts in ascending expert id from zero, the order of HF's
 //! `index_add_` loop. The union of experts over the pass runs each expert once on all its rows
 //! through the batch-invariant matmul; the combination is per row, so rows never interact.
@@ -20,8 +20,11 @@ use super::config::{GptOssConfig, SWIGLU_ALPHA};
 use super::weights::MoeWeights;
 use crate::kimi_k3::Route;
 use crate::qwen3::Ctx;
-use sluice_kernels::matmul;
+use crate::qwen3_moe::moe::BlockOut;
+use crate::ModelError;
 use sluice_kernels::ops::{sigmoid, softmax_inplace};
+use sluice_kernels::{matmul, Matrix};
+use sluice_store::{ExpertStore, StoreError};
 
 /// Selects the top-k experts of one row of (biased) router logits.
 pub(crate) fn route(logits: &[f32], k: usize) -> Route {
@@ -44,15 +47,18 @@ pub(crate) fn clamped_swiglu(gate_up: &[f32], limit: f32, out: &mut [f32]) {
     }
 }
 
-/// Runs the MoE block on `x [t, d]` (the `post_attention_layernorm` output); returns the block
-/// output `[t, d]`, the router logits `[t, E]` and each row's route.
+/// Runs the MoE block of `layer` on `x [t, d]` (the `post_attention_layernorm` output), its
+/// experts served by `store`; returns the block output `[t, d]`, the router logits `[t, E]`
+/// and each row's route.
 pub(crate) fn forward(
     ctx: &Ctx<'_>,
     w: &MoeWeights,
+    store: &dyn ExpertStore,
+    layer: usize,
     c: &GptOssConfig,
     x: &[f32],
     t: usize,
-) -> (Vec<f32>, Vec<f32>, Vec<Route>) {
+) -> Result<BlockOut, ModelError> {
     let (d, e, k, inter) =
         (c.hidden_size, c.num_local_experts, c.num_experts_per_tok, c.intermediate_size);
     let mut logits = ctx.mm(&w.router, x, t);
@@ -65,29 +71,43 @@ pub(crate) fn forward(
             users[id as usize].push((row, slot));
         }
     }
+    let ids: Vec<u32> =
+        (0..e).filter(|&i| !users[i].is_empty()).filter_map(|i| u32::try_from(i).ok()).collect();
     let mut outs = vec![0.0f32; t * k * d];
     let mut xs = Vec::new();
-    for (id, us) in users.iter().enumerate().filter(|(_, us)| !us.is_empty()) {
+    store.for_each(layer, &ids, &mut |id, v| {
+        // Parts in the order of `GptOssExpertLayout`: gate_up blocks, scales; down blocks, scales.
+        let (Ok(gate_up), Ok(down)) = (
+            Matrix::mxfp4(2 * inter, d, v.part(0), v.part(1)),
+            Matrix::mxfp4(d, inter, v.part(2), v.part(3)),
+        ) else {
+            return Err(StoreError::Consumer(format!(
+                "expert {id} of layer {layer} has byte lengths that do not match its shape"
+            )));
+        };
+        let id = id as usize;
+        let us = &users[id];
         let n = us.len();
         xs.clear();
         for &(row, _) in us {
             xs.extend_from_slice(&x[row * d..(row + 1) * d]);
         }
         let mut gu = vec![0.0f32; n * 2 * inter];
-        matmul(&w.gate_up.get(ctx.ckpt, id), &xs, n, &mut gu);
+        matmul(&gate_up, &xs, n, &mut gu);
         add_bias(&mut gu, &w.gate_up_bias[id * 2 * inter..(id + 1) * 2 * inter]);
         let mut act = vec![0.0f32; n * inter];
         for (a, g) in act.chunks_exact_mut(inter).zip(gu.chunks_exact(2 * inter)) {
             clamped_swiglu(g, c.swiglu_limit, a);
         }
         let mut y = vec![0.0f32; n * d];
-        matmul(&w.down.get(ctx.ckpt, id), &act, n, &mut y);
+        matmul(&down, &act, n, &mut y);
         add_bias(&mut y, &w.down_bias[id * d..(id + 1) * d]);
         for (j, &(row, slot)) in us.iter().enumerate() {
             outs[(row * k + slot) * d..(row * k + slot + 1) * d]
                 .copy_from_slice(&y[j * d..(j + 1) * d]);
         }
-    }
+        Ok(())
+    })?;
     let mut out = vec![0.0f32; t * d];
     let mut slots: Vec<usize> = Vec::with_capacity(k);
     for (row, r) in routes.iter().enumerate() {
@@ -102,7 +122,7 @@ pub(crate) fn forward(
             }
         }
     }
-    (out, logits, routes)
+    Ok((out, logits, routes))
 }
 
 #[cfg(test)]

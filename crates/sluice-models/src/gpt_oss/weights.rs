@@ -21,15 +21,19 @@
 //! a 16-byte block holds element `2k` in its low nibble and `2k + 1` in its high nibble; value =
 //! `E2M1[nibble] · 2^(scale − 127)`. Flattened per expert that is `[out, in/2]` packed bytes and
 //! `[out, in/32]` scales, exactly the layout of `sluice_kernels::Matrix::mxfp4`, so one expert's
-//! matrices are kernel operands over the mapped bytes, no repacking. `gate_up` rows interleave
+//! matrices are kernel operands over the published bytes, no repacking. `gate_up` rows interleave
 //! gate (row `2j`) and up (row `2j + 1`).
+//!
+//! The expert store serves expert `e` as its slice of each stacked `*_blocks` / `*_scales`
+//! tensor ([`GptOssExpertLayout`]: four parts, read as four spans when streamed); the expert
+//! biases are small (`[E, 2I]`, `[E, d]`) and stay with the spine, widened to f32 at load.
 
 use super::config::GptOssConfig;
 use crate::qwen3::weights::{Linear, Roster};
 use crate::ModelError;
-use sluice_checkpoint::{Checkpoint, TensorEntry};
+use sluice_checkpoint::Checkpoint;
 use sluice_core::DType;
-use sluice_kernels::Matrix;
+use sluice_store::{ExpertLayout, ExpertPart};
 
 /// The family name errors carry.
 pub(crate) const FAMILY: &str = "gpt_oss";
@@ -49,27 +53,40 @@ pub struct AttnWeights {
     pub(crate) sinks: Vec<f32>,
 }
 
-/// One MXFP4 expert tensor of all experts: `[E, rows, cols]` as blocks + scales.
-#[derive(Debug, Clone)]
-pub struct Mxfp4Experts {
-    blocks: TensorEntry,
-    scales: TensorEntry,
-    rows: usize,
-    cols: usize,
+/// The layout of one GPT-OSS routed expert for the expert store: expert `e`'s slice of
+/// `gate_up_proj_blocks`, `gate_up_proj_scales`, `down_proj_blocks`, `down_proj_scales`.
+#[derive(Debug, Clone, Copy)]
+pub struct GptOssExpertLayout {
+    /// `num_local_experts`.
+    pub experts: u64,
+    /// `intermediate_size`.
+    pub inter: u64,
+    /// `hidden_size`.
+    pub hidden: u64,
 }
 
-impl Mxfp4Experts {
-    /// Expert `e`'s matrix `[rows, cols]` as a kernel operand over the checkpoint's bytes.
-    pub fn get<'a>(&self, ckpt: &'a Checkpoint, e: usize) -> Matrix<'a> {
-        let (pb, ps) = (self.rows * self.cols / 2, self.rows * self.cols / 32);
-        let (b, s) = (ckpt.bytes(&self.blocks), ckpt.bytes(&self.scales));
-        Matrix::mxfp4(self.rows, self.cols, &b[e * pb..(e + 1) * pb], &s[e * ps..(e + 1) * ps])
-            .expect("invariant: shapes were checked at load")
+impl GptOssExpertLayout {
+    /// Bytes of one expert (packed values and scales of both matrices).
+    pub fn expert_bytes(&self) -> u64 {
+        let (i, d) = (self.inter, self.hidden);
+        (2 * i * d + d * i) / 2 + (2 * i * d + d * i) / 32
     }
+}
 
-    /// Bytes of one expert (packed values and scales).
-    pub fn expert_byte_len(&self) -> u64 {
-        (self.rows * self.cols / 2 + self.rows * self.cols / 32) as u64
+impl ExpertLayout for GptOssExpertLayout {
+    fn parts(&self, layer: usize, expert: usize) -> Vec<ExpertPart> {
+        let p = format!("model.layers.{layer}.mlp.experts");
+        let (e, i, d) = (self.experts, self.inter, self.hidden);
+        let (gu, dn) = ([e, 2 * i, d / 32], [e, d, i / 32]);
+        let part = |name: &str, shape: &[u64]| {
+            ExpertPart::stacked(format!("{p}.{name}"), DType::U8, shape, expert as u64)
+        };
+        vec![
+            part("gate_up_proj_blocks", &[gu[0], gu[1], gu[2], 16]),
+            part("gate_up_proj_scales", &gu),
+            part("down_proj_blocks", &[dn[0], dn[1], dn[2], 16]),
+            part("down_proj_scales", &dn),
+        ]
     }
 }
 
@@ -78,12 +95,8 @@ impl Mxfp4Experts {
 pub struct MoeWeights {
     pub(crate) router: Linear,
     pub(crate) router_bias: Vec<f32>,
-    /// `[E, 2I, d]`, rows interleaving gate and up.
-    pub(crate) gate_up: Mxfp4Experts,
-    /// `[E · 2I]`.
+    /// `[E · 2I]`, interleaving gate and up like the `gate_up` rows.
     pub(crate) gate_up_bias: Vec<f32>,
-    /// `[E, d, I]`.
-    pub(crate) down: Mxfp4Experts,
     /// `[E · d]`.
     pub(crate) down_bias: Vec<f32>,
 }
@@ -139,14 +152,15 @@ impl GptOssWeights {
                 sinks: r.vec(&format!("{a}.sinks"), c.num_attention_heads)?,
             };
             let x = format!("{p}.mlp.experts");
-            let moe = MoeWeights {
-                router: r.mat(&format!("{p}.mlp.router.weight"), e, d)?,
-                router_bias: r.vec(&format!("{p}.mlp.router.bias"), e)?,
-                gate_up: mxfp4(&r, &format!("{x}.gate_up_proj"), e, 2 * inter, d)?,
-                gate_up_bias: matrix_vec(&r, &format!("{x}.gate_up_proj_bias"), e, 2 * inter)?,
-                down: mxfp4(&r, &format!("{x}.down_proj"), e, d, inter)?,
-                down_bias: matrix_vec(&r, &format!("{x}.down_proj_bias"), e, d)?,
-            };
+            let router = r.mat(&format!("{p}.mlp.router.weight"), e, d)?;
+            let router_bias = r.vec(&format!("{p}.mlp.router.bias"), e)?;
+            // The stacked expert tensors are checked here, in roster order, so a missing
+            // `*_scales` is named like any other tensor; the store slices them per expert.
+            mxfp4(&r, &format!("{x}.gate_up_proj"), e, 2 * inter, d)?;
+            let gate_up_bias = matrix_vec(&r, &format!("{x}.gate_up_proj_bias"), e, 2 * inter)?;
+            mxfp4(&r, &format!("{x}.down_proj"), e, d, inter)?;
+            let down_bias = matrix_vec(&r, &format!("{x}.down_proj_bias"), e, d)?;
+            let moe = MoeWeights { router, router_bias, gate_up_bias, down_bias };
             layers.push(LayerWeights {
                 input_norm: r.vec(&format!("{p}.input_layernorm.weight"), d)?,
                 post_norm: r.vec(&format!("{p}.post_attention_layernorm.weight"), d)?,
@@ -178,28 +192,15 @@ impl GptOssWeights {
             .sum();
         layer + self.embed.byte_len() + if tied { 0 } else { self.lm_head.byte_len() }
     }
-
-    /// Bytes of one routed expert (both MXFP4 matrices; biases not counted).
-    pub fn expert_byte_len(&self) -> u64 {
-        self.layers
-            .first()
-            .map_or(0, |l| l.moe.gate_up.expert_byte_len() + l.moe.down.expert_byte_len())
-    }
 }
 
-/// `{p}_blocks` U8 `[E, rows, cols/32, 16]` and `{p}_scales` U8 `[E, rows, cols/32]`.
-fn mxfp4(
-    r: &Roster<'_>,
-    p: &str,
-    e: usize,
-    rows: usize,
-    cols: usize,
-) -> Result<Mxfp4Experts, ModelError> {
+/// Checks `{p}_blocks` U8 `[E, rows, cols/32, 16]` and `{p}_scales` U8 `[E, rows, cols/32]`.
+fn mxfp4(r: &Roster<'_>, p: &str, e: usize, rows: usize, cols: usize) -> Result<(), ModelError> {
     let (e64, r64, b64) = (e as u64, rows as u64, (cols / 32) as u64);
     let name = |s: &str| format!("{}{p}_{s}", r.prefix);
-    let blocks = r.ckpt.expect(&name("blocks"), DType::U8, &[e64, r64, b64, 16])?.clone();
-    let scales = r.ckpt.expect(&name("scales"), DType::U8, &[e64, r64, b64])?.clone();
-    Ok(Mxfp4Experts { blocks, scales, rows, cols })
+    r.ckpt.expect(&name("blocks"), DType::U8, &[e64, r64, b64, 16])?;
+    r.ckpt.expect(&name("scales"), DType::U8, &[e64, r64, b64])?;
+    Ok(())
 }
 
 /// A bf16/f32 `[e, n]` tensor widened to f32, row-major.

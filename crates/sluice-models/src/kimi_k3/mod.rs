@@ -20,12 +20,13 @@ pub mod working;
 use crate::{LogitRows, ModelError};
 use config::{AttnKind, K3Config};
 use sluice_checkpoint::Checkpoint;
+use sluice_core::DType;
 use sluice_core::MemoryBudget;
 use sluice_kernels::matmul;
 use sluice_kernels::ops::{rms_norm, softmax_inplace};
 use sluice_store::{
-    ExpertIndex, ExpertStore, ExpertTensorNames, MappedExperts, SpineIndex, SpineStats, SpineStore,
-    StreamingConfig, StreamingExperts,
+    ExpertIndex, ExpertLayout, ExpertPart, ExpertStore, MappedExperts, SpineIndex, SpineStats,
+    SpineStore, StreamingConfig, StreamingExperts,
 };
 use spine::{PieceRef, Spine, TensorBytes};
 use state::{K3State, LayerShape, LayerState};
@@ -112,12 +113,35 @@ pub fn expert_tensor_names(prefix: &str, layer: usize, e: usize) -> [String; 6] 
     ]
 }
 
+/// The layout of one K3 routed expert for the expert store: its six MXFP4 tensors in the order
+/// of [`expert_tensor_names`] (packed `[inter, width/2]` / `[width, inter/2]`, E8M0 scales one
+/// per 32 values).
+#[derive(Debug, Clone, Copy)]
+pub struct K3ExpertLayout {
+    /// Expert FFN width (rows of w1/w3, cols of w2).
+    pub inter: u64,
+    /// Expert input width (cols of w1/w3, rows of w2): the latent width.
+    pub hidden: u64,
+}
+
+impl ExpertLayout for K3ExpertLayout {
+    fn parts(&self, layer: usize, expert: usize) -> Vec<ExpertPart> {
+        let (i, h) = (self.inter, self.hidden);
+        let shapes = [[i, h / 2], [i, h / 32], [h, i / 2], [h, i / 32], [i, h / 2], [i, h / 32]];
+        expert_tensor_names("", layer, expert)
+            .into_iter()
+            .zip(shapes)
+            .map(|(name, shape)| ExpertPart::whole(name, DType::U8, &shape))
+            .collect()
+    }
+}
+
 impl KimiK3 {
     /// Loads the model from an opened checkpoint, serving experts in place from its shards.
     pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self, ModelError> {
         let cfg = K3Config::from_json(ckpt.config().text_config())?;
         let (n, moe, names) =
-            (cfg.num_hidden_layers, Self::moe_layers(&cfg), Self::expert_names(&cfg));
+            (cfg.num_hidden_layers, Self::moe_layers(&cfg), Self::expert_layout(&cfg));
         let experts = MappedExperts::open(ckpt.clone(), n, &moe, cfg.num_experts, &names)?;
         Self::with_store(ckpt, Arc::new(experts))
     }
@@ -127,19 +151,35 @@ impl KimiK3 {
         (0..cfg.num_hidden_layers).filter(|&i| cfg.is_moe(i)).collect()
     }
 
-    /// How this family names and shapes one expert's tensors (for expert stores).
-    pub fn expert_names(cfg: &K3Config) -> ExpertTensorNames {
-        ExpertTensorNames {
-            names: expert_tensor_names,
+    /// How this family lays out one routed expert (for expert stores).
+    pub fn expert_layout(cfg: &K3Config) -> K3ExpertLayout {
+        K3ExpertLayout {
             inter: cfg.moe_intermediate_size as u64,
             hidden: cfg.expert_width() as u64,
+        }
+    }
+
+    /// Where the routed experts of this model are (for opening an expert store over them).
+    pub fn routed_experts(&self) -> crate::RoutedExperts {
+        Self::routed(&self.cfg)
+    }
+
+    /// Where the routed experts of a model of config `cfg` are.
+    pub fn routed(cfg: &K3Config) -> crate::RoutedExperts {
+        let layout = Self::expert_layout(cfg);
+        crate::RoutedExperts {
+            num_layers: cfg.num_hidden_layers,
+            moe_layers: Self::moe_layers(cfg),
+            per_layer: cfg.num_experts,
+            expert_bytes: layout.parts(0, 0).iter().map(ExpertPart::len).sum(),
+            layout: Arc::new(layout),
         }
     }
 
     /// The index of every routed expert of `ckpt` (config `cfg`) in place in its shards.
     pub fn expert_index(ckpt: &Checkpoint, cfg: &K3Config) -> Result<ExpertIndex, ModelError> {
         let (n, moe, names) =
-            (cfg.num_hidden_layers, Self::moe_layers(cfg), Self::expert_names(cfg));
+            (cfg.num_hidden_layers, Self::moe_layers(cfg), Self::expert_layout(cfg));
         Ok(ExpertIndex::build(ckpt, n, &moe, cfg.num_experts, &names)?)
     }
 
@@ -152,7 +192,7 @@ impl KimiK3 {
         budget: &MemoryBudget,
     ) -> Result<StreamingExperts, ModelError> {
         let (n, moe, names) =
-            (cfg.num_hidden_layers, Self::moe_layers(cfg), Self::expert_names(cfg));
+            (cfg.num_hidden_layers, Self::moe_layers(cfg), Self::expert_layout(cfg));
         Ok(StreamingExperts::open(ckpt, n, &moe, cfg.num_experts, &names, config, budget)?)
     }
 

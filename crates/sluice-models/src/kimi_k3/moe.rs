@@ -157,9 +157,10 @@ pub(crate) fn forward(
         for &(ti, _) in rows {
             xin.extend_from_slice(&z[ti * lat_w..(ti + 1) * lat_w]);
         }
-        let m1 = Matrix::mxfp4(inter, lat_w, v.w1_packed, v.w1_scale);
-        let m3 = Matrix::mxfp4(inter, lat_w, v.w3_packed, v.w3_scale);
-        let m2 = Matrix::mxfp4(lat_w, inter, v.w2_packed, v.w2_scale);
+        // Parts in the order of `K3ExpertLayout`: w1, w2, w3, each packed then scales.
+        let m1 = Matrix::mxfp4(inter, lat_w, v.part(0), v.part(1));
+        let m3 = Matrix::mxfp4(inter, lat_w, v.part(4), v.part(5));
+        let m2 = Matrix::mxfp4(lat_w, inter, v.part(2), v.part(3));
         let (Ok(m1), Ok(m2), Ok(m3)) = (m1, m2, m3) else {
             return Err(sluice_store::StoreError::Consumer(format!(
                 "expert {id} of layer {layer} has byte lengths that do not match its shape"

@@ -16,16 +16,19 @@
 
 pub mod config;
 pub mod moe;
+pub mod synth;
 pub mod weights;
 
+use crate::family::{MemoryNeeds, RoutedExperts};
 use crate::qwen3::attention::{self, Rope};
 use crate::qwen3::{Ctx, Qwen3State, Trace};
 use crate::{LogitRows, ModelError};
 use config::Qwen3MoeConfig;
 use sluice_checkpoint::Checkpoint;
 use sluice_kernels::ops::rms_norm;
+use sluice_store::ExpertStore;
 use std::sync::Arc;
-use weights::{Ffn, Qwen3MoeWeights};
+use weights::{Ffn, Qwen3MoeExpertLayout, Qwen3MoeWeights};
 
 /// Records `v` under `name()` when tracing (the name is only built when a trace is wanted).
 fn put(trace: &mut Option<&mut Trace>, name: impl FnOnce() -> String, v: &[f32]) {
@@ -40,6 +43,7 @@ pub struct Qwen3Moe {
     ckpt: Arc<Checkpoint>,
     weights: Qwen3MoeWeights,
     rope: Rope,
+    experts: Arc<dyn ExpertStore>,
 }
 
 impl std::fmt::Debug for Qwen3Moe {
@@ -54,12 +58,64 @@ impl std::fmt::Debug for Qwen3Moe {
 
 impl Qwen3Moe {
     /// Loads the model from an opened checkpoint: parses `config.json` and resolves and checks
-    /// every tensor once. Experts are read in place from the mapped shards.
+    /// every tensor once. Experts are served in place from the mapped shards until
+    /// [`Self::set_experts`] gives the model another store.
     pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self, ModelError> {
         let cfg = Qwen3MoeConfig::from_json(ckpt.config().text_config())?;
         let weights = Qwen3MoeWeights::load(&ckpt, &cfg)?;
         let rope = Rope::new(cfg.base.head_dim, cfg.base.rope_theta);
-        Ok(Self { cfg, ckpt, weights, rope })
+        let experts = Arc::new(Self::routed(&cfg).mapped(ckpt.clone())?);
+        Ok(Self { cfg, ckpt, weights, rope, experts })
+    }
+
+    /// Where the routed experts of a model of config `c` are.
+    fn routed(c: &Qwen3MoeConfig) -> RoutedExperts {
+        let layout = Qwen3MoeExpertLayout {
+            inter: c.moe_intermediate_size as u64,
+            hidden: c.base.hidden_size as u64,
+        };
+        RoutedExperts {
+            num_layers: c.base.num_hidden_layers,
+            moe_layers: c.moe_layers(),
+            per_layer: c.num_experts,
+            expert_bytes: layout.expert_bytes(),
+            layout: Arc::new(layout),
+        }
+    }
+
+    /// Where this model's routed experts are (for opening an expert store over them).
+    pub fn routed_experts(&self) -> RoutedExperts {
+        Self::routed(&self.cfg)
+    }
+
+    /// Takes routed experts from `experts` from now on.
+    pub fn set_experts(&mut self, experts: Arc<dyn ExpertStore>) {
+        self.experts = experts;
+    }
+
+    /// The expert store in use.
+    pub fn experts(&self) -> &Arc<dyn ExpertStore> {
+        &self.experts
+    }
+
+    /// What the model holds besides its expert cache: the spine, a KV cache of keys and values
+    /// (f32) per position, and a pass's activations per row (see [`crate::working`]).
+    pub fn memory_needs(&self) -> MemoryNeeds {
+        let c = &self.cfg;
+        let b = &c.base;
+        MemoryNeeds {
+            spine: self.dense_weight_bytes(),
+            state_fixed: 0,
+            state_per_position: (b.num_hidden_layers * b.kv_width() * 2 * 4) as u64,
+            pass_per_row: crate::working::pass_bytes_per_row(
+                b.hidden_size,
+                b.q_width() + 2 * b.kv_width(),
+                c.num_experts,
+                c.num_experts_per_tok,
+                c.moe_intermediate_size.max(b.intermediate_size),
+                b.vocab_size,
+            ),
+        }
     }
 
     /// The typed configuration.
@@ -79,7 +135,7 @@ impl Qwen3Moe {
 
     /// Bytes of one routed expert's three bf16 matrices.
     pub fn expert_bytes(&self) -> u64 {
-        self.weights.expert_byte_len()
+        self.routed_experts().expert_bytes
     }
 
     /// A fresh, empty sequence state (Qwen3's KV caches).
@@ -140,9 +196,16 @@ impl Qwen3Moe {
             put(&mut trace, || format!("layer{i}.mlp_in"), &m_in);
             let m = match &lw.ffn {
                 Ffn::Dense(w) => moe::mlp(&ctx, w, &m_in, t),
-                Ffn::Moe { router, experts } => {
+                Ffn::Moe { router } => {
+                    let store = self.experts.as_ref();
                     let (m, logits, routes) =
-                        moe::forward(&ctx, router, experts, &self.cfg, &m_in, t);
+                        match moe::forward(&ctx, router, store, i, &self.cfg, &m_in, t) {
+                            Ok(out) => out,
+                            Err(e) => {
+                                state.rollback();
+                                return Err(e);
+                            }
+                        };
                     put(&mut trace, || format!("layer{i}.router_logits"), &logits);
                     if let Some(tr) = trace.as_deref_mut() {
                         tr.routes.insert(i, routes);

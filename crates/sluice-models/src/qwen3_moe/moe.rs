@@ -10,14 +10,23 @@
 //!
 //! Batch invariance: the union of experts over the T rows runs each expert once on all the rows
 //! that chose it, through the batch-invariant matmul, and the combination is per row in an order
-//! fixed by that row's own routing, so a row's output never depends on the other rows.
+//! fixed by that row's own routing, so a row's output never depends on the other rows. The
+//! experts come from the expert store (mapped or streamed; the same bytes either way), in the
+//! order the store chooses; outputs land per (row, slot), so arrival order changes nothing.
 
 use super::config::Qwen3MoeConfig;
 use super::weights::Expert;
 use crate::kimi_k3::Route;
 use crate::qwen3::weights::Linear;
 use crate::qwen3::Ctx;
+use crate::ModelError;
 use sluice_kernels::ops::{silu_glu, softmax_inplace};
+use sluice_kernels::{matmul, Matrix};
+use sluice_store::{ExpertStore, StoreError};
+
+/// What a sparse block returns: its output `[t, d]`, the router logits `[t, E]` and each
+/// row's route (shared with GPT-OSS's block).
+pub(crate) type BlockOut = (Vec<f32>, Vec<f32>, Vec<Route>);
 
 /// Selects the top-k experts of one row of router logits.
 pub(crate) fn route(logits: &[f32], c: &Qwen3MoeConfig) -> Route {
@@ -48,17 +57,20 @@ pub(crate) fn mlp(ctx: &Ctx<'_>, w: &Expert, x: &[f32], t: usize) -> Vec<f32> {
     ctx.mm(&w.down, &act, t)
 }
 
-/// Runs the sparse block on `x [t, d]` (the `post_attention_layernorm` output); returns the block
-/// output `[t, d]`, the router logits `[t, E]` and each row's route.
+/// Runs the sparse block of `layer` on `x [t, d]` (the `post_attention_layernorm` output), its
+/// experts served by `store`; returns the block output `[t, d]`, the router logits `[t, E]` and
+/// each row's route.
 pub(crate) fn forward(
     ctx: &Ctx<'_>,
     router: &Linear,
-    experts: &[Expert],
+    store: &dyn ExpertStore,
+    layer: usize,
     c: &Qwen3MoeConfig,
     x: &[f32],
     t: usize,
-) -> (Vec<f32>, Vec<f32>, Vec<Route>) {
-    let (d, e, k) = (c.base.hidden_size, c.num_experts, c.num_experts_per_tok);
+) -> Result<BlockOut, ModelError> {
+    let (d, e, k, inter) =
+        (c.base.hidden_size, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size);
     let logits = ctx.mm(router, x, t);
     let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, c)).collect();
 
@@ -69,20 +81,43 @@ pub(crate) fn forward(
             users[id as usize].push((row, slot));
         }
     }
+    let ids: Vec<u32> =
+        (0..e).filter(|&i| !users[i].is_empty()).filter_map(|i| u32::try_from(i).ok()).collect();
     // Each expert once, on all of its rows; outputs land at [row, slot].
     let mut outs = vec![0.0f32; t * k * d];
     let mut xs = Vec::new();
-    for (id, us) in users.iter().enumerate().filter(|(_, us)| !us.is_empty()) {
+    store.for_each(layer, &ids, &mut |id, v| {
+        // Parts in the order of `Qwen3MoeExpertLayout`: gate, up, down.
+        let (Ok(gate_w), Ok(up_w), Ok(down_w)) = (
+            Matrix::bf16(inter, d, v.part(0)),
+            Matrix::bf16(inter, d, v.part(1)),
+            Matrix::bf16(d, inter, v.part(2)),
+        ) else {
+            return Err(StoreError::Consumer(format!(
+                "expert {id} of layer {layer} has byte lengths that do not match its shape"
+            )));
+        };
+        let us = &users[id as usize];
+        let n = us.len();
         xs.clear();
         for &(row, _) in us {
             xs.extend_from_slice(&x[row * d..(row + 1) * d]);
         }
-        let y = mlp(ctx, &experts[id], &xs, us.len());
+        // Qwen3MoeMLP: down(silu(gate x) · up x)
+        let mut gate = vec![0.0f32; n * inter];
+        let mut up = vec![0.0f32; n * inter];
+        matmul(&gate_w, &xs, n, &mut gate);
+        matmul(&up_w, &xs, n, &mut up);
+        let mut act = vec![0.0f32; n * inter];
+        silu_glu(&gate, &up, &mut act);
+        let mut y = vec![0.0f32; n * d];
+        matmul(&down_w, &act, n, &mut y);
         for (j, &(row, slot)) in us.iter().enumerate() {
             outs[(row * k + slot) * d..(row * k + slot + 1) * d]
                 .copy_from_slice(&y[j * d..(j + 1) * d]);
         }
-    }
+        Ok(())
+    })?;
     // final_hidden_states.index_add_(0, token_idx, expert_out * weight), experts ascending.
     let mut out = vec![0.0f32; t * d];
     let mut slots: Vec<usize> = Vec::with_capacity(k);
@@ -99,7 +134,7 @@ pub(crate) fn forward(
             }
         }
     }
-    (out, logits, routes)
+    Ok((out, logits, routes))
 }
 
 #[cfg(test)]

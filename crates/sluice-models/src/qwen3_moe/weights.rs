@@ -18,13 +18,16 @@
 //! | `model.norm.weight` | `[d]` |
 //! | `lm_head.weight` | `[vocab, d]`, absent when `tie_word_embeddings` |
 //!
-//! Experts are bf16 as published and are read in place from the mapped shards (the engine's
-//! expert store does not serve this family yet).
+//! Experts are bf16 as published. They are checked here with the rest, but the model reads them
+//! through an expert store (mapped in place, or streamed from the shards) over
+//! [`Qwen3MoeExpertLayout`], so no handle to them is kept.
 
 use super::config::Qwen3MoeConfig;
 use crate::qwen3::weights::{AttnWeights, Linear, Roster};
 use crate::ModelError;
 use sluice_checkpoint::Checkpoint;
+use sluice_core::DType;
+use sluice_store::{ExpertLayout, ExpertPart};
 
 /// The family name errors carry.
 pub(crate) const FAMILY: &str = "qwen3_moe";
@@ -43,12 +46,11 @@ pub enum Ffn {
     /// `Qwen3MoeMLP` (a `mlp_only_layers` layer or one `decoder_sparse_step` skips); boxed so
     /// that a layer's `Ffn` is as small as the MoE variant.
     Dense(Box<Expert>),
-    /// `Qwen3MoeSparseMoeBlock`: router `[E, d]` and the experts in id order.
+    /// `Qwen3MoeSparseMoeBlock`: the router `[E, d]` (`mlp.gate.weight`); the experts
+    /// (`mlp.experts.{e}`) come from the expert store.
     Moe {
         /// `mlp.gate.weight`.
         router: Linear,
-        /// `mlp.experts.{e}`.
-        experts: Vec<Expert>,
     },
 }
 
@@ -95,12 +97,12 @@ impl Qwen3MoeWeights {
             let ffn = if c.is_moe(i) {
                 check_expert_count(&r, &p, c)?;
                 let router = r.mat(&format!("{p}.mlp.gate.weight"), c.num_experts, d)?;
-                let experts = (0..c.num_experts)
-                    .map(|e| {
-                        expert(&r, &format!("{p}.mlp.experts.{e}"), c.moe_intermediate_size, d)
-                    })
-                    .collect::<Result<_, _>>()?;
-                Ffn::Moe { router, experts }
+                // Checked here, in roster order, so a bad expert tensor is named like any other;
+                // the store resolves them again from the layout.
+                for e in 0..c.num_experts {
+                    expert(&r, &format!("{p}.mlp.experts.{e}"), c.moe_intermediate_size, d)?;
+                }
+                Ffn::Moe { router }
             } else {
                 Ffn::Dense(Box::new(expert(&r, &format!("{p}.mlp"), b.intermediate_size, d)?))
             };
@@ -130,22 +132,39 @@ impl Qwen3MoeWeights {
                 l.attn.byte_len()
                     + match &l.ffn {
                         Ffn::Dense(m) => m.byte_len(),
-                        Ffn::Moe { router, .. } => router.byte_len(),
+                        Ffn::Moe { router } => router.byte_len(),
                     }
             })
             .sum();
         layer + self.embed.byte_len() + if tied { 0 } else { self.lm_head.byte_len() }
     }
+}
 
-    /// Bytes of one routed expert (0 when the model has no MoE layer).
-    pub fn expert_byte_len(&self) -> u64 {
-        self.layers
-            .iter()
-            .find_map(|l| match &l.ffn {
-                Ffn::Moe { experts, .. } => experts.first().map(Expert::byte_len),
-                Ffn::Dense(_) => None,
-            })
-            .unwrap_or(0)
+/// The layout of one Qwen3-MoE routed expert for the expert store: `gate_proj`, `up_proj`
+/// (`[I_moe, d]`) and `down_proj` (`[d, I_moe]`), bf16 as published, whole tensors.
+#[derive(Debug, Clone, Copy)]
+pub struct Qwen3MoeExpertLayout {
+    /// `moe_intermediate_size`.
+    pub inter: u64,
+    /// `hidden_size`.
+    pub hidden: u64,
+}
+
+impl Qwen3MoeExpertLayout {
+    /// Bytes of one expert.
+    pub fn expert_bytes(&self) -> u64 {
+        3 * self.inter * self.hidden * DType::BF16.size()
+    }
+}
+
+impl ExpertLayout for Qwen3MoeExpertLayout {
+    fn parts(&self, layer: usize, expert: usize) -> Vec<ExpertPart> {
+        let p = format!("model.layers.{layer}.mlp.experts.{expert}");
+        let (i, d) = (self.inter, self.hidden);
+        [("gate_proj", [i, d]), ("up_proj", [i, d]), ("down_proj", [d, i])]
+            .into_iter()
+            .map(|(n, shape)| ExpertPart::whole(format!("{p}.{n}.weight"), DType::BF16, &shape))
+            .collect()
     }
 }
 

@@ -22,7 +22,7 @@ use crate::io::{IoMode, ReadAt, ShardFiles};
 use crate::policy::{key, PolicyKind};
 use crate::reader::{JobState, Priority, DEFAULT_READERS};
 use crate::remote::{DiskPin, ExpertDiskCache};
-use crate::{ExpertStore, ExpertTensorNames, ExpertView, StoreError, StoreStats};
+use crate::{ExpertLayout, ExpertStore, ExpertView, StoreError, StoreStats};
 use gate::Gate;
 use shared::{add, nanos, Counters, Locked, Pins, ReadJob, Request, Shared};
 use sluice_checkpoint::Checkpoint;
@@ -80,18 +80,18 @@ pub struct StreamingExperts {
 
 impl StreamingExperts {
     /// Locates every routed expert of `moe_layers` (of `num_layers`, each with `experts`
-    /// experts named by `names`), opens the shards per `config.io`, and sizes the cache from
+    /// experts laid out as `layout` says), opens the shards per `config.io`, and sizes the cache from
     /// `config` and `budget`.
     pub fn open(
         ckpt: &Checkpoint,
         num_layers: usize,
         moe_layers: &[usize],
         experts: usize,
-        names: &ExpertTensorNames,
+        layout: &dyn ExpertLayout,
         config: &StreamingConfig,
         budget: &MemoryBudget,
     ) -> Result<Self, StoreError> {
-        let index = ExpertIndex::build(ckpt, num_layers, moe_layers, experts, names)?;
+        let index = ExpertIndex::build(ckpt, num_layers, moe_layers, experts, layout)?;
         let files = ShardFiles::open(index.paths(), config.io)?;
         Self::new(index, Arc::new(files), config, budget)
     }

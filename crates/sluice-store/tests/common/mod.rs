@@ -4,9 +4,10 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use sluice_checkpoint::Checkpoint;
+use sluice_core::DType;
 use sluice_core::MemoryBudget;
 use sluice_store::{
-    ExpertStore, ExpertTensorNames, ExpertView, MappedExperts, ReadAt, StreamingConfig,
+    ExpertLayout, ExpertPart, ExpertStore, ExpertView, MappedExperts, ReadAt, StreamingConfig,
     StreamingExperts,
 };
 use std::collections::BTreeMap;
@@ -31,13 +32,34 @@ pub fn k3_names(prefix: &str, layer: usize, e: usize) -> [String; 6] {
     ]
 }
 
+/// The layout of one K3 expert: six MXFP4 tensors (w1 gate, w2 down, w3 up; packed + scale).
+#[derive(Debug, Clone)]
+pub struct K3Layout {
+    /// Expert FFN width.
+    pub inter: u64,
+    /// Expert input width.
+    pub hidden: u64,
+}
+
+impl ExpertLayout for K3Layout {
+    fn parts(&self, layer: usize, e: usize) -> Vec<ExpertPart> {
+        let (i, h) = (self.inter, self.hidden);
+        let shapes = [[i, h / 2], [i, h / 32], [h, i / 2], [h, i / 32], [i, h / 2], [i, h / 32]];
+        k3_names("", layer, e)
+            .into_iter()
+            .zip(shapes)
+            .map(|(n, s)| ExpertPart::whole(n, DType::U8, &s))
+            .collect()
+    }
+}
+
 /// An opened fixture and its MoE layout, read from `config.json`.
 pub struct Fixture {
     pub ckpt: Arc<Checkpoint>,
     pub num_layers: usize,
     pub moe_layers: Vec<usize>,
     pub experts: usize,
-    pub names: ExpertTensorNames,
+    pub names: K3Layout,
 }
 
 impl Fixture {
@@ -59,11 +81,7 @@ impl Fixture {
         let moe_layers = (0..num_layers).filter(|&i| i >= first && i % freq == 0).collect();
         let width =
             c["routed_expert_hidden_size"].as_u64().unwrap_or(c["hidden_size"].as_u64().unwrap());
-        let names = ExpertTensorNames {
-            names: k3_names,
-            inter: c["moe_intermediate_size"].as_u64().unwrap(),
-            hidden: width,
-        };
+        let names = K3Layout { inter: c["moe_intermediate_size"].as_u64().unwrap(), hidden: width };
         Self { ckpt, num_layers, moe_layers, experts, names }
     }
 
@@ -125,9 +143,9 @@ pub fn n32(x: usize) -> u32 {
     u32::try_from(x).expect("small")
 }
 
-/// The six tensors of a view, concatenated.
+/// The parts of a view, concatenated.
 pub fn flat(v: &ExpertView<'_>) -> Vec<u8> {
-    [v.w1_packed, v.w1_scale, v.w2_packed, v.w2_scale, v.w3_packed, v.w3_scale].concat()
+    v.parts().concat()
 }
 
 /// Every expert of `ids` from `store`, as flat bytes, checking each id is served once.

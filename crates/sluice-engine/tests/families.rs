@@ -1,0 +1,96 @@
+//! Every MoE family through the engine's one opening path (`load::open`), never named: for each
+//! committed fixture of each family, experts streamed through the planner with a 2-slot cache
+//! give the tokens and logits of experts mapped in place, and n-gram and replay speculation give
+//! the tokens and logits of plain greedy decoding.
+// Fixture ids, shapes and lengths are small; casts between them cannot truncate.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs, clippy::cast_possible_truncation)]
+
+use sluice_engine::load::{self, ExpertMode, LoadOptions};
+use sluice_engine::{generate, Drafter, GenerateOptions, Generation, NgramDrafter, ScriptDrafter};
+use sluice_models::Model;
+use std::path::PathBuf;
+
+/// Every MoE family's fixtures (family folder, fixture).
+const FIXTURES: [(&str, &str); 5] = [
+    ("kimi_k3", "tiny-a"),
+    ("qwen3_moe", "tiny-a"),
+    ("qwen3_moe", "tiny-b"),
+    ("gpt_oss", "tiny-a"),
+    ("gpt_oss", "tiny-b"),
+];
+
+fn dir(family: &str, name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(family).join(name)
+}
+
+fn open(family: &str, name: &str, experts: ExpertMode) -> load::Loaded {
+    let opts = LoadOptions {
+        memory: Some(1 << 30),
+        experts,
+        slots: (experts == ExpertMode::Stream).then_some(2),
+        readers: 3,
+        ..LoadOptions::default()
+    };
+    load::open(&dir(family, name), &opts).unwrap()
+}
+
+fn run(m: &Model, prompt: &[u32], draft_max: usize, d: Option<&mut dyn Drafter>) -> Generation {
+    let opts =
+        GenerateOptions { max_new: 12, keep_logits: true, draft_max, ..GenerateOptions::default() };
+    let mut st = m.new_state();
+    generate(m, &mut st, prompt, &opts, d, None).unwrap()
+}
+
+fn bits(g: &Generation) -> Vec<Vec<u32>> {
+    g.logits.iter().map(|r| r.iter().map(|x| x.to_bits()).collect()).collect()
+}
+
+/// A prompt with repeats, so the n-gram drafter has something to propose.
+fn prompt(m: &Model) -> Vec<u32> {
+    let v = m.vocab_size() as u32;
+    [5u32, 17, 30, 42, 5, 17, 30, 42, 5, 17].iter().map(|t| t % v).collect()
+}
+
+#[test]
+fn streamed_through_the_planner_with_two_slots_equals_mapped_for_every_family() {
+    for (family, name) in FIXTURES {
+        let mapped = open(family, name, ExpertMode::Mapped);
+        assert_eq!(mapped.mode, "mapped");
+        let want = run(&mapped.model, &prompt(&mapped.model), 0, None);
+        let streamed = open(family, name, ExpertMode::Stream);
+        assert_eq!(streamed.mode, "stream", "{family}/{name}");
+        let plan = streamed.plan.as_ref().expect("an MoE model is planned");
+        assert_eq!(plan.slots, 2, "{family}/{name}: --cache-slots 2");
+        let got = run(&streamed.model, &prompt(&streamed.model), 0, None);
+        assert_eq!(got.tokens, want.tokens, "{family}/{name}: streamed tokens");
+        assert!(bits(&got) == bits(&want), "{family}/{name}: streamed logits differ");
+        let s = streamed.model.store_stats();
+        assert!(s.bytes_read > 0 && s.misses > 2, "{family}/{name}: read from the shards: {s:?}");
+        assert!(
+            streamed.budget.used() <= streamed.budget.limit(),
+            "{family}/{name}: within --memory"
+        );
+    }
+}
+
+#[test]
+fn speculative_output_equals_plain_for_every_family() {
+    for (family, name) in FIXTURES {
+        let loaded = open(family, name, ExpertMode::Auto);
+        let m = &loaded.model;
+        let p = prompt(m);
+        let plain = run(m, &p, 0, None);
+        for width in [1usize, 3, 8] {
+            let mut ngram = NgramDrafter::default();
+            let spec = run(m, &p, width, Some(&mut ngram));
+            assert_eq!(spec.tokens, plain.tokens, "{family}/{name} n-gram width {width}");
+            assert!(bits(&spec) == bits(&plain), "{family}/{name} n-gram width {width}: logits");
+            let mut replay =
+                ScriptDrafter { base: p.len() + 1, script: plain.tokens[1..].to_vec() };
+            let spec = run(m, &p, width, Some(&mut replay));
+            assert_eq!(spec.tokens, plain.tokens, "{family}/{name} replay width {width}");
+            assert!(bits(&spec) == bits(&plain), "{family}/{name} replay width {width}: logits");
+            assert_eq!(spec.stats.accepted, spec.stats.drafted, "{family}/{name}: all accepted");
+        }
+    }
+}

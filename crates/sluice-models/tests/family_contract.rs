@@ -1,0 +1,163 @@
+//! The family contract, run for every MoE family through the family boundary only (the family
+//! table, `Model`, `State`, `RoutedExperts`): no test here names a family's types. For each
+//! committed fixture of each family:
+//! - streamed through a 2-slot cache (O_DIRECT and buffered, on every usable read backend),
+//!   prefill + decode logits are bit-identical to the experts mapped in place, and the store
+//!   really read them from the published shards (no repack);
+//! - a T-row pass is bit-identical to T single-row passes;
+//! - `commit(n)` of a T-row pass leaves the state of n single rows (rollback of the rest).
+// Fixture ids, shapes and lengths are small; casts between them cannot truncate.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
+
+mod common;
+
+use common::argmax;
+use sluice_checkpoint::Checkpoint;
+use sluice_core::MemoryBudget;
+use sluice_models::{LogitRows, Model};
+use sluice_store::{CacheSize, ExpertStore, IoBackend, IoMode, StreamingConfig};
+use std::sync::Arc;
+
+/// Every MoE family's fixtures (family folder, fixture).
+const FIXTURES: [(&str, &str); 5] = [
+    ("kimi_k3", "tiny-a"),
+    ("qwen3_moe", "tiny-a"),
+    ("qwen3_moe", "tiny-b"),
+    ("gpt_oss", "tiny-a"),
+    ("gpt_oss", "tiny-b"),
+];
+
+const PROMPT: [u32; 9] = [1, 5, 9, 2, 7, 3, 11, 4, 6];
+
+fn open(family: &str, name: &str) -> (Arc<Checkpoint>, Model) {
+    let dir = common::fixture_of(family, name);
+    let ckpt = Arc::new(Checkpoint::open(&dir).expect("fixture opens"));
+    let model = sluice_models::load(ckpt.clone()).expect("fixture loads");
+    assert_eq!(model.family(), family, "the family table picked the fixture's family");
+    (ckpt, model)
+}
+
+/// Logits bits of a 9-token prefill (all rows) and `steps` greedy single-token decode steps.
+fn prefill_and_decode(m: &Model, steps: usize) -> Vec<u32> {
+    let vocab = m.vocab_size() as u32;
+    let prompt: Vec<u32> = PROMPT.iter().map(|t| t % vocab).collect();
+    let mut st = m.new_state();
+    let mut out = Vec::new();
+    let l = m.forward(&mut st, &prompt, LogitRows::All, None).unwrap();
+    st.commit(prompt.len());
+    out.extend(l.iter().map(|x| x.to_bits()));
+    let mut tok = 3 % vocab;
+    for _ in 0..steps {
+        let l = m.forward(&mut st, &[tok], LogitRows::All, None).unwrap();
+        st.commit(1);
+        tok = argmax(&l);
+        out.extend(l.iter().map(|x| x.to_bits()));
+    }
+    out
+}
+
+#[test]
+fn streamed_with_two_slots_equals_mapped_for_every_family() {
+    for (family, name) in FIXTURES {
+        let (ckpt, mut m) = open(family, name);
+        let want = prefill_and_decode(&m, 5);
+        let routed = m.routed_experts().expect("an MoE family describes its experts");
+        for io in [IoMode::Direct, IoMode::Buffered] {
+            for backend in IoBackend::usable() {
+                let config = StreamingConfig {
+                    cache: CacheSize::Slots(2),
+                    io,
+                    backend,
+                    readers: 3,
+                    max_prefetch_slots: Some(0),
+                    ..StreamingConfig::default()
+                };
+                let store = Arc::new(
+                    routed.streaming(&ckpt, &config, &MemoryBudget::unlimited()).expect("opens"),
+                );
+                m.set_experts(store.clone());
+                let got = prefill_and_decode(&m, 5);
+                assert!(got == want, "{family}/{name}: streamed {io:?} {backend:?} changed logits");
+                let s = store.stats();
+                assert!(s.bytes_read > 0, "{family}/{name}: the experts were read from the shards");
+                assert!(s.misses > 2, "{family}/{name}: a 2-slot cache must evict: {s:?}");
+                store.check_consistency(true).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn a_t_row_pass_equals_t_single_rows_for_every_family() {
+    for (family, name) in FIXTURES {
+        let (_, m) = open(family, name);
+        let vocab = m.vocab_size();
+        let prompt: Vec<u32> = PROMPT.iter().map(|&t| t % vocab as u32).collect();
+        let mut st = m.new_state();
+        let all = m.forward(&mut st, &prompt, LogitRows::All, None).unwrap();
+        st.commit(prompt.len());
+        let mut one = m.new_state();
+        for (i, &tok) in prompt.iter().enumerate() {
+            let l = m.forward(&mut one, &[tok], LogitRows::All, None).unwrap();
+            one.commit(1);
+            let row = &all[i * vocab..(i + 1) * vocab];
+            assert!(
+                l.iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{family}/{name}: row {i} of a {}-row pass differs from a single-row pass",
+                prompt.len()
+            );
+        }
+    }
+}
+
+#[test]
+fn committing_part_of_a_pass_equals_running_only_that_part_for_every_family() {
+    for (family, name) in FIXTURES {
+        let (_, m) = open(family, name);
+        let vocab = m.vocab_size() as u32;
+        let prompt: Vec<u32> = PROMPT.iter().map(|t| t % vocab).collect();
+        // Run all 9 rows, keep 4 (a verifier accepting 3 drafts), then decode one token.
+        let mut st = m.new_state();
+        m.forward(&mut st, &prompt, LogitRows::All, None).unwrap();
+        st.commit(4);
+        let got = m.forward(&mut st, &[prompt[4]], LogitRows::Last, None).unwrap();
+        st.commit(1);
+        let mut plain = m.new_state();
+        m.forward(&mut plain, &prompt[..4], LogitRows::Last, None).unwrap();
+        plain.commit(4);
+        let want = m.forward(&mut plain, &[prompt[4]], LogitRows::Last, None).unwrap();
+        plain.commit(1);
+        assert!(
+            got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{family}/{name}: commit(4) of a 9-row pass left a different state"
+        );
+        assert_eq!(st.len(), 5);
+        // A rolled-back pass leaves nothing behind.
+        m.forward(&mut st, &prompt[..3], LogitRows::All, None).unwrap();
+        st.rollback();
+        assert_eq!(st.len(), 5, "{family}/{name}: rollback kept rows");
+    }
+}
+
+#[test]
+fn the_family_table_refuses_an_unknown_architecture_and_lists_the_supported_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = common::fixture_of("qwen3_moe", "tiny-a");
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+    }
+    let cfg_path = dir.path().join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["architectures"] = serde_json::json!(["MixtralForCausalLM"]);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let ckpt = Arc::new(Checkpoint::open(dir.path()).unwrap());
+    let err = sluice_models::load(ckpt).expect_err("refused").to_string();
+    assert!(err.contains("MixtralForCausalLM"), "{err}");
+    for f in sluice_models::FAMILIES {
+        for a in f.architectures {
+            assert!(err.contains(a), "{err} lists {a}");
+        }
+    }
+}
