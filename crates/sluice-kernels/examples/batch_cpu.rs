@@ -2,7 +2,9 @@
 //! `/proc/thread-self/schedstat`), so that a shared, oversubscribed machine still gives
 //! comparable figures: `cargo run --release -p sluice-kernels --example batch_cpu -- [REPS]`
 //! (tier from `SLUICE_ISA` or detection). Prints one line per format and row count: GFLOP/s
-//! per on-CPU second and the ratio to the FMA loop's.
+//! per on-CPU second, the ratio to the FMA loop's, and GB/s of weight bytes (at T=1 the
+//! decode rate of a matrix that fits the last-level cache: what the kernel can consume, the
+//! figure to hold against storage bandwidth).
 
 use sluice_kernels::probe::{
     fma_loop, random_bytes, BATCH_SHAPE, DEEPSEEK_EXPERT_SHAPE, EXPERT_SHAPE, GPT_OSS_EXPERT_SHAPE,
@@ -65,7 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("int4", Matrix::int4_group(ir, ic, &bytes[..ir * ic / 2], &int4_scales)?),
     ];
     let pool = Pool::new(1)?;
-    for t in [8usize, 64, 256] {
+    for t in [1usize, 8, 64, 256] {
         for (name, m) in &ms {
             let x: Vec<f32> = random_bytes(t * m.cols(), 11)
                 .into_iter()
@@ -79,7 +81,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     flops
                 })
             })?;
-            println!("{name:<12} T={t:<4} {r:7.1} GFLOP/s  {:5.1}% of peak", 100.0 * r / peak);
+            // Weight bytes per flop, for the one-row figure in GB/s (of weights, scales included).
+            let gbps = r * m.byte_len() as f64 / flops;
+            println!(
+                "{name:<12} T={t:<4} {r:7.1} GFLOP/s  {:5.1}% of peak  {gbps:6.2} GB/s of weights",
+                100.0 * r / peak
+            );
         }
     }
     Ok(())

@@ -16,7 +16,10 @@
 //! bits of the f32 exponent field and the mantissa in its top three bits. That f32 is
 //! `e4m3 · 2^-120` exactly (subnormal codes become f32 subnormals), so one multiplication by
 //! `2^120` restores the value exactly; NaN codes are blended to the canonical NaN; then one
-//! multiplication by the block's scale rounds as the reference does. Spans start at a
+//! multiplication by the block's scale rounds as the reference does. The one-row kernels
+//! multiply once, by `s · 2^120`: the same real product, so the same rounding, as long as
+//! `s · 2^120` is finite (|s| < 2^8 — a span with a larger finite scale takes the buffered
+//! two-multiplication decode). Spans start at a
 //! multiple of 16 columns, so every 8 or 16 columns share one block scale.
 
 use super::{check_len, check_scales, Format, WeightFormat};
@@ -254,8 +257,34 @@ mod x86 {
         _mm256_mul_ps(v, _mm256_set1_ps(scale))
     }
 
+    /// A block scale times 2^120, the factor the one-row kernels multiply the shifted pattern
+    /// by (one multiplication instead of two: the real product is the same, so it rounds the
+    /// same), or `None` when that product overflows though the scale is finite (|s| ≥ 2^8,
+    /// never in a published checkpoint), where the buffered two-multiplication decode runs.
+    #[inline]
+    pub(super) fn fused_scale(s: f32) -> Option<f32> {
+        let f = s * TWO_120;
+        (f.is_finite() || !s.is_finite()).then_some(f)
+    }
+
+    /// Eight codes at `p` → their values times the block scale, given as `scale · 2^120`.
+    ///
+    /// # Safety
+    /// `p` points to 8 readable bytes.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn decode8_fused(k: &Consts, p: *const u8, scale: __m256) -> __m256 {
+        // SAFETY: guaranteed by the caller.
+        let raw = unsafe { _mm_loadl_epi64(p.cast()) };
+        let bits = _mm256_and_si256(_mm256_slli_epi32::<20>(_mm256_cvtepi8_epi32(raw)), k.fields);
+        let v = _mm256_mul_ps(_mm256_castsi256_ps(bits), scale);
+        let is_nan = _mm256_cmpeq_epi32(_mm256_and_si256(bits, k.nan_code), k.nan_code);
+        _mm256_blendv_ps(v, k.nan, _mm256_castsi256_ps(is_nan))
+    }
+
     /// FP8 rows against one activation row: 16 columns of each row decoded in registers and
-    /// folded at once; each 64 bytes of a row consumed prefetch a line of the next tile.
+    /// folded at once, a 128-column scale block at a time; each 64 bytes of a row consumed
+    /// prefetch a line of the next tile.
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn fold_one_avx2<const R: usize>(
         rows: [Fp8Row<'_>; R],
@@ -263,33 +292,50 @@ mod x86 {
         x: &[f32],
         lanes: [&mut Lanes; R],
     ) {
-        assert!(c0.is_multiple_of(16) && x.len().is_multiple_of(16), "fp8 span");
-        assert!(rows.iter().all(|r| c0 + x.len() <= r.codes.len()));
+        let n = x.len();
+        assert!(c0.is_multiple_of(16) && n.is_multiple_of(16), "fp8 span");
+        assert!(rows.iter().all(|r| c0 + n <= r.codes.len()));
+        let blocks = c0 / BLOCK_EDGE..(c0 + n).div_ceil(BLOCK_EDGE);
+        if !rows.iter().all(|r| blocks.clone().all(|b| fused_scale(r.scale(b)).is_some())) {
+            // SAFETY: AVX2 and FMA are enabled here; the span suits `fold_one`.
+            unsafe {
+                crate::tiled::fold_one_buffered::<crate::arch::avx2::Avx2, super::Fp8Block, R>(
+                    rows, c0, x, lanes,
+                );
+            }
+            return;
+        }
         let ahead = R * rows[0].codes.len();
         let k = Consts::new();
         let mut acc = load2(&lanes);
-        let mut scales = [0.0f32; R];
-        for c in (0..x.len()).step_by(16) {
-            let col = c0 + c;
-            if c == 0 || col.is_multiple_of(BLOCK_EDGE) {
-                for (s, r) in scales.iter_mut().zip(&rows) {
-                    *s = r.scale(col / BLOCK_EDGE);
+        let mut c = 0;
+        while c < n {
+            let b = (c0 + c) / BLOCK_EDGE;
+            let end = ((b + 1) * BLOCK_EDGE - c0).min(n);
+            let scales: [f32; R] =
+                std::array::from_fn(|i| fused_scale(rows[i].scale(b)).unwrap_or(f32::NAN));
+            while c < end {
+                let col = c0 + c;
+                if col.is_multiple_of(64) {
+                    for r in &rows {
+                        prefetch_line(r.codes.as_ptr().wrapping_add(col + ahead));
+                    }
                 }
-            }
-            if col.is_multiple_of(64) {
-                for r in &rows {
-                    prefetch_line(r.codes.as_ptr().wrapping_add(col + ahead));
+                // SAFETY: `c + 16 <= n = x.len()`.
+                let (xl, xh) = unsafe {
+                    (_mm256_loadu_ps(x.as_ptr().add(c)), _mm256_loadu_ps(x.as_ptr().add(c + 8)))
+                };
+                for ((r, ar), s) in rows.iter().zip(acc.iter_mut()).zip(&scales) {
+                    let s = _mm256_broadcast_ss(s);
+                    // SAFETY: `col + 16 <= c0 + n <= r.codes.len()` (asserted above).
+                    let (wl, wh) = unsafe {
+                        let p = r.codes.as_ptr().add(col);
+                        (decode8_fused(&k, p, s), decode8_fused(&k, p.add(8), s))
+                    };
+                    ar[0] = _mm256_fmadd_ps(wl, xl, ar[0]);
+                    ar[1] = _mm256_fmadd_ps(wh, xh, ar[1]);
                 }
-            }
-            // SAFETY: `c + 16 <= x.len()`.
-            let (xl, xh) = unsafe {
-                (_mm256_loadu_ps(x.as_ptr().add(c)), _mm256_loadu_ps(x.as_ptr().add(c + 8)))
-            };
-            for ((r, ar), &s) in rows.iter().zip(acc.iter_mut()).zip(&scales) {
-                let wl = decode8(&k, &r.codes[col..col + 8], s);
-                let wh = decode8(&k, &r.codes[col + 8..col + 16], s);
-                ar[0] = _mm256_fmadd_ps(wl, xl, ar[0]);
-                ar[1] = _mm256_fmadd_ps(wh, xh, ar[1]);
+                c += 16;
             }
         }
         store2(&acc, lanes);
@@ -329,7 +375,22 @@ mod x86 {
         _mm512_mul_ps(v, _mm512_set1_ps(scale))
     }
 
-    /// FP8 rows against one activation row (AVX-512).
+    /// Sixteen codes at `p` → their values times the block scale, given as `scale · 2^120`.
+    ///
+    /// # Safety
+    /// `p` points to 16 readable bytes.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn decode16_fused(k: &Consts512, p: *const u8, scale: __m512) -> __m512 {
+        // SAFETY: guaranteed by the caller.
+        let raw = unsafe { _mm_loadu_si128(p.cast()) };
+        let bits = _mm512_and_si512(_mm512_slli_epi32::<20>(_mm512_cvtepi8_epi32(raw)), k.fields);
+        let v = _mm512_mul_ps(_mm512_castsi512_ps(bits), scale);
+        let is_nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, k.nan_code), k.nan_code);
+        _mm512_mask_blend_ps(is_nan, v, k.nan)
+    }
+
+    /// FP8 rows against one activation row (AVX-512), as [`fold_one_avx2`].
     #[target_feature(enable = "avx512f")]
     pub(super) fn fold_one_avx512<const R: usize>(
         rows: [Fp8Row<'_>; R],
@@ -337,28 +398,46 @@ mod x86 {
         x: &[f32],
         lanes: [&mut Lanes; R],
     ) {
-        assert!(c0.is_multiple_of(16) && x.len().is_multiple_of(16), "fp8 span");
-        assert!(rows.iter().all(|r| c0 + x.len() <= r.codes.len()));
+        let n = x.len();
+        assert!(c0.is_multiple_of(16) && n.is_multiple_of(16), "fp8 span");
+        assert!(rows.iter().all(|r| c0 + n <= r.codes.len()));
+        let blocks = c0 / BLOCK_EDGE..(c0 + n).div_ceil(BLOCK_EDGE);
+        if !rows.iter().all(|r| blocks.clone().all(|b| fused_scale(r.scale(b)).is_some())) {
+            // SAFETY: AVX-512F is enabled here; the span suits `fold_one`.
+            unsafe {
+                crate::tiled::fold_one_buffered::<
+                    crate::arch::avx512::Avx512,
+                    super::Fp8Block,
+                    R,
+                >(rows, c0, x, lanes);
+            }
+            return;
+        }
         let ahead = R * rows[0].codes.len();
         let k = Consts512::new();
         let mut acc = load1(&lanes);
-        let mut scales = [0.0f32; R];
-        for c in (0..x.len()).step_by(16) {
-            let col = c0 + c;
-            if c == 0 || col.is_multiple_of(BLOCK_EDGE) {
-                for (s, r) in scales.iter_mut().zip(&rows) {
-                    *s = r.scale(col / BLOCK_EDGE);
+        let mut c = 0;
+        while c < n {
+            let b = (c0 + c) / BLOCK_EDGE;
+            let end = ((b + 1) * BLOCK_EDGE - c0).min(n);
+            let scales: [__m512; R] = std::array::from_fn(|i| {
+                _mm512_set1_ps(fused_scale(rows[i].scale(b)).unwrap_or(f32::NAN))
+            });
+            while c < end {
+                let col = c0 + c;
+                if col.is_multiple_of(64) {
+                    for r in &rows {
+                        prefetch_line(r.codes.as_ptr().wrapping_add(col + ahead));
+                    }
                 }
-            }
-            if col.is_multiple_of(64) {
-                for r in &rows {
-                    prefetch_line(r.codes.as_ptr().wrapping_add(col + ahead));
+                // SAFETY: `c + 16 <= n = x.len()`.
+                let xv = unsafe { _mm512_loadu_ps(x.as_ptr().add(c)) };
+                for ((r, ar), &s) in rows.iter().zip(acc.iter_mut()).zip(&scales) {
+                    // SAFETY: `col + 16 <= c0 + n <= r.codes.len()` (asserted above).
+                    let w = unsafe { decode16_fused(&k, r.codes.as_ptr().add(col), s) };
+                    *ar = _mm512_fmadd_ps(w, xv, *ar);
                 }
-            }
-            // SAFETY: `c + 16 <= x.len()`.
-            let xv = unsafe { _mm512_loadu_ps(x.as_ptr().add(c)) };
-            for ((r, ar), &s) in rows.iter().zip(acc.iter_mut()).zip(&scales) {
-                *ar = _mm512_fmadd_ps(decode16(&k, &r.codes[col..col + 16], s), xv, *ar);
+                c += 16;
             }
         }
         store1(&acc, lanes);
