@@ -405,11 +405,9 @@ mod x86 {
         if !rows.iter().all(|r| blocks.clone().all(|b| fused_scale(r.scale(b)).is_some())) {
             // SAFETY: AVX-512F is enabled here; the span suits `fold_one`.
             unsafe {
-                crate::tiled::fold_one_buffered::<
-                    crate::arch::avx512::Avx512,
-                    super::Fp8Block,
-                    R,
-                >(rows, c0, x, lanes);
+                crate::tiled::fold_one_buffered::<crate::arch::avx512::Avx512, super::Fp8Block, R>(
+                    rows, c0, x, lanes,
+                );
             }
             return;
         }
