@@ -28,6 +28,8 @@ FIXED_DATE = _dt.datetime(2026, 1, 15, 9, 30, 0)
 TEMPLATES = {
     "qwen3_moe": ("qwen3.jinja", "tokenizer_config"),
     "gpt_oss": ("gpt_oss.jinja", "jinja_file"),
+    "deepseek_v3": ("deepseek_r1.jinja", "tokenizer_config"),
+    "kimi_k2": ("kimi_k2.jinja", "jinja_file"),
 }
 
 WEATHER_TOOL = {"type": "function", "function": {

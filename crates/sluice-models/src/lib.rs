@@ -5,6 +5,7 @@
 //! Models never do I/O themselves: spine weights are byte slices of the opened checkpoint and
 //! routed experts come from a `sluice_store::ExpertStore`.
 
+pub mod deepseek_v3;
 mod finite;
 pub mod gpt_oss;
 pub mod kimi_k3;
@@ -49,7 +50,7 @@ pub enum ModelError {
     #[error("invalid model config: {0}")]
     Config(String),
     /// `config.json` names an architecture sluice does not implement.
-    #[error("unknown architecture {0:?}: sluice supports KimiK3ForConditionalGeneration and KimiLinearForCausalLM (Kimi K3), Qwen3ForCausalLM, Qwen3MoeForCausalLM and GptOssForCausalLM")]
+    #[error("unknown architecture {0:?}: sluice supports KimiK3ForConditionalGeneration and KimiLinearForCausalLM (Kimi K3), Qwen3ForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM and DeepseekV3ForCausalLM (DeepSeek V3/R1, Kimi K2)")]
     UnknownArchitecture(String),
     /// A pass was asked to run on no tokens.
     #[error("empty input: a pass needs at least one token")]
@@ -101,6 +102,8 @@ pub enum Model {
     Qwen3Moe(qwen3_moe::Qwen3Moe),
     /// GPT-OSS.
     GptOss(gpt_oss::GptOss),
+    /// DeepSeek-V3 architecture (DeepSeek V3/R1, Kimi K2).
+    DeepseekV3(deepseek_v3::DeepseekV3),
 }
 
 /// Architectures that map to Kimi K3.
@@ -149,6 +152,7 @@ pub fn load(ckpt: Arc<Checkpoint>) -> Result<Model, ModelError> {
         "Qwen3ForCausalLM" => Ok(Model::Qwen3(qwen3::Qwen3::load(ckpt)?)),
         "Qwen3MoeForCausalLM" => Ok(Model::Qwen3Moe(qwen3_moe::Qwen3Moe::load(ckpt)?)),
         "GptOssForCausalLM" => Ok(Model::GptOss(gpt_oss::GptOss::load(ckpt)?)),
+        "DeepseekV3ForCausalLM" => Ok(Model::DeepseekV3(deepseek_v3::DeepseekV3::load(ckpt)?)),
         other => Err(ModelError::UnknownArchitecture(other.to_string())),
     }
 }
@@ -209,6 +213,8 @@ impl Model {
             Self::Qwen3(m) => State::Qwen3(m.new_state()),
             Self::Qwen3Moe(m) => State::Qwen3(m.new_state()),
             Self::GptOss(m) => State::Qwen3(m.new_state()),
+            // The MLA latent cache, in the Kimi K3 state's MLA layers.
+            Self::DeepseekV3(m) => State::KimiK3(m.new_state()),
         }
     }
 
@@ -216,7 +222,7 @@ impl Model {
     pub fn spine_stats(&self) -> sluice_store::SpineStats {
         match self {
             Self::KimiK3(m) => m.spine_stats(),
-            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) => {
+            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) | Self::DeepseekV3(_) => {
                 sluice_store::SpineStats::default()
             }
         }
@@ -229,6 +235,7 @@ impl Model {
             Self::Qwen3(m) => m.config().vocab_size,
             Self::Qwen3Moe(m) => m.config().base.vocab_size,
             Self::GptOss(m) => m.config().vocab_size,
+            Self::DeepseekV3(m) => m.config().vocab_size,
         }
     }
 
@@ -239,6 +246,7 @@ impl Model {
             Self::Qwen3(_) => "qwen3",
             Self::Qwen3Moe(_) => "qwen3_moe",
             Self::GptOss(_) => "gpt_oss",
+            Self::DeepseekV3(_) => "deepseek_v3",
         }
     }
 
@@ -248,7 +256,7 @@ impl Model {
             Self::KimiK3(m) => m.experts().stats(),
             // A dense model has no expert store; Qwen3-MoE and GPT-OSS read their experts in
             // place (for now).
-            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) => {
+            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) | Self::DeepseekV3(_) => {
                 sluice_store::StoreStats::default()
             }
         }
@@ -258,7 +266,7 @@ impl Model {
     pub fn layer_store_stats(&self) -> Vec<sluice_store::LayerPrefetchStats> {
         match self {
             Self::KimiK3(m) => m.experts().layer_stats(),
-            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) => Vec::new(),
+            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) | Self::DeepseekV3(_) => Vec::new(),
         }
     }
 
@@ -269,6 +277,7 @@ impl Model {
             Self::Qwen3(m) => m.weight_bytes(),
             Self::Qwen3Moe(m) => m.dense_weight_bytes(),
             Self::GptOss(m) => m.dense_weight_bytes(),
+            Self::DeepseekV3(m) => m.dense_weight_bytes(),
         }
     }
 
@@ -285,6 +294,7 @@ impl Model {
             (Self::Qwen3(m), State::Qwen3(s)) => m.forward(s, tokens, rows, trace),
             (Self::Qwen3Moe(m), State::Qwen3(s)) => m.forward(s, tokens, rows, trace),
             (Self::GptOss(m), State::Qwen3(s)) => m.forward(s, tokens, rows, trace),
+            (Self::DeepseekV3(m), State::KimiK3(s)) => m.forward(s, tokens, rows, trace),
             (m, _) => Err(ModelError::Config(format!(
                 "the sequence state passed to the {} model belongs to another model",
                 m.family()
