@@ -266,7 +266,9 @@ impl Model {
     pub fn layer_store_stats(&self) -> Vec<sluice_store::LayerPrefetchStats> {
         match self {
             Self::KimiK3(m) => m.experts().layer_stats(),
-            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) | Self::DeepseekV3(_) => Vec::new(),
+            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) | Self::DeepseekV3(_) => {
+                Vec::new()
+            }
         }
     }
 

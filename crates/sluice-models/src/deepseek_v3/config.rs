@@ -186,8 +186,10 @@ impl DeepseekV3Config {
             return bad(format!("topk_method {m:?} is not supported (DeepSeek-V3 uses noaux_tc)"));
         }
         if let Some(f) = raw.moe_layer_freq.filter(|&f| f != 1) {
-            return bad(format!("moe_layer_freq {f} is not supported (every layer from \
-                                first_k_dense_replace on is MoE)"));
+            return bad(format!(
+                "moe_layer_freq {f} is not supported (every layer from \
+                                first_k_dense_replace on is MoE)"
+            ));
         }
         if raw.attention_bias {
             return bad("attention_bias = true is not supported".into());
@@ -321,7 +323,11 @@ fn check_quantization(q: Option<&Value>, family: &str) -> Result<(), ModelError>
     }
 }
 
-fn num(obj: &serde_json::Map<String, Value>, key: &str, fam: &str) -> Result<Option<f64>, ModelError> {
+fn num(
+    obj: &serde_json::Map<String, Value>,
+    key: &str,
+    fam: &str,
+) -> Result<Option<f64>, ModelError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v.as_f64().map(Some).ok_or_else(|| {

@@ -79,7 +79,8 @@ pub(crate) fn forward(
         QProj::Plain(p) => mm(ckpt, p, x, t),
     };
     for (ti, qrow) in q.chunks_exact_mut(h * qd).enumerate() {
-        let (cs, sn) = (&rows.cos[ti * half..(ti + 1) * half], &rows.sin[ti * half..(ti + 1) * half]);
+        let (cs, sn) =
+            (&rows.cos[ti * half..(ti + 1) * half], &rows.sin[ti * half..(ti + 1) * half]);
         for head in qrow.chunks_exact_mut(qd) {
             rotate(&mut head[nope..], cs, sn, c.rope_interleave);
         }
@@ -91,7 +92,12 @@ pub(crate) fn forward(
         rms_norm(&row[..kl], Some(&w.kv_a_norm), LATENT_NORM_EPS, &mut lat);
         st.lat.extend_from_slice(&lat);
         let mut pe = row[kl..].to_vec();
-        rotate(&mut pe, &rows.cos[ti * half..(ti + 1) * half], &rows.sin[ti * half..(ti + 1) * half], c.rope_interleave);
+        rotate(
+            &mut pe,
+            &rows.cos[ti * half..(ti + 1) * half],
+            &rows.sin[ti * half..(ti + 1) * half],
+            c.rope_interleave,
+        );
         st.pe.extend_from_slice(&pe);
     }
     let scale = c.softmax_scale();

@@ -79,11 +79,8 @@ pub fn e4m3_to_f32(b: u8) -> f32 {
     if exp == 0x0f && b & 0x07 == 0x07 {
         return f32::NAN;
     }
-    let v = if exp == 0 {
-        man / 8.0 * 2f32.powi(-6)
-    } else {
-        (1.0 + man / 8.0) * 2f32.powi(exp - 7)
-    };
+    let v =
+        if exp == 0 { man / 8.0 * 2f32.powi(-6) } else { (1.0 + man / 8.0) * 2f32.powi(exp - 7) };
     sign * v
 }
 
@@ -91,10 +88,8 @@ pub fn e4m3_to_f32(b: u8) -> f32 {
 /// ceil(cols/128)]` (little-endian bytes, lengths checked by the caller).
 pub fn dequant_fp8(q: &[u8], scales: &[u8], rows: usize, cols: usize) -> Vec<f32> {
     let bn = cols.div_ceil(FP8_BLOCK);
-    let s: Vec<f32> = scales
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let s: Vec<f32> =
+        scales.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
     let mut out = Vec::with_capacity(rows * cols);
     for (i, row) in q.chunks_exact(cols).enumerate().take(rows) {
         let srow = &s[(i / FP8_BLOCK) * bn..(i / FP8_BLOCK + 1) * bn];
@@ -153,7 +148,10 @@ mod tests {
         let q = vec![0x38u8; rows * cols];
         let scales: Vec<u8> = to_bytes(&[1.0, 2.0, 3.0, 4.0]);
         let v = dequant_fp8(&q, &scales, rows, cols);
-        assert_eq!((v[0], v[127], v[128], v[128 * cols], v[129 * cols + 128]), (1.0, 1.0, 2.0, 3.0, 4.0));
+        assert_eq!(
+            (v[0], v[127], v[128], v[128 * cols], v[129 * cols + 128]),
+            (1.0, 1.0, 2.0, 3.0, 4.0)
+        );
     }
 
     #[test]

@@ -131,7 +131,12 @@ impl DeepseekV3Weights {
                 q,
                 kv_a: linear(&r, &format!("{a}.kv_a_proj_with_mqa"), kl + c.qk_rope_head_dim, d)?,
                 kv_a_norm: r.vec(&format!("{a}.kv_a_layernorm.weight"), kl)?,
-                kv_b: linear(&r, &format!("{a}.kv_b_proj"), h * (c.qk_nope_head_dim + c.v_head_dim), kl)?,
+                kv_b: linear(
+                    &r,
+                    &format!("{a}.kv_b_proj"),
+                    h * (c.qk_nope_head_dim + c.v_head_dim),
+                    kl,
+                )?,
                 o_proj: linear(&r, &format!("{a}.o_proj"), d, h * c.v_head_dim)?,
             };
             let ffn = if c.is_moe(i) {
