@@ -13,9 +13,10 @@
 //!   recipient `to=functions.NAME` (before or after the channel) is a tool call whose body is the
 //!   JSON arguments.
 //! - [`OutputFormat::DeepSeek`] (DeepSeek V3/R1): R1's `…</think>` reasoning (the prompt opens
-//!   the think block), then the answer, with tool calls as `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`
-//!   + a fenced `json` block + `<｜tool▁call▁end｜>` inside `<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>`
-//!   (the form its template renders history calls in); `<｜end▁of▁sentence｜>` ends the turn.
+//!   the think block), then the answer, then tool calls, each `<｜tool▁call▁begin｜>function`
+//!   `<｜tool▁sep｜>NAME` plus a fenced `json` block and `<｜tool▁call▁end｜>`, inside
+//!   `<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>` (the form its template renders history calls
+//!   in); `<｜end▁of▁sentence｜>` ends the turn.
 //! - [`OutputFormat::KimiK2`]: `<think>…</think>` reasoning (Kimi K2 Thinking), then the answer,
 //!   with tool calls in `<|tool_calls_section_begin|>…<|tool_calls_section_end|>` as
 //!   `<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>ARGS<|tool_call_end|>`;

@@ -48,7 +48,6 @@ fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], interleave: bool) {
 
 /// Runs the layer on `x [t, d]` (the `input_layernorm` output) at positions `past .. past + t`,
 /// appending t rows to the cache (staged until commit).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     ckpt: &Checkpoint,
     w: &AttnWeights,
@@ -67,14 +66,14 @@ pub(crate) fn forward(
 
     // q_states = q_b_proj(q_a_layernorm(q_a_proj(x))) or q_proj(x)
     let mut q = match &w.q {
-        QProj::Lora { a, norm, b } => {
-            let qa = mm(ckpt, a, x, t);
-            let ql = a.rows();
+        QProj::Lora(l) => {
+            let qa = mm(ckpt, &l.a, x, t);
+            let ql = l.a.rows();
             let mut qn = vec![0.0f32; qa.len()];
             for (i, o) in qa.chunks_exact(ql).zip(qn.chunks_exact_mut(ql)) {
-                rms_norm(i, Some(norm), LATENT_NORM_EPS, o);
+                rms_norm(i, Some(&l.norm), LATENT_NORM_EPS, o);
             }
-            mm(ckpt, b, &qn, t)
+            mm(ckpt, &l.b, &qn, t)
         }
         QProj::Plain(p) => mm(ckpt, p, x, t),
     };

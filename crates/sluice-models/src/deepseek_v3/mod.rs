@@ -219,9 +219,8 @@ impl DeepseekV3 {
             put(&mut trace, || format!("layer{i}.mlp_in"), &m_in);
             let m = match &lw.ffn {
                 Ffn::Dense(w) => moe::mlp(ckpt, w, &m_in, t),
-                Ffn::Moe { router, bias, experts, shared } => {
-                    let (m, logits, routes) =
-                        moe::forward(ckpt, router, bias, experts, shared, c, &m_in, t);
+                Ffn::Moe(w) => {
+                    let (m, logits, routes) = moe::forward(ckpt, w, c, &m_in, t);
                     put(&mut trace, || format!("layer{i}.router_logits"), &logits);
                     if let Some(tr) = trace.as_deref_mut() {
                         tr.routes.insert(i, routes);

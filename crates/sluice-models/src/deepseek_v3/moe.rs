@@ -18,9 +18,8 @@
 
 use super::config::DeepseekV3Config;
 use super::mm;
-use super::weights::Mlp;
+use super::weights::{Mlp, MoeWeights};
 use crate::kimi_k3::Route;
-use crate::qwen3::weights::Linear;
 use sluice_checkpoint::Checkpoint;
 use sluice_kernels::matmul;
 use sluice_kernels::ops::{sigmoid, silu_glu};
@@ -87,18 +86,15 @@ pub(crate) fn mlp(ckpt: &Checkpoint, w: &Mlp, x: &[f32], t: usize) -> Vec<f32> {
 /// each row's route.
 pub(crate) fn forward(
     ckpt: &Checkpoint,
-    router: &Linear,
-    bias: &[f32],
-    experts: &[Mlp],
-    shared: &Mlp,
+    w: &MoeWeights,
     c: &DeepseekV3Config,
     x: &[f32],
     t: usize,
 ) -> (Vec<f32>, Vec<f32>, Vec<Route>) {
     let (d, e, k) = (c.hidden_size, c.n_routed_experts, c.num_experts_per_tok);
     let mut logits = vec![0.0f32; t * e];
-    matmul(&router.get(ckpt), x, t, &mut logits);
-    let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, bias, c)).collect();
+    matmul(&w.router.get(ckpt), x, t, &mut logits);
+    let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, &w.bias, c)).collect();
 
     let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
     for (row, r) in routes.iter().enumerate() {
@@ -113,13 +109,13 @@ pub(crate) fn forward(
         for &(row, _) in us {
             xs.extend_from_slice(&x[row * d..(row + 1) * d]);
         }
-        let y = mlp(ckpt, &experts[id], &xs, us.len());
+        let y = mlp(ckpt, &w.experts[id], &xs, us.len());
         for (j, &(row, slot)) in us.iter().enumerate() {
             outs[(row * k + slot) * d..(row * k + slot + 1) * d]
                 .copy_from_slice(&y[j * d..(j + 1) * d]);
         }
     }
-    let sh = mlp(ckpt, shared, x, t);
+    let sh = mlp(ckpt, &w.shared, x, t);
     let mut out = vec![0.0f32; t * d];
     let mut slots: Vec<usize> = Vec::with_capacity(k);
     for (row, r) in routes.iter().enumerate() {
@@ -128,9 +124,9 @@ pub(crate) fn forward(
         slots.sort_by_key(|&s| r.ids[s]);
         let o = &mut out[row * d..(row + 1) * d];
         for &s in &slots {
-            let w = r.weights[s];
+            let wt = r.weights[s];
             for (a, &v) in o.iter_mut().zip(&outs[(row * k + s) * d..(row * k + s + 1) * d]) {
-                *a += v * w;
+                *a += v * wt;
             }
         }
         // hidden_states = experts(...) + shared_experts(residuals)

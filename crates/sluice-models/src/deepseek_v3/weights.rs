@@ -36,20 +36,22 @@ pub struct Mlp {
     pub(crate) down: Weight,
 }
 
+/// The q LoRA: `q_b_proj(q_a_layernorm(q_a_proj x))`.
+#[derive(Debug)]
+pub struct QLora {
+    pub(crate) a: Weight,
+    /// `q_a_layernorm.weight`.
+    pub(crate) norm: Vec<f32>,
+    pub(crate) b: Weight,
+}
+
 /// The q path: through the q LoRA or one projection.
 #[derive(Debug)]
 pub enum QProj {
     /// `q_b_proj(q_a_layernorm(q_a_proj x))`.
-    Lora {
-        /// `q_a_proj`.
-        a: Weight,
-        /// `q_a_layernorm.weight`.
-        norm: Vec<f32>,
-        /// `q_b_proj`.
-        b: Weight,
-    },
+    Lora(Box<QLora>),
     /// `q_proj x` (`q_lora_rank` null).
-    Plain(Weight),
+    Plain(Box<Weight>),
 }
 
 /// One layer's MLA.
@@ -62,22 +64,26 @@ pub struct AttnWeights {
     pub(crate) o_proj: Weight,
 }
 
+/// `DeepseekV3MoE`: router, routed and shared experts.
+#[derive(Debug)]
+pub struct MoeWeights {
+    /// `mlp.gate.weight` `[E, d]`.
+    pub(crate) router: Linear,
+    /// `mlp.gate.e_score_correction_bias` `[E]`.
+    pub(crate) bias: Vec<f32>,
+    /// `mlp.experts.{e}` in id order.
+    pub(crate) experts: Vec<Mlp>,
+    /// `mlp.shared_experts`.
+    pub(crate) shared: Mlp,
+}
+
 /// The feed-forward half of a layer.
 #[derive(Debug)]
 pub enum Ffn {
     /// `DeepseekV3MLP` (the first `first_k_dense_replace` layers).
-    Dense(Mlp),
+    Dense(Box<Mlp>),
     /// `DeepseekV3MoE`.
-    Moe {
-        /// `mlp.gate.weight` `[E, d]`.
-        router: Linear,
-        /// `mlp.gate.e_score_correction_bias` `[E]`.
-        bias: Vec<f32>,
-        /// `mlp.experts.{e}` in id order.
-        experts: Vec<Mlp>,
-        /// `mlp.shared_experts`.
-        shared: Mlp,
-    },
+    Moe(Box<MoeWeights>),
 }
 
 /// One decoder layer.
@@ -119,12 +125,12 @@ impl DeepseekV3Weights {
             let a = format!("{p}.self_attn");
             let q_rows = h * c.qk_head_dim();
             let q = match c.q_lora_rank {
-                Some(ql) => QProj::Lora {
+                Some(ql) => QProj::Lora(Box::new(QLora {
                     a: linear(&r, &format!("{a}.q_a_proj"), ql, d)?,
                     norm: r.vec(&format!("{a}.q_a_layernorm.weight"), ql)?,
                     b: linear(&r, &format!("{a}.q_b_proj"), q_rows, ql)?,
-                },
-                None => QProj::Plain(linear(&r, &format!("{a}.q_proj"), q_rows, d)?),
+                })),
+                None => QProj::Plain(Box::new(linear(&r, &format!("{a}.q_proj"), q_rows, d)?)),
             };
             let kl = c.kv_lora_rank;
             let attn = AttnWeights {
@@ -146,14 +152,14 @@ impl DeepseekV3Weights {
                     .map(|x| mlp(&r, &format!("{p}.mlp.experts.{x}"), c.moe_intermediate_size, d))
                     .collect::<Result<_, _>>()?;
                 let shared_w = c.moe_intermediate_size * c.n_shared_experts;
-                Ffn::Moe {
+                Ffn::Moe(Box::new(MoeWeights {
                     router: r.mat(&format!("{p}.mlp.gate.weight"), e, d)?,
                     bias: r.vec(&format!("{p}.mlp.gate.e_score_correction_bias"), e)?,
                     experts,
                     shared: mlp(&r, &format!("{p}.mlp.shared_experts"), shared_w, d)?,
-                }
+                }))
             } else {
-                Ffn::Dense(mlp(&r, &format!("{p}.mlp"), c.intermediate_size, d)?)
+                Ffn::Dense(Box::new(mlp(&r, &format!("{p}.mlp"), c.intermediate_size, d)?))
             };
             layers.push(LayerWeights {
                 input_norm: r.vec(&format!("{p}.input_layernorm.weight"), d)?,
@@ -181,7 +187,7 @@ impl DeepseekV3Weights {
             .map(|l| {
                 let a = &l.attn;
                 let q = match &a.q {
-                    QProj::Lora { a, b, .. } => a.byte_len() + b.byte_len(),
+                    QProj::Lora(l) => l.a.byte_len() + l.b.byte_len(),
                     QProj::Plain(w) => w.byte_len(),
                 };
                 q + a.kv_a.byte_len()
@@ -189,7 +195,7 @@ impl DeepseekV3Weights {
                     + a.o_proj.byte_len()
                     + match &l.ffn {
                         Ffn::Dense(m) => mlp_len(m),
-                        Ffn::Moe { router, shared, .. } => router.byte_len() + mlp_len(shared),
+                        Ffn::Moe(m) => m.router.byte_len() + mlp_len(&m.shared),
                     }
             })
             .sum();
