@@ -3,7 +3,8 @@
 //! shards or a file) through io_uring or the pread pool (`--io`; `both` measures each in the
 //! same run), and the ISA tier the kernels run on. With `--kernels`, in the same run:
 //! memory read bandwidth, every weight format's matmul rate at 1 and 8 activation rows next to
-//! it (and MXFP4's next to storage), the rates at 64 and 256 rows in GFLOP/s next to the FMA
+//! it and to storage (MXFP4 in K3's and GPT-OSS's expert shapes, FP8 in DeepSeek-V3's, INT4 in
+//! Kimi K2's), the rates at 64 and 256 rows in GFLOP/s next to the FMA
 //! peak measured on the same threads, and the fixed cost of a kernel call.
 
 use anyhow::{bail, Context, Result};
@@ -39,8 +40,9 @@ pub struct ProbeArgs {
     /// Most bytes to read.
     #[arg(long, default_value = "4G")]
     bytes: String,
-    /// Also measure memory read bandwidth, every kernel's rate (int8, bf16, f32, MXFP4 at 1
-    /// and 8 activation rows in GB/s; at 64 and 256 rows in GFLOP/s against the measured FMA
+    /// Also measure memory read bandwidth, every kernel's rate (int8, bf16, f32, MXFP4 as K3
+    /// and GPT-OSS shape their experts, FP8 as DeepSeek-V3, INT4 as Kimi K2; at 1 and 8
+    /// activation rows in GB/s and against storage; at 64 and 256 rows in GFLOP/s against the measured FMA
     /// peak) and call overhead. Without --model or --file, storage is read
     /// from a temporary file of up to 1 GiB written in --scratch-dir and removed afterwards.
     #[arg(long)]
@@ -167,9 +169,11 @@ fn merge_kernels(out: &mut Value, k: &KernelProbe, storage_gbps: f64) {
         .kernels
         .iter()
         .map(|r| {
-            let mut v = json!({
+            json!({
                 "format": r.format,
+                "layout": r.layout,
                 "rows": r.rows,
+                "ratio_to_storage": r.gbps / storage_gbps,
                 "gbps": r.gbps,
                 "ratio_to_memory": r.ratio_to_memory,
                 "gflops": r.gflops,
@@ -177,11 +181,7 @@ fn merge_kernels(out: &mut Value, k: &KernelProbe, storage_gbps: f64) {
                 "shape": r.shape,
                 "bytes_per_call": r.bytes_per_call,
                 "samples": r.samples,
-            });
-            if r.format == "mxfp4" {
-                v["ratio_to_storage"] = json!(r.gbps / storage_gbps);
-            }
-            v
+            })
         })
         .collect();
     out["memory_read_gbps"] = json!(k.memory_read_gbps);
@@ -198,18 +198,15 @@ fn print_kernels(k: &KernelProbe, storage_gbps: f64) {
         k.memory_read_gbps, k.fma_peak_gflops, k.threads
     );
     println!(
-        "{:<6} {:>4} {:>9} {:>10} {:>11} {:>8} {:>8}",
-        "format", "T", "GB/s", "vs memory", "vs storage", "GFLOP/s", "vs peak"
+        "{:<6} {:<11} {:>4} {:>9} {:>10} {:>11} {:>8} {:>8}",
+        "format", "layout", "T", "GB/s", "vs memory", "vs storage", "GFLOP/s", "vs peak"
     );
     for r in &k.kernels {
-        let storage = if r.format == "mxfp4" {
-            format!("{:.1}x", r.gbps / storage_gbps)
-        } else {
-            String::new()
-        };
+        let storage = format!("{:.1}x", r.gbps / storage_gbps);
         println!(
-            "{:<6} {:>4} {:>9.2} {:>9.0}% {:>11} {:>8.1} {:>7.0}%",
+            "{:<6} {:<11} {:>4} {:>9.2} {:>9.0}% {:>11} {:>8.1} {:>7.0}%",
             r.format,
+            r.layout,
             r.rows,
             r.gbps,
             100.0 * r.ratio_to_memory,

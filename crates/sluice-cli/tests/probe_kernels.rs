@@ -53,18 +53,27 @@ fn kernels_json_has_the_issue_shape() {
         let gflops = positive(&k["gflops"], "gflops");
         let vs_peak = positive(&k["ratio_to_fma_peak"], "ratio_to_fma_peak");
         assert!((vs_peak - gflops / peak).abs() <= 1e-9 * vs_peak.max(1.0), "{k}");
-        if format == "mxfp4" {
-            let r = positive(&k["ratio_to_storage"], "ratio_to_storage");
-            assert!((r - gbps / storage).abs() <= 1e-9 * r.max(1.0), "{k}");
-        }
-        seen.push((format.to_owned(), rows.expect("rows")));
+        let r = positive(&k["ratio_to_storage"], "ratio_to_storage");
+        assert!((r - gbps / storage).abs() <= 1e-9 * r.max(1.0), "{k}");
+        let layout = k["layout"].as_str().expect("layout");
+        seen.push((format.to_owned(), layout.to_owned(), rows.expect("rows")));
     }
-    for format in ["int8", "bf16", "f32", "mxfp4"] {
+    let lines = [
+        ("int8", "dense"),
+        ("bf16", "dense"),
+        ("f32", "dense"),
+        ("mxfp4", "k3"),
+        ("mxfp4", "gpt-oss"),
+        ("fp8", "deepseek-v3"),
+        ("int4", "kimi-k2"),
+    ];
+    for (format, layout) in lines {
         for rows in [1, 8, 64, 256] {
-            assert!(seen.contains(&(format.to_owned(), rows)), "{format} T={rows} in {seen:?}");
+            let line = (format.to_owned(), layout.to_owned(), rows);
+            assert!(seen.contains(&line), "{format} {layout} T={rows} in {seen:?}");
         }
     }
-    assert_eq!(seen.len(), 16);
+    assert_eq!(seen.len(), 28);
     // The temporary storage file is gone.
     assert_eq!(std::fs::read_dir(dir.path()).expect("read dir").count(), 0);
 }

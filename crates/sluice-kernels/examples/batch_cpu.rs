@@ -4,7 +4,10 @@
 //! (tier from `SLUICE_ISA` or detection). Prints one line per format and row count: GFLOP/s
 //! per on-CPU second and the ratio to the FMA loop's.
 
-use sluice_kernels::probe::{fma_loop, random_bytes, BATCH_SHAPE, EXPERT_SHAPE};
+use sluice_kernels::probe::{
+    fma_loop, random_bytes, BATCH_SHAPE, DEEPSEEK_EXPERT_SHAPE, EXPERT_SHAPE, GPT_OSS_EXPERT_SHAPE,
+    KIMI_K2_EXPERT_SHAPE,
+};
 use sluice_kernels::{isa, matmul, Matrix, Pool};
 
 /// Nanoseconds this thread has spent on a CPU.
@@ -43,13 +46,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         *hi = (*hi & 0x83) | 0x3C;
     }
     let int8_scales = [0x00, 0x20].repeat(rows);
+    let (gr, gc) = GPT_OSS_EXPERT_SHAPE;
     let mx_scales: Vec<u8> =
-        random_bytes(er * ec / 32, 5).into_iter().map(|s| 119 + s % 8).collect();
+        random_bytes((er * ec).max(gr * gc) / 32, 5).into_iter().map(|s| 119 + s % 8).collect();
+    // FP8 block scales around 2^-10; INT4 bf16 group scales 2^-7.
+    let (fr, fc) = DEEPSEEK_EXPERT_SHAPE;
+    let fp8_scales: Vec<u8> =
+        (0..fr.div_ceil(128) * fc.div_ceil(128)).flat_map(|_| 0.001f32.to_le_bytes()).collect();
+    let (ir, ic) = KIMI_K2_EXPERT_SHAPE;
+    let int4_scales = [0x00, 0x3C].repeat(ir * ic / 32);
     let ms = [
         ("int8", Matrix::int8_row(rows, cols, &bytes[..rows * cols], &int8_scales)?),
         ("bf16", Matrix::bf16(rows, cols, &bytes[..2 * rows * cols])?),
         ("f32", Matrix::f32(rows, cols, &bytes[..4 * rows * cols])?),
-        ("mxfp4", Matrix::mxfp4(er, ec, &bytes[..er * ec / 2], &mx_scales)?),
+        ("mxfp4", Matrix::mxfp4(er, ec, &bytes[..er * ec / 2], &mx_scales[..er * ec / 32])?),
+        ("mxfp4-gptoss", Matrix::mxfp4(gr, gc, &bytes[..gr * gc / 2], &mx_scales[..gr * gc / 32])?),
+        ("fp8", Matrix::fp8_block(fr, fc, &bytes[..fr * fc], &fp8_scales)?),
+        ("int4", Matrix::int4_group(ir, ic, &bytes[..ir * ic / 2], &int4_scales)?),
     ];
     let pool = Pool::new(1)?;
     for t in [8usize, 64, 256] {
@@ -66,7 +79,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     flops
                 })
             })?;
-            println!("{name:<6} T={t:<4} {r:7.1} GFLOP/s  {:5.1}% of peak", 100.0 * r / peak);
+            println!("{name:<12} T={t:<4} {r:7.1} GFLOP/s  {:5.1}% of peak", 100.0 * r / peak);
         }
     }
     Ok(())

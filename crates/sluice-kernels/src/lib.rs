@@ -1,5 +1,6 @@
 //! Compute kernels for sluice. Activations are f32; weights stay in their stored format
-//! (f32, bf16, MXFP4, row-int8) and are widened inside the kernel.
+//! (f32, bf16, MXFP4, row-int8, FP8 with 128 × 128 block scales, INT4 in groups of 32; one file
+//! each under [`formats`]) and are widened inside the kernel.
 //!
 //! **Batch invariance.** Every dot product is reduced in one canonical order (see
 //! [`matmul`](mod@matmul)): the result for one (output row, input row) pair never depends on how many
@@ -7,6 +8,7 @@
 //! verification pass therefore gives bit-for-bit the logits of T single-row passes.
 
 mod arch;
+pub mod formats;
 pub mod isa;
 pub mod matmul;
 pub mod ops;
@@ -45,5 +47,29 @@ pub enum KernelError {
     BlockWidth {
         /// Declared input columns.
         cols: usize,
+    },
+    /// A format whose groups run along the input needs the width to be a whole number of them.
+    #[error("{format} matrix width {cols} is not a multiple of its {group}-column group")]
+    GroupWidth {
+        /// Weight format.
+        format: &'static str,
+        /// Declared input columns.
+        cols: usize,
+        /// Columns per group.
+        group: usize,
+    },
+    /// A scale tensor whose shape contradicts its weight's shape.
+    #[error("{format} scales of a {rows}x{cols} weight must have shape {expected:?}, got {got}")]
+    ScaleShape {
+        /// Weight format.
+        format: &'static str,
+        /// Declared output rows of the weight.
+        rows: usize,
+        /// Declared input columns of the weight.
+        cols: usize,
+        /// The scale shape the weight shape implies.
+        expected: [usize; 2],
+        /// What was given: a declared shape, or a byte length.
+        got: String,
     },
 }

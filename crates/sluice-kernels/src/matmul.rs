@@ -9,8 +9,9 @@
 //! `c`; then the lanes are summed as a tree: `acc[l] += acc[l + 8]` for `l < 8`, then `+4`,
 //! `+2`, `+1`; the result is `acc[0]`. This is exactly what one AVX-512 register (or two AVX2
 //! registers, or four NEON registers) computes, so SIMD tiers equal the scalar reference.
-//! Weight elements are widened to f32 before the FMA: bf16 → f32 and E2M1 × 2^(s−127) → f32
-//! exactly. **Row-int8 folds its integers**: `f32(q)` (exact) goes into the lanes and the row's
+//! Weight elements are widened to f32 before the FMA, each format by its own scalar decode
+//! (`formats/`): bf16 → f32 and E2M1 × 2^(s−127) exactly, FP8 as `f32(e4m3) · s` rounded once,
+//! INT4 as `(nibble − 8) · scale` exactly. **Row-int8 folds its integers**: `f32(q)` (exact) goes into the lanes and the row's
 //! f16 scale multiplies the reduced sum once, `result = f32(scale) · acc[0]` (one f32
 //! multiplication, rounded). A row scale is common to the whole row, so taking it out of the
 //! sum is the natural int8 dot product, and it saves one multiplication per weight in every
@@ -26,121 +27,65 @@
 //! The loop nest every tier shares (row blocks, token blocks, column chunks, register tiles)
 //! is in the crate's `tiled` module.
 
-use crate::arch::{self, Row};
+use crate::arch;
+use crate::formats::{Format, Visit};
 use crate::isa::{self, Isa};
-use crate::KernelError;
-use sluice_core::{bf16_to_f32, f16_to_f32};
 
-/// Storage format of a weight matrix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WeightFormat {
-    /// Little-endian IEEE f32.
-    F32,
-    /// Little-endian bf16.
-    Bf16,
-    /// OCP MXFP4: E2M1 nibbles (low nibble first) in blocks of 32 along `cols`, one E8M0 scale
-    /// byte per block (`2^(s − 127)`).
-    Mxfp4,
-    /// Row-wise int8: one signed byte per element and one little-endian f16 scale per output
-    /// row; element `(r, c)` is `f32(q[r, c]) · f32(scale[r])` (exact, see the module docs).
-    Int8Row,
+pub use crate::formats::{e4m3_to_f32, e8m0_to_f32, WeightFormat, E2M1, E4M3};
+
+/// A borrowed weight matrix `[rows, cols]` in its stored format. Buffers are raw little-endian
+/// bytes with no alignment requirement (safetensors offsets need not be aligned). Each format's
+/// constructor (`Matrix::f32`, `bf16`, `mxfp4`, `int8_row`, `fp8_block`, `int4_group`) lives
+/// in the format's file under `formats/` and checks the buffers against the shape.
+#[derive(Debug, Clone, Copy)]
+pub struct Matrix<'a> {
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) format: WeightFormat,
+    pub(crate) data: &'a [u8],
+    pub(crate) scales: &'a [u8],
 }
 
-impl WeightFormat {
-    /// Short lowercase name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::Bf16 => "bf16",
-            Self::Mxfp4 => "mxfp4",
-            Self::Int8Row => "int8",
-        }
+/// Decodes a span of one row through the row's format ([`Format::widen`]).
+struct Widen<'m, 'a, 'o> {
+    m: &'m Matrix<'a>,
+    r: usize,
+    c0: usize,
+    out: &'o mut [f32],
+}
+
+impl Visit for Widen<'_, '_, '_> {
+    type Out = ();
+
+    fn visit<F: Format>(self) {
+        F::widen(F::row(self.m, self.r), self.c0, self.out);
     }
 }
 
-/// A borrowed weight matrix `[rows, cols]` in its stored format. Buffers are raw little-endian
-/// bytes with no alignment requirement (safetensors offsets need not be aligned).
-#[derive(Debug, Clone, Copy)]
-pub struct Matrix<'a> {
-    rows: usize,
-    cols: usize,
-    format: WeightFormat,
-    data: &'a [u8],
-    scales: &'a [u8],
+/// The scalar reference dot product of one row ([`dot_row_scalar`]).
+struct Dot<'m, 'a, 'x> {
+    m: &'m Matrix<'a>,
+    r: usize,
+    x: &'x [f32],
 }
 
-/// E2M1 code → value (bit 3 is the sign; code 8 is −0.0).
-pub const E2M1: [f32; 16] =
-    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+impl Visit for Dot<'_, '_, '_> {
+    type Out = f32;
 
-/// E8M0 scale byte → `2^(s − 127)` as f32 (s = 0 gives 2^-127, a subnormal; 255 gives NaN).
-#[inline]
-pub fn e8m0_to_f32(s: u8) -> f32 {
-    match s {
-        0 => f32::from_bits(0x0040_0000),
-        255 => f32::NAN,
-        _ => f32::from_bits(u32::from(s) << 23),
+    fn visit<F: Format>(self) -> f32 {
+        let row = F::row(self.m, self.r);
+        let n = self.x.len().min(self.m.cols);
+        let mut w = vec![0.0f32; n];
+        F::fold_values(row, 0, &mut w);
+        let mut acc = [0.0f32; 16];
+        for (c, (&wc, &xc)) in w.iter().zip(self.x).enumerate() {
+            acc[c % 16] = wc.mul_add(xc, acc[c % 16]);
+        }
+        F::finish(row, reduce16(acc))
     }
 }
 
 impl<'a> Matrix<'a> {
-    fn check(
-        what: &'static str,
-        rows: usize,
-        cols: usize,
-        f: WeightFormat,
-        expected: usize,
-        got: usize,
-    ) -> Result<(), KernelError> {
-        if expected == got {
-            Ok(())
-        } else {
-            Err(KernelError::Length { what, rows, cols, format: f.name(), expected, got })
-        }
-    }
-
-    /// An f32 matrix over `data` (`rows * cols * 4` bytes).
-    pub fn f32(rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, KernelError> {
-        Self::check("weights", rows, cols, WeightFormat::F32, rows * cols * 4, data.len())?;
-        Ok(Self { rows, cols, format: WeightFormat::F32, data, scales: &[] })
-    }
-
-    /// A bf16 matrix over `data` (`rows * cols * 2` bytes).
-    pub fn bf16(rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, KernelError> {
-        Self::check("weights", rows, cols, WeightFormat::Bf16, rows * cols * 2, data.len())?;
-        Ok(Self { rows, cols, format: WeightFormat::Bf16, data, scales: &[] })
-    }
-
-    /// An MXFP4 matrix: `packed` is `[rows, cols/2]`, `scales` is `[rows, cols/32]`.
-    pub fn mxfp4(
-        rows: usize,
-        cols: usize,
-        packed: &'a [u8],
-        scales: &'a [u8],
-    ) -> Result<Self, KernelError> {
-        if !cols.is_multiple_of(32) {
-            return Err(KernelError::BlockWidth { cols });
-        }
-        let f = WeightFormat::Mxfp4;
-        Self::check("packed nibbles", rows, cols, f, rows * cols / 2, packed.len())?;
-        Self::check("scales", rows, cols, f, rows * cols / 32, scales.len())?;
-        Ok(Self { rows, cols, format: f, data: packed, scales })
-    }
-
-    /// A row-int8 matrix: `data` is `[rows, cols]` signed bytes, `scales` is `[rows]`
-    /// little-endian f16 (`2 * rows` bytes).
-    pub fn int8_row(
-        rows: usize,
-        cols: usize,
-        data: &'a [u8],
-        scales: &'a [u8],
-    ) -> Result<Self, KernelError> {
-        let f = WeightFormat::Int8Row;
-        Self::check("int8 values", rows, cols, f, rows * cols, data.len())?;
-        Self::check("f16 row scales", rows, cols, f, rows * 2, scales.len())?;
-        Ok(Self { rows, cols, format: f, data, scales })
-    }
-
     /// Output rows.
     pub fn rows(&self) -> usize {
         self.rows
@@ -156,12 +101,14 @@ impl<'a> Matrix<'a> {
         self.format
     }
 
-    /// Raw weight bytes (packed nibbles for MXFP4, signed bytes for int8).
+    /// Raw weight bytes (packed nibbles for MXFP4 and INT4, signed bytes for int8, e4m3 codes
+    /// for FP8).
     pub fn data(&self) -> &'a [u8] {
         self.data
     }
 
-    /// Scale bytes: E8M0 per block for MXFP4, little-endian f16 per row for int8, else empty.
+    /// Scale bytes: E8M0 per block for MXFP4, little-endian f16 per row for int8, f32 per
+    /// 128 × 128 block for FP8, bf16 per 32-column group for INT4; empty for f32 and bf16.
     pub fn scales(&self) -> &'a [u8] {
         self.scales
     }
@@ -173,41 +120,14 @@ impl<'a> Matrix<'a> {
 
     /// Element `(r, c)` widened to f32 (slow; for references and tests).
     pub fn get(&self, r: usize, c: usize) -> f32 {
-        match self.format {
-            WeightFormat::F32 => {
-                let i = (r * self.cols + c) * 4;
-                f32::from_le_bytes([
-                    self.data[i],
-                    self.data[i + 1],
-                    self.data[i + 2],
-                    self.data[i + 3],
-                ])
-            }
-            WeightFormat::Bf16 => {
-                let i = (r * self.cols + c) * 2;
-                bf16_to_f32(u16::from_le_bytes([self.data[i], self.data[i + 1]]))
-            }
-            WeightFormat::Mxfp4 => {
-                let b = self.data[r * self.cols / 2 + c / 2];
-                let nib = if c.is_multiple_of(2) { b & 0x0F } else { b >> 4 };
-                let s = self.scales[r * self.cols / 32 + c / 32];
-                E2M1[usize::from(nib)] * e8m0_to_f32(s)
-            }
-            WeightFormat::Int8Row => {
-                let q = i8::from_le_bytes([self.data[r * self.cols + c]]);
-                f32::from(q) * self.int8_scale(r)
-            }
-        }
-    }
-
-    /// The f16 scale of int8 row `r`, widened to f32.
-    #[inline]
-    fn int8_scale(&self, r: usize) -> f32 {
-        f16_to_f32(u16::from_le_bytes([self.scales[2 * r], self.scales[2 * r + 1]]))
+        let mut v = [0.0f32];
+        self.format.visit(Widen { m: self, r, c0: c, out: &mut v });
+        v[0]
     }
 
     /// The stored bytes of rows `rows` (clamped to the matrix): weights, and scales (empty for
-    /// formats without them). Both are contiguous in row-major storage.
+    /// formats without them), each at the buffer's bytes per row (rounded down; for FP8, whose
+    /// scales serve 128 rows, an approximate span meant for prefetching only).
     #[inline]
     pub(crate) fn rows_bytes(&self, rows: std::ops::Range<usize>) -> [&'a [u8]; 2] {
         let (a, b) = (rows.start.min(self.rows), rows.end.min(self.rows));
@@ -218,29 +138,11 @@ impl<'a> Matrix<'a> {
         [per_row(self.data), per_row(self.scales)]
     }
 
-    /// Row `r` in its stored format (inlined: a call returns the view through memory, and
-    /// the loop nest takes eight per row block).
-    #[inline(always)]
-    pub(crate) fn row(&self, r: usize) -> Row<'a> {
-        match self.format {
-            WeightFormat::F32 => Row::F32(&self.data[r * self.cols * 4..(r + 1) * self.cols * 4]),
-            WeightFormat::Bf16 => Row::Bf16(&self.data[r * self.cols * 2..(r + 1) * self.cols * 2]),
-            WeightFormat::Mxfp4 => Row::Mxfp4 {
-                packed: &self.data[r * self.cols / 2..(r + 1) * self.cols / 2],
-                scales: &self.scales[r * self.cols / 32..(r + 1) * self.cols / 32],
-            },
-            WeightFormat::Int8Row => Row::Int8 {
-                values: &self.data[r * self.cols..(r + 1) * self.cols],
-                scale: self.int8_scale(r),
-            },
-        }
-    }
-
     /// Writes row `r` widened to f32 (the values [`Matrix::get`] gives) into the first
     /// `cols` elements of `out` (all of it when shorter).
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
         let n = out.len().min(self.cols);
-        self.row(r).widen(0, &mut out[..n]);
+        self.format.visit(Widen { m: self, r, c0: 0, out: &mut out[..n] });
     }
 }
 
@@ -255,20 +157,10 @@ pub fn reduce16(mut acc: [f32; 16]) -> f32 {
     acc[0]
 }
 
-/// Scalar reference dot product of row `r` with `x` in the canonical order.
+/// Scalar reference dot product of row `r` with `x` in the canonical order: the row's folded
+/// values (its format's scalar decode) folded element by element, then the format's finish.
 pub fn dot_row_scalar(m: &Matrix<'_>, r: usize, x: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 16];
-    if m.format == WeightFormat::Int8Row {
-        for (c, &xc) in x.iter().enumerate().take(m.cols) {
-            let q = f32::from(i8::from_le_bytes([m.data[r * m.cols + c]]));
-            acc[c % 16] = q.mul_add(xc, acc[c % 16]);
-        }
-        return reduce16(acc) * m.int8_scale(r);
-    }
-    for (c, &xc) in x.iter().enumerate().take(m.cols) {
-        acc[c % 16] = m.get(r, c).mul_add(xc, acc[c % 16]);
-    }
-    reduce16(acc)
+    m.format.visit(Dot { m, r, x })
 }
 
 /// Scalar reference for [`matmul`]: single-threaded, element by element.
@@ -403,6 +295,5 @@ unsafe fn run_cells(
         unsafe { out.write((t0 + ti) * m.rows + r, v) };
     };
     let x = &x[t0 * m.cols..tokens.end * m.cols];
-    // SAFETY: the caller guarantees the CPU supports `isa`.
-    unsafe { arch::run(isa, m, x, t, rows, emit) };
+    arch::run(isa, m, x, t, rows, emit);
 }

@@ -34,6 +34,15 @@ pub const F32_SHAPE: (usize, usize) = (4096, 7168);
 pub const EXPERT_SHAPE: (usize, usize) = (3072, 3584);
 /// MXFP4 experts cycled through, so that each call reads its weights from memory.
 pub const EXPERTS: usize = 16;
+/// Shape of one GPT-OSS-120B expert's `gate_up_proj` (`[2 · 2880, 2880]`), the MXFP4 layout
+/// GPT-OSS publishes (the same kernel as K3's, at GPT-OSS's dimensions).
+pub const GPT_OSS_EXPERT_SHAPE: (usize, usize) = (5760, 2880);
+/// Shape of one DeepSeek-V3 routed expert's gate or up projection (`[2048, 7168]`), measured
+/// in FP8 with 128 × 128 block scales.
+pub const DEEPSEEK_EXPERT_SHAPE: (usize, usize) = (2048, 7168);
+/// Shape of one Kimi K2 routed expert's gate or up projection (`[2048, 7168]`), measured in
+/// INT4 pack-quantized form (group 32).
+pub const KIMI_K2_EXPERT_SHAPE: (usize, usize) = (2048, 7168);
 /// Activation rows measured: plain decode and an 8-row verification pass.
 pub const TOKEN_COUNTS: [usize; 2] = [1, 8];
 /// Activation rows of the prefill-sized calls measured, which are compute-bound.
@@ -94,8 +103,12 @@ pub struct Dispatch {
 /// The measured throughput of one format at one activation-row count.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KernelRate {
-    /// Weight format name (`bf16`, `int8`, `mxfp4`).
+    /// Weight format name ([`WeightFormat::name`]: `bf16`, `int8`, `mxfp4`, `fp8`, ...).
     pub format: String,
+    /// Which matrices were measured: `dense` (a large spine projection) or a model's routed
+    /// experts (`k3`, `gpt-oss`, `deepseek-v3`, `kimi-k2`), cycled so each call reads memory.
+    #[serde(default)]
+    pub layout: String,
     /// Activation rows per call (T).
     pub rows: usize,
     /// Weight matrix shape `[out, in]`.
@@ -134,14 +147,14 @@ pub enum ProbeError {
 /// Measures memory read bandwidth, every format's matmul rate at [`TOKEN_COUNTS`] activation
 /// rows, and the per-call overheads, in a pool of `threads` threads (the calling thread
 /// included), spending about `budget_secs` seconds (at least three timed repetitions of each
-/// measurement run whatever the budget). Allocates about 130 MB of weights for the duration
+/// measurement run whatever the budget). Allocates about 140 MB of weights for the duration
 /// of the call.
 pub fn measure(threads: usize, budget_secs: f64) -> Result<KernelProbe, ProbeError> {
     let pool = Pool::new(threads)?;
     let data = Weights::new();
-    // Memory, the FMA peak, four formats at four row counts, and the call overheads share
-    // the budget.
-    let slots = 3 + 4 * (TOKEN_COUNTS.len() + BATCH_COUNTS.len());
+    // Memory, the FMA peak, seven (format, layout) lines at four row counts, and the call
+    // overheads share the budget.
+    let slots = 3 + 7 * (TOKEN_COUNTS.len() + BATCH_COUNTS.len());
     let per = Duration::from_secs_f64((budget_secs.max(0.0) / slots as f64).min(3600.0));
     Ok(pool.install(|| {
         let memory_read_gbps = memory_read(&pool, &data.bytes, per);
@@ -151,7 +164,10 @@ pub fn measure(threads: usize, budget_secs: f64) -> Result<KernelProbe, ProbeErr
             for f in [WeightFormat::Int8Row, WeightFormat::Bf16, WeightFormat::F32] {
                 kernels.push(data.dense_rate(f, t, per));
             }
-            kernels.push(data.mxfp4_rate(t, per));
+            kernels.push(data.mxfp4_rate(EXPERT_SHAPE, "k3", t, per));
+            kernels.push(data.mxfp4_rate(GPT_OSS_EXPERT_SHAPE, "gpt-oss", t, per));
+            kernels.push(data.fp8_rate(t, per));
+            kernels.push(data.int4_rate(t, per));
         }
         for k in &mut kernels {
             k.ratio_to_memory = k.gbps / memory_read_gbps;
@@ -171,11 +187,20 @@ pub fn measure(threads: usize, budget_secs: f64) -> Result<KernelProbe, ProbeErr
 }
 
 /// One buffer of random bytes serves every format (bf16 with a finite, moderate exponent;
-/// int8 and MXFP4 nibbles take the same bytes as they are), plus per-format scales.
+/// int8, MXFP4 and INT4 nibbles and FP8 codes take the same bytes as they are), plus
+/// per-format scales.
 struct Weights {
     bytes: Vec<u8>,
     int8_scales: Vec<u8>,
     mxfp4_scales: Vec<u8>,
+    fp8_scales: Vec<u8>,
+    int4_scales: Vec<u8>,
+}
+
+/// Experts of `bytes_per_expert` that fit the shared buffer of `len` bytes, at most
+/// [`EXPERTS`].
+fn experts_in(len: usize, bytes_per_expert: usize) -> usize {
+    (len / bytes_per_expert.max(1)).clamp(1, EXPERTS)
 }
 
 impl Weights {
@@ -188,10 +213,26 @@ impl Weights {
         }
         // f16 0x2000 = 2^-7 for every int8 row; E8M0 scales 2^-8 .. 2^-1.
         let int8_scales = [0x00, 0x20].repeat(rows);
-        let (er, ec) = EXPERT_SHAPE;
+        // One E8M0 scale per 16 packed bytes of the buffer: enough for the experts of any
+        // shape that fit it.
         let mxfp4_scales =
-            random_bytes(EXPERTS * er * ec / 32, 5).into_iter().map(|s| 119 + s % 8).collect();
-        Self { bytes, int8_scales, mxfp4_scales }
+            random_bytes(bytes.len() / 16, 5).into_iter().map(|s| 119 + s % 8).collect();
+        // f32 block scales 2^-12 .. 2^-9 with random significands (DeepSeek's are ~1e-4..1e-3).
+        let (fr, fc) = DEEPSEEK_EXPERT_SHAPE;
+        let fp8_scales = random_bytes(EXPERTS * fr.div_ceil(128) * fc.div_ceil(128) * 4, 3)
+            .chunks_exact(4)
+            .flat_map(|b| {
+                let m = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x007F_FFFF;
+                f32::from_bits(m | (115 + u32::from(b[3] % 4)) << 23).to_le_bytes()
+            })
+            .collect();
+        // bf16 group scales 2^-9 .. 2^-6 with random significands.
+        // Two bytes per 16 packed bytes of the buffer, as for MXFP4.
+        let int4_scales = random_bytes(bytes.len() / 8, 9)
+            .chunks_exact(2)
+            .flat_map(|b| (u16::from(b[0] & 0x7F) | u16::from(118 + b[1] % 4) << 7).to_le_bytes())
+            .collect();
+        Self { bytes, int8_scales, mxfp4_scales, fp8_scales, int4_scales }
     }
 
     fn dense_rate(&self, format: WeightFormat, t: usize, budget: Duration) -> KernelRate {
@@ -212,25 +253,65 @@ impl Weights {
             _ => Matrix::bf16(rows, cols, &self.bytes[..2 * rows * cols]),
         }
         .expect("invariant: buffers are sized from DENSE_SHAPE");
-        rate(format, t, &[m], budget)
+        rate(format, "dense", t, &[m], budget)
     }
 
-    fn mxfp4_rate(&self, t: usize, budget: Duration) -> KernelRate {
-        let (rows, cols) = EXPERT_SHAPE;
+    /// MXFP4 experts of `shape` (K3's or GPT-OSS's).
+    fn mxfp4_rate(
+        &self,
+        (rows, cols): (usize, usize),
+        layout: &str,
+        t: usize,
+        budget: Duration,
+    ) -> KernelRate {
         let (p, s) = (rows * cols / 2, rows * cols / 32);
-        let experts: Vec<Matrix<'_>> = (0..EXPERTS)
+        let experts: Vec<Matrix<'_>> = (0..experts_in(self.bytes.len(), p))
             .map(|e| {
                 let packed = &self.bytes[e * p..(e + 1) * p];
                 Matrix::mxfp4(rows, cols, packed, &self.mxfp4_scales[e * s..(e + 1) * s])
-                    .expect("invariant: buffers are sized from EXPERT_SHAPE")
+                    .expect("invariant: buffers are sized from the expert shapes")
             })
             .collect();
-        rate(WeightFormat::Mxfp4, t, &experts, budget)
+        rate(WeightFormat::Mxfp4, layout, t, &experts, budget)
+    }
+
+    /// DeepSeek-V3 experts in FP8 with block scales.
+    fn fp8_rate(&self, t: usize, budget: Duration) -> KernelRate {
+        let (rows, cols) = DEEPSEEK_EXPERT_SHAPE;
+        let (p, s) = (rows * cols, rows.div_ceil(128) * cols.div_ceil(128) * 4);
+        let experts: Vec<Matrix<'_>> = (0..experts_in(self.bytes.len(), p))
+            .map(|e| {
+                let codes = &self.bytes[e * p..(e + 1) * p];
+                Matrix::fp8_block(rows, cols, codes, &self.fp8_scales[e * s..(e + 1) * s])
+                    .expect("invariant: buffers are sized from DEEPSEEK_EXPERT_SHAPE")
+            })
+            .collect();
+        rate(WeightFormat::Fp8Block, "deepseek-v3", t, &experts, budget)
+    }
+
+    /// Kimi K2 experts in INT4 pack-quantized form.
+    fn int4_rate(&self, t: usize, budget: Duration) -> KernelRate {
+        let (rows, cols) = KIMI_K2_EXPERT_SHAPE;
+        let (p, s) = (rows * cols / 2, rows * cols / 32 * 2);
+        let experts: Vec<Matrix<'_>> = (0..experts_in(self.bytes.len(), p))
+            .map(|e| {
+                let packed = &self.bytes[e * p..(e + 1) * p];
+                Matrix::int4_group(rows, cols, packed, &self.int4_scales[e * s..(e + 1) * s])
+                    .expect("invariant: buffers are sized from KIMI_K2_EXPERT_SHAPE")
+            })
+            .collect();
+        rate(WeightFormat::Int4Group, "kimi-k2", t, &experts, budget)
     }
 }
 
 /// Times `matmul` over `ms` in turn (one matrix per call) until `budget` is spent.
-fn rate(format: WeightFormat, t: usize, ms: &[Matrix<'_>], budget: Duration) -> KernelRate {
+fn rate(
+    format: WeightFormat,
+    layout: &str,
+    t: usize,
+    ms: &[Matrix<'_>],
+    budget: Duration,
+) -> KernelRate {
     let (rows, cols) = (ms[0].rows(), ms[0].cols());
     let x: Vec<f32> =
         random_bytes(t * cols, 11).into_iter().map(|b| f32::from(b) / 128.0 - 1.0).collect();
@@ -252,6 +333,7 @@ fn rate(format: WeightFormat, t: usize, ms: &[Matrix<'_>], budget: Duration) -> 
     let weights_per_byte = (rows * cols) as f64 / bytes as f64;
     KernelRate {
         format: format.name().to_owned(),
+        layout: layout.to_owned(),
         rows: t,
         shape: [rows, cols],
         bytes_per_call: u64::try_from(bytes).unwrap_or(u64::MAX),

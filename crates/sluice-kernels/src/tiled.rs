@@ -3,7 +3,7 @@
 //! chunks.
 //!
 //! A tier supplies three pieces through [`Kernel`]: `decode`, which widens a span of one
-//! weight row to f32; `fold`, which folds a span of widened weights into the accumulators of
+//! weight row to f32 (through the row's format, `crate::formats`); `fold`, which folds a span of widened weights into the accumulators of
 //! a tile of R weight rows × N activation rows; and `fold_one`, the one-activation-row case
 //! fused (decode in registers, no buffer), which a tier may leave to the buffered default.
 //! This module owns everything else, identically for every tier:
@@ -37,8 +37,9 @@
 
 use std::ops::Range;
 
-use crate::arch::{prefetch, Row};
-use crate::matmul::{reduce16, Matrix, WeightFormat};
+use crate::arch::prefetch;
+use crate::formats::Format;
+use crate::matmul::{reduce16, Matrix};
 use crate::wide::fold_tiles;
 
 /// Weight rows decoded together for each column chunk.
@@ -46,10 +47,11 @@ pub(crate) const ROW_BLOCK: usize = 8;
 /// Activation rows whose accumulators are live together in a call of a few rows (a
 /// verification pass).
 pub(crate) const TOKEN_BLOCK: usize = 8;
-/// Columns per chunk: a multiple of 32 (the MXFP4 block) and hence of 16 (the lane count).
+/// Columns per chunk: a multiple of 128 (the largest format block, FP8's) and hence of 32
+/// (MXFP4's and INT4's) and 16 (the lane count).
 pub(crate) const CHUNK: usize = 512;
 
-const _: () = assert!(CHUNK.is_multiple_of(32));
+const _: () = assert!(CHUNK.is_multiple_of(128));
 
 /// One 16-lane accumulator.
 pub(crate) type Lanes = [f32; 16];
@@ -64,15 +66,16 @@ pub(crate) trait Kernel {
     const WIDE: bool = false;
 
     /// Widens elements `c0 .. c0 + out.len()` of `row` to the f32 values the matmul folds
-    /// (`Row::fold_values`: [`Matrix::get`]'s, except an int8 row's integers, whose row scale
+    /// (`Format::fold_values`: [`Matrix::get`]'s, except an int8 row's integers, whose row scale
     /// is applied to the reduced sum), except that a zero weight may come out as either +0.0 or −0.0: the sign of a zero weight never
     /// changes a folded result (see the module docs: `fma(±0, x, acc)` is `acc` for a non-zero
     /// `acc`, +0.0 for a zero one, and the same NaN for an infinite or NaN `x`).
     ///
     /// # Safety
-    /// The running CPU supports the tier. The span lies inside the row, and for MXFP4 rows
-    /// `c0` and `out.len()` are multiples of 32 (implementations assert both).
-    unsafe fn decode(row: Row<'_>, c0: usize, out: &mut [f32]);
+    /// The running CPU supports the tier. The span lies inside the row, `c0` is a multiple
+    /// of [`Format::BLOCK`], and so is `out.len()` unless the span ends the row
+    /// (implementations assert what they rely on).
+    unsafe fn decode<F: Format>(row: F::Row<'_>, c0: usize, out: &mut [f32]);
 
     /// For every `r < R`, `j < N` and `i` in increasing order,
     /// `acc[r][j][i % 16] = fma(w[r][i], x[j][i], acc[r][j][i % 16])`. Every slice has the
@@ -88,21 +91,22 @@ pub(crate) trait Kernel {
 
     /// The one-activation-row case fused: for every `r < R` and `i` in increasing order,
     /// `acc[r][i % 16] = fma(W_r[c0 + i], x[i], acc[r][i % 16])`, where `W_r` is row `r`
-    /// widened as by `decode`. `c0` and `x.len()` are multiples of 16 (of 32 for MXFP4).
+    /// widened as by `decode`. `c0` and `x.len()` are multiples of 16 and of
+    /// [`Format::BLOCK`].
     ///
     /// The default decodes [`CHUNK`] columns at a time into a buffer and calls `fold`; a tier
     /// overrides it to keep the widened weights in registers.
     ///
     /// # Safety
     /// The running CPU supports the tier.
-    unsafe fn fold_one<const R: usize>(
-        rows: [Row<'_>; R],
+    unsafe fn fold_one<F: Format, const R: usize>(
+        rows: [F::Row<'_>; R],
         c0: usize,
         x: &[f32],
         acc: [&mut Lanes; R],
     ) {
         // SAFETY: guaranteed by the caller.
-        unsafe { fold_one_buffered::<Self, R>(rows, c0, x, acc) }
+        unsafe { fold_one_buffered::<Self, F, R>(rows, c0, x, acc) }
     }
 }
 
@@ -111,8 +115,8 @@ pub(crate) trait Kernel {
 ///
 /// # Safety
 /// The running CPU supports the tier `K`; `c0` and `x.len()` suit [`Kernel::fold_one`].
-pub(crate) unsafe fn fold_one_buffered<K: Kernel + ?Sized, const R: usize>(
-    rows: [Row<'_>; R],
+pub(crate) unsafe fn fold_one_buffered<K: Kernel + ?Sized, F: Format, const R: usize>(
+    rows: [F::Row<'_>; R],
     c0: usize,
     x: &[f32],
     mut acc: [&mut Lanes; R],
@@ -121,7 +125,7 @@ pub(crate) unsafe fn fold_one_buffered<K: Kernel + ?Sized, const R: usize>(
     for (k, xs) in x.chunks(CHUNK).enumerate() {
         for (b, &row) in buf.iter_mut().zip(&rows) {
             // SAFETY: the caller guarantees the tier and the span.
-            unsafe { K::decode(row, c0 + k * CHUNK, &mut b[..xs.len()]) };
+            unsafe { K::decode::<F>(row, c0 + k * CHUNK, &mut b[..xs.len()]) };
         }
         let ws: [&[f32]; R] = std::array::from_fn(|r| &buf[r][..xs.len()]);
         let mut it = acc.iter_mut();
@@ -147,24 +151,28 @@ type ChunkBuf = [[f32; CHUNK]; ROW_BLOCK];
 ///
 /// # Panics
 /// If `x` is not `t * m.cols()` long or `rows` runs past `m.rows()`.
-pub(crate) unsafe fn run<K: Kernel>(
+pub(crate) unsafe fn run<K: Kernel, F: Format>(
     m: &Matrix<'_>,
     x: &[f32],
     t: usize,
     rows: Range<usize>,
     emit: impl FnMut(usize, usize, f32),
 ) {
+    // Every span the nest hands a format starts at a multiple of `CHUNK` or `ONE_SPAN`
+    // columns (or is a row's last partial 16 columns), so the format's blocks never straddle
+    // two spans.
+    const { assert!(CHUNK.is_multiple_of(F::BLOCK) && ONE_SPAN.is_multiple_of(F::BLOCK)) };
     // A one-row call (the common case) keeps one accumulator per row, not TOKEN_BLOCK: the
     // fixed cost of a call is mostly initialising these buffers. A few rows keep small token
     // blocks; a prefill chunk takes wide ones, so each weight chunk is decoded once per 64
     // activation rows.
     match t {
         // SAFETY: guaranteed by the caller.
-        1 => unsafe { run_blocks::<K, 1>(m, x, t, rows, emit) },
+        1 => unsafe { run_blocks::<K, F, 1>(m, x, t, rows, emit) },
         // SAFETY: guaranteed by the caller.
-        2..=TOKEN_BLOCK => unsafe { run_blocks::<K, TOKEN_BLOCK>(m, x, t, rows, emit) },
+        2..=TOKEN_BLOCK => unsafe { run_blocks::<K, F, TOKEN_BLOCK>(m, x, t, rows, emit) },
         // SAFETY: guaranteed by the caller.
-        _ => unsafe { crate::wide::run::<K>(m, x, t, rows, emit) },
+        _ => unsafe { crate::wide::run::<K, F>(m, x, t, rows, emit) },
     }
 }
 
@@ -172,7 +180,7 @@ pub(crate) unsafe fn run<K: Kernel>(
 ///
 /// # Safety
 /// The running CPU supports the tier `K`.
-unsafe fn run_blocks<K: Kernel, const TB: usize>(
+unsafe fn run_blocks<K: Kernel, F: Format, const TB: usize>(
     m: &Matrix<'_>,
     x: &[f32],
     t: usize,
@@ -197,15 +205,12 @@ unsafe fn run_blocks<K: Kernel, const TB: usize>(
     }
     for r0 in rows.clone().step_by(ROW_BLOCK) {
         let rb = ROW_BLOCK.min(rows.end - r0);
-        let block: [Row<'_>; ROW_BLOCK] = std::array::from_fn(|i| m.row((r0 + i).min(r0 + rb - 1)));
-        // The one-row kernels prefetch the next tile's weights themselves as they go; MXFP4's
-        // block scales (a sixteenth of its bytes) are named here.
-        let next = match m.format() {
-            WeightFormat::Mxfp4 => {
-                [&[][..], m.rows_bytes(r0 + ROW_BLOCK..(r0 + 2 * ROW_BLOCK).min(rows.end))[1]]
-            }
-            _ => [&[][..]; 2],
-        };
+        let block: [F::Row<'_>; ROW_BLOCK] =
+            std::array::from_fn(|i| F::row(m, (r0 + i).min(r0 + rb - 1)));
+        // The one-row kernels prefetch the next tile's weights themselves as they go; side data
+        // a format names (MXFP4's block scales, a sixteenth of its bytes) is named here.
+        let next =
+            [&[][..], F::prefetch_side(m, r0 + ROW_BLOCK..(r0 + 2 * ROW_BLOCK).min(rows.end))];
         for t0 in (0..t).step_by(TB) {
             let tb = TB.min(t - t0);
             for a in &mut acc[..rb] {
@@ -217,7 +222,7 @@ unsafe fn run_blocks<K: Kernel, const TB: usize>(
                 p[..cols - main_cols].copy_from_slice(&xr[main_cols..]);
             }
             let next = if t0 == 0 && tb == 1 { next } else { [&[][..]; 2] };
-            let b = Block { rows: &block[..rb], acc: &mut acc, next };
+            let b = Block::<F, TB> { rows: &block[..rb], acc: &mut acc, next };
             match chunk_buf.as_mut() {
                 Some(w) if tb > 1 => {
                     // SAFETY: the caller guarantees the tier.
@@ -230,7 +235,7 @@ unsafe fn run_blocks<K: Kernel, const TB: usize>(
             }
             for (r, a) in acc[..rb].iter().enumerate() {
                 for (j, lanes) in a[..tb].iter().enumerate() {
-                    emit(t0 + j, r0 + r, block[r].finish(reduce16(*lanes)));
+                    emit(t0 + j, r0 + r, F::finish(block[r], reduce16(*lanes)));
                 }
             }
         }
@@ -244,9 +249,9 @@ const ONE_SPAN: usize = 1024;
 const _: () = assert!(ONE_SPAN.is_multiple_of(CHUNK));
 
 /// One row block and one token block of a call.
-struct Block<'a, 'r, const TB: usize> {
+struct Block<'a, 'r, F: Format, const TB: usize> {
     /// The block's weight rows.
-    rows: &'a [Row<'r>],
+    rows: &'a [F::Row<'r>],
     /// Accumulators, `[row][token]` relative to the blocks.
     acc: &'a mut BlockAcc<TB>,
     /// The next row block's bytes, to prefetch while this one is computed (empty for all but
@@ -254,7 +259,7 @@ struct Block<'a, 'r, const TB: usize> {
     next: [&'r [u8]; 2],
 }
 
-impl<const TB: usize> Block<'_, '_, TB> {
+impl<F: Format, const TB: usize> Block<'_, '_, F, TB> {
     /// A single activation row `x` (`cols` long): fused decode and fold in row tiles of four;
     /// the final partial 16-column step (if any) through `w` and the padded `xpad`.
     ///
@@ -269,9 +274,9 @@ impl<const TB: usize> Block<'_, '_, TB> {
             // SAFETY: the caller guarantees the tier (every arm).
             r += unsafe {
                 match n - r {
-                    4.. => one::<K, 4, TB>(&mut self, r, &x[..main_cols]),
-                    2 | 3 => one::<K, 2, TB>(&mut self, r, &x[..main_cols]),
-                    _ => one::<K, 1, TB>(&mut self, r, &x[..main_cols]),
+                    4.. => one::<K, F, 4, TB>(&mut self, r, &x[..main_cols]),
+                    2 | 3 => one::<K, F, 2, TB>(&mut self, r, &x[..main_cols]),
+                    _ => one::<K, F, 1, TB>(&mut self, r, &x[..main_cols]),
                 }
             };
         }
@@ -279,7 +284,7 @@ impl<const TB: usize> Block<'_, '_, TB> {
             let mut w = [[0.0f32; 16]; ROW_BLOCK];
             for (wr, &row) in w.iter_mut().zip(self.rows) {
                 // SAFETY: the caller guarantees the tier; the span is the row's last columns.
-                unsafe { K::decode(row, main_cols, &mut wr[..cols - main_cols]) };
+                unsafe { K::decode::<F>(row, main_cols, &mut wr[..cols - main_cols]) };
                 wr[cols - main_cols..16].fill(0.0);
             }
             let span = Span { w: &w, rb: n, tb: 1, acc: self.acc };
@@ -310,9 +315,9 @@ impl<const TB: usize> Block<'_, '_, TB> {
             }
             for (wr, &row) in w.iter_mut().zip(self.rows) {
                 // SAFETY: the caller guarantees the tier; the span `c0..c0 + len` lies in the
-                // row, and for MXFP4 `c0` is a multiple of `CHUNK` and `len` is either `CHUNK`
-                // or the rest of a row whose width is a multiple of 32.
-                unsafe { K::decode(row, c0, &mut wr[..len]) };
+                // row, `c0` is a multiple of `CHUNK` (so of every format's block) and `len` is
+                // either `CHUNK` or the rest of the row.
+                unsafe { K::decode::<F>(row, c0, &mut wr[..len]) };
                 wr[len..len.next_multiple_of(16)].fill(0.0);
             }
             let span = Span { w, rb, tb, acc: &mut *self.acc };
@@ -334,14 +339,14 @@ impl<const TB: usize> Block<'_, '_, TB> {
 ///
 /// # Safety
 /// The running CPU supports the tier `K`; `x.len()` suits [`Kernel::fold_one`].
-unsafe fn one<K: Kernel, const R: usize, const TB: usize>(
-    b: &mut Block<'_, '_, TB>,
+unsafe fn one<K: Kernel, F: Format, const R: usize, const TB: usize>(
+    b: &mut Block<'_, '_, F, TB>,
     r: usize,
     x: &[f32],
 ) -> usize {
     let spans = x.len().div_ceil(ONE_SPAN);
     let parts = b.rows.len().div_ceil(R) * spans;
-    let rows: [Row<'_>; R] = std::array::from_fn(|i| b.rows[r + i]);
+    let rows: [F::Row<'_>; R] = std::array::from_fn(|i| b.rows[r + i]);
     let mut acc: [Lanes; R] = std::array::from_fn(|i| b.acc[r + i][0]);
     for (k, c0) in (0..x.len()).step_by(ONE_SPAN).enumerate() {
         for bytes in b.next {
@@ -350,7 +355,7 @@ unsafe fn one<K: Kernel, const R: usize, const TB: usize>(
         let mut it = acc.iter_mut();
         let a: [&mut Lanes; R] = std::array::from_fn(|_| it.next().expect("invariant: R lanes"));
         // SAFETY: guaranteed by the caller; spans start at multiples of `ONE_SPAN`.
-        unsafe { K::fold_one(rows, c0, &x[c0..(c0 + ONE_SPAN).min(x.len())], a) };
+        unsafe { K::fold_one::<F, R>(rows, c0, &x[c0..(c0 + ONE_SPAN).min(x.len())], a) };
     }
     for (i, a) in acc.iter().enumerate() {
         b.acc[r + i][0] = *a;

@@ -25,6 +25,7 @@
 
 use std::ops::Range;
 
+use crate::formats::Format;
 use crate::matmul::{reduce16, Matrix};
 use crate::tiled::{Kernel, Lanes, CHUNK};
 
@@ -47,7 +48,7 @@ pub const WIDE_SCRATCH_BYTES: usize =
 ///
 /// # Panics
 /// If `x` is not `t * m.cols()` long or `rows` runs past `m.rows()`.
-pub(crate) unsafe fn run<K: Kernel>(
+pub(crate) unsafe fn run<K: Kernel, F: Format>(
     m: &Matrix<'_>,
     x: &[f32],
     t: usize,
@@ -82,9 +83,9 @@ pub(crate) unsafe fn run<K: Kernel>(
                 let main = len - len % 16;
                 for (i, p) in panel.chunks_exact_mut(CHUNK).take(gr).enumerate() {
                     // SAFETY: the caller guarantees the tier; the span `c0..c0 + len` lies in
-                    // the row, and for MXFP4 `c0` is a multiple of `CHUNK` and `len` either
-                    // `CHUNK` or the rest of a row whose width is a multiple of 32.
-                    unsafe { K::decode(m.row(g0 + i), c0, &mut p[..len]) };
+                    // the row, `c0` is a multiple of `CHUNK` (so of every format's block) and
+                    // `len` either `CHUNK` or the rest of the row.
+                    unsafe { K::decode::<F>(F::row(m, g0 + i), c0, &mut p[..len]) };
                     p[len..len.next_multiple_of(16)].fill(0.0);
                 }
                 let w = |r: usize| &panel[r * CHUNK..][..main];
@@ -99,9 +100,9 @@ pub(crate) unsafe fn run<K: Kernel>(
                 }
             }
             for (i, a) in acc.chunks_exact(n).enumerate() {
-                let row = m.row(g0 + i);
+                let row = F::row(m, g0 + i);
                 for (j, lanes) in a.iter().enumerate() {
-                    emit(t0 + j, g0 + i, row.finish(reduce16(*lanes)));
+                    emit(t0 + j, g0 + i, F::finish(row, reduce16(*lanes)));
                 }
             }
         }

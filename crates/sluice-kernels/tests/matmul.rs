@@ -9,7 +9,8 @@
 mod common;
 
 use common::{
-    bf16_bytes, bits, bits_nan_as_one, f32_bytes, int8_data, mode, mxfp4_data, values, Mode, Rng,
+    bf16_bytes, bits, bits_nan_as_one, f32_bytes, fp8_data, int4_data, int8_data, mode, mxfp4_data,
+    values, Mode, Rng,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -39,6 +40,8 @@ impl Weights {
             "f32" => (f32_bytes(&values(rng, mode, rows * cols)), Vec::new()),
             "bf16" => (bf16_bytes(&values(rng, mode, rows * cols)), Vec::new()),
             "int8" => int8_data(rng, mode, rows, cols),
+            "fp8" => fp8_data(rng, mode, rows, cols),
+            "int4" => int4_data(rng, mode, rows, cols),
             _ => mxfp4_data(rng, mode, rows, cols),
         };
         Self { format, rows, cols, data, scales }
@@ -49,6 +52,8 @@ impl Weights {
             "f32" => Matrix::f32(self.rows, self.cols, &self.data),
             "bf16" => Matrix::bf16(self.rows, self.cols, &self.data),
             "int8" => Matrix::int8_row(self.rows, self.cols, &self.data, &self.scales),
+            "fp8" => Matrix::fp8_block(self.rows, self.cols, &self.data, &self.scales),
+            "int4" => Matrix::int4_group(self.rows, self.cols, &self.data, &self.scales),
             _ => Matrix::mxfp4(self.rows, self.cols, &self.data, &self.scales),
         }
         .expect("generated buffers match the shape")
@@ -189,6 +194,8 @@ fn batch_and_thread_invariance() {
         ("bf16", 67, 255),
         ("int8", 300, 4097),
         ("mxfp4", 300, 3584),
+        ("fp8", 300, 4097),
+        ("int4", 300, 3584),
     ];
     for (k, &(format, rows, cols)) in shapes.iter().enumerate() {
         let t = 9;
@@ -222,9 +229,15 @@ fn batch_and_thread_invariance() {
 /// Every tier within `1e-5 · Σ|w·x| + 1e-30` of an f64 dot product.
 #[test]
 fn f64_reference_error_budget() {
-    for (format, cols) in
-        [("f32", 4097), ("bf16", 1023), ("bf16", 4097), ("int8", 4097), ("mxfp4", 3584)]
-    {
+    for (format, cols) in [
+        ("f32", 4097),
+        ("bf16", 1023),
+        ("bf16", 4097),
+        ("int8", 4097),
+        ("mxfp4", 3584),
+        ("fp8", 4097),
+        ("int4", 4128),
+    ] {
         let (rows, t) = (67, 3);
         let mut rng = Rng::new(0xF64);
         let w = Weights::gen(format, rows, cols, &mut rng, Mode::Mixed);

@@ -156,3 +156,49 @@ pub fn int8_data(rng: &mut Rng, mode: Mode, rows: usize, cols: usize) -> (Vec<u8
 pub fn bits_nan_as_one(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| if x.is_nan() { 0x7FC0_0000 } else { x.to_bits() }).collect()
 }
+
+/// FP8 e4m3 codes (NaN codes 0x7F/0xFF left out: they have their own test) and f32
+/// `weight_scale_inv` bytes `[ceil(rows/128), ceil(cols/128)]` for `[rows, cols]`.
+pub fn fp8_data(rng: &mut Rng, mode: Mode, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
+    let codes = (0..rows * cols)
+        .map(|_| match mode {
+            Mode::Zeros => [0x00, 0x80][rng.below(2)],
+            _ => match rng.byte() {
+                0x7F => 0x7E,
+                0xFF => 0xFE,
+                b => b,
+            },
+        })
+        .collect();
+    let n = rows.div_ceil(128) * cols.div_ceil(128);
+    let scales: Vec<f32> = (0..n)
+        .map(|_| match mode {
+            Mode::Tiny => rng.uniform(1e-41, 1e-38),
+            Mode::Large => rng.uniform(1e20, 1e30),
+            Mode::Mixed => [1.0, 2e-40, -0.5, rng.uniform(1e-4, 1e-2)][rng.below(4)],
+            _ => rng.uniform(1e-4, 1e-2),
+        })
+        .collect();
+    (codes, f32_bytes(&scales))
+}
+
+/// INT4 pack-quantized bytes (`weight_packed`'s little-endian words) and bf16 group scales
+/// `[rows, cols/32]` for `[rows, cols]`.
+pub fn int4_data(rng: &mut Rng, mode: Mode, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
+    let packed = (0..rows * cols / 2)
+        .map(|_| match mode {
+            // Stored 8 is q = 0.
+            Mode::Zeros => 0x88,
+            _ => rng.byte(),
+        })
+        .collect();
+    let scales: Vec<f32> = (0..rows * cols / 32)
+        .map(|_| match mode {
+            Mode::Tiny => rng.uniform(1e-40, 1e-38),
+            Mode::Large => rng.uniform(1e30, 1e35),
+            Mode::Mixed => [0.0, -0.0, 1.0, 1e-39, -rng.uniform(1e-3, 1e-1)][rng.below(5)],
+            _ => rng.uniform(1e-3, 1e-1),
+        })
+        .collect();
+    (packed, bf16_bytes(&scales))
+}

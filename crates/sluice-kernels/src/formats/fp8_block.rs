@@ -1,0 +1,392 @@
+//! FP8 weights with 128 × 128 block scales, as DeepSeek-V3/R1, Kimi K2 Instruct and the
+//! official Qwen3 `-FP8` checkpoints publish them: `weight` `float8_e4m3fn` `[rows, cols]` and
+//! `weight_scale_inv` F32 `[ceil(rows/128), ceil(cols/128)]`; element `(r, c)` is
+//! `f32(e4m3) · s[r/128][c/128]`, one f32 multiplication rounded once (what DeepSeek's
+//! `weight_dequant` and `w.float() * s` compute, so a reference that dequantizes to f32 sees the
+//! same values). Partial blocks work along both axes: neither `rows` nor `cols` need be a
+//! multiple of 128.
+//!
+//! **e4m3fn**: sign, 4 exponent bits (bias 7), 3 mantissa bits, no infinities; exponent 0 is
+//! subnormal (`m · 2^-9`). The two NaN codes (`0x7F`, `0xFF`) decode to the canonical quiet NaN
+//! `0x7FC0_0000` (sign dropped) on every tier, so a NaN weight makes its output NaN, as the
+//! dequantized reference would; no finite code is ever decoded as NaN. Code `0x80` is −0.0.
+//!
+//! **SIMD decode** (AVX2, AVX-512, NEON): sign-extend each code to 32 bits, shift left by 20 and
+//! keep bit 31 and bits 20–26: the sign lands in the f32 sign, the exponent in the low four
+//! bits of the f32 exponent field and the mantissa in its top three bits. That f32 is
+//! `e4m3 · 2^-120` exactly (subnormal codes become f32 subnormals), so one multiplication by
+//! `2^120` restores the value exactly; NaN codes are blended to the canonical NaN; then one
+//! multiplication by the block's scale rounds as the reference does. Spans start at a
+//! multiple of 16 columns, so every 8 or 16 columns share one block scale.
+
+use super::{check_len, check_scales, Format, WeightFormat};
+use crate::matmul::Matrix;
+#[cfg(target_arch = "x86_64")]
+use crate::tiled::Lanes;
+use crate::KernelError;
+
+/// Rows and columns of one scale block.
+pub(crate) const BLOCK_EDGE: usize = 128;
+
+/// The FP8 block-scaled format.
+pub(crate) struct Fp8Block;
+
+/// One FP8 row: its codes and the f32 scales of its row of blocks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fp8Row<'a> {
+    /// One e4m3 code per column.
+    codes: &'a [u8],
+    /// `ceil(cols/128)` little-endian f32 scales.
+    scales: &'a [u8],
+}
+
+impl Fp8Row<'_> {
+    /// The scale of 128-column block `b`.
+    #[inline]
+    fn scale(&self, b: usize) -> f32 {
+        let s = &self.scales[4 * b..4 * b + 4];
+        f32::from_le_bytes([s[0], s[1], s[2], s[3]])
+    }
+}
+
+/// The f32 pattern of an e4m3fn code (see the module docs).
+const fn e4m3_bits(code: u8) -> u32 {
+    let sign = ((code >> 7) as u32) << 31;
+    let e = ((code >> 3) & 15) as u32;
+    let m = (code & 7) as u32;
+    if e == 15 && m == 7 {
+        return 0x7FC0_0000;
+    }
+    if e == 0 {
+        if m == 0 {
+            return sign;
+        }
+        // m · 2^-9 with m in 1..=7: normalise on m's leading bit p.
+        let p = 31 - m.leading_zeros();
+        return sign | ((118 + p) << 23) | ((m - (1 << p)) << (23 - p));
+    }
+    sign | ((e + 120) << 23) | (m << 20)
+}
+
+/// e4m3fn code → value (see the module docs for NaN and −0.0).
+pub const E4M3: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut code: u8 = 0;
+    loop {
+        t[code as usize] = f32::from_bits(e4m3_bits(code));
+        if code == u8::MAX {
+            break;
+        }
+        code += 1;
+    }
+    t
+};
+
+/// e4m3fn code → f32 value ([`E4M3`]).
+#[inline]
+pub fn e4m3_to_f32(code: u8) -> f32 {
+    E4M3[usize::from(code)]
+}
+
+impl<'a> Matrix<'a> {
+    /// An FP8 matrix with 128 × 128 block scales: `data` is `[rows, cols]` e4m3fn codes,
+    /// `scales` is `weight_scale_inv`, `[ceil(rows/128), ceil(cols/128)]` little-endian f32. A
+    /// scale buffer of any other size is refused with [`KernelError::ScaleShape`].
+    pub fn fp8_block(
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+        scales: &'a [u8],
+    ) -> Result<Self, KernelError> {
+        let f = WeightFormat::Fp8Block;
+        check_len("e4m3 values", rows, cols, f, rows * cols, data.len())?;
+        check_scales(f, rows, cols, 4, scales.len())?;
+        Ok(Self { rows, cols, format: f, data, scales })
+    }
+}
+
+impl Format for Fp8Block {
+    type Row<'a> = Fp8Row<'a>;
+
+    #[inline(always)]
+    fn row<'a>(m: &Matrix<'a>, r: usize) -> Fp8Row<'a> {
+        let per = 4 * m.cols.div_ceil(BLOCK_EDGE);
+        let b = r / BLOCK_EDGE;
+        Fp8Row {
+            codes: &m.data[r * m.cols..(r + 1) * m.cols],
+            scales: &m.scales[b * per..(b + 1) * per],
+        }
+    }
+
+    fn widen(row: Fp8Row<'_>, c0: usize, out: &mut [f32]) {
+        for (i, o) in out.iter_mut().enumerate() {
+            let c = c0 + i;
+            *o = E4M3[usize::from(row.codes[c])] * row.scale(c / BLOCK_EDGE);
+        }
+    }
+
+    fn row_bytes(row: Fp8Row<'_>) -> usize {
+        row.codes.len()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2_decode(row: Fp8Row<'_>, c0: usize, out: &mut [f32]) {
+        assert!(c0.is_multiple_of(16), "fp8 span");
+        let n = out.len();
+        let full = n - n % 8;
+        let consts = x86::Consts::new();
+        for i in (0..full).step_by(8) {
+            let c = c0 + i;
+            let s = row.scale(c / BLOCK_EDGE);
+            let v = x86::decode8(&consts, &row.codes[c..c + 8], s);
+            // SAFETY: `i + 8 <= n = out.len()`.
+            unsafe { core::arch::x86_64::_mm256_storeu_ps(out.as_mut_ptr().add(i), v) };
+        }
+        Self::widen(row, c0 + full, &mut out[full..]);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512_decode(row: Fp8Row<'_>, c0: usize, out: &mut [f32]) {
+        assert!(c0.is_multiple_of(16), "fp8 span");
+        let n = out.len();
+        let full = n - n % 16;
+        let consts = x86::Consts512::new();
+        for i in (0..full).step_by(16) {
+            let c = c0 + i;
+            let v = x86::decode16(&consts, &row.codes[c..c + 16], row.scale(c / BLOCK_EDGE));
+            // SAFETY: `i + 16 <= n = out.len()`.
+            unsafe { core::arch::x86_64::_mm512_storeu_ps(out.as_mut_ptr().add(i), v) };
+        }
+        Self::widen(row, c0 + full, &mut out[full..]);
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[target_feature(enable = "neon")]
+    unsafe fn neon_decode(row: Fp8Row<'_>, c0: usize, out: &mut [f32]) {
+        assert!(c0.is_multiple_of(16), "fp8 span");
+        let n = out.len();
+        let full = n - n % 8;
+        for i in (0..full).step_by(8) {
+            let c = c0 + i;
+            let v = neon::decode8(&row.codes[c..c + 8], row.scale(c / BLOCK_EDGE));
+            // SAFETY: `i + 8 <= n = out.len()`.
+            unsafe {
+                use core::arch::aarch64::vst1q_f32;
+                vst1q_f32(out.as_mut_ptr().add(i), v[0]);
+                vst1q_f32(out.as_mut_ptr().add(i + 4), v[1]);
+            }
+        }
+        Self::widen(row, c0 + full, &mut out[full..]);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2_fold_one<const R: usize>(
+        rows: [Fp8Row<'_>; R],
+        c0: usize,
+        x: &[f32],
+        acc: [&mut Lanes; R],
+    ) {
+        x86::fold_one_avx2(rows, c0, x, acc);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512_fold_one<const R: usize>(
+        rows: [Fp8Row<'_>; R],
+        c0: usize,
+        x: &[f32],
+        acc: [&mut Lanes; R],
+    ) {
+        x86::fold_one_avx512(rows, c0, x, acc);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Fp8Row, BLOCK_EDGE};
+    use crate::arch::avx2::{load2, store2};
+    use crate::arch::avx512::{load1, store1};
+    use crate::arch::prefetch_line;
+    use crate::tiled::Lanes;
+    use core::arch::x86_64::*;
+
+    /// Sign, exponent and mantissa bits of a code shifted left by 20.
+    const FIELDS: i32 = 0x87F0_0000_u32.cast_signed();
+    /// Exponent and mantissa bits of a code shifted left by 20 (all set: a NaN code).
+    const NAN_CODE: i32 = 0x07F0_0000;
+    /// 2^120, which turns the shifted pattern into the code's value.
+    const TWO_120: f32 = f32::from_bits((127 + 120) << 23);
+
+    /// The AVX2 decode's constants.
+    pub(super) struct Consts {
+        fields: __m256i,
+        nan_code: __m256i,
+        two_120: __m256,
+        nan: __m256,
+    }
+
+    impl Consts {
+        #[target_feature(enable = "avx2,fma")]
+        pub(super) fn new() -> Self {
+            Self {
+                fields: _mm256_set1_epi32(FIELDS),
+                nan_code: _mm256_set1_epi32(NAN_CODE),
+                two_120: _mm256_set1_ps(TWO_120),
+                nan: _mm256_set1_ps(f32::from_bits(0x7FC0_0000)),
+            }
+        }
+    }
+
+    /// Eight codes → their values times `scale` (see the module docs).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(super) fn decode8(k: &Consts, codes: &[u8], scale: f32) -> __m256 {
+        assert!(codes.len() == 8);
+        // SAFETY: `codes` is 8 bytes (asserted).
+        let raw = unsafe { _mm_loadl_epi64(codes.as_ptr().cast()) };
+        let bits = _mm256_and_si256(_mm256_slli_epi32::<20>(_mm256_cvtepi8_epi32(raw)), k.fields);
+        let v = _mm256_mul_ps(_mm256_castsi256_ps(bits), k.two_120);
+        let is_nan = _mm256_cmpeq_epi32(_mm256_and_si256(bits, k.nan_code), k.nan_code);
+        let v = _mm256_blendv_ps(v, k.nan, _mm256_castsi256_ps(is_nan));
+        _mm256_mul_ps(v, _mm256_set1_ps(scale))
+    }
+
+    /// FP8 rows against one activation row: 16 columns of each row decoded in registers and
+    /// folded at once; each 64 bytes of a row consumed prefetch a line of the next tile.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn fold_one_avx2<const R: usize>(
+        rows: [Fp8Row<'_>; R],
+        c0: usize,
+        x: &[f32],
+        lanes: [&mut Lanes; R],
+    ) {
+        assert!(c0.is_multiple_of(16) && x.len().is_multiple_of(16), "fp8 span");
+        assert!(rows.iter().all(|r| c0 + x.len() <= r.codes.len()));
+        let ahead = R * rows[0].codes.len();
+        let k = Consts::new();
+        let mut acc = load2(&lanes);
+        let mut scales = [0.0f32; R];
+        for c in (0..x.len()).step_by(16) {
+            let col = c0 + c;
+            if c == 0 || col.is_multiple_of(BLOCK_EDGE) {
+                for (s, r) in scales.iter_mut().zip(&rows) {
+                    *s = r.scale(col / BLOCK_EDGE);
+                }
+            }
+            if col.is_multiple_of(64) {
+                for r in &rows {
+                    prefetch_line(r.codes.as_ptr().wrapping_add(col + ahead));
+                }
+            }
+            // SAFETY: `c + 16 <= x.len()`.
+            let (xl, xh) = unsafe {
+                (_mm256_loadu_ps(x.as_ptr().add(c)), _mm256_loadu_ps(x.as_ptr().add(c + 8)))
+            };
+            for ((r, ar), &s) in rows.iter().zip(acc.iter_mut()).zip(&scales) {
+                let wl = decode8(&k, &r.codes[col..col + 8], s);
+                let wh = decode8(&k, &r.codes[col + 8..col + 16], s);
+                ar[0] = _mm256_fmadd_ps(wl, xl, ar[0]);
+                ar[1] = _mm256_fmadd_ps(wh, xh, ar[1]);
+            }
+        }
+        store2(&acc, lanes);
+    }
+
+    /// The AVX-512 decode's constants.
+    pub(super) struct Consts512 {
+        fields: __m512i,
+        nan_code: __m512i,
+        two_120: __m512,
+        nan: __m512,
+    }
+
+    impl Consts512 {
+        #[target_feature(enable = "avx512f")]
+        pub(super) fn new() -> Self {
+            Self {
+                fields: _mm512_set1_epi32(FIELDS),
+                nan_code: _mm512_set1_epi32(NAN_CODE),
+                two_120: _mm512_set1_ps(TWO_120),
+                nan: _mm512_set1_ps(f32::from_bits(0x7FC0_0000)),
+            }
+        }
+    }
+
+    /// Sixteen codes → their values times `scale`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(super) fn decode16(k: &Consts512, codes: &[u8], scale: f32) -> __m512 {
+        assert!(codes.len() == 16);
+        // SAFETY: `codes` is 16 bytes (asserted).
+        let raw = unsafe { _mm_loadu_si128(codes.as_ptr().cast()) };
+        let bits = _mm512_and_si512(_mm512_slli_epi32::<20>(_mm512_cvtepi8_epi32(raw)), k.fields);
+        let v = _mm512_mul_ps(_mm512_castsi512_ps(bits), k.two_120);
+        let is_nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, k.nan_code), k.nan_code);
+        let v = _mm512_mask_blend_ps(is_nan, v, k.nan);
+        _mm512_mul_ps(v, _mm512_set1_ps(scale))
+    }
+
+    /// FP8 rows against one activation row (AVX-512).
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn fold_one_avx512<const R: usize>(
+        rows: [Fp8Row<'_>; R],
+        c0: usize,
+        x: &[f32],
+        lanes: [&mut Lanes; R],
+    ) {
+        assert!(c0.is_multiple_of(16) && x.len().is_multiple_of(16), "fp8 span");
+        assert!(rows.iter().all(|r| c0 + x.len() <= r.codes.len()));
+        let ahead = R * rows[0].codes.len();
+        let k = Consts512::new();
+        let mut acc = load1(&lanes);
+        let mut scales = [0.0f32; R];
+        for c in (0..x.len()).step_by(16) {
+            let col = c0 + c;
+            if c == 0 || col.is_multiple_of(BLOCK_EDGE) {
+                for (s, r) in scales.iter_mut().zip(&rows) {
+                    *s = r.scale(col / BLOCK_EDGE);
+                }
+            }
+            if col.is_multiple_of(64) {
+                for r in &rows {
+                    prefetch_line(r.codes.as_ptr().wrapping_add(col + ahead));
+                }
+            }
+            // SAFETY: `c + 16 <= x.len()`.
+            let xv = unsafe { _mm512_loadu_ps(x.as_ptr().add(c)) };
+            for ((r, ar), &s) in rows.iter().zip(acc.iter_mut()).zip(&scales) {
+                *ar = _mm512_fmadd_ps(decode16(&k, &r.codes[col..col + 16], s), xv, *ar);
+            }
+        }
+        store1(&acc, lanes);
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use core::arch::aarch64::*;
+
+    /// Eight codes → their values times `scale`, in two registers (see the module docs).
+    #[target_feature(enable = "neon")]
+    #[inline]
+    pub(super) fn decode8(codes: &[u8], scale: f32) -> [float32x4_t; 2] {
+        assert!(codes.len() == 8);
+        // SAFETY: `codes` is 8 bytes (asserted).
+        let raw = unsafe { vld1_s8(codes.as_ptr().cast()) };
+        let w = vmovl_s8(raw);
+        let fields = vdupq_n_u32(0x87F0_0000);
+        let nan_code = vdupq_n_u32(0x07F0_0000);
+        let two_120 = vdupq_n_f32(f32::from_bits((127 + 120) << 23));
+        let nan = vdupq_n_f32(f32::from_bits(0x7FC0_0000));
+        let s = vdupq_n_f32(scale);
+        [vmovl_s16(vget_low_s16(w)), vmovl_high_s16(w)].map(|q| {
+            let bits = vandq_u32(vshlq_n_u32::<20>(vreinterpretq_u32_s32(q)), fields);
+            let v = vmulq_f32(vreinterpretq_f32_u32(bits), two_120);
+            let is_nan = vceqq_u32(vandq_u32(bits, nan_code), nan_code);
+            vmulq_f32(vbslq_f32(is_nan, nan, v), s)
+        })
+    }
+}
