@@ -24,7 +24,6 @@ use super::{mm, Rope};
 use crate::kimi_k3::state::MlaLayer;
 use sluice_checkpoint::Checkpoint;
 use sluice_kernels::ops::{dot_f64, rms_norm, softmax_inplace};
-use sluice_kernels::{matmul, Matrix, WeightFormat};
 
 /// `DeepseekV3RMSNorm(q_lora_rank)` / `(kv_lora_rank)` are built without `eps=`, so they use the
 /// class default, not `rms_norm_eps`.
@@ -104,19 +103,23 @@ pub(crate) fn forward(
     let (lat_all, pe_all) = (&st.lat, &st.pe);
 
     let heads: Vec<Vec<f32>> = sluice_kernels::pool::map(h, |hi| {
-        // kv_b_proj rows of head hi: W_UK (nope rows), then W_UV (v rows).
+        // kv_b_proj rows of head hi: W_UK (nope rows), then W_UV (v rows), decoded once per
+        // pass whatever the format (an FP8 block spans several heads, so rows are widened from
+        // the whole matrix rather than sliced out of it).
         let first = hi * (nope + vd);
-        let w_uk = rows_of(&kv_b, first, nope);
-        let w_uv = rows_of(&kv_b, first + nope, vd);
+        let mut w = vec![0.0f32; (nope + vd) * kl];
+        for (i, row) in w.chunks_exact_mut(kl).enumerate() {
+            kv_b.row_to_f32(first + i, row);
+        }
+        let (w_uk, w_uv) = w.split_at(nope * kl);
         let mut out = vec![0.0f32; t * vd];
-        let mut wrow = vec![0.0f32; kl];
         let mut q_lat = vec![0.0f64; kl];
         for ti in 0..t {
             let qrow = &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
+            // q_lat = W_UKᵀ q_nope (sum over the nope index in order).
             q_lat.iter_mut().for_each(|v| *v = 0.0);
-            for (i, &qn) in qrow[..nope].iter().enumerate() {
-                w_uk.row_to_f32(i, &mut wrow);
-                for (a, &wv) in q_lat.iter_mut().zip(&wrow) {
+            for (&qn, wrow) in qrow[..nope].iter().zip(w_uk.chunks_exact(kl)) {
+                for (a, &wv) in q_lat.iter_mut().zip(wrow) {
                     *a += f64::from(qn) * f64::from(wv);
                 }
             }
@@ -141,7 +144,12 @@ pub(crate) fn forward(
             }
             #[allow(clippy::cast_possible_truncation)]
             let ctx32: Vec<f32> = ctx.iter().map(|&v| v as f32).collect();
-            matmul(&w_uv, &ctx32, 1, &mut out[ti * vd..(ti + 1) * vd]);
+            // out[h] = W_UV[h] · ctx, one f64 dot per value row.
+            for (o, wrow) in out[ti * vd..(ti + 1) * vd].iter_mut().zip(w_uv.chunks_exact(kl)) {
+                #[allow(clippy::cast_possible_truncation)]
+                let v = dot_f64(wrow, &ctx32) as f32;
+                *o = v;
+            }
         }
         out
     });
@@ -153,19 +161,4 @@ pub(crate) fn forward(
         }
     }
     mm(ckpt, &w.o_proj, &attn, t)
-}
-
-/// Rows `first..first + rows` of `m` as a matrix of the same format.
-fn rows_of<'a>(m: &Matrix<'a>, first: usize, rows: usize) -> Matrix<'a> {
-    let per_row = |buf: &'a [u8]| {
-        let n = buf.len().checked_div(m.rows()).unwrap_or(0);
-        &buf[first * n..(first + rows) * n]
-    };
-    let (data, scales) = (per_row(m.data()), per_row(m.scales()));
-    let r = match m.format() {
-        WeightFormat::F32 => Matrix::f32(rows, m.cols(), data),
-        WeightFormat::Int8Row => Matrix::int8_row(rows, m.cols(), data, scales),
-        _ => Matrix::bf16(rows, m.cols(), data),
-    };
-    r.expect("invariant: a whole-row slice of a checked matrix")
 }

@@ -22,7 +22,7 @@
 //! `P.weight_packed` / `P.weight_scale` / `P.weight_shape` (INT4). See [`super::quant`].
 
 use super::config::DeepseekV3Config;
-use super::quant::{self, Weight, FP8_BLOCK, INT4_GROUP};
+use super::quant::{Weight, FP8_BLOCK, INT4_GROUP};
 use crate::qwen3::weights::{Linear, Roster};
 use crate::ModelError;
 use sluice_checkpoint::{Checkpoint, CheckpointError, TensorEntry};
@@ -248,11 +248,11 @@ fn linear(r: &Roster<'_>, p: &str, rows: usize, cols: usize) -> Result<Weight, M
     if s.shape != [bm as u64, bn as u64] {
         return Err(r.shape_err(&sname, s, &[bm, bn]));
     }
-    // A NaN or infinite block scale would poison a whole block; name the scale tensor.
+    // A NaN or infinite block scale would poison a whole block; name the scale tensor. (The
+    // scales are 1/16384 of the weight's bytes; the weights themselves are not scanned at load,
+    // a NaN code among them is caught by the logits check of the first pass that uses it.)
     r.vec_of(&sname, s)?;
-    let v = quant::dequant_fp8(r.ckpt.bytes(e), r.ckpt.bytes(s), rows, cols);
-    let v = crate::finite::checked(r.ckpt, e, v)?;
-    Ok(Weight::Dequantized { rows, cols, data: quant::to_bytes(&v), stored: e.len + s.len })
+    Ok(Weight::Fp8 { weight: e.clone(), scale: s.clone(), rows, cols })
 }
 
 /// A compressed-tensors pack-quantized INT4 linear layer.
@@ -300,14 +300,7 @@ fn int4(r: &Roster<'_>, p: &str, rows: usize, cols: usize) -> Result<Weight, Mod
             r.ckpt.shard_file(sh).display()
         )));
     }
-    let v = quant::dequant_int4(r.ckpt.bytes(e), r.ckpt.bytes(s), rows, cols);
-    let v = crate::finite::checked(r.ckpt, s, v)?;
-    Ok(Weight::Dequantized {
-        rows,
-        cols,
-        data: quant::to_bytes(&v),
-        stored: e.len + s.len + sh.len,
-    })
+    Ok(Weight::Int4 { packed: e.clone(), scale: s.clone(), extra: sh.len, rows, cols })
 }
 
 /// Refuses a layer whose experts are not exactly `0 .. n_routed_experts` (too few: a missing
