@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Chat-template and tokenizer goldens for the Qwen3-MoE and GPT-OSS fixtures.
+"""Chat-template and tokenizer goldens for the Qwen3-MoE, GPT-OSS and DeepSeek-V3 family fixtures.
 
 1. Installs each family's published chat template into its fixture checkpoints, where the published checkpoints keep
    it: Qwen3 MoE checkpoints in `tokenizer_config.json` (`chat_template`), gpt-oss in `chat_template.jinja`. The
@@ -28,6 +28,8 @@ FIXED_DATE = _dt.datetime(2026, 1, 15, 9, 30, 0)
 TEMPLATES = {
     "qwen3_moe": ("qwen3.jinja", "tokenizer_config"),
     "gpt_oss": ("gpt_oss.jinja", "jinja_file"),
+    "deepseek_v3": ("deepseek_r1.jinja", "tokenizer_config"),
+    "kimi_k2": ("kimi_k2.jinja", "jinja_file"),
 }
 
 WEATHER_TOOL = {"type": "function", "function": {
@@ -106,6 +108,114 @@ TEXT_CASES = ["Hello, sluice", "The river keeper opened the gate at dawn.\n\n  I
 
 CASES = {"qwen3_moe": QWEN_CASES, "gpt_oss": GPT_OSS_CASES}
 
+# DeepSeek V3/R1 (tests/fixtures/deepseek_v3/tiny-a, R1's template): its template concatenates tool-call arguments as
+# strings, so they are JSON text here, as DeepSeek's API history carries them.
+DEEPSEEK_CASES = [
+    ("user_only", [{"role": "user", "content": "What is the capital of France?"}], None, {}),
+    ("two_systems_multi_turn_reasoning", [
+        SYSTEM, {"role": "system", "content": "Be kind."},
+        {"role": "user", "content": "2 + 2? 你好"},
+        {"role": "assistant", "content": "<think>\nSimple arithmetic.\n</think>\n\n4."},
+        {"role": "user", "content": "And times 3?"},
+    ], None, {}),
+    ("tools_two_calls_and_outputs", [
+        {"role": "user", "content": "Weather in Zürich and notes about it?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Zürich\"}"}},
+            {"type": "function", "function": {"name": "search", "arguments": "{\"query\": \"Zürich\"}"}}]},
+        {"role": "tool", "content": "{\"temp\": 21}"},
+        {"role": "tool", "content": "no notes"},
+        {"role": "assistant", "content": "It is 21 degrees; no notes."},
+        {"role": "user", "content": "Thanks."},
+    ], None, {}),
+    ("tool_outputs_pending_no_generation_prompt", [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "content": "sunny"},
+    ], None, {"add_generation_prompt": False}),
+]
+
+# Kimi K2 (tests/fixtures/deepseek_v3/tiny-b): tool calls in the section markers, ids "functions.NAME:INDEX".
+KIMI_CASES = [
+    ("user_only_default_system", [{"role": "user", "content": "What is the capital of France?"}], None, {}),
+    ("system_multi_turn_reasoning", [
+        SYSTEM, {"role": "user", "content": "2 + 2? 你好"},
+        {"role": "assistant", "content": "4.", "reasoning_content": "Simple arithmetic."},
+        {"role": "user", "content": "And times 3?"},
+    ], None, {}),
+    ("tools_declared_called_and_returned", [
+        {"role": "user", "content": "Weather in Zürich and notes?"},
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [
+            {"id": "functions.get_weather:0", "type": "function",
+             "function": {"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}},
+            {"id": "functions.search:1", "type": "function",
+             "function": {"name": "search", "arguments": "{\"query\": \"Zürich\"}"}}]},
+        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "{\"temp\": 21}"},
+        {"role": "tool", "tool_call_id": "functions.search:1", "content": "no notes"},
+    ], [WEATHER_TOOL, SEARCH_TOOL], {}),
+]
+
+
+def deepseek_family_main():
+    """tests/fixtures/deepseek_v3: tiny-a (DeepSeek R1 template, tokenizer.json) through transformers'
+    apply_chat_template; tiny-b (Kimi K2, tiktoken) through transformers' own renderer
+    (`render_jinja_template`, what apply_chat_template calls) because AutoTokenizer needs Kimi's remote
+    tokenization_kimi.py for a tiktoken model; ids from tiktoken with the specials allowed."""
+    import base64
+
+    import tiktoken
+    import transformers
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    import gen_k3_goldens as k3
+
+    root = os.path.join(ROOT, "tests", "fixtures", "deepseek_v3")
+    for name, family, cases in (("tiny-a", "deepseek_v3", DEEPSEEK_CASES), ("tiny-b", "kimi_k2", KIMI_CASES)):
+        d = os.path.join(root, name)
+        install_chat_template(d, family)
+        out = {"generator": "tools/gen_family_chat_goldens.py", "versions": {"transformers": transformers.__version__},
+               "date": FIXED_DATE.strftime("%Y-%m-%d"), "cases": [], "text_cases": []}
+        if family == "deepseek_v3":
+            tok = AutoTokenizer.from_pretrained(d)
+            raw = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+            render = lambda m, tools, kw: tok.apply_chat_template(m, tools=tools, tokenize=False, **kw)  # noqa: E731
+            encode = lambda t: raw.encode(t, add_special_tokens=False).ids  # noqa: E731
+            encode_text = lambda t: raw.encode(t).ids  # noqa: E731
+            texts = ["Hello, sluice", "<｜User｜>hi<｜Assistant｜><think>\nok</think>"]
+        else:
+            cfg = json.load(open(os.path.join(d, "tokenizer_config.json"), encoding="utf-8"))
+            ranks = {}
+            for line in open(os.path.join(d, "tiktoken.model")):
+                b, r = line.split()
+                ranks[base64.b64decode(b)] = int(r)
+            specials = {v["content"]: int(k) for k, v in cfg["added_tokens_decoder"].items()}
+            enc = tiktoken.Encoding(name="k2-tiny", pat_str=k3.K3_PAT, mergeable_ranks=ranks, special_tokens=specials)
+            text = template_text(family)
+
+            def render(m, tools, kw):
+                kw = dict(kw)
+                agp = kw.pop("add_generation_prompt")
+                rendered, _ = render_jinja_template(conversations=[m], tools=tools, chat_template=text,
+                                                    add_generation_prompt=agp, **kw)
+                return rendered[0]
+            encode = lambda t: enc.encode(t, allowed_special="all")  # noqa: E731
+            encode_text = enc.encode_ordinary
+            texts = ["Hello, sluice", "The keeper opened the gate at dawn. 河流"]
+        for case, messages, tools, kwargs in cases:
+            kwargs = {"add_generation_prompt": True, **kwargs}
+            rendered = render(messages, tools, kwargs)
+            out["cases"].append({"name": case, "messages": messages, "tools": tools, "kwargs": kwargs,
+                                 "text": rendered, "ids": encode(rendered)})
+        for t in texts:
+            out["text_cases"].append({"text": t, "ids": encode_text(t)})
+        with open(os.path.join(d, "chat_golden.json"), "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=1, ensure_ascii=False)
+            f.write("\n")
+        print(f"deepseek_v3/{name} ({family}): {len(out['cases'])} conversations")
+
 
 def template_text(family):
     with open(os.path.join(HERE, "chat_templates", TEMPLATES[family][0]), encoding="utf-8") as f:
@@ -141,6 +251,7 @@ def main():
     from transformers import AutoTokenizer
 
     ctu.datetime = _FrozenDatetime
+    deepseek_family_main()
     for family, cases in CASES.items():
         for name in ("tiny-a", "tiny-b"):
             d = os.path.join(ROOT, "tests", "fixtures", family, name)

@@ -42,9 +42,9 @@ pub fn draft_arg(s: &str) -> Result<DraftArg, String> {
         "none" => Ok(DraftArg::None),
         "ngram" => Ok(DraftArg::Ngram),
         dir if Path::new(dir).is_dir() => Ok(DraftArg::Model(dir.into())),
-        other => Err(format!(
-            "{other:?} is not auto, none, ngram, builtin or a draft model directory"
-        )),
+        other => {
+            Err(format!("{other:?} is not auto, none, ngram, builtin or a draft model directory"))
+        }
     }
 }
 

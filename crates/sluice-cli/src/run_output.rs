@@ -139,7 +139,13 @@ pub fn json(
     let loaded = &opened.loaded;
     let text = target.fmt.as_ref().map(|f| text(f, &out.tokens));
     let message = match (&target.fmt, &text) {
-        (Some(f), Some(t)) if chat && f.tokenizer().tiktoken().is_none() => {
+        // K3's tiktoken output is parsed by the engine's K3 module; Kimi K2's (tiktoken too)
+        // has a template-driven output format like the tokenizer.json families.
+        (Some(f), Some(t))
+            if chat
+                && (f.tokenizer().tiktoken().is_none()
+                    || f.output_format() != sluice_tokenizer::OutputFormat::Plain) =>
+        {
             Some(f.output_format().parse(t))
         }
         _ => None,

@@ -42,6 +42,7 @@ pub const FAMILIES: &[Family] = &[
     Family { name: "qwen3", display: "Qwen3", architectures: &["Qwen3ForCausalLM"], places_spine: false, load: |c| Ok(Model::Qwen3(crate::qwen3::Qwen3::load(c)?)) },
     Family { name: "qwen3_moe", display: "Qwen3-MoE", architectures: &["Qwen3MoeForCausalLM"], places_spine: false, load: |c| Ok(Model::Qwen3Moe(crate::qwen3_moe::Qwen3Moe::load(c)?)) },
     Family { name: "gpt_oss", display: "GPT-OSS", architectures: &["GptOssForCausalLM"], places_spine: false, load: |c| Ok(Model::GptOss(crate::gpt_oss::GptOss::load(c)?)) },
+    Family { name: "deepseek_v3", display: "DeepSeek V3/R1, Kimi K2", architectures: &["DeepseekV3ForCausalLM"], places_spine: false, load: |c| Ok(Model::DeepseekV3(crate::deepseek_v3::DeepseekV3::load(c)?)) },
 ];
 
 /// The supported architectures, for an error message: `A, B (Kimi K3), C (Qwen3), ...`.

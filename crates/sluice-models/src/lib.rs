@@ -7,6 +7,7 @@
 //! Models never do I/O themselves: spine weights are byte slices of the opened checkpoint and
 //! routed experts come from a `sluice_store::ExpertStore`.
 
+pub mod deepseek_v3;
 pub mod family;
 mod finite;
 pub mod gpt_oss;
@@ -112,6 +113,8 @@ pub enum Model {
     Qwen3Moe(qwen3_moe::Qwen3Moe),
     /// GPT-OSS.
     GptOss(gpt_oss::GptOss),
+    /// DeepSeek-V3 architecture (DeepSeek V3/R1, Kimi K2).
+    DeepseekV3(deepseek_v3::DeepseekV3),
 }
 
 /// What [`check`] found in a checkpoint whose every tensor the model needs is present with the
@@ -207,6 +210,8 @@ impl Model {
             Self::Qwen3(m) => State::Qwen3(m.new_state()),
             Self::Qwen3Moe(m) => State::Qwen3(m.new_state()),
             Self::GptOss(m) => State::Qwen3(m.new_state()),
+            // The MLA latent cache, in the Kimi K3 state's MLA layers.
+            Self::DeepseekV3(m) => State::KimiK3(m.new_state()),
         }
     }
 
@@ -266,16 +271,29 @@ impl Model {
                     experts_per_token: c.num_experts_per_tok,
                 }
             }
+            Self::DeepseekV3(m) => {
+                let c = m.config();
+                Shape {
+                    layers: c.num_hidden_layers,
+                    hidden: c.hidden_size,
+                    vocab: c.vocab_size,
+                    heads: c.num_attention_heads,
+                    kv_heads: c.num_attention_heads,
+                    experts_per_token: c.num_experts_per_tok,
+                }
+            }
         }
     }
 
-    /// Where the routed experts are (`None` for a dense model).
+    /// Where the routed experts are (`None` for a dense model, and for DeepSeek-V3, which has no
+    /// expert layout yet and reads its experts in place).
     pub fn routed_experts(&self) -> Option<RoutedExperts> {
         match self {
             Self::KimiK3(m) => Some(m.routed_experts()),
             Self::Qwen3(_) => None,
             Self::Qwen3Moe(m) => Some(m.routed_experts()),
             Self::GptOss(m) => Some(m.routed_experts()),
+            Self::DeepseekV3(_) => None,
         }
     }
 
@@ -286,6 +304,7 @@ impl Model {
             Self::Qwen3(_) => {}
             Self::Qwen3Moe(m) => m.set_experts(store),
             Self::GptOss(m) => m.set_experts(store),
+            Self::DeepseekV3(_) => {}
         }
     }
 
@@ -315,6 +334,8 @@ impl Model {
             }),
             Self::Qwen3Moe(m) => Some(m.memory_needs()),
             Self::GptOss(m) => Some(m.memory_needs()),
+            // Mapped in place, unplanned (no expert layout yet).
+            Self::DeepseekV3(_) => None,
         }
     }
 
@@ -322,7 +343,7 @@ impl Model {
     pub fn spine_stats(&self) -> sluice_store::SpineStats {
         match self {
             Self::KimiK3(m) => m.spine_stats(),
-            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) => {
+            Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) | Self::DeepseekV3(_) => {
                 sluice_store::SpineStats::default()
             }
         }
@@ -335,6 +356,7 @@ impl Model {
             Self::Qwen3(m) => m.config().vocab_size,
             Self::Qwen3Moe(m) => m.config().base.vocab_size,
             Self::GptOss(m) => m.config().vocab_size,
+            Self::DeepseekV3(m) => m.config().vocab_size,
         }
     }
 
@@ -345,6 +367,7 @@ impl Model {
             Self::Qwen3(_) => "qwen3",
             Self::Qwen3Moe(_) => "qwen3_moe",
             Self::GptOss(_) => "gpt_oss",
+            Self::DeepseekV3(_) => "deepseek_v3",
         }
     }
 
@@ -355,6 +378,7 @@ impl Model {
             Self::Qwen3(_) => None,
             Self::Qwen3Moe(m) => Some(m.experts()),
             Self::GptOss(m) => Some(m.experts()),
+            Self::DeepseekV3(_) => None,
         }
     }
 
@@ -375,6 +399,7 @@ impl Model {
             Self::Qwen3(m) => m.weight_bytes(),
             Self::Qwen3Moe(m) => m.dense_weight_bytes(),
             Self::GptOss(m) => m.dense_weight_bytes(),
+            Self::DeepseekV3(m) => m.dense_weight_bytes(),
         }
     }
 
@@ -391,6 +416,7 @@ impl Model {
             (Self::Qwen3(m), State::Qwen3(s)) => m.forward(s, tokens, rows, trace),
             (Self::Qwen3Moe(m), State::Qwen3(s)) => m.forward(s, tokens, rows, trace),
             (Self::GptOss(m), State::Qwen3(s)) => m.forward(s, tokens, rows, trace),
+            (Self::DeepseekV3(m), State::KimiK3(s)) => m.forward(s, tokens, rows, trace),
             (m, _) => Err(ModelError::Config(format!(
                 "the sequence state passed to the {} model belongs to another model",
                 m.family()

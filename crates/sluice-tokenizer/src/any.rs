@@ -78,10 +78,10 @@ impl AnyTokenizer {
 
     /// Encodes a rendered chat prompt: markers spelled in it become their ids, and nothing is
     /// added (transformers' `apply_chat_template(tokenize=True)` encodes with
-    /// `add_special_tokens=False`). Only for `tokenizer.json` tokenizers: K3 renders to ids.
+    /// `add_special_tokens=False`; a tiktoken model, Kimi K2's, with every special allowed).
     pub fn encode_rendered(&self, text: &str) -> Result<Vec<u32>, AnyError> {
         match self {
-            Self::Tiktoken(t) => Ok(t.encode_ordinary(text)),
+            Self::Tiktoken(t) => Ok(t.encode_with_specials(text)),
             Self::Hf(t) => Ok(t.encode(text, false)?),
         }
     }

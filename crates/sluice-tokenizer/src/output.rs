@@ -12,6 +12,15 @@
 //!   `analysis` bodies are reasoning, `final` is the answer, and a message whose header names a
 //!   recipient `to=functions.NAME` (before or after the channel) is a tool call whose body is the
 //!   JSON arguments.
+//! - [`OutputFormat::DeepSeek`] (DeepSeek V3/R1): R1's `…</think>` reasoning (the prompt opens
+//!   the think block), then the answer, then tool calls, each `<｜tool▁call▁begin｜>function`
+//!   `<｜tool▁sep｜>NAME` plus a fenced `json` block and `<｜tool▁call▁end｜>`, inside
+//!   `<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>` (the form its template renders history calls
+//!   in); `<｜end▁of▁sentence｜>` ends the turn.
+//! - [`OutputFormat::KimiK2`]: `<think>…</think>` reasoning (Kimi K2 Thinking), then the answer,
+//!   with tool calls in `<|tool_calls_section_begin|>…<|tool_calls_section_end|>` as
+//!   `<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>ARGS<|tool_call_end|>`;
+//!   `<|im_end|>` ends the turn.
 //! - [`OutputFormat::Plain`]: everything is the answer.
 //!
 //! A completion cut off by the token limit parses as far as it goes: an unclosed think block or
@@ -31,6 +40,12 @@ pub enum OutputFormat {
     Qwen3,
     /// OpenAI harmony (gpt-oss): channels and `<|call|>` tool calls.
     Harmony,
+    /// DeepSeek V3/R1: `</think>` reasoning and `<｜tool▁call▁begin｜>` tool calls.
+    #[serde(rename = "deepseek")]
+    DeepSeek,
+    /// Kimi K2: `<think>` reasoning and `<|tool_calls_section_begin|>` tool calls.
+    #[serde(rename = "kimi_k2")]
+    KimiK2,
 }
 
 /// A tool call found in a completion.
@@ -58,8 +73,15 @@ impl OutputFormat {
     /// The format of a checkpoint from its chat template's text: harmony markers, or Qwen3's
     /// `<tool_call>` / `<think>` conventions.
     pub fn detect(template_source: &str) -> Self {
+        // Before Qwen3's test: R1's and Kimi K2 Thinking's templates spell `<think>` too.
         if template_source.contains("<|channel|>") {
             Self::Harmony
+        } else if template_source.contains("<｜tool▁calls▁begin｜>")
+            || template_source.contains("<｜Assistant｜>")
+        {
+            Self::DeepSeek
+        } else if template_source.contains("<|tool_calls_section_begin|>") {
+            Self::KimiK2
         } else if template_source.contains("<tool_call>") || template_source.contains("<think>") {
             Self::Qwen3
         } else {
@@ -73,6 +95,8 @@ impl OutputFormat {
             Self::Plain => ParsedOutput { content: text.to_owned(), ..ParsedOutput::default() },
             Self::Qwen3 => parse_qwen3(text),
             Self::Harmony => parse_harmony(text),
+            Self::DeepSeek => parse_sections(text, &DEEPSEEK),
+            Self::KimiK2 => parse_sections(text, &KIMI_K2),
         }
     }
 }
@@ -114,6 +138,91 @@ fn parse_qwen3(text: &str) -> ParsedOutput {
         rest = next;
     }
     content.push_str(rest);
+    out.content = content.trim_start_matches('\n').trim_end().to_owned();
+    out
+}
+
+/// The markers of a format whose tool calls sit in a section after the answer.
+struct Sections {
+    /// Text after any of these is not part of the turn.
+    ends: &'static [&'static str],
+    section_begin: &'static str,
+    section_end: &'static str,
+    call_begin: &'static str,
+    call_end: &'static str,
+    /// Splits a call body into (name, arguments).
+    call: fn(&str) -> Option<(String, String)>,
+}
+
+const DEEPSEEK: Sections = Sections {
+    ends: &["<｜end▁of▁sentence｜>"],
+    section_begin: "<｜tool▁calls▁begin｜>",
+    section_end: "<｜tool▁calls▁end｜>",
+    call_begin: "<｜tool▁call▁begin｜>",
+    call_end: "<｜tool▁call▁end｜>",
+    call: deepseek_call,
+};
+
+const KIMI_K2: Sections = Sections {
+    ends: &["<|im_end|>", "[EOS]"],
+    section_begin: "<|tool_calls_section_begin|>",
+    section_end: "<|tool_calls_section_end|>",
+    call_begin: "<|tool_call_begin|>",
+    call_end: "<|tool_call_end|>",
+    call: kimi_call,
+};
+
+/// `function<｜tool▁sep｜>NAME\n```json\nARGS\n```` (DeepSeek V3/R1).
+fn deepseek_call(body: &str) -> Option<(String, String)> {
+    let (_, rest) = body.split_once("<｜tool▁sep｜>")?;
+    let (name, args) = rest.split_once('\n').unwrap_or((rest, ""));
+    let args = args.trim();
+    let args = args.strip_prefix("```json").unwrap_or(args);
+    let args = args.strip_suffix("```").unwrap_or(args).trim();
+    Some((name.trim().to_owned(), if args.is_empty() { "{}".into() } else { args.to_owned() }))
+}
+
+/// `functions.NAME:INDEX<|tool_call_argument_begin|>ARGS` (Kimi K2).
+fn kimi_call(body: &str) -> Option<(String, String)> {
+    let (id, args) = body.split_once("<|tool_call_argument_begin|>")?;
+    let id = id.trim();
+    let name = id.strip_prefix("functions.").unwrap_or(id);
+    let name = name.rsplit_once(':').map_or(name, |(n, _)| n);
+    Some((name.to_owned(), args.trim().to_owned()))
+}
+
+/// Reasoning up to `</think>` (an opening `<think>` optional: the prompt may open it), the
+/// answer, and the tool-call section.
+fn parse_sections(text: &str, f: &Sections) -> ParsedOutput {
+    let text = f.ends.iter().fold(text, |t, e| t.split(e).next().unwrap_or_default());
+    let mut out = ParsedOutput::default();
+    let rest = match text.find("</think>") {
+        Some(end) => {
+            let reasoning = &text[..end];
+            let reasoning = reasoning.split_once("<think>").map_or(reasoning, |(_, r)| r);
+            out.reasoning = Some(reasoning.trim_matches('\n').to_owned());
+            &text[end + "</think>".len()..]
+        }
+        None if text.trim_start().starts_with("<think>") => {
+            let reasoning = text.trim_start().trim_start_matches("<think>");
+            out.reasoning = Some(reasoning.trim_start_matches('\n').to_owned());
+            return out;
+        }
+        None => text,
+    };
+    let (content, section) = match rest.split_once(f.section_begin) {
+        Some((c, s)) => (c, s.split(f.section_end).next().unwrap_or_default()),
+        None => (rest, ""),
+    };
+    let mut calls = section;
+    while let Some(start) = calls.find(f.call_begin) {
+        let body = &calls[start + f.call_begin.len()..];
+        let (body, next) = body.split_once(f.call_end).unwrap_or((body, ""));
+        if let Some((name, arguments)) = (f.call)(body) {
+            out.tool_calls.push(ParsedToolCall { name, arguments });
+        }
+        calls = next;
+    }
     out.content = content.trim_start_matches('\n').trim_end().to_owned();
     out
 }
@@ -255,5 +364,55 @@ mod tests {
         assert_eq!(OutputFormat::detect(&qwen.unwrap_or_default()), OutputFormat::Qwen3);
         assert_eq!(OutputFormat::detect(&harmony.unwrap_or_default()), OutputFormat::Harmony);
         assert_eq!(OutputFormat::detect("{{ messages }}"), OutputFormat::Plain);
+        assert_eq!(
+            OutputFormat::detect("{{'<｜Assistant｜><think>\\n'}}"),
+            OutputFormat::DeepSeek,
+            "R1's template spells <think> but is not Qwen3's"
+        );
+        assert_eq!(
+            OutputFormat::detect("<think></think><|tool_calls_section_begin|>"),
+            OutputFormat::KimiK2
+        );
+    }
+
+    #[test]
+    fn deepseek_r1_reasoning_answer_and_tool_calls() {
+        // R1's prompt ends with `<｜Assistant｜><think>\n`: the completion closes the block.
+        let out = OutputFormat::DeepSeek.parse(
+            "The user wants weather.\n</think>\n\nLet me check.<｜tool▁calls▁begin｜>\
+             <｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Zürich\"}\n```\
+             <｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n\
+             {\"query\": \"x\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
+        );
+        assert_eq!(out.reasoning.as_deref(), Some("The user wants weather."));
+        assert_eq!(out.content, "Let me check.");
+        assert_eq!(
+            out.tool_calls,
+            [call("get_weather", r#"{"city": "Zürich"}"#), call("search", r#"{"query": "x"}"#)]
+        );
+        let plain =
+            OutputFormat::DeepSeek.parse("Short.\n</think>\n\nIt is 4.<｜end▁of▁sentence｜>x");
+        assert_eq!(
+            (plain.reasoning.as_deref(), plain.content.as_str()),
+            (Some("Short."), "It is 4.")
+        );
+    }
+
+    #[test]
+    fn kimi_k2_reasoning_answer_and_sectioned_tool_calls() {
+        let out = OutputFormat::KimiK2.parse(
+            "<think>Need the weather.</think>Checking.<|tool_calls_section_begin|>\
+             <|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Zürich\"}\
+             <|tool_call_end|><|tool_call_begin|>functions.search:1<|tool_call_argument_begin|>\
+             {\"query\": \"x\"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>",
+        );
+        assert_eq!(out.reasoning.as_deref(), Some("Need the weather."));
+        assert_eq!(out.content, "Checking.");
+        assert_eq!(
+            out.tool_calls,
+            [call("get_weather", r#"{"city": "Zürich"}"#), call("search", r#"{"query": "x"}"#)]
+        );
+        let cut = OutputFormat::KimiK2.parse("<think>Still thinking");
+        assert_eq!((cut.reasoning.as_deref(), cut.content.as_str()), (Some("Still thinking"), ""));
     }
 }

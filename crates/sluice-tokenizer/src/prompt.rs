@@ -50,8 +50,14 @@ impl PromptFormat {
     pub fn from_dir(dir: &Path) -> Result<Option<Self>, PromptError> {
         let Some(tokenizer) = AnyTokenizer::from_dir(dir)? else { return Ok(None) };
         // K3 renders chat in code (crate::chat); its tokenizer_config.json template is not used.
+        // Kimi K2 ships a tiktoken model too, with a Jinja template of its own (tool calls in its
+        // section markers) that is rendered like any other; a template that does not compile
+        // or is not K2's leaves the tiktoken model to K3's code.
         let template = match tokenizer {
-            AnyTokenizer::Tiktoken(_) => None,
+            AnyTokenizer::Tiktoken(_) => ChatTemplate::from_dir(dir)
+                .ok()
+                .flatten()
+                .filter(|t| OutputFormat::detect(t.source()) == OutputFormat::KimiK2),
             AnyTokenizer::Hf(_) => ChatTemplate::from_dir(dir)?,
         };
         let output =
@@ -85,7 +91,7 @@ impl PromptFormat {
     /// assistant turn opened. `thinking` is K3's thinking mode and the template variable
     /// `enable_thinking` (Qwen3); templates that do not read it ignore it.
     pub fn encode_user_turn(&self, text: &str, thinking: bool) -> Result<Vec<u32>, PromptError> {
-        if let Some(k3) = self.tokenizer.tiktoken() {
+        if let Some(k3) = self.tokenizer.tiktoken().filter(|_| self.template.is_none()) {
             let msgs = [ChatMessage::new(Role::User, text)];
             let opts = ChatOptions { thinking, ..ChatOptions::default() };
             return Ok(render_k3(k3, &msgs, &opts)?);

@@ -61,6 +61,10 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,
     path: PathBuf,
+    /// `bos_token`, `eos_token`, ... of `tokenizer_config.json`: transformers passes the
+    /// tokenizer's special tokens to every rendering (DeepSeek's template opens with
+    /// `{{ bos_token }}`).
+    specials: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -92,19 +96,23 @@ impl ChatTemplate {
     /// entry is used). `Ok(None)` when there is none.
     pub fn from_dir(dir: &Path) -> Result<Option<Self>, TemplateError> {
         let file = dir.join(TEMPLATE_FILE);
+        let config = dir.join(crate::CONFIG_FILE);
+        let read_err = |reason: String| TemplateError::Read { path: config.clone(), reason };
+        let value: serde_json::Value = if config.exists() {
+            let text = std::fs::read_to_string(&config).map_err(|e| read_err(e.to_string()))?;
+            serde_json::from_str(&text).map_err(|e| read_err(e.to_string()))?
+        } else {
+            serde_json::Value::Null
+        };
+        let specials = special_tokens(&value);
         if file.exists() {
             let source = std::fs::read_to_string(&file)
                 .map_err(|e| TemplateError::Read { path: file.clone(), reason: e.to_string() })?;
-            return Self::new(source, file).map(Some);
+            return Self::new(source, file).map(|t| Some(Self { specials, ..t }));
         }
-        let config = dir.join(crate::CONFIG_FILE);
-        if !config.exists() {
+        if value.is_null() {
             return Ok(None);
         }
-        let read_err = |reason: String| TemplateError::Read { path: config.clone(), reason };
-        let text = std::fs::read_to_string(&config).map_err(|e| read_err(e.to_string()))?;
-        let value: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| read_err(e.to_string()))?;
         let source = match value.get("chat_template") {
             None | Some(serde_json::Value::Null) => return Ok(None),
             Some(serde_json::Value::String(s)) => s.clone(),
@@ -116,7 +124,7 @@ impl ChatTemplate {
                 .to_owned(),
             Some(_) => return Err(read_err("chat_template is neither a string nor a list".into())),
         };
-        Self::new(source, config).map(Some)
+        Self::new(source, config).map(|t| Some(Self { specials, ..t }))
     }
 
     /// Compiles template text; `path` names its source in errors.
@@ -131,7 +139,7 @@ impl ChatTemplate {
         });
         env.add_template_owned("chat", source.clone())
             .map_err(|source| TemplateError::Compile { path: path.clone(), source })?;
-        Ok(Self { env, source, path })
+        Ok(Self { env, source, path, specials: Vec::new() })
     }
 
     /// Where the template came from.
@@ -164,9 +172,23 @@ impl ChatTemplate {
             ("add_generation_prompt".into(), Value::from(inputs.add_generation_prompt)),
             ("strftime_now".into(), strftime_now),
         ];
+        ctx.extend(self.specials.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))));
         ctx.extend(inputs.extra.iter().map(|(k, v)| (k.clone(), to_value(v))));
         template.render(Value::from_iter(ctx)).map_err(render_err)
     }
+}
+
+/// The special tokens `tokenizer_config.json` names (`bos_token`, `eos_token`, `unk_token`,
+/// `pad_token`), each a string or an `AddedToken` object with a `content`.
+fn special_tokens(config: &serde_json::Value) -> Vec<(String, String)> {
+    ["bos_token", "eos_token", "unk_token", "pad_token"]
+        .iter()
+        .filter_map(|&k| {
+            let v = config.get(k)?;
+            let s = v.as_str().or_else(|| v.get("content")?.as_str())?;
+            Some((k.to_owned(), s.to_owned()))
+        })
+        .collect()
 }
 
 /// A [`PyValue`] as a template value; objects keep their key order (minijinja's

@@ -114,6 +114,30 @@ impl Tokenizer {
         }
     }
 
+    /// Encodes a rendered chat prompt as tiktoken does with every added token allowed
+    /// (`encode(text, allowed_special="all")`, what Kimi K2's `apply_chat_template` tokenizes
+    /// with): each added token spelled in `text` becomes its id (the longest at the leftmost
+    /// position), and the text between them is encoded as by [`Tokenizer::encode_ordinary`].
+    pub fn encode_with_specials(&self, text: &str) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        let mut rest = text;
+        loop {
+            let next = self
+                .added_ids
+                .iter()
+                .filter_map(|(s, &id)| {
+                    rest.find(s.as_str()).map(|at| (at, std::cmp::Reverse(s.len()), id))
+                })
+                .min();
+            let Some((at, std::cmp::Reverse(len), id)) = next else { break };
+            self.encode_ordinary_into(&rest[..at], &mut out);
+            out.push(id);
+            rest = &rest[at + len..];
+        }
+        self.encode_ordinary_into(rest, &mut out);
+        out
+    }
+
     /// The id of the added token spelled `spelling`, e.g. `special_id("<|open|>")`.
     pub fn special_id(&self, spelling: &str) -> Option<u32> {
         self.added_ids.get(spelling).copied()

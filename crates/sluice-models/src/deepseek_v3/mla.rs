@@ -1,0 +1,164 @@
+//! Multi-head latent attention with decoupled RoPE over the T rows of a pass (transformers
+//! `DeepseekV3Attention`, 5.17; DeepSeek-V3 `inference/model.py` `MLA` in its `absorb` mode).
+//!
+//! The cache holds, per position, the normalised latent `kv_a_layernorm(c_kv)` (`kv_lora_rank`
+//! values) and the shared rotary key `k_pe` already rotated at its absolute position
+//! (`qk_rope_head_dim` values): 576 values per token per layer at DeepSeek-V3's sizes, instead of
+//! 128 heads × (192 + 128) for expanded keys and values.
+//!
+//! Every pass — a prompt prefill or one decode row — runs the absorbed form: `q_lat[h] =
+//! W_UK[h]ᵀ · q_nope[h]`, score = `(q_lat · lat + q_pe · k_pe) · scale`, `out[h] = W_UV[h] · Σ
+//! p · lat`, then `o_proj`. That is transformers' expanded form (`k_nope = W_UK · lat`, `v = W_UV ·
+//! lat`) regrouped; the goldens hold it to relative L2 1e-4. Using one form for every T is what
+//! makes a T-row pass bit-identical to T single rows: each row reads only positions up to its own,
+//! and every reduction runs per (row, head) in position order.
+//!
+//! RoPE: `rope_interleave` (the default and DeepSeek's layout) rotates pairs `(x₂ⱼ, x₂ⱼ₊₁)` and
+//! writes them de-interleaved (`cat(x₁c − x₂s, x₂c + x₁s)`, transformers
+//! `apply_rotary_pos_emb_interleave`); otherwise halves are rotated (`rotate_half`). q and k get
+//! the same permutation, so their dot product is the reference's.
+
+use super::config::DeepseekV3Config;
+use super::weights::{AttnWeights, QProj};
+use super::{mm, Rope};
+use crate::kimi_k3::state::MlaLayer;
+use sluice_checkpoint::Checkpoint;
+use sluice_kernels::ops::{dot_f64, rms_norm, softmax_inplace};
+
+/// `DeepseekV3RMSNorm(q_lora_rank)` / `(kv_lora_rank)` are built without `eps=`, so they use the
+/// class default, not `rms_norm_eps`.
+const LATENT_NORM_EPS: f32 = 1e-6;
+
+/// Rotates one rotary slice `x [rope]` in place by half-width `cos`/`sin`.
+fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], interleave: bool) {
+    let half = x.len() / 2;
+    if interleave {
+        // q1, q2 = q[..., 0::2], q[..., 1::2]; cat([q1 * cos - q2 * sin, q2 * cos + q1 * sin])
+        let src = x.to_vec();
+        for j in 0..half {
+            let (a, b) = (src[2 * j], src[2 * j + 1]);
+            x[j] = a * cos[j] - b * sin[j];
+            x[j + half] = b * cos[j] + a * sin[j];
+        }
+    } else {
+        crate::gpt_oss::rope::apply(x, cos, sin);
+    }
+}
+
+/// Runs the layer on `x [t, d]` (the `input_layernorm` output) at positions `past .. past + t`,
+/// appending t rows to the cache (staged until commit).
+pub(crate) fn forward(
+    ckpt: &Checkpoint,
+    w: &AttnWeights,
+    c: &DeepseekV3Config,
+    rope: &Rope,
+    st: &mut MlaLayer,
+    x: &[f32],
+    t: usize,
+) -> Vec<f32> {
+    let h = c.num_attention_heads;
+    let (nope, rd, vd, kl) = (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank);
+    let qd = nope + rd;
+    let past = st.lat.len() / kl;
+    let rows = rope.rows(past, t);
+    let half = rd / 2;
+
+    // q_states = q_b_proj(q_a_layernorm(q_a_proj(x))) or q_proj(x)
+    let mut q = match &w.q {
+        QProj::Lora(l) => {
+            let qa = mm(ckpt, &l.a, x, t);
+            let ql = l.a.rows();
+            let mut qn = vec![0.0f32; qa.len()];
+            for (i, o) in qa.chunks_exact(ql).zip(qn.chunks_exact_mut(ql)) {
+                rms_norm(i, Some(&l.norm), LATENT_NORM_EPS, o);
+            }
+            mm(ckpt, &l.b, &qn, t)
+        }
+        QProj::Plain(p) => mm(ckpt, p, x, t),
+    };
+    for (ti, qrow) in q.chunks_exact_mut(h * qd).enumerate() {
+        let (cs, sn) =
+            (&rows.cos[ti * half..(ti + 1) * half], &rows.sin[ti * half..(ti + 1) * half]);
+        for head in qrow.chunks_exact_mut(qd) {
+            rotate(&mut head[nope..], cs, sn, c.rope_interleave);
+        }
+    }
+    // compressed_kv = kv_a_proj_with_mqa(x); kv_nope, k_rot = split; kv_nope = kv_a_layernorm(...)
+    let ckv = mm(ckpt, &w.kv_a, x, t);
+    for (ti, row) in ckv.chunks_exact(kl + rd).enumerate() {
+        let mut lat = vec![0.0f32; kl];
+        rms_norm(&row[..kl], Some(&w.kv_a_norm), LATENT_NORM_EPS, &mut lat);
+        st.lat.extend_from_slice(&lat);
+        let mut pe = row[kl..].to_vec();
+        rotate(
+            &mut pe,
+            &rows.cos[ti * half..(ti + 1) * half],
+            &rows.sin[ti * half..(ti + 1) * half],
+            c.rope_interleave,
+        );
+        st.pe.extend_from_slice(&pe);
+    }
+    let scale = c.softmax_scale();
+    let kv_b = w.kv_b.get(ckpt);
+    let (lat_all, pe_all) = (&st.lat, &st.pe);
+
+    let heads: Vec<Vec<f32>> = sluice_kernels::pool::map(h, |hi| {
+        // kv_b_proj rows of head hi: W_UK (nope rows), then W_UV (v rows), decoded once per
+        // pass whatever the format (an FP8 block spans several heads, so rows are widened from
+        // the whole matrix rather than sliced out of it).
+        let first = hi * (nope + vd);
+        let mut w = vec![0.0f32; (nope + vd) * kl];
+        for (i, row) in w.chunks_exact_mut(kl).enumerate() {
+            kv_b.row_to_f32(first + i, row);
+        }
+        let (w_uk, w_uv) = w.split_at(nope * kl);
+        let mut out = vec![0.0f32; t * vd];
+        let mut q_lat = vec![0.0f64; kl];
+        for ti in 0..t {
+            let qrow = &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
+            // q_lat = W_UKᵀ q_nope (sum over the nope index in order).
+            q_lat.iter_mut().for_each(|v| *v = 0.0);
+            for (&qn, wrow) in qrow[..nope].iter().zip(w_uk.chunks_exact(kl)) {
+                for (a, &wv) in q_lat.iter_mut().zip(wrow) {
+                    *a += f64::from(qn) * f64::from(wv);
+                }
+            }
+            #[allow(clippy::cast_possible_truncation)]
+            let q_lat32: Vec<f32> = q_lat.iter().map(|&v| v as f32).collect();
+            let upto = past + ti + 1;
+            let mut scores: Vec<f32> = (0..upto)
+                .map(|pos| {
+                    let s = dot_f64(&q_lat32, &lat_all[pos * kl..(pos + 1) * kl])
+                        + dot_f64(&qrow[nope..], &pe_all[pos * rd..(pos + 1) * rd]);
+                    #[allow(clippy::cast_possible_truncation)]
+                    let s = s as f32;
+                    s * scale
+                })
+                .collect();
+            softmax_inplace(&mut scores);
+            let mut ctx = vec![0.0f64; kl];
+            for (pos, &pr) in scores.iter().enumerate() {
+                for (a, &l) in ctx.iter_mut().zip(&lat_all[pos * kl..(pos + 1) * kl]) {
+                    *a += f64::from(pr) * f64::from(l);
+                }
+            }
+            #[allow(clippy::cast_possible_truncation)]
+            let ctx32: Vec<f32> = ctx.iter().map(|&v| v as f32).collect();
+            // out[h] = W_UV[h] · ctx, one f64 dot per value row.
+            for (o, wrow) in out[ti * vd..(ti + 1) * vd].iter_mut().zip(w_uv.chunks_exact(kl)) {
+                #[allow(clippy::cast_possible_truncation)]
+                let v = dot_f64(wrow, &ctx32) as f32;
+                *o = v;
+            }
+        }
+        out
+    });
+    let mut attn = vec![0.0f32; t * h * vd];
+    for (hi, out) in heads.iter().enumerate() {
+        for ti in 0..t {
+            attn[ti * h * vd + hi * vd..ti * h * vd + (hi + 1) * vd]
+                .copy_from_slice(&out[ti * vd..(ti + 1) * vd]);
+        }
+    }
+    mm(ckpt, &w.o_proj, &attn, t)
+}

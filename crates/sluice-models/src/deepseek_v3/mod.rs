@@ -1,0 +1,270 @@
+//! The DeepSeek-V3 architecture (`DeepseekV3ForCausalLM`): DeepSeek V3 / R1 (`model_type`
+//! `deepseek_v3`) and Kimi K2 (`kimi_k2`). Pre-norm decoder layers of multi-head latent attention
+//! (q LoRA or a plain q projection, kv LoRA, decoupled RoPE with YaRN) and, from layer
+//! `first_k_dense_replace` on, a mixture of SiLU-GLU experts with group-limited sigmoid routing
+//! and shared experts; the first layers are dense.
+//!
+//! It follows transformers' `models/deepseek_v3/modeling_deepseek_v3.py` (5.17) in f32, with the
+//! router of DeepSeek-V3's own `inference/model.py` (see [`moe`]), and is checked stage by stage
+//! against goldens that transformers produced from tiny checkpoints in the published layouts —
+//! FP8 block-quantized (DeepSeek V3/R1) and compressed-tensors INT4 experts (Kimi K2 Thinking)
+//! (`tools/gen_deepseek_v3_goldens.py`, `tests/fixtures/deepseek_v3`).
+//!
+//! Sequence state: the MLA latent cache per layer (normalised `c_kv` and rotated `k_pe`), held in
+//! the same [`K3State`] of MLA layers as Kimi K3's MLA layers, so commit / rollback / snapshots
+//! are shared. Every kernel is batch-invariant and attention always runs in the absorbed form, so
+//! a T-row pass gives bit for bit the logits of T single-row passes.
+//!
+//! Routed experts are read in place from the mapped shards (FP8 / INT4 dequantized at load, see
+//! [`quant`]); streaming them through the expert store comes with the family boundary.
+
+pub mod config;
+mod mla;
+pub mod moe;
+pub mod quant;
+pub mod weights;
+
+use crate::kimi_k3::state::{K3State, LayerShape, LayerState};
+use crate::kimi_k3::Trace;
+use crate::{LogitRows, ModelError};
+use config::DeepseekV3Config;
+use quant::Weight;
+use sluice_checkpoint::Checkpoint;
+use sluice_kernels::matmul;
+use sluice_kernels::ops::rms_norm;
+use std::sync::Arc;
+use weights::{DeepseekV3Weights, Ffn};
+
+/// `x [t, cols] → [t, rows]` through a weight.
+pub(crate) fn mm(ckpt: &Checkpoint, w: &Weight, x: &[f32], t: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; t * w.rows()];
+    matmul(&w.get(ckpt), x, t, &mut out);
+    out
+}
+
+/// Records `v` under `name()` when tracing.
+fn put(trace: &mut Option<&mut Trace>, name: impl FnOnce() -> String, v: &[f32]) {
+    if let Some(t) = trace.as_deref_mut() {
+        t.tensors.insert(name(), v.to_vec());
+    }
+}
+
+/// The rotary table of the `qk_rope_head_dim` dims (`DeepseekV3RotaryEmbedding`): plain or
+/// YaRN inverse frequencies and the cos/sin scale (`attention_factor`).
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+    scale: f32,
+}
+
+impl Rope {
+    /// The table `c` describes.
+    pub fn new(c: &DeepseekV3Config) -> Self {
+        let dim = c.qk_rope_head_dim;
+        match &c.yarn {
+            Some(y) => {
+                let t = crate::gpt_oss::rope::YarnRope::new(dim, c.rope_theta, y);
+                #[allow(clippy::cast_possible_truncation)]
+                let scale = y.attention_factor as f32;
+                Self { inv_freq: t.inv_freq().to_vec(), scale }
+            }
+            None => {
+                // inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+                #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+                let inv_freq = (0..dim / 2)
+                    .map(|j| {
+                        let e = (2 * j) as f32 / dim as f32;
+                        1.0f32 / (c.rope_theta.powf(f64::from(e)) as f32)
+                    })
+                    .collect();
+                Self { inv_freq, scale: 1.0 }
+            }
+        }
+    }
+
+    /// `inv_freq [rope / 2]` (HF's `model.rotary_emb.inv_freq`).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
+    /// Half-width cos/sin rows (`[t, rope / 2]`) for positions `pos0 .. pos0 + t`.
+    pub fn rows(&self, pos0: usize, t: usize) -> crate::gpt_oss::rope::HalfRows {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(t * half);
+        let mut sin = Vec::with_capacity(t * half);
+        for ti in 0..t {
+            #[allow(clippy::cast_precision_loss)]
+            let pos = (pos0 + ti) as f32;
+            for &f in &self.inv_freq {
+                // freqs = inv_freq @ position (f32); emb.cos() * attention_scaling
+                let angle = f64::from(pos * f);
+                #[allow(clippy::cast_possible_truncation)]
+                let (c, s) = (angle.cos() as f32, angle.sin() as f32);
+                cos.push(c * self.scale);
+                sin.push(s * self.scale);
+            }
+        }
+        crate::gpt_oss::rope::HalfRows { cos, sin }
+    }
+}
+
+/// The loaded model.
+pub struct DeepseekV3 {
+    cfg: DeepseekV3Config,
+    ckpt: Arc<Checkpoint>,
+    weights: DeepseekV3Weights,
+    rope: Rope,
+}
+
+impl std::fmt::Debug for DeepseekV3 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeepseekV3")
+            .field("model_type", &self.cfg.model_type)
+            .field("layers", &self.cfg.num_hidden_layers)
+            .field("experts", &self.cfg.n_routed_experts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeepseekV3 {
+    /// Loads the model from an opened checkpoint: parses `config.json`, resolves and checks every
+    /// tensor once (FP8 / INT4 weights are dequantized here).
+    pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self, ModelError> {
+        let cfg = DeepseekV3Config::from_json(ckpt.config().text_config())?;
+        let weights = DeepseekV3Weights::load(&ckpt, &cfg)?;
+        let rope = Rope::new(&cfg);
+        Ok(Self { cfg, ckpt, weights, rope })
+    }
+
+    /// The typed configuration.
+    pub fn config(&self) -> &DeepseekV3Config {
+        &self.cfg
+    }
+
+    /// The rotary table.
+    pub fn rope(&self) -> &Rope {
+        &self.rope
+    }
+
+    /// Bytes of the non-expert weights a pass reads, as stored.
+    pub fn dense_weight_bytes(&self) -> u64 {
+        self.weights.dense_byte_len(self.cfg.tie_word_embeddings)
+    }
+
+    /// A fresh state: one MLA latent cache per layer.
+    pub fn new_state(&self) -> K3State {
+        let shape =
+            LayerShape::Mla { lat_dim: self.cfg.kv_lora_rank, pe_dim: self.cfg.qk_rope_head_dim };
+        K3State::new(&vec![shape; self.cfg.num_hidden_layers])
+    }
+
+    /// Whether `s` was made for this model.
+    fn fits(&self, s: &K3State) -> bool {
+        s.layers.len() == self.cfg.num_hidden_layers
+            && s.layers.iter().all(|l| {
+                matches!(l, LayerState::Mla(m)
+                    if m.lat_dim == self.cfg.kv_lora_rank && m.pe_dim == self.cfg.qk_rope_head_dim)
+            })
+    }
+
+    /// Runs `tokens` (T ≥ 1 positions after the committed ones), staging T latent-cache rows per
+    /// layer, and returns the logits of the rows `rows` asks for. The caller must `commit(n)` or
+    /// `rollback()` afterwards.
+    ///
+    /// With a trace, records `embed`, `layer{i}.{attn_in,attn_out,mlp_in,mlp_out,out}` (`[T, d]`),
+    /// `layer{i}.router_logits` (`[T, E]`, MoE layers), `final_norm`, and the routes.
+    pub fn forward(
+        &self,
+        state: &mut K3State,
+        tokens: &[u32],
+        rows: LogitRows,
+        mut trace: Option<&mut Trace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.cfg;
+        let t = tokens.len();
+        if t == 0 {
+            return Err(ModelError::EmptyInput);
+        }
+        if let Some(p) = state.pending() {
+            return Err(ModelError::PendingPass(p));
+        }
+        if !self.fits(state) {
+            return Err(ModelError::Config(format!(
+                "the state passed to the {} model was made for a model of another shape",
+                c.model_type
+            )));
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab_size) {
+            return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
+        }
+        let d = c.hidden_size;
+        let ckpt = &*self.ckpt;
+        let embed = self.weights.embed.get(ckpt);
+        let mut h = vec![0.0f32; t * d];
+        for (row, &id) in h.chunks_exact_mut(d).zip(tokens) {
+            embed.row_to_f32(id as usize, row);
+        }
+        put(&mut trace, || "embed".into(), &h);
+        state.begin(t);
+        for (i, (lw, ls)) in self.weights.layers.iter().zip(&mut state.layers).enumerate() {
+            let LayerState::Mla(cache) = ls else {
+                return Err(ModelError::Config("invariant: checked by fits".into()));
+            };
+            let a_in = self.norm_rows(&h, &lw.input_norm);
+            put(&mut trace, || format!("layer{i}.attn_in"), &a_in);
+            let a = mla::forward(ckpt, &lw.attn, c, &self.rope, cache, &a_in, t);
+            put(&mut trace, || format!("layer{i}.attn_out"), &a);
+            add_into(&mut h, &a);
+            let m_in = self.norm_rows(&h, &lw.post_norm);
+            put(&mut trace, || format!("layer{i}.mlp_in"), &m_in);
+            let m = match &lw.ffn {
+                Ffn::Dense(w) => moe::mlp(ckpt, w, &m_in, t),
+                Ffn::Moe(w) => {
+                    let (m, logits, routes) = moe::forward(ckpt, w, c, &m_in, t);
+                    put(&mut trace, || format!("layer{i}.router_logits"), &logits);
+                    if let Some(tr) = trace.as_deref_mut() {
+                        tr.routes.insert(i, routes);
+                    }
+                    m
+                }
+            };
+            put(&mut trace, || format!("layer{i}.mlp_out"), &m);
+            add_into(&mut h, &m);
+            put(&mut trace, || format!("layer{i}.out"), &h);
+        }
+        let sel = match rows {
+            LogitRows::All => 0..t,
+            LogitRows::Last => t - 1..t,
+        };
+        let n = sel.len();
+        let normed = self.norm_rows(&h[sel.start * d..sel.end * d], &self.weights.norm);
+        put(&mut trace, || "final_norm".into(), &normed);
+        let mut logits = vec![0.0f32; n * c.vocab_size];
+        matmul(&self.weights.lm_head.get(ckpt), &normed, n, &mut logits);
+        if !crate::finite::all_finite(&logits) {
+            state.rollback();
+            return Err(ModelError::NonFiniteActivation {
+                stage: "the logits".into(),
+                cause: "a weight of the model holds NaN/Inf or the arithmetic overflowed".into(),
+            });
+        }
+        Ok(logits)
+    }
+
+    /// `DeepseekV3RMSNorm(hidden_size, eps=rms_norm_eps)` on every row of `x [n, d]`.
+    fn norm_rows(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
+        let (d, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
+        let mut out = vec![0.0f32; x.len()];
+        for (i, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+            rms_norm(i, Some(w), eps, o);
+        }
+        out
+    }
+}
+
+/// `dst += src` element-wise (the residual adds).
+fn add_into(dst: &mut [f32], src: &[f32]) {
+    for (a, b) in dst.iter_mut().zip(src) {
+        *a += b;
+    }
+}

@@ -1,0 +1,181 @@
+//! The DeepSeek-V3 MoE block over the T rows of a pass: group-limited sigmoid routing, routed
+//! experts and the shared experts (transformers `DeepseekV3MoE`, `DeepseekV3Experts`, 5.17;
+//! routing as DeepSeek-V3 `inference/model.py` `Gate.forward`).
+//!
+//! Router, per row: `logits = x · gateᵀ` in f32; `scores = σ(logits)`; `biased = scores +
+//! e_score_correction_bias` (selection only); each of the `n_group` groups is scored by the sum of
+//! its two largest biased scores; the `topk_group` best groups are kept and the others masked
+//! with **−inf** (DeepSeek's reference; transformers 4.x filled 0.0, which picks experts from
+//! excluded groups when fewer than k biased scores in the kept groups are positive — tiny-a's
+//! goldens hold such rows); the top-k biased scores among the kept groups choose the experts (ties
+//! by lower id); their weights are the unbiased scores, divided by their sum (`+ 1e-20`) when
+//! `norm_topk_prob`, times `routed_scaling_factor`.
+//!
+//! Combination, per row: `Σ expert_out · weight` over the row's experts in ascending expert id
+//! from zero (the order of transformers' `index_add_` loop over `expert_hit`), then `+ shared(x)`.
+//! Each expert runs once on all rows that chose it through the batch-invariant matmul, so a row's
+//! output never depends on the other rows.
+
+use super::config::DeepseekV3Config;
+use super::mm;
+use super::weights::{Mlp, MoeWeights};
+use crate::kimi_k3::Route;
+use sluice_checkpoint::Checkpoint;
+use sluice_kernels::matmul;
+use sluice_kernels::ops::{sigmoid, silu_glu};
+
+/// Routes one row of router logits.
+pub(crate) fn route(logits: &[f32], bias: &[f32], c: &DeepseekV3Config) -> Route {
+    let e = logits.len();
+    let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
+    let biased: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
+    let per = e / c.n_group;
+    let desc = |v: &[f32], a: usize, b: usize| v[b].total_cmp(&v[a]).then(a.cmp(&b));
+    let mut keep = vec![true; c.n_group];
+    if c.topk_group < c.n_group {
+        // group_scores = scores_for_choice.view(-1, n_group, per).topk(2)[0].sum(-1)
+        let gs: Vec<f32> = biased
+            .chunks_exact(per)
+            .map(|g| {
+                let mut top = [f32::NEG_INFINITY; 2];
+                for &v in g {
+                    if v > top[0] {
+                        top = [v, top[0]];
+                    } else if v > top[1] {
+                        top[1] = v;
+                    }
+                }
+                top[0] + top[1]
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..c.n_group).collect();
+        order.sort_by(|&a, &b| desc(&gs, a, b));
+        keep.iter_mut().for_each(|k| *k = false);
+        for &g in &order[..c.topk_group] {
+            keep[g] = true;
+        }
+    }
+    // scores_for_choice.masked_fill(~score_mask, -inf); topk(k)
+    let mut order: Vec<usize> = (0..e).filter(|&i| keep[i / per]).collect();
+    order.sort_by(|&a, &b| desc(&biased, a, b));
+    order.truncate(c.num_experts_per_tok);
+    let mut weights: Vec<f32> = order.iter().map(|&i| scores[i]).collect();
+    if c.norm_topk_prob {
+        let sum = weights.iter().sum::<f32>() + 1e-20;
+        for w in &mut weights {
+            *w /= sum;
+        }
+    }
+    for w in &mut weights {
+        *w *= c.routed_scaling_factor;
+    }
+    let ids = order.into_iter().map(|i| u32::try_from(i).unwrap_or(u32::MAX)).collect();
+    Route { ids, weights }
+}
+
+/// `DeepseekV3MLP` on `x [t, d]`: `down(silu(gate x) · up x)`.
+pub(crate) fn mlp(ckpt: &Checkpoint, w: &Mlp, x: &[f32], t: usize) -> Vec<f32> {
+    let gate = mm(ckpt, &w.gate, x, t);
+    let up = mm(ckpt, &w.up, x, t);
+    let mut act = vec![0.0f32; gate.len()];
+    silu_glu(&gate, &up, &mut act);
+    mm(ckpt, &w.down, &act, t)
+}
+
+/// Runs the MoE block on `x [t, d]`; returns its output `[t, d]`, the router logits `[t, E]` and
+/// each row's route.
+pub(crate) fn forward(
+    ckpt: &Checkpoint,
+    w: &MoeWeights,
+    c: &DeepseekV3Config,
+    x: &[f32],
+    t: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<Route>) {
+    let (d, e, k) = (c.hidden_size, c.n_routed_experts, c.num_experts_per_tok);
+    let mut logits = vec![0.0f32; t * e];
+    matmul(&w.router.get(ckpt), x, t, &mut logits);
+    let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, &w.bias, c)).collect();
+
+    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
+    for (row, r) in routes.iter().enumerate() {
+        for (slot, &id) in r.ids.iter().enumerate() {
+            users[id as usize].push((row, slot));
+        }
+    }
+    let mut outs = vec![0.0f32; t * k * d];
+    let mut xs = Vec::new();
+    for (id, us) in users.iter().enumerate().filter(|(_, us)| !us.is_empty()) {
+        xs.clear();
+        for &(row, _) in us {
+            xs.extend_from_slice(&x[row * d..(row + 1) * d]);
+        }
+        let y = mlp(ckpt, &w.experts[id], &xs, us.len());
+        for (j, &(row, slot)) in us.iter().enumerate() {
+            outs[(row * k + slot) * d..(row * k + slot + 1) * d]
+                .copy_from_slice(&y[j * d..(j + 1) * d]);
+        }
+    }
+    let sh = mlp(ckpt, &w.shared, x, t);
+    let mut out = vec![0.0f32; t * d];
+    let mut slots: Vec<usize> = Vec::with_capacity(k);
+    for (row, r) in routes.iter().enumerate() {
+        slots.clear();
+        slots.extend(0..r.ids.len());
+        slots.sort_by_key(|&s| r.ids[s]);
+        let o = &mut out[row * d..(row + 1) * d];
+        for &s in &slots {
+            let wt = r.weights[s];
+            for (a, &v) in o.iter_mut().zip(&outs[(row * k + s) * d..(row * k + s + 1) * d]) {
+                *a += v * wt;
+            }
+        }
+        // hidden_states = experts(...) + shared_experts(residuals)
+        for (a, &v) in o.iter_mut().zip(&sh[row * d..(row + 1) * d]) {
+            *a += v;
+        }
+    }
+    (out, logits, routes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(n_group: usize, topk_group: usize, k: usize) -> DeepseekV3Config {
+        let mut v = serde_json::json!({
+            "vocab_size": 8, "hidden_size": 4, "intermediate_size": 4, "moe_intermediate_size": 2,
+            "num_hidden_layers": 1, "num_attention_heads": 1, "n_routed_experts": 8,
+            "kv_lora_rank": 2, "qk_rope_head_dim": 2, "v_head_dim": 2, "qk_nope_head_dim": 2,
+            "num_experts_per_tok": k, "routed_scaling_factor": 1.0
+        });
+        v["n_group"] = n_group.into();
+        v["topk_group"] = topk_group.into();
+        DeepseekV3Config::from_json(&v).expect("config")
+    }
+
+    #[test]
+    fn excluded_groups_are_masked_with_minus_infinity_not_zero() {
+        // 4 groups of 2; the bias makes every biased score negative except expert 0's. Groups 0
+        // (0.88) and 1 (-0.1) beat 2 and 3 (-0.2) on their top-2 sums; k = 3 must still come from groups 0 and 1 only (a 0.0
+        // fill would rank the excluded experts' 0.0 above the kept negatives).
+        let logits = [4.0, 0.0, 0.0, 0.0, -8.0, -8.0, -8.0, -8.0];
+        let bias = [0.0, -0.6, -0.55, -0.55, -0.1, -0.1, -0.1, -0.1];
+        let r = route(&logits, &bias, &cfg(4, 2, 3));
+        let mut ids = r.ids.clone();
+        ids.sort_unstable();
+        assert!(ids.iter().all(|&i| i < 4), "chose {ids:?} outside the kept groups");
+        assert_eq!(r.ids[0], 0);
+        assert!((r.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn weights_are_unbiased_scores_and_ties_go_to_the_lower_id() {
+        let logits = [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let r = route(&logits, &[0.0; 8], &cfg(1, 1, 1));
+        assert_eq!(r.ids, [0]);
+        let bias = [0.0, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let r = route(&logits, &bias, &cfg(1, 1, 2));
+        assert_eq!(r.ids, [1, 0]);
+        assert_eq!(r.weights[0], r.weights[1], "the bias selects but does not weigh");
+    }
+}

@@ -1,0 +1,325 @@
+//! The DeepSeek-V3 family's tensor roster: every tensor resolved once at load into typed handles,
+//! dtype and shape checked against the config (an FP8 weight's `weight_scale_inv` against the
+//! weight's own shape, an INT4 weight's `weight_shape` against the config), and the expert count
+//! of every MoE layer checked against `n_routed_experts`. Errors name the family, the tensor and
+//! the shard file.
+//!
+//! | tensor | published dtype, shape |
+//! |---|---|
+//! | `model.embed_tokens.weight`, `lm_head.weight` | bf16 `[vocab, d]` |
+//! | `model.layers.{i}.{input,post_attention}_layernorm.weight`, `model.norm.weight` | bf16 `[d]` |
+//! | `…self_attn.q_a_proj` / `q_b_proj` (or `q_proj` without q LoRA) | `[q_lora, d]`, `[H·(nope+rope), q_lora]` |
+//! | `…self_attn.{q_a,kv_a}_layernorm.weight` | bf16 `[q_lora]`, `[kv_lora]` |
+//! | `…self_attn.kv_a_proj_with_mqa` | `[kv_lora + rope, d]` |
+//! | `…self_attn.kv_b_proj` | `[H·(nope + v), kv_lora]` |
+//! | `…self_attn.o_proj` | `[d, H·v]` |
+//! | `…mlp.{gate,up,down}_proj` (dense layers) | `[I, d]` ×2, `[d, I]` |
+//! | `…mlp.gate.weight`, `…mlp.gate.e_score_correction_bias` | bf16 `[E, d]`, F32 `[E]` |
+//! | `…mlp.experts.{e}.{gate,up,down}_proj`, `…mlp.shared_experts.{…}` | `[I_moe, d]` ×2, `[d, I_moe]` |
+//!
+//! Each linear layer `P` is stored one of three ways, told apart by its tensors: `P.weight` in
+//! bf16 / f32 (or sluice's row-int8); `P.weight` FP8 e4m3 with `P.weight_scale_inv`; or
+//! `P.weight_packed` / `P.weight_scale` / `P.weight_shape` (INT4). See [`super::quant`].
+
+use super::config::DeepseekV3Config;
+use super::quant::{Weight, FP8_BLOCK, INT4_GROUP};
+use crate::qwen3::weights::{Linear, Roster};
+use crate::ModelError;
+use sluice_checkpoint::{Checkpoint, CheckpointError, TensorEntry};
+use sluice_core::DType;
+
+/// An MLP (dense, routed expert or the shared experts): `down(silu(gate x) · up x)`.
+#[derive(Debug)]
+pub struct Mlp {
+    pub(crate) gate: Weight,
+    pub(crate) up: Weight,
+    pub(crate) down: Weight,
+}
+
+/// The q LoRA: `q_b_proj(q_a_layernorm(q_a_proj x))`.
+#[derive(Debug)]
+pub struct QLora {
+    pub(crate) a: Weight,
+    /// `q_a_layernorm.weight`.
+    pub(crate) norm: Vec<f32>,
+    pub(crate) b: Weight,
+}
+
+/// The q path: through the q LoRA or one projection.
+#[derive(Debug)]
+pub enum QProj {
+    /// `q_b_proj(q_a_layernorm(q_a_proj x))`.
+    Lora(Box<QLora>),
+    /// `q_proj x` (`q_lora_rank` null).
+    Plain(Box<Weight>),
+}
+
+/// One layer's MLA.
+#[derive(Debug)]
+pub struct AttnWeights {
+    pub(crate) q: QProj,
+    pub(crate) kv_a: Weight,
+    pub(crate) kv_a_norm: Vec<f32>,
+    pub(crate) kv_b: Weight,
+    pub(crate) o_proj: Weight,
+}
+
+/// `DeepseekV3MoE`: router, routed and shared experts.
+#[derive(Debug)]
+pub struct MoeWeights {
+    /// `mlp.gate.weight` `[E, d]`.
+    pub(crate) router: Linear,
+    /// `mlp.gate.e_score_correction_bias` `[E]`.
+    pub(crate) bias: Vec<f32>,
+    /// `mlp.experts.{e}` in id order.
+    pub(crate) experts: Vec<Mlp>,
+    /// `mlp.shared_experts`.
+    pub(crate) shared: Mlp,
+}
+
+/// The feed-forward half of a layer.
+#[derive(Debug)]
+pub enum Ffn {
+    /// `DeepseekV3MLP` (the first `first_k_dense_replace` layers).
+    Dense(Box<Mlp>),
+    /// `DeepseekV3MoE`.
+    Moe(Box<MoeWeights>),
+}
+
+/// One decoder layer.
+#[derive(Debug)]
+pub struct LayerWeights {
+    pub(crate) input_norm: Vec<f32>,
+    pub(crate) post_norm: Vec<f32>,
+    pub(crate) attn: AttnWeights,
+    pub(crate) ffn: Ffn,
+}
+
+/// Every tensor of the model.
+#[derive(Debug)]
+pub struct DeepseekV3Weights {
+    pub(crate) embed: Linear,
+    pub(crate) lm_head: Linear,
+    pub(crate) norm: Vec<f32>,
+    pub(crate) layers: Vec<LayerWeights>,
+}
+
+impl DeepseekV3Weights {
+    /// Resolves and checks every tensor the config names.
+    pub fn load(ckpt: &Checkpoint, c: &DeepseekV3Config) -> Result<Self, ModelError> {
+        Self::load_inner(ckpt, c).map_err(|e| match e {
+            ModelError::Checkpoint(source) => {
+                ModelError::FamilyTensor { family: c.model_type, source }
+            }
+            e => e,
+        })
+    }
+
+    fn load_inner(ckpt: &Checkpoint, c: &DeepseekV3Config) -> Result<Self, ModelError> {
+        let r = Roster { ckpt, prefix: ckpt.name_prefix() };
+        let d = c.hidden_size;
+        let h = c.num_attention_heads;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for i in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let q_rows = h * c.qk_head_dim();
+            let q = match c.q_lora_rank {
+                Some(ql) => QProj::Lora(Box::new(QLora {
+                    a: linear(&r, &format!("{a}.q_a_proj"), ql, d)?,
+                    norm: r.vec(&format!("{a}.q_a_layernorm.weight"), ql)?,
+                    b: linear(&r, &format!("{a}.q_b_proj"), q_rows, ql)?,
+                })),
+                None => QProj::Plain(Box::new(linear(&r, &format!("{a}.q_proj"), q_rows, d)?)),
+            };
+            let kl = c.kv_lora_rank;
+            let attn = AttnWeights {
+                q,
+                kv_a: linear(&r, &format!("{a}.kv_a_proj_with_mqa"), kl + c.qk_rope_head_dim, d)?,
+                kv_a_norm: r.vec(&format!("{a}.kv_a_layernorm.weight"), kl)?,
+                kv_b: linear(
+                    &r,
+                    &format!("{a}.kv_b_proj"),
+                    h * (c.qk_nope_head_dim + c.v_head_dim),
+                    kl,
+                )?,
+                o_proj: linear(&r, &format!("{a}.o_proj"), d, h * c.v_head_dim)?,
+            };
+            let ffn = if c.is_moe(i) {
+                check_expert_count(&r, &p, c)?;
+                let e = c.n_routed_experts;
+                let experts = (0..e)
+                    .map(|x| mlp(&r, &format!("{p}.mlp.experts.{x}"), c.moe_intermediate_size, d))
+                    .collect::<Result<_, _>>()?;
+                let shared_w = c.moe_intermediate_size * c.n_shared_experts;
+                Ffn::Moe(Box::new(MoeWeights {
+                    router: r.mat(&format!("{p}.mlp.gate.weight"), e, d)?,
+                    bias: r.vec(&format!("{p}.mlp.gate.e_score_correction_bias"), e)?,
+                    experts,
+                    shared: mlp(&r, &format!("{p}.mlp.shared_experts"), shared_w, d)?,
+                }))
+            } else {
+                Ffn::Dense(Box::new(mlp(&r, &format!("{p}.mlp"), c.intermediate_size, d)?))
+            };
+            layers.push(LayerWeights {
+                input_norm: r.vec(&format!("{p}.input_layernorm.weight"), d)?,
+                post_norm: r.vec(&format!("{p}.post_attention_layernorm.weight"), d)?,
+                attn,
+                ffn,
+            });
+        }
+        let embed = r.mat("model.embed_tokens.weight", c.vocab_size, d)?;
+        let lm_head = if c.tie_word_embeddings {
+            embed.clone()
+        } else {
+            r.mat("lm_head.weight", c.vocab_size, d)?
+        };
+        Ok(Self { embed, lm_head, norm: r.vec("model.norm.weight", d)?, layers })
+    }
+
+    /// Bytes of the weights a pass reads besides the routed experts (attention, dense MLPs,
+    /// routers, shared experts, embedding, an untied lm_head), as stored.
+    pub fn dense_byte_len(&self, tied: bool) -> u64 {
+        let mlp_len = |m: &Mlp| m.gate.byte_len() + m.up.byte_len() + m.down.byte_len();
+        let layer: u64 = self
+            .layers
+            .iter()
+            .map(|l| {
+                let a = &l.attn;
+                let q = match &a.q {
+                    QProj::Lora(l) => l.a.byte_len() + l.b.byte_len(),
+                    QProj::Plain(w) => w.byte_len(),
+                };
+                q + a.kv_a.byte_len()
+                    + a.kv_b.byte_len()
+                    + a.o_proj.byte_len()
+                    + match &l.ffn {
+                        Ffn::Dense(m) => mlp_len(m),
+                        Ffn::Moe(m) => m.router.byte_len() + mlp_len(&m.shared),
+                    }
+            })
+            .sum();
+        layer + self.embed.byte_len() + if tied { 0 } else { self.lm_head.byte_len() }
+    }
+}
+
+/// `{p}.{gate,up,down}_proj` of width `inter`.
+fn mlp(r: &Roster<'_>, p: &str, inter: usize, d: usize) -> Result<Mlp, ModelError> {
+    Ok(Mlp {
+        gate: linear(r, &format!("{p}.gate_proj"), inter, d)?,
+        up: linear(r, &format!("{p}.up_proj"), inter, d)?,
+        down: linear(r, &format!("{p}.down_proj"), d, inter)?,
+    })
+}
+
+fn dtype_err(r: &Roster<'_>, name: &str, e: &TensorEntry, expected: DType) -> ModelError {
+    ModelError::Checkpoint(CheckpointError::DTypeMismatch {
+        file: r.ckpt.shard_file(e).to_path_buf(),
+        tensor: format!("{}{name}", r.prefix),
+        expected,
+        got: e.dtype,
+    })
+}
+
+/// The linear layer `p` of shape `[rows, cols]`, in whichever of the three storages it has.
+fn linear(r: &Roster<'_>, p: &str, rows: usize, cols: usize) -> Result<Weight, ModelError> {
+    let wname = format!("{p}.weight");
+    let packed = format!("{p}.weight_packed");
+    if r.ckpt.get(&format!("{}{wname}", r.prefix)).is_none()
+        && r.ckpt.get(&format!("{}{packed}", r.prefix)).is_some()
+    {
+        return int4(r, p, rows, cols);
+    }
+    let e = r.entry(&wname)?;
+    if e.dtype != DType::F8E4M3 {
+        return Ok(Weight::Mapped(r.mat(&wname, rows, cols)?));
+    }
+    if e.shape != [rows as u64, cols as u64] {
+        return Err(r.shape_err(&wname, e, &[rows, cols]));
+    }
+    // The block scales follow the weight's own shape: a scale tensor whose shape contradicts
+    // it would silently apply the wrong scale to every block past the first row/column.
+    let sname = format!("{p}.weight_scale_inv");
+    let s = r.entry(&sname)?;
+    if s.dtype != DType::F32 {
+        return Err(dtype_err(r, &sname, s, DType::F32));
+    }
+    let (bm, bn) = (rows.div_ceil(FP8_BLOCK), cols.div_ceil(FP8_BLOCK));
+    if s.shape != [bm as u64, bn as u64] {
+        return Err(r.shape_err(&sname, s, &[bm, bn]));
+    }
+    // A NaN or infinite block scale would poison a whole block; name the scale tensor. (The
+    // scales are 1/16384 of the weight's bytes; the weights themselves are not scanned at load,
+    // a NaN code among them is caught by the logits check of the first pass that uses it.)
+    r.vec_of(&sname, s)?;
+    Ok(Weight::Fp8 { weight: e.clone(), scale: s.clone(), rows, cols })
+}
+
+/// A compressed-tensors pack-quantized INT4 linear layer.
+fn int4(r: &Roster<'_>, p: &str, rows: usize, cols: usize) -> Result<Weight, ModelError> {
+    let packed = format!("{p}.weight_packed");
+    let e = r.entry(&packed)?;
+    if e.dtype != DType::I32 {
+        return Err(dtype_err(r, &packed, e, DType::I32));
+    }
+    if !cols.is_multiple_of(INT4_GROUP) || e.shape != [rows as u64, (cols / 8) as u64] {
+        return Err(r.shape_err(&packed, e, &[rows, cols / 8]));
+    }
+    let sname = format!("{p}.weight_scale");
+    let s = r.entry(&sname)?;
+    if s.dtype != DType::BF16 {
+        return Err(dtype_err(r, &sname, s, DType::BF16));
+    }
+    if s.shape != [rows as u64, (cols / INT4_GROUP) as u64] {
+        return Err(r.shape_err(&sname, s, &[rows, cols / INT4_GROUP]));
+    }
+    // `weight_shape` holds the unpacked shape: I32 in the published files, I64 as
+    // compressed-tensors writes it.
+    let shname = format!("{p}.weight_shape");
+    let sh = r.entry(&shname)?;
+    let b = r.ckpt.bytes(sh);
+    let dims: Vec<u64> = match sh.dtype {
+        DType::I32 => b
+            .chunks_exact(4)
+            .map(|c| u64::try_from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or(0))
+            .collect(),
+        DType::I64 => b
+            .chunks_exact(8)
+            .map(|c| {
+                let a: [u8; 8] = c.try_into().unwrap_or([0; 8]);
+                u64::try_from(i64::from_le_bytes(a)).unwrap_or(0)
+            })
+            .collect(),
+        _ => return Err(dtype_err(r, &shname, sh, DType::I32)),
+    };
+    if dims != [rows as u64, cols as u64] {
+        return Err(ModelError::Config(format!(
+            "{}{shname} says [{}] but the config implies [{rows}, {cols}] ({})",
+            r.prefix,
+            dims.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+            r.ckpt.shard_file(sh).display()
+        )));
+    }
+    Ok(Weight::Int4 { packed: e.clone(), scale: s.clone(), extra: sh.len, rows, cols })
+}
+
+/// Refuses a layer whose experts are not exactly `0 .. n_routed_experts` (too few: a missing
+/// tensor; too many: experts the router can never pick, which means the config is wrong).
+fn check_expert_count(r: &Roster<'_>, p: &str, c: &DeepseekV3Config) -> Result<(), ModelError> {
+    let has = |e: usize| {
+        let base = format!("{}{p}.mlp.experts.{e}.gate_proj", r.prefix);
+        r.ckpt.get(&format!("{base}.weight")).is_some()
+            || r.ckpt.get(&format!("{base}.weight_packed")).is_some()
+    };
+    let n = c.n_routed_experts;
+    let present = (0..=n).take_while(|&e| has(e)).count();
+    if present == n {
+        return Ok(());
+    }
+    let (what, e) = if present < n { ("is missing", present) } else { ("exists", n) };
+    Err(ModelError::Config(format!(
+        "{}: config.json says n_routed_experts = {n} but expert {e} of {p} {what} in the \
+         checkpoint (tensor {}{p}.mlp.experts.{e}.gate_proj.*)",
+        c.model_type, r.prefix
+    )))
+}

@@ -1,0 +1,129 @@
+//! DeepSeek-V3 family checkpoints that contradict themselves or their config are refused at load
+//! with the family, the tensor and the file named: an FP8 weight whose `weight_scale_inv` shape
+//! contradicts the weight's own shape, an FP8 weight without its scales, an INT4 expert whose
+//! scales or `weight_shape` contradict it, and an expert count that contradicts the tensors.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use sluice_checkpoint::Checkpoint;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Copies a fixture's model files (not the goldens) into a fresh temporary directory.
+fn copy_fixture(name: &str) -> tempfile::TempDir {
+    let dst = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(common::fixture_of("deepseek_v3", name)).unwrap() {
+        let p = e.unwrap().path();
+        let file = p.file_name().unwrap().to_str().unwrap().to_string();
+        if !file.starts_with("golden") && p.is_file() {
+            std::fs::copy(&p, dst.path().join(file)).unwrap();
+        }
+    }
+    dst
+}
+
+fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let p = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
+}
+
+/// Replaces `from` by `to` (same length, so every offset stays valid) in the safetensors header
+/// of every shard and in the index: renames a tensor or rewrites its shape in place.
+fn edit_headers(dir: &Path, from: &str, to: &str) {
+    assert_eq!(from.len(), to.len(), "an in-place edit keeps the header length");
+    let mut hits = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_str().unwrap().to_string();
+        if name.ends_with(".safetensors") {
+            let mut b = std::fs::read(&p).unwrap();
+            let n = usize::try_from(u64::from_le_bytes(b[..8].try_into().unwrap())).unwrap();
+            let h = String::from_utf8(b[8..8 + n].to_vec()).unwrap();
+            if h.contains(from) {
+                hits += 1;
+                b[8..8 + n].copy_from_slice(h.replace(from, to).as_bytes());
+                std::fs::write(&p, b).unwrap();
+            }
+        } else if name == "model.safetensors.index.json" {
+            let s = std::fs::read_to_string(&p).unwrap();
+            std::fs::write(&p, s.replace(from, to)).unwrap();
+        }
+    }
+    assert_eq!(hits, 1, "{from} must occur in exactly one shard header");
+}
+
+fn load(dir: &Path) -> Result<sluice_models::Model, String> {
+    let c = Checkpoint::open(dir).map_err(|e| e.to_string())?;
+    sluice_models::load(Arc::new(c)).map_err(|e| e.to_string())
+}
+
+const SCALE: &str = "model.layers.0.self_attn.q_a_proj.weight_scale_inv";
+
+#[test]
+fn an_fp8_scale_whose_shape_contradicts_its_weight_is_refused_by_name() {
+    // q_a_proj is [96, 200]: its blocks are [1, 2]; [2, 1] has the same bytes and is wrong.
+    let d = copy_fixture("tiny-a");
+    edit_headers(
+        d.path(),
+        &format!("\"{SCALE}\":{{\"dtype\":\"F32\",\"shape\":[1,2]"),
+        &format!("\"{SCALE}\":{{\"dtype\":\"F32\",\"shape\":[2,1]"),
+    );
+    let e = load(d.path()).expect_err("must not load");
+    assert!(e.starts_with("deepseek_v3 checkpoint:"), "{e}");
+    assert!(e.contains(SCALE) && e.contains("[1, 2]") && e.contains("model-0000"), "{e}");
+}
+
+#[test]
+fn an_fp8_weight_without_its_scales_is_refused_by_name() {
+    let d = copy_fixture("tiny-a");
+    edit_headers(d.path(), &format!("\"{SCALE}\""), &format!("\"{}x\"", &SCALE[..SCALE.len() - 1]));
+    let e = load(d.path()).expect_err("must not load");
+    assert!(e.starts_with("deepseek_v3 checkpoint:") && e.contains(SCALE), "{e}");
+}
+
+#[test]
+fn int4_scales_that_contradict_the_packed_weight_are_refused_by_name() {
+    // Expert gate_proj is [64, 96]: scales [64, 3]; [96, 2] holds the same bytes.
+    let t = "model.layers.2.mlp.experts.0.gate_proj.weight_scale";
+    let d = copy_fixture("tiny-b");
+    edit_headers(
+        d.path(),
+        &format!("\"{t}\":{{\"dtype\":\"BF16\",\"shape\":[64,3]"),
+        &format!("\"{t}\":{{\"dtype\":\"BF16\",\"shape\":[96,2]"),
+    );
+    let e = load(d.path()).expect_err("must not load");
+    assert!(e.starts_with("kimi_k2 checkpoint:") && e.contains(t) && e.contains("[64, 3]"), "{e}");
+}
+
+#[test]
+fn an_expert_width_that_contradicts_int4_weights_is_refused_by_name() {
+    let d = copy_fixture("tiny-b");
+    edit_config(d.path(), |v| v["moe_intermediate_size"] = 96.into());
+    let e = load(d.path()).expect_err("must not load");
+    assert!(e.starts_with("kimi_k2 checkpoint:"), "{e}");
+    assert!(e.contains("model.layers.1.mlp.experts.0.gate_proj.weight_packed"), "{e}");
+}
+
+#[test]
+fn an_expert_count_that_contradicts_the_tensors_is_refused_by_name() {
+    let d = copy_fixture("tiny-a");
+    edit_config(d.path(), |v| v["n_routed_experts"] = 20.into());
+    let e = load(d.path()).expect_err("must not load");
+    assert!(e.contains("deepseek_v3") && e.contains("n_routed_experts = 20"), "{e}");
+    assert!(e.contains("model.layers.1.mlp.experts.16.gate_proj"), "{e}");
+    let d = copy_fixture("tiny-b");
+    edit_config(d.path(), |v| v["n_routed_experts"] = 6.into());
+    let e = load(d.path()).expect_err("must not load");
+    assert!(e.contains("kimi_k2") && e.contains("expert 6 of model.layers.1 exists"), "{e}");
+}
+
+#[test]
+fn a_dense_layer_made_sparse_has_no_experts() {
+    let d = copy_fixture("tiny-b");
+    edit_config(d.path(), |v| v["first_k_dense_replace"] = 0.into());
+    let e = load(d.path()).expect_err("must not load");
+    assert!(e.contains("expert 0 of model.layers.0 is missing"), "{e}");
+}
