@@ -18,11 +18,13 @@ use crate::run_output::{self, Sink};
 use crate::values;
 use anyhow::{bail, Context, Result};
 use clap::{ArgGroup, Args};
+use sluice_engine::route_trace::{RouteTap, RouteTraceWriter};
 use sluice_engine::{
     generate, Drafter, GenerateOptions, ModelDrafter, NgramDrafter, OnToken, Sampling,
 };
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// The least context `run` plans for when `--context` is not given.
 const DEFAULT_CONTEXT: usize = 4096;
@@ -71,6 +73,10 @@ pub struct RunArgs {
     /// the --memory budget after the rest of the plan; a chunk that does not fit is refused.
     #[arg(long, value_parser = values::count, allow_negative_numbers = true, default_value_t = 0)]
     prefill_chunk: usize,
+    /// Write every pass's routing (per MoE layer, per row: expert ids and weights) to FILE as
+    /// JSON lines (docs/FORMATS.md), for the cache-policy replay in docs/PERFORMANCE.md.
+    #[arg(long, value_name = "FILE")]
+    trace_routes: Option<PathBuf>,
     #[command(flatten)]
     load: LoadArgs,
 }
@@ -132,6 +138,16 @@ pub fn run(a: &RunArgs) -> Result<()> {
         target.tokenizer("--draft DIR needs them to re-encode draft text")?;
     }
 
+    // Created before the load, so a path that cannot be written costs nothing.
+    let tap = a
+        .trace_routes
+        .as_deref()
+        .map(|p| {
+            let model = target.read_dir.display().to_string();
+            RouteTraceWriter::create(p, &model, prompt_ids.len())
+                .map(|w| RouteTap(Arc::new(Mutex::new(w))))
+        })
+        .transpose()?;
     let mut opened = target.load(load_opts, &a.draft)?;
     let draft_model = opened.draft_model.take();
     let model = &opened.loaded.model;
@@ -159,6 +175,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         fixed_width: false,
         interrupt: Some(interrupt::arm()),
         on_prefill: Some(prefill_progress::hook()),
+        route_tap: tap.clone(),
     };
     eprintln!("sluice: generating (Ctrl-C stops after the current pass and keeps the output)");
     let mut sink = (!a.json).then(|| Sink::stdout(target.fmt.as_ref()));
@@ -169,6 +186,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
     // Whatever was streamed is ended with its line, even when the generation failed.
     let write_error = sink.map(Sink::finish).and_then(Result::err);
     let out = out?;
+    drop(opts);
+    if let Some(tap) = tap {
+        finish_trace(tap, a.trace_routes.as_deref())?;
+    }
     if let Some(e) = model_drafter.as_ref().and_then(ModelDrafter::error) {
         eprintln!("sluice: warning: the draft model failed and drafting stopped: {e}");
     }
@@ -198,6 +219,18 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if let Some(sig) = interrupt::received() {
         std::process::exit(interrupt::exit_code(sig));
     }
+    Ok(())
+}
+
+/// Renames the finished route trace into place (also after Ctrl-C: the passes run so far).
+fn finish_trace(tap: RouteTap, path: Option<&Path>) -> Result<()> {
+    let shown = path.map(|p| p.display().to_string()).unwrap_or_default();
+    let writer = Arc::try_unwrap(tap.0)
+        .map_err(|_| anyhow::anyhow!("the route trace {shown} is still in use"))?
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("the route trace {shown} was poisoned by a panic"))?;
+    let passes = writer.finish()?;
+    eprintln!("sluice: route trace: {passes} passes written to {shown}");
     Ok(())
 }
 
