@@ -30,6 +30,11 @@ pub struct RunRecord {
 pub const METRICS: &[(&str, &str)] = &[
     ("wall_s", "process wall s"),
     ("load_s", "load s"),
+    ("ttft_s", "time to first token s (prefill)"),
+    ("s_per_token", "decode s/token"),
+    ("acceptance", "draft acceptance"),
+    ("read_bytes_per_token", "expert bytes read/token (decode)"),
+    ("process_read_bytes", "bytes the process read"),
     ("prefill_s", "prefill s"),
     ("prefill_bound_s", "prefill bound s"),
     ("prefill_ratio", "prefill / bound"),
@@ -105,7 +110,7 @@ pub fn derive(r: &RunRecord, gbps: f64) -> Value {
     let expert_read = f(st, "expert_bytes_read");
     let process_read = f(st, "process_read_bytes");
     let wait = f(st, "decode_io_wait_s");
-    json!({
+    let mut v = json!({
         "config": r.config,
         "run": r.run,
         "tokens_match": r.tokens_match,
@@ -147,7 +152,18 @@ pub fn derive(r: &RunRecord, gbps: f64) -> Value {
         "cache_slots": r.output["plan"]["slots"],
         "prefill_layers": st["prefill_layers"],
         "decode_layers": st["decode_layers"],
-    })
+    });
+    // The workload figures (added after: more keys in one macro exceed its recursion limit).
+    for (k, x) in [
+        ("ttft_s", st["prefill_s"].clone()),
+        ("s_per_token", st["s_per_token"].clone()),
+        ("acceptance", st["acceptance"].clone()),
+        ("read_bytes_per_token", st["expert_bytes_read_per_token"].clone()),
+        ("process_read_bytes", json!((process_read > 0.0).then_some(process_read))),
+    ] {
+        v[k] = x;
+    }
+    v
 }
 
 /// Median (mean of the middle two for an even count), min and max.

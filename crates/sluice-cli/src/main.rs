@@ -19,6 +19,7 @@ mod serve;
 mod synth;
 mod values;
 mod verify;
+mod workload;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

@@ -69,6 +69,10 @@ pub struct RunArgs {
     /// Most draft tokens verified per pass.
     #[arg(long, value_parser = values::count, allow_negative_numbers = true, default_value_t = 8)]
     draft_max: usize,
+    /// Verify exactly --draft-max drafts every pass instead of letting the width policy choose
+    /// (for comparing the policy with fixed widths).
+    #[arg(long)]
+    draft_fixed: bool,
     /// Prompt tokens per prefill pass. 0 (auto): the largest chunk whose working memory fits
     /// the --memory budget after the rest of the plan; a chunk that does not fit is refused.
     #[arg(long, value_parser = values::count, allow_negative_numbers = true, default_value_t = 0)]
@@ -144,7 +148,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         .as_deref()
         .map(|p| {
             let model = target.read_dir.display().to_string();
-            RouteTraceWriter::create(p, &model, prompt_ids.len())
+            RouteTraceWriter::create(p, &model, prompt_ids.len(), experts_per_layer(&target))
                 .map(|w| RouteTap(Arc::new(Mutex::new(w))))
         })
         .transpose()?;
@@ -172,7 +176,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
             .plan
             .as_ref()
             .map_or(a.prefill_chunk, |p| usize::try_from(p.chunk).unwrap_or(usize::MAX)),
-        fixed_width: false,
+        fixed_width: a.draft_fixed,
         interrupt: Some(interrupt::arm()),
         on_prefill: Some(prefill_progress::hook()),
         route_tap: tap.clone(),
@@ -220,6 +224,18 @@ pub fn run(a: &RunArgs) -> Result<()> {
         std::process::exit(interrupt::exit_code(sig));
     }
     Ok(())
+}
+
+/// Routed experts per MoE layer as config.json names them (K3/Qwen3-MoE `num_experts`,
+/// GPT-OSS `num_local_experts`), 0 when it does not say.
+fn experts_per_layer(target: &Target) -> usize {
+    let Ok(cfg) = sluice_checkpoint::CheckpointConfig::load(&target.read_dir) else { return 0 };
+    let tc = cfg.text_config();
+    ["num_experts", "n_routed_experts", "num_local_experts"]
+        .iter()
+        .find_map(|k| tc.get(*k).and_then(serde_json::Value::as_u64))
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(0)
 }
 
 /// Renames the finished route trace into place (also after Ctrl-C: the passes run so far).

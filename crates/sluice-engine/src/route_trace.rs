@@ -58,6 +58,8 @@ pub struct TraceHeader {
     pub model: String,
     /// Prompt tokens of the run.
     pub prompt_tokens: usize,
+    /// Routed experts per MoE layer (from config.json; 0 when it does not say).
+    pub experts_per_layer: usize,
 }
 
 /// One MoE layer's routing in a pass.
@@ -123,7 +125,12 @@ pub struct RouteTraceWriter {
 
 impl RouteTraceWriter {
     /// Creates `path`'s temporary file and writes the header.
-    pub fn create(path: &Path, model: &str, prompt_tokens: usize) -> Result<Self, RouteTraceError> {
+    pub fn create(
+        path: &Path,
+        model: &str,
+        prompt_tokens: usize,
+        experts_per_layer: usize,
+    ) -> Result<Self, RouteTraceError> {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
         let io = |source| RouteTraceError::Io { path: path.to_path_buf(), source };
@@ -140,6 +147,7 @@ impl RouteTraceWriter {
             version: VERSION,
             model: model.into(),
             prompt_tokens,
+            experts_per_layer,
         };
         w.line(&header);
         match w.error.take() {
