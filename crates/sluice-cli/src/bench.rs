@@ -345,25 +345,26 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let summary = summarize(&configs, &derived);
     if a.json {
         let mut v = json!({
-                "model": model.display().to_string(),
-                "runs_per_config": a.runs,
-                "cold": a.cold,
-                "cache_drop": drop_method,
-                "cgroup_limit_bytes": a.cgroup_limit.as_deref().map(parse_size).transpose().map_err(anyhow::Error::msg)?,
-                "configs": configs.iter().map(|c| json!({"name": c.name, "args": c.args})).collect::<Vec<_>>(),
-                "probe_before": before,
-                "probe_after": after,
-                "storage_gbps": gbps,
-                "oracle": oracle,
-                "oracle_source": oracle_source,
-                "mismatches": mismatches,
-                "runs": derived,
-                "raw": records.iter().map(|r| &r.output).collect::<Vec<_>>(),
-                "summary": summary,
-            });
+            "model": model.display().to_string(),
+            "runs_per_config": a.runs,
+            "cold": a.cold,
+            "cache_drop": drop_method,
+            "cgroup_limit_bytes": a.cgroup_limit.as_deref().map(parse_size).transpose().map_err(anyhow::Error::msg)?,
+            "configs": configs.iter().map(|c| json!({"name": c.name, "args": c.args})).collect::<Vec<_>>(),
+            "probe_before": before,
+            "probe_after": after,
+            "storage_gbps": gbps,
+            "oracle": oracle,
+            "oracle_source": oracle_source,
+            "mismatches": mismatches,
+            "runs": derived,
+            "raw": records.iter().map(|r| &r.output).collect::<Vec<_>>(),
+            "summary": summary,
+        });
         // Added after: one more key in the macro above exceeds its recursion limit.
-        v["workload"] =
-            json!(workload.as_ref().map(|w| json!({"name": w.name, "about": w.about, "source": w.source})));
+        v["workload"] = json!(workload
+            .as_ref()
+            .map(|w| json!({"name": w.name, "about": w.about, "source": w.source})));
         println!("{v}");
     } else {
         println!(

@@ -77,7 +77,10 @@ fn parse(text: &str) -> Result<Workload> {
         bail!("unknown key {k:?} (known: {})", KEYS.join(", "));
     }
     let string = |k: &str| -> Result<String> {
-        obj.get(k).and_then(Value::as_str).map(String::from).with_context(|| format!("{k:?} must be a string"))
+        obj.get(k)
+            .and_then(Value::as_str)
+            .map(String::from)
+            .with_context(|| format!("{k:?} must be a string"))
     };
     let max_new = obj
         .get("max_new")

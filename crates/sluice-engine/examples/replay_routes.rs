@@ -32,10 +32,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     for f in files {
         let (header, passes) = route_trace::read(Path::new(f))?;
-        let layers: Vec<usize> = passes
-            .first()
-            .map(|p| p.layers.iter().map(|l| l.layer).collect())
-            .unwrap_or_default();
+        let layers: Vec<usize> =
+            passes.first().map(|p| p.layers.iter().map(|l| l.layer).collect()).unwrap_or_default();
         let per_layer = if header.experts_per_layer > 0 {
             header.experts_per_layer
         } else {
@@ -74,8 +72,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Hit rates of one policy at one size: whole run, decode passes only, per layer (whole run).
-fn replay(passes: &[TracePass], per_row: bool, kind: PolicyKind, slots: usize) -> serde_json::Value {
+/// Hit rates of one policy at one size: whole run, prefill and decode passes apart, per layer
+/// (whole run). With `--per-row` the prefill's rows are replayed one at a time, which is how a
+/// cache would see the prompt's real text decoded position by position.
+fn replay(
+    passes: &[TracePass],
+    per_row: bool,
+    kind: PolicyKind,
+    slots: usize,
+) -> serde_json::Value {
     let mut keys = Vec::new();
     let mut decode = Vec::new();
     for p in passes {
@@ -84,14 +89,13 @@ fn replay(passes: &[TracePass], per_row: bool, kind: PolicyKind, slots: usize) -
         keys.extend(k);
     }
     let mut by_layer: BTreeMap<u64, [u64; 2]> = BTreeMap::new();
-    let mut dec = [0u64; 2];
+    // [prefill, decode] × [misses, hits].
+    let mut phase = [[0u64; 2]; 2];
     let mut i = 0usize;
     let all = simulate_each(kind, slots, keys.iter().copied(), |k, hit| {
         let e = by_layer.entry(k >> 32).or_default();
         e[usize::from(hit)] += 1;
-        if decode[i] {
-            dec[usize::from(hit)] += 1;
-        }
+        phase[usize::from(decode[i])][usize::from(hit)] += 1;
         i += 1;
     });
     let rate = |c: [u64; 2]| {
@@ -105,7 +109,8 @@ fn replay(passes: &[TracePass], per_row: bool, kind: PolicyKind, slots: usize) -
     };
     json!({
         "hit_rate": all.hit_rate(),
-        "decode_hit_rate": rate(dec),
+        "prefill_hit_rate": rate(phase[0]),
+        "decode_hit_rate": rate(phase[1]),
         "per_layer": by_layer.iter().map(|(l, c)| json!({"layer": l, "hit_rate": rate(*c)})).collect::<Vec<_>>(),
     })
 }

@@ -247,7 +247,12 @@ pub fn read(path: &Path) -> Result<(TraceHeader, Vec<TracePass>), RouteTraceErro
             if lr.ids.len() != p.rows || lr.weights.len() != p.rows {
                 return Err(bad(
                     i + 2,
-                    format!("layer {} has {} rows of ids for a pass of {}", lr.layer, lr.ids.len(), p.rows),
+                    format!(
+                        "layer {} has {} rows of ids for a pass of {}",
+                        lr.layer,
+                        lr.ids.len(),
+                        p.rows
+                    ),
                 ));
             }
         }
@@ -263,12 +268,13 @@ pub fn store_keys(passes: &[TracePass], per_row: bool) -> Vec<Key> {
     let mut out = Vec::new();
     let mut union: Vec<u32> = Vec::new();
     for p in passes {
-        let groups: Vec<std::ops::Range<usize>> =
-            if per_row { (0..p.rows).map(|r| r..r + 1).collect() } else { vec![0..p.rows] };
-        for g in groups {
+        // Row groups as (first, end): every row alone, or the whole pass.
+        let groups: Vec<(usize, usize)> =
+            if per_row { (0..p.rows).map(|r| (r, r + 1)).collect() } else { vec![(0, p.rows)] };
+        for (a, b) in groups {
             for lr in &p.layers {
                 union.clear();
-                for row in &lr.ids[g.clone()] {
+                for row in &lr.ids[a..b] {
                     union.extend_from_slice(row);
                 }
                 union.sort_unstable();
