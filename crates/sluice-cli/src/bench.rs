@@ -49,6 +49,11 @@ pub struct BenchArgs {
     /// Drop the model's cached pages before every run.
     #[arg(long)]
     cold: bool,
+    /// Let the runs read and write the model's hot set (warm starts): each run then starts
+    /// with the experts the runs before it used most. Default: every run starts with an empty
+    /// cache (`--no-warm-start` is passed to each run).
+    #[arg(long)]
+    warm_start: bool,
     /// With --cold: only drop the model's files' pages (`posix_fadvise`; `msync` on macOS),
     /// never the whole page cache (/proc/sys/vm/drop_caches).
     #[arg(long)]
@@ -238,6 +243,11 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         base.extend(["--context".into(), (n + max_new).max(4096).to_string()]);
     }
     base.extend(prompt_args);
+    if !a.warm_start {
+        // Runs must not warm each other through the hot set, or the first run of a
+        // configuration would be measured against later ones that started warm.
+        base.push("--no-warm-start".into());
+    }
     if let Some(m) = &a.memory {
         parse_size(m).map_err(anyhow::Error::msg)?;
         base.extend(["--memory".into(), m.clone()]);

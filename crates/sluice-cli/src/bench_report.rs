@@ -34,7 +34,7 @@ pub const METRICS: &[(&str, &str)] = &[
     ("s_per_token", "decode s/token"),
     ("acceptance", "draft acceptance"),
     ("read_bytes_per_token", "expert bytes read/token (decode)"),
-    ("process_read_bytes", "bytes the process read"),
+    ("written_bytes_per_token", "process bytes written/token"),
     ("prefill_s", "prefill s"),
     ("prefill_bound_s", "prefill bound s"),
     ("prefill_ratio", "prefill / bound"),
@@ -57,6 +57,15 @@ pub const METRICS: &[(&str, &str)] = &[
     ("decode_compute_s_per_pass", "decode other s/pass"),
     ("s_per_pass_per_moe_layer", "decode s/pass per MoE layer"),
     ("peak_rss_bytes", "peak RSS bytes"),
+    ("process_read_bytes", "process bytes read (storage)"),
+    ("process_written_bytes", "process bytes written (storage)"),
+    ("expert_cache_written_bytes", "expert disk cache bytes written"),
+    ("state_written_bytes", "state file bytes written"),
+    ("swap_in_bytes", "swap-in bytes (system-wide)"),
+    ("swap_out_bytes", "swap-out bytes (system-wide)"),
+    ("major_faults", "major page faults"),
+    ("disk_written_bytes", "model disk bytes written (all)"),
+    ("model_page_cache_fraction", "model files in page cache"),
 ];
 
 fn f(v: &Value, k: &str) -> f64 {
@@ -110,7 +119,7 @@ pub fn derive(r: &RunRecord, gbps: f64) -> Value {
     let expert_read = f(st, "expert_bytes_read");
     let process_read = f(st, "process_read_bytes");
     let wait = f(st, "decode_io_wait_s");
-    let mut v = json!({
+    let mut d = json!({
         "config": r.config,
         "run": r.run,
         "tokens_match": r.tokens_match,
@@ -159,11 +168,35 @@ pub fn derive(r: &RunRecord, gbps: f64) -> Value {
         ("s_per_token", st["s_per_token"].clone()),
         ("acceptance", st["acceptance"].clone()),
         ("read_bytes_per_token", st["expert_bytes_read_per_token"].clone()),
-        ("process_read_bytes", json!((process_read > 0.0).then_some(process_read))),
     ] {
-        v[k] = x;
+        d[k] = x;
     }
-    v
+    // Machine telemetry (null where the OS did not say: summaries skip it, never zero).
+    let m = &r.output["machine"];
+    for k in [
+        "process_read_bytes",
+        "process_written_bytes",
+        "expert_cache_written_bytes",
+        "state_written_bytes",
+        "swap_in_bytes",
+        "swap_out_bytes",
+        "major_faults",
+    ] {
+        d[k] = m[k].clone();
+    }
+    d["disk_written_bytes"] = json!(m["disk_written_after_bytes"]
+        .as_u64()
+        .zip(m["disk_written_before_bytes"].as_u64())
+        .map(|(a, b)| a.saturating_sub(b)));
+    d["model_page_cache_fraction"] = m["model_page_cache"]["fraction"].clone();
+    // Bytes the process wrote per generated token (the workload suite's figure; absent when
+    // the OS did not say).
+    #[allow(clippy::cast_precision_loss)]
+    let per_token = m["process_written_bytes"]
+        .as_u64()
+        .and_then(|w| st["generated_tokens"].as_u64().filter(|&n| n > 0).map(|n| w as f64 / n as f64));
+    d["written_bytes_per_token"] = json!(per_token);
+    d
 }
 
 /// Median (mean of the middle two for an even count), min and max.
@@ -268,6 +301,9 @@ mod tests {
         assert_eq!(d["decode_compute_s_per_pass"], 0.75);
         let s = summarize(&[Config { name: "a".into(), args: vec![] }], &[d]);
         assert_eq!(s[0]["metrics"]["decode_ratio"]["median"], 2.0);
+        // A run without machine figures (the OS refused them) summarizes none, not zeros.
+        assert!(s[0]["metrics"].get("swap_out_bytes").is_none(), "{s}");
+        assert!(s[0]["metrics"].get("disk_written_bytes").is_none(), "{s}");
 
         // Reads that got 4 GB/s while the disk was busy beat the 2 GB/s probe: the bound uses
         // the faster figure (the ratio never flatters a disk that did better than its probe);
@@ -288,5 +324,13 @@ mod tests {
         assert_eq!(d["decode_needed_bytes_per_pass"], 0.5e9);
         assert_eq!(d["decode_ratio"], 2.0, "every byte read, against the probe");
         assert_eq!(d["decode_busy_ratio"], 8.0, "needed bytes only, at the reads' 4 GB/s");
+
+        // Machine figures pass through; the disk's writes are the counter's difference.
+        r.output["machine"] = json!({"swap_out_bytes": 0, "disk_written_before_bytes": 100,
+            "disk_written_after_bytes": 4196, "model_page_cache": {"fraction": 0.25}});
+        let d = derive(&r, 2.0);
+        assert_eq!(d["swap_out_bytes"], 0, "a measured zero stays a zero");
+        assert_eq!(d["disk_written_bytes"], 4096);
+        assert_eq!(d["model_page_cache_fraction"], 0.25);
     }
 }

@@ -1,8 +1,11 @@
 //! `sluice doctor [DIR] [--deep] [--json]`: a read-only, network-free health check of an
 //! install (files, sizes, hashes with `--deep`, mode, pinned revision, expert cache) or of a
 //! plain checkpoint directory (checked as `sluice run` checks it at load), the
-//! kernels' self-test on this CPU, and free disk, ending in a verdict and, for each problem,
-//! what to do. Exits 1 when something is wrong.
+//! kernels' self-test on this CPU, and the storage the model lives on (free space, uncached
+//! read and write bandwidth of its disk, swap on it: [`sluice_store::storage_check`]), ending
+//! in a verdict and, for each problem, what to do. Exits 1 when something is wrong. The write
+//! test is the one thing doctor writes: a temporary file in the model directory (at most
+//! 256 MiB or 2 s, then fsync), removed after; `--no-bandwidth` skips both bandwidth tests.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -10,7 +13,9 @@ use serde_json::json;
 use sluice_hub::doctor::check_install;
 use sluice_hub::{bytes, FreeSpace, StatvfsFreeSpace};
 use sluice_kernels::selftest::self_test;
-use std::path::PathBuf;
+use sluice_store::storage_check::{self, Bandwidth, StorageReport};
+use sluice_store::telemetry::model_files;
+use std::path::{Path, PathBuf};
 
 /// Flags of `sluice doctor`.
 #[derive(Debug, Args)]
@@ -23,6 +28,9 @@ pub struct DoctorArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Skip the storage read and write bandwidth tests (free space and swap are still checked).
+    #[arg(long)]
+    no_bandwidth: bool,
 }
 
 /// Runs the command; `Ok(false)` when problems were found.
@@ -36,6 +44,7 @@ pub fn run(a: &DoctorArgs) -> Result<bool> {
     let kernels = self_test();
     let isa = sluice_kernels::isa();
     let free = StatvfsFreeSpace.free_bytes(&dir).ok();
+    let storage = storage(&dir, a.no_bandwidth);
     let mut problems: Vec<(String, String, String)> = Vec::new();
     match &health {
         Some(h) => {
@@ -76,6 +85,7 @@ pub fn run(a: &DoctorArgs) -> Result<bool> {
                 })).collect::<Vec<_>>(),
             },
             "free_bytes": free,
+            "storage": storage,
             "healthy": problems.is_empty(),
             "problems": problems.iter().map(|(file, what, fix)| json!({"file": file, "what": what, "fix": fix})).collect::<Vec<_>>(),
         });
@@ -121,6 +131,7 @@ pub fn run(a: &DoctorArgs) -> Result<bool> {
     if let Some(f) = free {
         println!("free disk   {} on {}", bytes(f), dir.display());
     }
+    print_storage(&storage);
     if problems.is_empty() {
         println!("verdict     healthy");
     } else {
@@ -130,6 +141,55 @@ pub fn run(a: &DoctorArgs) -> Result<bool> {
         }
     }
     Ok(problems.is_empty())
+}
+
+/// The storage section; without bandwidth tests when `skip` is set.
+fn storage(dir: &Path, skip: bool) -> StorageReport {
+    let files = model_files(dir);
+    if skip {
+        let mut r = storage_check::check_space_and_swap(dir);
+        r.read = Err("skipped (--no-bandwidth)".into());
+        r.write = Err("skipped (--no-bandwidth)".into());
+        return r;
+    }
+    storage_check::check(dir, &files)
+}
+
+fn print_storage(s: &StorageReport) {
+    let bw = |b: &Result<Bandwidth, String>| match b {
+        Ok(b) => format!(
+            "{:.2} GB/s ({} in {:.2}s{})",
+            b.gbps,
+            bytes(b.bytes),
+            b.secs,
+            if b.direct { ", uncached" } else { ", through the page cache" }
+        ),
+        Err(e) => format!("n/a: {e}"),
+    };
+    let space = match (s.free_bytes, s.total_bytes) {
+        (Some(f), Some(t)) => format!("{} free of {}", bytes(f), bytes(t)),
+        _ => "free space n/a".into(),
+    };
+    println!("storage     disk {}, {space}", s.disk.as_deref().unwrap_or("n/a"));
+    println!("  read      {}", bw(&s.read));
+    println!("  write     {}", bw(&s.write));
+    match &s.swap {
+        Some(a) if a.is_empty() => println!("  swap      none"),
+        Some(a) => {
+            for e in a {
+                println!(
+                    "  swap      {} ({}, disk {})",
+                    e.path.display(),
+                    bytes(e.bytes),
+                    e.disk.as_deref().unwrap_or("n/a")
+                );
+            }
+        }
+        None => println!("  swap      n/a"),
+    }
+    for w in &s.warnings {
+        println!("  warning   {w}");
+    }
 }
 
 /// Checks a plain checkpoint directory as `sluice run` would at load.

@@ -70,6 +70,10 @@ pub struct LoadArgs {
     /// Use the page cache for expert reads instead of O_DIRECT.
     #[arg(long)]
     pub(crate) buffered_io: bool,
+    /// Neither read the saved hot set into the expert cache at start nor save it at exit
+    /// (warm starts; see docs/CLI.md).
+    #[arg(long)]
+    pub(crate) no_warm_start: bool,
     /// Exactly this many expert-cache slots (for tests and benchmarks).
     #[arg(long, value_parser = values::positive, allow_negative_numbers = true)]
     pub(crate) cache_slots: Option<usize>,

@@ -19,6 +19,7 @@ mod serve;
 mod synth;
 mod values;
 mod verify;
+mod warm_start;
 mod workload;
 
 use anyhow::Result;

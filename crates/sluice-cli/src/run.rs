@@ -16,12 +16,14 @@ use crate::open::{self, DraftArg, Target};
 use crate::prefill_progress;
 use crate::run_output::{self, Sink};
 use crate::values;
+use crate::warm_start;
 use anyhow::{bail, Context, Result};
 use clap::{ArgGroup, Args};
 use sluice_engine::route_trace::{RouteTap, RouteTraceWriter};
 use sluice_engine::{
     generate, Drafter, GenerateOptions, ModelDrafter, NgramDrafter, OnToken, Sampling,
 };
+use sluice_store::telemetry::{model_files, Sample, Telemetry};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -108,6 +110,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
         check_writable(p)?;
     }
     let target = Target::find(a.model.as_deref(), a.load.spine(), "using")?;
+    // Loading counts: it reads the spine and maps the shards.
+    let machine0 = Sample::now(Some(&target.read_dir));
     let prompt_ids = prompt_ids(a, &target)?;
     let needed = prompt_ids.len() + a.max_new;
     // Without --context the state is planned for what this run can use (at least
@@ -153,6 +157,11 @@ pub fn run(a: &RunArgs) -> Result<()> {
         })
         .transpose()?;
     let mut opened = target.load(load_opts, &a.draft)?;
+    let warm = warm_start::begin(
+        &target.read_dir,
+        opened.loaded.streaming.as_ref(),
+        !a.load.no_warm_start,
+    );
     let draft_model = opened.draft_model.take();
     let model = &opened.loaded.model;
     let stop_ids: Vec<u32> = target.fmt.as_ref().map(|f| f.stop_ids().to_vec()).unwrap_or_default();
@@ -207,13 +216,18 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if let Some(p) = &a.dump_logits {
         npy::write_f32_2d(p, &out.logits, model.vocab_size())?;
     }
+    if let Some(w) = &warm {
+        w.save();
+    }
+    let mut machine = Telemetry::since(&machine0).with_page_cache(&model_files(&target.read_dir));
+    machine.budget_bytes = opened.loaded.plan.as_ref().map(|p| p.budget);
     if a.json {
-        let v = run_output::json(&target, &opened, &prompt_ids, &out, a.chat)?;
+        let v = run_output::json(&target, &opened, &prompt_ids, &out, a.chat, &machine)?;
         // Not println!, which panics on a closed stdout.
         writeln!(std::io::stdout(), "{v}").context("writing the JSON to stdout")?;
     }
     if a.stats {
-        run_output::print_stats(&opened, &out);
+        run_output::print_stats(&opened, &out, &machine);
     }
     // A reader that stopped reading (`| head`) ended the run quietly, as it ends `cat`; any
     // other failure to write is an error.

@@ -12,6 +12,7 @@ use crate::open::{Opened, Target};
 use anyhow::Result;
 use serde_json::{json, Value};
 use sluice_engine::{layer_stats, Generation};
+use sluice_store::Telemetry;
 use sluice_tokenizer::{PromptFormat, StreamDecoder};
 use std::io::{StdoutLock, Write};
 
@@ -133,6 +134,7 @@ pub fn json(
     prompt_ids: &[u32],
     out: &Generation,
     chat: bool,
+    machine: &Telemetry,
 ) -> Result<Value> {
     let loaded = &opened.loaded;
     let text = target.fmt.as_ref().map(|f| text(f, &out.tokens));
@@ -156,6 +158,7 @@ pub fn json(
         "finish_reason": out.stats.finish_reason,
         "stats": serde_json::to_value(&out.stats)?,
         "load_s": opened.load_s,
+        "machine": machine,
         "remote": remote_stats(opened).map(serde_json::to_value).transpose()?,
     }))
 }
@@ -165,7 +168,7 @@ fn remote_stats(opened: &Opened) -> Option<sluice_store::RemoteStats> {
 }
 
 /// The `--stats` lines on stderr.
-pub fn print_stats(opened: &Opened, out: &Generation) {
+pub fn print_stats(opened: &Opened, out: &Generation, machine: &Telemetry) {
     let s = &out.stats;
     eprintln!(
         "stats: load {:.3}s, prompt {} tokens, prefill {:.3}s, generated {} tokens, {:.4} s/token, \
@@ -207,6 +210,7 @@ pub fn print_stats(opened: &Opened, out: &Generation) {
         s.peak_rss_bytes,
         s.finish_reason
     );
+    eprintln!("{machine}");
     if let Some(b) = opened.loaded.io_backend() {
         eprintln!("stats: expert reads through {b}");
     }

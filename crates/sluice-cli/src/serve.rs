@@ -7,6 +7,7 @@
 use crate::load_args::LoadArgs;
 use crate::open::{self, DraftArg, Target};
 use crate::values;
+use crate::warm_start;
 use anyhow::{bail, Result};
 use clap::Args;
 use sluice_engine::load;
@@ -15,6 +16,7 @@ use sluice_engine::{Drafter, ModelDrafter, NgramDrafter};
 use sluice_server::worker::EngineSettings;
 use sluice_server::ServerConfig;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default context when the checkpoint allows more (the planned sequence state grows with it).
@@ -108,6 +110,21 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         opened.loaded.plan.as_ref().map_or(0, |p| usize::try_from(p.chunk).unwrap_or(usize::MAX));
     // The budget charges (spine, state, conversation states) and the expert store live as long
     // as the server.
+    let plan_budget = opened.loaded.plan.as_ref().map(|p| p.budget);
+    let warm = warm_start::begin(
+        &target.read_dir,
+        opened.loaded.streaming.as_ref(),
+        !a.load.no_warm_start,
+    )
+    .map(Arc::new);
+    if let Some(w) = &warm {
+        // Saved every few minutes as well as at exit, so a crash or a kill loses little.
+        let w = Arc::clone(w);
+        let _ = std::thread::Builder::new().name("sluice-hotset".into()).spawn(move || loop {
+            std::thread::sleep(HOT_SET_PERIOD);
+            w.save();
+        });
+    }
     let load::Loaded { model, budget: _budget, charges: _charges, streaming: _streaming, .. } =
         opened.loaded;
     let drafter: Option<Box<dyn Drafter>> = match (opened.draft_model, &a.draft) {
@@ -148,6 +165,8 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             max_bytes: usize::try_from(a.session_memory).unwrap_or(usize::MAX),
             max_entries: if a.session_memory == 0 { 0 } else { a.max_sessions },
         },
+        model_dir: Some(target.read_dir.clone()),
+        budget: plan_budget,
     };
     if !is_loopback(&a.host) {
         eprintln!("sluice: listening on {} exposes the server beyond this machine", a.host);
@@ -158,8 +177,14 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             a.queue
         );
     })?;
+    if let Some(w) = &warm {
+        w.save();
+    }
     Ok(())
 }
+
+/// How often a running server saves its hot set.
+const HOT_SET_PERIOD: Duration = Duration::from_secs(300);
 
 fn is_loopback(host: &str) -> bool {
     host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())

@@ -17,6 +17,7 @@ pub mod chat_request;
 mod deadline;
 pub mod error;
 pub mod fields;
+pub mod machine_metrics;
 pub mod metrics;
 pub mod output;
 pub mod request;
@@ -68,6 +69,10 @@ pub struct ServerConfig {
     pub drafter: String,
     /// State reuse.
     pub session: SessionConfig,
+    /// The model's directory (its disk and shards are watched for `/metrics`), if on disk.
+    pub model_dir: Option<std::path::PathBuf>,
+    /// The `--memory` budget, reported beside peak RSS.
+    pub budget: Option<u64>,
 }
 
 /// Why the server could not start or stopped with an error.
@@ -107,6 +112,7 @@ pub fn serve(
 ) -> Result<(), ServerError> {
     sluice_tokenizer::k3_stop_id(&tok)?;
     let metrics = Arc::new(Metrics::default());
+    metrics.watch_machine(cfg.model_dir.as_deref(), cfg.budget);
     let sched = Scheduler::new(cfg.queue, Arc::clone(&metrics));
     let app = Arc::new(App {
         limits: Limits {

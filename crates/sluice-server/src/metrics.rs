@@ -8,7 +8,9 @@ use sluice_engine::turn::TurnStats;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use crate::machine_metrics::MachineWatch;
 
 /// Server-wide counters.
 #[derive(Debug, Default)]
@@ -34,6 +36,7 @@ pub struct Metrics {
     prefill_done: AtomicU64,
     prefill_total: AtomicU64,
     prefill_read: AtomicU64,
+    machine: OnceLock<MachineWatch>,
 }
 
 fn micros(s: f64) -> u64 {
@@ -101,6 +104,17 @@ impl Metrics {
         self.prefill_done.store(n(done), Ordering::Relaxed);
         self.prefill_total.store(n(total), Ordering::Relaxed);
         self.prefill_read.store(expert_bytes_read, Ordering::Relaxed);
+    }
+
+    /// Starts the machine-cost figures (see [`crate::machine_metrics`]) for a model in
+    /// `model_dir` run within `budget`; a second call changes nothing.
+    pub fn watch_machine(&self, model_dir: Option<&std::path::Path>, budget: Option<u64>) {
+        let _ = self.machine.set(MachineWatch::new(model_dir, budget));
+    }
+
+    /// The machine-cost figures, once [`Metrics::watch_machine`] started them.
+    pub fn machine(&self) -> Option<&MachineWatch> {
+        self.machine.get()
     }
 
     /// Prefill tokens saved by state reuse so far.
@@ -249,6 +263,9 @@ impl Metrics {
             "Bytes of stored conversation state.",
             get(&self.session_bytes).to_string(),
         );
+        if let Some(w) = self.machine.get() {
+            w.render(&mut out);
+        }
         out.push_str("# HELP sluice_requests_total HTTP requests by route and status.\n");
         out.push_str("# TYPE sluice_requests_total counter\n");
         let m = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
@@ -315,6 +332,29 @@ mod tests {
             "sluice_requests_total{route=\"/v1/chat/completions\",status=\"429\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        assert!(!text.contains("sluice_process_written_bytes_total"), "not watched yet");
+    }
+
+    #[test]
+    fn machine_figures_appear_once_watched_and_per_request() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("model.safetensors"), vec![0u8; 1 << 16]).expect("shard");
+        let m = Metrics::default();
+        m.watch_machine(Some(dir.path()), Some(1 << 30));
+        let start = MachineWatch::request_start();
+        sluice_store::telemetry::count_state_write(10);
+        m.machine().expect("watched").request_done(&start);
+        let text = m.render(0, false);
+        for name in [
+            "sluice_memory_budget_bytes 1073741824",
+            "sluice_process_written_bytes_total ",
+            "sluice_swap_out_bytes_total ",
+            "sluice_major_faults_total ",
+            "sluice_model_page_cache_ratio ",
+            "sluice_last_request_written_bytes ",
+        ] {
+            assert!(text.lines().any(|l| l.starts_with(name)), "missing {name:?} in\n{text}");
         }
     }
 }

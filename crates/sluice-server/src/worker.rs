@@ -6,6 +6,7 @@
 //! that a slow client never stalls the engine; it holds at most one event per generated token.
 //! A closed channel (the handler is gone) cancels the job at the next pass boundary.
 
+use crate::machine_metrics::MachineWatch;
 use crate::metrics::Metrics;
 use crate::output::{Delta, Output, OutputKind};
 use crate::scheduler::Scheduler;
@@ -229,6 +230,7 @@ impl Worker {
             }
             !out.stopped()
         };
+        let machine0 = MachineWatch::request_start();
         let drafter = self.drafter.as_mut().map(|d| &mut **d as &mut dyn Drafter);
         let turn = run_turn(
             &self.model,
@@ -263,6 +265,9 @@ impl Worker {
             self.metrics.cancelled();
         }
         self.metrics.record_turn(&turn.stats);
+        if let Some(w) = self.metrics.machine() {
+            w.request_done(&machine0);
+        }
         Event::Done(Box::new(Summary {
             finish_reason,
             generated_ids: turn.tokens,

@@ -20,6 +20,7 @@ pub mod arena;
 pub mod backend;
 pub mod cache;
 pub mod fault;
+pub mod hotset;
 pub mod index;
 pub mod io;
 pub mod mapped;
@@ -29,7 +30,9 @@ pub mod probe;
 pub mod reader;
 pub mod remote;
 pub mod spine;
+pub mod storage_check;
 pub mod streaming;
+pub mod telemetry;
 #[cfg(target_os = "linux")]
 pub mod uring;
 
@@ -48,6 +51,7 @@ pub use remote::{
 };
 pub use spine::{Placement, SpineIndex, SpineStats, SpineStore};
 pub use streaming::{LayerPrefetchStats, StreamingConfig, StreamingExperts};
+pub use telemetry::{Sample, Telemetry};
 
 /// One expert's three MXFP4 matrices as byte slices (packed nibbles and E8M0 scales).
 #[derive(Debug, Clone, Copy)]

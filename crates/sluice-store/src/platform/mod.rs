@@ -9,7 +9,9 @@
 //! - [`holes`]: giving a file range's blocks back (`fallocate(PUNCH_HOLE)` / `F_PUNCHHOLE`);
 //! - [`memory`]: physical memory, limits and pressure, the default budget, and a memory limit for
 //!   a child process (`sluice bench --cgroup-limit`);
-//! - [`counters`]: peak resident set, bytes read from storage, load average.
+//! - [`counters`]: peak resident set, bytes read from storage, load average;
+//! - [`machine`]: what a run costs the machine (bytes written, swap, major faults, page-cache
+//!   share, the disk's lifetime writes, swap areas, free space).
 //!
 //! Why here: `sluice-core` must not do I/O, and `sluice-store` is the lowest crate that does;
 //! everything that needs these calls (the store's readers and disk cache, the engine's plan and
@@ -23,6 +25,7 @@ pub mod advice;
 pub mod counters;
 pub mod direct;
 pub mod holes;
+pub mod machine;
 pub mod memory;
 pub mod ring;
 

@@ -11,6 +11,7 @@
 mod gate;
 mod guess;
 mod shared;
+mod warm;
 
 pub use gate::{LayerPrefetchStats, DEFAULT_MIN_PRECISION, GATE_WEIGHT};
 
@@ -139,6 +140,9 @@ impl StreamingExperts {
         let slots = cache.slots();
         let pool = Readers::start(config.backend, config.readers, reader)?;
         let layers = index.num_layers();
+        let uses = (0..layers)
+            .map(|l| (0..index.experts(l)).map(|_| AtomicU64::new(0)).collect())
+            .collect();
         let state = Locked {
             cache: CacheState::new(slots, config.policy),
             guesses: vec![Vec::new(); layers],
@@ -155,6 +159,7 @@ impl StreamingExperts {
             max_prefetch: config.max_prefetch_slots.unwrap_or(slots / 2).min(slots),
             min_precision: config.prefetch_min_precision,
             disk,
+            uses,
         });
         Ok(Self { shared, pool })
     }
@@ -332,6 +337,13 @@ impl StreamingExperts {
             ids.iter().find(|&&id| usize::try_from(id).map_or(true, |i| i >= experts))
         {
             return Err(StoreError::NoSuchExpert { layer, expert: bad, experts });
+        }
+        if let Some(u) = sh.uses.get(layer) {
+            for &id in ids {
+                if let Some(n) = usize::try_from(id).ok().and_then(|i| u.get(i)) {
+                    n.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
         let c = &sh.counters;
         let mut todo: VecDeque<u32> = ids.iter().copied().collect();

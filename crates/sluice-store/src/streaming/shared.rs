@@ -117,6 +117,9 @@ pub(super) struct Shared {
     /// The persistent expert cache of a stream install (experts not on local disk are
     /// fetched into it before they are read).
     pub(super) disk: Option<Arc<ExpertDiskCache>>,
+    /// Per layer and expert, how many passes demanded it (the hot set a warm start reads back,
+    /// [`crate::hotset`]).
+    pub(super) uses: Vec<Vec<AtomicU64>>,
 }
 
 impl Shared {
@@ -142,6 +145,7 @@ impl Shared {
             // already failed (kept for its waiters) or free.
             add(&self.counters.read_errors, u64::from(failed));
             add(&self.counters.bytes_read, bytes);
+            crate::telemetry::count_expert_read(bytes);
             if let Some(l) = st.layers.get_mut(layer) {
                 l.bytes_read += bytes;
             }

@@ -126,6 +126,7 @@ impl ExpertDiskCache {
         let io = |source| StoreError::Io { path: path.clone(), source };
         f.write_all_at(&buf, start).map_err(io)?;
         f.sync_data().map_err(io)?;
+        crate::telemetry::count_cache_write(len);
         drop_cached(f, start, len);
         let mut out = Vec::with_capacity(g.len());
         for &(_, off, l, id) in g {
