@@ -192,9 +192,9 @@ pub fn derive(r: &RunRecord, gbps: f64) -> Value {
     // Bytes the process wrote per generated token (the workload suite's figure; absent when
     // the OS did not say).
     #[allow(clippy::cast_precision_loss)]
-    let per_token = m["process_written_bytes"]
-        .as_u64()
-        .and_then(|w| st["generated_tokens"].as_u64().filter(|&n| n > 0).map(|n| w as f64 / n as f64));
+    let per_token = m["process_written_bytes"].as_u64().and_then(|w| {
+        st["generated_tokens"].as_u64().filter(|&n| n > 0).map(|n| w as f64 / n as f64)
+    });
     d["written_bytes_per_token"] = json!(per_token);
     d
 }
