@@ -6,7 +6,7 @@
 
 use sluice_checkpoint::Checkpoint;
 use sluice_engine::route_trace::{self, RouteTap, RouteTraceError, RouteTraceWriter};
-use sluice_engine::{generate, GenerateOptions, NgramDrafter};
+use sluice_engine::{generate, GenerateOptions, ScriptDrafter};
 use sluice_models::kimi_k3::Trace;
 use sluice_models::{LogitRows, Model};
 use sluice_store::policy::{simulate, PolicyKind};
@@ -23,7 +23,6 @@ fn a_traced_run_records_every_pass_and_the_routes_the_model_computes() {
     let m = model();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("routes.jsonl");
-    // A repetitive prompt, so the n-gram drafter proposes and some passes verify drafts.
     let prompt: Vec<u32> = [5u32, 9, 13, 5, 9, 13, 5, 9, 13, 5, 9].to_vec();
     let plain = generate(
         &m,
@@ -44,8 +43,9 @@ fn a_traced_run_records_every_pass_and_the_routes_the_model_computes() {
         route_tap: Some(tap.clone()),
         ..GenerateOptions::default()
     };
-    let mut ngram = NgramDrafter::default();
-    let traced = generate(&m, &mut m.new_state(), &prompt, &opts, Some(&mut ngram), None).unwrap();
+    // Drafts from the plain run's own tokens: every decode pass verifies several rows.
+    let mut script = ScriptDrafter { base: prompt.len() + 1, script: plain.tokens.clone() };
+    let traced = generate(&m, &mut m.new_state(), &prompt, &opts, Some(&mut script), None).unwrap();
     assert_eq!(traced.tokens, plain.tokens, "tracing changed the output");
     drop(opts);
     assert!(!path.exists(), "the trace appeared before it was finished");
