@@ -10,11 +10,14 @@
 //! machine (Linux only; the OS-specific calls are in `sluice_store::platform`).
 
 use crate::bench_report::{derive, print_summary, summarize, RunRecord};
+use crate::open::Target;
+use crate::workload;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Value};
 use sluice_checkpoint::{Checkpoint, CheckpointConfig};
 use sluice_engine::plan::parse_size;
+use sluice_engine::Spine;
 use sluice_store::platform::{advice, counters, direct, memory::ChildLimit};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -23,9 +26,18 @@ use std::time::Instant;
 /// Flags of `sluice bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Checkpoint directory.
+    /// Checkpoint directory; omit to use the built-in model (mini-K3).
     #[arg(long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
+    /// A workload of the suite (prose, code, long, chat, tools) or a JSON file of the same
+    /// shape (tools/workloads/): its prompt, rendered for the model, and its --max-new. Without
+    /// --config, runs two configurations: `plain` and `ngram` (--draft ngram).
+    #[arg(long, conflicts_with_all = ["prompt", "prompt_ids", "prompt_len"])]
+    workload: Option<String>,
+    /// Write the route trace (`sluice run --trace-routes`) of the first run of the first
+    /// configuration to FILE.
+    #[arg(long, value_name = "FILE")]
+    trace_routes: Option<PathBuf>,
     /// A configuration as NAME=ARGS, where ARGS are extra `sluice run` flags separated by
     /// spaces (e.g. `--config noprefetch=--no-prefetch`). Repeatable; default one configuration
     /// named `default` with no extra flags.
@@ -55,9 +67,9 @@ pub struct BenchArgs {
     /// A prompt of this many deterministic pseudo-random token ids (default 8).
     #[arg(long)]
     prompt_len: Option<usize>,
-    /// New tokens per run.
-    #[arg(long, default_value_t = 8)]
-    max_new: usize,
+    /// New tokens per run (default 8, or the workload's).
+    #[arg(long)]
+    max_new: Option<usize>,
     /// File with the expected generated ids (comma or whitespace separated); default: the
     /// first run's tokens are the oracle.
     #[arg(long)]
@@ -86,7 +98,13 @@ pub struct Config {
     pub args: Vec<String>,
 }
 
-fn parse_configs(raw: &[String]) -> Result<Vec<Config>> {
+fn parse_configs(raw: &[String], workload: bool) -> Result<Vec<Config>> {
+    if raw.is_empty() && workload {
+        return Ok(vec![
+            Config { name: "plain".into(), args: Vec::new() },
+            Config { name: "ngram".into(), args: vec!["--draft".into(), "ngram".into()] },
+        ]);
+    }
     if raw.is_empty() {
         return Ok(vec![Config { name: "default".into(), args: Vec::new() }]);
     }
@@ -182,22 +200,30 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     if a.runs == 0 {
         bail!("--runs must be at least 1");
     }
-    let configs = parse_configs(&a.configs)?;
-    let ckpt =
-        Checkpoint::open(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
+    let configs = parse_configs(&a.configs, a.workload.is_some())?;
+    let workload = a.workload.as_deref().map(workload::load).transpose()?;
+    let target = Target::find(a.model.as_deref(), Spine::Bf16, "benchmarking")?;
+    let model = target.dir.clone();
+    let ckpt = Checkpoint::open(&model).with_context(|| format!("opening {}", model.display()))?;
     let shards = ckpt.shard_paths().to_vec();
     drop(ckpt);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&a.model)
-        .with_context(|| format!("listing {}", a.model.display()))?
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&model)
+        .with_context(|| format!("listing {}", model.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_file())
         .collect();
     files.sort();
+    let max_new = a.max_new.or(workload.as_ref().map(|w| w.max_new)).unwrap_or(8);
     let prompt_args: Vec<String> = match (&a.prompt, &a.prompt_ids, a.prompt_len) {
+        _ if workload.is_some() => {
+            let w = workload.as_ref().context("workload")?;
+            let fmt = target.format("a workload needs the model's tokenizer")?;
+            vec!["--prompt-ids".into(), join_ids(&w.prompt_ids(fmt)?)]
+        }
         (Some(t), _, _) => vec!["--prompt".into(), t.clone()],
         (None, Some(ids), _) => vec!["--prompt-ids".into(), join_ids(ids)],
         (None, None, n) => {
-            let cfg = CheckpointConfig::load(&a.model).context("reading config.json")?;
+            let cfg = CheckpointConfig::load(&model).context("reading config.json")?;
             let vocab = cfg.text_config().get("vocab_size").and_then(Value::as_u64).unwrap_or(1024);
             let vocab = usize::try_from(vocab).unwrap_or(1024);
             vec!["--prompt-ids".into(), join_ids(&synthetic_prompt(n.unwrap_or(8), vocab))]
@@ -206,11 +232,16 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let mut base: Vec<String> = vec![
         "run".into(),
         "--model".into(),
-        a.model.display().to_string(),
+        model.display().to_string(),
         "--json".into(),
         "--max-new".into(),
-        a.max_new.to_string(),
+        max_new.to_string(),
     ];
+    // Long prompts (the `long` workload) need a context beyond run's default plan.
+    if a.workload.is_some() {
+        let n = prompt_args.get(1).map_or(0, |ids| ids.split(',').count());
+        base.extend(["--context".into(), (n + max_new).max(4096).to_string()]);
+    }
     base.extend(prompt_args);
     if !a.warm_start {
         // Runs must not warm each other through the hot set, or the first run of a
@@ -270,7 +301,11 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                 drop_method = drop_caches(&files, a.fadvise_only)?;
             }
             let load = counters::load_average();
-            let (v, wall) = run_child(&exe, cg.as_ref(), &base, cfg)?;
+            let mut cfg = cfg.clone();
+            if let Some(p) = a.trace_routes.as_ref().filter(|_| records.is_empty()) {
+                cfg.args.extend(["--trace-routes".into(), p.display().to_string()]);
+            }
+            let (v, wall) = run_child(&exe, cg.as_ref(), &base, &cfg)?;
             let ids: Vec<u32> = v["generated_ids"]
                 .as_array()
                 .map(|a| {
@@ -319,26 +354,28 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let derived: Vec<Value> = records.iter().map(|r| derive(r, gbps)).collect();
     let summary = summarize(&configs, &derived);
     if a.json {
-        println!(
-            "{}",
-            json!({
-                "model": a.model.display().to_string(),
-                "runs_per_config": a.runs,
-                "cold": a.cold,
-                "cache_drop": drop_method,
-                "cgroup_limit_bytes": a.cgroup_limit.as_deref().map(parse_size).transpose().map_err(anyhow::Error::msg)?,
-                "configs": configs.iter().map(|c| json!({"name": c.name, "args": c.args})).collect::<Vec<_>>(),
-                "probe_before": before,
-                "probe_after": after,
-                "storage_gbps": gbps,
-                "oracle": oracle,
-                "oracle_source": oracle_source,
-                "mismatches": mismatches,
-                "runs": derived,
-                "raw": records.iter().map(|r| &r.output).collect::<Vec<_>>(),
-                "summary": summary,
-            })
-        );
+        let mut v = json!({
+            "model": model.display().to_string(),
+            "runs_per_config": a.runs,
+            "cold": a.cold,
+            "cache_drop": drop_method,
+            "cgroup_limit_bytes": a.cgroup_limit.as_deref().map(parse_size).transpose().map_err(anyhow::Error::msg)?,
+            "configs": configs.iter().map(|c| json!({"name": c.name, "args": c.args})).collect::<Vec<_>>(),
+            "probe_before": before,
+            "probe_after": after,
+            "storage_gbps": gbps,
+            "oracle": oracle,
+            "oracle_source": oracle_source,
+            "mismatches": mismatches,
+            "runs": derived,
+            "raw": records.iter().map(|r| &r.output).collect::<Vec<_>>(),
+            "summary": summary,
+        });
+        // Added after: one more key in the macro above exceeds its recursion limit.
+        v["workload"] = json!(workload
+            .as_ref()
+            .map(|w| json!({"name": w.name, "about": w.about, "source": w.source})));
+        println!("{v}");
     } else {
         println!(
             "storage: {:.3} GB/s before, {:.3} GB/s after ({}, {} KiB blocks, 16 in flight) → bound uses {gbps:.3} GB/s; cold: {} ({drop_method})",
@@ -366,11 +403,14 @@ mod tests {
 
     #[test]
     fn configs_and_prompts() {
-        let c = parse_configs(&["a=--no-prefetch --readers 4".into(), "b=".into()]).expect("valid");
+        let c = parse_configs(&["a=--no-prefetch --readers 4".into(), "b=".into()], false)
+            .expect("valid");
         assert_eq!(c[0].args, ["--no-prefetch", "--readers", "4"]);
         assert!(c[1].args.is_empty());
-        assert!(parse_configs(&["noequals".into()]).is_err());
-        assert!(parse_configs(&["a=".into(), "a=--x".into()]).is_err());
+        assert!(parse_configs(&["noequals".into()], false).is_err());
+        assert!(parse_configs(&["a=".into(), "a=--x".into()], false).is_err());
+        let w = parse_configs(&[], true).expect("workload defaults");
+        assert_eq!(w.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["plain", "ngram"]);
         let p = synthetic_prompt(300, 1000);
         assert_eq!(p, synthetic_prompt(300, 1000), "deterministic");
         assert!(p.iter().all(|&t| (256..744).contains(&t)));

@@ -30,6 +30,11 @@ pub struct RunRecord {
 pub const METRICS: &[(&str, &str)] = &[
     ("wall_s", "process wall s"),
     ("load_s", "load s"),
+    ("ttft_s", "time to first token s (prefill)"),
+    ("s_per_token", "decode s/token"),
+    ("acceptance", "draft acceptance"),
+    ("read_bytes_per_token", "expert bytes read/token (decode)"),
+    ("written_bytes_per_token", "process bytes written/token"),
     ("prefill_s", "prefill s"),
     ("prefill_bound_s", "prefill bound s"),
     ("prefill_ratio", "prefill / bound"),
@@ -157,6 +162,15 @@ pub fn derive(r: &RunRecord, gbps: f64) -> Value {
         "prefill_layers": st["prefill_layers"],
         "decode_layers": st["decode_layers"],
     });
+    // The workload figures (added after: more keys in one macro exceed its recursion limit).
+    for (k, x) in [
+        ("ttft_s", st["prefill_s"].clone()),
+        ("s_per_token", st["s_per_token"].clone()),
+        ("acceptance", st["acceptance"].clone()),
+        ("read_bytes_per_token", st["expert_bytes_read_per_token"].clone()),
+    ] {
+        d[k] = x;
+    }
     // Machine telemetry (null where the OS did not say: summaries skip it, never zero).
     let m = &r.output["machine"];
     for k in [
@@ -175,6 +189,13 @@ pub fn derive(r: &RunRecord, gbps: f64) -> Value {
         .zip(m["disk_written_before_bytes"].as_u64())
         .map(|(a, b)| a.saturating_sub(b)));
     d["model_page_cache_fraction"] = m["model_page_cache"]["fraction"].clone();
+    // Bytes the process wrote per generated token (the workload suite's figure; absent when
+    // the OS did not say).
+    #[allow(clippy::cast_precision_loss)]
+    let per_token = m["process_written_bytes"].as_u64().and_then(|w| {
+        st["generated_tokens"].as_u64().filter(|&n| n > 0).map(|n| w as f64 / n as f64)
+    });
+    d["written_bytes_per_token"] = json!(per_token);
     d
 }
 

@@ -20,6 +20,7 @@ mod synth;
 mod values;
 mod verify;
 mod warm_start;
+mod workload;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

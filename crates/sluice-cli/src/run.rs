@@ -19,12 +19,14 @@ use crate::values;
 use crate::warm_start;
 use anyhow::{bail, Context, Result};
 use clap::{ArgGroup, Args};
+use sluice_engine::route_trace::{RouteTap, RouteTraceWriter};
 use sluice_engine::{
     generate, Drafter, GenerateOptions, ModelDrafter, NgramDrafter, OnToken, Sampling,
 };
 use sluice_store::telemetry::{model_files, Sample, Telemetry};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// The least context `run` plans for when `--context` is not given.
 const DEFAULT_CONTEXT: usize = 4096;
@@ -70,10 +72,18 @@ pub struct RunArgs {
     /// Most draft tokens verified per pass.
     #[arg(long, value_parser = values::count, allow_negative_numbers = true, default_value_t = 8)]
     draft_max: usize,
+    /// Verify exactly --draft-max drafts every pass instead of letting the width policy choose
+    /// (for comparing the policy with fixed widths).
+    #[arg(long)]
+    draft_fixed: bool,
     /// Prompt tokens per prefill pass. 0 (auto): the largest chunk whose working memory fits
     /// the --memory budget after the rest of the plan; a chunk that does not fit is refused.
     #[arg(long, value_parser = values::count, allow_negative_numbers = true, default_value_t = 0)]
     prefill_chunk: usize,
+    /// Write every pass's routing (per MoE layer, per row: expert ids and weights) to FILE as
+    /// JSON lines (docs/FORMATS.md), for the cache-policy replay in docs/PERFORMANCE.md.
+    #[arg(long, value_name = "FILE")]
+    trace_routes: Option<PathBuf>,
     #[command(flatten)]
     load: LoadArgs,
 }
@@ -138,6 +148,16 @@ pub fn run(a: &RunArgs) -> Result<()> {
         target.tokenizer("--draft DIR needs them to re-encode draft text")?;
     }
 
+    // Created before the load, so a path that cannot be written costs nothing.
+    let tap = a
+        .trace_routes
+        .as_deref()
+        .map(|p| {
+            let model = target.read_dir.display().to_string();
+            RouteTraceWriter::create(p, &model, prompt_ids.len(), experts_per_layer(&target))
+                .map(|w| RouteTap(Arc::new(Mutex::new(w))))
+        })
+        .transpose()?;
     let mut opened = target.load(load_opts, &draft)?;
     let warm = warm_start::begin(
         &target.read_dir,
@@ -167,9 +187,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
             .plan
             .as_ref()
             .map_or(a.prefill_chunk, |p| usize::try_from(p.chunk).unwrap_or(usize::MAX)),
-        fixed_width: false,
+        fixed_width: a.draft_fixed,
         interrupt: Some(interrupt::arm()),
         on_prefill: Some(prefill_progress::hook()),
+        route_tap: tap.clone(),
     };
     eprintln!("sluice: generating (Ctrl-C stops after the current pass and keeps the output)");
     let mut sink = (!a.json).then(|| Sink::stdout(target.fmt.as_ref()));
@@ -180,6 +201,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
     // Whatever was streamed is ended with its line, even when the generation failed.
     let write_error = sink.map(Sink::finish).and_then(Result::err);
     let out = out?;
+    drop(opts);
+    if let Some(tap) = tap {
+        finish_trace(tap, a.trace_routes.as_deref())?;
+    }
     if let Some(e) = model_drafter.as_ref().and_then(ModelDrafter::error) {
         eprintln!("sluice: warning: the draft model failed and drafting stopped: {e}");
     }
@@ -214,6 +239,30 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if let Some(sig) = interrupt::received() {
         std::process::exit(interrupt::exit_code(sig));
     }
+    Ok(())
+}
+
+/// Routed experts per MoE layer as config.json names them (K3/Qwen3-MoE `num_experts`,
+/// GPT-OSS `num_local_experts`), 0 when it does not say.
+fn experts_per_layer(target: &Target) -> usize {
+    let Ok(cfg) = sluice_checkpoint::CheckpointConfig::load(&target.read_dir) else { return 0 };
+    let tc = cfg.text_config();
+    ["num_experts", "n_routed_experts", "num_local_experts"]
+        .iter()
+        .find_map(|k| tc.get(*k).and_then(serde_json::Value::as_u64))
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(0)
+}
+
+/// Renames the finished route trace into place (also after Ctrl-C: the passes run so far).
+fn finish_trace(tap: RouteTap, path: Option<&Path>) -> Result<()> {
+    let shown = path.map(|p| p.display().to_string()).unwrap_or_default();
+    let writer = Arc::try_unwrap(tap.0)
+        .map_err(|_| anyhow::anyhow!("the route trace {shown} is still in use"))?
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("the route trace {shown} was poisoned by a panic"))?;
+    let passes = writer.finish()?;
+    eprintln!("sluice: route trace: {passes} passes written to {shown}");
     Ok(())
 }
 

@@ -14,9 +14,11 @@ use crate::draft::Drafter;
 use crate::layer_stats::{phase_bytes, process_read_bytes, Snapshot};
 use crate::policy::WidthPolicy;
 use crate::progress::{PrefillHook, Reporter};
+use crate::route_trace::{RouteTap, TracePass};
 use crate::sample::Sampling;
 use crate::EngineError;
 use serde::Serialize;
+use sluice_models::kimi_k3::Trace;
 use sluice_models::{LogitRows, Model, State};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -48,6 +50,8 @@ pub struct GenerateOptions {
     pub interrupt: Option<&'static AtomicBool>,
     /// Called before the first prefill pass and after each one (see [`crate::progress`]).
     pub on_prefill: Option<PrefillHook>,
+    /// Receives every pass's routes (`--trace-routes`; see [`crate::route_trace`]).
+    pub route_tap: Option<RouteTap>,
 }
 
 impl Default for GenerateOptions {
@@ -62,6 +66,7 @@ impl Default for GenerateOptions {
             fixed_width: false,
             interrupt: None,
             on_prefill: None,
+            route_tap: None,
         }
     }
 }
@@ -284,12 +289,18 @@ pub fn generate(
     let progress = Reporter::new(opts.on_prefill.as_ref(), model, prompt.len());
     progress.report(0);
     let mut done = 0;
+    let mut trace = opts.route_tap.as_ref().map(|_| Trace::routes_only());
     for part in prompt.chunks(chunk) {
         if em.interrupted() {
             break;
         }
-        logits = model.forward(state, part, LogitRows::Last, None)?;
+        logits = model.forward(state, part, LogitRows::Last, trace.as_mut())?;
         state.commit(part.len());
+        if let (Some(tap), Some(tr)) = (&opts.route_tap, trace.as_mut()) {
+            let n = part.len();
+            tap.record(TracePass::from_routes(0, "prefill", done, n, n, &tr.routes));
+            tr.routes.clear();
+        }
         em.out.stats.prefill_passes += 1;
         done += part.len();
         progress.report(done);
@@ -335,7 +346,8 @@ pub fn generate(
         rows.push(pending);
         rows.extend_from_slice(&drafts);
         let tp = Instant::now();
-        let all = model.forward(state, &rows, LogitRows::All, None)?;
+        let start = prompt.len() + em.out.tokens.len() - 1;
+        let all = model.forward(state, &rows, LogitRows::All, trace.as_mut())?;
         let row = |i: usize| &all[i * vocab..(i + 1) * vocab];
         // Emit the accepted drafts, then the target's own token after the last accepted row.
         let mut emitted = 0usize;
@@ -356,6 +368,10 @@ pub fn generate(
         }
         state.commit(emitted);
         let secs = tp.elapsed().as_secs_f64();
+        if let (Some(tap), Some(tr)) = (&opts.route_tap, trace.as_mut()) {
+            tap.record(TracePass::from_routes(0, "decode", start, rows.len(), emitted, &tr.routes));
+            tr.routes.clear();
+        }
         // The last emitted token was the target's own choice at a drafted position: a rejection
         // (not one when every draft was accepted, or generation stopped on an accepted draft).
         let rejected = accepted < emitted && emitted <= drafts.len();

@@ -18,6 +18,7 @@ pub mod plan;
 pub mod policy;
 pub mod progress;
 pub mod retok;
+pub mod route_trace;
 pub mod sample;
 pub mod session;
 pub mod spine;

@@ -343,6 +343,17 @@ impl SimResult {
 /// Runs `trace` through a cache of `slots` slots under `kind` (every slot evictable, as in a
 /// cache whose reads are instantaneous).
 pub fn simulate(kind: PolicyKind, slots: usize, trace: impl IntoIterator<Item = Key>) -> SimResult {
+    simulate_each(kind, slots, trace, |_, _| {})
+}
+
+/// [`simulate`], calling `seen(key, hit)` for every access (per-layer or per-phase hit rates of
+/// a replayed route trace).
+pub fn simulate_each(
+    kind: PolicyKind,
+    slots: usize,
+    trace: impl IntoIterator<Item = Key>,
+    mut seen: impl FnMut(Key, bool),
+) -> SimResult {
     let mut policy = new_policy(kind, slots);
     let mut where_: HashMap<Key, usize> = HashMap::new();
     let mut holder: Vec<Option<Key>> = vec![None; slots];
@@ -352,9 +363,11 @@ pub fn simulate(kind: PolicyKind, slots: usize, trace: impl IntoIterator<Item = 
         if let Some(&s) = where_.get(&k) {
             r.hits += 1;
             policy.access(s);
+            seen(k, true);
             continue;
         }
         r.misses += 1;
+        seen(k, false);
         let slot = match free.pop() {
             Some(s) => s,
             None => match policy.victim(&mut |_| true) {

@@ -113,8 +113,66 @@ impl PromptFormat {
         Ok(self.tokenizer.encode_rendered(&rendered)?)
     }
 
+    /// Prompt ids for a whole conversation (history turns, tool calls and tool results) with
+    /// the assistant turn opened, and `tools` declared (the OpenAI `tools` array): what a
+    /// multi-turn or tool-calling workload sends. K3 renders in code; other families through
+    /// their template, given the messages in the OpenAI shape.
+    pub fn encode_conversation(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        thinking: bool,
+    ) -> Result<Vec<u32>, PromptError> {
+        if let Some(k3) = self.tokenizer.tiktoken() {
+            let opts = ChatOptions { thinking, tools: tools.cloned(), ..ChatOptions::default() };
+            return Ok(render_k3(k3, messages, &opts)?);
+        }
+        let template = self
+            .template
+            .as_ref()
+            .ok_or_else(|| PromptError::NoTemplate { dir: self.dir.clone() })?;
+        let openai: Vec<serde_json::Value> = messages.iter().map(openai_message).collect();
+        let py = |v: &serde_json::Value| PyValue::parse(&v.to_string());
+        let inputs = TemplateInputs {
+            add_generation_prompt: true,
+            tools: tools.and_then(py),
+            extra: vec![("enable_thinking".into(), PyValue::Bool(thinking))],
+            ..TemplateInputs::default()
+        };
+        let msgs = py(&serde_json::Value::Array(openai)).unwrap_or(PyValue::List(Vec::new()));
+        let rendered = template.render(&msgs, &inputs)?;
+        Ok(self.tokenizer.encode_rendered(&rendered)?)
+    }
+
     /// Decodes ids with special tokens spelled out (U+FFFD for invalid UTF-8).
     pub fn decode_lossy(&self, ids: &[u32]) -> Result<String, PromptError> {
         Ok(self.tokenizer.decode_lossy(ids)?)
     }
+}
+
+/// A message in the OpenAI chat shape that Jinja chat templates read (`tool_calls` as
+/// `{id, type, function: {name, arguments}}`, arguments as an object when they parse as one).
+fn openai_message(m: &ChatMessage) -> serde_json::Value {
+    let mut v = serde_json::json!({ "role": m.role, "content": m.content });
+    if !m.tool_calls.is_empty() {
+        v["tool_calls"] = m
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let args = serde_json::from_str::<serde_json::Value>(&c.arguments)
+                    .unwrap_or_else(|_| serde_json::Value::String(c.arguments.clone()));
+                serde_json::json!({
+                    "id": c.id, "type": "function",
+                    "function": { "name": c.name, "arguments": args },
+                })
+            })
+            .collect();
+    }
+    if let Some(id) = &m.tool_call_id {
+        v["tool_call_id"] = id.clone().into();
+    }
+    if let Some(n) = &m.name {
+        v["name"] = n.clone().into();
+    }
+    v
 }

@@ -33,7 +33,7 @@ use weights::{GptOssExpertLayout, GptOssWeights};
 
 /// Records `v` under `name()` when tracing.
 fn put(trace: &mut Option<&mut Trace>, name: impl FnOnce() -> String, v: &[f32]) {
-    if let Some(t) = trace.as_deref_mut() {
+    if let Some(t) = trace.as_deref_mut().filter(|t| !t.routes_only) {
         t.tensors.insert(name(), v.to_vec());
     }
 }

@@ -44,11 +44,19 @@ pub struct Trace {
     pub tensors: BTreeMap<String, Vec<f32>>,
     /// MoE layer → per-row routes.
     pub routes: BTreeMap<usize, Vec<Route>>,
+    /// Record only the routes, no stage tensors (`--trace-routes`: a trace on every pass of a
+    /// run must not copy every activation).
+    pub routes_only: bool,
 }
 
 impl Trace {
+    /// A trace that records the routes of a pass and nothing else.
+    pub fn routes_only() -> Self {
+        Self { routes_only: true, ..Self::default() }
+    }
+
     fn put(trace: &mut Option<&mut Trace>, name: impl FnOnce() -> String, v: &[f32]) {
-        if let Some(t) = trace.as_deref_mut() {
+        if let Some(t) = trace.as_deref_mut().filter(|t| !t.routes_only) {
             t.tensors.insert(name(), v.to_vec());
         }
     }

@@ -44,7 +44,7 @@ impl Ctx<'_> {
 
 /// Records `v` under `name()` when tracing (the name is only built when a trace is wanted).
 fn put(trace: &mut Option<&mut Trace>, name: impl FnOnce() -> String, v: &[f32]) {
-    if let Some(t) = trace.as_deref_mut() {
+    if let Some(t) = trace.as_deref_mut().filter(|t| !t.routes_only) {
         t.tensors.insert(name(), v.to_vec());
     }
 }
