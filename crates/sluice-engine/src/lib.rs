@@ -21,6 +21,8 @@ pub mod retok;
 pub mod sample;
 pub mod session;
 pub mod spine;
+pub mod state_cache;
+pub mod state_file;
 pub mod stop;
 pub mod turn;
 

@@ -215,6 +215,7 @@ impl Worker {
             per_token_logits: job.logprobs.is_some(),
             prefill_chunk: self.prefill_chunk,
             on_prefill: Some(prefill_hook(job.id, Arc::clone(&self.metrics))),
+            boundaries: Vec::new(),
         };
         // The client leaving and the server stopping both end the job at the next pass.
         let cancel = || job.cancel.load(Ordering::Acquire) || self.sched.stopping();
