@@ -15,6 +15,7 @@ use crate::npy;
 use crate::open::{self, DraftArg, Target};
 use crate::prefill_progress;
 use crate::run_output::{self, Sink};
+use crate::state_cache_args::{self, StateCacheArgs};
 use crate::values;
 use anyhow::{bail, Context, Result};
 use clap::{ArgGroup, Args};
@@ -73,6 +74,8 @@ pub struct RunArgs {
     prefill_chunk: usize,
     #[command(flatten)]
     load: LoadArgs,
+    #[command(flatten)]
+    state_cache: StateCacheArgs,
 }
 
 /// Parses `--prompt`: any text but the empty string.
@@ -135,6 +138,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let mut opened = target.load(load_opts, &a.draft)?;
     let draft_model = opened.draft_model.take();
     let model = &opened.loaded.model;
+    let state_cache = a.state_cache.open(&target, model, opened.spine)?;
     let stop_ids: Vec<u32> = target.fmt.as_ref().map(|f| f.stop_ids().to_vec()).unwrap_or_default();
     let mut ngram = NgramDrafter::default();
     let mut model_drafter =
@@ -159,6 +163,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         fixed_width: false,
         interrupt: Some(interrupt::arm()),
         on_prefill: Some(prefill_progress::hook()),
+        state_cache: state_cache.clone(),
     };
     eprintln!("sluice: generating (Ctrl-C stops after the current pass and keeps the output)");
     let mut sink = (!a.json).then(|| Sink::stdout(target.fmt.as_ref()));
@@ -169,6 +174,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
     // Whatever was streamed is ended with its line, even when the generation failed.
     let write_error = sink.map(Sink::finish).and_then(Result::err);
     let out = out?;
+    // The states were written off the token path; the process waits for them before it ends.
+    if let Some(c) = &state_cache {
+        c.flush();
+    }
     if let Some(e) = model_drafter.as_ref().and_then(ModelDrafter::error) {
         eprintln!("sluice: warning: the draft model failed and drafting stopped: {e}");
     }
@@ -189,6 +198,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     if a.stats {
         run_output::print_stats(&opened, &out);
+        if let Some(c) = &state_cache {
+            eprintln!("stats: {}", state_cache_args::stats_line(&c.stats()));
+        }
     }
     // A reader that stopped reading (`| head`) ended the run quietly, as it ends `cat`; any
     // other failure to write is an error.

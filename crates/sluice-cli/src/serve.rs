@@ -10,6 +10,7 @@ use crate::values;
 use anyhow::{bail, Result};
 use clap::Args;
 use sluice_engine::load;
+use crate::state_cache_args::StateCacheArgs;
 use sluice_engine::session::SessionConfig;
 use sluice_engine::{Drafter, ModelDrafter, NgramDrafter};
 use sluice_server::worker::EngineSettings;
@@ -82,6 +83,8 @@ pub struct ServeArgs {
     /// of one request.
     #[command(flatten)]
     load: LoadArgs,
+    #[command(flatten)]
+    state_cache: StateCacheArgs,
 }
 
 /// Runs the command.
@@ -103,6 +106,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     opts.session_memory = a.session_memory;
     let opened = target.load(opts, &a.draft)?;
     let spine = opened.spine;
+    let state_cache = a.state_cache.open(&target, &opened.loaded.model, spine)?;
     // Passes take no more rows than the plan charged working memory for.
     let prefill_chunk =
         opened.loaded.plan.as_ref().map_or(0, |p| usize::try_from(p.chunk).unwrap_or(usize::MAX));
@@ -148,6 +152,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             max_bytes: usize::try_from(a.session_memory).unwrap_or(usize::MAX),
             max_entries: if a.session_memory == 0 { 0 } else { a.max_sessions },
         },
+        state_cache,
     };
     if !is_loopback(&a.host) {
         eprintln!("sluice: listening on {} exposes the server beyond this machine", a.host);

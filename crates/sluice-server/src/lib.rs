@@ -30,6 +30,7 @@ use crate::request::Limits;
 use crate::scheduler::Scheduler;
 use crate::worker::{EngineSettings, Worker};
 use sluice_engine::session::{SessionCache, SessionConfig};
+use sluice_engine::state_cache::StateCache;
 use sluice_engine::{Drafter, Spine};
 use sluice_models::Model;
 use sluice_tokenizer::Tokenizer;
@@ -68,6 +69,8 @@ pub struct ServerConfig {
     pub drafter: String,
     /// State reuse.
     pub session: SessionConfig,
+    /// The on-disk prompt-state cache (`--state-cache`), when configured.
+    pub state_cache: Option<Arc<StateCache>>,
 }
 
 /// Why the server could not start or stopped with an error.
@@ -107,6 +110,9 @@ pub fn serve(
 ) -> Result<(), ServerError> {
     sluice_tokenizer::k3_stop_id(&tok)?;
     let metrics = Arc::new(Metrics::default());
+    if let Some(c) = &cfg.state_cache {
+        metrics.set_state_cache(Arc::clone(c));
+    }
     let sched = Scheduler::new(cfg.queue, Arc::clone(&metrics));
     let app = Arc::new(App {
         limits: Limits {
@@ -129,7 +135,7 @@ pub fn serve(
     let worker = Worker::new(
         model,
         tok,
-        SessionCache::new(cfg.session),
+        SessionCache::new(cfg.session).with_disk(cfg.state_cache.clone()),
         drafter,
         cfg.engine,
         Arc::clone(&sched),

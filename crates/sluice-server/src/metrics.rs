@@ -8,7 +8,8 @@ use sluice_engine::turn::TurnStats;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use sluice_engine::state_cache::StateCache;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Server-wide counters.
 #[derive(Debug, Default)]
@@ -34,6 +35,8 @@ pub struct Metrics {
     prefill_done: AtomicU64,
     prefill_total: AtomicU64,
     prefill_read: AtomicU64,
+    /// The on-disk prompt-state cache, whose live counters are exported when configured.
+    state_cache: std::sync::OnceLock<Arc<StateCache>>,
 }
 
 fn micros(s: f64) -> u64 {
@@ -101,6 +104,11 @@ impl Metrics {
         self.prefill_done.store(n(done), Ordering::Relaxed);
         self.prefill_total.store(n(total), Ordering::Relaxed);
         self.prefill_read.store(expert_bytes_read, Ordering::Relaxed);
+    }
+
+    /// Exports `cache`'s counters (`sluice_state_cache_*`).
+    pub fn set_state_cache(&self, cache: Arc<StateCache>) {
+        let _ = self.state_cache.set(cache);
     }
 
     /// Prefill tokens saved by state reuse so far.
@@ -249,6 +257,33 @@ impl Metrics {
             "Bytes of stored conversation state.",
             get(&self.session_bytes).to_string(),
         );
+        if let Some(c) = self.state_cache.get() {
+            let st = c.stats();
+            for (name, kind, help, v) in [
+                ("files_written_total", "counter", "State files written.", st.files_written),
+                ("bytes_written_total", "counter", "Bytes of state files written.", st.bytes_written),
+                ("restores_total", "counter", "Prompt states restored from files.", st.restores),
+                ("bytes_restored_total", "counter", "Bytes of state files restored.", st.bytes_restored),
+                (
+                    "tokens_restored_total",
+                    "counter",
+                    "Prompt tokens restored from files instead of prefilled.",
+                    st.tokens_restored,
+                ),
+                (
+                    "refused_total",
+                    "counter",
+                    "State files refused (corrupt, truncated, another model or format).",
+                    st.refused,
+                ),
+                ("evicted_total", "counter", "State files deleted for size.", st.evicted),
+                ("write_errors_total", "counter", "State files that failed to write.", st.write_errors),
+                ("files", "gauge", "State files held.", st.files),
+                ("bytes", "gauge", "Bytes of state files held.", st.bytes_held),
+            ] {
+                metric(&format!("sluice_state_cache_{name}"), kind, help, v.to_string());
+            }
+        }
         out.push_str("# HELP sluice_requests_total HTTP requests by route and status.\n");
         out.push_str("# TYPE sluice_requests_total counter\n");
         let m = self.requests.lock().unwrap_or_else(PoisonError::into_inner);

@@ -162,6 +162,7 @@ impl Worker {
                     "stats: job {}, prompt {} tokens ({} reused, {} prefilled in {} passes, {:.3}s), \
                      ttft {:.3}s, generated {} tokens in {:.3}s ({} decode passes, {} drafted, {} accepted), \
                      experts {} bytes served / {} read, snapshots {} (+{} bytes), \
+                     state cache {} tokens restored ({} bytes read) / {} bytes written, \
                      session store {entries} conversations / {snaps} snapshots / {bytes} bytes, finish {}{}",
                     job.id,
                     t.prompt_tokens,
@@ -179,6 +180,9 @@ impl Worker {
                     t.expert_bytes_read,
                     t.snapshots,
                     t.snapshot_bytes,
+                    t.state_cache_tokens_restored,
+                    t.state_cache_bytes_restored,
+                    t.state_cache_bytes_written,
                     s.finish_reason,
                     t.policy.as_ref().map(|p| format!("; draft width: {p}")).unwrap_or_default(),
                 );
