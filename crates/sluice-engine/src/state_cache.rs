@@ -197,14 +197,14 @@ impl StateCache {
     ) -> Result<Self, StateCacheError> {
         let io = |source| StateCacheError::Io { dir: cfg.dir.clone(), source };
         std::fs::create_dir_all(&cfg.dir).map_err(io)?;
-        let index = scan(&cfg.dir).map_err(io)?;
+        let (index, refused) = scan(&cfg.dir).map_err(io)?;
         let inner = Arc::new(Inner {
             cfg,
             fingerprint,
             shape,
             vocab,
             index: Mutex::new(index),
-            counters: Counters::default(),
+            counters: Counters { refused: AtomicU64::new(refused), ..Counters::default() },
         });
         let (tx, rx) = sync_channel::<Job>(QUEUE);
         let pending = Arc::new((Mutex::new(0u64), std::sync::Condvar::new()));
@@ -431,7 +431,10 @@ impl Inner {
         };
         if let Some(marker) = paused.take() {
             // The test hook (module docs): announce the temp file, then never rename it.
-            let _ = std::fs::write(&marker, tmp.to_string_lossy().as_bytes());
+            let part = marker.with_extension("part");
+            if std::fs::write(&part, tmp.to_string_lossy().as_bytes()).is_ok() {
+                let _ = std::fs::rename(&part, &marker);
+            }
             loop {
                 std::thread::park();
             }
@@ -483,9 +486,11 @@ fn sync_dir(dir: &Path) {
 }
 
 /// Indexes the files in `dir`: deletes abandoned temporaries and files whose header cannot be
-/// read, and orders the rest by modification time (oldest = least recently used).
-fn scan(dir: &Path) -> std::io::Result<Index> {
+/// read or does not match the name (counted as refused), and orders the rest by modification
+/// time (oldest = least recently used).
+fn scan(dir: &Path) -> std::io::Result<(Index, u64)> {
     let mut found = Vec::new();
+    let mut refused = 0;
     for e in std::fs::read_dir(dir)? {
         let e = e?;
         let name = e.file_name().to_string_lossy().into_owned();
@@ -504,22 +509,23 @@ fn scan(dir: &Path) -> std::io::Result<Index> {
                 let t = md.modified().unwrap_or(std::time::UNIX_EPOCH);
                 found.push((t, h, md.len()));
             }
-            Ok(_) | Err(_) => {
+            res => {
+                let why = res.err().map_or_else(|| "its name is not its key".into(), |e| e.to_string());
                 eprintln!(
-                    "sluice: warning: {} is not a readable state file of this sluice; deleting it",
+                    "sluice: warning: state cache file {} refused ({why}); deleting it",
                     e.path().display()
                 );
+                refused += 1;
                 let _ = std::fs::remove_file(e.path());
             }
         }
     }
     found.sort_by_key(|(t, _, _)| *t);
     let mut idx = Index::default();
-    for (t, h, bytes) in found {
+    for (_, h, bytes) in found {
         idx.clock += 1;
-        let _ = t;
         let tokens = usize::try_from(h.tokens).unwrap_or(usize::MAX);
         idx.insert(h.key, FileEntry { tokens, logits: h.logits, bytes, last_used: idx.clock });
     }
-    Ok(idx)
+    Ok((idx, refused))
 }

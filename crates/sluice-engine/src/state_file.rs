@@ -40,11 +40,11 @@ const HAS_LOGITS: u32 = 1;
 
 /// A prefix key (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Key(pub(crate) [u8; 32]);
+pub struct Key(pub [u8; 32]);
 
 impl Key {
-    /// The key in hex (the file's name).
-    pub(crate) fn hex(&self) -> String {
+    /// The key in hex (the file's name is `HEX.state`).
+    pub fn hex(&self) -> String {
         self.0.iter().map(|b| format!("{b:02x}")).collect()
     }
 }
@@ -148,8 +148,8 @@ pub(crate) fn prefix_keys(
     out
 }
 
-/// The key of exactly `tokens`.
-pub(crate) fn prefix_key(fingerprint: &[u8; 32], tokens: &[u32]) -> Key {
+/// The key of exactly `tokens` for a model with `fingerprint`.
+pub fn prefix_key(fingerprint: &[u8; 32], tokens: &[u32]) -> Key {
     prefix_keys(fingerprint, tokens, [tokens.len()])[0].1
 }
 
