@@ -62,15 +62,24 @@ impl StateCacheArgs {
 /// The `state cache …` part of a statistics line.
 pub fn stats_line(s: &StateCacheStats) -> String {
     format!(
-        "state cache {} tokens restored ({} bytes read), {} bytes written in {} files, {} refused, \
-         {} evicted, {} files / {} bytes held",
+        "state cache {} tokens restored ({} bytes read in {:.3}s), {} bytes written in {} files \
+         ({:.3}s, off the token path), {} refused, {} evicted, {} files / {} bytes held",
         s.tokens_restored,
         s.bytes_restored,
+        secs(s.restore_ns),
         s.bytes_written,
         s.files_written,
+        secs(s.write_ns),
         s.refused,
         s.evicted,
         s.files,
         s.bytes_held
     )
+}
+
+/// Nanoseconds as seconds.
+fn secs(ns: u64) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let s = ns as f64 * 1e-9;
+    s
 }

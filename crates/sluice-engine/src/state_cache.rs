@@ -83,6 +83,10 @@ pub struct StateCacheStats {
     pub evicted: u64,
     /// Writes that failed (the snapshot is dropped; nothing else changes).
     pub write_errors: u64,
+    /// Nanoseconds the writer spent writing files (encode, write, fsync, rename).
+    pub write_ns: u64,
+    /// Nanoseconds spent reading, checking and decoding restored files.
+    pub restore_ns: u64,
     /// Files held now.
     pub files: u64,
     /// Bytes held now.
@@ -155,6 +159,8 @@ struct Counters {
     refused: AtomicU64,
     evicted: AtomicU64,
     write_errors: AtomicU64,
+    write_ns: AtomicU64,
+    restore_ns: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -254,7 +260,11 @@ impl StateCache {
                 shape: &self.inner.shape,
                 vocab: self.inner.vocab,
             };
-            match state_file::read_file(&path, &want) {
+            let t0 = std::time::Instant::now();
+            let read = state_file::read_file(&path, &want);
+            let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.inner.counters.restore_ns.fetch_add(ns, Ordering::Relaxed);
+            match read {
                 Ok(c) => {
                     let c_ = &self.inner.counters;
                     c_.restores.fetch_add(1, Ordering::Relaxed);
@@ -350,6 +360,8 @@ impl StateCache {
             refused: l(&c.refused),
             evicted: l(&c.evicted),
             write_errors: l(&c.write_errors),
+            write_ns: l(&c.write_ns),
+            restore_ns: l(&c.restore_ns),
             files: idx.files.len() as u64,
             bytes_held: idx.bytes,
         }
@@ -460,7 +472,11 @@ impl Inner {
 fn writer(inner: &Inner, rx: &Receiver<Job>, pending: &(Mutex<u64>, std::sync::Condvar)) {
     let mut paused = std::env::var_os("SLUICE_STATE_CACHE_PAUSE").map(PathBuf::from);
     for job in rx {
-        match inner.write(&job, &mut paused) {
+        let t0 = std::time::Instant::now();
+        let res = inner.write(&job, &mut paused);
+        let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        inner.counters.write_ns.fetch_add(ns, Ordering::Relaxed);
+        match res {
             Ok(b) => {
                 inner.counters.files_written.fetch_add(1, Ordering::Relaxed);
                 inner.counters.bytes_written.fetch_add(b, Ordering::Relaxed);

@@ -197,6 +197,10 @@ pub fn serve(
         );
     }
     rt.shutdown_timeout(Duration::from_secs(1));
+    // States queued for the disk are written before the process ends (a restart finds them).
+    if let Some(c) = &cfg.state_cache {
+        c.flush();
+    }
     res
 }
 
