@@ -32,6 +32,8 @@ pub struct Job {
     pub id: u64,
     /// Prompt ids.
     pub prompt: Vec<u32>,
+    /// Prompt positions where a message ends (the state cache writes the state there).
+    pub boundaries: Vec<usize>,
     /// Most new tokens.
     pub max_new: usize,
     /// Sampling.
@@ -219,7 +221,7 @@ impl Worker {
             per_token_logits: job.logprobs.is_some(),
             prefill_chunk: self.prefill_chunk,
             on_prefill: Some(prefill_hook(job.id, Arc::clone(&self.metrics))),
-            boundaries: Vec::new(),
+            boundaries: job.boundaries.clone(),
         };
         // The client leaving and the server stopping both end the job at the next pass.
         let cancel = || job.cancel.load(Ordering::Acquire) || self.sched.stopping();
@@ -317,6 +319,7 @@ pub(crate) mod tests {
         let job = Job {
             id,
             prompt: vec![1],
+            boundaries: Vec::new(),
             max_new: 1,
             sampling: Sampling::greedy(),
             stop: Vec::new(),
