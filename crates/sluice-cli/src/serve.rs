@@ -6,11 +6,11 @@
 
 use crate::load_args::LoadArgs;
 use crate::open::{self, DraftArg, Target};
+use crate::state_cache_args::StateCacheArgs;
 use crate::values;
 use anyhow::{bail, Result};
 use clap::Args;
 use sluice_engine::load;
-use crate::state_cache_args::StateCacheArgs;
 use sluice_engine::session::SessionConfig;
 use sluice_engine::{Drafter, ModelDrafter, NgramDrafter};
 use sluice_server::worker::EngineSettings;

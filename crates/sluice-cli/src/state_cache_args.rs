@@ -34,7 +34,12 @@ pub struct StateCacheArgs {
 impl StateCacheArgs {
     /// Opens the cache for `model` (loaded from `target` with `spine`), or `None` without
     /// `--state-cache`.
-    pub fn open(&self, target: &Target, model: &Model, spine: Spine) -> Result<Option<Arc<StateCache>>> {
+    pub fn open(
+        &self,
+        target: &Target,
+        model: &Model,
+        spine: Spine,
+    ) -> Result<Option<Arc<StateCache>>> {
         let Some(dir) = &self.state_cache else {
             return Ok(None);
         };
@@ -53,8 +58,9 @@ impl StateCacheArgs {
             max_bytes: self.state_cache_size,
             every: self.state_cache_every,
         };
-        let cache = StateCache::open(cfg, fingerprint, model.new_state().shape(), model.vocab_size())
-            .with_context(|| format!("--state-cache {}", dir.display()))?;
+        let cache =
+            StateCache::open(cfg, fingerprint, model.new_state().shape(), model.vocab_size())
+                .with_context(|| format!("--state-cache {}", dir.display()))?;
         Ok(Some(Arc::new(cache)))
     }
 }

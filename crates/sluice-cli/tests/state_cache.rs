@@ -56,7 +56,8 @@ fn a_second_process_restores_the_first_ones_prompt_state() {
     assert_eq!(first["stats"]["state_cache_tokens_restored"], 0);
     let written = first["stats"]["state_cache_bytes_written"].as_u64().unwrap();
     assert!(written > 0);
-    let on_disk: u64 = files(dir.path(), ".state").iter().map(|f| f.metadata().unwrap().len()).sum();
+    let on_disk: u64 =
+        files(dir.path(), ".state").iter().map(|f| f.metadata().unwrap().len()).sum();
     assert_eq!(written, on_disk, "the process waited for its writes before exiting");
     // A longer prompt that starts with the first: the first prompt's end is restored.
     let mut q = p.clone();

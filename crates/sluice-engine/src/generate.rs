@@ -323,14 +323,12 @@ pub fn generate(
         em.out.stats.prefill_passes += 1;
         done = end;
         progress.report(done);
-        let at_point = |d: &StateCache| (d.every() > 0 && done % d.every() == 0) || done == prompt.len();
+        let at_point =
+            |d: &StateCache| (d.every() > 0 && done % d.every() == 0) || done == prompt.len();
         if let Some(d) = disk.filter(|d| at_point(d)) {
             let snap = Arc::new(state.snapshot(base.as_deref()));
-            em.out.stats.state_cache_bytes_written += d.submit(
-                &prompt[..done],
-                Arc::clone(&snap),
-                Some(Arc::from(logits.as_slice())),
-            );
+            em.out.stats.state_cache_bytes_written +=
+                d.submit(&prompt[..done], Arc::clone(&snap), Some(Arc::from(logits.as_slice())));
             base = Some(snap);
         }
     }

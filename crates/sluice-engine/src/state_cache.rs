@@ -220,12 +220,7 @@ impl StateCache {
             .spawn(move || writer(&w.0, &rx, &w.1))
             .map_err(|e| StateCacheError::Io { dir: inner.cfg.dir.clone(), source: e })?;
         inner.evict();
-        Ok(Self {
-            inner,
-            tx: Mutex::new(Some(tx)),
-            pending,
-            writer: Mutex::new(Some(writer)),
-        })
+        Ok(Self { inner, tx: Mutex::new(Some(tx)), pending, writer: Mutex::new(Some(writer)) })
     }
 
     /// The token interval between snapshots.
@@ -271,7 +266,12 @@ impl StateCache {
                     c_.bytes_restored.fetch_add(c.bytes, Ordering::Relaxed);
                     c_.tokens_restored.fetch_add(n as u64, Ordering::Relaxed);
                     self.inner.touch(&key, &path);
-                    return Some(Restored { snapshot: c.snap, pos: n, logits: c.logits, bytes: c.bytes });
+                    return Some(Restored {
+                        snapshot: c.snap,
+                        pos: n,
+                        logits: c.logits,
+                        bytes: c.bytes,
+                    });
                 }
                 Err(Refusal::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
                     // Another process sharing the directory evicted it.
@@ -526,7 +526,8 @@ fn scan(dir: &Path) -> std::io::Result<(Index, u64)> {
                 found.push((t, h, md.len()));
             }
             res => {
-                let why = res.err().map_or_else(|| "its name is not its key".into(), |e| e.to_string());
+                let why =
+                    res.err().map_or_else(|| "its name is not its key".into(), |e| e.to_string());
                 eprintln!(
                     "sluice: warning: state cache file {} refused ({why}); deleting it",
                     e.path().display()

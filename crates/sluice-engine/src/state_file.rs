@@ -243,7 +243,8 @@ pub(crate) fn write_file(
     snap: &StateSnapshot,
 ) -> std::io::Result<u64> {
     let file = std::fs::File::create(path)?;
-    let mut w = Hashing { inner: BufWriter::with_capacity(1 << 20, file), hash: Sha256::new(), bytes: 0 };
+    let mut w =
+        Hashing { inner: BufWriter::with_capacity(1 << 20, file), hash: Sha256::new(), bytes: 0 };
     w.write_all(&MAGIC)?;
     w.write_all(&STATE_FILE_VERSION.to_le_bytes())?;
     w.write_all(fingerprint)?;

@@ -221,10 +221,8 @@ pub fn run_turn(
         // interval, or a message boundary), or the end of the prompt.
         let next = |e: usize| pos.checked_div(e).map_or(prompt.len(), |k| (k + 1) * e);
         let boundary = opts.boundaries.iter().copied().filter(|&b| b > pos).min();
-        let end = next(every)
-            .min(next(disk_every))
-            .min(boundary.unwrap_or(usize::MAX))
-            .min(prompt.len());
+        let end =
+            next(every).min(next(disk_every)).min(boundary.unwrap_or(usize::MAX)).min(prompt.len());
         let end = match opts.prefill_chunk {
             0 => end,
             chunk => end.min(pos + chunk),

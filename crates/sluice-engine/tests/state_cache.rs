@@ -83,7 +83,8 @@ fn a_restored_state_gives_the_logits_of_a_full_prefill_at_every_cut() {
         // The next process: a cache opened afresh on the same directory.
         let c = open(dir.path(), &m, FP_A, 4, u64::MAX);
         // (cut, restored): interval edges (multiples of 4), mid-interval, the prompt's end.
-        for (cut, restored) in [(3, 0), (4, 4), (5, 4), (7, 4), (8, 8), (9, 8), (20, 20), (21, 21)] {
+        for (cut, restored) in [(3, 0), (4, 4), (5, 4), (7, 4), (8, 8), (9, 8), (20, 20), (21, 21)]
+        {
             let mut q = p[..cut].to_vec();
             q.extend([190 + cut as u32, 191, 192]);
             let got = gen(&m, &q, Some(&c));
@@ -105,9 +106,15 @@ fn a_restored_state_gives_the_logits_of_a_full_prefill_at_every_cut() {
 }
 
 /// One `run_turn` with a session cache that keeps nothing in memory, so every reuse is from disk.
-fn turn(m: &Model, disk: &Arc<StateCache>, p: &[u32], boundaries: Vec<usize>) -> (Vec<Vec<u32>>, usize, usize) {
-    let mut cache = SessionCache::new(SessionConfig { checkpoint_every: 0, max_bytes: 0, max_entries: 0 })
-        .with_disk(Some(Arc::clone(disk)));
+fn turn(
+    m: &Model,
+    disk: &Arc<StateCache>,
+    p: &[u32],
+    boundaries: Vec<usize>,
+) -> (Vec<Vec<u32>>, usize, usize) {
+    let mut cache =
+        SessionCache::new(SessionConfig { checkpoint_every: 0, max_bytes: 0, max_entries: 0 })
+            .with_disk(Some(Arc::clone(disk)));
     let opts = TurnOptions {
         max_new: 3,
         stop_ids: Vec::new(),
@@ -220,10 +227,8 @@ fn bytes_written_are_the_files_and_the_size_bound_evicts_least_recently_used() {
     let c = open(dir.path(), &m, FP_A, 0, u64::MAX);
     let p = prompt();
     let g = gen(&m, &p, Some(&c));
-    let on_disk: u64 = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().len())
-        .sum();
+    let on_disk: u64 =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
     assert!(g.stats.state_cache_bytes_written > 0);
     assert_eq!(g.stats.state_cache_bytes_written, on_disk, "counted bytes are the files' bytes");
     assert_eq!(c.stats().bytes_written, on_disk);
@@ -232,7 +237,11 @@ fn bytes_written_are_the_files_and_the_size_bound_evicts_least_recently_used() {
     let dir = tempfile::tempdir().unwrap();
     let c = open(dir.path(), &m, FP_A, 0, 3 * one + one / 2);
     let prompts: Vec<Vec<u32>> = (0..4u32).map(|k| p.iter().map(|t| t + k).collect()).collect();
-    let opts = GenerateOptions { max_new: 1, state_cache: Some(Arc::clone(&c)), ..GenerateOptions::default() };
+    let opts = GenerateOptions {
+        max_new: 1,
+        state_cache: Some(Arc::clone(&c)),
+        ..GenerateOptions::default()
+    };
     let run = |q: &[u32]| {
         let g = generate(&m, &mut m.new_state(), q, &opts, None, None).unwrap();
         c.flush();

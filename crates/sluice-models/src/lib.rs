@@ -12,9 +12,7 @@ pub mod qwen3;
 pub mod qwen3_moe;
 pub mod snapshot;
 
-pub use snapshot::{
-    SnapshotCodecError, StateShape, StateSnapshot, SNAPSHOT_FORMAT_VERSION,
-};
+pub use snapshot::{SnapshotCodecError, StateShape, StateSnapshot, SNAPSHOT_FORMAT_VERSION};
 
 use sluice_checkpoint::{Checkpoint, CheckpointError};
 use std::sync::Arc;

@@ -4,11 +4,11 @@
 //! reuse, pass time (sum and count), time to first token, expert bytes and cancellations; gauges
 //! report the queue, the running generation and the session cache.
 
+use sluice_engine::state_cache::StateCache;
 use sluice_engine::turn::TurnStats;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use sluice_engine::state_cache::StateCache;
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Server-wide counters.
@@ -261,9 +261,19 @@ impl Metrics {
             let st = c.stats();
             for (name, kind, help, v) in [
                 ("files_written_total", "counter", "State files written.", st.files_written),
-                ("bytes_written_total", "counter", "Bytes of state files written.", st.bytes_written),
+                (
+                    "bytes_written_total",
+                    "counter",
+                    "Bytes of state files written.",
+                    st.bytes_written,
+                ),
                 ("restores_total", "counter", "Prompt states restored from files.", st.restores),
-                ("bytes_restored_total", "counter", "Bytes of state files restored.", st.bytes_restored),
+                (
+                    "bytes_restored_total",
+                    "counter",
+                    "Bytes of state files restored.",
+                    st.bytes_restored,
+                ),
                 (
                     "tokens_restored_total",
                     "counter",
@@ -277,7 +287,12 @@ impl Metrics {
                     st.refused,
                 ),
                 ("evicted_total", "counter", "State files deleted for size.", st.evicted),
-                ("write_errors_total", "counter", "State files that failed to write.", st.write_errors),
+                (
+                    "write_errors_total",
+                    "counter",
+                    "State files that failed to write.",
+                    st.write_errors,
+                ),
                 ("files", "gauge", "State files held.", st.files),
                 ("bytes", "gauge", "Bytes of state files held.", st.bytes_held),
             ] {

@@ -35,8 +35,9 @@ fn a_restarted_server_restores_the_prompt_and_the_shared_system_prompt_from_disk
     let first = Server::start(&args);
     let a = chat(&first, "What is a cache?");
     assert_eq!(a["state_cache_tokens_restored"], 0);
-    // The system prompt's end, the user message's end, the prompt's end, the generation's end.
-    wait_written(&first, 4.0);
+    // The system prompt's end, the user message's end, the prompt's end (and the generation's
+    // end, unless the reply was one token).
+    wait_written(&first, 3.0);
     assert!(first.metric("sluice_state_cache_bytes_written_total") > 0.0);
     drop(first);
 

@@ -191,7 +191,13 @@ fn put_rows(w: &mut dyn Write, r: &Rows) -> std::io::Result<()> {
 }
 
 /// KDA: the committed recurrent matrix and conv window.
-fn write_kda(w: &mut dyn Write, s: &[f32], conv: &[f32], heads: usize, dim: usize) -> std::io::Result<()> {
+fn write_kda(
+    w: &mut dyn Write,
+    s: &[f32],
+    conv: &[f32],
+    heads: usize,
+    dim: usize,
+) -> std::io::Result<()> {
     put_u8(w, 1)?;
     put_u32(w, heads)?;
     put_u32(w, dim)?;
@@ -217,7 +223,13 @@ fn read_kda(r: &mut Input<'_>, shape: LayerShape) -> Result<SnapLayer, SnapshotC
 }
 
 /// MLA: the latent and rope-key rows of every position.
-fn write_mla(w: &mut dyn Write, lat: &Rows, pe: &Rows, lat_dim: usize, pe_dim: usize) -> std::io::Result<()> {
+fn write_mla(
+    w: &mut dyn Write,
+    lat: &Rows,
+    pe: &Rows,
+    lat_dim: usize,
+    pe_dim: usize,
+) -> std::io::Result<()> {
     put_u8(w, 2)?;
     put_u32(w, lat_dim)?;
     put_u32(w, pe_dim)?;
@@ -225,7 +237,11 @@ fn write_mla(w: &mut dyn Write, lat: &Rows, pe: &Rows, lat_dim: usize, pe_dim: u
     put_rows(w, pe)
 }
 
-fn read_mla(r: &mut Input<'_>, shape: LayerShape, len: usize) -> Result<SnapLayer, SnapshotCodecError> {
+fn read_mla(
+    r: &mut Input<'_>,
+    shape: LayerShape,
+    len: usize,
+) -> Result<SnapLayer, SnapshotCodecError> {
     let LayerShape::Mla { lat_dim, pe_dim } = shape else {
         return Err(mismatch(format!("an MLA layer where this model has {shape:?}")));
     };
@@ -245,12 +261,17 @@ fn write_kv(w: &mut dyn Write, k: &Rows, v: &Rows, width: usize) -> std::io::Res
     put_rows(w, v)
 }
 
-fn read_kv(r: &mut Input<'_>, shape: LayerShape, len: usize) -> Result<SnapLayer, SnapshotCodecError> {
+fn read_kv(
+    r: &mut Input<'_>,
+    shape: LayerShape,
+    len: usize,
+) -> Result<SnapLayer, SnapshotCodecError> {
     let LayerShape::Kv { width } = shape else {
         return Err(mismatch(format!("a KV layer where this model has {shape:?}")));
     };
     expect("a KV layer's width", r.u32()?, width)?;
-    let n = len.checked_mul(width).ok_or_else(|| mismatch("more positions than an array can hold"))?;
+    let n =
+        len.checked_mul(width).ok_or_else(|| mismatch("more positions than an array can hold"))?;
     let k = r.f32s(n)?;
     let v = r.f32s(n)?;
     Ok(SnapLayer::Kv { k: rows(k), v: rows(v), width })
@@ -296,8 +317,8 @@ impl StateSnapshot {
         limit: u64,
     ) -> Result<StateSnapshot, SnapshotCodecError> {
         let mut r = Input { r, left: limit };
-        let family = Family::from_code(r.u8()?)
-            .ok_or_else(|| mismatch("an unknown state family"))?;
+        let family =
+            Family::from_code(r.u8()?).ok_or_else(|| mismatch("an unknown state family"))?;
         if family != shape.family {
             return Err(mismatch(format!(
                 "a {family:?} state, this model's is {:?}",
