@@ -86,7 +86,7 @@ fn a_restored_state_gives_the_logits_of_a_full_prefill_at_every_cut() {
         for (cut, restored) in [(3, 0), (4, 4), (5, 4), (7, 4), (8, 8), (9, 8), (20, 20), (21, 21)]
         {
             let mut q = p[..cut].to_vec();
-            q.extend([190 + cut as u32, 191, 192]);
+            q.extend([190 + u32::try_from(cut).unwrap(), 191, 192]);
             let got = gen(&m, &q, Some(&c));
             assert_eq!(got.stats.state_cache_tokens_restored, restored, "{name}: cut {cut}");
             assert_same(&name, &format!("cut {cut}"), &got, &gen(&m, &q, None));
