@@ -16,6 +16,7 @@ mod pull;
 mod run;
 mod run_output;
 mod serve;
+mod state_cache_args;
 mod synth;
 mod values;
 mod verify;

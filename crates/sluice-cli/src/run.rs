@@ -15,6 +15,7 @@ use crate::npy;
 use crate::open::{self, DraftArg, Target};
 use crate::prefill_progress;
 use crate::run_output::{self, Sink};
+use crate::state_cache_args::{self, StateCacheArgs};
 use crate::values;
 use crate::warm_start;
 use anyhow::{bail, Context, Result};
@@ -86,6 +87,8 @@ pub struct RunArgs {
     trace_routes: Option<PathBuf>,
     #[command(flatten)]
     load: LoadArgs,
+    #[command(flatten)]
+    state_cache: StateCacheArgs,
 }
 
 /// Parses `--prompt`: any text but the empty string.
@@ -166,6 +169,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     );
     let draft_model = opened.draft_model.take();
     let model = &opened.loaded.model;
+    let state_cache = a.state_cache.open(&target, model, opened.spine)?;
     let stop_ids: Vec<u32> = target.fmt.as_ref().map(|f| f.stop_ids().to_vec()).unwrap_or_default();
     let mut ngram = NgramDrafter::default();
     let mut model_drafter =
@@ -191,6 +195,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         interrupt: Some(interrupt::arm()),
         on_prefill: Some(prefill_progress::hook()),
         route_tap: tap.clone(),
+        state_cache: state_cache.clone(),
     };
     eprintln!("sluice: generating (Ctrl-C stops after the current pass and keeps the output)");
     let mut sink = (!a.json).then(|| Sink::stdout(target.fmt.as_ref()));
@@ -204,6 +209,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
     drop(opts);
     if let Some(tap) = tap {
         finish_trace(tap, a.trace_routes.as_deref())?;
+    }
+    // The states were written off the token path; the process waits for them before it ends.
+    if let Some(c) = &state_cache {
+        c.flush();
     }
     if let Some(e) = model_drafter.as_ref().and_then(ModelDrafter::error) {
         eprintln!("sluice: warning: the draft model failed and drafting stopped: {e}");
@@ -230,6 +239,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     if a.stats {
         run_output::print_stats(&opened, &out, &machine);
+        if let Some(c) = &state_cache {
+            eprintln!("stats: {}", state_cache_args::stats_line(&c.stats()));
+        }
     }
     // A reader that stopped reading (`| head`) ended the run quietly, as it ends `cat`; any
     // other failure to write is an error.

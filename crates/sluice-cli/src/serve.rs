@@ -6,6 +6,7 @@
 
 use crate::load_args::LoadArgs;
 use crate::open::{self, DraftArg, Target};
+use crate::state_cache_args::StateCacheArgs;
 use crate::values;
 use crate::warm_start;
 use anyhow::{bail, Result};
@@ -85,6 +86,8 @@ pub struct ServeArgs {
     /// of one request.
     #[command(flatten)]
     load: LoadArgs,
+    #[command(flatten)]
+    state_cache: StateCacheArgs,
 }
 
 /// Runs the command.
@@ -107,6 +110,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let draft = target.resolve_draft(&a.draft)?;
     let opened = target.load(opts, &draft)?;
     let spine = opened.spine;
+    let state_cache = a.state_cache.open(&target, &opened.loaded.model, spine)?;
     // Passes take no more rows than the plan charged working memory for.
     let prefill_chunk =
         opened.loaded.plan.as_ref().map_or(0, |p| usize::try_from(p.chunk).unwrap_or(usize::MAX));
@@ -169,6 +173,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         },
         model_dir: Some(target.read_dir.clone()),
         budget: plan_budget,
+        state_cache,
     };
     if !is_loopback(&a.host) {
         eprintln!("sluice: listening on {} exposes the server beyond this machine", a.host);

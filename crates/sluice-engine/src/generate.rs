@@ -16,11 +16,13 @@ use crate::policy::WidthPolicy;
 use crate::progress::{PrefillHook, Reporter};
 use crate::route_trace::{RouteTap, TracePass};
 use crate::sample::Sampling;
+use crate::state_cache::StateCache;
 use crate::EngineError;
 use serde::Serialize;
 use sluice_models::kimi_k3::Trace;
-use sluice_models::{LogitRows, Model, State};
+use sluice_models::{LogitRows, Model, State, StateSnapshot};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What to generate.
@@ -52,6 +54,10 @@ pub struct GenerateOptions {
     pub on_prefill: Option<PrefillHook>,
     /// Receives every pass's routes (`--trace-routes`; see [`crate::route_trace`]).
     pub route_tap: Option<RouteTap>,
+    /// The on-disk prompt-state cache: a fresh `state` starts from the longest cached prefix of
+    /// the prompt, and the state is queued for writing every `every` prompt tokens, at the end
+    /// of the prompt and at the end of generation ([`crate::state_cache`]).
+    pub state_cache: Option<Arc<StateCache>>,
 }
 
 impl Default for GenerateOptions {
@@ -67,6 +73,7 @@ impl Default for GenerateOptions {
             interrupt: None,
             on_prefill: None,
             route_tap: None,
+            state_cache: None,
         }
     }
 }
@@ -176,6 +183,12 @@ pub struct Stats {
     pub state_bytes: usize,
     /// Peak resident memory of the process (VmHWM), bytes.
     pub peak_rss_bytes: u64,
+    /// Prompt tokens restored from the on-disk state cache instead of prefilled.
+    pub state_cache_tokens_restored: usize,
+    /// Bytes of state-cache files read to restore them.
+    pub state_cache_bytes_restored: u64,
+    /// Bytes of state-cache files this run queued for writing (written off the token path).
+    pub state_cache_bytes_written: u64,
     /// Why generation stopped: "stop", "length", "cancelled", "interrupted".
     pub finish_reason: String,
 }
@@ -286,24 +299,49 @@ pub fn generate(
     let layers0 = Snapshot(model.layer_store_stats());
     let chunk = if opts.prefill_chunk == 0 { prompt.len() } else { opts.prefill_chunk };
     let mut logits = Vec::new();
-    let progress = Reporter::new(opts.on_prefill.as_ref(), model, prompt.len());
-    progress.report(0);
+    // Only a fresh state's positions are the prompt's: a continued state is not cached.
+    let disk = opts.state_cache.as_deref().filter(|_| state.is_empty());
+    // A fresh state starts from the longest prefix the state cache holds.
     let mut done = 0;
+    let mut base: Option<Arc<StateSnapshot>> = None;
+    if let Some(r) = disk.and_then(|d| d.lookup(prompt, 0)) {
+        *state = r.snapshot.restore();
+        done = r.pos;
+        logits = r.logits.unwrap_or_default();
+        em.out.stats.state_cache_tokens_restored = r.pos;
+        em.out.stats.state_cache_bytes_restored = r.bytes;
+        base = Some(Arc::new(r.snapshot));
+    }
+    let progress = Reporter::new(opts.on_prefill.as_ref(), model, prompt.len());
+    progress.report(done);
     let mut trace = opts.route_tap.as_ref().map(|_| Trace::routes_only());
-    for part in prompt.chunks(chunk) {
+    while done < prompt.len() {
         if em.interrupted() {
             break;
         }
-        logits = model.forward(state, part, LogitRows::Last, trace.as_mut())?;
-        state.commit(part.len());
+        // Passes end at the state cache's interval boundaries as well as at chunk ends.
+        let mut end = (done + chunk).min(prompt.len());
+        if let Some(every) = disk.map(StateCache::every).filter(|&e| e > 0) {
+            end = end.min((done / every + 1) * every);
+        }
+        logits = model.forward(state, &prompt[done..end], LogitRows::Last, trace.as_mut())?;
+        state.commit(end - done);
         if let (Some(tap), Some(tr)) = (&opts.route_tap, trace.as_mut()) {
-            let n = part.len();
+            let n = end - done;
             tap.record(TracePass::from_routes(0, "prefill", done, n, n, &tr.routes));
             tr.routes.clear();
         }
         em.out.stats.prefill_passes += 1;
-        done += part.len();
+        done = end;
         progress.report(done);
+        let at_point =
+            |d: &StateCache| (d.every() > 0 && done % d.every() == 0) || done == prompt.len();
+        if let Some(d) = disk.filter(|d| at_point(d)) {
+            let snap = Arc::new(state.snapshot(base.as_deref()));
+            em.out.stats.state_cache_bytes_written +=
+                d.submit(&prompt[..done], Arc::clone(&snap), Some(Arc::from(logits.as_slice())));
+            base = Some(snap);
+        }
     }
     em.out.stats.prefill_s = t0.elapsed().as_secs_f64();
     // The prefill counts as one pass however it was chunked (none if interrupted before it).
@@ -454,6 +492,16 @@ pub fn generate(
         }
     }
     stats.state_bytes = state.byte_len();
+    // The state after generation (every emitted token but the last is in it): a later prompt
+    // that continues this conversation resumes from it.
+    if let (Some(d), Some(gen)) = (disk, em.out.tokens.len().checked_sub(1)) {
+        if state.len() == prompt.len() + gen && gen > 0 {
+            let mut all = prompt.to_vec();
+            all.extend_from_slice(&em.out.tokens[..gen]);
+            let snap = Arc::new(state.snapshot(base.as_deref()));
+            stats.state_cache_bytes_written += d.submit(&all, snap, None);
+        }
+    }
     em.out.stats = stats;
     Ok(em.out)
 }

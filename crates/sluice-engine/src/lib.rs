@@ -22,6 +22,8 @@ pub mod route_trace;
 pub mod sample;
 pub mod session;
 pub mod spine;
+pub mod state_cache;
+pub mod state_file;
 pub mod stop;
 pub mod turn;
 

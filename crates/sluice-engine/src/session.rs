@@ -27,6 +27,7 @@
 //! over distinct allocations (snapshot parts, logits) and the token lists, and entries are evicted
 //! least recently used first.
 
+use crate::state_cache::StateCache;
 use sluice_models::StateSnapshot;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -91,7 +92,12 @@ impl<S: SessionState> Snapshot<S> {
 
     /// A snapshot of a state the caller keeps a handle to (the base of its next snapshot).
     pub fn shared(state: Arc<S>, logits: Option<Vec<f32>>) -> Self {
-        Self { pos: state.positions(), state, logits: logits.map(Arc::from) }
+        Self::shared_logits(state, logits.map(Arc::from))
+    }
+
+    /// [`Snapshot::shared`] with logits the caller shares too (with the state cache's writer).
+    pub fn shared_logits(state: Arc<S>, logits: Option<Arc<[f32]>>) -> Self {
+        Self { pos: state.positions(), state, logits }
     }
 
     /// Positions in the state.
@@ -141,6 +147,11 @@ impl<S> Chain<S> {
     pub fn positions(&self) -> Vec<usize> {
         self.0.iter().map(|s| s.pos).collect()
     }
+
+    /// Adds a snapshot of a later prefix of the same prompt (one restored from disk).
+    pub fn push(&mut self, s: Snapshot<S>) {
+        self.0.push(s);
+    }
 }
 
 #[derive(Debug)]
@@ -156,6 +167,8 @@ pub struct SessionCache<S = StateSnapshot> {
     cfg: SessionConfig,
     entries: Vec<Entry<S>>,
     clock: u64,
+    /// The on-disk prompt-state cache behind this one, when configured.
+    disk: Option<Arc<StateCache>>,
 }
 
 /// Length of the common prefix of `a` and `b`.
@@ -166,7 +179,20 @@ pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 impl<S: SessionState> SessionCache<S> {
     /// An empty cache.
     pub fn new(cfg: SessionConfig) -> Self {
-        Self { cfg, entries: Vec::new(), clock: 0 }
+        Self { cfg, entries: Vec::new(), clock: 0, disk: None }
+    }
+
+    /// This cache backed by the on-disk prompt-state cache `disk`: requests restore from it what
+    /// memory does not hold, and their snapshots are written to it ([`crate::turn`]).
+    #[must_use]
+    pub fn with_disk(mut self, disk: Option<Arc<StateCache>>) -> Self {
+        self.disk = disk;
+        self
+    }
+
+    /// The on-disk cache, when configured.
+    pub fn disk(&self) -> Option<&Arc<StateCache>> {
+        self.disk.as_ref()
     }
 
     /// The limits.

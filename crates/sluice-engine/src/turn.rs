@@ -20,6 +20,7 @@ use crate::policy::WidthPolicy;
 use crate::progress::{PrefillHook, Reporter};
 use crate::sample::Sampling;
 use crate::session::{Resume, SessionCache, Snapshot};
+use crate::state_cache::StateCache;
 use crate::EngineError;
 use serde::Serialize;
 use sluice_models::{LogitRows, Model, State, StateSnapshot};
@@ -45,6 +46,9 @@ pub struct TurnOptions {
     /// Called before the first prefill pass and after each one (see [`crate::progress`]);
     /// positions resumed from the session cache count as done.
     pub on_prefill: Option<PrefillHook>,
+    /// Prompt positions that end a message (e.g. the system prompt's end): prefill passes end
+    /// there and, with an on-disk state cache, the state there is written to it.
+    pub boundaries: Vec<usize>,
 }
 
 /// Statistics of one turn.
@@ -82,6 +86,12 @@ pub struct TurnStats {
     pub snapshots: usize,
     /// Bytes those snapshots added (cache rows shared with earlier snapshots not counted).
     pub snapshot_bytes: usize,
+    /// Prompt tokens restored from the on-disk state cache (included in `cached_tokens`).
+    pub state_cache_tokens_restored: usize,
+    /// Bytes of state-cache files read to restore them.
+    pub state_cache_bytes_restored: u64,
+    /// Bytes of state-cache files this turn queued for writing (written off the token path).
+    pub state_cache_bytes_written: u64,
     /// `stop` (stop token or the callback asked to stop), `length`, or `cancelled`.
     pub finish_reason: String,
     /// The speculative width policy's estimates and last decision (absent without a drafter,
@@ -171,10 +181,22 @@ pub fn run_turn(
         return Ok(Turn { tokens: Vec::new(), stats });
     }
     let every = cache.as_ref().map_or(0, |c| c.config().checkpoint_every);
-    let Resume { from, reused, logits: cached_logits, chain } = match cache.as_deref_mut() {
+    let disk: Option<Arc<StateCache>> = cache.as_ref().and_then(|c| c.disk().cloned());
+    let disk_every = disk.as_ref().map_or(0, |d| d.every());
+    let mut resume = match cache.as_deref_mut() {
         Some(c) => c.resume(prompt),
         None => Resume::fresh(),
     };
+    // What memory does not hold, the disk may: a longer prefix restored from a file.
+    if let Some(r) = disk.as_ref().and_then(|d| d.lookup(prompt, resume.reused)) {
+        stats.state_cache_tokens_restored = r.pos;
+        stats.state_cache_bytes_restored = r.bytes;
+        let snap = Arc::new(r.snapshot);
+        let logits: Option<Arc<[f32]>> = r.logits.map(Arc::from);
+        resume.chain.push(Snapshot::shared_logits(Arc::clone(&snap), logits.clone()));
+        resume = Resume { from: Some(snap), reused: r.pos, logits, chain: resume.chain };
+    }
+    let Resume { from, reused, logits: cached_logits, chain } = resume;
     let mut state = from.as_deref().map_or_else(|| model.new_state(), StateSnapshot::restore);
     // The latest snapshot this state descends from: the next one shares its cache rows.
     let mut base: Option<Arc<StateSnapshot>> = from;
@@ -195,9 +217,12 @@ pub fn run_turn(
             }
             return Ok(Turn { tokens: Vec::new(), stats });
         }
-        // The next checkpoint boundary (a multiple of `every`), or the end of the prompt.
+        // The next checkpoint boundary (a multiple of `every` or of the state cache's
+        // interval, or a message boundary), or the end of the prompt.
+        let next = |e: usize| pos.checked_div(e).map_or(prompt.len(), |k| (k + 1) * e);
+        let boundary = opts.boundaries.iter().copied().filter(|&b| b > pos).min();
         let end =
-            pos.checked_div(every).map_or(prompt.len(), |k| ((k + 1) * every).min(prompt.len()));
+            next(every).min(next(disk_every)).min(boundary.unwrap_or(usize::MAX)).min(prompt.len());
         let end = match opts.prefill_chunk {
             0 => end,
             chunk => end.min(pos + chunk),
@@ -210,11 +235,22 @@ pub fn run_turn(
         stats.prefill_tokens += end - pos;
         pos = end;
         progress.report(pos);
-        if keep(&cache, state.snapshot_bytes()) {
-            snaps.push(Snapshot::shared(
-                take_snapshot(&state, &mut base, &mut stats),
-                Some(l.clone()),
-            ));
+        let to_disk = disk.as_ref().filter(|_| {
+            end == prompt.len()
+                || (disk_every > 0 && end % disk_every == 0)
+                || opts.boundaries.contains(&end)
+        });
+        let to_memory = keep(&cache, state.snapshot_bytes());
+        if to_memory || to_disk.is_some() {
+            let snap = take_snapshot(&state, &mut base, &mut stats);
+            let shared: Arc<[f32]> = Arc::from(l.as_slice());
+            if let Some(d) = to_disk {
+                stats.state_cache_bytes_written +=
+                    d.submit(&prompt[..end], Arc::clone(&snap), Some(Arc::clone(&shared)));
+            }
+            if to_memory {
+                snaps.push(Snapshot::shared_logits(snap, Some(shared)));
+            }
         }
         logits = Some(l);
     }
@@ -292,11 +328,21 @@ pub fn run_turn(
     stats.expert_bytes = store1.bytes_served - store0.bytes_served;
     stats.expert_bytes_read = store1.bytes_read - store0.bytes_read;
     if let Some(c) = cache {
-        if c.fits(state.snapshot_bytes()) {
-            snaps.push(Snapshot::shared(take_snapshot(&state, &mut base, &mut stats), None));
-        }
         let mut all = prompt.to_vec();
         all.extend_from_slice(&tokens);
+        let to_memory = c.fits(state.snapshot_bytes());
+        if to_memory || disk.is_some() {
+            let snap = take_snapshot(&state, &mut base, &mut stats);
+            if let Some(d) = &disk {
+                // The state holds every generated token but the last (never fed).
+                if let Some(held) = all.get(..state.len()) {
+                    stats.state_cache_bytes_written += d.submit(held, Arc::clone(&snap), None);
+                }
+            }
+            if to_memory {
+                snaps.push(Snapshot::shared(snap, None));
+            }
+        }
         c.store(chain, snaps, all);
     }
     Ok(Turn { tokens, stats })

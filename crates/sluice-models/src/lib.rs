@@ -19,7 +19,7 @@ pub mod synth;
 pub mod working;
 
 pub use family::{Family, MemoryNeeds, RoutedExperts, Shape, FAMILIES};
-pub use snapshot::StateSnapshot;
+pub use snapshot::{SnapshotCodecError, StateShape, StateSnapshot, SNAPSHOT_FORMAT_VERSION};
 
 use sluice_checkpoint::{Checkpoint, CheckpointError};
 use std::sync::Arc;

@@ -14,7 +14,12 @@
 //! allocation so that a store of many snapshots counts shared segments once.
 //!
 //! [`StateSnapshot::restore`] rebuilds a state whose next pass is bit-identical to the next pass
-//! of the state it was taken from (tested in `tests/snapshot.rs`).
+//! of the state it was taken from (tested in `tests/snapshot.rs`). [`StateSnapshot::encode`] and
+//! [`StateSnapshot::decode`] (in `codec`) give it a byte form for the engine's on-disk cache.
+
+mod codec;
+
+pub use codec::{SnapshotCodecError, StateShape, SNAPSHOT_FORMAT_VERSION};
 
 use crate::kimi_k3::state::{K3State, KdaLayer, KdaState, LayerState, MlaLayer};
 use crate::qwen3::state::{KvCache, Qwen3State};

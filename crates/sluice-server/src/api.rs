@@ -240,7 +240,7 @@ async fn run(
     app: &App,
     reservation: Reservation,
     meta: Meta,
-    prompt: Vec<u32>,
+    prompt: Prompt,
     common: &Common,
     max_new: usize,
     logprobs: Option<usize>,
@@ -249,7 +249,8 @@ async fn run(
     let (tx, mut rx): (_, UnboundedReceiver<Event>) = unbounded_channel();
     let job = Job {
         id: app.next_id.fetch_add(1, Ordering::Relaxed),
-        prompt,
+        prompt: prompt.ids,
+        boundaries: prompt.boundaries,
         max_new,
         sampling: common.sampling,
         stop: common.stop.clone(),
@@ -293,15 +294,52 @@ async fn chat(
     drop(v);
     let reservation = app.sched.reserve()?;
     let (messages, options) = (req.messages, req.options.clone());
-    let prompt = on_blocking(&app, move |tok| {
-        render_k3(tok, &messages, &options)
-            .map_err(|e| ApiError::invalid("messages", e.to_string()))
+    let (prompt, boundaries) = on_blocking(&app, move |tok| {
+        let prompt = render_k3(tok, &messages, &options)
+            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+        let boundaries = message_boundaries(tok, &messages, &options, &prompt);
+        Ok((prompt, boundaries))
     })
     .await?;
     let max_new = budget(&app.limits, prompt.len(), req.common.max_tokens, "messages")?;
     let output = OutputKind::Chat { thinking: req.options.thinking, tools: req.parse_tools };
     let meta = meta(&app, Endpoint::Chat, req.logprobs.is_some());
+    let prompt = Prompt { ids: prompt, boundaries };
     run(&app, reservation, meta, prompt, &req.common, max_new, req.logprobs, output).await
+}
+
+/// Where the conversation's messages end inside `prompt`: after the leading system messages
+/// (the system prompt and tool declarations that conversations of one agent share) and after
+/// the last message, before the assistant turn the model completes. The state cache writes
+/// the state at these positions. A cut whose rendering is not a prefix of the prompt (the
+/// template wrote something at the end, such as a tool-choice message) is left out.
+fn message_boundaries(
+    tok: &Tokenizer,
+    messages: &[sluice_tokenizer::ChatMessage],
+    options: &sluice_tokenizer::ChatOptions,
+    prompt: &[u32],
+) -> Vec<usize> {
+    let opts = sluice_tokenizer::ChatOptions { add_generation_prompt: false, ..options.clone() };
+    let leading = messages.iter().take_while(|m| m.role == sluice_tokenizer::Role::System).count();
+    let mut out = Vec::new();
+    for cut in [leading, messages.len()] {
+        if cut == 0 {
+            continue;
+        }
+        if let Ok(ids) = render_k3(tok, &messages[..cut], &opts) {
+            if !ids.is_empty() && ids.len() < prompt.len() && prompt.starts_with(&ids) {
+                out.push(ids.len());
+            }
+        }
+    }
+    out.dedup();
+    out
+}
+
+/// A prompt's ids and its message boundaries ([`Job::boundaries`]).
+struct Prompt {
+    ids: Vec<u32>,
+    boundaries: Vec<usize>,
 }
 
 async fn completions(
@@ -331,6 +369,7 @@ async fn completions(
     }
     let max_new = budget(&app.limits, prompt.len(), req.common.max_tokens.or(Some(16)), "prompt")?;
     let meta = meta(&app, Endpoint::Completion, req.logprobs.is_some());
+    let prompt = Prompt { ids: prompt, boundaries: Vec::new() };
     run(&app, reservation, meta, prompt, &req.common, max_new, req.logprobs, OutputKind::Text).await
 }
 

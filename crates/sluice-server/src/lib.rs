@@ -31,6 +31,7 @@ use crate::request::Limits;
 use crate::scheduler::Scheduler;
 use crate::worker::{EngineSettings, Worker};
 use sluice_engine::session::{SessionCache, SessionConfig};
+use sluice_engine::state_cache::StateCache;
 use sluice_engine::{Drafter, Spine};
 use sluice_models::Model;
 use sluice_tokenizer::Tokenizer;
@@ -73,6 +74,8 @@ pub struct ServerConfig {
     pub model_dir: Option<std::path::PathBuf>,
     /// The `--memory` budget, reported beside peak RSS.
     pub budget: Option<u64>,
+    /// The on-disk prompt-state cache (`--state-cache`), when configured.
+    pub state_cache: Option<Arc<StateCache>>,
 }
 
 /// Why the server could not start or stopped with an error.
@@ -113,6 +116,9 @@ pub fn serve(
     sluice_tokenizer::k3_stop_id(&tok)?;
     let metrics = Arc::new(Metrics::default());
     metrics.watch_machine(cfg.model_dir.as_deref(), cfg.budget);
+    if let Some(c) = &cfg.state_cache {
+        metrics.set_state_cache(Arc::clone(c));
+    }
     let sched = Scheduler::new(cfg.queue, Arc::clone(&metrics));
     let app = Arc::new(App {
         limits: Limits {
@@ -135,7 +141,7 @@ pub fn serve(
     let worker = Worker::new(
         model,
         tok,
-        SessionCache::new(cfg.session),
+        SessionCache::new(cfg.session).with_disk(cfg.state_cache.clone()),
         drafter,
         cfg.engine,
         Arc::clone(&sched),
@@ -197,6 +203,10 @@ pub fn serve(
         );
     }
     rt.shutdown_timeout(Duration::from_secs(1));
+    // States queued for the disk are written before the process ends (a restart finds them).
+    if let Some(c) = &cfg.state_cache {
+        c.flush();
+    }
     res
 }
 

@@ -4,11 +4,12 @@
 //! reuse, pass time (sum and count), time to first token, expert bytes and cancellations; gauges
 //! report the queue, the running generation and the session cache.
 
+use sluice_engine::state_cache::StateCache;
 use sluice_engine::turn::TurnStats;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use crate::machine_metrics::MachineWatch;
 
@@ -37,6 +38,8 @@ pub struct Metrics {
     prefill_total: AtomicU64,
     prefill_read: AtomicU64,
     machine: OnceLock<MachineWatch>,
+    /// The on-disk prompt-state cache, whose live counters are exported when configured.
+    state_cache: OnceLock<Arc<StateCache>>,
 }
 
 fn micros(s: f64) -> u64 {
@@ -115,6 +118,11 @@ impl Metrics {
     /// The machine-cost figures, once [`Metrics::watch_machine`] started them.
     pub fn machine(&self) -> Option<&MachineWatch> {
         self.machine.get()
+    }
+
+    /// Exports `cache`'s counters (`sluice_state_cache_*`).
+    pub fn set_state_cache(&self, cache: Arc<StateCache>) {
+        let _ = self.state_cache.set(cache);
     }
 
     /// Prefill tokens saved by state reuse so far.
@@ -263,6 +271,48 @@ impl Metrics {
             "Bytes of stored conversation state.",
             get(&self.session_bytes).to_string(),
         );
+        if let Some(c) = self.state_cache.get() {
+            let st = c.stats();
+            for (name, kind, help, v) in [
+                ("files_written_total", "counter", "State files written.", st.files_written),
+                (
+                    "bytes_written_total",
+                    "counter",
+                    "Bytes of state files written.",
+                    st.bytes_written,
+                ),
+                ("restores_total", "counter", "Prompt states restored from files.", st.restores),
+                (
+                    "bytes_restored_total",
+                    "counter",
+                    "Bytes of state files restored.",
+                    st.bytes_restored,
+                ),
+                (
+                    "tokens_restored_total",
+                    "counter",
+                    "Prompt tokens restored from files instead of prefilled.",
+                    st.tokens_restored,
+                ),
+                (
+                    "refused_total",
+                    "counter",
+                    "State files refused (corrupt, truncated, another model or format).",
+                    st.refused,
+                ),
+                ("evicted_total", "counter", "State files deleted for size.", st.evicted),
+                (
+                    "write_errors_total",
+                    "counter",
+                    "State files that failed to write.",
+                    st.write_errors,
+                ),
+                ("files", "gauge", "State files held.", st.files),
+                ("bytes", "gauge", "Bytes of state files held.", st.bytes_held),
+            ] {
+                metric(&format!("sluice_state_cache_{name}"), kind, help, v.to_string());
+            }
+        }
         if let Some(w) = self.machine.get() {
             w.render(&mut out);
         }

@@ -33,6 +33,8 @@ pub struct Job {
     pub id: u64,
     /// Prompt ids.
     pub prompt: Vec<u32>,
+    /// Prompt positions where a message ends (the state cache writes the state there).
+    pub boundaries: Vec<usize>,
     /// Most new tokens.
     pub max_new: usize,
     /// Sampling.
@@ -163,6 +165,7 @@ impl Worker {
                     "stats: job {}, prompt {} tokens ({} reused, {} prefilled in {} passes, {:.3}s), \
                      ttft {:.3}s, generated {} tokens in {:.3}s ({} decode passes, {} drafted, {} accepted), \
                      experts {} bytes served / {} read, snapshots {} (+{} bytes), \
+                     state cache {} tokens restored ({} bytes read) / {} bytes written, \
                      session store {entries} conversations / {snaps} snapshots / {bytes} bytes, finish {}{}",
                     job.id,
                     t.prompt_tokens,
@@ -180,6 +183,9 @@ impl Worker {
                     t.expert_bytes_read,
                     t.snapshots,
                     t.snapshot_bytes,
+                    t.state_cache_tokens_restored,
+                    t.state_cache_bytes_restored,
+                    t.state_cache_bytes_written,
                     s.finish_reason,
                     t.policy.as_ref().map(|p| format!("; draft width: {p}")).unwrap_or_default(),
                 );
@@ -216,6 +222,7 @@ impl Worker {
             per_token_logits: job.logprobs.is_some(),
             prefill_chunk: self.prefill_chunk,
             on_prefill: Some(prefill_hook(job.id, Arc::clone(&self.metrics))),
+            boundaries: job.boundaries.clone(),
         };
         // The client leaving and the server stopping both end the job at the next pass.
         let cancel = || job.cancel.load(Ordering::Acquire) || self.sched.stopping();
@@ -317,6 +324,7 @@ pub(crate) mod tests {
         let job = Job {
             id,
             prompt: vec![1],
+            boundaries: Vec::new(),
             max_new: 1,
             sampling: Sampling::greedy(),
             stop: Vec::new(),

@@ -1,0 +1,58 @@
+//! `sluice serve --state-cache`: a restarted server restores prompt states the previous process
+//! wrote — the whole prompt of a repeated request, and the shared system prompt (a message
+//! boundary) of a new conversation — and its output is unchanged.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use common::{post, tiny_a, Server};
+use serde_json::{json, Value};
+
+fn chat(server: &Server, user: &str) -> Value {
+    let system = "You are a careful assistant who answers in one short sentence. ".repeat(6);
+    let body = json!({"model": "tiny-a", "messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": user}],
+        "max_tokens": 4, "temperature": 0});
+    let r = post(server.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json()["sluice"].clone()
+}
+
+/// Waits (on the counter, polled) until the server has written `n` state files.
+fn wait_written(s: &Server, n: f64) {
+    while s.metric("sluice_state_cache_files_written_total") < n {
+        assert!(s.metric("sluice_state_cache_write_errors_total") == 0.0, "{}", s.metrics_text());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_restarted_server_restores_the_prompt_and_the_shared_system_prompt_from_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let args = ["--model", &tiny_a(), "--state-cache", d, "--state-cache-every", "0"];
+    let plain = Server::start(&["--model", &tiny_a(), "--session-memory", "0"]);
+    let first = Server::start(&args);
+    let a = chat(&first, "What is a cache?");
+    assert_eq!(a["state_cache_tokens_restored"], 0);
+    // The system prompt's end, the user message's end, the prompt's end (and the generation's
+    // end, unless the reply was one token).
+    wait_written(&first, 3.0);
+    assert!(first.metric("sluice_state_cache_bytes_written_total") > 0.0);
+    drop(first);
+
+    let second = Server::start(&args);
+    let again = chat(&second, "What is a cache?");
+    assert_eq!(again["state_cache_tokens_restored"], a["prompt_tokens"], "the whole prompt");
+    assert_eq!(again["prefill_tokens"], 0);
+    assert_eq!(again["generated_ids"], a["generated_ids"]);
+    let other = chat(&second, "Name a prime number.");
+    let restored = other["state_cache_tokens_restored"].as_u64().unwrap();
+    assert!(
+        restored > 0 && restored < other["prompt_tokens"].as_u64().unwrap(),
+        "the system prompt's boundary: {other}"
+    );
+    assert_eq!(other["generated_ids"], chat(&plain, "Name a prime number.")["generated_ids"]);
+    assert_eq!(second.metric("sluice_state_cache_refused_total"), 0.0);
+    assert!(second.metric("sluice_state_cache_tokens_restored_total") >= restored as f64);
+}

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Agent replay: a recorded coding-agent session replayed against `sluice serve` through the
+OpenAI chat API, in three conditions, reporting per turn the time to first token, the prompt
+tokens prefilled and restored, the expert bytes read and the bytes written to the state cache.
+
+    python3 tools/agent_replay.py --sluice target/release/sluice [--model DIR] [--memory 4G] \
+        [--session tools/workloads/agent_session.json] [--max-tokens 8] [--runs 3] [--json OUT]
+
+Conditions (each starts its own servers on a free port, with a fresh state-cache directory):
+  none     `--session-memory 0`, no `--state-cache`: every turn prefills its whole prompt.
+  warm     one server with in-process reuse and `--state-cache`: turn k resumes from turn k-1's
+           state held in memory and prefills the rest.
+  restart  a new server process for every turn on the same `--state-cache` directory: turn k
+           resumes from the state turn k-1's server wrote to disk and prefills the same rest.
+The ratio restart / warm of each turn's TTFT is what a restart costs (target <= 1.1).
+
+Figures come from each response's `sluice` object (engine-side TTFT from the start of the job,
+restore included). Greedy, so every condition must generate the same tokens (checked). Medians
+over --runs repetitions of the whole replay. Only the standard library is used.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import urllib.request
+
+
+class Server:
+    """One `sluice serve` child on a free port."""
+
+    def __init__(self, a, extra):
+        cmd = [a.sluice, "serve", "--port", "0", "--max-tokens", str(max(a.max_tokens, 1))]
+        if a.model:
+            cmd += ["--model", a.model]
+        if a.memory:
+            cmd += ["--memory", a.memory]
+        cmd += a.serve_arg + extra
+        self.p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        self.log = []
+        for line in self.p.stderr:
+            self.log.append(line)
+            m = re.search(r"on http://(\S+)", line)
+            if m:
+                self.url = f"http://{m.group(1)}/v1"
+                break
+        else:
+            raise SystemExit("sluice serve exited:\n" + "".join(self.log))
+        self.model = json.loads(urllib.request.urlopen(self.url + "/models").read())["data"][0]["id"]
+
+    def chat(self, session, k, max_tokens):
+        messages = [{"role": "system", "content": session["system"]}]
+        for t in session["turns"][:k + 1]:
+            messages += t["append"]
+        body = {"model": self.model, "messages": messages, "tools": session["tools"],
+                "max_tokens": max_tokens, "temperature": 0}
+        req = urllib.request.Request(self.url + "/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        r = json.loads(urllib.request.urlopen(req, timeout=3600).read())
+        return r["sluice"]
+
+    def stop(self):
+        self.p.terminate()
+        self.p.wait()
+
+
+def replay(a, session, condition):
+    cache = tempfile.mkdtemp(prefix="sluice-agent-")
+    disk = ["--state-cache", cache]
+    rows = []
+    try:
+        if condition == "none":
+            extra, per_turn = ["--session-memory", "0"], False
+        elif condition == "warm":
+            extra, per_turn = disk, False
+        else:
+            extra, per_turn = disk, True
+        srv = None if per_turn else Server(a, extra)
+        for k in range(len(session["turns"])):
+            s = Server(a, extra) if per_turn else srv
+            x = s.chat(session, k, a.max_tokens)
+            if per_turn:
+                s.stop()  # SIGTERM: queued state writes finish before the process ends
+            rows.append({
+                "turn": k + 1,
+                "ttft_s": x["ttft_s"],
+                "prompt_tokens": x["prompt_tokens"],
+                "prefilled": x["prefill_tokens"],
+                "restored_memory": x["cached_tokens"] - x["state_cache_tokens_restored"],
+                "restored_disk": x["state_cache_tokens_restored"],
+                "expert_bytes_read": x["expert_bytes_read"],
+                "state_bytes_written": x["state_cache_bytes_written"],
+                "generated_ids": x["generated_ids"],
+            })
+        if srv:
+            srv.stop()
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sluice", required=True, help="the sluice binary")
+    ap.add_argument("--model", help="checkpoint directory (default: the built-in mini-K3)")
+    ap.add_argument("--memory", help="--memory for the servers (e.g. 4G)")
+    ap.add_argument("--session", default=os.path.join(os.path.dirname(__file__), "workloads", "agent_session.json"))
+    ap.add_argument("--max-tokens", type=int, default=8, help="tokens generated per turn")
+    ap.add_argument("--runs", type=int, default=3, help="repetitions of the whole replay (medians)")
+    ap.add_argument("--serve-arg", action="append", default=[], help="extra `sluice serve` argument (repeatable)")
+    ap.add_argument("--json", help="write every row here")
+    a = ap.parse_args()
+    session = json.load(open(a.session))
+    runs = {c: [] for c in ("none", "warm", "restart")}
+    for _ in range(a.runs):
+        for c in runs:  # interleaved, so drift in the machine hits every condition alike
+            runs[c].append(replay(a, session, c))
+    ids = [r["generated_ids"] for rows in runs["none"] for r in rows]
+    for c, reps in runs.items():
+        got = [r["generated_ids"] for rows in reps for r in rows]
+        if got != ids[:len(got)] or len(got) != len(ids):
+            sys.exit(f"condition {c} generated different tokens: not exact")
+    med = lambda c, t, key: statistics.median(rows[t][key] for rows in runs[c])
+    print("| turn | prompt tokens | TTFT none (s) | TTFT warm (s) | TTFT restart (s) | restart / warm "
+          "| prefilled none / warm / restart | restored warm (mem+disk) / restart (disk) "
+          "| expert bytes read none / warm / restart | state bytes written warm / restart |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for t in range(len(session["turns"])):
+        r0 = runs["none"][0][t]
+        w, s = runs["warm"][0][t], runs["restart"][0][t]
+        tw, ts = med("warm", t, "ttft_s"), med("restart", t, "ttft_s")
+        print(f"| {t + 1} | {r0['prompt_tokens']} | {med('none', t, 'ttft_s'):.3f} | {tw:.3f} | {ts:.3f} "
+              f"| {ts / tw:.2f} | {r0['prefilled']} / {w['prefilled']} / {s['prefilled']} "
+              f"| {w['restored_memory']}+{w['restored_disk']} / {s['restored_disk']} "
+              f"| {med('none', t, 'expert_bytes_read'):.0f} / {med('warm', t, 'expert_bytes_read'):.0f} / "
+              f"{med('restart', t, 'expert_bytes_read'):.0f} "
+              f"| {w['state_bytes_written']} / {s['state_bytes_written']} |")
+    if a.json:
+        json.dump(runs, open(a.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
