@@ -159,6 +159,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         fixed_width: false,
         interrupt: Some(interrupt::arm()),
         on_prefill: Some(prefill_progress::hook()),
+        constraint: None,
     };
     eprintln!("sluice: generating (Ctrl-C stops after the current pass and keeps the output)");
     let mut sink = (!a.json).then(|| Sink::stdout(target.fmt.as_ref()));

@@ -66,6 +66,7 @@ fn run_turn_counts_resumed_positions_as_done() {
         per_token_logits: false,
         prefill_chunk: 0,
         on_prefill: Some(hook),
+        constraint: None,
     };
     let mut cb = |_: u32, _: Option<&[f32]>| true;
     run_turn(&m, Some(&mut cache), &prompt, &opts, None, &|| false, &mut cb).unwrap();

@@ -34,6 +34,7 @@ fn turn(
         per_token_logits: logits,
         prefill_chunk: 0,
         on_prefill: None,
+        constraint: None,
     };
     let mut rows = Vec::new();
     let mut d = NgramDrafter::default();
