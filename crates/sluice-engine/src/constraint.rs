@@ -98,8 +98,8 @@ impl GrammarEnv {
         let vocab = u32::try_from(n).map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
         let trie = TokTrie::from(&TokRxInfo::new(vocab, eos), &words);
         let env: TokEnv = Arc::new(Env { trie, tok });
-        let mut factory =
-            ParserFactory::new_simple(&env).map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
         // Warnings go into the error a request gets, not onto the server's stderr.
         factory.set_stderr_log_level(0);
         Ok(Self { factory, eos })

@@ -258,7 +258,10 @@ fn parse_tool_choice(
     if tools.is_empty() {
         return Err(ApiError::invalid(
             "tool_choice.name",
-            format!("tool_choice names {:?}, which is not among the declared tools", only.unwrap_or("")),
+            format!(
+                "tool_choice names {:?}, which is not among the declared tools",
+                only.unwrap_or("")
+            ),
         ));
     }
     let parallel = only.is_none() && !single;
@@ -384,7 +387,10 @@ fn user_turn(
             },
             Some("tool_result") => {
                 let Some(id) = b.str("tool_use_id")? else {
-                    return Err(ApiError::invalid(b.param("tool_use_id"), "tool_use_id: Field required"));
+                    return Err(ApiError::invalid(
+                        b.param("tool_use_id"),
+                        "tool_use_id: Field required",
+                    ));
                 };
                 let Some(k) = open_uses.iter().position(|u| u == id) else {
                     return Err(ApiError::invalid(
@@ -401,7 +407,8 @@ fn user_turn(
                     None => String::new(),
                     Some(v) => text_of(v, &b.param("content"))?,
                 };
-                let text = if b.bool("is_error")? == Some(true) { format!("Error: {text}") } else { text };
+                let text =
+                    if b.bool("is_error")? == Some(true) { format!("Error: {text}") } else { text };
                 let mut msg = ChatMessage::new(Role::Tool, text);
                 msg.tool_call_id = Some(id.to_owned());
                 out.push(msg);
@@ -431,7 +438,8 @@ fn assistant_turn(
         out.push(ChatMessage::new(Role::Assistant, text_of(content, path)?));
         return Ok(Vec::new());
     };
-    let (mut texts, mut thinking, mut calls, mut ids) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut texts, mut thinking, mut calls, mut ids) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (i, b) in blocks.iter().enumerate() {
         let mut b = Obj::new(b, &format!("{path}[{i}]"))?;
         match b.str("type")? {
@@ -447,7 +455,10 @@ fn assistant_turn(
             }
             Some("tool_use") => {
                 let (Some(id), Some(name)) = (b.str("id")?, b.str("name")?) else {
-                    return Err(ApiError::invalid(b.param("id"), "tool_use blocks need id and name"));
+                    return Err(ApiError::invalid(
+                        b.param("id"),
+                        "tool_use blocks need id and name",
+                    ));
                 };
                 let input = b.value("input").cloned().unwrap_or_else(|| json!({}));
                 if !input.is_object() {
@@ -464,7 +475,11 @@ fn assistant_turn(
                 });
             }
             Some(other) => {
-                return Err(unknown_block(&b.param("type"), other, &["text", "thinking", "tool_use"]))
+                return Err(unknown_block(
+                    &b.param("type"),
+                    other,
+                    &["text", "thinking", "tool_use"],
+                ))
             }
             None => return Err(ApiError::invalid(b.param("type"), "type: Field required")),
         }

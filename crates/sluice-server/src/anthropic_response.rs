@@ -263,12 +263,18 @@ impl Streamer {
         if !d.reasoning.is_empty() {
             let index = self.block(Open::Thinking);
             let delta = json!({"type": "thinking_delta", "thinking": d.reasoning});
-            self.emit("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": delta}));
+            self.emit(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index, "delta": delta}),
+            );
         }
         if !d.content.is_empty() {
             let index = self.block(Open::Text);
             let delta = json!({"type": "text_delta", "text": d.content});
-            self.emit("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": delta}));
+            self.emit(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index, "delta": delta}),
+            );
         }
         for c in &d.tool_calls {
             self.close();
@@ -280,8 +286,12 @@ impl Streamer {
                 "content_block_start",
                 json!({"type": "content_block_start", "index": index, "content_block": block}),
             );
-            let delta = json!({"type": "input_json_delta", "partial_json": input_of(c).to_string()});
-            self.emit("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": delta}));
+            let delta =
+                json!({"type": "input_json_delta", "partial_json": input_of(c).to_string()});
+            self.emit(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index, "delta": delta}),
+            );
             self.emit("content_block_stop", json!({"type": "content_block_stop", "index": index}));
         }
     }

@@ -26,7 +26,8 @@ fn refused(v: Value) -> (String, String) {
 
 #[test]
 fn a_tool_round_trip_maps_to_chat_messages() {
-    let r = ok(json!({"model": "m", "max_tokens": 20, "system": [{"type": "text", "text": "be brief"}],
+    let r = ok(
+        json!({"model": "m", "max_tokens": 20, "system": [{"type": "text", "text": "be brief"}],
         "thinking": {"type": "enabled", "budget_tokens": 10},
         "tools": [{"name": "get", "description": "weather", "input_schema": {"type": "object"}}],
         "messages": [
@@ -37,7 +38,8 @@ fn a_tool_round_trip_maps_to_chat_messages() {
             {"role": "user", "content": [
                 {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "sunny"}]},
                 {"type": "text", "text": "and tomorrow?"}]}
-        ], "stop_sequences": ["\n\n"]}));
+        ], "stop_sequences": ["\n\n"]}),
+    );
     let roles: Vec<Role> = r.messages.iter().map(|m| m.role).collect();
     assert_eq!(roles, [Role::System, Role::User, Role::Assistant, Role::Tool, Role::User]);
     assert_eq!(r.messages[2].tool_calls[0].arguments, r#"{"city":"Paris"}"#);
@@ -45,7 +47,10 @@ fn a_tool_round_trip_maps_to_chat_messages() {
     assert_eq!(r.messages[3].tool_call_id.as_deref(), Some("t1"));
     assert_eq!(r.messages[3].content, "sunny");
     assert!(r.options.thinking && r.parse_tools && r.constraint.is_none());
-    assert_eq!(r.options.tools.as_ref().map(|t| t[0]["function"]["name"].clone()), Some(json!("get")));
+    assert_eq!(
+        r.options.tools.as_ref().map(|t| t[0]["function"]["name"].clone()),
+        Some(json!("get"))
+    );
     assert_eq!((r.max_tokens, r.stop.len()), (20, 1));
 }
 
@@ -58,10 +63,14 @@ fn tool_choice_any_and_tool_become_constraints() {
                "messages": [{"role": "user", "content": "x"}]})
     };
     let r = ok(base(json!({"type": "any"})));
-    assert!(matches!(r.constraint, Some(OutputConstraint::Tools { ref tools, parallel: true, .. }) if tools.len() == 2));
+    assert!(
+        matches!(r.constraint, Some(OutputConstraint::Tools { ref tools, parallel: true, .. }) if tools.len() == 2)
+    );
     let r = ok(base(json!({"type": "tool", "name": "b", "disable_parallel_tool_use": true})));
-    assert!(matches!(r.constraint, Some(OutputConstraint::Tools { ref tools, parallel: false, .. })
-        if tools.len() == 1 && tools[0].0 == "b"));
+    assert!(
+        matches!(r.constraint, Some(OutputConstraint::Tools { ref tools, parallel: false, .. })
+        if tools.len() == 1 && tools[0].0 == "b")
+    );
     assert!(!ok(base(json!({"type": "none"}))).parse_tools);
     assert_eq!(refused(base(json!({"type": "tool", "name": "zz"}))).0, "tool_choice.name");
 }
@@ -73,9 +82,21 @@ fn bad_requests_name_the_problem() {
     for (body, param, says) in [
         (json!({"model": "m", "max_tokens": 5, "messages": []}), "messages", "at least one"),
         (json!({"model": "m", "messages": [user]}), "max_tokens", "Field required"),
-        (json!({"model": "m", "max_tokens": 5, "messages": [asst, user]}), "messages[0].role", "first message"),
-        (json!({"model": "m", "max_tokens": 5, "messages": [user, user]}), "messages[1].role", "alternate"),
-        (json!({"model": "m", "max_tokens": 5, "messages": [user, asst]}), "messages[1]", "prefill"),
+        (
+            json!({"model": "m", "max_tokens": 5, "messages": [asst, user]}),
+            "messages[0].role",
+            "first message",
+        ),
+        (
+            json!({"model": "m", "max_tokens": 5, "messages": [user, user]}),
+            "messages[1].role",
+            "alternate",
+        ),
+        (
+            json!({"model": "m", "max_tokens": 5, "messages": [user, asst]}),
+            "messages[1]",
+            "prefill",
+        ),
         (
             json!({"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "s"}]}),
             "messages[0].role",
@@ -97,8 +118,16 @@ fn bad_requests_name_the_problem() {
             "messages[0].content[0].tool_use_id",
             "corresponding tool_use",
         ),
-        (json!({"model": "m", "max_tokens": 5, "messages": [user], "temperature": 1.5}), "temperature", "between"),
-        (json!({"model": "m", "max_tokens": 5, "messages": [user], "wat": 1}), "wat", "Unrecognized"),
+        (
+            json!({"model": "m", "max_tokens": 5, "messages": [user], "temperature": 1.5}),
+            "temperature",
+            "between",
+        ),
+        (
+            json!({"model": "m", "max_tokens": 5, "messages": [user], "wat": 1}),
+            "wat",
+            "Unrecognized",
+        ),
         (
             json!({"model": "m", "max_tokens": 5, "messages": [user], "thinking": {"type": "maybe"}}),
             "thinking.type",

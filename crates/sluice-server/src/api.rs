@@ -172,7 +172,11 @@ async fn model(
 }
 
 /// Reads the body within the size and time limits and parses it as JSON.
-pub(crate) async fn read_json(app: &App, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
+pub(crate) async fn read_json(
+    app: &App,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Value, ApiError> {
     let limit = app.max_request_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)

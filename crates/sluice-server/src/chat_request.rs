@@ -165,7 +165,8 @@ fn parse_tool_choice(
         list.iter()
             .filter_map(|t| {
                 let f = t.get("function")?;
-                let params = f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"}));
+                let params =
+                    f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"}));
                 Some((f.get("name")?.as_str()?.to_owned(), params))
             })
             .collect()
@@ -271,10 +272,7 @@ fn parse_response_format(
         }
     };
     rf.finish()?;
-    Ok((
-        Some(v.clone()),
-        Some(OutputConstraint::Json { schema, param: "response_format" }),
-    ))
+    Ok((Some(v.clone()), Some(OutputConstraint::Json { schema, param: "response_format" })))
 }
 
 /// One message.
@@ -450,22 +448,32 @@ mod tests {
         let m = json!([{"role": "user", "content": "x"}]);
         let tools = json!([{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}},
                            {"type": "function", "function": {"name": "put"}}]);
-        let r = ok(json!({"model": "m", "messages": m, "response_format": {"type": "json_object"}}));
+        let r =
+            ok(json!({"model": "m", "messages": m, "response_format": {"type": "json_object"}}));
         assert_eq!(
             r.constraint,
-            Some(OutputConstraint::Json { schema: json!({"type": "object"}), param: "response_format" })
+            Some(OutputConstraint::Json {
+                schema: json!({"type": "object"}),
+                param: "response_format"
+            })
         );
         assert!(r.options.response_format.is_some());
         let s = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
         let r = ok(json!({"model": "m", "messages": m, "response_format":
             {"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": s}}}));
-        assert!(matches!(r.constraint, Some(OutputConstraint::Json { ref schema, .. }) if *schema == s));
+        assert!(
+            matches!(r.constraint, Some(OutputConstraint::Json { ref schema, .. }) if *schema == s)
+        );
         let r = ok(json!({"model": "m", "messages": m, "tools": tools, "tool_choice": "required"}));
-        assert!(matches!(r.constraint, Some(OutputConstraint::Tools { ref tools, parallel: true, .. }) if tools.len() == 2));
+        assert!(
+            matches!(r.constraint, Some(OutputConstraint::Tools { ref tools, parallel: true, .. }) if tools.len() == 2)
+        );
         let r = ok(json!({"model": "m", "messages": m, "tools": tools,
             "tool_choice": {"type": "function", "function": {"name": "put"}}}));
-        assert!(matches!(r.constraint, Some(OutputConstraint::Tools { ref tools, parallel: false, .. })
-            if tools.len() == 1 && tools[0].0 == "put"));
+        assert!(
+            matches!(r.constraint, Some(OutputConstraint::Tools { ref tools, parallel: false, .. })
+            if tools.len() == 1 && tools[0].0 == "put")
+        );
         assert_eq!(r.options.tool_choice.as_deref(), Some("required"));
     }
 

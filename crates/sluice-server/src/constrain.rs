@@ -54,7 +54,9 @@ impl Grammars {
     ) -> Result<SharedConstraint, ApiError> {
         let env = self
             .env
-            .get_or_init(|| GrammarEnv::new(Arc::clone(tok)).map(Arc::new).map_err(|e| e.to_string()))
+            .get_or_init(|| {
+                GrammarEnv::new(Arc::clone(tok)).map(Arc::new).map_err(|e| e.to_string())
+            })
             .as_ref()
             .map_err(|e| ApiError::Internal(e.clone()))?;
         let (lark, param) = lark(c, thinking);
@@ -140,7 +142,8 @@ mod tests {
 
     #[test]
     fn grammars_name_the_markers_and_embed_the_schema() {
-        let c = OutputConstraint::Json { schema: json!({"type": "object"}), param: "response_format" };
+        let c =
+            OutputConstraint::Json { schema: json!({"type": "object"}), param: "response_format" };
         let (g, p) = lark(&c, false);
         assert_eq!(p, "response_format");
         assert!(g.starts_with("start: body <|close|> \"response\" <|sep|>"), "{g}");

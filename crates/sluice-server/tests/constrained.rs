@@ -87,8 +87,14 @@ fn constrained_output_is_identical_with_and_without_drafts() {
         "required": ["name", "n", "tags"], "additionalProperties": false});
     let tools = OutputConstraint::Tools {
         tools: vec![
-            ("lookup".into(), json!({"type": "object", "properties": {"q": {"type": "string", "maxLength": 8}}, "required": ["q"], "additionalProperties": false})),
-            ("count".into(), json!({"type": "object", "properties": {"k": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["k"], "additionalProperties": false})),
+            (
+                "lookup".into(),
+                json!({"type": "object", "properties": {"q": {"type": "string", "maxLength": 8}}, "required": ["q"], "additionalProperties": false}),
+            ),
+            (
+                "count".into(),
+                json!({"type": "object", "properties": {"k": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["k"], "additionalProperties": false}),
+            ),
         ],
         parallel: true,
         param: "tool_choice",
@@ -148,14 +154,17 @@ fn a_schema_the_engine_cannot_compile_is_refused_naming_the_construct() {
 fn schema_strategy() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(json!({"type": "boolean"})),
-        (0i64..50, 50i64..5000).prop_map(|(lo, hi)| json!({"type": "integer", "minimum": lo, "maximum": hi})),
-        (0usize..3, 3usize..8).prop_map(|(lo, hi)| json!({"type": "string", "minLength": lo, "maxLength": hi})),
+        (0i64..50, 50i64..5000)
+            .prop_map(|(lo, hi)| json!({"type": "integer", "minimum": lo, "maximum": hi})),
+        (0usize..3, 3usize..8)
+            .prop_map(|(lo, hi)| json!({"type": "string", "minLength": lo, "maxLength": hi})),
         prop::collection::vec("[a-z]{1,5}", 1..4).prop_map(|v| json!({"enum": v})),
         Just(json!({"type": "null"})),
     ];
     let value = leaf.prop_recursive(2, 8, 3, |inner| {
         prop_oneof![
-            (inner.clone(), 0usize..3).prop_map(|(items, n)| json!({"type": "array", "items": items, "maxItems": n})),
+            (inner.clone(), 0usize..3)
+                .prop_map(|(items, n)| json!({"type": "array", "items": items, "maxItems": n})),
             prop::collection::btree_map("[a-z]{1,6}", inner, 1..3).prop_map(object),
         ]
     });
