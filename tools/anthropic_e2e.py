@@ -20,6 +20,11 @@ import sys
 import anthropic
 
 
+# The SDK no longer takes `temperature`; sluice still reads it (0 is greedy, so checks can compare
+# replies), sent through extra_body.
+T0 = {"temperature": 0}
+
+
 def check(cond, what):
     if not cond:
         print(f"FAIL: {what}", flush=True)
@@ -53,7 +58,7 @@ def main():
     client = anthropic.Anthropic(base_url=a.base_url, api_key="unused", max_retries=0, timeout=600)
     user = [{"role": "user", "content": "Hello there"}]
 
-    msg = client.messages.create(model=a.model, max_tokens=6, temperature=0, system="Be brief.",
+    msg = client.messages.create(model=a.model, max_tokens=6, extra_body=T0, system="Be brief.",
                                  messages=user)
     check(msg.type == "message" and msg.role == "assistant" and msg.id.startswith("msg_"), "message shape")
     check(msg.stop_reason in ("end_turn", "max_tokens"), f"stop_reason {msg.stop_reason}")
@@ -64,14 +69,14 @@ def main():
         check(msg.usage.output_tokens == 6, "max_tokens stops at max_tokens")
 
     # Thinking on: reasoning arrives as a thinking block, before any text.
-    think = client.messages.create(model=a.model, max_tokens=8, temperature=0, messages=user,
+    think = client.messages.create(model=a.model, max_tokens=8, extra_body=T0, messages=user,
                                    thinking={"type": "enabled", "budget_tokens": 1024})
     kinds = [b.type for b in think.content]
     check(kinds[:1] == ["thinking"] and set(kinds) <= {"thinking", "text"}, f"thinking block first: {kinds}")
 
     # Streaming: the documented event sequence, and the same output as the non-streaming call.
     events, text, thinking, final = [], "", "", None
-    with client.messages.stream(model=a.model, max_tokens=8, temperature=0, messages=user,
+    with client.messages.stream(model=a.model, max_tokens=8, extra_body=T0, messages=user,
                                 thinking={"type": "enabled", "budget_tokens": 1024}) as s:
         for ev in s:
             events.append(ev.type)
@@ -93,7 +98,7 @@ def main():
     # Stop sequences: stop_reason stop_sequence names the one that matched.
     first = (want_thinking + want_text)[:2]
     if len(want_text) >= 2:
-        stopped = client.messages.create(model=a.model, max_tokens=8, temperature=0, messages=user,
+        stopped = client.messages.create(model=a.model, max_tokens=8, extra_body=T0, messages=user,
                                          thinking={"type": "enabled", "budget_tokens": 1024},
                                          stop_sequences=["zzzz-never", want_text[:2]])
         check(stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == want_text[:2],
@@ -111,20 +116,20 @@ def main():
                                            "input": {"city": "Paris"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny, 21 C"}]},
     ]
-    rt = client.messages.create(model=a.model, max_tokens=4, temperature=0, tools=tools, messages=history)
+    rt = client.messages.create(model=a.model, max_tokens=4, extra_body=T0, tools=tools, messages=history)
     check(rt.stop_reason in ("end_turn", "max_tokens", "tool_use"), "tool round trip answers")
     check(rt.usage.input_tokens > msg.usage.input_tokens, "tool history is rendered into the prompt")
 
     # tool_choice any / tool: enforced, the reply is a tool_use with a schema-valid input.
     for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
-        forced = client.messages.create(model=a.model, max_tokens=64, temperature=0, tools=tools,
+        forced = client.messages.create(model=a.model, max_tokens=160, extra_body=T0, tools=tools,
                                         tool_choice=choice, messages=[history[0]])
         uses = [b for b in forced.content if b.type == "tool_use"]
         check(forced.stop_reason == "tool_use" and uses and uses[0].name == "get_weather"
               and uses[0].input.get("city") in ("Paris", "Rome") and uses[0].id.startswith("toolu_"),
               f"tool_choice {choice['type']} gives a schema-valid tool_use")
         # The same request streamed: input_json_delta carries the same input.
-        with client.messages.stream(model=a.model, max_tokens=64, temperature=0, tools=tools,
+        with client.messages.stream(model=a.model, max_tokens=160, extra_body=T0, tools=tools,
                                     tool_choice=choice, messages=[history[0]]) as s:
             deltas = [ev for ev in s if ev.type == "content_block_delta" and ev.delta.type == "input_json_delta"]
             streamed = s.get_final_message()
@@ -132,12 +137,23 @@ def main():
               "streamed tool_use input equals the non-streamed input")
         # Round trip: the call answered.
         back = client.messages.create(
-            model=a.model, max_tokens=3, temperature=0, tools=tools,
+            model=a.model, max_tokens=3, extra_body=T0, tools=tools,
             messages=[history[0], {"role": "assistant", "content": [{"type": "tool_use", "id": u.id, "name": u.name,
                                                           "input": u.input} for u in uses]},
                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
                                                     "content": "sunny"}]}])
         check(back.type == "message", "a returned tool_use is accepted back with its tool_result")
+
+    # output_config.format: the text is JSON valid against the schema.
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    js = client.messages.create(model=a.model, max_tokens=160, extra_body=T0, messages=user,
+                                output_config={"format": {"type": "json_schema", "schema": schema}})
+    val = json.loads("".join(b.text for b in js.content if b.type == "text"))
+    check(js.stop_reason == "end_turn" and set(val) == {"ok", "n"} and isinstance(val["ok"], bool)
+          and 0 <= val["n"] <= 99, "output_config.format gives schema-valid JSON")
+    expect_error(client, 400, "invalid_request_error", "output_config.format", model=a.model, max_tokens=4,
+                 messages=user, output_config={"format": {"type": "json_schema", "schema": {"$ref": "#/missing"}}})
 
     # Errors: the API's shape, the field named, and the server keeps serving.
     base = dict(model=a.model, max_tokens=4)
@@ -154,7 +170,7 @@ def main():
     expect_error(client, 404, "not_found_error", "nope", model="nope", max_tokens=4, messages=user)
     expect_error(client, 400, "invalid_request_error", "tool_choice",
                  messages=user, tool_choice={"type": "any"}, **base)
-    again = client.messages.create(model=a.model, max_tokens=2, temperature=0, messages=user)
+    again = client.messages.create(model=a.model, max_tokens=2, extra_body=T0, messages=user)
     check(again.type == "message", "the server keeps serving after bad requests")
     print("all anthropic e2e checks passed", flush=True)
 

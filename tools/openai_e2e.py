@@ -114,7 +114,7 @@ def main():
         "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
         "required": ["city"], "additionalProperties": False}}}]
     named = client.chat.completions.create(
-        model=a.model, messages=user, tools=bounded, max_tokens=64, temperature=0,
+        model=a.model, messages=user, tools=bounded, max_tokens=160, temperature=0,
         tool_choice={"type": "function", "function": {"name": "get_weather"}})
     calls = named.choices[0].message.tool_calls or []
     check(named.choices[0].finish_reason == "tool_calls" and len(calls) == 1
@@ -125,7 +125,7 @@ def main():
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
               "required": ["ok", "n"], "additionalProperties": False}
     js = client.chat.completions.create(
-        model=a.model, messages=user, max_tokens=64, temperature=0, reasoning_effort="none",
+        model=a.model, messages=user, max_tokens=160, temperature=0, reasoning_effort="none",
         response_format={"type": "json_schema", "json_schema": {"name": "r", "strict": True, "schema": schema}})
     val = json.loads(js.choices[0].message.content)
     check(js.choices[0].finish_reason == "stop" and set(val) == {"ok", "n"} and isinstance(val["ok"], bool)

@@ -7,8 +7,9 @@
 //! `tool_use` of the same id in the assistant turn just before; an assistant turn's `thinking`
 //! blocks are its reasoning, `text` its content and `tool_use` blocks its tool calls. `tools`
 //! (`name`, `description`, `input_schema`) are declared as functions. `thinking: {"type":
-//! "enabled"}` opens the think channel (the API's default is off); `tool_choice` `any` and `tool`
-//! are enforced by constrained decoding ([`crate::constrain`]).
+//! "enabled"}` (or `adaptive`) opens the think channel (the API's default is off); `tool_choice`
+//! `any` and `tool` and `output_config.format` (a JSON schema) are enforced by constrained
+//! decoding ([`crate::constrain`]).
 //!
 //! Refused with the API's error shape, naming the field: roles out of order (the first turn must
 //! be the user's, turns alternate), unknown block types, a `tool_result` without a matching
@@ -39,7 +40,7 @@ pub struct ValidMessages {
     pub stream: bool,
     /// Tools declared and `tool_choice` not `none`.
     pub parse_tools: bool,
-    /// `tool_choice` `any` or `tool`.
+    /// `tool_choice` `any` or `tool`, or `output_config.format`.
     pub constraint: Option<OutputConstraint>,
 }
 
@@ -72,7 +73,15 @@ pub fn parse_messages(body: &Value, limits: &Limits) -> Result<ValidMessages, Ap
     let stream = o.bool("stream")?.unwrap_or(false);
     let thinking = parse_thinking(&mut o)?;
     let tools = parse_tools(&mut o)?;
-    let (tool_choice, constraint) = parse_tool_choice(&mut o, tools.as_ref())?;
+    let (tool_choice, tool_constraint) = parse_tool_choice(&mut o, tools.as_ref())?;
+    let (effort, json_constraint) = parse_output_config(&mut o)?;
+    if tool_constraint.is_some() && json_constraint.is_some() {
+        return Err(ApiError::invalid(
+            "output_config.format",
+            "output_config.format cannot be combined with tool_choice any or tool",
+        ));
+    }
+    let constraint = tool_constraint.or(json_constraint);
     let mut messages = Vec::new();
     if let Some(system) = o.value("system") {
         let text = text_of(system, "system")?;
@@ -88,7 +97,7 @@ pub fn parse_messages(body: &Value, limits: &Limits) -> Result<ValidMessages, Ap
     let parse_tools = tools.is_some() && tool_choice.as_deref() != Some("none");
     let options = ChatOptions {
         thinking,
-        effort: None,
+        effort: if thinking { effort } else { None },
         tools,
         tool_choice,
         response_format: None,
@@ -142,9 +151,9 @@ fn parse_stop_sequences(o: &mut Obj<'_>) -> Result<Vec<String>, ApiError> {
         .collect()
 }
 
-/// `thinking`: `{"type": "enabled", "budget_tokens": N}` or `{"type": "disabled"}`; off when
-/// absent, as in the API. The budget is accepted and not enforced (the reply's `max_tokens`
-/// bounds reasoning and answer together).
+/// `thinking`: `{"type": "enabled", "budget_tokens": N}`, `{"type": "adaptive"}` (K3 thinks
+/// when its think channel is open) or `{"type": "disabled"}`; off when absent. The budget is
+/// accepted and not enforced (the reply's `max_tokens` bounds reasoning and answer together).
 fn parse_thinking(o: &mut Obj<'_>) -> Result<bool, ApiError> {
     let Some(mut t) = o.obj("thinking")? else { return Ok(false) };
     let on = match t.str("type")? {
@@ -152,16 +161,75 @@ fn parse_thinking(o: &mut Obj<'_>) -> Result<bool, ApiError> {
             t.int("budget_tokens", 1, i64::MAX)?;
             true
         }
+        Some("adaptive") => true,
         Some("disabled") => false,
         other => {
             return Err(ApiError::invalid(
                 t.param("type"),
-                format!("thinking.type must be \"enabled\" or \"disabled\", got {other:?}"),
+                format!(
+                    "thinking.type must be \"enabled\", \"adaptive\" or \"disabled\", got {other:?}"
+                ),
             ))
         }
     };
+    match t.str("display")? {
+        None | Some("summarized") => {}
+        Some(other) => {
+            return Err(ApiError::unsupported(
+                t.param("display"),
+                format!("thinking.display {other:?} is not supported: sluice returns the thinking as written (\"summarized\")"),
+            ))
+        }
+    }
     t.finish()?;
     Ok(on)
+}
+
+/// `output_config`: `effort` (K3's thinking effort: `low`, `high`, `max`) and `format`
+/// (`{"type": "json_schema", "schema"}`: the text is JSON valid against the schema, enforced by
+/// constrained decoding).
+fn parse_output_config(
+    o: &mut Obj<'_>,
+) -> Result<(Option<String>, Option<OutputConstraint>), ApiError> {
+    let Some(mut c) = o.obj("output_config")? else { return Ok((None, None)) };
+    let effort = match c.str("effort")? {
+        None => None,
+        Some(e @ ("low" | "high" | "max")) => Some(e.to_owned()),
+        Some(other) => return Err(ApiError::unsupported(
+            c.param("effort"),
+            format!(
+                "output_config.effort {other:?} is not supported by Kimi K3: use low, high or max"
+            ),
+        )),
+    };
+    let constraint = match c.obj("format")? {
+        None => None,
+        Some(mut f) => {
+            if f.str("type")? != Some("json_schema") {
+                return Err(ApiError::invalid(
+                    f.param("type"),
+                    "output_config.format.type must be \"json_schema\"",
+                ));
+            }
+            let schema = match f.value("schema") {
+                Some(s @ Value::Object(_)) => s.clone(),
+                Some(other) => {
+                    return Err(ApiError::invalid(
+                        f.param("schema"),
+                        format!(
+                            "output_config.format.schema must be an object, not {}",
+                            type_name(other)
+                        ),
+                    ))
+                }
+                None => return Err(ApiError::invalid(f.param("schema"), "schema: Field required")),
+            };
+            f.finish()?;
+            Some(OutputConstraint::Json { schema, param: "output_config.format" })
+        }
+    };
+    c.finish()?;
+    Ok((effort, constraint))
 }
 
 /// `tools`: client tools (`name`, `description`, `input_schema`), declared to the template in

@@ -76,6 +76,20 @@ fn tool_choice_any_and_tool_become_constraints() {
 }
 
 #[test]
+fn output_config_format_is_a_json_constraint() {
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let r =
+        ok(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+        "thinking": {"type": "adaptive"},
+        "output_config": {"effort": "low", "format": {"type": "json_schema", "schema": schema}}}));
+    assert_eq!(
+        r.constraint,
+        Some(OutputConstraint::Json { schema, param: "output_config.format" })
+    );
+    assert_eq!((r.options.thinking, r.options.effort.as_deref()), (true, Some("low")));
+}
+
+#[test]
 fn bad_requests_name_the_problem() {
     let user = json!({"role": "user", "content": "x"});
     let asst = json!({"role": "assistant", "content": "y"});
@@ -127,6 +141,16 @@ fn bad_requests_name_the_problem() {
             json!({"model": "m", "max_tokens": 5, "messages": [user], "wat": 1}),
             "wat",
             "Unrecognized",
+        ),
+        (
+            json!({"model": "m", "max_tokens": 5, "messages": [user], "output_config": {"effort": "xhigh"}}),
+            "output_config.effort",
+            "low, high or max",
+        ),
+        (
+            json!({"model": "m", "max_tokens": 5, "messages": [user], "output_config": {"format": {"type": "json_schema"}}}),
+            "output_config.format.schema",
+            "Field required",
         ),
         (
             json!({"model": "m", "max_tokens": 5, "messages": [user], "thinking": {"type": "maybe"}}),

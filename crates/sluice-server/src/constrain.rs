@@ -64,10 +64,30 @@ impl Grammars {
             Ok(k) => Ok(SharedConstraint::new(k)),
             Err(ConstraintError::Compile(why)) => Err(ApiError::unsupported(
                 param,
-                format!("the schema cannot be enforced by sluice's grammar engine: {why}"),
+                format!(
+                    "the schema cannot be enforced by sluice's grammar engine: {}",
+                    cause(&why)
+                ),
             )),
             Err(e) => Err(ApiError::Internal(e.to_string())),
         }
+    }
+}
+
+/// The engine's message without the grammar listing it appends (`   3 | start: …`) and the
+/// position in that listing: the client sent a schema, not this grammar.
+fn cause(why: &str) -> String {
+    let listing = |l: &str| {
+        let t = l.trim_start();
+        t.split_once(" | ")
+            .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let text: Vec<&str> =
+        why.lines().take_while(|l| !listing(l)).map(str::trim).filter(|l| !l.is_empty()).collect();
+    let text = text.join(" ");
+    match text.strip_prefix("at ").and_then(|r| r.split_once("): ")) {
+        Some((_, rest)) => rest.to_owned(),
+        None => text,
     }
 }
 
@@ -139,6 +159,21 @@ pub fn lark(c: &OutputConstraint, thinking: bool) -> (String, &'static str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compile_errors_drop_the_grammar_listing() {
+        let why =
+            "at 2(7): failed to compile JSON schema: Pointer '/x' does not exist\n   1 | start: …";
+        assert_eq!(cause(why), "failed to compile JSON schema: Pointer '/x' does not exist");
+        let why =
+            "at 4(7): failed to compile JSON schema: regex parse error:\n    (?=a)b\n    ^^^\n\
+                   error: look-around is not supported\n   2 | THINK_TEXT: /x/\n   3 | start: x";
+        assert_eq!(
+            cause(why),
+            "failed to compile JSON schema: regex parse error: (?=a)b ^^^ error: look-around is not supported"
+        );
+        assert_eq!(cause("plain"), "plain");
+    }
 
     #[test]
     fn grammars_name_the_markers_and_embed_the_schema() {
