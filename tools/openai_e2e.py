@@ -114,7 +114,7 @@ def main():
         "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
         "required": ["city"], "additionalProperties": False}}}]
     named = client.chat.completions.create(
-        model=a.model, messages=user, tools=bounded, max_tokens=160, temperature=0,
+        model=a.model, messages=user, tools=bounded, max_tokens=160, temperature=0, reasoning_effort="none",
         tool_choice={"type": "function", "function": {"name": "get_weather"}})
     calls = named.choices[0].message.tool_calls or []
     check(named.choices[0].finish_reason == "tool_calls" and len(calls) == 1
