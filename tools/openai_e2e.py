@@ -109,12 +109,35 @@ def main():
     tc = client.chat.completions.create(model=a.model, messages=history, tools=tools, max_tokens=4, temperature=0)
     check(tc.choices[0].finish_reason in ("stop", "length", "tool_calls"), "tool round trip answers")
     check(tc.usage.prompt_tokens > chat.usage.prompt_tokens, "tool history is rendered into the prompt")
+    # A named tool_choice is enforced by constrained decoding: the reply is a call to that tool.
+    bounded = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
+        "required": ["city"], "additionalProperties": False}}}]
+    named = client.chat.completions.create(
+        model=a.model, messages=user, tools=bounded, max_tokens=160, temperature=0, reasoning_effort="none",
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    calls = named.choices[0].message.tool_calls or []
+    check(named.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+          and calls[0].function.name == "get_weather"
+          and json.loads(calls[0].function.arguments)["city"] in ("Paris", "Rome"),
+          "named tool_choice gives a call to that tool with schema-valid arguments")
+    # response_format json_schema: the content parses and matches the schema.
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    js = client.chat.completions.create(
+        model=a.model, messages=user, max_tokens=160, temperature=0, reasoning_effort="none",
+        response_format={"type": "json_schema", "json_schema": {"name": "r", "strict": True, "schema": schema}})
+    val = json.loads(js.choices[0].message.content)
+    check(js.choices[0].finish_reason == "stop" and set(val) == {"ok", "n"} and isinstance(val["ok"], bool)
+          and 0 <= val["n"] <= 99, "response_format json_schema gives schema-valid JSON")
     try:
-        client.chat.completions.create(model=a.model, messages=history, tools=tools, max_tokens=2,
-                                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
-        check(False, "named tool_choice refused")
+        client.chat.completions.create(
+            model=a.model, messages=user, max_tokens=4,
+            response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": {"$ref": "#/missing"}}})
+        check(False, "an uncompilable schema is refused")
     except openai.BadRequestError as e:
-        check(e.body["param"] == "tool_choice", "named tool_choice refused with param")
+        check(e.status_code == 400 and e.body["param"] == "response_format" and "missing" in e.body["message"],
+              "an uncompilable schema is refused with 400 naming it")
 
     # Seeded sampling is reproducible.
     kw = dict(model=a.model, messages=user, max_tokens=8, temperature=1.0, top_p=0.95, seed=1234)

@@ -196,6 +196,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         on_prefill: Some(prefill_progress::hook()),
         route_tap: tap.clone(),
         state_cache: state_cache.clone(),
+        constraint: None,
     };
     eprintln!("sluice: generating (Ctrl-C stops after the current pass and keeps the output)");
     let mut sink = (!a.json).then(|| Sink::stdout(target.fmt.as_ref()));

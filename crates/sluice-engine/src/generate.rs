@@ -10,6 +10,7 @@
 //! token's logits are bit-identical to plain decoding's. Stop tokens and `max_new` apply inside
 //! the accepted prefix.
 
+use crate::constraint::SharedConstraint;
 use crate::draft::Drafter;
 use crate::layer_stats::{phase_bytes, process_read_bytes, Snapshot};
 use crate::policy::WidthPolicy;
@@ -58,6 +59,9 @@ pub struct GenerateOptions {
     /// the prompt, and the state is queued for writing every `every` prompt tokens, at the end
     /// of the prompt and at the end of generation ([`crate::state_cache`]).
     pub state_cache: Option<Arc<StateCache>>,
+    /// Restricts every chosen token to what a grammar allows (drafts included: the verifier
+    /// masks each row; see [`crate::constraint`]).
+    pub constraint: Option<SharedConstraint>,
 }
 
 impl Default for GenerateOptions {
@@ -74,6 +78,7 @@ impl Default for GenerateOptions {
             on_prefill: None,
             route_tap: None,
             state_cache: None,
+            constraint: None,
         }
     }
 }
@@ -226,7 +231,8 @@ struct Emitter<'a, 'b> {
 impl Emitter<'_, '_> {
     /// The token the target chooses at the next generated position.
     fn choose(&self, logits: &[f32]) -> u32 {
-        self.opts.sampling.choose(logits, self.out.tokens.len())
+        let c = self.opts.constraint.as_ref();
+        crate::constraint::choose(&self.opts.sampling, logits, self.out.tokens.len(), c)
     }
 
     /// Whether [`GenerateOptions::interrupt`] was raised; if so, generation is done.
@@ -242,6 +248,9 @@ impl Emitter<'_, '_> {
     /// Emits `tok` chosen from `logits`; returns false once generation must stop.
     fn emit(&mut self, tok: u32, logits: &[f32]) -> bool {
         self.out.tokens.push(tok);
+        if let Some(c) = &self.opts.constraint {
+            c.commit(tok);
+        }
         if self.opts.keep_logits {
             self.out.logits.push(logits.to_vec());
         }

@@ -4,6 +4,7 @@
 
 pub mod accuracy;
 pub mod builtin;
+pub mod constraint;
 pub mod demo;
 pub mod draft;
 pub mod draft_model;

@@ -14,6 +14,8 @@ pub struct StopText {
     stops: Vec<String>,
     held: String,
     matched: bool,
+    /// The stop string that matched (the Anthropic API's `stop_sequence`).
+    hit: Option<String>,
 }
 
 /// What one [`StopText::push`] released.
@@ -32,12 +34,18 @@ impl StopText {
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             held: String::new(),
             matched: false,
+            hit: None,
         }
     }
 
     /// Whether a stop string has matched (everything pushed afterwards is discarded).
     pub fn stopped(&self) -> bool {
         self.matched
+    }
+
+    /// The stop string that matched, once one has.
+    pub fn matched(&self) -> Option<&str> {
+        self.hit.as_deref()
     }
 
     /// Adds decoded text; returns what can be released.
@@ -50,9 +58,14 @@ impl StopText {
         }
         self.held.push_str(text);
         // The earliest match wins; among matches at one position, any (they cut at the same place).
-        let first = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
-        if let Some(at) = first {
+        let first = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|&(at, _)| at);
+        if let Some((at, stop)) = first {
             self.matched = true;
+            self.hit = Some(stop.clone());
             let out = self.held[..at].to_owned();
             self.held.clear();
             return Released { text: out, stopped: true };

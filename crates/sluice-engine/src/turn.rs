@@ -14,6 +14,7 @@
 //! (speculative or plain, with or without reuse) follows this scheme, so the same seed always gives
 //! the same tokens; greedy decoding does not depend on positions at all.
 
+use crate::constraint::{choose, SharedConstraint};
 use crate::draft::Drafter;
 use crate::generate::{generate, GenerateOptions};
 use crate::policy::WidthPolicy;
@@ -49,6 +50,8 @@ pub struct TurnOptions {
     /// Prompt positions that end a message (e.g. the system prompt's end): prefill passes end
     /// there and, with an on-disk state cache, the state there is written to it.
     pub boundaries: Vec<usize>,
+    /// Restricts every generated token to what a grammar allows (see [`crate::constraint`]).
+    pub constraint: Option<SharedConstraint>,
 }
 
 /// Statistics of one turn.
@@ -255,7 +258,11 @@ pub fn run_turn(
         logits = Some(l);
     }
     let first_logits = logits.ok_or(EngineError::EmptyPrompt)?;
-    let first = opts.sampling.choose(&first_logits, 0);
+    let constraint = opts.constraint.as_ref();
+    let first = choose(&opts.sampling, &first_logits, 0, constraint);
+    if let Some(c) = constraint {
+        c.commit(first);
+    }
     stats.ttft_s = t0.elapsed().as_secs_f64();
     let mut tokens = vec![first];
     let go = on_token(first, opts.per_token_logits.then_some(first_logits.as_slice()));
@@ -280,7 +287,10 @@ pub fn run_turn(
                 let l = model.forward(&mut state, &[pending], LogitRows::Last, None)?;
                 state.commit(1);
                 stats.decode_passes += 1;
-                let tok = cont.choose(&l, tokens.len() - 1);
+                let tok = choose(&cont, &l, tokens.len() - 1, constraint);
+                if let Some(c) = constraint {
+                    c.commit(tok);
+                }
                 tokens.push(tok);
                 let go = on_token(tok, Some(&l)) && !cancel();
                 if let Some(reason) = finish(tok, tokens.len(), go) {
@@ -298,6 +308,7 @@ pub fn run_turn(
                 draft_max: opts.draft_max,
                 sampling: cont,
                 prefill_chunk: opts.prefill_chunk,
+                constraint: opts.constraint.clone(),
                 ..GenerateOptions::default()
             };
             let mut prefixed =

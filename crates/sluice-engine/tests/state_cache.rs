@@ -124,6 +124,7 @@ fn turn(
         prefill_chunk: 0,
         on_prefill: None,
         boundaries,
+        constraint: None,
     };
     let mut logits = Vec::new();
     let mut cb = |_t: u32, l: Option<&[f32]>| {

@@ -2,7 +2,9 @@
 //! admitted by the scheduler, tokenized on the blocking pool, checked against the context, and
 //! handed to the engine thread; responses are collected or streamed.
 
+use crate::anthropic_response::AnthropicError;
 use crate::chat_request::parse_chat;
+use crate::constrain::Grammars;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::output::OutputKind;
@@ -18,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
+use sluice_engine::constraint::SharedConstraint;
 use sluice_tokenizer::{render_k3, Tokenizer};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -51,6 +54,8 @@ pub struct App {
     pub started: u64,
     /// Request counter for ids.
     pub next_id: AtomicU64,
+    /// The grammar engine's vocabulary index (constrained output), built on first use.
+    pub grammars: Grammars,
 }
 
 /// Unix seconds now.
@@ -67,6 +72,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/models/{id}", get(model))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/messages", post(crate::anthropic_response::messages))
         .fallback(unknown)
         .method_not_allowed_fallback(wrong_method)
         .layer(middleware::from_fn_with_state(Arc::clone(&app), auth))
@@ -92,10 +98,15 @@ async fn count(State(app): State<Arc<App>>, req: Request, next: Next) -> Respons
     resp
 }
 
-/// With `--api-key`, everything but `/health` needs `Authorization: Bearer <key>`.
+/// With `--api-key`, everything but `/health` needs `Authorization: Bearer <key>` (or
+/// `x-api-key: <key>`, as Anthropic clients send it).
 async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     if let Some(key) = &app.api_key {
-        if req.uri().path() != "/health" && !bearer_matches(req.headers(), key) {
+        let path = req.uri().path();
+        if path != "/health" && !bearer_matches(req.headers(), key) {
+            if path == "/v1/messages" {
+                return AnthropicError(ApiError::Unauthorized).into_response();
+            }
             return ApiError::Unauthorized.into_response();
         }
     }
@@ -103,11 +114,12 @@ async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response
 }
 
 fn bearer_matches(headers: &HeaderMap, key: &str) -> bool {
-    let Some(token) = headers
+    let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    let Some(token) = bearer.or(x_api_key) else {
         return false;
     };
     // Compare without an early exit so timing does not reveal the matching prefix.
@@ -160,7 +172,11 @@ async fn model(
 }
 
 /// Reads the body within the size and time limits and parses it as JSON.
-async fn read_json(app: &App, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
+pub(crate) async fn read_json(
+    app: &App,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Value, ApiError> {
     let limit = app.max_request_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -197,7 +213,7 @@ fn is_length_limit(e: &axum::Error) -> bool {
 }
 
 /// Runs `f` with the tokenizer on the blocking pool (rendering and tokenizing long prompts).
-async fn on_blocking<T: Send + 'static>(
+pub(crate) async fn on_blocking<T: Send + 'static>(
     app: &App,
     f: impl FnOnce(&Tokenizer) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
@@ -208,7 +224,7 @@ async fn on_blocking<T: Send + 'static>(
 }
 
 /// The number of tokens to generate: `requested`, or as many as the limits allow.
-fn budget(
+pub(crate) fn budget(
     limits: &Limits,
     prompt: usize,
     requested: Option<usize>,
@@ -234,6 +250,37 @@ fn budget(
     }
 }
 
+/// Queues a job; its events arrive on the receiver, and dropping the handle cancels it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn submit(
+    app: &App,
+    reservation: Reservation,
+    prompt: Prompt,
+    sampling: sluice_engine::Sampling,
+    stop: Vec<String>,
+    max_new: usize,
+    logprobs: Option<usize>,
+    output: OutputKind,
+    constraint: Option<SharedConstraint>,
+) -> (UnboundedReceiver<Event>, JobHandle) {
+    let (tx, rx) = unbounded_channel();
+    let job = Job {
+        id: app.next_id.fetch_add(1, Ordering::Relaxed),
+        prompt: prompt.ids,
+        boundaries: prompt.boundaries,
+        max_new,
+        sampling,
+        stop,
+        logprobs,
+        output,
+        constraint,
+        cancel: Arc::new(AtomicBool::new(false)),
+        events: tx,
+        enqueued: Instant::now(),
+    };
+    (rx, reservation.submit(job))
+}
+
 /// Queues the job and answers: streamed, or collected into one body.
 #[allow(clippy::too_many_arguments)]
 async fn run(
@@ -245,22 +292,19 @@ async fn run(
     max_new: usize,
     logprobs: Option<usize>,
     output: OutputKind,
+    constraint: Option<SharedConstraint>,
 ) -> Result<Response, ApiError> {
-    let (tx, mut rx): (_, UnboundedReceiver<Event>) = unbounded_channel();
-    let job = Job {
-        id: app.next_id.fetch_add(1, Ordering::Relaxed),
-        prompt: prompt.ids,
-        boundaries: prompt.boundaries,
+    let (mut rx, handle) = submit(
+        app,
+        reservation,
+        prompt,
+        common.sampling,
+        common.stop.clone(),
         max_new,
-        sampling: common.sampling,
-        stop: common.stop.clone(),
         logprobs,
         output,
-        cancel: Arc::new(AtomicBool::new(false)),
-        events: tx,
-        enqueued: Instant::now(),
-    };
-    let handle: JobHandle = reservation.submit(job);
+        constraint,
+    );
     if common.stream {
         return Ok(stream(meta, rx, handle, common.include_usage).into_response());
     }
@@ -293,19 +337,26 @@ async fn chat(
     let req = parse_chat(&v, &app.limits)?;
     drop(v);
     let reservation = app.sched.reserve()?;
-    let (messages, options) = (req.messages, req.options.clone());
-    let (prompt, boundaries) = on_blocking(&app, move |tok| {
-        let prompt = render_k3(tok, &messages, &options)
+    let (messages, options, constraint) =
+        (req.messages, req.options.clone(), req.constraint.clone());
+    let (tok, shared) = (Arc::clone(&app.tok), Arc::clone(&app));
+    let (prompt, boundaries, constraint) = on_blocking(&app, move |t| {
+        let prompt = render_k3(t, &messages, &options)
             .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-        let boundaries = message_boundaries(tok, &messages, &options, &prompt);
-        Ok((prompt, boundaries))
+        let boundaries = message_boundaries(t, &messages, &options, &prompt);
+        let c = match constraint {
+            Some(c) => Some(shared.grammars.compile(&tok, &c, options.thinking)?),
+            None => None,
+        };
+        Ok((prompt, boundaries, c))
     })
     .await?;
     let max_new = budget(&app.limits, prompt.len(), req.common.max_tokens, "messages")?;
     let output = OutputKind::Chat { thinking: req.options.thinking, tools: req.parse_tools };
     let meta = meta(&app, Endpoint::Chat, req.logprobs.is_some());
     let prompt = Prompt { ids: prompt, boundaries };
-    run(&app, reservation, meta, prompt, &req.common, max_new, req.logprobs, output).await
+    run(&app, reservation, meta, prompt, &req.common, max_new, req.logprobs, output, constraint)
+        .await
 }
 
 /// Where the conversation's messages end inside `prompt`: after the leading system messages
@@ -313,7 +364,7 @@ async fn chat(
 /// the last message, before the assistant turn the model completes. The state cache writes
 /// the state at these positions. A cut whose rendering is not a prefix of the prompt (the
 /// template wrote something at the end, such as a tool-choice message) is left out.
-fn message_boundaries(
+pub(crate) fn message_boundaries(
     tok: &Tokenizer,
     messages: &[sluice_tokenizer::ChatMessage],
     options: &sluice_tokenizer::ChatOptions,
@@ -337,9 +388,11 @@ fn message_boundaries(
 }
 
 /// A prompt's ids and its message boundaries ([`Job::boundaries`]).
-struct Prompt {
-    ids: Vec<u32>,
-    boundaries: Vec<usize>,
+pub(crate) struct Prompt {
+    /// The prompt's token ids.
+    pub(crate) ids: Vec<u32>,
+    /// Positions that end a message (see [`message_boundaries`]).
+    pub(crate) boundaries: Vec<usize>,
 }
 
 async fn completions(
@@ -370,7 +423,8 @@ async fn completions(
     let max_new = budget(&app.limits, prompt.len(), req.common.max_tokens.or(Some(16)), "prompt")?;
     let meta = meta(&app, Endpoint::Completion, req.logprobs.is_some());
     let prompt = Prompt { ids: prompt, boundaries: Vec::new() };
-    run(&app, reservation, meta, prompt, &req.common, max_new, req.logprobs, OutputKind::Text).await
+    let text = OutputKind::Text;
+    run(&app, reservation, meta, prompt, &req.common, max_new, req.logprobs, text, None).await
 }
 
 #[cfg(test)]

@@ -2,10 +2,11 @@
 //! [`ChatMessage`]s for the XTML renderer, rendering options (thinking, effort, tools,
 //! `tool_choice`, `response_format`) and the output controls.
 
+use crate::constrain::OutputConstraint;
 use crate::error::ApiError;
 use crate::fields::{type_name, Obj};
 use crate::request::{parse_common, Common, Limits, MAX_TOP_LOGPROBS};
-use serde_json::Value;
+use serde_json::{json, Value};
 use sluice_tokenizer::{ChatMessage, ChatOptions, Role, ToolCall};
 
 /// A validated chat request.
@@ -21,6 +22,8 @@ pub struct ValidChat {
     pub parse_tools: bool,
     /// `top_logprobs` when `logprobs` is true.
     pub logprobs: Option<usize>,
+    /// `response_format` JSON or a required/named `tool_choice`, enforced by the grammar.
+    pub constraint: Option<OutputConstraint>,
 }
 
 /// Parses a chat body.
@@ -45,8 +48,15 @@ pub fn parse_chat(body: &Value, limits: &Limits) -> Result<ValidChat, ApiError> 
     }
     let logprobs = logprobs.then(|| usize::try_from(top.unwrap_or(0)).unwrap_or_default());
     let tools = parse_tools(&mut o)?;
-    let tool_choice = parse_tool_choice(o.value("tool_choice"))?;
-    parse_response_format(&mut o)?;
+    let (tool_choice, tool_constraint) = parse_tool_choice(o.value("tool_choice"), tools.as_ref())?;
+    let (response_format, json_constraint) = parse_response_format(&mut o)?;
+    if tool_constraint.is_some() && json_constraint.is_some() {
+        return Err(ApiError::invalid(
+            "response_format",
+            "response_format cannot be combined with a required or named tool_choice",
+        ));
+    }
+    let constraint = tool_constraint.or(json_constraint);
     let (thinking, effort) = parse_thinking(&mut o)?;
     if let Some(v) = o.value("modalities") {
         if v != &serde_json::json!(["text"]) {
@@ -68,10 +78,10 @@ pub fn parse_chat(body: &Value, limits: &Limits) -> Result<ValidChat, ApiError> 
         effort,
         tools,
         tool_choice,
-        response_format: None,
+        response_format,
         add_generation_prompt: true,
     };
-    Ok(ValidChat { common, messages, options, parse_tools, logprobs })
+    Ok(ValidChat { common, messages, options, parse_tools, logprobs, constraint })
 }
 
 /// `reasoning_effort` and `chat_template_kwargs.thinking` / `enable_thinking`.
@@ -143,49 +153,126 @@ fn parse_tools(o: &mut Obj<'_>) -> Result<Option<Value>, ApiError> {
     Ok((!list.is_empty()).then(|| tools.clone()))
 }
 
-/// `tool_choice`: `none` or `auto`. `required` and a named function would need constrained
-/// decoding to be enforced, so they are refused rather than passed to the template as a hope.
-fn parse_tool_choice(v: Option<&Value>) -> Result<Option<String>, ApiError> {
+/// `tool_choice`: `none`, `auto`, `required` or a named function. The last two are enforced
+/// by constrained decoding over the declared tools ([`crate::constrain`]); the template is told
+/// `required` for both.
+fn parse_tool_choice(
+    v: Option<&Value>,
+    tools: Option<&Value>,
+) -> Result<(Option<String>, Option<OutputConstraint>), ApiError> {
+    let declared = || -> Vec<(String, Value)> {
+        let list = tools.and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+        list.iter()
+            .filter_map(|t| {
+                let f = t.get("function")?;
+                let params =
+                    f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"}));
+                Some((f.get("name")?.as_str()?.to_owned(), params))
+            })
+            .collect()
+    };
+    let required = |only: Option<&str>| {
+        let all = declared();
+        if all.is_empty() {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "tool_choice requires tools: declare the functions the model must call",
+            ));
+        }
+        let tools = match only {
+            None => all,
+            Some(n) => {
+                let one: Vec<_> = all.into_iter().filter(|(name, _)| name == n).collect();
+                if one.is_empty() {
+                    return Err(ApiError::invalid(
+                        "tool_choice.function.name",
+                        format!("tool_choice names {n:?}, which is not among the declared tools"),
+                    ));
+                }
+                one
+            }
+        };
+        let c = OutputConstraint::Tools { tools, parallel: only.is_none(), param: "tool_choice" };
+        Ok((Some("required".to_owned()), Some(c)))
+    };
     match v {
-        None => Ok(None),
-        Some(Value::String(s)) if s == "none" || s == "auto" => Ok(Some(s.clone())),
-        Some(Value::String(s)) if s == "required" => Err(ApiError::unsupported(
-            "tool_choice",
-            "tool_choice \"required\" needs constrained decoding to be enforced, which sluice \
-             does not implement; use \"auto\" (the model decides) or \"none\"",
-        )),
-        Some(Value::Object(_)) => Err(ApiError::unsupported(
-            "tool_choice",
-            "a named tool_choice needs constrained (structural-tag) decoding, which sluice does \
-             not implement; use \"auto\" or \"none\"",
-        )),
+        None => Ok((None, None)),
+        Some(Value::String(s)) if s == "none" || s == "auto" => Ok((Some(s.clone()), None)),
+        Some(Value::String(s)) if s == "required" => required(None),
+        Some(v @ Value::Object(_)) => {
+            let mut o = Obj::new(v, "tool_choice")?;
+            if o.str("type")? != Some("function") {
+                return Err(ApiError::unsupported(
+                    o.param("type"),
+                    "a named tool_choice must have type \"function\"",
+                ));
+            }
+            let Some(mut f) = o.obj("function")? else {
+                return Err(ApiError::invalid(o.param("function"), "function is required"));
+            };
+            let Some(name) = f.str("name")? else {
+                return Err(ApiError::invalid(f.param("name"), "name is required"));
+            };
+            f.finish()?;
+            o.finish()?;
+            required(Some(name))
+        }
         Some(other) => Err(ApiError::invalid(
             "tool_choice",
-            format!("tool_choice must be \"none\" or \"auto\", got {other}"),
+            format!(
+                "tool_choice must be \"none\", \"auto\", \"required\" or a named function, got {other}"
+            ),
         )),
     }
 }
 
-/// `response_format`: only `text`. JSON formats would need constrained decoding to be enforced;
-/// they are refused rather than written into the prompt as a request the model may ignore.
-fn parse_response_format(o: &mut Obj<'_>) -> Result<(), ApiError> {
-    let Some(v) = o.value("response_format") else { return Ok(()) };
+/// `response_format`: `text`, `json_object` (any JSON object) or `json_schema` (a JSON value
+/// valid against the schema), enforced by constrained decoding; also given to the template.
+fn parse_response_format(
+    o: &mut Obj<'_>,
+) -> Result<(Option<Value>, Option<OutputConstraint>), ApiError> {
+    let Some(v) = o.value("response_format") else { return Ok((None, None)) };
     let mut rf = Obj::new(v, "response_format")?;
-    let kind = rf.str("type")?;
-    match kind {
-        Some("text") => rf.finish(),
-        Some(k @ ("json_object" | "json_schema")) => Err(ApiError::unsupported(
-            "response_format",
-            format!(
-                "response_format {k:?} needs constrained decoding to be enforced, which sluice \
-                 does not implement; use {{\"type\": \"text\"}} and ask for JSON in a message"
-            ),
-        )),
-        other => Err(ApiError::unsupported(
-            "response_format.type",
-            format!("response_format type {other:?} is not supported: use text"),
-        )),
-    }
+    let schema = match rf.str("type")? {
+        Some("text") => {
+            rf.finish()?;
+            return Ok((None, None));
+        }
+        Some("json_object") => json!({"type": "object"}),
+        Some("json_schema") => {
+            let Some(mut js) = rf.obj("json_schema")? else {
+                return Err(ApiError::invalid(rf.param("json_schema"), "json_schema is required"));
+            };
+            if js.str("name")?.is_none() {
+                return Err(ApiError::invalid(js.param("name"), "name is required"));
+            }
+            js.str("description")?;
+            // Strict or not, the schema is enforced: sluice has no weaker mode.
+            js.bool("strict")?;
+            let schema = match js.value("schema") {
+                None => json!({}),
+                Some(s @ (Value::Object(_) | Value::Bool(true))) => s.clone(),
+                Some(other) => {
+                    return Err(ApiError::invalid(
+                        js.param("schema"),
+                        format!("json_schema.schema must be an object, not {}", type_name(other)),
+                    ))
+                }
+            };
+            js.finish()?;
+            schema
+        }
+        other => {
+            return Err(ApiError::unsupported(
+                "response_format.type",
+                format!(
+                    "response_format type {other:?} is not supported: use text, json_object or json_schema"
+                ),
+            ))
+        }
+    };
+    rf.finish()?;
+    Ok((Some(v.clone()), Some(OutputConstraint::Json { schema, param: "response_format" })))
 }
 
 /// One message.
@@ -357,6 +444,40 @@ mod tests {
     }
 
     #[test]
+    fn json_formats_and_required_tools_become_constraints() {
+        let m = json!([{"role": "user", "content": "x"}]);
+        let tools = json!([{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}},
+                           {"type": "function", "function": {"name": "put"}}]);
+        let r =
+            ok(json!({"model": "m", "messages": m, "response_format": {"type": "json_object"}}));
+        assert_eq!(
+            r.constraint,
+            Some(OutputConstraint::Json {
+                schema: json!({"type": "object"}),
+                param: "response_format"
+            })
+        );
+        assert!(r.options.response_format.is_some());
+        let s = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let r = ok(json!({"model": "m", "messages": m, "response_format":
+            {"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": s}}}));
+        assert!(
+            matches!(r.constraint, Some(OutputConstraint::Json { ref schema, .. }) if *schema == s)
+        );
+        let r = ok(json!({"model": "m", "messages": m, "tools": tools, "tool_choice": "required"}));
+        assert!(
+            matches!(r.constraint, Some(OutputConstraint::Tools { ref tools, parallel: true, .. }) if tools.len() == 2)
+        );
+        let r = ok(json!({"model": "m", "messages": m, "tools": tools,
+            "tool_choice": {"type": "function", "function": {"name": "put"}}}));
+        assert!(
+            matches!(r.constraint, Some(OutputConstraint::Tools { ref tools, parallel: false, .. })
+            if tools.len() == 1 && tools[0].0 == "put")
+        );
+        assert_eq!(r.options.tool_choice.as_deref(), Some("required"));
+    }
+
+    #[test]
     fn refusals_name_the_field() {
         let m = json!([{"role": "user", "content": "x"}]);
         let tools = json!([{"type": "function", "function": {"name": "get"}}]);
@@ -381,10 +502,6 @@ mod tests {
                 "top_logprobs",
             ),
             (
-                json!({"model": "m", "messages": m, "tool_choice": {"type": "function", "function": {"name": "f"}}}),
-                "tool_choice",
-            ),
-            (
                 json!({"model": "m", "messages": m, "response_format": {"type": "grammar"}}),
                 "response_format.type",
             ),
@@ -393,28 +510,20 @@ mod tests {
                 "tools[0].type",
             ),
             (json!({"model": "m", "messages": m, "frequency_penalty": 1}), "frequency_penalty"),
-            // Accepted only where sluice enforces them: these would need constrained decoding.
-            (
-                json!({"model": "m", "messages": m, "response_format": {"type": "json_object"}}),
-                "response_format",
-            ),
-            (
-                json!({"model": "m", "messages": m, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
-                "response_format",
-            ),
-            (
-                json!({"model": "m", "messages": m, "tools": tools, "tool_choice": "required"}),
-                "tool_choice",
-            ),
-            (
-                json!({"model": "m", "messages": m, "tools": tools, "tool_choice": {"type": "function", "function": {"name": "get"}}}),
-                "tool_choice",
-            ),
             (
                 json!({"model": "m", "messages": m, "tools": tools, "parallel_tool_calls": false}),
                 "parallel_tool_calls",
             ),
             (json!({"model": "m", "messages": m, "functions": []}), "functions"),
+            (json!({"model": "m", "messages": m, "tool_choice": "required"}), "tool_choice"),
+            (
+                json!({"model": "m", "messages": m, "tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+                "tool_choice.function.name",
+            ),
+            (
+                json!({"model": "m", "messages": m, "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}),
+                "response_format.json_schema.name",
+            ),
             (
                 json!({"model": "m", "messages": m, "max_completion_tokens": 0}),
                 "max_completion_tokens",

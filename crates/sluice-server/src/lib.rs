@@ -7,13 +7,18 @@
 //! - [`worker`] and [`output`]: the engine thread — model passes, state reuse, detokenization,
 //!   the K3 reasoning/tool-call parser, stop strings and logprobs, all off the async runtime.
 //! - [`response`]: OpenAI-shaped bodies and SSE chunks.
+//! - [`anthropic`] and [`anthropic_response`]: `POST /v1/messages`, the Anthropic Messages API.
+//! - [`constrain`]: JSON and required-tool output enforced by a grammar over the logits.
 //! - [`error`]: the one mapping from errors to HTTP status and body.
 //! - [`metrics`]: `GET /metrics` in the Prometheus text format.
 //!
 //! The API, every accepted field and every refusal are documented in docs/SERVER.md.
 
+pub mod anthropic;
+pub mod anthropic_response;
 pub mod api;
 pub mod chat_request;
+pub mod constrain;
 mod deadline;
 pub mod error;
 pub mod fields;
@@ -137,6 +142,7 @@ pub fn serve(
         body_timeout: cfg.body_timeout,
         started: unix_now(),
         next_id: AtomicU64::new(1),
+        grammars: crate::constrain::Grammars::default(),
     });
     let worker = Worker::new(
         model,

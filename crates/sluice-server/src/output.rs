@@ -140,6 +140,17 @@ impl<'t> Output<'t> {
         }
     }
 
+    /// The stop string that ended generation, if one did.
+    pub fn stop_sequence(&self) -> Option<String> {
+        match self {
+            Self::Text { stop, .. } => stop.matched(),
+            Self::Chat { stop_reasoning, stop_content, .. } => {
+                stop_reasoning.matched().or(stop_content.matched())
+            }
+        }
+        .map(str::to_owned)
+    }
+
     /// Tool calls parsed.
     pub fn tool_calls(&self) -> usize {
         match self {

@@ -10,6 +10,7 @@ use crate::machine_metrics::MachineWatch;
 use crate::metrics::Metrics;
 use crate::output::{Delta, Output, OutputKind};
 use crate::scheduler::Scheduler;
+use sluice_engine::constraint::SharedConstraint;
 use sluice_engine::progress::LineThrottle;
 use sluice_engine::session::SessionCache;
 use sluice_engine::turn::{run_turn, TurnOptions, TurnStats};
@@ -45,6 +46,8 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// How to turn ids into output.
     pub output: OutputKind,
+    /// The grammar the output must match (`response_format`, a required `tool_choice`).
+    pub constraint: Option<SharedConstraint>,
     /// Raised when the client is gone.
     pub cancel: Arc<AtomicBool>,
     /// Where output goes.
@@ -62,6 +65,8 @@ pub struct Summary {
     pub generated_ids: Vec<u32>,
     /// Tokens inside the think channel.
     pub reasoning_tokens: usize,
+    /// The stop string that ended generation, if one did.
+    pub stop_sequence: Option<String>,
     /// Seconds queued before the engine took the job.
     pub queue_s: f64,
     /// Seconds from the engine taking the job to its end.
@@ -223,6 +228,7 @@ impl Worker {
             prefill_chunk: self.prefill_chunk,
             on_prefill: Some(prefill_hook(job.id, Arc::clone(&self.metrics))),
             boundaries: job.boundaries.clone(),
+            constraint: job.constraint.clone(),
         };
         // The client leaving and the server stopping both end the job at the next pass.
         let cancel = || job.cancel.load(Ordering::Acquire) || self.sched.stopping();
@@ -279,6 +285,7 @@ impl Worker {
             finish_reason,
             generated_ids: turn.tokens,
             reasoning_tokens: out.reasoning_tokens(),
+            stop_sequence: out.stop_sequence(),
             queue_s,
             total_s: started.elapsed().as_secs_f64(),
             stats: turn.stats,
@@ -330,6 +337,7 @@ pub(crate) mod tests {
             stop: Vec::new(),
             logprobs: None,
             output: OutputKind::Text,
+            constraint: None,
             cancel: Arc::new(AtomicBool::new(false)),
             events: tx,
             enqueued: Instant::now(),

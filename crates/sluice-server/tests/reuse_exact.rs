@@ -35,6 +35,7 @@ fn turn(
         prefill_chunk: 0,
         on_prefill: None,
         boundaries: Vec::new(),
+        constraint: None,
     };
     let mut rows = Vec::new();
     let mut d = NgramDrafter::default();

@@ -286,8 +286,13 @@ pub fn post(addr: SocketAddr, path: &str, body: &Value) -> Resp {
 
 /// Whether `python3` can import `openai`.
 pub fn python_openai() -> bool {
+    python_has("openai")
+}
+
+/// Whether `python3` can import `module`.
+pub fn python_has(module: &str) -> bool {
     Command::new("python3")
-        .args(["-c", "import openai"])
+        .args(["-c", &format!("import {module}")])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()

@@ -1,0 +1,232 @@
+//! Constrained output: a grammar (a JSON schema, or a Lark grammar that can name the chat
+//! format's special tokens) compiled by `llguidance` against this tokenizer's vocabulary, applied
+//! by masking the logits to the tokens the grammar allows before each token is chosen.
+//!
+//! **Exactness.** The mask is applied in one place, [`choose`], which every path that picks a
+//! token goes through: the first token after the prefill, plain decoding, and the speculative
+//! verifier (which chooses row by row, so row i is masked with the grammar state after exactly the
+//! tokens emitted before it). The grammar advances only with emitted tokens ([`Constraint::commit`]),
+//! never with drafts, so a rejected draft needs no rollback and constrained output is identical
+//! with and without drafts.
+//!
+//! **Vocabulary.** [`GrammarEnv`] builds llguidance's token trie from the tokenizer's own token
+//! bytes once per process; added (special) tokens are entered with llguidance's `0xFF` marker so a
+//! Lark grammar names them as `<|open|>`. Ordinary text in a grammar is tokenized with the
+//! tokenizer's own ordinary encoding. The end-of-message token is the grammar's end: once the
+//! grammar is complete only it is allowed, and generation stops on it.
+
+use crate::sample::Sampling;
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use sluice_tokenizer::Tokenizer;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Why a grammar could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum ConstraintError {
+    /// The tokenizer lacks what the grammar engine needs (its stop token).
+    #[error("constrained output needs the tokenizer's end-of-message token: {0}")]
+    Tokenizer(#[from] sluice_tokenizer::Error),
+    /// The grammar engine refused the vocabulary.
+    #[error("the grammar engine could not index the vocabulary: {0}")]
+    Vocabulary(String),
+    /// The grammar (or JSON schema) uses a construct the engine cannot compile; the message names
+    /// it.
+    #[error("{0}")]
+    Compile(String),
+}
+
+/// What the output must match.
+#[derive(Debug, Clone)]
+pub enum Grammar {
+    /// Any JSON value valid against this JSON schema.
+    JsonSchema(serde_json::Value),
+    /// A grammar in llguidance's Lark dialect (`%json {…}` embeds a schema; `<|name|>` names a
+    /// special token).
+    Lark(String),
+}
+
+/// The tokenizer as llguidance sees it.
+struct Env {
+    trie: TokTrie,
+    tok: Arc<Tokenizer>,
+}
+
+impl TokenizerEnv for Env {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
+        // Grammar literals are text; invalid UTF-8 cannot come from a grammar string.
+        self.tok.encode_ordinary(&String::from_utf8_lossy(s))
+    }
+}
+
+/// The compiled vocabulary, shared by every request of a process.
+pub struct GrammarEnv {
+    factory: ParserFactory,
+    eos: u32,
+}
+
+impl std::fmt::Debug for GrammarEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarEnv").field("eos", &self.eos).finish_non_exhaustive()
+    }
+}
+
+impl GrammarEnv {
+    /// Indexes `tok`'s vocabulary (once per process: a trie over every token's bytes).
+    pub fn new(tok: Arc<Tokenizer>) -> Result<Self, ConstraintError> {
+        let eos = sluice_tokenizer::k3_stop_id(&tok)?;
+        let n = tok.vocab_size();
+        let mut words = Vec::with_capacity(n);
+        for id in 0..n {
+            let id32 = u32::try_from(id).map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
+            let bytes = match tok.added_token(id32) {
+                Some(t) => {
+                    let mut b = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    b.extend_from_slice(t.content.as_bytes());
+                    b
+                }
+                // Ids in the gaps between added tokens have no bytes: they are never allowed.
+                None => tok.token_bytes(id32).map(<[u8]>::to_vec).unwrap_or_default(),
+            };
+            words.push(bytes);
+        }
+        let vocab = u32::try_from(n).map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
+        let trie = TokTrie::from(&TokRxInfo::new(vocab, eos), &words);
+        let env: TokEnv = Arc::new(Env { trie, tok });
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
+        // Warnings go into the error a request gets, not onto the server's stderr.
+        factory.set_stderr_log_level(0);
+        Ok(Self { factory, eos })
+    }
+
+    /// The token that ends a complete grammar (and generation).
+    pub fn eos(&self) -> u32 {
+        self.eos
+    }
+
+    /// Compiles `grammar` into a fresh per-request constraint; an unsupported construct is
+    /// [`ConstraintError::Compile`] with llguidance's message naming it.
+    pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, ConstraintError> {
+        let top = match grammar {
+            Grammar::JsonSchema(s) => TopLevelGrammar::from_json_schema(s.clone()),
+            Grammar::Lark(l) => TopLevelGrammar::from_lark(l.clone()),
+        };
+        let parser =
+            self.factory.create_parser(top).map_err(|e| ConstraintError::Compile(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(ConstraintError::Compile(e));
+        }
+        Ok(Constraint { matcher, eos: self.eos, error: None })
+    }
+}
+
+/// One request's grammar state.
+pub struct Constraint {
+    matcher: Matcher,
+    eos: u32,
+    error: Option<String>,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint").field("error", &self.error).finish_non_exhaustive()
+    }
+}
+
+impl Constraint {
+    /// Sets every logit the grammar forbids next to −∞. A grammar that is complete allows only
+    /// the end-of-message token; a grammar engine failure (recorded, see [`Constraint::error`])
+    /// does the same, so generation ends rather than leaving the grammar.
+    pub fn mask(&mut self, logits: &mut [f32]) {
+        let allowed = match self.matcher.compute_mask_or_eos() {
+            Ok(m) => Some(m),
+            Err(e) => {
+                self.error.get_or_insert_with(|| e.to_string());
+                None
+            }
+        };
+        for (id, l) in logits.iter_mut().enumerate() {
+            let ok = match (&allowed, u32::try_from(id)) {
+                (Some(m), Ok(i)) => m.is_allowed(i),
+                (None, Ok(i)) => i == self.eos,
+                (_, Err(_)) => false,
+            };
+            if !ok {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+
+    /// Advances the grammar by the emitted token `tok`.
+    pub fn commit(&mut self, tok: u32) {
+        if self.matcher.is_stopped() {
+            return;
+        }
+        if let Err(e) = self.matcher.consume_token(tok) {
+            self.error.get_or_insert_with(|| e.to_string());
+        }
+    }
+
+    /// Whether the output so far is a complete match.
+    pub fn accepting(&mut self) -> bool {
+        self.matcher.is_stopped() || self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    /// The grammar engine's failure, if one happened.
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+}
+
+/// A constraint shared between the request that owns it and the decoding loop (options structs
+/// are `Clone`; the grammar state is one).
+#[derive(Clone)]
+pub struct SharedConstraint(Arc<Mutex<Constraint>>);
+
+impl std::fmt::Debug for SharedConstraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedConstraint")
+    }
+}
+
+impl SharedConstraint {
+    /// Shares `c`.
+    pub fn new(c: Constraint) -> Self {
+        Self(Arc::new(Mutex::new(c)))
+    }
+
+    /// Runs `f` on the grammar state.
+    pub fn with<T>(&self, f: impl FnOnce(&mut Constraint) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Advances the grammar by the emitted token `tok`.
+    pub fn commit(&self, tok: u32) {
+        self.with(|c| c.commit(tok));
+    }
+}
+
+/// The token for generated position `pos` from `logits`, restricted to what `constraint` allows
+/// (the one place the mask is applied; see the module docs).
+pub fn choose(
+    sampling: &Sampling,
+    logits: &[f32],
+    pos: usize,
+    constraint: Option<&SharedConstraint>,
+) -> u32 {
+    match constraint {
+        None => sampling.choose(logits, pos),
+        Some(c) => {
+            let mut masked = logits.to_vec();
+            c.with(|c| c.mask(&mut masked));
+            sampling.choose(&masked, pos)
+        }
+    }
+}
