@@ -49,8 +49,9 @@ pub fn install() -> std::io::Result<()> {
 /// Lets a write to a closed pipe end the process quietly, as it ends `cat` or `grep`.
 ///
 /// The Rust runtime ignores SIGPIPE, so `println!` into `sluice inspect … | head -1` panicked
-/// with "failed printing to stdout". Every command but `serve` restores the default action;
-/// the server keeps it ignored, so a client that hangs up costs one failed write, not the process.
+/// with "failed printing to stdout". Every command but `serve` and `run` restores the default
+/// action; the server keeps it ignored, so a client that hangs up costs one failed write, not
+/// the process, and `run` turns the failed write into a stop that still prints its statistics.
 pub fn default_sigpipe() {
     // SAFETY: `signal` with `SIG_DFL` installs no handler code; it only resets the disposition.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };

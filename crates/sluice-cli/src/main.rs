@@ -70,7 +70,9 @@ enum Cmd {
 
 fn main() {
     let cli = Cli::parse();
-    if !matches!(cli.cmd, Cmd::Serve(_)) {
+    // `run` handles a closed stdout itself (it stops generating and still prints its stats);
+    // `serve` must outlive clients that hang up.
+    if !matches!(cli.cmd, Cmd::Serve(_) | Cmd::Run(_)) {
         interrupt::default_sigpipe();
     }
     let res: Result<()> = match cli.cmd {
