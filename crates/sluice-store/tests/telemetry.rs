@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::path::Path;
 
+#[cfg(target_os = "linux")]
 use sluice_store::platform::machine;
 use sluice_store::telemetry::{self, page_cache_share, Sample, Telemetry};
 
