@@ -25,7 +25,7 @@
 
 mod common;
 
-use common::{argmax, max_abs, rel_l2, Golden};
+use common::{argmax, json_ids, max_abs, rel_l2, Golden};
 use sluice_checkpoint::Checkpoint;
 use sluice_models::deepseek_v3::DeepseekV3;
 use sluice_models::kimi_k3::Trace;
@@ -49,10 +49,6 @@ fn load(name: &str) -> DeepseekV3 {
         Model::DeepseekV3(m) => m,
         other => panic!("{name}: loaded as {}", other.family()),
     }
-}
-
-fn json_ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| u32::try_from(x.as_u64().unwrap()).unwrap()).collect()
 }
 
 #[test]

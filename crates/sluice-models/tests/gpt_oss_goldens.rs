@@ -23,7 +23,7 @@
 
 mod common;
 
-use common::{argmax, max_abs, rel_l2, Golden};
+use common::{argmax, json_ids, max_abs, rel_l2, Golden};
 use sluice_checkpoint::Checkpoint;
 use sluice_models::gpt_oss::GptOss;
 use sluice_models::qwen3::Trace;
@@ -47,10 +47,6 @@ fn load(name: &str) -> GptOss {
         Model::GptOss(m) => m,
         other => panic!("{name}: loaded as {}", other.family()),
     }
-}
-
-fn json_ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| u32::try_from(x.as_u64().unwrap()).unwrap()).collect()
 }
 
 #[test]

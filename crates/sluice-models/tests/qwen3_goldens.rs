@@ -21,7 +21,7 @@
 
 mod common;
 
-use common::{max_abs, rel_l2, Golden};
+use common::{json_ids, max_abs, rel_l2, Golden};
 use sluice_checkpoint::Checkpoint;
 use sluice_models::qwen3::{Qwen3, Trace};
 use sluice_models::{LogitRows, Model};
@@ -58,10 +58,6 @@ fn argmax(l: &[f32]) -> u32 {
         }
     }
     u32::try_from(b).unwrap()
-}
-
-fn json_ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| u32::try_from(x.as_u64().unwrap()).unwrap()).collect()
 }
 
 #[test]

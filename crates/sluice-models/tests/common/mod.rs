@@ -147,6 +147,11 @@ impl Golden {
     }
 }
 
+/// A golden's JSON array of token ids (the family goldens' `meta.json` fields).
+pub fn json_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| u32::try_from(x.as_u64().unwrap()).unwrap()).collect()
+}
+
 /// Relative L2 distance ‖a − b‖ / ‖b‖ in f64.
 pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len(), "length mismatch");
