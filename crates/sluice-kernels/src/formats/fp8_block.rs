@@ -267,6 +267,13 @@ mod x86 {
         (f.is_finite() || !s.is_finite()).then_some(f)
     }
 
+    /// Whether every block scale `rows` use over columns `c0..c0 + n` fuses ([`fused_scale`]),
+    /// so a one-row kernel may run them; otherwise the buffered decode runs.
+    fn scales_fuse(rows: &[Fp8Row<'_>], c0: usize, n: usize) -> bool {
+        let blocks = c0 / BLOCK_EDGE..(c0 + n).div_ceil(BLOCK_EDGE);
+        rows.iter().all(|r| blocks.clone().all(|b| fused_scale(r.scale(b)).is_some()))
+    }
+
     /// Eight codes at `p` → their values times the block scale, given as `scale · 2^120`.
     ///
     /// # Safety
@@ -295,8 +302,7 @@ mod x86 {
         let n = x.len();
         assert!(c0.is_multiple_of(16) && n.is_multiple_of(16), "fp8 span");
         assert!(rows.iter().all(|r| c0 + n <= r.codes.len()));
-        let blocks = c0 / BLOCK_EDGE..(c0 + n).div_ceil(BLOCK_EDGE);
-        if !rows.iter().all(|r| blocks.clone().all(|b| fused_scale(r.scale(b)).is_some())) {
+        if !scales_fuse(&rows, c0, n) {
             // SAFETY: AVX2 and FMA are enabled here; the span suits `fold_one`.
             unsafe {
                 crate::tiled::fold_one_buffered::<crate::arch::avx2::Avx2, super::Fp8Block, R>(
@@ -401,8 +407,7 @@ mod x86 {
         let n = x.len();
         assert!(c0.is_multiple_of(16) && n.is_multiple_of(16), "fp8 span");
         assert!(rows.iter().all(|r| c0 + n <= r.codes.len()));
-        let blocks = c0 / BLOCK_EDGE..(c0 + n).div_ceil(BLOCK_EDGE);
-        if !rows.iter().all(|r| blocks.clone().all(|b| fused_scale(r.scale(b)).is_some())) {
+        if !scales_fuse(&rows, c0, n) {
             // SAFETY: AVX-512F is enabled here; the span suits `fold_one`.
             unsafe {
                 crate::tiled::fold_one_buffered::<crate::arch::avx512::Avx512, super::Fp8Block, R>(
