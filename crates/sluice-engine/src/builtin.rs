@@ -16,6 +16,11 @@
 //! parameter Qwen3 with its own 4096-entry tokenizer, trained on the same corpus, which drafts
 //! for mini-K3 through the cross-tokenizer path. It is placed and checked the same way, in its
 //! own cache directory ([`ensure_builtin_draft`]).
+//!
+//! Both are behind the default cargo feature `builtin-model`. A build without it
+//! (`cargo build --release -p sluice-cli --no-default-features`) is about 38 MB smaller, for
+//! machines that only ever run `--model DIR`; there the commands that need the built-in model
+//! say so ([`BuiltinError::NotBuilt`]).
 
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
@@ -36,9 +41,16 @@ const SUMS: &str = include_str!("../../../tests/fixtures/kimi_k3/mini-k3/SHA256S
 /// The draft's committed sums.
 const DRAFT_SUMS: &str = include_str!("../../../tests/fixtures/qwen3/mini-draft/SHA256SUMS");
 
+#[cfg(feature = "builtin-model")]
 macro_rules! mini {
     ($name:literal) => {
         ($name, include_bytes!(concat!("../../../tests/fixtures/kimi_k3/mini-k3/", $name)))
+    };
+}
+#[cfg(not(feature = "builtin-model"))]
+macro_rules! mini {
+    ($name:literal) => {
+        ($name, &[])
     };
 }
 
@@ -54,9 +66,16 @@ const FILES: [(&str, &[u8]); 8] = [
     mini!("tokenizer_config.json"),
 ];
 
+#[cfg(feature = "builtin-model")]
 macro_rules! draft {
     ($name:literal) => {
         ($name, include_bytes!(concat!("../../../tests/fixtures/qwen3/mini-draft/", $name)))
+    };
+}
+#[cfg(not(feature = "builtin-model"))]
+macro_rules! draft {
+    ($name:literal) => {
+        ($name, &[])
     };
 }
 
@@ -105,6 +124,12 @@ pub enum BuiltinError {
     /// `SHA256SUMS` lacks a line for an embedded file.
     #[error("SHA256SUMS has no sum for {0}")]
     NoSum(&'static str),
+    /// This binary was built without the default feature `builtin-model`.
+    #[error(
+        "this sluice was built without its built-in model (cargo feature `builtin-model`); \
+         pass --model DIR"
+    )]
+    NotBuilt,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BuiltinError + '_ {
@@ -191,6 +216,9 @@ impl Embedded {
         cache: &Path,
         replaced: &mut dyn FnMut(&str),
     ) -> Result<PathBuf, BuiltinError> {
+        if !cfg!(feature = "builtin-model") {
+            return Err(BuiltinError::NotBuilt);
+        }
         let name = self.name;
         // Copies that an interrupted process was writing or had set aside.
         if cache.is_dir() {
