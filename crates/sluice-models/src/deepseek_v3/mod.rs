@@ -28,17 +28,17 @@ pub mod quant;
 pub mod synth;
 pub mod weights;
 
+use crate::family::{MemoryNeeds, RoutedExperts};
 use crate::kimi_k3::state::{K3State, LayerShape, LayerState};
 use crate::kimi_k3::Trace;
 use crate::{LogitRows, ModelError};
-use crate::family::{MemoryNeeds, RoutedExperts};
 use config::DeepseekV3Config;
 use experts::{DeepseekV3ExpertLayout, ExpertFormat};
 use quant::Weight;
 use sluice_checkpoint::Checkpoint;
-use sluice_store::ExpertStore;
 use sluice_kernels::matmul;
 use sluice_kernels::ops::rms_norm;
+use sluice_store::ExpertStore;
 use std::sync::Arc;
 use weights::{DeepseekV3Weights, Ffn};
 
@@ -194,7 +194,8 @@ impl DeepseekV3 {
         // Per row: q (and its LoRA), the latent row, the per-head latent query and attention
         // output, the heads' values (see `mla::forward`).
         let attn = c.q_lora_rank.unwrap_or(0) + h * c.qk_head_dim() + (kl + rd) + 2 * h * vd;
-        let threads = sluice_kernels::pool::with_current(sluice_kernels::pool::Pool::threads) as u64;
+        let threads =
+            sluice_kernels::pool::with_current(sluice_kernels::pool::Pool::threads) as u64;
         MemoryNeeds {
             spine: self.dense_weight_bytes(),
             state_fixed: threads * ((c.qk_nope_head_dim + vd) * kl * 4) as u64,

@@ -178,9 +178,8 @@ pub fn tensors(config: &Value) -> Result<Vec<Vec<SynthTensor>>, crate::ModelErro
         c.vocab_size,
     ]
     .map(|x| x as u64);
-    let bf16 = |name: String, shape: &[u64], init: Init| {
-        SynthTensor::new(name, DType::BF16, shape, init)
-    };
+    let bf16 =
+        |name: String, shape: &[u64], init: Init| SynthTensor::new(name, DType::BF16, shape, init);
     let mut shards = Vec::new();
     for i in 0..c.num_hidden_layers {
         let p = format!("model.layers.{i}");

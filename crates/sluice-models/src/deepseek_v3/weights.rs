@@ -133,14 +133,23 @@ impl DeepseekV3Weights {
                     norm: r.vec(&format!("{a}.q_a_layernorm.weight"), ql)?,
                     b: linear(&r, &format!("{a}.q_b_proj"), q_rows, ql, true)?,
                 })),
-                None => QProj::Plain(Box::new(linear(&r, &format!("{a}.q_proj"), q_rows, d, true)?)),
+                None => {
+                    QProj::Plain(Box::new(linear(&r, &format!("{a}.q_proj"), q_rows, d, true)?))
+                }
             };
             let kl = c.kv_lora_rank;
             let attn = AttnWeights {
                 q,
-                kv_a: linear(&r, &format!("{a}.kv_a_proj_with_mqa"), kl + c.qk_rope_head_dim, d, true)?,
+                kv_a: linear(
+                    &r,
+                    &format!("{a}.kv_a_proj_with_mqa"),
+                    kl + c.qk_rope_head_dim,
+                    d,
+                    true,
+                )?,
                 kv_a_norm: r.vec(&format!("{a}.kv_a_layernorm.weight"), kl)?,
-                kv_b: linear(&r,
+                kv_b: linear(
+                    &r,
                     &format!("{a}.kv_b_proj"),
                     h * (c.qk_nope_head_dim + c.v_head_dim),
                     kl,
@@ -154,7 +163,9 @@ impl DeepseekV3Weights {
                 for x in 0..e {
                     let ep = format!("{p}.mlp.experts.{x}");
                     let m = expert_mlp(&r, &ep, c.moe_intermediate_size, d)?;
-                    for (w, proj) in [(&m.gate, "gate_proj"), (&m.up, "up_proj"), (&m.down, "down_proj")] {
+                    for (w, proj) in
+                        [(&m.gate, "gate_proj"), (&m.up, "up_proj"), (&m.down, "down_proj")]
+                    {
                         let f = expert_format_of(&r, w, &format!("{ep}.{proj}"))?;
                         same_format(&mut expert_format, f, &format!("{}{ep}.{proj}", r.prefix))?;
                     }
