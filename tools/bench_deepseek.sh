@@ -14,8 +14,9 @@
 #
 # Env: LAYERS (MoE layers, 2), EXPERTS (routed experts per layer; default the published 256 /
 # 384), RANKS (tokenizer ranks, 4096), RUNS (3), MAX_NEW (16), PROMPT_LEN (8), THREADS (threads
-# per run, 8), CGROUP (v1 | v2 | auto: v1 when /sys/fs/cgroup/memory is writable), KEEP (1: keep
-# the slice). Summarise a result with: python3 tools/bench_deepseek_summary.py OUT.
+# per run, 8), CGROUP (v1 | v2 | auto: v1 when /sys/fs/cgroup/memory is writable), RATIO (slice ÷
+# cgroup, 4; at least 3), PHASES ("cold warm"), NOPREFETCH (1: also a --no-prefetch configuration),
+# PROBE (storage probe bytes, 2G), KEEP (1: keep the slice). Summarise a result with: python3 tools/bench_deepseek_summary.py OUT.
 set -euo pipefail
 SLUICE=$(realpath "$1") OUT=$2
 shift 2
@@ -23,6 +24,7 @@ PRESETS=("$@")
 [ ${#PRESETS[@]} -eq 0 ] && PRESETS=(deepseek-v3-slice kimi-k2-slice)
 LAYERS=${LAYERS:-2} RANKS=${RANKS:-4096} RUNS=${RUNS:-3} MAX_NEW=${MAX_NEW:-16}
 PROMPT_LEN=${PROMPT_LEN:-8} THREADS=${THREADS:-8} CGROUP=${CGROUP:-auto} KEEP=${KEEP:-0}
+RATIO=${RATIO:-4} PHASES=${PHASES:-cold warm} NOPREFETCH=${NOPREFETCH:-1} PROBE=${PROBE:-2G}
 mkdir -p "$OUT"
 if [ "$CGROUP" = auto ]; then
   if [ -w /sys/fs/cgroup/memory ]; then CGROUP=v1; else CGROUP=v2; fi
@@ -35,15 +37,17 @@ for preset in "${PRESETS[@]}"; do
   [ -n "${EXPERTS:-}" ] && experts_arg=(--experts "$EXPERTS")
   "$SLUICE" synth --preset "$preset" --out "$model" --layers "$LAYERS" --ranks "$RANKS" \
     "${experts_arg[@]}" > "$res/synth.txt" 2>&1
-  "$SLUICE" inspect "$model" --json > "$res/inspect.json"
+  "$SLUICE" inspect "$model" > "$res/inspect.txt"
+  "$SLUICE" verify "$model" > "$res/verify.txt"
   bytes=$(du -sb "$model" | cut -f1)
-  # The cgroup: a quarter of the slice (>= 3x smaller); --memory leaves 10% of it to the
+  # The cgroup: 1/RATIO of the slice (>= 3x smaller); --memory leaves 10% of it to the
   # process's own pages outside the plan.
-  limit=$((bytes / 4)) memory=$((bytes / 4 * 9 / 10))
+  limit=$((bytes / RATIO)) memory=$((bytes / RATIO * 9 / 10))
   echo "$preset: slice $bytes bytes, cgroup $limit, --memory $memory, $CGROUP" | tee "$res/setup.txt"
   common=(--model "$model" --memory "$memory" --json --prompt-len "$PROMPT_LEN"
-          --max-new "$MAX_NEW" --runs "$RUNS" --config default= --config noprefetch=--no-prefetch)
-  for phase in cold warm; do
+          --max-new "$MAX_NEW" --runs "$RUNS" --probe-bytes "$PROBE" --config default=)
+  [ "$NOPREFETCH" = 1 ] && common+=(--config noprefetch=--no-prefetch)
+  for phase in $PHASES; do
     extra=()
     [ "$phase" = cold ] && extra=(--cold --fadvise-only)
     uptime > "$res/decode-$phase.load"
