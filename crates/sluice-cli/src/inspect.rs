@@ -73,7 +73,7 @@ fn family(dir: &Path, ckpt: Checkpoint, family: &Family, as_json: bool) -> Resul
             "layers": s.layers, "hidden_size": s.hidden, "vocab_size": s.vocab,
             "experts_per_layer": per_layer, "moe_layers": moe_layers,
             "experts_per_token": s.experts_per_token, "expert_bytes": expert_bytes,
-            "spine_bytes": mem.map_or(bytes, |m| m.spine),
+            "spine_bytes": mem.map_or(bytes, |m| m.spine), "spine_format": model.spine_format(),
             "state_bytes_per_position": mem.map_or(0, |m| m.state_per_position),
             "tensors": tensors, "shards": shards, "weight_bytes": bytes,
         });
@@ -105,8 +105,9 @@ fn family(dir: &Path, ckpt: Checkpoint, family: &Family, as_json: bool) -> Resul
     }
     match (&routed, mem) {
         (Some(_), Some(m)) => println!(
-            "  memory         spine {} (mapped in place); sequence state {} per position",
+            "  memory         spine {} ({}, mapped in place); sequence state {} per position",
             human(m.spine),
+            model.spine_format(),
             human(m.state_per_position)
         ),
         _ => {

@@ -202,11 +202,16 @@ impl Target {
             .with_context(|| format!("loading {}", self.read_dir.display()))?;
         let spine = opts.spine;
         let reads = loaded.io_backend().map(|b| format!(", read with {b}")).unwrap_or_default();
-        match &loaded.plan {
-            Some(p) => {
-                eprintln!("sluice: spine {}; {p}; experts {}{reads}", spine.label(), loaded.mode);
+        // The published spine is named by its real storage (DeepSeek V3's is FP8).
+        let label = match spine {
+            sluice_engine::spine::Spine::Bf16 => {
+                format!("{} (as published)", loaded.model.spine_format())
             }
-            None => eprintln!("sluice: spine {}; experts {}{reads}", spine.label(), loaded.mode),
+            other => other.label().to_owned(),
+        };
+        match &loaded.plan {
+            Some(p) => eprintln!("sluice: spine {label}; {p}; experts {}{reads}", loaded.mode),
+            None => eprintln!("sluice: spine {label}; experts {}{reads}", loaded.mode),
         }
         if !self.demo {
             eprintln!("sluice: {}", sluice_engine::install::describe(&self.read_dir, &loaded));

@@ -189,6 +189,35 @@ fn merge_kernels(out: &mut Value, k: &KernelProbe, storage_gbps: f64) {
     out["kernels"] = Value::Array(rates);
     out["dispatch_overhead_ns"] = json!(k.dispatch_overhead_ns);
     out["dispatch"] = json!(k.dispatch);
+    out["streamed_expert_formats"] = Value::Array(
+        expert_formats(k, storage_gbps)
+            .into_iter()
+            .map(|(format, layout, gbps, ratio)| {
+                json!({"format": format, "layout": layout, "rows": 1, "gbps": gbps,
+                       "ratio_to_storage": ratio, "target": EXPERT_TARGET})
+            })
+            .collect(),
+    );
+}
+
+/// How many times the storage rate a streamed expert format must decode at one row, so that
+/// decoding never bounds a streamed pass (issue 16).
+const EXPERT_TARGET: f64 = 5.0;
+
+/// The one-row (decode) rate of every format routed experts stream in — MXFP4 (GPT-OSS), FP8
+/// (DeepSeek V3/R1), INT4 (Kimi K2 Thinking) — as `(format, layout, GB/s, ratio to storage)`,
+/// the fastest layout of each format.
+fn expert_formats(k: &KernelProbe, storage_gbps: f64) -> Vec<(String, String, f64, f64)> {
+    ["mxfp4", "fp8", "int4"]
+        .iter()
+        .filter_map(|f| {
+            k.kernels
+                .iter()
+                .filter(|r| r.format == *f && r.rows == 1)
+                .max_by(|a, b| a.gbps.total_cmp(&b.gbps))
+                .map(|r| (r.format.clone(), r.layout.clone(), r.gbps, r.gbps / storage_gbps))
+        })
+        .collect()
 }
 
 /// The kernel measurements as a table.
@@ -215,6 +244,17 @@ fn print_kernels(k: &KernelProbe, storage_gbps: f64) {
             100.0 * r.ratio_to_fma_peak
         );
     }
+    let line: Vec<String> = expert_formats(k, storage_gbps)
+        .iter()
+        .map(|(f, l, g, r)| {
+            let verdict = if *r >= EXPERT_TARGET { "ok" } else { "BELOW" };
+            format!("{f} ({l}) {g:.2} GB/s = {r:.1}x {verdict}")
+        })
+        .collect();
+    println!(
+        "streamed experts at T=1 vs storage (target >= {EXPERT_TARGET:.0}x): {}",
+        line.join(", ")
+    );
     let d = &k.dispatch;
     println!(
         "call overhead: {:.0} ns alone; a {}x{} call split over {} threads {:.0} ns vs {:.0} ns on one (overhead {:.0} ns)",

@@ -8,6 +8,7 @@ use crate::inspect::human;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use sluice_models::deepseek_v3::synth::Slice as DsSlice;
 use sluice_models::kimi_k3::synth::{
     checkpoint_bytes, k3_slice_text_config, release_config, write_checkpoint,
 };
@@ -36,6 +37,16 @@ pub enum Preset {
     /// top-4, 64 / 8 heads of 64) with --layers layers and --ranks vocabulary rows; stacked
     /// `*_blocks` / `*_scales` experts as published; no tokenizer (run it with --prompt-ids).
     GptOssSlice,
+    /// DeepSeek V3 / R1's real per-layer dimensions (hidden 7168, MLA with 128 heads, q LoRA
+    /// 1536, kv LoRA 512; 256 FP8 experts of width 2048, top-8, 8 groups of which 4 are kept)
+    /// with one dense and --layers MoE layers, --experts experts (default 256) and --ranks
+    /// tokenizer ranks (+ 256 specials); FP8 with 128×128 block scales as published.
+    DeepseekV3Slice,
+    /// Kimi K2 Thinking's real per-layer dimensions (DeepSeek V3's widths, 64 heads, 384
+    /// experts in one group) with one dense and --layers MoE layers, --experts experts
+    /// (default 384) and --ranks tokenizer ranks (+ 256 specials); INT4 pack-quantized experts
+    /// (group 32) and a bf16 spine as published.
+    KimiK2Slice,
 }
 
 /// Flags of `sluice synth`.
@@ -48,12 +59,13 @@ pub struct SynthArgs {
     /// Configuration preset.
     #[arg(long, value_enum, default_value = "k3-slice")]
     preset: Preset,
-    /// MoE layers (k3-slice, qwen3-moe-slice, gpt-oss-slice).
+    /// MoE layers (k3-slice, qwen3-moe-slice, gpt-oss-slice, deepseek-v3-slice, kimi-k2-slice).
     #[arg(long, default_value_t = 4)]
     layers: usize,
-    /// Routed experts per layer (k3-slice).
-    #[arg(long, default_value_t = 128)]
-    experts: usize,
+    /// Routed experts per layer (k3-slice: default 128; deepseek-v3-slice / kimi-k2-slice:
+    /// default the published 256 / 384).
+    #[arg(long)]
+    experts: Option<usize>,
     /// Tokenizer ranks; the vocabulary adds K3's 256 reserved specials (k3-slice); the
     /// vocabulary rows of qwen3-moe-slice and gpt-oss-slice.
     #[arg(long, default_value_t = 32768)]
@@ -76,15 +88,20 @@ pub fn run(a: &SynthArgs) -> Result<()> {
     }
     let (text, ranks) = match a.preset {
         Preset::K3Slice => {
-            if a.layers == 0 || a.experts < 16 || a.ranks < 256 {
+            let experts = a.experts.unwrap_or(128);
+            if a.layers == 0 || experts < 16 || a.ranks < 256 {
                 bail!("k3-slice needs --layers ≥ 1, --experts ≥ 16 and --ranks ≥ 256");
             }
-            (k3_slice_text_config(a.layers, a.experts, a.ranks + 256), a.ranks)
+            (k3_slice_text_config(a.layers, experts, a.ranks + 256), a.ranks)
         }
         Preset::Demo => (sluice_engine::demo::demo_text_config(512 + 256), 512),
-        Preset::Qwen3MoeSlice | Preset::GptOssSlice => return family_slice(a, reuse),
+        Preset::Qwen3MoeSlice
+        | Preset::GptOssSlice
+        | Preset::DeepseekV3Slice
+        | Preset::KimiK2Slice => return family_slice(a, reuse),
         Preset::ManyExperts => {
-            if a.layers == 0 || a.experts < 4 {
+            let experts = a.experts.unwrap_or(128);
+            if a.layers == 0 || experts < 4 {
                 bail!("many-experts needs --layers ≥ 1 and --experts ≥ 4");
             }
             let mut t = sluice_engine::demo::demo_text_config(512 + 256);
@@ -96,7 +113,7 @@ pub fn run(a: &SynthArgs) -> Result<()> {
             t["num_hidden_layers"] = n.into();
             t["linear_attn_config"]["kda_layers"] = kda.into();
             t["linear_attn_config"]["full_attn_layers"] = full.into();
-            t["num_experts"] = a.experts.into();
+            t["num_experts"] = experts.into();
             t["moe_intermediate_size"] = 1024.into();
             t["routed_expert_hidden_size"] = 128.into();
             (t, 512)
@@ -130,13 +147,37 @@ pub fn run(a: &SynthArgs) -> Result<()> {
     Ok(())
 }
 
-/// A slice of a family whose synthetic writer is [`sluice_models::synth`] (Qwen3-MoE, GPT-OSS).
+/// A slice of a family whose synthetic writer is [`sluice_models::synth`] (Qwen3-MoE, GPT-OSS,
+/// DeepSeek-V3).
 fn family_slice(a: &SynthArgs, reuse: bool) -> Result<()> {
     if a.layers == 0 || a.ranks < 16 {
         bail!("{} needs --layers ≥ 1 and --ranks ≥ 16", a.preset.name());
     }
-    let (config, shards) = match a.preset {
-        Preset::GptOssSlice => {
+    let deepseek = match a.preset {
+        Preset::DeepseekV3Slice => Some((DsSlice::DeepseekV3, 256, 8)),
+        Preset::KimiK2Slice => Some((DsSlice::KimiK2, 384, 1)),
+        _ => None,
+    };
+    let (config, shards) = match (a.preset, deepseek) {
+        (_, Some((kind, published, groups))) => {
+            let experts = a.experts.unwrap_or(published);
+            if experts < 8 || !experts.is_multiple_of(groups) {
+                bail!(
+                    "{} needs --experts ≥ 8 (top-8 routing), a multiple of its {groups} expert                      groups",
+                    a.preset.name()
+                );
+            }
+            // The tokenizer's ranks plus the 256 reserved specials, as k3-slice.
+            let c = sluice_models::deepseek_v3::synth::slice_config(
+                kind,
+                a.layers,
+                experts,
+                a.ranks + 256,
+            );
+            let t = sluice_models::deepseek_v3::synth::tensors(&c);
+            (c, t)
+        }
+        (Preset::GptOssSlice, _) => {
             let c = sluice_models::gpt_oss::synth::slice_config(a.layers, a.ranks);
             let t = sluice_models::gpt_oss::synth::tensors(&c);
             (c, t)
@@ -165,6 +206,17 @@ fn family_slice(a: &SynthArgs, reuse: bool) -> Result<()> {
         })
         .with_context(|| format!("writing {}", a.out.display()))?;
     bar.finish_and_clear();
+    if deepseek.is_some() {
+        sluice_engine::demo::write_tokenizer_files(&a.out, a.ranks)
+            .with_context(|| format!("writing the tokenizer of {}", a.out.display()))?;
+        println!(
+            "wrote {} ({} of tensors, {total} bytes, seed {})",
+            a.out.display(),
+            human(total),
+            a.seed
+        );
+        return Ok(());
+    }
     println!(
         "wrote {} ({} of tensors, {total} bytes, seed {}; no tokenizer: run it with --prompt-ids)",
         a.out.display(),
@@ -214,6 +266,8 @@ impl Preset {
             Self::ManyExperts => "many-experts",
             Self::Qwen3MoeSlice => "qwen3-moe-slice",
             Self::GptOssSlice => "gpt-oss-slice",
+            Self::DeepseekV3Slice => "deepseek-v3-slice",
+            Self::KimiK2Slice => "kimi-k2-slice",
         }
     }
 }

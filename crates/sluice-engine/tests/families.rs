@@ -11,12 +11,14 @@ use sluice_models::Model;
 use std::path::PathBuf;
 
 /// Every MoE family's fixtures (family folder, fixture).
-const FIXTURES: [(&str, &str); 5] = [
+const FIXTURES: [(&str, &str); 7] = [
     ("kimi_k3", "tiny-a"),
     ("qwen3_moe", "tiny-a"),
     ("qwen3_moe", "tiny-b"),
     ("gpt_oss", "tiny-a"),
     ("gpt_oss", "tiny-b"),
+    ("deepseek_v3", "tiny-a"),
+    ("deepseek_v3", "tiny-b"),
 ];
 
 fn dir(family: &str, name: &str) -> PathBuf {
@@ -92,5 +94,34 @@ fn speculative_output_equals_plain_for_every_family() {
             assert!(bits(&spec) == bits(&plain), "{family}/{name} replay width {width}: logits");
             assert_eq!(spec.stats.accepted, spec.stats.drafted, "{family}/{name}: all accepted");
         }
+    }
+}
+
+#[test]
+fn deepseek_v3_experts_were_not_charged_to_memory() {
+    // DeepSeek-V3 once mapped its experts unplanned: nothing was charged and no budget was too
+    // small. Now a budget below its spine and state is refused with the shortfall named, and a
+    // budget that holds the spine but not every expert streams them.
+    for name in ["tiny-a", "tiny-b"] {
+        let opts = LoadOptions { memory: Some(64 << 10), readers: 3, ..LoadOptions::default() };
+        let err = load::open(&dir("deepseek_v3", name), &opts).expect_err("refused").to_string();
+        assert!(err.contains("memory budget of 65536 bytes is too small"), "{name}: {err}");
+        assert!(err.contains("Raise --memory"), "{name}: {err}");
+        let base = LoadOptions { prefill_chunk: 16, readers: 3, ..LoadOptions::default() };
+        let opts =
+            LoadOptions { memory: Some(1 << 30), experts: ExpertMode::Mapped, ..base.clone() };
+        let mapped = load::open(&dir("deepseek_v3", name), &opts).unwrap();
+        let plan = mapped.plan.as_ref().expect("planned");
+        // Room for the spine, the state, a 16-row pass and 4 slots, not for every expert.
+        let n = &plan.needs;
+        let tight = n.spine + n.state + n.headroom + plan.work + 4 * n.slot;
+        assert!(tight < n.spine + n.state + n.headroom + plan.work + n.experts * n.slot);
+        let opts = LoadOptions { memory: Some(tight), ..base };
+        let auto = load::open(&dir("deepseek_v3", name), &opts).unwrap();
+        assert_eq!(auto.mode, "stream", "{name}: a budget below the experts streams them");
+        assert!(auto.budget.used() <= auto.budget.limit(), "{name}: within --memory");
+        let want = run(&mapped.model, &prompt(&mapped.model), 0, None);
+        let got = run(&auto.model, &prompt(&auto.model), 0, None);
+        assert!(bits(&got) == bits(&want), "{name}: streamed under a tight budget differs");
     }
 }

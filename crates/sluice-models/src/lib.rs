@@ -285,15 +285,14 @@ impl Model {
         }
     }
 
-    /// Where the routed experts are (`None` for a dense model, and for DeepSeek-V3, which has no
-    /// expert layout yet and reads its experts in place).
+    /// Where the routed experts are (`None` for a dense model).
     pub fn routed_experts(&self) -> Option<RoutedExperts> {
         match self {
             Self::KimiK3(m) => Some(m.routed_experts()),
             Self::Qwen3(_) => None,
             Self::Qwen3Moe(m) => Some(m.routed_experts()),
             Self::GptOss(m) => Some(m.routed_experts()),
-            Self::DeepseekV3(_) => None,
+            Self::DeepseekV3(m) => Some(m.routed_experts()),
         }
     }
 
@@ -304,7 +303,7 @@ impl Model {
             Self::Qwen3(_) => {}
             Self::Qwen3Moe(m) => m.set_experts(store),
             Self::GptOss(m) => m.set_experts(store),
-            Self::DeepseekV3(_) => {}
+            Self::DeepseekV3(m) => m.set_experts(store),
         }
     }
 
@@ -334,8 +333,7 @@ impl Model {
             }),
             Self::Qwen3Moe(m) => Some(m.memory_needs()),
             Self::GptOss(m) => Some(m.memory_needs()),
-            // Mapped in place, unplanned (no expert layout yet).
-            Self::DeepseekV3(_) => None,
+            Self::DeepseekV3(m) => Some(m.memory_needs()),
         }
     }
 
@@ -346,6 +344,15 @@ impl Model {
             Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) | Self::DeepseekV3(_) => {
                 sluice_store::SpineStats::default()
             }
+        }
+    }
+
+    /// How the spine's matrices are stored, for the plan line: `bf16` for every family that
+    /// publishes a bf16 spine; DeepSeek-V3's own (`fp8`, `bf16` or `mixed`).
+    pub fn spine_format(&self) -> &'static str {
+        match self {
+            Self::KimiK3(_) | Self::Qwen3(_) | Self::Qwen3Moe(_) | Self::GptOss(_) => "bf16",
+            Self::DeepseekV3(m) => m.spine_format(),
         }
     }
 
@@ -378,7 +385,7 @@ impl Model {
             Self::Qwen3(_) => None,
             Self::Qwen3Moe(m) => Some(m.experts()),
             Self::GptOss(m) => Some(m.experts()),
-            Self::DeepseekV3(_) => None,
+            Self::DeepseekV3(m) => Some(m.experts()),
         }
     }
 

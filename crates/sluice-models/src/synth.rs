@@ -1,5 +1,5 @@
 //! Synthetic checkpoints for the families whose checkpoint is a plain list of named tensors
-//! (Qwen3-MoE, GPT-OSS): a family lists its tensors shard by shard ([`SynthTensor`]) and its
+//! (Qwen3-MoE, GPT-OSS, DeepSeek-V3): a family lists its tensors shard by shard ([`SynthTensor`]) and its
 //! `config.json`, and [`write`] writes them in the published layout (safetensors shards, an
 //! index, atomic writes), with random values that are deterministic from a seed and keep a
 //! forward pass finite. `sluice synth --preset qwen3-moe-slice|gpt-oss-slice` writes slices at
@@ -26,6 +26,10 @@ pub enum Init {
     Bytes,
     /// E8M0 scales uniformly in `lo..=hi`.
     Scales(u8, u8),
+    /// FP8 e4m3 codes of random sign and mantissa with magnitudes in `[1/8, 2)` (never NaN).
+    Fp8,
+    /// The two dimensions of a shape (an INT4 weight's `weight_shape`), as I32.
+    Dims(u64, u64),
 }
 
 /// One tensor of a synthetic checkpoint.
@@ -121,6 +125,20 @@ fn fill(
             let span = u64::from(hi.saturating_sub(lo)) + 1;
             for b in buf.iter_mut() {
                 *b = lo + u8::try_from(rng.next_u64() % span).unwrap_or(0);
+            }
+        }
+        (Init::Fp8, DType::F8E4M3) => {
+            for c in buf.chunks_mut(8) {
+                let r = rng.next_u64().to_le_bytes();
+                for (b, &x) in c.iter_mut().zip(&r) {
+                    // sign | exponent 4..=7 (2^-3 .. 2^0) | mantissa
+                    *b = (x & 0x80) | ((4 + ((x >> 3) & 3)) << 3) | (x & 7);
+                }
+            }
+        }
+        (Init::Dims(a, b), DType::I32) => {
+            for (c, v) in buf.chunks_exact_mut(4).zip([a, b]) {
+                c.copy_from_slice(&i32::try_from(v).unwrap_or(i32::MAX).to_le_bytes());
             }
         }
         (Init::Ones, DType::BF16) => {

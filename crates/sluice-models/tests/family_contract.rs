@@ -19,12 +19,14 @@ use sluice_store::{CacheSize, ExpertStore, IoBackend, IoMode, StreamingConfig};
 use std::sync::Arc;
 
 /// Every MoE family's fixtures (family folder, fixture).
-const FIXTURES: [(&str, &str); 5] = [
+const FIXTURES: [(&str, &str); 7] = [
     ("kimi_k3", "tiny-a"),
     ("qwen3_moe", "tiny-a"),
     ("qwen3_moe", "tiny-b"),
     ("gpt_oss", "tiny-a"),
     ("gpt_oss", "tiny-b"),
+    ("deepseek_v3", "tiny-a"),
+    ("deepseek_v3", "tiny-b"),
 ];
 
 const PROMPT: [u32; 9] = [1, 5, 9, 2, 7, 3, 11, 4, 6];

@@ -15,23 +15,30 @@
 //! are shared. Every kernel is batch-invariant and attention always runs in the absorbed form, so
 //! a T-row pass gives bit for bit the logits of T single-row passes.
 //!
-//! Routed experts are read in place from the mapped shards (FP8 / INT4 dequantized at load, see
-//! [`quant`]); streaming them through the expert store comes with the family boundary.
+//! Routed experts come from an expert store over the published tensors ([`experts`]: FP8 weight
+//! and block scales, or INT4 packed weight and group scales, per projection): mapped in place
+//! until [`DeepseekV3::set_experts`] attaches another store, streamed from the shards when the
+//! memory plan says so. [`DeepseekV3::memory_needs`] is what the plan charges besides them.
 
 pub mod config;
+pub mod experts;
 mod mla;
 pub mod moe;
 pub mod quant;
+pub mod synth;
 pub mod weights;
 
+use crate::family::{MemoryNeeds, RoutedExperts};
 use crate::kimi_k3::state::{K3State, LayerShape, LayerState};
 use crate::kimi_k3::Trace;
 use crate::{LogitRows, ModelError};
 use config::DeepseekV3Config;
+use experts::{DeepseekV3ExpertLayout, ExpertFormat};
 use quant::Weight;
 use sluice_checkpoint::Checkpoint;
 use sluice_kernels::matmul;
 use sluice_kernels::ops::rms_norm;
+use sluice_store::ExpertStore;
 use std::sync::Arc;
 use weights::{DeepseekV3Weights, Ffn};
 
@@ -114,6 +121,8 @@ pub struct DeepseekV3 {
     ckpt: Arc<Checkpoint>,
     weights: DeepseekV3Weights,
     rope: Rope,
+    layout: DeepseekV3ExpertLayout,
+    experts: Arc<dyn ExpertStore>,
 }
 
 impl std::fmt::Debug for DeepseekV3 {
@@ -133,7 +142,79 @@ impl DeepseekV3 {
         let cfg = DeepseekV3Config::from_json(ckpt.config().text_config())?;
         let weights = DeepseekV3Weights::load(&ckpt, &cfg)?;
         let rope = Rope::new(&cfg);
-        Ok(Self { cfg, ckpt, weights, rope })
+        let layout = DeepseekV3ExpertLayout {
+            // A model without MoE layers has no experts; the format is then never used.
+            format: weights.expert_format.unwrap_or(ExpertFormat::Bf16),
+            inter: cfg.moe_intermediate_size as u64,
+            hidden: cfg.hidden_size as u64,
+        };
+        let experts = Arc::new(Self::routed(&cfg, layout).mapped(ckpt.clone())?);
+        Ok(Self { cfg, ckpt, weights, rope, layout, experts })
+    }
+
+    /// Where the routed experts of a model of config `c` stored as `layout` are.
+    fn routed(c: &DeepseekV3Config, layout: DeepseekV3ExpertLayout) -> RoutedExperts {
+        RoutedExperts {
+            num_layers: c.num_hidden_layers,
+            moe_layers: c.moe_layers(),
+            per_layer: c.n_routed_experts,
+            expert_bytes: layout.expert_bytes(),
+            layout: Arc::new(layout),
+        }
+    }
+
+    /// Where this model's routed experts are (for opening an expert store over them).
+    pub fn routed_experts(&self) -> RoutedExperts {
+        Self::routed(&self.cfg, self.layout)
+    }
+
+    /// How the routed experts are stored.
+    pub fn expert_format(&self) -> ExpertFormat {
+        self.layout.format
+    }
+
+    /// Takes routed experts from `experts` from now on.
+    pub fn set_experts(&mut self, experts: Arc<dyn ExpertStore>) {
+        self.experts = experts;
+    }
+
+    /// The expert store in use.
+    pub fn experts(&self) -> &Arc<dyn ExpertStore> {
+        &self.experts
+    }
+
+    /// What the model holds besides its expert cache: the spine (attention, dense MLPs,
+    /// routers, shared experts, embedding and head, as stored), the MLA latent cache per
+    /// position (`kv_lora_rank + qk_rope_head_dim` f32 per layer), the per-head `kv_b_proj`
+    /// rows an attention pass widens (fixed), and a pass's activations per row.
+    pub fn memory_needs(&self) -> MemoryNeeds {
+        let c = &self.cfg;
+        let (h, kl, rd) = (c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim);
+        let vd = c.v_head_dim;
+        // Per row: q (and its LoRA), the latent row, the per-head latent query and attention
+        // output, the heads' values (see `mla::forward`).
+        let attn = c.q_lora_rank.unwrap_or(0) + h * c.qk_head_dim() + (kl + rd) + 2 * h * vd;
+        let threads =
+            sluice_kernels::pool::with_current(sluice_kernels::pool::Pool::threads) as u64;
+        MemoryNeeds {
+            spine: self.dense_weight_bytes(),
+            state_fixed: threads * ((c.qk_nope_head_dim + vd) * kl * 4) as u64,
+            state_per_position: (c.num_hidden_layers * (kl + rd) * 4) as u64,
+            pass_per_row: crate::working::pass_bytes_per_row(
+                c.hidden_size,
+                attn,
+                c.n_routed_experts,
+                c.num_experts_per_tok,
+                c.moe_intermediate_size.max(c.intermediate_size),
+                c.vocab_size,
+            ),
+        }
+    }
+
+    /// The spine's storage: `fp8`, `int4`, `bf16` / `f32`, or `mixed` when its matrices
+    /// (attention, dense MLPs, shared experts, embedding, head) are not all stored one way.
+    pub fn spine_format(&self) -> &'static str {
+        self.weights.spine_format(&self.ckpt)
     }
 
     /// The typed configuration.
@@ -220,7 +301,15 @@ impl DeepseekV3 {
             let m = match &lw.ffn {
                 Ffn::Dense(w) => moe::mlp(ckpt, w, &m_in, t),
                 Ffn::Moe(w) => {
-                    let (m, logits, routes) = moe::forward(ckpt, w, c, &m_in, t);
+                    let store = self.experts.as_ref();
+                    let (m, logits, routes) =
+                        match moe::forward(ckpt, w, c, store, &self.layout, i, &m_in, t) {
+                            Ok(out) => out,
+                            Err(e) => {
+                                state.rollback();
+                                return Err(e);
+                            }
+                        };
                     put(&mut trace, || format!("layer{i}.router_logits"), &logits);
                     if let Some(tr) = trace.as_deref_mut() {
                         tr.routes.insert(i, routes);

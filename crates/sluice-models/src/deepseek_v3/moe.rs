@@ -14,15 +14,20 @@
 //! Combination, per row: `Σ expert_out · weight` over the row's experts in ascending expert id
 //! from zero (the order of transformers' `index_add_` loop over `expert_hit`), then `+ shared(x)`.
 //! Each expert runs once on all rows that chose it through the batch-invariant matmul, so a row's
-//! output never depends on the other rows.
+//! output never depends on the other rows. Routed experts come from the expert store (mapped or
+//! streamed, the same published bytes either way; see [`super::experts`]).
 
 use super::config::DeepseekV3Config;
+use super::experts::DeepseekV3ExpertLayout;
 use super::mm;
 use super::weights::{Mlp, MoeWeights};
 use crate::kimi_k3::Route;
+use crate::qwen3_moe::moe::BlockOut;
+use crate::ModelError;
 use sluice_checkpoint::Checkpoint;
 use sluice_kernels::matmul;
 use sluice_kernels::ops::{sigmoid, silu_glu};
+use sluice_store::ExpertStore;
 
 /// Routes one row of router logits.
 pub(crate) fn route(logits: &[f32], bias: &[f32], c: &DeepseekV3Config) -> Route {
@@ -82,15 +87,20 @@ pub(crate) fn mlp(ckpt: &Checkpoint, w: &Mlp, x: &[f32], t: usize) -> Vec<f32> {
     mm(ckpt, &w.down, &act, t)
 }
 
-/// Runs the MoE block on `x [t, d]`; returns its output `[t, d]`, the router logits `[t, E]` and
-/// each row's route.
+/// Runs the MoE block of `layer` on `x [t, d]`, its routed experts served by `store` in the
+/// layout `layout`; returns its output `[t, d]`, the router logits `[t, E]` and each row's
+/// route.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     ckpt: &Checkpoint,
     w: &MoeWeights,
     c: &DeepseekV3Config,
+    store: &dyn ExpertStore,
+    layout: &DeepseekV3ExpertLayout,
+    layer: usize,
     x: &[f32],
     t: usize,
-) -> (Vec<f32>, Vec<f32>, Vec<Route>) {
+) -> Result<BlockOut, ModelError> {
     let (d, e, k) = (c.hidden_size, c.n_routed_experts, c.num_experts_per_tok);
     let mut logits = vec![0.0f32; t * e];
     matmul(&w.router.get(ckpt), x, t, &mut logits);
@@ -102,19 +112,35 @@ pub(crate) fn forward(
             users[id as usize].push((row, slot));
         }
     }
+    let ids: Vec<u32> =
+        (0..e).filter(|&i| !users[i].is_empty()).filter_map(|i| u32::try_from(i).ok()).collect();
+    // Each expert once, on all of its rows, in the order the store delivers them; outputs land
+    // at [row, slot], so the order changes nothing.
     let mut outs = vec![0.0f32; t * k * d];
     let mut xs = Vec::new();
-    for (id, us) in users.iter().enumerate().filter(|(_, us)| !us.is_empty()) {
+    store.for_each(layer, &ids, &mut |id, v| {
+        let [gate_w, up_w, down_w] = layout.matrices(layer, id, &v)?;
+        let us = &users[id as usize];
+        let n = us.len();
         xs.clear();
         for &(row, _) in us {
             xs.extend_from_slice(&x[row * d..(row + 1) * d]);
         }
-        let y = mlp(ckpt, &w.experts[id], &xs, us.len());
+        // DeepseekV3MLP: down(silu(gate x) · up x)
+        let mut gate = vec![0.0f32; n * gate_w.rows()];
+        let mut up = vec![0.0f32; n * up_w.rows()];
+        matmul(&gate_w, &xs, n, &mut gate);
+        matmul(&up_w, &xs, n, &mut up);
+        let mut act = vec![0.0f32; gate.len()];
+        silu_glu(&gate, &up, &mut act);
+        let mut y = vec![0.0f32; n * d];
+        matmul(&down_w, &act, n, &mut y);
         for (j, &(row, slot)) in us.iter().enumerate() {
             outs[(row * k + slot) * d..(row * k + slot + 1) * d]
                 .copy_from_slice(&y[j * d..(j + 1) * d]);
         }
-    }
+        Ok(())
+    })?;
     let sh = mlp(ckpt, &w.shared, x, t);
     let mut out = vec![0.0f32; t * d];
     let mut slots: Vec<usize> = Vec::with_capacity(k);
@@ -134,7 +160,7 @@ pub(crate) fn forward(
             *a += v;
         }
     }
-    (out, logits, routes)
+    Ok((out, logits, routes))
 }
 
 #[cfg(test)]

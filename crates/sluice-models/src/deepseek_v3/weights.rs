@@ -22,6 +22,7 @@
 //! `P.weight_packed` / `P.weight_scale` / `P.weight_shape` (INT4). See [`super::quant`].
 
 use super::config::DeepseekV3Config;
+use super::experts::{same_format, ExpertFormat};
 use super::quant::{Weight, FP8_BLOCK, INT4_GROUP};
 use crate::qwen3::weights::{Linear, Roster};
 use crate::ModelError;
@@ -71,8 +72,6 @@ pub struct MoeWeights {
     pub(crate) router: Linear,
     /// `mlp.gate.e_score_correction_bias` `[E]`.
     pub(crate) bias: Vec<f32>,
-    /// `mlp.experts.{e}` in id order.
-    pub(crate) experts: Vec<Mlp>,
     /// `mlp.shared_experts`.
     pub(crate) shared: Mlp,
 }
@@ -102,6 +101,9 @@ pub struct DeepseekV3Weights {
     pub(crate) lm_head: Linear,
     pub(crate) norm: Vec<f32>,
     pub(crate) layers: Vec<LayerWeights>,
+    /// How the routed experts are stored (`None` without MoE layers); the experts themselves
+    /// are checked here and then served by the expert store (see [`super::experts`]).
+    pub(crate) expert_format: Option<ExpertFormat>,
 }
 
 impl DeepseekV3Weights {
@@ -120,42 +122,58 @@ impl DeepseekV3Weights {
         let d = c.hidden_size;
         let h = c.num_attention_heads;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let mut expert_format = None;
         for i in 0..c.num_hidden_layers {
             let p = format!("model.layers.{i}");
             let a = format!("{p}.self_attn");
             let q_rows = h * c.qk_head_dim();
             let q = match c.q_lora_rank {
                 Some(ql) => QProj::Lora(Box::new(QLora {
-                    a: linear(&r, &format!("{a}.q_a_proj"), ql, d)?,
+                    a: linear(&r, &format!("{a}.q_a_proj"), ql, d, true)?,
                     norm: r.vec(&format!("{a}.q_a_layernorm.weight"), ql)?,
-                    b: linear(&r, &format!("{a}.q_b_proj"), q_rows, ql)?,
+                    b: linear(&r, &format!("{a}.q_b_proj"), q_rows, ql, true)?,
                 })),
-                None => QProj::Plain(Box::new(linear(&r, &format!("{a}.q_proj"), q_rows, d)?)),
+                None => {
+                    QProj::Plain(Box::new(linear(&r, &format!("{a}.q_proj"), q_rows, d, true)?))
+                }
             };
             let kl = c.kv_lora_rank;
             let attn = AttnWeights {
                 q,
-                kv_a: linear(&r, &format!("{a}.kv_a_proj_with_mqa"), kl + c.qk_rope_head_dim, d)?,
+                kv_a: linear(
+                    &r,
+                    &format!("{a}.kv_a_proj_with_mqa"),
+                    kl + c.qk_rope_head_dim,
+                    d,
+                    true,
+                )?,
                 kv_a_norm: r.vec(&format!("{a}.kv_a_layernorm.weight"), kl)?,
                 kv_b: linear(
                     &r,
                     &format!("{a}.kv_b_proj"),
                     h * (c.qk_nope_head_dim + c.v_head_dim),
                     kl,
+                    true,
                 )?,
-                o_proj: linear(&r, &format!("{a}.o_proj"), d, h * c.v_head_dim)?,
+                o_proj: linear(&r, &format!("{a}.o_proj"), d, h * c.v_head_dim, true)?,
             };
             let ffn = if c.is_moe(i) {
                 check_expert_count(&r, &p, c)?;
                 let e = c.n_routed_experts;
-                let experts = (0..e)
-                    .map(|x| mlp(&r, &format!("{p}.mlp.experts.{x}"), c.moe_intermediate_size, d))
-                    .collect::<Result<_, _>>()?;
+                for x in 0..e {
+                    let ep = format!("{p}.mlp.experts.{x}");
+                    let m = expert_mlp(&r, &ep, c.moe_intermediate_size, d)?;
+                    for (w, proj) in
+                        [(&m.gate, "gate_proj"), (&m.up, "up_proj"), (&m.down, "down_proj")]
+                    {
+                        let f = expert_format_of(&r, w, &format!("{ep}.{proj}"))?;
+                        same_format(&mut expert_format, f, &format!("{}{ep}.{proj}", r.prefix))?;
+                    }
+                }
                 let shared_w = c.moe_intermediate_size * c.n_shared_experts;
                 Ffn::Moe(Box::new(MoeWeights {
                     router: r.mat(&format!("{p}.mlp.gate.weight"), e, d)?,
                     bias: r.vec(&format!("{p}.mlp.gate.e_score_correction_bias"), e)?,
-                    experts,
                     shared: mlp(&r, &format!("{p}.mlp.shared_experts"), shared_w, d)?,
                 }))
             } else {
@@ -174,7 +192,7 @@ impl DeepseekV3Weights {
         } else {
             r.mat("lm_head.weight", c.vocab_size, d)?
         };
-        Ok(Self { embed, lm_head, norm: r.vec("model.norm.weight", d)?, layers })
+        Ok(Self { embed, lm_head, norm: r.vec("model.norm.weight", d)?, layers, expert_format })
     }
 
     /// Bytes of the weights a pass reads besides the routed experts (attention, dense MLPs,
@@ -203,12 +221,76 @@ impl DeepseekV3Weights {
     }
 }
 
+impl DeepseekV3Weights {
+    /// The storage of the spine's projections (attention, dense MLPs, shared experts): its
+    /// format's name when they all share one (`fp8`, `bf16`, ...), `mixed` otherwise. The
+    /// embedding, head and routers are bf16 in every published checkpoint and are not counted.
+    pub fn spine_format(&self, ckpt: &Checkpoint) -> &'static str {
+        let mut names = Vec::new();
+        let mut add = |w: &Weight| names.push(w.get(ckpt).format().name());
+        for l in &self.layers {
+            let a = &l.attn;
+            match &a.q {
+                QProj::Lora(q) => {
+                    add(&q.a);
+                    add(&q.b);
+                }
+                QProj::Plain(w) => add(w),
+            }
+            for w in [&a.kv_a, &a.kv_b, &a.o_proj] {
+                add(w);
+            }
+            let m = match &l.ffn {
+                Ffn::Dense(m) => m,
+                Ffn::Moe(m) => &m.shared,
+            };
+            for w in [&m.gate, &m.up, &m.down] {
+                add(w);
+            }
+        }
+        match names.split_first() {
+            Some((first, rest)) if rest.iter().all(|n| n == first) => first,
+            Some(_) => "mixed",
+            None => "bf16",
+        }
+    }
+}
+
 /// `{p}.{gate,up,down}_proj` of width `inter`.
 fn mlp(r: &Roster<'_>, p: &str, inter: usize, d: usize) -> Result<Mlp, ModelError> {
     Ok(Mlp {
-        gate: linear(r, &format!("{p}.gate_proj"), inter, d)?,
-        up: linear(r, &format!("{p}.up_proj"), inter, d)?,
-        down: linear(r, &format!("{p}.down_proj"), d, inter)?,
+        gate: linear(r, &format!("{p}.gate_proj"), inter, d, true)?,
+        up: linear(r, &format!("{p}.up_proj"), inter, d, true)?,
+        down: linear(r, &format!("{p}.down_proj"), d, inter, true)?,
+    })
+}
+
+/// A routed expert's projections, checked from the headers only: reading the block scales of
+/// every expert at load would touch every expert's pages (tens of thousands of small reads on
+/// a full model); a non-finite scale of a routed expert is caught by the logits check of the
+/// first pass that uses it.
+fn expert_mlp(r: &Roster<'_>, p: &str, inter: usize, d: usize) -> Result<Mlp, ModelError> {
+    Ok(Mlp {
+        gate: linear(r, &format!("{p}.gate_proj"), inter, d, false)?,
+        up: linear(r, &format!("{p}.up_proj"), inter, d, false)?,
+        down: linear(r, &format!("{p}.down_proj"), d, inter, false)?,
+    })
+}
+
+/// How the checked routed-expert projection `w` (tensors `{p}.*`) is stored.
+fn expert_format_of(r: &Roster<'_>, w: &Weight, p: &str) -> Result<ExpertFormat, ModelError> {
+    Ok(match w {
+        Weight::Fp8 { .. } => ExpertFormat::Fp8,
+        Weight::Int4 { .. } => ExpertFormat::Int4,
+        Weight::Mapped(_) => {
+            let name = format!("{p}.weight");
+            let e = r.entry(&name)?;
+            match e.dtype {
+                DType::BF16 => ExpertFormat::Bf16,
+                DType::F32 => ExpertFormat::F32,
+                _ => return Err(dtype_err(r, &name, e, DType::BF16)),
+            }
+        }
     })
 }
 
@@ -222,7 +304,14 @@ fn dtype_err(r: &Roster<'_>, name: &str, e: &TensorEntry, expected: DType) -> Mo
 }
 
 /// The linear layer `p` of shape `[rows, cols]`, in whichever of the three storages it has.
-fn linear(r: &Roster<'_>, p: &str, rows: usize, cols: usize) -> Result<Weight, ModelError> {
+/// `scan`: read the FP8 block scales to refuse a non-finite one at load.
+fn linear(
+    r: &Roster<'_>,
+    p: &str,
+    rows: usize,
+    cols: usize,
+    scan: bool,
+) -> Result<Weight, ModelError> {
     let wname = format!("{p}.weight");
     let packed = format!("{p}.weight_packed");
     if r.ckpt.get(&format!("{}{wname}", r.prefix)).is_none()
@@ -251,7 +340,9 @@ fn linear(r: &Roster<'_>, p: &str, rows: usize, cols: usize) -> Result<Weight, M
     // A NaN or infinite block scale would poison a whole block; name the scale tensor. (The
     // scales are 1/16384 of the weight's bytes; the weights themselves are not scanned at load,
     // a NaN code among them is caught by the logits check of the first pass that uses it.)
-    r.vec_of(&sname, s)?;
+    if scan {
+        r.vec_of(&sname, s)?;
+    }
     Ok(Weight::Fp8 { weight: e.clone(), scale: s.clone(), rows, cols })
 }
 
