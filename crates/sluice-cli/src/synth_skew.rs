@@ -106,13 +106,13 @@ pub fn apply(dir: &Path, experts: usize, top_k: usize, seed: u64) -> Result<f64>
     )
     .context("parsing the index")?;
     let map = index["weight_map"].as_object().context("the index has no weight_map")?;
-    let mut layers = 0;
+    let mut layers = 0u64;
     for (name, file) in map {
         if !name.ends_with(".gate.e_score_correction_bias") {
             continue;
         }
         let file = dir.join(file.as_str().context("a weight_map entry is not a file name")?);
-        let mut rng = SplitMix::new(seed ^ 0xb1a5 ^ (layers as u64).wrapping_mul(0x9e37));
+        let mut rng = SplitMix::new(seed ^ 0xb1a5 ^ layers.wrapping_mul(0x9e37));
         // Fisher–Yates: which expert of this layer gets which popularity rank.
         let mut who: Vec<usize> = (0..experts).collect();
         for i in (1..experts).rev() {
