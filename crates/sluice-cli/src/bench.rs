@@ -87,6 +87,19 @@ pub struct BenchArgs {
     /// Print one JSON object with every run and the summary.
     #[arg(long)]
     json: bool,
+    /// Instead of model runs: write and restore Kimi K3 prompt states at the published
+    /// dimensions through the on-disk state cache in DIR, against the disk's bandwidth measured
+    /// in the same run (no model needed; see docs/PERFORMANCE.md).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["model", "workload", "configs"])]
+    snapshot_io: Option<PathBuf>,
+    /// Prompt lengths of the states --snapshot-io writes.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1024,4096,16384",
+        requires = "snapshot_io"
+    )]
+    snapshot_tokens: Vec<usize>,
 }
 
 /// A named configuration: extra `sluice run` flags.
@@ -199,6 +212,9 @@ fn run_child(
 pub fn run(a: &BenchArgs) -> Result<()> {
     if a.runs == 0 {
         bail!("--runs must be at least 1");
+    }
+    if let Some(dir) = &a.snapshot_io {
+        return crate::snapshot_io::run(dir, &a.snapshot_tokens, a.runs, a.json);
     }
     let configs = parse_configs(&a.configs, a.workload.is_some())?;
     let workload = a.workload.as_deref().map(workload::load).transpose()?;

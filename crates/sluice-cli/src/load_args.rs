@@ -145,6 +145,7 @@ impl LoadArgs {
             },
             slots: self.cache_slots,
             session_memory: 0,
+            state_cache: false,
             spine: self.spine(),
             spine_placement: self.spine_placement,
             disk_cache: self.disk_cache,

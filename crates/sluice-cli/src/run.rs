@@ -146,6 +146,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     let mut load_opts = a.load.options(context);
     load_opts.prefill_chunk = a.prefill_chunk;
+    load_opts.state_cache = a.state_cache.enabled();
     let draft = target.resolve_draft(&a.draft)?;
     if matches!(draft, DraftArg::Model(_)) {
         target.tokenizer("--draft DIR needs them to re-encode draft text")?;

@@ -107,6 +107,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let tok = target.tokenizer("the server needs them to read prompts")?;
     let mut opts = a.load.options(context_len);
     opts.session_memory = a.session_memory;
+    opts.state_cache = a.state_cache.enabled();
     let draft = target.resolve_draft(&a.draft)?;
     let opened = target.load(opts, &draft)?;
     let spine = opened.spine;

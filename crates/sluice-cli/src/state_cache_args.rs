@@ -32,6 +32,11 @@ pub struct StateCacheArgs {
 }
 
 impl StateCacheArgs {
+    /// Whether `--state-cache` was given (the memory plan then charges its snapshots).
+    pub fn enabled(&self) -> bool {
+        self.state_cache.is_some()
+    }
+
     /// Opens the cache for `model` (loaded from `target` with `spine`), or `None` without
     /// `--state-cache`.
     pub fn open(

@@ -73,10 +73,18 @@ pub struct SynthArgs {
     /// Seed of the random weights.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// k3-slice: skew the routing like a trained model's (a benchmark knob, not a model
+    /// property): router biases fitted so expert popularity follows the curve measured on the
+    /// built-in mini-K3, so that caches and warm starts have something to gain.
+    #[arg(long)]
+    route_skew: bool,
 }
 
 /// Runs the command.
 pub fn run(a: &SynthArgs) -> Result<()> {
+    if a.route_skew && !matches!(a.preset, Preset::K3Slice) {
+        bail!("--route-skew applies to --preset k3-slice only");
+    }
     let reuse = a.out.join(MARKER).is_file();
     if !reuse && a.out.exists() && a.out.read_dir().map(|mut d| d.next().is_some()).unwrap_or(true)
     {
@@ -136,6 +144,15 @@ pub fn run(a: &SynthArgs) -> Result<()> {
     })
     .with_context(|| format!("writing {}", a.out.display()))?;
     bar.finish_and_clear();
+    if a.route_skew {
+        let top = crate::synth_skew::apply(&a.out, a.experts, 16.min(a.experts), a.seed)
+            .with_context(|| format!("skewing the routing of {}", a.out.display()))?;
+        eprintln!(
+            "sluice synth: routing skewed like mini-K3's (benchmark knob): the most used quarter \
+             of each layer's experts is fitted to take {:.0}% of the choices",
+            100.0 * top
+        );
+    }
     sluice_engine::demo::write_tokenizer_files(&a.out, ranks)
         .with_context(|| format!("writing the tokenizer of {}", a.out.display()))?;
     println!(

@@ -51,9 +51,10 @@ pub enum EngineError {
         #[source]
         source: std::io::Error,
     },
-    /// The memory plan cannot hold the minimum.
+    /// The memory plan cannot hold the minimum (boxed: it carries every charge's figure, and
+    /// inline it would make every `Result` of this crate large).
     #[error(transparent)]
-    Plan(#[from] plan::PlanError),
+    Plan(Box<plan::PlanError>),
     /// The `--spine` choice does not match the model directory.
     #[error("{dir}: {reason}")]
     Spine {
@@ -87,4 +88,10 @@ pub enum EngineError {
         /// Vocabulary size.
         vocab: usize,
     },
+}
+
+impl From<plan::PlanError> for EngineError {
+    fn from(e: plan::PlanError) -> Self {
+        Self::Plan(Box::new(e))
+    }
 }

@@ -59,6 +59,9 @@ pub struct LoadOptions {
     pub disk_cache: Option<u64>,
     /// Bytes reserved for stored conversation states (`sluice serve --session-memory`).
     pub session_memory: u64,
+    /// Whether an on-disk prompt-state cache (`--state-cache`) is open: the plan then charges
+    /// the snapshots it restores and queues ([`crate::state_cache::held_bytes`]).
+    pub state_cache: bool,
     /// How the spine is placed: resident, streamed, or planned from the budget.
     pub spine_placement: SpineMode,
     /// Bytes of a draft model (weights, state, scratch), charged before the target is planned.
@@ -83,6 +86,7 @@ impl Default for LoadOptions {
             spine: Spine::Bf16,
             disk_cache: None,
             session_memory: 0,
+            state_cache: false,
             spine_placement: SpineMode::Auto,
             draft_bytes: 0,
             prefill_chunk: 0,

@@ -12,6 +12,7 @@
 
 use crate::load::{LoadOptions, Loaded};
 use crate::plan::{default_budget, Needs, Plan, SpinePieces};
+use crate::state_cache::held_bytes;
 use crate::EngineError;
 use sluice_checkpoint::Checkpoint;
 use sluice_core::budget::Charge;
@@ -122,6 +123,11 @@ pub(crate) fn place(
         },
         state: inv.kda_state_bytes + inv.mla_bytes_per_token * opts.context as u64,
         sessions: opts.session_memory,
+        state_cache: if opts.state_cache {
+            held_bytes(inv.kda_state_bytes, inv.mla_bytes_per_token, opts.context, cfg.vocab_size)
+        } else {
+            0
+        },
         // Slot = the expert rounded up to 4 KiB plus one page of alignment slack on each side.
         slot: inv.expert_bytes.div_ceil(4096) * 4096 + 8192,
         experts: inv.experts,
@@ -145,6 +151,9 @@ pub(crate) fn place(
             .map_err(EngineError::Budget)?,
         budget
             .charge("stored conversation states", plan.needs.sessions)
+            .map_err(EngineError::Budget)?,
+        budget
+            .charge("prompt-state cache snapshots", plan.needs.state_cache)
             .map_err(EngineError::Budget)?,
         budget
             .charge("working memory of a prefill chunk", plan.work)
@@ -255,6 +264,11 @@ pub(crate) fn open_mapped_spine(
         pieces: SpinePieces { layers: vec![0; routed.num_layers], ..SpinePieces::default() },
         state: mem.state(opts.context),
         sessions: opts.session_memory,
+        state_cache: if opts.state_cache {
+            held_bytes(mem.state_fixed, mem.state_per_position, opts.context, model.vocab_size())
+        } else {
+            0
+        },
         slot: index.slot_bytes(),
         experts: routed.total(),
         min_slots: 2,
@@ -271,6 +285,9 @@ pub(crate) fn open_mapped_spine(
             .map_err(EngineError::Budget)?,
         budget
             .charge("stored conversation states", plan.needs.sessions)
+            .map_err(EngineError::Budget)?,
+        budget
+            .charge("prompt-state cache snapshots", plan.needs.state_cache)
             .map_err(EngineError::Budget)?,
         budget
             .charge("working memory of a prefill chunk", plan.work)

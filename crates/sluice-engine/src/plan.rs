@@ -69,6 +69,11 @@ pub struct Needs {
     /// Bytes reserved for stored conversation states (`sluice serve --session-memory`; 0 for
     /// `sluice run`).
     pub sessions: u64,
+    /// Bytes the on-disk prompt-state cache holds in memory at most: a restored snapshot and
+    /// the snapshots queued for its writer ([`crate::state_cache::held_bytes`]; 0 without
+    /// `--state-cache`).
+    #[serde(default)]
+    pub state_cache: u64,
     /// Bytes of one expert-cache slot.
     pub slot: u64,
     /// Routed experts in the model.
@@ -248,10 +253,10 @@ pub struct Plan {
 #[error(
     "memory budget of {budget} bytes is too small: the spine needs at least {spine} (layers \
      streamed through two buffers; its largest piece is {largest_piece} bytes), sequence state \
-     {state}, stored conversation state {sessions}, headroom {headroom}, the draft model {draft}, \
+     {state}, stored conversation state {sessions}, prompt-state cache snapshots {state_cache}, headroom {headroom}, the draft model {draft}, \
      the working memory of a pass of {chunk} prompt rows {work} ({pass_row} per row), and at least {min_slots} expert slots of {slot} bytes; \
      the minimum is {minimum} bytes ({short} more). Raise --memory or use a smaller context \
-     (or a smaller --session-memory or --prefill-chunk)."
+     (or a smaller --session-memory or --prefill-chunk, or no --state-cache)."
 )]
 pub struct PlanError {
     /// The budget.
@@ -264,6 +269,8 @@ pub struct PlanError {
     pub state: u64,
     /// Stored conversation-state bytes.
     pub sessions: u64,
+    /// Prompt-state cache snapshot bytes.
+    pub state_cache: u64,
     /// Headroom bytes.
     pub headroom: u64,
     /// Draft-model bytes.
@@ -311,9 +318,16 @@ impl Plan {
         let min_cache = needs.min_slots * needs.slot;
         let least_work = floor.saturating_mul(needs.pass_row);
         // Saturating: an absurd --prefill-chunk is refused with its numbers, never an overflow.
-        let others = [needs.state, needs.sessions, needs.draft, needs.headroom, min_cache]
-            .into_iter()
-            .fold(least_work, u64::saturating_add);
+        let others = [
+            needs.state,
+            needs.sessions,
+            needs.state_cache,
+            needs.draft,
+            needs.headroom,
+            min_cache,
+        ]
+        .into_iter()
+        .fold(least_work, u64::saturating_add);
         let spine = match mode {
             SpineMode::Mapped => Some(SpinePlan {
                 mode: "mapped",
@@ -340,6 +354,7 @@ impl Plan {
                 largest_piece: sp.layers.iter().copied().chain([sp.head]).max().unwrap_or(0),
                 state: needs.state,
                 sessions: needs.sessions,
+                state_cache: needs.state_cache,
                 headroom: needs.headroom,
                 draft: needs.draft,
                 chunk: floor,
@@ -351,7 +366,12 @@ impl Plan {
                 short: minimum.saturating_sub(budget),
             });
         };
-        let fixed = spine.charged + needs.state + needs.sessions + needs.draft + needs.headroom;
+        let fixed = spine.charged
+            + needs.state
+            + needs.sessions
+            + needs.state_cache
+            + needs.draft
+            + needs.headroom;
         let chunk = if needs.prefill_chunk > 0 {
             floor
         } else {
@@ -422,11 +442,14 @@ impl fmt::Display for Plan {
             gib(self.needs.state),
             self.chunk,
             gib(self.work),
-            if self.needs.sessions > 0 {
-                format!("conversation states {}; ", gib(self.needs.sessions))
-            } else {
-                String::new()
-            },
+            [
+                (self.needs.sessions, "conversation states"),
+                (self.needs.state_cache, "prompt-state cache snapshots")
+            ]
+            .into_iter()
+            .filter(|&(b, _)| b > 0)
+            .map(|(b, what)| format!("{what} {}; ", gib(b)))
+            .collect::<String>(),
             gib(self.needs.headroom),
             if self.needs.draft > 0 {
                 format!("; draft model {}", gib(self.needs.draft))

@@ -23,6 +23,7 @@ fn needs(layers: Vec<u64>) -> Needs {
         pieces,
         state: 100,
         sessions: 0,
+        state_cache: 0,
         draft: 0,
         slot: 50,
         experts: 64,
@@ -65,6 +66,20 @@ fn plans_slots_and_refuses_with_the_shortfall() {
     let e = Plan::compute(600 + 250, draft, SpineMode::Auto).expect_err("draft does not fit");
     assert_eq!(e.short, 115);
     assert!(e.to_string().contains("the draft model 250"), "{e}");
+}
+
+#[test]
+fn state_cache_restore_was_not_charged_to_the_plan() {
+    // What a --state-cache holds in memory (a restored snapshot, the writer's queue) takes
+    // cache slots like any other charge, and a budget that cannot hold it is refused by name.
+    let cached = Needs { state_cache: 400, ..needs(vec![100; 4]) };
+    let p = Plan::compute(2000, cached.clone(), SpineMode::Auto).expect("fits");
+    assert_eq!(p.slots, (2000 - 910 - 100 - 400) / 50);
+    assert!(p.to_string().contains("prompt-state cache snapshots"), "{p}");
+    let e = Plan::compute(600 + 400, cached, SpineMode::Auto).expect_err("snapshots do not fit");
+    assert_eq!(e.short, 115);
+    assert!(e.to_string().contains("prompt-state cache snapshots 400"), "{e}");
+    assert!(e.to_string().contains("no --state-cache"), "{e}");
 }
 
 #[test]

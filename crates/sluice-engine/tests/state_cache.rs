@@ -259,3 +259,36 @@ fn bytes_written_are_the_files_and_the_size_bound_evicts_least_recently_used() {
     assert_eq!(run(&prompts[1]), 0, "prompt 1 was the least recently used");
     assert_eq!(run(&prompts[0]), 21, "prompt 0 was kept");
 }
+
+#[test]
+fn a_synthetic_k3_state_has_the_models_shape_and_round_trips_through_a_file() {
+    // `sluice bench --snapshot-io` measures states built without the model: they must be the
+    // states the model would write, byte for byte in size.
+    use sluice_models::kimi_k3::{config::K3Config, state::K3State};
+    let m = load("kimi_k3", "tiny-a");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3/tiny-a");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let cfg = K3Config::from_json(&config["text_config"]).unwrap();
+    let synthetic = sluice_models::State::KimiK3(K3State::synthetic(&cfg, 9, 3));
+    assert_eq!(synthetic.shape(), m.new_state().shape());
+    assert_eq!(synthetic.len(), 9);
+    let p = prompt();
+    let mut real = m.new_state();
+    m.forward(&mut real, &p[..9], sluice_models::LogitRows::Last, None).unwrap();
+    real.commit(9);
+    let (a, b) = (synthetic.snapshot(None), real.snapshot(None));
+    assert_eq!(a.encoded_len(), b.encoded_len(), "same bytes on disk as a real state");
+    let tmp = tempfile::tempdir().unwrap();
+    let c = open(tmp.path(), &m, FP_A, 0, 1 << 30);
+    let snap = Arc::new(a);
+    c.submit(&p[..9], Arc::clone(&snap), None);
+    c.flush();
+    let r = c.lookup(&p[..10], 0).expect("restored");
+    assert_eq!(r.pos, 9);
+    let mut x = Vec::new();
+    let mut y = Vec::new();
+    r.snapshot.encode(&mut x).unwrap();
+    snap.encode(&mut y).unwrap();
+    assert!(x == y, "the restored state is the one written");
+}

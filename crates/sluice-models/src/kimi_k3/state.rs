@@ -8,6 +8,8 @@
 //! [`K3State::rollback`] discards the pass. Nothing in the state depends on position except the
 //! order of updates (K3 is NoPE and has no rotary embedding).
 
+use super::config::{AttnKind, K3Config};
+use super::synth::SplitMix;
 use sluice_kernels::ops::kda_step;
 
 /// One row's recurrence inputs for every head (kept so `commit(n < T)` can replay them).
@@ -206,5 +208,48 @@ impl K3State {
                 LayerState::Mla(m) => 4 * (m.lat.capacity() + m.pe.capacity()),
             })
             .sum()
+    }
+}
+
+impl K3State {
+    /// A state of `positions` committed positions with the shapes a Kimi K3 model of `cfg`
+    /// gives its states (as `KimiK3::new_state`), filled with values drawn from `seed` instead
+    /// of computed by a model. For benchmarks of what a state costs to store and restore at a
+    /// configuration too large to run here (the full K3 at 16k tokens): never for generation.
+    pub fn synthetic(cfg: &K3Config, positions: usize, seed: u64) -> Self {
+        let la = &cfg.linear_attn_config;
+        let shapes: Vec<LayerShape> = (0..cfg.num_hidden_layers)
+            .map(|i| match cfg.attn_kind(i) {
+                AttnKind::Kda => LayerShape::Kda {
+                    heads: la.num_heads,
+                    dim: la.head_dim,
+                    conv_len: (la.short_conv_kernel_size - 1) * 3 * cfg.kda_proj(),
+                },
+                AttnKind::Mla => {
+                    LayerShape::Mla { lat_dim: cfg.kv_lora_rank, pe_dim: cfg.qk_rope_head_dim }
+                }
+            })
+            .collect();
+        let mut st = Self::new(&shapes);
+        let mut rng = SplitMix::new(seed);
+        let mut fill = |v: &mut Vec<f32>, n: usize| {
+            v.clear();
+            v.extend((0..n).map(|_| rng.uniform()));
+        };
+        for l in &mut st.layers {
+            match l {
+                LayerState::Kda(k) => {
+                    let (s, c) = (k.committed.s.len(), k.committed.conv.len());
+                    fill(&mut k.committed.s, s);
+                    fill(&mut k.committed.conv, c);
+                }
+                LayerState::Mla(m) => {
+                    fill(&mut m.lat, positions * m.lat_dim);
+                    fill(&mut m.pe, positions * m.pe_dim);
+                }
+            }
+        }
+        st.committed = positions;
+        st
     }
 }

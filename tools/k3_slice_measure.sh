@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Issues 18/19 on a Kimi K3 slice at real dimensions (docs/PERFORMANCE.md, "K3 slice: warm starts, the
+# workload suite and the agent replay"). Synthesizes its own slice in OUT_DIR, then, by PARTS:
+#   warm    first 32 tokens after a restart with and without the saved hot set: skewed routing, cold page
+#           cache (posix_fadvise), a memory cgroup the hot set fits in but the slice does not; 3 runs each,
+#           interleaved, after one priming run that writes the hot set
+#   suite   the workload suite (prose code long chat tools) streamed in a cgroup 3x smaller than the slice
+#   replay  the agent replay (tools/agent_replay.py: no cache / warm in-process / after restart)
+# Usage: tools/k3_slice_measure.sh SLUICE OUT_DIR      (Linux with a writable v1 or v2 memory cgroup)
+# Env: LAYERS (2) EXPERTS (64) SKEW (1: --route-skew) PARTS ("warm suite replay") RUNS (3) NEW (32)
+#      WORKLOADS ("prose code long chat tools") MEMORY / CGROUP (default: a third of the slice).
+set -euo pipefail
+S=$(readlink -f "${1:?usage: k3_slice_measure.sh SLUICE OUT_DIR}")
+OUT=${2:?usage: k3_slice_measure.sh SLUICE OUT_DIR}
+HERE=$(cd "$(dirname "$0")" && pwd)
+LAYERS=${LAYERS:-2}; EXPERTS=${EXPERTS:-64}; SKEW=${SKEW:-1}; RUNS=${RUNS:-3}; NEW=${NEW:-32}
+PARTS=${PARTS:-warm suite replay}
+WORKLOADS=${WORKLOADS:-prose code long chat tools}
+mkdir -p "$OUT"; M="$OUT/k3-slice"
+log() { echo "[$(date -u +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
+{ date -u; uptime; nproc; free -g | head -2; df -h "$OUT" | tail -1; } > "$OUT/machine.txt"
+if [ ! -f "$M/config.json" ]; then
+  SK=(); [ "$SKEW" = 1 ] && SK=(--route-skew)
+  log "synth k3-slice --layers $LAYERS --experts $EXPERTS ${SK[*]}"
+  "$S" synth --preset k3-slice --layers "$LAYERS" --experts "$EXPERTS" --seed 7 "${SK[@]}" --out "$M" 2>> "$OUT/log.txt"
+fi
+SIZE=$(du -sb "$M" | cut -f1)
+# A cgroup a third of the slice (issue 19's "3x smaller"); sluice's own budget 512 MiB under it.
+CG=${CGROUP:-$((SIZE / 3))}
+MEM=${MEMORY:-$((CG - 512 * 1024 * 1024))}
+log "slice $SIZE bytes; cgroup $CG; --memory $MEM"
+COMMON=(--model "$M" --cold --fadvise-only --cgroup-limit "$CG" --probe-bytes 1G --json)
+for part in $PARTS; do
+  case $part in
+  warm)
+    rm -f "$M/.sluice-hotset.json"
+    ARGS="--experts stream --memory $MEM"
+    log "warm: priming run (writes the hot set)"
+    "$S" bench "${COMMON[@]}" --prompt-len 8 --max-new "$NEW" --runs 1 --warm-start \
+      --config prime="$ARGS" > "$OUT/warm-prime.json"
+    log "warm: $RUNS x (warm, --no-warm-start) interleaved"
+    "$S" bench "${COMMON[@]}" --prompt-len 8 --max-new "$NEW" --runs "$RUNS" --warm-start \
+      --config warm="$ARGS" --config nowarm="$ARGS --no-warm-start" > "$OUT/warm.json"
+    ;;
+  suite)
+    for w in $WORKLOADS; do
+      R=$RUNS; [ "$w" = long ] && R=1
+      log "suite: $w ($R runs per configuration)"
+      "$S" bench "${COMMON[@]}" --workload "$w" --max-new "$NEW" --runs "$R" \
+        --config plain="--experts stream --memory $MEM" \
+        --config ngram="--experts stream --memory $MEM --draft ngram" > "$OUT/suite-$w.json"
+    done
+    ;;
+  replay)
+    log "replay: agent session, 3 conditions, $RUNS runs"
+    python3 "$HERE/agent_replay.py" --sluice "$S" --model "$M" --memory "$MEM" --runs "$RUNS" \
+      --max-tokens 4 --serve-arg=--experts --serve-arg=stream --json "$OUT/replay.json" > "$OUT/replay.txt"
+    ;;
+  *) echo "unknown part $part" >&2; exit 2 ;;
+  esac
+done
+uptime >> "$OUT/machine.txt"
+python3 "$HERE/k3_slice_summary.py" "$OUT"
