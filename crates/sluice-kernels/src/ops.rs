@@ -116,6 +116,13 @@ pub fn causal_conv_silu_step(hist: &mut [f32], y: &[f32], w: &[f32], k: usize, o
 /// One KDA (gated delta rule) step for one head with state `s [dk, dv]` (row = key channel):
 /// decay rows by `exp(g)`, predict `kᵀS`, write `β k (v − kᵀS)ᵀ`, read `o = Sᵀ q` from the
 /// updated state. `q` is already scaled and normalised, `k` normalised.
+///
+/// The four steps take two sweeps over the state: each row is decayed and then folded into the
+/// prediction while it is in registers, and written and then folded into the read the same
+/// way. Every value and every sum is formed in the order of the four separate sweeps (the
+/// prediction and the read still add rows in increasing key channel), so the result is bit for
+/// bit that of [`kda_step_reference`]; the state is 64 KiB a head, so halving its passes halves
+/// what a decode step moves through the cache.
 pub fn kda_step(
     s: &mut [f32],
     q: &[f32],
@@ -128,14 +135,58 @@ pub fn kda_step(
     let dk = k.len();
     let dv = v.len();
     debug_assert_eq!(s.len(), dk * dv);
-    // 1) decay key rows (fla naive_recurrent_kda: S = S * exp(g)[..., None])
+    // 1) decay key rows (fla naive_recurrent_kda: S = S * exp(g)[..., None]), 2) prediction
+    // with the decayed state.
+    let mut pred = vec![0.0f64; dv];
+    for (i, row) in s.chunks_exact_mut(dv).take(dk).enumerate() {
+        let d = g[i].exp();
+        let ki = f64::from(k[i]);
+        for (p, x) in pred.iter_mut().zip(row.iter_mut()) {
+            *x *= d;
+            *p += ki * f64::from(*x);
+        }
+    }
+    // 3) rank-1 delta write, 4) read the updated state.
+    #[allow(clippy::cast_possible_truncation)]
+    let err: Vec<f32> = v.iter().zip(&pred).map(|(&vj, &pj)| (f64::from(vj) - pj) as f32).collect();
+    let mut acc = pred;
+    acc.fill(0.0);
+    for (i, row) in s.chunks_exact_mut(dv).take(dk).enumerate() {
+        let bk = beta * k[i];
+        let qi = f64::from(q[i]);
+        for ((a, x), &e) in acc.iter_mut().zip(row.iter_mut()).zip(&err) {
+            *x += bk * e;
+            *a += qi * f64::from(*x);
+        }
+    }
+    for (oj, a) in o.iter_mut().zip(acc) {
+        #[allow(clippy::cast_possible_truncation)]
+        {
+            *oj = a as f32;
+        }
+    }
+}
+
+/// [`kda_step`] as four separate sweeps over the state, in the order of fla's
+/// `naive_recurrent_kda`: the reference the fused step is tested against bit for bit.
+pub fn kda_step_reference(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    o: &mut [f32],
+) {
+    let dk = k.len();
+    let dv = v.len();
+    debug_assert_eq!(s.len(), dk * dv);
     for i in 0..dk {
         let d = g[i].exp();
         for x in &mut s[i * dv..(i + 1) * dv] {
             *x *= d;
         }
     }
-    // 2) prediction with the decayed state, 3) rank-1 delta write
     let mut pred = vec![0.0f64; dv];
     for i in 0..dk {
         let ki = f64::from(k[i]);
@@ -151,7 +202,6 @@ pub fn kda_step(
             *x += bk * err;
         }
     }
-    // 4) read the updated state
     let mut acc = vec![0.0f64; dv];
     for i in 0..dk {
         let qi = f64::from(q[i]);

@@ -1,8 +1,8 @@
 //! The row-wise ops against straightforward f64 formulas (and one hand-computed convolution).
 
 use sluice_kernels::ops::{
-    causal_conv_silu_step, dot_f64, kda_step, l2_norm_inplace, rms_norm, sigmoid, silu, silu_glu,
-    situ_glu, softmax_inplace,
+    causal_conv_silu_step, dot_f64, kda_step, kda_step_reference, l2_norm_inplace, rms_norm,
+    sigmoid, silu, silu_glu, situ_glu, softmax_inplace,
 };
 
 /// Deterministic test values in roughly [−3, 3).
@@ -191,5 +191,30 @@ fn kda_step_matches_f64() {
         let want = kda_f64(&mut s64, &q, &k, &v, &g, beta);
         assert_close(&o, &want, 1e-5, 1e-5, "kda output");
         assert_close(&s, &s64, 1e-5, 1e-5, "kda state");
+    }
+}
+
+#[test]
+fn fused_kda_step_is_bit_identical_to_the_four_sweeps() {
+    // K3's head (128 × 128), the mini model's (64 × 64) and awkward sizes; several steps so
+    // the state carries each step's rounding into the next.
+    for (dk, dv) in [(128, 128), (64, 64), (3, 17), (17, 5), (1, 1)] {
+        let mut a: Vec<f32> = wave(dk * dv, 0.4).iter().map(|v| v * 0.3).collect();
+        let mut b = a.clone();
+        let (mut oa, mut ob) = (vec![0.0f32; dv], vec![0.0f32; dv]);
+        for step in 0..6 {
+            let phase = f64::from(step);
+            let mut q = wave(dk, 1.5 + phase);
+            let mut k = wave(dk, 2.5 + phase);
+            l2_norm_inplace(&mut q, 1e-6);
+            l2_norm_inplace(&mut k, 1e-6);
+            let v = wave(dv, 3.5 + phase);
+            let g: Vec<f32> = wave(dk, 4.5 + phase).iter().map(|x| -0.2 * x.abs()).collect();
+            kda_step(&mut a, &q, &k, &v, &g, 0.6, &mut oa);
+            kda_step_reference(&mut b, &q, &k, &v, &g, 0.6, &mut ob);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&oa), bits(&ob), "output, {dk}x{dv} step {step}");
+            assert_eq!(bits(&a), bits(&b), "state, {dk}x{dv} step {step}");
+        }
     }
 }
