@@ -215,8 +215,7 @@ pub(crate) fn run_sync(mut task: Box<dyn ReadTask>, reader: &dyn ReadAt) {
         None => Vec::new(),
         Some((&first, [])) => vec![read(first)],
         Some((&first, rest)) => std::thread::scope(|s| {
-            let others: Vec<_> =
-                rest.iter().map(|&t| (t.span, s.spawn(move || read(t)))).collect();
+            let others: Vec<_> = rest.iter().map(|&t| (t.span, s.spawn(move || read(t)))).collect();
             let mut all = vec![read(first)];
             all.extend(others.into_iter().map(|(span, h)| {
                 h.join().unwrap_or_else(|_| {
