@@ -19,7 +19,8 @@
 # Env: RUNS (3), MAX_NEW (24: the prefetch gate opens after ~10 passes of precise guesses),
 # THREADS (SLUICE_THREADS, all cores), PROBE (probe bytes, 2G),
 # QWEN_LAYERS (1) and GPTOSS_LAYERS (2): slice depths (4.76 GiB and 3.34 GiB with --ranks 8192);
-# SMALL=1 skips the 3× check (a quick test of the script with small limits).
+# SMALL=1 skips the 3× check (a quick test of the script with small limits); SLICES picks
+# which to run (default "qwen3-moe-slice gpt-oss-slice").
 set -euo pipefail
 SLUICE=$1 OUT=$2
 RUNS=${RUNS:-3} MAX_NEW=${MAX_NEW:-24} THREADS=${THREADS:-$(nproc)} PROBE=${PROBE:-2G}
@@ -40,6 +41,7 @@ slices=(
 )
 for line in "${slices[@]}"; do
   read -r name preset layers memory limit prompt <<< "$line"
+  case " ${SLICES:-qwen3-moe-slice gpt-oss-slice} " in *" $name "*) ;; *) continue ;; esac
   model=$OUT/model-$name
   [ -f "$model/config.json" ] || "$SLUICE" synth --preset "$preset" --layers "$layers" \
     --ranks 8192 --out "$model"
