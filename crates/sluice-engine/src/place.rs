@@ -209,6 +209,10 @@ impl ExpertStore for Unattached {
     }
 }
 
+/// Opens a stream install's disk cache for the index of its routed experts.
+pub(crate) type OpenDisk<'a> =
+    Box<dyn FnOnce(&ExpertIndex) -> Result<Arc<ExpertDiskCache>, EngineError> + 'a>;
+
 /// Where a stream install's routed experts come from: the disk cache over the install's sparse
 /// shards (opened from the expert index once the plan stands), and the bytes its fetch buffers
 /// take, planned as extra headroom.
@@ -216,7 +220,7 @@ pub(crate) struct Remote<'a> {
     /// Bytes of the remote fetch buffers.
     pub headroom: u64,
     /// Opens the disk cache for the index of the routed experts.
-    pub open: Box<dyn FnOnce(&ExpertIndex) -> Result<Arc<ExpertDiskCache>, EngineError> + 'a>,
+    pub open: OpenDisk<'a>,
 }
 
 /// Opens a model whose family plans no spine pieces (every family but Kimi K3, whose spine
