@@ -37,7 +37,11 @@ pub fn open_checkpoint(dir: &Path) -> Result<Checkpoint> {
         .with_context(|| format!("reading the install manifest of {}", dir.display()))?;
     let sparse = install.filter(sluice_hub::Install::is_stream).map(|i| i.sparse_shards());
     let ckpt = match sparse {
-        Some(sparse) => sluice_engine::install::open_sparse(dir, &sparse),
+        Some(sparse) => {
+            let routed = sluice_engine::install::routed_tensors_in(dir)
+                .with_context(|| format!("reading the routed experts of {}", dir.display()))?;
+            sluice_engine::install::open_sparse(dir, &sparse, &routed)
+        }
         None => Checkpoint::open(dir),
     };
     ckpt.with_context(|| format!("opening checkpoint {}", dir.display()))

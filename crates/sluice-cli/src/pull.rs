@@ -1,9 +1,11 @@
 //! `sluice pull`: install a model from a Hugging Face–compatible hub (full or stream mode),
 //! resumable and verified. All logic is in `sluice-hub`; this maps flags onto it.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
-use sluice_hub::{Bars, HubClient, ModeRequest, PlanOptions, PullOptions, StatvfsFreeSpace};
+use sluice_hub::{
+    Bars, HubClient, ModeRequest, PlanOptions, PullOptions, RoutedTensors, StatvfsFreeSpace,
+};
 use std::path::PathBuf;
 
 /// Flags of `sluice pull`.
@@ -46,8 +48,35 @@ pub fn run(a: &PullArgs) -> Result<()> {
     };
     let client = HubClient::from_env()?;
     let info = client.resolve(&a.repo, a.revision.as_deref().unwrap_or("main"))?;
-    let opts =
-        PlanOptions { mode, dir: a.dir.clone(), workers: a.workers, ..PlanOptions::default() };
+    // Which tensors are routed experts is the model family's knowledge (from `config.json`);
+    // a full install needs no answer, an automatic one falls back to full without it.
+    let routed = match mode {
+        ModeRequest::Full => RoutedTensors::none(),
+        ModeRequest::Stream => sluice_engine::install::routed_tensors_remote(&client, &info)
+            .context("finding the routed experts to leave out of a stream install")?,
+        ModeRequest::Auto => match sluice_engine::install::routed_tensors_remote(&client, &info) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("note: no stream install possible ({e}); planning a full one");
+                RoutedTensors::none()
+            }
+        },
+    };
+    if mode == ModeRequest::Stream && routed.is_empty() {
+        bail!(
+            "{}: its family has no routed experts to stream (or no expert layout yet); \
+             use `sluice pull {} --full`",
+            a.repo,
+            a.repo
+        );
+    }
+    let opts = PlanOptions {
+        mode,
+        dir: a.dir.clone(),
+        workers: a.workers,
+        routed,
+        ..PlanOptions::default()
+    };
     let plan = client.plan(&info, &opts, &StatvfsFreeSpace)?;
     eprintln!("{plan}");
     if a.dry_run {

@@ -8,7 +8,8 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn pull(hub: &TestHub, dir: &Path, mode: ModeRequest) {
-    install(hub, K3_TINY_REPO, dir, mode).expect("pull");
+    let routed = sluice_engine::install::routed_tensors_in(&k3_tiny_fixture()).expect("routed");
+    install(hub, K3_TINY_REPO, dir, mode, &routed).expect("pull");
 }
 
 fn sluice(args: &[&str]) -> Output {

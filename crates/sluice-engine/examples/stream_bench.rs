@@ -32,6 +32,7 @@ fn pull(hub: &TestHub, dir: &Path, mode: ModeRequest) -> Res<()> {
         mode,
         dir: Some(dir.to_path_buf()),
         reuse_cache: None,
+        routed: sluice_engine::install::routed_tensors_remote(&client, &info)?,
         ..PlanOptions::default()
     };
     let plan = client.plan(&info, &opts, &StatvfsFreeSpace)?;

@@ -1,4 +1,5 @@
-//! Opening an install made by `sluice pull`, and saying which kind it is.
+//! Opening an install made by `sluice pull`, and saying which kind it is; and which tensors of a
+//! repository are routed experts ([`routed_tensors`]), which `sluice pull --stream` leaves out.
 //!
 //! A **full** install (or a plain checkpoint directory) opens as usual. A **stream** install
 //! keeps each expert shard as `{shard}.sparse` (spine at its original offsets, holes where the
@@ -8,22 +9,24 @@
 //! to a full install. Prefetch never fetches remotely. The memory plan, its charges and the
 //! spine placement (`--spine-placement`) are those of a full install (`place.rs`), with the
 //! remote fetch buffers charged as extra headroom; a streamed spine is read from the sparse
-//! shards. The disk cache's budget is `LoadOptions::disk_cache`, by default what is already
+//! shards. Every family with an expert layout streams this way (Kimi K3 through its spine
+//! placement, the others with their spine mapped whole, `place::open_mapped_spine`); which
+//! tensors are routed experts comes from the family's layout (`sluice_models::family`), never
+//! from a name pattern. The disk cache's budget is `LoadOptions::disk_cache`, by default what is already
 //! cached plus the free space of the install's volume less headroom (2% + 1 GiB).
 
 use crate::load::{ExpertMode, LoadOptions, Loaded};
 use crate::place;
 use crate::spine::Spine;
 use crate::EngineError;
-use sluice_checkpoint::Checkpoint;
-use sluice_hub::shard::is_routed_expert;
-use sluice_hub::{FreeSpace, Install, StatvfsFreeSpace};
+use sluice_checkpoint::{Checkpoint, CheckpointConfig};
+use sluice_hub::{FreeSpace, Install, RoutedTensors, StatvfsFreeSpace};
 use sluice_models::kimi_k3::config::K3Config;
 use sluice_models::kimi_k3::inventory::inventory;
 use sluice_models::kimi_k3::KimiK3;
 use sluice_models::ModelError;
 use sluice_store::remote::log::{self, LOG_FILE};
-use sluice_store::{DiskCacheConfig, ExpertDiskCache, ShardFiles, StreamingExperts};
+use sluice_store::{DiskCacheConfig, ExpertDiskCache, ExpertIndex, ShardFiles, StreamingExperts};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -32,17 +35,65 @@ fn install_err(dir: &Path, reason: impl std::fmt::Display) -> EngineError {
     EngineError::Install { dir: dir.to_path_buf(), reason: reason.to_string() }
 }
 
+/// The tensors of a checkpoint with config `config` that hold its routed experts, from its
+/// family's expert layout: whole per-expert tensors (Kimi K3, Qwen3-MoE) and stacked `[E, ...]`
+/// tensors (GPT-OSS) alike. None for a family without routed experts or without a layout yet
+/// (a stream install of it is a full one). For `sluice pull`, which has only `config.json`.
+pub fn routed_tensors(config: &CheckpointConfig) -> Result<RoutedTensors, EngineError> {
+    let routed = sluice_models::family::routed_for_config(config)?;
+    Ok(match routed {
+        Some(r) => RoutedTensors::new(r.routed_tensors()?),
+        None => RoutedTensors::none(),
+    })
+}
+
+/// [`routed_tensors`] of the checkpoint in `dir` (its `config.json`).
+pub fn routed_tensors_in(dir: &Path) -> Result<RoutedTensors, EngineError> {
+    let config = CheckpointConfig::load(dir).map_err(ModelError::from)?;
+    routed_tensors(&config)
+}
+
+/// [`routed_tensors`] of the repository `info` describes, from its `config.json` fetched over
+/// `client` (one small range request): what `sluice pull` plans with. None when the repository
+/// has no `config.json` (it is no model: nothing to stream).
+pub fn routed_tensors_remote(
+    client: &sluice_hub::HubClient,
+    info: &sluice_hub::RepoInfo,
+) -> Result<RoutedTensors, EngineError> {
+    /// A `config.json` larger than this is refused (real ones are a few KiB).
+    const MAX_CONFIG: u64 = 16 << 20;
+    let Some(file) = info.files.iter().find(|f| f.path == sluice_checkpoint::CONFIG_FILE) else {
+        return Ok(RoutedTensors::none());
+    };
+    let bad = |reason: String| EngineError::Install {
+        dir: Path::new(&info.repo).join(&file.path),
+        reason,
+    };
+    if file.size > MAX_CONFIG {
+        return Err(bad(format!("is {} bytes; at most {MAX_CONFIG} are read", file.size)));
+    }
+    let fetch = || -> Result<Vec<u8>, sluice_hub::HubError> {
+        let fetcher = sluice_hub::RangeFetcher::new(client.clone(), &info.repo, &info.commit)?;
+        fetcher.fetch_range(&file.path, 0, file.size)
+    };
+    let bytes = fetch().map_err(|e| bad(e.to_string()))?;
+    let raw = serde_json::from_slice(&bytes).map_err(|e| bad(format!("is not JSON: {e}")))?;
+    let config = CheckpointConfig::from_value(&file.path, raw).map_err(ModelError::from)?;
+    routed_tensors(&config)
+}
+
 /// Opens the checkpoint of a stream install whose expert shards are the `sparse` files
-/// (shard name → file): the spine is mapped from them, their routed-expert ranges never are
-/// (the disk cache writes and punches those while a model runs).
+/// (shard name → file): the spine is mapped from them, their routed-expert ranges (the tensors
+/// `routed` lists) never are (the disk cache writes and punches those while a model runs).
 pub fn open_sparse(
     dir: &Path,
     sparse: &BTreeMap<String, String>,
+    routed: &RoutedTensors,
 ) -> Result<Checkpoint, sluice_checkpoint::CheckpointError> {
     Checkpoint::open_with_shards(
         dir,
         &|name| dir.join(sparse.get(name).map_or(name, String::as_str)),
-        &|name, tensor| sparse.contains_key(name) && is_routed_expert(tensor),
+        &|name, tensor| sparse.contains_key(name) && routed.contains(tensor),
     )
 }
 
@@ -70,9 +121,15 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
     // The routed experts of a sparse shard are the holes the disk cache fills and punches
     // while the model runs: they are never mapped (see `Checkpoint::open_with_shards`), only
     // read by the streaming store.
-    let ckpt = Arc::new(open_sparse(dir, &sparse).map_err(ModelError::from)?);
-    let cfg = K3Config::from_json(ckpt.config().text_config())
-        .map_err(|e| install_err(dir, format!("stream installs run Kimi K3 models only: {e}")))?;
+    let routed = routed_tensors_in(dir)?;
+    if routed.is_empty() {
+        return Err(install_err(
+            dir,
+            "is a stream install of a model whose family has no routed-expert layout; \
+             make a full install with `sluice pull REPO --full`",
+        ));
+    }
+    let ckpt = Arc::new(open_sparse(dir, &sparse, &routed).map_err(ModelError::from)?);
     // Shard i: its name in the log (the file in the model directory) and on the hub.
     let mut names = Vec::new();
     let mut repo_files = Vec::new();
@@ -85,26 +142,46 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
         names.push(local);
         repo_files.push(repo);
     }
+    let disk_cfg = DiskCacheConfig::new(disk_budget(dir, opts, &install.manifest.commit)?);
+    let hub = install.hub_config();
+    let remote = install.remote(hub, repo_files).map_err(|e| install_err(dir, e))?;
+    let log_path = dir.join(LOG_FILE);
+    let commit = install.manifest.commit.clone();
+    let buffers = |expert_bytes| disk_cfg.buffer_bytes(expert_bytes);
+    let open_disk = {
+        let disk_cfg = disk_cfg.clone();
+        move |index: &ExpertIndex| {
+            ExpertDiskCache::open(
+                index.clone(),
+                names,
+                &log_path,
+                &commit,
+                Arc::new(remote),
+                disk_cfg,
+            )
+            .map_err(|e| EngineError::Model(ModelError::from(e)))
+        }
+    };
+    // A family whose spine is mapped whole plans only its routed experts (as a full install
+    // of it does); the fetch buffers are extra headroom.
+    if !sluice_models::family::of(&ckpt)?.places_spine {
+        let Some(experts) = sluice_models::family::routed_for_config(ckpt.config())? else {
+            return Err(install_err(dir, "invariant: a routed-expert list without a layout"));
+        };
+        let remote =
+            place::Remote { headroom: buffers(experts.expert_bytes), open: Box::new(open_disk) };
+        return place::open_mapped_spine(&ckpt, opts, Some(remote)).map(Some);
+    }
+    let cfg = K3Config::from_json(ckpt.config().text_config())?;
     let index = KimiK3::expert_index(&ckpt, &cfg)?;
 
     // Memory: planned, charged and the spine placed as for a full install; the remote fetch
     // buffers are extra headroom.
-    let disk_cfg = DiskCacheConfig::new(disk_budget(dir, opts, &install.manifest.commit)?);
     let expert_bytes = inventory(&ckpt, &cfg).expert_bytes;
-    let fetch_buffers = disk_cfg.buffer_bytes(expert_bytes);
+    let fetch_buffers = buffers(expert_bytes);
     let mut placed =
         place::place(&ckpt, &cfg, opts, (fetch_buffers, "remote fetch buffers"), false)?;
-    let hub = install.hub_config();
-    let remote = install.remote(hub, repo_files).map_err(|e| install_err(dir, e))?;
-    let disk = ExpertDiskCache::open(
-        index.clone(),
-        names,
-        &dir.join(LOG_FILE),
-        &install.manifest.commit,
-        Arc::new(remote),
-        disk_cfg,
-    )
-    .map_err(ModelError::from)?;
+    let disk = open_disk(&index)?;
     let config = place::streaming_config(&mut placed.plan, opts, placed.io);
     let files = ShardFiles::open(index.paths(), placed.io).map_err(ModelError::from)?;
     let store =

@@ -136,7 +136,7 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
     // A family that places its spine piece by piece (Kimi K3) plans it here; every other
     // family maps its spine whole and plans only its routed experts.
     if !sluice_models::family::of(&ckpt)?.places_spine {
-        return place::open_mapped_spine(&ckpt, opts);
+        return place::open_mapped_spine(&ckpt, opts, None);
     }
     let cfg = K3Config::from_json(ckpt.config().text_config()).map_err(EngineError::Model)?;
     let mut placed = place::place(&ckpt, &cfg, opts, (0, ""), true)?;

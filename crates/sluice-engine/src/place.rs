@@ -23,8 +23,8 @@ use sluice_models::kimi_k3::KimiK3;
 use sluice_models::{Model, ModelError};
 use sluice_store::spine::{PieceLayout, SpineFootprint};
 use sluice_store::{
-    CacheSize, ExpertStore, ExpertView, IoMode, Placement, ReadAt, ShardFiles, SpineStore,
-    StoreError, StoreStats, StreamingConfig, StreamingExperts,
+    CacheSize, ExpertDiskCache, ExpertIndex, ExpertStore, ExpertView, IoMode, Placement, ReadAt,
+    ShardFiles, SpineStore, StoreError, StoreStats, StreamingConfig, StreamingExperts,
 };
 use std::sync::Arc;
 
@@ -218,14 +218,31 @@ impl ExpertStore for Unattached {
     }
 }
 
+/// Opens a stream install's disk cache for the index of its routed experts.
+pub(crate) type OpenDisk<'a> =
+    Box<dyn FnOnce(&ExpertIndex) -> Result<Arc<ExpertDiskCache>, EngineError> + 'a>;
+
+/// Where a stream install's routed experts come from: the disk cache over the install's sparse
+/// shards (opened from the expert index once the plan stands), and the bytes its fetch buffers
+/// take, planned as extra headroom.
+pub(crate) struct Remote<'a> {
+    /// Bytes of the remote fetch buffers.
+    pub headroom: u64,
+    /// Opens the disk cache for the index of the routed experts.
+    pub open: OpenDisk<'a>,
+}
+
 /// Opens a model whose family plans no spine pieces (every family but Kimi K3, whose spine
 /// placement is [`place`]): its spine mapped in place and charged whole, its routed experts —
 /// described by the family's [`sluice_models::RoutedExperts`] — mapped when the plan holds them
 /// all, or streamed from the published shards through a slot cache of the planned size.
 /// The family is never named here: the plan reads the model's [`sluice_models::MemoryNeeds`].
+/// With `remote` (a stream install, whose routed experts the checkpoint never maps) the experts
+/// always stream, through the disk cache `remote` opens.
 pub(crate) fn open_mapped_spine(
     ckpt: &Arc<Checkpoint>,
     opts: &LoadOptions,
+    remote: Option<Remote<'_>>,
 ) -> Result<Loaded, EngineError> {
     crate::spine::check(ckpt, opts.spine)?;
     if let crate::plan::SpineMode::Layers(_) = opts.spine_placement {
@@ -239,7 +256,10 @@ pub(crate) fn open_mapped_spine(
         });
     }
     let (budget, mut charges) = budget(opts)?;
-    let mut model = sluice_models::load(ckpt.clone())?;
+    let mut model = match remote {
+        Some(_) => sluice_models::family::load_with_experts(ckpt.clone(), Arc::new(Unattached))?,
+        None => sluice_models::load(ckpt.clone())?,
+    };
     let (Some(routed), Some(mem)) = (model.routed_experts(), model.memory_needs()) else {
         // A dense model: everything mapped, nothing to plan.
         charges.push(
@@ -272,17 +292,20 @@ pub(crate) fn open_mapped_spine(
         slot: index.slot_bytes(),
         experts: routed.total(),
         min_slots: 2,
-        headroom: HEADROOM,
+        headroom: HEADROOM + remote.as_ref().map_or(0, |r| r.headroom),
         draft: opts.draft_bytes,
         pass_row: mem.pass_per_row,
         prefill_chunk: opts.prefill_chunk as u64,
         max_rows: opts.context as u64,
     };
     let mut plan = Plan::compute(budget.limit(), needs, crate::plan::SpineMode::Mapped)?;
+    let what = if remote.is_some() {
+        "sequence state, headroom and remote fetch buffers"
+    } else {
+        "sequence state and headroom"
+    };
     charges.extend([
-        budget
-            .charge("sequence state and headroom", plan.needs.state + plan.needs.headroom)
-            .map_err(EngineError::Budget)?,
+        budget.charge(what, plan.needs.state + plan.needs.headroom).map_err(EngineError::Budget)?,
         budget
             .charge("stored conversation states", plan.needs.sessions)
             .map_err(EngineError::Budget)?,
@@ -295,6 +318,7 @@ pub(crate) fn open_mapped_spine(
         budget.charge("spine", plan.spine.charged).map_err(EngineError::Budget)?,
     ]);
     let stream = match opts.experts {
+        _ if remote.is_some() => true,
         crate::load::ExpertMode::Mapped => false,
         crate::load::ExpertMode::Stream => true,
         crate::load::ExpertMode::Auto => !plan.all_experts_resident,
@@ -313,10 +337,17 @@ pub(crate) fn open_mapped_spine(
     let io = if opts.direct_io { IoMode::Direct } else { IoMode::BufferedDropCache };
     let config = streaming_config(&mut plan, opts, io);
     let files = ShardFiles::open(index.paths(), io).map_err(ModelError::from)?;
-    let store = StreamingExperts::new(index, Arc::new(files), &config, &budget)
-        .map_err(ModelError::from)?;
+    let store = match remote {
+        Some(r) => {
+            let disk = (r.open)(&index)?;
+            StreamingExperts::with_disk_cache(index, Arc::new(files), &config, &budget, disk)
+        }
+        None => StreamingExperts::new(index, Arc::new(files), &config, &budget),
+    }
+    .map_err(ModelError::from)?;
     let store = Arc::new(store);
     model.set_experts(store.clone());
+    sluice_models::family::set_prefetch(&mut model, opts.prefetch);
     Ok(Loaded {
         model,
         plan: Some(plan),

@@ -22,7 +22,8 @@ fn start_hub() -> TestHub {
 }
 
 fn pull(hub: &TestHub, dir: &Path, mode: ModeRequest) {
-    install(hub, K3_TINY_REPO, dir, mode).expect("pull");
+    let routed = sluice_engine::install::routed_tensors_in(&k3_tiny_fixture()).expect("routed");
+    install(hub, K3_TINY_REPO, dir, mode, &routed).expect("pull");
 }
 
 fn options(disk_cache: Option<u64>) -> LoadOptions {

@@ -53,5 +53,5 @@ pub use progress::{Bars, NoProgress, Progress};
 pub use pull::{FileOutcome, FileReport, InstallReport, LinkKind, PullOptions};
 pub use remote::{HubRemote, Install};
 pub use repo::{validate_path, validate_repo, validate_revision, RemoteFile, RepoInfo};
-pub use shard::{ShardHeader, Span};
+pub use shard::{RoutedTensors, ShardHeader, Span};
 pub use sink::{FsSinks, Sink, SinkFactory};

@@ -26,7 +26,7 @@ use crate::hf_cache::HfCache;
 use crate::layout::{InstallTarget, Layout};
 use crate::manifest::{FileState, InstallManifest};
 use crate::repo::{is_hex, validate_path, validate_repo, RemoteFile, RepoInfo};
-use crate::shard::{fetch_header, ShardHeader, DEFAULT_COALESCE_GAP};
+use crate::shard::{fetch_header, RoutedTensors, ShardHeader, DEFAULT_COALESCE_GAP};
 
 /// Fixed part of the headroom added to any non-zero need.
 pub const HEADROOM_FIXED: u64 = 1 << 30;
@@ -94,6 +94,9 @@ pub struct PlanOptions {
     pub workers: usize,
     /// Spine ranges closer than this are fetched together.
     pub coalesce_gap: u64,
+    /// The tensors that are routed experts (from the model family; see
+    /// [`RoutedTensors`]). With none, stream mode has nothing to leave out.
+    pub routed: RoutedTensors,
 }
 
 impl Default for PlanOptions {
@@ -104,6 +107,7 @@ impl Default for PlanOptions {
             reuse_cache: HfCache::from_env(),
             workers: 8,
             coalesce_gap: DEFAULT_COALESCE_GAP,
+            routed: RoutedTensors::none(),
         }
     }
 }
@@ -289,7 +293,7 @@ impl HubClient {
             let local = local_state(&layout, reuse, info, f, previous.as_ref())?;
             files.push(PlannedFile { file: f.clone(), header: None, header_error: None, local });
         }
-        self.fetch_headers(info, &layout, &mut files, opts.workers)?;
+        self.fetch_headers(info, &layout, &mut files, opts)?;
 
         let gap = opts.coalesce_gap;
         let sum = |f: &dyn Fn(&PlannedFile) -> u64| files.iter().map(f).sum::<u64>();
@@ -353,8 +357,9 @@ impl HubClient {
         info: &RepoInfo,
         layout: &Layout,
         files: &mut [PlannedFile],
-        workers: usize,
+        opts: &PlanOptions,
     ) -> Result<()> {
+        let (workers, routed) = (opts.workers, &opts.routed);
         let fetcher = RangeFetcher::new(self.clone(), &info.repo, &info.commit)?;
         let queue =
             Mutex::new(files.iter_mut().filter(|p| p.file.is_safetensors()).collect::<Vec<_>>());
@@ -365,12 +370,12 @@ impl HubClient {
                     let Some(p) = queue.lock().ok().and_then(|mut q| q.pop()) else { return };
                     let got = match &p.local {
                         LocalState::Installed(path) | LocalState::InCache(path) => {
-                            local_header(path, &p.file)
+                            local_header(path, &p.file, routed)
                         }
                         LocalState::Streamed => {
-                            local_header(&layout.stream_paths(&p.file).0, &p.file)
+                            local_header(&layout.stream_paths(&p.file).0, &p.file, routed)
                         }
-                        _ => fetch_header(&fetcher, &p.file),
+                        _ => fetch_header(&fetcher, &p.file, routed),
                     };
                     match got {
                         Ok(h) => p.header = Some(h),
@@ -395,7 +400,7 @@ impl HubClient {
 }
 
 /// Reads the header of a local copy of `file`.
-fn local_header(path: &Path, file: &RemoteFile) -> Result<ShardHeader> {
+fn local_header(path: &Path, file: &RemoteFile, routed: &RoutedTensors) -> Result<ShardHeader> {
     use std::io::Read;
     let mut f = fs::File::open(path).map_err(|e| HubError::io(path, e))?;
     let mut prefix = [0u8; 8];
@@ -403,7 +408,7 @@ fn local_header(path: &Path, file: &RemoteFile) -> Result<ShardHeader> {
     let n = u64::from_le_bytes(prefix).min(crate::shard::MAX_HEADER_LEN);
     let mut bytes = prefix.to_vec();
     f.take(n).read_to_end(&mut bytes).map_err(|e| HubError::io(path, e))?;
-    ShardHeader::parse(&file.path, bytes, file.size)
+    ShardHeader::parse(&file.path, bytes, file.size, routed)
 }
 
 fn local_state(

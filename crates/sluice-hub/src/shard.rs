@@ -5,13 +5,18 @@
 //! which is enough both to plan a stream install (how many bytes are not routed experts) and
 //! to fetch exactly the spine tensors later.
 //!
-//! A tensor is a **routed expert** when its dotted name has a component `experts` followed by
-//! a number (`…mlp.experts.17.w1.weight`, `…block_sparse_moe.experts.3.w2.weight_packed`).
-//! Shared experts (`…shared_experts.…`) are part of the spine: every token uses them.
+//! Which tensors are **routed experts** is the model family's knowledge, not the hub's: the
+//! caller passes a [`RoutedTensors`] list (computed by `sluice-models` from the repository's
+//! `config.json` and the family's expert layout: whole per-expert tensors, or stacked `[E, ...]`
+//! tensors whose every byte is some expert's slice). Everything else, shared experts included,
+//! is the spine: every token uses it.
 //!
 //! The header is hostile input, so lengths and offsets are bounds-checked against the size
 //! the hub reported and tensors may not overlap; dtype × shape agreement is left to
 //! `sluice-checkpoint`, which validates the header again when it opens the install.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use serde_json::Value;
 
@@ -72,8 +77,14 @@ pub struct ShardHeader {
 }
 
 impl ShardHeader {
-    /// Parses `bytes` (the first 8 + N bytes of `file`, whose size is `file_len`).
-    pub fn parse(file: &str, bytes: Vec<u8>, file_len: u64) -> Result<Self> {
+    /// Parses `bytes` (the first 8 + N bytes of `file`, whose size is `file_len`); the tensors
+    /// `routed` lists are its routed experts.
+    pub fn parse(
+        file: &str,
+        bytes: Vec<u8>,
+        file_len: u64,
+        routed: &RoutedTensors,
+    ) -> Result<Self> {
         let bad = |reason: String| HubError::BadHeader { file: file.to_owned(), reason };
         let n = header_len(file, &bytes, file_len)?;
         let json = usize::try_from(8 + n)
@@ -101,7 +112,7 @@ impl ShardHeader {
             tensors.push(TensorSpan {
                 name: name.clone(),
                 span: Span { start: data_offset + b, end: data_offset + e },
-                routed_expert: is_routed_expert(name),
+                routed_expert: routed.contains(name),
             });
         }
         tensors.sort_by_key(|t| (t.span.start, t.span.end));
@@ -149,20 +160,41 @@ impl ShardHeader {
     }
 }
 
-/// Whether a tensor name denotes a routed expert: a component `experts` followed by a
-/// numeric component. `shared_experts` is a different component and so never matches.
-pub fn is_routed_expert(name: &str) -> bool {
-    let mut parts = name.split('.');
-    while let Some(p) = parts.next() {
-        if p == "experts" {
-            if let Some(next) = parts.clone().next() {
-                if !next.is_empty() && next.bytes().all(|b| b.is_ascii_digit()) {
-                    return true;
-                }
-            }
-        }
+/// The tensors that hold a model's routed experts, by name as its family's layout gives them
+/// (without a checkpoint's name prefix such as `language_model.`). Cheap to clone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoutedTensors(Arc<BTreeSet<String>>);
+
+impl RoutedTensors {
+    /// No routed experts (a dense model, or a repository that is no model): a stream install
+    /// of it is a full one.
+    pub fn none() -> Self {
+        Self::default()
     }
-    false
+
+    /// Exactly the tensors `names`.
+    pub fn new(names: BTreeSet<String>) -> Self {
+        Self(Arc::new(names))
+    }
+
+    /// Whether tensor `name` of a shard is listed: the name itself, or the name less a dotted
+    /// prefix (`language_model.model.layers.1...` for `model.layers.1...`).
+    pub fn contains(&self, name: &str) -> bool {
+        if self.0.contains(name) {
+            return true;
+        }
+        name.match_indices('.').any(|(i, _)| self.0.contains(&name[i + 1..]))
+    }
+
+    /// How many tensors are listed.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when no tensor is listed.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 fn header_len(file: &str, bytes: &[u8], file_len: u64) -> Result<u64> {
@@ -183,7 +215,11 @@ fn header_len(file: &str, bytes: &[u8], file_len: u64) -> Result<u64> {
 }
 
 /// Fetches and parses the header of a remote shard with two range requests.
-pub fn fetch_header(fetcher: &RangeFetcher, file: &RemoteFile) -> Result<ShardHeader> {
+pub fn fetch_header(
+    fetcher: &RangeFetcher,
+    file: &RemoteFile,
+    routed: &RoutedTensors,
+) -> Result<ShardHeader> {
     if file.size < 8 {
         return Err(HubError::BadHeader {
             file: file.path.clone(),
@@ -194,7 +230,7 @@ pub fn fetch_header(fetcher: &RangeFetcher, file: &RemoteFile) -> Result<ShardHe
     let n = header_len(&file.path, &prefix, file.size)?;
     let mut bytes = prefix;
     bytes.extend(fetcher.fetch_range(&file.path, 8, n)?);
-    ShardHeader::parse(&file.path, bytes, file.size)
+    ShardHeader::parse(&file.path, bytes, file.size, routed)
 }
 
 #[cfg(test)]
@@ -217,13 +253,19 @@ mod tests {
         (bytes, total)
     }
 
+    fn k3ish() -> RoutedTensors {
+        RoutedTensors::new(["a.experts.0.w1", "a.experts.1.w1"].map(String::from).into())
+    }
+
     #[test]
-    fn expert_names() {
-        assert!(is_routed_expert("model.layers.1.mlp.experts.17.w1.weight"));
-        assert!(is_routed_expert("lm.layers.1.block_sparse_moe.experts.0.w2.weight_packed"));
-        assert!(!is_routed_expert("model.layers.1.mlp.shared_experts.w1.weight"));
-        assert!(!is_routed_expert("model.layers.1.mlp.experts.weight"));
-        assert!(!is_routed_expert("model.layers.1.mlp.gate.weight"));
+    fn routed_tensors_match_with_or_without_a_prefix() {
+        let r =
+            RoutedTensors::new(["model.layers.1.mlp.experts.gate_up_proj_blocks".into()].into());
+        assert!(r.contains("model.layers.1.mlp.experts.gate_up_proj_blocks"));
+        assert!(r.contains("language_model.model.layers.1.mlp.experts.gate_up_proj_blocks"));
+        assert!(!r.contains("model.layers.1.mlp.experts.gate_up_proj_bias"));
+        assert!(!r.contains("layers.1.mlp.experts.gate_up_proj_blocks"));
+        assert!(!RoutedTensors::none().contains("model.layers.1.mlp.experts.0.w1.weight"));
     }
 
     #[test]
@@ -239,7 +281,7 @@ mod tests {
             ],
             210,
         );
-        let h = ShardHeader::parse("s.safetensors", bytes, total).expect("parse");
+        let h = ShardHeader::parse("s.safetensors", bytes, total, &k3ish()).expect("parse");
         let d = h.data_offset();
         assert_eq!(h.expert_bytes(), 150);
         let spans = h.spine_spans(0);
@@ -257,12 +299,12 @@ mod tests {
     #[test]
     fn hostile_headers_are_refused() {
         let (bytes, total) = header(&[("a", 0, 10), ("b", 5, 20)], 20);
-        assert!(ShardHeader::parse("s", bytes, total).is_err());
+        assert!(ShardHeader::parse("s", bytes, total, &k3ish()).is_err());
         let (bytes, total) = header(&[("a", 0, 50)], 20);
-        assert!(ShardHeader::parse("s", bytes, total).is_err());
+        assert!(ShardHeader::parse("s", bytes, total, &k3ish()).is_err());
         let mut bytes = u64::MAX.to_le_bytes().to_vec();
         bytes.extend(b"{}");
-        assert!(ShardHeader::parse("s", bytes, 100).is_err());
-        assert!(ShardHeader::parse("s", vec![1, 2], 2).is_err());
+        assert!(ShardHeader::parse("s", bytes, 100, &k3ish()).is_err());
+        assert!(ShardHeader::parse("s", vec![1, 2], 2, &k3ish()).is_err());
     }
 }

@@ -133,7 +133,8 @@ fn stream_pull_fetches_headers_and_spine_only() {
         assert!(!dir.path().join(&f.path).exists(), "no full copy of {}", f.path);
         let s = e.stream.as_ref().expect("stream record");
         let header = fs::read(dir.path().join(&s.header)).expect("header");
-        let h = ShardHeader::parse(&f.path, header.clone(), f.data.len() as u64).expect("parse");
+        let h = ShardHeader::parse(&f.path, header.clone(), f.data.len() as u64, &routed_in(&repo))
+            .expect("parse");
         assert_eq!(header.as_slice(), &f.data[..header.len()]);
         let sparse = fs::read(dir.path().join(&s.sparse)).expect("sparse");
         assert_eq!(sparse.len(), f.data.len());
@@ -265,13 +266,16 @@ fn capacity_refusal_names_the_shortfall() {
     let target = dir.path().join("model");
     let c = client(&hub, None);
     let info = c.resolve(&repo.id, "main").expect("resolve");
-    let probe =
-        c.plan(&info, &opts(&target, ModeRequest::Auto), &FakeSpace(u64::MAX)).expect("plan");
+    let probe = c
+        .plan(&info, &opts_for(&repo, &target, ModeRequest::Auto), &FakeSpace(u64::MAX))
+        .expect("plan");
     let (full, stream) = (probe.full.required, probe.stream.required);
     assert!(stream < full);
 
     let free = stream + 10;
-    let refused = c.plan(&info, &opts(&target, ModeRequest::Full), &FakeSpace(free)).expect("plan");
+    let refused = c
+        .plan(&info, &opts_for(&repo, &target, ModeRequest::Full), &FakeSpace(free))
+        .expect("plan");
     assert_eq!(refused.verdict, Verdict::Refused { shortfall: full - free });
     let shown = refused.to_string();
     assert!(shown.contains("short by"), "{shown}");
@@ -282,14 +286,19 @@ fn capacity_refusal_names_the_shortfall() {
     assert!(err.to_string().contains("short by"), "{err}");
     assert!(!target.exists(), "a refused plan writes nothing");
 
-    let auto = c.plan(&info, &opts(&target, ModeRequest::Auto), &FakeSpace(free)).expect("plan");
+    let auto = c
+        .plan(&info, &opts_for(&repo, &target, ModeRequest::Auto), &FakeSpace(free))
+        .expect("plan");
     assert_eq!(auto.mode, Mode::Stream);
     assert_eq!(auto.verdict, Verdict::StreamFallback { full_shortfall: full - free });
     assert!(auto.to_string().contains("mode        stream"), "{auto}");
-    let fits = c.plan(&info, &opts(&target, ModeRequest::Auto), &FakeSpace(full)).expect("plan");
+    let fits = c
+        .plan(&info, &opts_for(&repo, &target, ModeRequest::Auto), &FakeSpace(full))
+        .expect("plan");
     assert_eq!((fits.mode, fits.verdict), (Mode::Full, Verdict::Fits));
-    let none =
-        c.plan(&info, &opts(&target, ModeRequest::Auto), &FakeSpace(stream - 1)).expect("plan");
+    let none = c
+        .plan(&info, &opts_for(&repo, &target, ModeRequest::Auto), &FakeSpace(stream - 1))
+        .expect("plan");
     assert_eq!(none.verdict, Verdict::Refused { shortfall: 1 });
 }
 

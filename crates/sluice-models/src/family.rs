@@ -17,6 +17,7 @@ use sluice_core::MemoryBudget;
 use sluice_store::{
     ExpertIndex, ExpertLayout, MappedExperts, StoreError, StreamingConfig, StreamingExperts,
 };
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// One line of the family table.
@@ -64,6 +65,59 @@ pub fn of(ckpt: &Checkpoint) -> Result<&'static Family, ModelError> {
         .ok_or_else(|| ModelError::UnknownArchitecture { arch, supported: supported() })
 }
 
+/// Where the routed experts of a model with config `config` are, from the config alone (no
+/// shard is opened): what `sluice pull --stream` and stream installs need to tell routed
+/// experts from the spine. `None` for a family without routed experts, or one that has no
+/// expert layout yet. A family adds its arm here when it gains a layout; nothing else changes.
+pub fn routed_for_config(
+    config: &sluice_checkpoint::CheckpointConfig,
+) -> Result<Option<RoutedExperts>, ModelError> {
+    let arch = config.architecture().to_owned();
+    let family = FAMILIES
+        .iter()
+        .find(|f| f.architectures.contains(&arch.as_str()))
+        .ok_or_else(|| ModelError::UnknownArchitecture { arch, supported: supported() })?;
+    let text = config.text_config();
+    Ok(match family.name {
+        "kimi_k3" => Some(crate::kimi_k3::KimiK3::routed(
+            &crate::kimi_k3::config::K3Config::from_json(text)?,
+        )),
+        "qwen3_moe" => Some(crate::qwen3_moe::Qwen3Moe::routed(
+            &crate::qwen3_moe::config::Qwen3MoeConfig::from_json(text)?,
+        )),
+        "gpt_oss" => Some(crate::gpt_oss::GptOss::routed(
+            &crate::gpt_oss::config::GptOssConfig::from_json(text)?,
+        )),
+        _ => None,
+    })
+}
+
+/// Loads the model `ckpt`'s config names with its routed experts served by `experts` from the
+/// start, never mapped in place: for a checkpoint whose routed experts are not mapped (a stream
+/// install). A family without an expert layout loads as [`crate::load`] does.
+pub fn load_with_experts(
+    ckpt: Arc<Checkpoint>,
+    experts: Arc<dyn sluice_store::ExpertStore>,
+) -> Result<Model, ModelError> {
+    Ok(match of(&ckpt)?.name {
+        "kimi_k3" => Model::KimiK3(crate::kimi_k3::KimiK3::with_store(ckpt, experts)?),
+        "qwen3_moe" => Model::Qwen3Moe(crate::qwen3_moe::Qwen3Moe::with_store(ckpt, experts)?),
+        "gpt_oss" => Model::GptOss(crate::gpt_oss::GptOss::with_store(ckpt, experts)?),
+        _ => crate::load(ckpt)?,
+    })
+}
+
+/// Turns next-layer expert prefetch on or off for a model whose family guesses its next MoE
+/// layer's experts (worth it when experts stream); a no-op for one that does not.
+pub fn set_prefetch(model: &mut Model, on: bool) {
+    match model {
+        Model::KimiK3(m) => m.set_prefetch(on),
+        Model::Qwen3Moe(m) => m.set_prefetch(on),
+        Model::GptOss(m) => m.set_prefetch(on),
+        _ => {}
+    }
+}
+
 /// Where a model's routed experts are, for opening an expert store over them.
 #[derive(Debug, Clone)]
 pub struct RoutedExperts {
@@ -83,6 +137,44 @@ impl RoutedExperts {
     /// Routed experts over all layers.
     pub fn total(&self) -> u64 {
         (self.moe_layers.len() * self.per_layer) as u64
+    }
+
+    /// The tensors (names without a checkpoint's name prefix) that hold routed experts and
+    /// nothing else: every part of every expert, whole tensors (Kimi K3, Qwen3-MoE) and the
+    /// experts' slices of stacked `[E, ...]` tensors (GPT-OSS) alike. A tensor is listed only
+    /// when its experts' parts cover all of its bytes; a tensor that holds routed-expert bytes
+    /// beside other bytes is refused, since a stream install keeps routed experts as holes it
+    /// fills and punches while the spine beside them must stay.
+    pub fn routed_tensors(&self) -> Result<BTreeSet<String>, ModelError> {
+        // Tensor → (its length, the expert ranges inside it).
+        let mut cover: BTreeMap<String, (u64, Vec<std::ops::Range<u64>>)> = BTreeMap::new();
+        for &layer in &self.moe_layers {
+            for e in 0..self.per_layer {
+                for p in self.layout.parts(layer, e) {
+                    let len = p.shape.iter().product::<u64>() * p.dtype.size();
+                    cover.entry(p.tensor.clone()).or_insert((len, Vec::new())).1.push(p.range);
+                }
+            }
+        }
+        let mut out = BTreeSet::new();
+        for (name, (len, mut ranges)) in cover {
+            ranges.sort_by_key(|r| r.start);
+            let mut end = 0;
+            for r in &ranges {
+                if r.start > end {
+                    break;
+                }
+                end = end.max(r.end);
+            }
+            if end < len {
+                return Err(ModelError::Config(format!(
+                    "tensor {name}: routed experts cover bytes 0..{end} of {len}; a tensor must \
+                     hold routed experts only, or none"
+                )));
+            }
+            out.insert(name);
+        }
+        Ok(out)
     }
 
     /// A store serving them in place from `ckpt`'s map.

@@ -3,7 +3,8 @@
 //! committed fixture of each family:
 //! - streamed through a 2-slot cache (O_DIRECT and buffered, on every usable read backend),
 //!   prefill + decode logits are bit-identical to the experts mapped in place, and the store
-//!   really read them from the published shards (no repack);
+//!   really read them from the published shards (no repack); and so with the family's
+//!   next-layer prefetch reading its guesses;
 //! - a T-row pass is bit-identical to T single-row passes;
 //! - `commit(n)` of a T-row pass leaves the state of n single rows (rollback of the rest).
 // Fixture ids, shapes and lengths are small; casts between them cannot truncate.
@@ -86,6 +87,32 @@ fn streamed_with_two_slots_equals_mapped_for_every_family() {
                 store.check_consistency(true).unwrap();
             }
         }
+    }
+}
+
+#[test]
+fn streamed_with_next_layer_prefetch_equals_mapped_for_every_family() {
+    for (family, name) in FIXTURES {
+        let (ckpt, mut m) = open(family, name);
+        let want = prefill_and_decode(&m, 5);
+        let routed = m.routed_experts().expect("an MoE family describes its experts");
+        // Every guess passes the gate, and the cache has room to read guesses beside a pass's
+        // own experts, so guesses really are read (and some evict, or are wrong).
+        let config = StreamingConfig {
+            cache: CacheSize::Slots(6),
+            readers: 3,
+            prefetch_min_precision: 0.0,
+            ..StreamingConfig::default()
+        };
+        let store =
+            Arc::new(routed.streaming(&ckpt, &config, &MemoryBudget::unlimited()).expect("opens"));
+        m.set_experts(store.clone());
+        sluice_models::family::set_prefetch(&mut m, true);
+        let got = prefill_and_decode(&m, 5);
+        assert!(got == want, "{family}/{name}: streamed with prefetch changed logits");
+        let s = store.stats();
+        assert!(s.prefetch_issued > 0, "{family}/{name}: no guess was read: {s:?}");
+        store.check_consistency(true).unwrap();
     }
 }
 

@@ -197,17 +197,39 @@ impl Readers {
     }
 }
 
-/// Runs `task` on the calling thread: each span with [`read_span`] in turn.
+/// Runs `task` on the calling thread with [`read_span`]: a one-span task (a whole Kimi K3 expert)
+/// in place; a task of several spans (an expert whose parts are separate runs of a shard: one
+/// per stacked tensor in GPT-OSS, one per matrix in Qwen3-MoE when its tensors are apart) reads
+/// them concurrently, one scoped thread per span after the first, so its latency is its slowest
+/// span's rather than their sum. The first failing span (in span order) is reported.
 pub(crate) fn run_sync(mut task: Box<dyn ReadTask>, reader: &dyn ReadAt) {
     let targets = task.start();
-    let mut total = 0u64;
-    for t in targets {
+    let read = |t: SpanTarget| {
         // SAFETY: `ReadTask`'s contract: `t.buf..t.buf + t.len` is valid and ours alone until
-        // `finish`, which is called below, after this borrow ends.
+        // `finish`, which is called below, after every read has returned; the spans of a task
+        // land in disjoint regions of its slot, so concurrent reads never share a byte.
         let region = unsafe { std::slice::from_raw_parts_mut(t.buf, t.len) };
-        match read_span(reader, &t.span, region) {
+        read_span(reader, &t.span, region).map_err(|error| SpanError { span: t.span, error })
+    };
+    let results: Vec<Result<u64, SpanError>> = match targets.split_first() {
+        None => Vec::new(),
+        Some((&first, [])) => vec![read(first)],
+        Some((&first, rest)) => std::thread::scope(|s| {
+            let others: Vec<_> = rest.iter().map(|&t| (t.span, s.spawn(move || read(t)))).collect();
+            let mut all = vec![read(first)];
+            all.extend(others.into_iter().map(|(span, h)| {
+                h.join().unwrap_or_else(|_| {
+                    Err(SpanError { span, error: io::Error::other("a span reader panicked") })
+                })
+            }));
+            all
+        }),
+    };
+    let mut total = 0u64;
+    for r in results {
+        match r {
             Ok(n) => total += n,
-            Err(error) => return task.finish(Err(SpanError { span: t.span, error })),
+            Err(e) => return task.finish(Err(e)),
         }
     }
     task.finish(Ok(total));

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::{HubRepo, TestHub};
 use crate::{
     HubClient, HubConfig, InstallReport, ModeRequest, NoProgress, PlanOptions, PullOptions, Result,
-    RetryPolicy, StatvfsFreeSpace,
+    RetryPolicy, RoutedTensors, StatvfsFreeSpace,
 };
 
 /// The repository id the tiny Kimi K3 fixture is served under.
@@ -37,8 +37,15 @@ pub fn quick_retries() -> RetryPolicy {
 
 /// Pulls `repo` at `main` from `hub` into the plain directory `dir` in `mode`, with
 /// [`quick_retries`], two workers, the volume's real free space, and a 4 KiB coalescing gap
-/// (test experts are tiny; real ones are 17.5 MB, far above the 1 MiB default).
-pub fn install(hub: &TestHub, repo: &str, dir: &Path, mode: ModeRequest) -> Result<InstallReport> {
+/// (test experts are tiny; real ones are 17.5 MB, far above the 1 MiB default). `routed` lists
+/// the repository's routed experts, as the model family gives them (`sluice-models`).
+pub fn install(
+    hub: &TestHub,
+    repo: &str,
+    dir: &Path,
+    mode: ModeRequest,
+    routed: &RoutedTensors,
+) -> Result<InstallReport> {
     let mut cfg = HubConfig::new(hub.endpoint());
     cfg.retry = quick_retries();
     let client = HubClient::new(cfg)?;
@@ -49,6 +56,7 @@ pub fn install(hub: &TestHub, repo: &str, dir: &Path, mode: ModeRequest) -> Resu
         reuse_cache: None,
         workers: 2,
         coalesce_gap: 4096,
+        routed: routed.clone(),
     };
     let plan = client.plan(&info, &opts, &StatvfsFreeSpace)?;
     client.pull(&plan, &PullOptions::default(), &NoProgress)

@@ -12,7 +12,8 @@ use sluice_hub::testhub::{
     k3_tiny_fixture, quick_retries, safetensors_bytes, HubFile, HubRepo, TestHub, K3_TINY_REPO,
 };
 use sluice_hub::{
-    FreeSpace, HubClient, HubConfig, InstallPlan, ModeRequest, PlanOptions, Sink, SinkFactory,
+    FreeSpace, HubClient, HubConfig, InstallPlan, ModeRequest, PlanOptions, RoutedTensors, Sink,
+    SinkFactory,
 };
 
 /// The committed tiny Kimi K3 checkpoint.
@@ -115,13 +116,41 @@ pub fn opts(dir: &Path, mode: ModeRequest) -> PlanOptions {
         reuse_cache: None,
         workers: 4,
         coalesce_gap: 4096,
+        routed: RoutedTensors::none(),
     }
+}
+
+/// Plan options as [`opts`], with the routed experts of `repo` (see [`routed_in`]).
+pub fn opts_for(repo: &HubRepo, dir: &Path, mode: ModeRequest) -> PlanOptions {
+    PlanOptions { routed: routed_in(repo), ..opts(dir, mode) }
+}
+
+/// The routed-expert tensors of a test repository. In sluice the list comes from the model
+/// family's layout (`sluice-models`); the hub's tests serve synthetic repositories of no family,
+/// whose routed experts are by construction the tensors named `...experts.N...`.
+pub fn routed_in(repo: &HubRepo) -> RoutedTensors {
+    let mut names = std::collections::BTreeSet::new();
+    for f in repo.files.iter().filter(|f| f.path.ends_with(".safetensors")) {
+        let n = u64::from_le_bytes(f.data[..8].try_into().expect("prefix"));
+        let json: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&f.data[8..8 + usize::try_from(n).expect("len")])
+                .expect("header");
+        for k in json.keys() {
+            let parts: Vec<&str> = k.split('.').collect();
+            if parts.windows(2).any(|w| {
+                w[0] == "experts" && !w[1].is_empty() && w[1].bytes().all(|b| b.is_ascii_digit())
+            }) {
+                names.insert(k.clone());
+            }
+        }
+    }
+    RoutedTensors::new(names)
 }
 
 /// Resolves and plans `repo` into `dir` with plenty of (fake) space.
 pub fn plan(client: &HubClient, repo: &HubRepo, dir: &Path, mode: ModeRequest) -> InstallPlan {
     let info = client.resolve(&repo.id, "main").expect("resolve");
-    client.plan(&info, &opts(dir, mode), &FakeSpace(1 << 50)).expect("plan")
+    client.plan(&info, &opts_for(repo, dir, mode), &FakeSpace(1 << 50)).expect("plan")
 }
 
 /// Asserts that every file of `repo` is in `dir` with identical bytes.

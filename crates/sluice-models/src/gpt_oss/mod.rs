@@ -45,6 +45,8 @@ pub struct GptOss {
     weights: GptOssWeights,
     rope: YarnRope,
     experts: Arc<dyn ExpertStore>,
+    /// Guess the next layer's experts for the store to prefetch (see [`Self::set_prefetch`]).
+    prefetch: bool,
 }
 
 impl std::fmt::Debug for GptOss {
@@ -66,11 +68,41 @@ impl GptOss {
         let weights = GptOssWeights::load(&ckpt, &cfg)?;
         let rope = YarnRope::new(cfg.head_dim, cfg.rope_theta, &cfg.yarn);
         let experts = Arc::new(Self::routed(&cfg).mapped(ckpt.clone())?);
-        Ok(Self { cfg, ckpt, weights, rope, experts })
+        Ok(Self { cfg, ckpt, weights, rope, experts, prefetch: false })
+    }
+
+    /// Loads the model with its routed experts served by `experts` from the start: for a
+    /// checkpoint whose routed experts are not mapped (a stream install's sparse shards), where
+    /// [`Self::load`]'s in-place store cannot open.
+    pub fn with_store(
+        ckpt: Arc<Checkpoint>,
+        experts: Arc<dyn ExpertStore>,
+    ) -> Result<Self, ModelError> {
+        let cfg = GptOssConfig::from_json(ckpt.config().text_config())?;
+        let weights = GptOssWeights::load(&ckpt, &cfg)?;
+        let rope = YarnRope::new(cfg.head_dim, cfg.rope_theta, &cfg.yarn);
+        Ok(Self { cfg, ckpt, weights, rope, experts, prefetch: false })
+    }
+
+    /// Turns next-layer expert prefetch on or off (worth it when experts stream): each layer
+    /// guesses the next one's experts with that layer's router (and bias) on its own input, and
+    /// layer 0's are guessed before its attention runs.
+    pub fn set_prefetch(&mut self, on: bool) {
+        self.prefetch = on;
+    }
+
+    /// A guess of the experts `layer`'s router picks for `x [t, d]` (see
+    /// [`crate::qwen3_moe::moe::guess_union`]).
+    fn guess(&self, ctx: &Ctx<'_>, layer: usize, x: &[f32], t: usize) -> Option<(usize, Vec<u32>)> {
+        let w = &self.weights.layers.get(layer)?.moe;
+        let mut logits = ctx.mm(&w.router, x, t);
+        attention::add_bias(&mut logits, &w.router_bias);
+        let (e, k) = (self.cfg.num_local_experts, self.cfg.num_experts_per_tok);
+        Some((layer, crate::qwen3_moe::moe::guess_union(&logits, e, k)))
     }
 
     /// Where the routed experts of a model of config `c` are: every layer is an MoE layer.
-    fn routed(c: &GptOssConfig) -> RoutedExperts {
+    pub fn routed(c: &GptOssConfig) -> RoutedExperts {
         let layout = GptOssExpertLayout {
             experts: c.num_local_experts as u64,
             inter: c.intermediate_size as u64,
@@ -185,6 +217,13 @@ impl GptOss {
         let rope = self.rope.rows(state.len(), t);
         state.begin(t);
         for (i, (lw, cache)) in self.weights.layers.iter().zip(&mut state.layers).enumerate() {
+            // Layer 0 has no layer before it to guess its experts: guess them from its input
+            // (normed as its block will norm it) while its attention computes.
+            if self.prefetch && i == 0 {
+                if let Some((l, ids)) = self.guess(&ctx, 0, &self.norm_rows(&h, &lw.post_norm), t) {
+                    self.experts.prefetch(l, &ids);
+                }
+            }
             let a_in = self.norm_rows(&h, &lw.input_norm);
             put(&mut trace, || format!("layer{i}.attn_in"), &a_in);
             let kind = c.layer_types[i];
@@ -194,7 +233,9 @@ impl GptOss {
             let m_in = self.norm_rows(&h, &lw.post_norm);
             put(&mut trace, || format!("layer{i}.mlp_in"), &m_in);
             let store = self.experts.as_ref();
-            let (m, logits, routes) = match moe::forward(&ctx, &lw.moe, store, i, c, &m_in, t) {
+            let guess = || if self.prefetch { self.guess(&ctx, i + 1, &m_in, t) } else { None };
+            let at = crate::qwen3_moe::moe::At { layer: i, guess: &guess };
+            let (m, logits, routes) = match moe::forward(&ctx, &lw.moe, store, at, c, &m_in, t) {
                 Ok(out) => out,
                 Err(e) => {
                     state.rollback();

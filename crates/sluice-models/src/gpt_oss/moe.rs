@@ -20,7 +20,7 @@ use super::config::{GptOssConfig, SWIGLU_ALPHA};
 use super::weights::MoeWeights;
 use crate::kimi_k3::Route;
 use crate::qwen3::Ctx;
-use crate::qwen3_moe::moe::BlockOut;
+use crate::qwen3_moe::moe::{At, BlockOut};
 use crate::ModelError;
 use sluice_kernels::ops::{sigmoid, softmax_inplace};
 use sluice_kernels::{matmul, Matrix};
@@ -54,11 +54,12 @@ pub(crate) fn forward(
     ctx: &Ctx<'_>,
     w: &MoeWeights,
     store: &dyn ExpertStore,
-    layer: usize,
+    at: At<'_>,
     c: &GptOssConfig,
     x: &[f32],
     t: usize,
 ) -> Result<BlockOut, ModelError> {
+    let layer = at.layer;
     let (d, e, k, inter) =
         (c.hidden_size, c.num_local_experts, c.num_experts_per_tok, c.intermediate_size);
     let mut logits = ctx.mm(&w.router, x, t);
@@ -73,9 +74,14 @@ pub(crate) fn forward(
     }
     let ids: Vec<u32> =
         (0..e).filter(|&i| !users[i].is_empty()).filter_map(|i| u32::try_from(i).ok()).collect();
+    // The misses start reading now; the next layer's guess is computed while they are in flight
+    // and handed to the store, which reads it once this layer's experts hold their slots.
+    store.read_ahead(layer, &ids);
+    let guess = (at.guess)();
+    let next = guess.as_ref().map(|(l, g)| (*l, g.as_slice()));
     let mut outs = vec![0.0f32; t * k * d];
     let mut xs = Vec::new();
-    store.for_each(layer, &ids, &mut |id, v| {
+    store.for_each_then_prefetch(layer, &ids, next, &mut |id, v| {
         // Parts in the order of `GptOssExpertLayout`: gate_up blocks, scales; down blocks, scales.
         let (Ok(gate_up), Ok(down)) = (
             Matrix::mxfp4(2 * inter, d, v.part(0), v.part(1)),

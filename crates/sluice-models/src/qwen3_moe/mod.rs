@@ -44,6 +44,8 @@ pub struct Qwen3Moe {
     weights: Qwen3MoeWeights,
     rope: Rope,
     experts: Arc<dyn ExpertStore>,
+    /// Guess the next MoE layer's experts for the store to prefetch (see [`Self::set_prefetch`]).
+    prefetch: bool,
 }
 
 impl std::fmt::Debug for Qwen3Moe {
@@ -65,11 +67,31 @@ impl Qwen3Moe {
         let weights = Qwen3MoeWeights::load(&ckpt, &cfg)?;
         let rope = Rope::new(cfg.base.head_dim, cfg.base.rope_theta);
         let experts = Arc::new(Self::routed(&cfg).mapped(ckpt.clone())?);
-        Ok(Self { cfg, ckpt, weights, rope, experts })
+        Ok(Self { cfg, ckpt, weights, rope, experts, prefetch: false })
+    }
+
+    /// Loads the model with its routed experts served by `experts` from the start: for a
+    /// checkpoint whose routed experts are not mapped (a stream install's sparse shards), where
+    /// [`Self::load`]'s in-place store cannot open.
+    pub fn with_store(
+        ckpt: Arc<Checkpoint>,
+        experts: Arc<dyn ExpertStore>,
+    ) -> Result<Self, ModelError> {
+        let cfg = Qwen3MoeConfig::from_json(ckpt.config().text_config())?;
+        let weights = Qwen3MoeWeights::load(&ckpt, &cfg)?;
+        let rope = Rope::new(cfg.base.head_dim, cfg.base.rope_theta);
+        Ok(Self { cfg, ckpt, weights, rope, experts, prefetch: false })
+    }
+
+    /// Turns next-layer expert prefetch on or off (worth it when experts stream): each MoE layer
+    /// guesses the next one's experts with that layer's router on its own input, and the first
+    /// MoE layer's are guessed before its attention runs.
+    pub fn set_prefetch(&mut self, on: bool) {
+        self.prefetch = on;
     }
 
     /// Where the routed experts of a model of config `c` are.
-    fn routed(c: &Qwen3MoeConfig) -> RoutedExperts {
+    pub fn routed(c: &Qwen3MoeConfig) -> RoutedExperts {
         let layout = Qwen3MoeExpertLayout {
             inter: c.moe_intermediate_size as u64,
             hidden: c.base.hidden_size as u64,
@@ -185,7 +207,21 @@ impl Qwen3Moe {
         put(&mut trace, || "embed".into(), &h);
         let rope = self.rope.rows(state.len(), t);
         state.begin(t);
-        for (i, (lw, cache)) in self.weights.layers.iter().zip(&mut state.layers).enumerate() {
+        let layers = &self.weights.layers;
+        let router = |j: usize| match layers.get(j).map(|l| &l.ffn) {
+            Some(Ffn::Moe { router }) => Some(router),
+            _ => None,
+        };
+        let next_moe = |i: usize| (i + 1..layers.len()).find_map(|j| router(j).map(|r| (j, r)));
+        let first_moe = (0..layers.len()).find(|&j| router(j).is_some());
+        let (e, k) = (self.cfg.num_experts, self.cfg.num_experts_per_tok);
+        for (i, (lw, cache)) in layers.iter().zip(&mut state.layers).enumerate() {
+            // The first MoE layer has no MoE layer before it to guess its experts: guess them
+            // from its input (normed as its block will norm it) while its attention computes.
+            if let (true, Some(r)) = (self.prefetch && first_moe == Some(i), router(i)) {
+                let g = self.norm_rows(&h, &lw.post_norm);
+                self.experts.prefetch(i, &moe::guess_union(&ctx.mm(r, &g, t), e, k));
+            }
             // Qwen3MoeDecoderLayer.forward: pre-norm attention and MLP, each added to the residual.
             let a_in = self.norm_rows(&h, &lw.input_norm);
             put(&mut trace, || format!("layer{i}.attn_in"), &a_in);
@@ -198,8 +234,12 @@ impl Qwen3Moe {
                 Ffn::Dense(w) => moe::mlp(&ctx, w, &m_in, t),
                 Ffn::Moe { router } => {
                     let store = self.experts.as_ref();
+                    let next = if self.prefetch { next_moe(i) } else { None };
+                    let guess =
+                        || next.map(|(j, r)| (j, moe::guess_union(&ctx.mm(r, &m_in, t), e, k)));
+                    let at = moe::At { layer: i, guess: &guess };
                     let (m, logits, routes) =
-                        match moe::forward(&ctx, router, store, i, &self.cfg, &m_in, t) {
+                        match moe::forward(&ctx, router, store, at, &self.cfg, &m_in, t) {
                             Ok(out) => out,
                             Err(e) => {
                                 state.rollback();

@@ -28,6 +28,39 @@ use sluice_store::{ExpertStore, StoreError};
 /// row's route (shared with GPT-OSS's block).
 pub(crate) type BlockOut = (Vec<f32>, Vec<f32>, Vec<Route>);
 
+/// Where a sparse block runs, and how to guess the experts of the next MoE layer for the store
+/// to prefetch while this one computes (shared with GPT-OSS's block).
+pub(crate) struct At<'a> {
+    /// The block's layer.
+    pub(crate) layer: usize,
+    /// The guess `(next MoE layer, its likely experts)`, computed once this layer's own misses
+    /// are submitted; `None` when prefetch is off or no MoE layer follows.
+    pub(crate) guess: &'a dyn Fn() -> Option<(usize, Vec<u32>)>,
+}
+
+/// The experts the rows of router `logits [t, e]` would choose (each row's top `k` by logit: the
+/// order both softmax-then-top-k and top-k-then-softmax routers pick in), as one list, likeliest
+/// first (every row's first choice, then every second, ...), each once. A prefetch guess from a
+/// layer's router on another layer's input, never a route: a wrong guess costs bandwidth, never
+/// output, and the store's precision gate stops reading guesses that do not pay.
+pub(crate) fn guess_union(logits: &[f32], e: usize, k: usize) -> Vec<u32> {
+    let mut ranked: Vec<(usize, u32)> = Vec::new();
+    for row in logits.chunks_exact(e) {
+        let mut order: Vec<u32> = (0..u32::try_from(e).unwrap_or(u32::MAX)).collect();
+        order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+        ranked.extend(order.into_iter().take(k).enumerate());
+    }
+    ranked.sort_unstable();
+    let mut seen = vec![false; e];
+    ranked
+        .into_iter()
+        .filter_map(|(_, id)| {
+            let s = seen.get_mut(id as usize)?;
+            (!std::mem::replace(s, true)).then_some(id)
+        })
+        .collect()
+}
+
 /// Selects the top-k experts of one row of router logits.
 pub(crate) fn route(logits: &[f32], c: &Qwen3MoeConfig) -> Route {
     // routing_weights = softmax(router_logits, dtype=float)
@@ -64,11 +97,12 @@ pub(crate) fn forward(
     ctx: &Ctx<'_>,
     router: &Linear,
     store: &dyn ExpertStore,
-    layer: usize,
+    at: At<'_>,
     c: &Qwen3MoeConfig,
     x: &[f32],
     t: usize,
 ) -> Result<BlockOut, ModelError> {
+    let layer = at.layer;
     let (d, e, k, inter) =
         (c.base.hidden_size, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size);
     let logits = ctx.mm(router, x, t);
@@ -84,9 +118,14 @@ pub(crate) fn forward(
     let ids: Vec<u32> =
         (0..e).filter(|&i| !users[i].is_empty()).filter_map(|i| u32::try_from(i).ok()).collect();
     // Each expert once, on all of its rows; outputs land at [row, slot].
+    // The misses start reading now; the next layer's guess is computed while they are in flight
+    // and handed to the store, which reads it once this layer's experts hold their slots.
+    store.read_ahead(layer, &ids);
+    let guess = (at.guess)();
+    let next = guess.as_ref().map(|(l, g)| (*l, g.as_slice()));
     let mut outs = vec![0.0f32; t * k * d];
     let mut xs = Vec::new();
-    store.for_each(layer, &ids, &mut |id, v| {
+    store.for_each_then_prefetch(layer, &ids, next, &mut |id, v| {
         // Parts in the order of `Qwen3MoeExpertLayout`: gate, up, down.
         let (Ok(gate_w), Ok(up_w), Ok(down_w)) = (
             Matrix::bf16(inter, d, v.part(0)),

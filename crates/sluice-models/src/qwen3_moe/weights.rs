@@ -98,9 +98,16 @@ impl Qwen3MoeWeights {
                 check_expert_count(&r, &p, c)?;
                 let router = r.mat(&format!("{p}.mlp.gate.weight"), c.num_experts, d)?;
                 // Checked here, in roster order, so a bad expert tensor is named like any other;
-                // the store resolves them again from the layout.
+                // the store resolves them again from the layout. Located, not mapped: a stream
+                // install's routed experts are holes its checkpoint does not map.
+                let (inter, d64) = (c.moe_intermediate_size as u64, d as u64);
                 for e in 0..c.num_experts {
-                    expert(&r, &format!("{p}.mlp.experts.{e}"), c.moe_intermediate_size, d)?;
+                    for (n, shape) in
+                        [("gate", [inter, d64]), ("up", [inter, d64]), ("down", [d64, inter])]
+                    {
+                        let name = format!("{}{p}.mlp.experts.{e}.{n}_proj.weight", r.prefix);
+                        r.ckpt.locate(&name, DType::BF16, &shape)?;
+                    }
                 }
                 Ffn::Moe { router }
             } else {
