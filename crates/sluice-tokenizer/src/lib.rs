@@ -19,8 +19,11 @@
 mod any;
 pub mod bpe;
 pub mod chat;
+pub mod chat_parser;
+pub mod chat_stream;
 mod error;
 pub mod hf;
+pub mod k3_output;
 pub mod load;
 pub mod output;
 pub mod pretokenize;
@@ -31,7 +34,7 @@ pub mod template;
 mod tokenizer;
 mod xtml;
 
-pub use any::{AnyError, AnyTokenizer};
+pub use any::{AnyError, AnyStreamDecoder, AnyTokenizer};
 pub use bpe::CoreBpe;
 pub use chat::{
     k3_stop_id, render_k3, render_k3_segments, render_k3_text, ChatMessage, ChatOptions, Marker,
@@ -41,7 +44,9 @@ pub use error::{Error, Result};
 pub use hf::{HfError, HfTokenizer};
 pub use load::AddedToken;
 pub use output::{OutputFormat, ParsedOutput, ParsedToolCall};
-pub use prompt::{PromptError, PromptFormat};
+pub use chat_parser::{ChatOutputParser, TextOutputParser};
+pub use chat_stream::{ChatToolCall, OutputEvent, TextMachine};
+pub use prompt::{PromptError, PromptFormat, RenderedChat};
 pub use stream::StreamDecoder;
 pub use template::{ChatTemplate, TemplateError, TemplateInputs};
 pub use tokenizer::{Tokenizer, CONFIG_FILE, RANK_FILE};
