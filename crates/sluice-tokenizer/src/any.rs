@@ -140,8 +140,12 @@ impl AnyTokenizer {
     pub fn stop_ids(&self, dir: &Path) -> Result<Vec<u32>, AnyError> {
         let mut ids = Vec::new();
         if let Self::Tiktoken(t) = self {
-            ids.extend(crate::chat::k3_stop_id(t).ok());
-            return Ok(ids);
+            // K3's `<|end_of_msg|>`; a tiktoken model without it (Kimi K2) names its stop
+            // tokens in the config files like any other.
+            if let Ok(id) = crate::chat::k3_stop_id(t) {
+                ids.push(id);
+                return Ok(ids);
+            }
         }
         let config = read_json(&dir.join(CONFIG_FILE))?;
         let eos = config.as_ref().and_then(|c| c.get("eos_token"));

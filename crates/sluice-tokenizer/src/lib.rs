@@ -10,7 +10,11 @@
 //! - [`ChatTemplate`] renders a checkpoint's own Jinja chat template (Qwen3-MoE, GPT-OSS) with
 //!   `minijinja`, byte-identical to transformers' `apply_chat_template`.
 //! - [`chat`] renders conversations in K3's XTML format, inserting the structural markers by id
-//!   so that text can never forge them.
+//!   so that text can never forge them; [`k3_output`] parses K3 replies on ids.
+//! - [`PromptFormat`] is the one chat seam front ends use: it renders a request in the
+//!   checkpoint's format ([`PromptFormat::render_chat`]) and hands out the incremental parser of
+//!   its replies ([`PromptFormat::output_parser`]: K3's, or [`chat_stream`]'s for the text
+//!   formats of [`OutputFormat`]).
 //!
 //! Goldens in `tests/fixtures/tokenizer` come from Python tiktoken
 //! (`tools/gen_tokenizer_goldens.py`) and from the llama.cpp `Kimi-K3.jinja` template rendered by

@@ -155,7 +155,11 @@ impl PromptFormat {
             .template
             .as_ref()
             .ok_or_else(|| PromptError::NoTemplate { dir: self.dir.clone() })?;
-        let openai: Vec<serde_json::Value> = messages.iter().map(openai_message).collect();
+        // DeepSeek's template concatenates the arguments as text; the others write an object
+        // with `tojson` (a string there would be encoded twice).
+        let text_args = self.output == OutputFormat::DeepSeek;
+        let openai: Vec<serde_json::Value> =
+            messages.iter().map(|m| openai_message(m, text_args)).collect();
         let py = |v: &serde_json::Value| PyValue::parse(&v.to_string());
         let mut extra = vec![
             ("enable_thinking".into(), PyValue::Bool(options.thinking)),
@@ -214,8 +218,9 @@ fn is_empty_list(v: &serde_json::Value) -> bool {
 }
 
 /// A message in the OpenAI chat shape that Jinja chat templates read (`tool_calls` as
-/// `{id, type, function: {name, arguments}}`, arguments as an object when they parse as one).
-fn openai_message(m: &ChatMessage) -> serde_json::Value {
+/// `{id, type, function: {name, arguments}}`, arguments as an object when they parse as one,
+/// unless `text_args`).
+fn openai_message(m: &ChatMessage, text_args: bool) -> serde_json::Value {
     let mut v = serde_json::json!({ "role": m.role, "content": m.content });
     if !m.tool_calls.is_empty() {
         v["tool_calls"] = m
@@ -223,7 +228,9 @@ fn openai_message(m: &ChatMessage) -> serde_json::Value {
             .iter()
             .map(|c| {
                 let args = serde_json::from_str::<serde_json::Value>(&c.arguments)
-                    .unwrap_or_else(|_| serde_json::Value::String(c.arguments.clone()));
+                    .ok()
+                    .filter(|_| !text_args)
+                    .unwrap_or_else(|| serde_json::Value::String(c.arguments.clone()));
                 serde_json::json!({
                     "id": c.id, "type": "function",
                     "function": { "name": c.name, "arguments": args },
