@@ -139,12 +139,12 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     }
     let load::Loaded { model, budget: _budget, charges: _charges, streaming: _streaming, .. } =
         opened.loaded;
-    let drafter: Option<Box<dyn Drafter>> = match (opened.draft_model.zip(target.tok.clone()), &draft)
-    {
-        (Some((d, tok)), _) => Some(Box::new(ModelDrafter::new(d, tok, context_len))),
-        (None, DraftArg::Ngram) => Some(Box::new(NgramDrafter::default())),
-        (None, _) => None,
-    };
+    let drafter: Option<Box<dyn Drafter>> =
+        match (opened.draft_model.zip(target.tok.clone()), &draft) {
+            (Some((d, tok)), _) => Some(Box::new(ModelDrafter::new(d, tok, context_len))),
+            (None, DraftArg::Ngram) => Some(Box::new(NgramDrafter::default())),
+            (None, _) => None,
+        };
     let drafter_name = drafter.as_ref().map_or_else(|| "none".to_owned(), |d| d.name());
     let model_id = match &a.model_name {
         Some(n) => n.clone(),

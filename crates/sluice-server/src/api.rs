@@ -387,7 +387,9 @@ pub(crate) async fn render_chat(
 fn render_error(e: sluice_tokenizer::PromptError) -> ApiError {
     use sluice_tokenizer::{Error as K3Error, PromptError as P};
     match e {
-        P::K3Chat(K3Error::UnsupportedEffort(_)) => ApiError::invalid("reasoning_effort", e.to_string()),
+        P::K3Chat(K3Error::UnsupportedEffort(_)) => {
+            ApiError::invalid("reasoning_effort", e.to_string())
+        }
         P::Tokenizer(_) => ApiError::Internal(e.to_string()),
         _ => ApiError::invalid("messages", e.to_string()),
     }

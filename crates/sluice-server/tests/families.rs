@@ -41,12 +41,16 @@ fn conversation() -> (Value, Vec<ChatMessage>) {
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
         {"role": "user", "content": "And tomorrow?"},
     ]);
-    let call = ToolCall { id: Some("call_1".into()), name: "get_weather".into(), arguments: args.into() };
+    let call =
+        ToolCall { id: Some("call_1".into()), name: "get_weather".into(), arguments: args.into() };
     let msgs = vec![
         ChatMessage::new(Role::System, "You are terse."),
         ChatMessage::new(Role::User, "Weather in Zürich?"),
         ChatMessage { tool_calls: vec![call], ..ChatMessage::new(Role::Assistant, "") },
-        ChatMessage { tool_call_id: Some("call_1".into()), ..ChatMessage::new(Role::Tool, "sunny") },
+        ChatMessage {
+            tool_call_id: Some("call_1".into()),
+            ..ChatMessage::new(Role::Tool, "sunny")
+        },
         ChatMessage::new(Role::User, "And tomorrow?"),
     ];
     (openai, msgs)
@@ -114,7 +118,16 @@ fn every_family_is_served_through_its_own_chat_format() {
     for family in FAMILIES {
         let dir = dir(family);
         let fmt = PromptFormat::from_dir(&dir).unwrap().expect("tokenizer files");
-        let server = Server::start(&["--model", &dir.display().to_string(), "--queue", "0", "--model-name", "m", "--context", "512"]);
+        let server = Server::start(&[
+            "--model",
+            &dir.display().to_string(),
+            "--queue",
+            "0",
+            "--model-name",
+            "m",
+            "--context",
+            "512",
+        ]);
         let (openai, msgs) = conversation();
 
         // Tool declarations: the tiny checkpoints' 512-token context cannot hold some formats'
@@ -171,7 +184,8 @@ fn every_family_is_served_through_its_own_chat_format() {
         let body = r.json();
         // Anthropic's `input_tokens` leaves out the tokens read from the reused state.
         let u = &body["usage"];
-        let input = u["input_tokens"].as_u64().unwrap() + u["cache_read_input_tokens"].as_u64().unwrap_or(0);
+        let input = u["input_tokens"].as_u64().unwrap()
+            + u["cache_read_input_tokens"].as_u64().unwrap_or(0);
         assert_eq!(input, awant.ids.len() as u64, "{family}: {u}");
         assert_eq!(
             ids(&body["sluice"]["generated_ids"]),
@@ -193,7 +207,14 @@ fn every_family_is_served_through_its_own_chat_format() {
 #[test]
 fn a_follow_up_turn_reuses_the_state_of_the_previous_one() {
     let dir = dir("qwen3_moe/tiny-a");
-    let server = Server::start(&["--model", &dir.display().to_string(), "--queue", "0", "--model-name", "m"]);
+    let server = Server::start(&[
+        "--model",
+        &dir.display().to_string(),
+        "--queue",
+        "0",
+        "--model-name",
+        "m",
+    ]);
     let first = json!([{"role": "system", "content": "You are terse."},
                        {"role": "user", "content": "Hi there, how are you today?"}]);
     let req = json!({"model": "m", "messages": first, "max_tokens": 4, "temperature": 0,

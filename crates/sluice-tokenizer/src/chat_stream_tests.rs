@@ -61,11 +61,8 @@ fn qwen3_streams_as_it_parses() {
     agrees(OutputFormat::Qwen3, false, "<think>\nStill thinking about");
     agrees(OutputFormat::Qwen3, false, "A < b and c <tool but not a call.  ");
     // The stop token `<|im_end|>` is not text: a call it cut off still completes.
-    let cut = agrees(
-        OutputFormat::Qwen3,
-        false,
-        "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n",
-    );
+    let cut =
+        agrees(OutputFormat::Qwen3, false, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n");
     assert_eq!(cut.tool_calls.len(), 1);
 }
 

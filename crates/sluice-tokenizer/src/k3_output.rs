@@ -96,11 +96,7 @@ pub struct K3OutputParser<'t> {
 impl<'t> K3OutputParser<'t> {
     /// A parser for a reply generated after a thinking (`<|open|>think<|sep|>`) or non-thinking
     /// (`<|open|>response<|sep|>`) generation prefix; `tools`: whether the request declared tools.
-    pub fn new(
-        tok: &'t Tokenizer,
-        thinking: bool,
-        tools: bool,
-    ) -> Result<Self, crate::Error> {
+    pub fn new(tok: &'t Tokenizer, thinking: bool, tools: bool) -> Result<Self, crate::Error> {
         let markers = [
             Marker::Open.id(tok)?,
             Marker::Close.id(tok)?,

@@ -44,12 +44,12 @@ pub use chat::{
     k3_stop_id, render_k3, render_k3_segments, render_k3_text, ChatMessage, ChatOptions, Marker,
     Role, Segment, ToolCall,
 };
+pub use chat_parser::{ChatOutputParser, TextOutputParser};
+pub use chat_stream::{ChatToolCall, OutputEvent, TextMachine};
 pub use error::{Error, Result};
 pub use hf::{HfError, HfTokenizer};
 pub use load::AddedToken;
 pub use output::{OutputFormat, ParsedOutput, ParsedToolCall};
-pub use chat_parser::{ChatOutputParser, TextOutputParser};
-pub use chat_stream::{ChatToolCall, OutputEvent, TextMachine};
 pub use prompt::{PromptError, PromptFormat, RenderedChat};
 pub use stream::StreamDecoder;
 pub use template::{ChatTemplate, TemplateError, TemplateInputs};

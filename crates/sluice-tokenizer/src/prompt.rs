@@ -11,10 +11,10 @@ use crate::any::{AnyError, AnyTokenizer};
 use crate::chat::{render_k3, ChatMessage, ChatOptions, Role};
 use crate::chat_parser::{ChatOutputParser, TextOutputParser};
 use crate::k3_output::K3OutputParser;
-use crate::tokenizer::Tokenizer;
 use crate::output::OutputFormat;
 use crate::pyjson::PyValue;
 use crate::template::{ChatTemplate, TemplateError, TemplateInputs};
+use crate::tokenizer::Tokenizer;
 
 /// Errors from [`PromptFormat`].
 #[derive(Debug, thiserror::Error)]
