@@ -9,7 +9,7 @@ use crate::open::{self, DraftArg, Target};
 use crate::state_cache_args::StateCacheArgs;
 use crate::values;
 use crate::warm_start;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use sluice_engine::load;
 use sluice_engine::session::SessionConfig;
@@ -95,7 +95,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     if a.model_name.as_deref() == Some("") {
         bail!("--model-name must not be empty");
     }
-    let target = Target::find(a.model.as_deref(), a.load.spine(), "serving")?;
+    let mut target = Target::find(a.model.as_deref(), a.load.spine(), "serving")?;
     let context_len = a
         .load
         .context
@@ -104,11 +104,17 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     if context_len < 2 {
         bail!("--context must be at least 2 (one prompt token and one generated)");
     }
-    let tok = target.tokenizer("the server needs them to read prompts")?;
+    // The checkpoint's tokenizer and chat format: prompts are rendered and replies parsed
+    // through it, for every family.
+    target.format("the server needs them to read prompts")?;
+    let fmt = Arc::new(target.fmt.take().context("the checkpoint's tokenizer")?);
     let mut opts = a.load.options(context_len);
     opts.session_memory = a.session_memory;
     opts.state_cache = a.state_cache.enabled();
     let draft = target.resolve_draft(&a.draft)?;
+    if matches!(draft, DraftArg::Model(_)) {
+        target.tokenizer("--draft DIR needs them to re-encode draft text")?;
+    }
     let opened = target.load(opts, &draft)?;
     let spine = opened.spine;
     let state_cache = a.state_cache.open(&target, &opened.loaded.model, spine)?;
@@ -134,11 +140,12 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     }
     let load::Loaded { model, budget: _budget, charges: _charges, streaming: _streaming, .. } =
         opened.loaded;
-    let drafter: Option<Box<dyn Drafter>> = match (opened.draft_model, &draft) {
-        (Some(d), _) => Some(Box::new(ModelDrafter::new(d, tok.clone(), context_len))),
-        (None, DraftArg::Ngram) => Some(Box::new(NgramDrafter::default())),
-        (None, _) => None,
-    };
+    let drafter: Option<Box<dyn Drafter>> =
+        match (opened.draft_model.zip(target.tok.clone()), &draft) {
+            (Some((d, tok)), _) => Some(Box::new(ModelDrafter::new(d, tok, context_len))),
+            (None, DraftArg::Ngram) => Some(Box::new(NgramDrafter::default())),
+            (None, _) => None,
+        };
     let drafter_name = drafter.as_ref().map_or_else(|| "none".to_owned(), |d| d.name());
     let model_id = match &a.model_name {
         Some(n) => n.clone(),
@@ -179,7 +186,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     if !is_loopback(&a.host) {
         eprintln!("sluice: listening on {} exposes the server beyond this machine", a.host);
     }
-    sluice_server::serve(cfg, model, tok, drafter, |addr| {
+    sluice_server::serve(cfg, model, fmt, drafter, |addr| {
         eprintln!(
             "sluice: serving {model_id} (context {context_len}, queue {}) on http://{addr}",
             a.queue

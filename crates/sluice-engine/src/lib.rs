@@ -10,7 +10,6 @@ pub mod draft;
 pub mod draft_model;
 pub mod generate;
 pub mod install;
-pub mod k3_output;
 pub mod layer_stats;
 pub mod load;
 pub mod logprob;

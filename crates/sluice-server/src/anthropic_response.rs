@@ -5,7 +5,7 @@
 //! `{"type": "error", "error": {"type", "message"}}` with the same statuses as the OpenAI routes.
 
 use crate::anthropic::parse_messages;
-use crate::api::{budget, message_boundaries, on_blocking, read_json, submit, App, Prompt};
+use crate::api::{budget, read_json, render_chat, submit, App};
 use crate::error::{ApiError, RETRY_AFTER_S};
 use crate::output::{Delta, OutputKind};
 use crate::response::collect;
@@ -18,8 +18,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
-use sluice_engine::k3_output::ParsedToolCall;
-use sluice_tokenizer::render_k3;
+use sluice_tokenizer::ChatToolCall as ParsedToolCall;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -97,33 +96,21 @@ pub async fn messages(
     let req = parse_messages(&v, &app.limits)?;
     drop(v);
     let reservation = app.sched.reserve()?;
-    let (messages, options, constraint) =
-        (req.messages, req.options.clone(), req.constraint.clone());
-    let (tok, shared) = (Arc::clone(&app.tok), Arc::clone(&app));
-    let (prompt, boundaries, constraint) = on_blocking(&app, move |t| {
-        let prompt = render_k3(t, &messages, &options)
-            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-        let boundaries = message_boundaries(t, &messages, &options, &prompt);
-        let c = match constraint {
-            Some(c) => Some(shared.grammars.compile(&tok, &c, options.thinking)?),
-            None => None,
-        };
-        Ok((prompt, boundaries, c))
-    })
-    .await?;
-    let max_new = budget(&app.limits, prompt.len(), Some(req.max_tokens), "max_tokens")?;
+    let chat = render_chat(&app, req.messages, req.options.clone(), req.constraint.clone()).await?;
+    let (prompt, constraint) = (chat.prompt, chat.constraint);
+    let max_new = budget(&app.limits, prompt.ids.len(), Some(req.max_tokens), "max_tokens")?;
     let n = app.next_id.fetch_add(1, Ordering::Relaxed);
     let mix = (app.started ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).rotate_left(17);
     let meta = Meta {
         id: format!("msg_{mix:016x}{n:08x}"),
         model: app.limits.model_id.clone(),
-        input_tokens: prompt.len(),
+        input_tokens: prompt.ids.len(),
     };
-    let output = OutputKind::Chat { thinking: req.options.thinking, tools: req.parse_tools };
+    let output = OutputKind::Chat { reasoning_open: chat.reasoning_open, tools: req.parse_tools };
     let (mut rx, handle) = submit(
         &app,
         reservation,
-        Prompt { ids: prompt, boundaries },
+        prompt,
         req.sampling,
         req.stop,
         max_new,

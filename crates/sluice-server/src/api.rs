@@ -4,7 +4,7 @@
 
 use crate::anthropic_response::AnthropicError;
 use crate::chat_request::parse_chat;
-use crate::constrain::Grammars;
+use crate::constrain::{Grammars, OutputConstraint};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::output::OutputKind;
@@ -21,7 +21,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use sluice_engine::constraint::SharedConstraint;
-use sluice_tokenizer::{render_k3, Tokenizer};
+use sluice_tokenizer::{ChatMessage, ChatOptions, PromptFormat};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -38,8 +38,8 @@ pub struct App {
     pub spine: sluice_engine::Spine,
     /// The drafter's name.
     pub drafter: String,
-    /// The tokenizer (used on the blocking pool).
-    pub tok: Arc<Tokenizer>,
+    /// The checkpoint's tokenizer and chat format (used on the blocking pool).
+    pub fmt: Arc<PromptFormat>,
     /// The queue.
     pub sched: Arc<Scheduler>,
     /// Counters.
@@ -212,12 +212,13 @@ fn is_length_limit(e: &axum::Error) -> bool {
     false
 }
 
-/// Runs `f` with the tokenizer on the blocking pool (rendering and tokenizing long prompts).
+/// Runs `f` with the prompt format on the blocking pool (rendering and tokenizing long
+/// prompts).
 pub(crate) async fn on_blocking<T: Send + 'static>(
     app: &App,
-    f: impl FnOnce(&Tokenizer) -> Result<T, ApiError> + Send + 'static,
+    f: impl FnOnce(&PromptFormat) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let tok = Arc::clone(&app.tok);
+    let tok = Arc::clone(&app.fmt);
     tokio::task::spawn_blocking(move || f(&tok))
         .await
         .map_err(|e| ApiError::Internal(format!("tokenization task failed: {e}")))?
@@ -337,47 +338,85 @@ async fn chat(
     let req = parse_chat(&v, &app.limits)?;
     drop(v);
     let reservation = app.sched.reserve()?;
-    let (messages, options, constraint) =
-        (req.messages, req.options.clone(), req.constraint.clone());
-    let (tok, shared) = (Arc::clone(&app.tok), Arc::clone(&app));
-    let (prompt, boundaries, constraint) = on_blocking(&app, move |t| {
-        let prompt = render_k3(t, &messages, &options)
-            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-        let boundaries = message_boundaries(t, &messages, &options, &prompt);
-        let c = match constraint {
-            Some(c) => Some(shared.grammars.compile(&tok, &c, options.thinking)?),
-            None => None,
-        };
-        Ok((prompt, boundaries, c))
-    })
-    .await?;
-    let max_new = budget(&app.limits, prompt.len(), req.common.max_tokens, "messages")?;
-    let output = OutputKind::Chat { thinking: req.options.thinking, tools: req.parse_tools };
+    let chat = render_chat(&app, req.messages, req.options.clone(), req.constraint.clone()).await?;
+    let max_new = budget(&app.limits, chat.prompt.ids.len(), req.common.max_tokens, "messages")?;
+    let output = OutputKind::Chat { reasoning_open: chat.reasoning_open, tools: req.parse_tools };
     let meta = meta(&app, Endpoint::Chat, req.logprobs.is_some());
-    let prompt = Prompt { ids: prompt, boundaries };
+    let (prompt, constraint) = (chat.prompt, chat.constraint);
     run(&app, reservation, meta, prompt, &req.common, max_new, req.logprobs, output, constraint)
         .await
+}
+
+/// A chat request rendered for the engine.
+pub(crate) struct RenderedRequest {
+    /// The prompt and its message boundaries.
+    pub(crate) prompt: Prompt,
+    /// The prompt opened the reasoning the reply starts in.
+    pub(crate) reasoning_open: bool,
+    /// The compiled output constraint.
+    pub(crate) constraint: Option<SharedConstraint>,
+}
+
+/// Renders a chat request through the checkpoint's chat format on the blocking pool, finds its
+/// message boundaries and compiles its constraint (both APIs).
+pub(crate) async fn render_chat(
+    app: &Arc<App>,
+    messages: Vec<ChatMessage>,
+    options: ChatOptions,
+    constraint: Option<OutputConstraint>,
+) -> Result<RenderedRequest, ApiError> {
+    let shared = Arc::clone(app);
+    on_blocking(app, move |fmt| {
+        let rendered = fmt.render_chat(&messages, &options).map_err(render_error)?;
+        let boundaries = message_boundaries(fmt, &messages, &options, &rendered.ids);
+        let c = match constraint {
+            Some(c) => Some(shared.grammars.compile(fmt, &c, rendered.reasoning_open)?),
+            None => None,
+        };
+        Ok(RenderedRequest {
+            prompt: Prompt { ids: rendered.ids, boundaries },
+            reasoning_open: rendered.reasoning_open,
+            constraint: c,
+        })
+    })
+    .await
+}
+
+/// A prompt that cannot be rendered: the client's (a bad effort, a template's own
+/// `raise_exception` about the conversation), named by the field it came from.
+fn render_error(e: sluice_tokenizer::PromptError) -> ApiError {
+    use sluice_tokenizer::{Error as K3Error, PromptError as P};
+    match e {
+        P::K3Chat(K3Error::UnsupportedEffort(_)) => {
+            ApiError::invalid("reasoning_effort", e.to_string())
+        }
+        P::Tokenizer(_) => ApiError::Internal(e.to_string()),
+        _ => ApiError::invalid("messages", e.to_string()),
+    }
 }
 
 /// Where the conversation's messages end inside `prompt`: after the leading system messages
 /// (the system prompt and tool declarations that conversations of one agent share) and after
 /// the last message, before the assistant turn the model completes. The state cache writes
-/// the state at these positions. A cut whose rendering is not a prefix of the prompt (the
-/// template wrote something at the end, such as a tool-choice message) is left out.
+/// the state at these positions. Each cut is rendered through the same chat format without
+/// the generation prompt; a cut whose rendering is not a prefix of the prompt (the format
+/// wrote something at the end, such as a tool-choice message, or renders a history turn
+/// differently once it is not the last) is left out.
 pub(crate) fn message_boundaries(
-    tok: &Tokenizer,
-    messages: &[sluice_tokenizer::ChatMessage],
-    options: &sluice_tokenizer::ChatOptions,
+    fmt: &PromptFormat,
+    messages: &[ChatMessage],
+    options: &ChatOptions,
     prompt: &[u32],
 ) -> Vec<usize> {
-    let opts = sluice_tokenizer::ChatOptions { add_generation_prompt: false, ..options.clone() };
+    let opts = ChatOptions { add_generation_prompt: false, ..options.clone() };
     let leading = messages.iter().take_while(|m| m.role == sluice_tokenizer::Role::System).count();
     let mut out = Vec::new();
     for cut in [leading, messages.len()] {
         if cut == 0 {
             continue;
         }
-        if let Ok(ids) = render_k3(tok, &messages[..cut], &opts) {
+        if let Ok(r) = fmt.render_chat(&messages[..cut], &opts) {
+            let ids = r.ids;
             if !ids.is_empty() && ids.len() < prompt.len() && prompt.starts_with(&ids) {
                 out.push(ids.len());
             }
@@ -407,7 +446,7 @@ async fn completions(
     let vocab = app.vocab;
     let input = req.prompt.clone();
     let prompt = on_blocking(&app, move |tok| match input {
-        PromptInput::Text(t) => Ok(tok.encode_ordinary(&t)),
+        PromptInput::Text(t) => tok.encode_text(&t).map_err(|e| ApiError::Internal(e.to_string())),
         PromptInput::Ids(ids) => match ids.iter().find(|&&id| id as usize >= vocab) {
             Some(id) => Err(ApiError::invalid(
                 "prompt",

@@ -107,13 +107,15 @@ fn parse_thinking(o: &mut Obj<'_>) -> Result<(bool, Option<String>), ApiError> {
             thinking = Some(false);
             None
         }
-        Some(e @ ("low" | "high" | "max")) => Some(e.to_owned()),
+        // Each chat format takes its own subset (K3: low, high, max; gpt-oss: low, medium,
+        // high); the renderer refuses the rest by name.
+        Some(e @ ("low" | "medium" | "high" | "max")) => Some(e.to_owned()),
         Some(other) => {
             return Err(ApiError::unsupported(
                 "reasoning_effort",
                 format!(
-                    "reasoning_effort {other:?} is not supported by Kimi K3: use low, high, max \
-                     or none (thinking off)"
+                    "reasoning_effort {other:?} is not supported: use low, medium, high, max \
+                     or none (thinking off), as the model's chat format takes them"
                 ),
             ))
         }
@@ -440,7 +442,7 @@ mod tests {
         assert!(!ok(with("reasoning_effort", json!("none"))).options.thinking);
         assert!(!ok(with("chat_template_kwargs", json!({"thinking": false}))).options.thinking);
         assert!(ok(base.clone()).options.thinking);
-        assert_eq!(param(with("reasoning_effort", json!("medium"))), json!("reasoning_effort"));
+        assert_eq!(param(with("reasoning_effort", json!("extreme"))), json!("reasoning_effort"));
     }
 
     #[test]

@@ -1,18 +1,19 @@
-//! Constrained output for both APIs: what a request asks for (a JSON reply, with or without a
+//! Constrained output for both APIs, for the XTML chat format (other formats are refused with
+//! a 400 naming the field): what a request asks for (a JSON reply, with or without a
 //! schema; a tool call to any or to one named tool) becomes a grammar over the whole K3 reply —
 //! the think channel when thinking is on, then the response channel holding the JSON, or an empty
 //! response followed by the tools channel with each call's arguments as a raw JSON element — and
 //! is compiled by `llguidance` ([`sluice_engine::constraint`]) against the served tokenizer.
 //!
 //! The grammar covers the chat format's structural markers as special tokens, so the reply parses
-//! exactly as an unconstrained one does ([`sluice_engine::k3_output`]): the JSON arrives as the
+//! exactly as an unconstrained one does ([`sluice_tokenizer::k3_output`]): the JSON arrives as the
 //! content, tool calls as tool calls. A schema the engine cannot compile is a 400 naming the
 //! construct (llguidance's own message).
 
 use crate::error::ApiError;
 use serde_json::{json, Value};
 use sluice_engine::constraint::{ConstraintError, Grammar, GrammarEnv, SharedConstraint};
-use sluice_tokenizer::Tokenizer;
+use sluice_tokenizer::PromptFormat;
 use std::sync::{Arc, OnceLock};
 
 /// What a request constrains its reply to.
@@ -48,10 +49,23 @@ impl Grammars {
     /// blocking pool: the first call indexes the vocabulary.
     pub fn compile(
         &self,
-        tok: &Arc<Tokenizer>,
+        fmt: &PromptFormat,
         c: &OutputConstraint,
         thinking: bool,
     ) -> Result<SharedConstraint, ApiError> {
+        let (lark, param) = lark(c, thinking);
+        // The grammar spells the XTML markers; a template format's answer part has no grammar
+        // here yet, and a constraint that cannot be enforced is refused rather than ignored.
+        let Some(tok) = fmt.xtml_tokenizer() else {
+            return Err(ApiError::unsupported(
+                param,
+                format!(
+                    "constrained output is not supported for this model's chat format ({}): \
+                     only the XTML format is enforced by grammar; drop {param}",
+                    fmt.output_format().name()
+                ),
+            ));
+        };
         let env = self
             .env
             .get_or_init(|| {
@@ -59,7 +73,6 @@ impl Grammars {
             })
             .as_ref()
             .map_err(|e| ApiError::Internal(e.clone()))?;
-        let (lark, param) = lark(c, thinking);
         match env.compile(&Grammar::Lark(lark)) {
             Ok(k) => Ok(SharedConstraint::new(k)),
             Err(ConstraintError::Compile(why)) => Err(ApiError::unsupported(

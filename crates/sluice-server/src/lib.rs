@@ -5,7 +5,7 @@
 //!   every unknown or unsupported field is refused with a 400 naming it.
 //! - [`scheduler`]: admission (429 when full), the FIFO queue, cancellation handles.
 //! - [`worker`] and [`output`]: the engine thread — model passes, state reuse, detokenization,
-//!   the K3 reasoning/tool-call parser, stop strings and logprobs, all off the async runtime.
+//!   the chat format's reasoning/tool-call parser (sluice-tokenizer's), stop strings and logprobs, all off the async runtime.
 //! - [`response`]: OpenAI-shaped bodies and SSE chunks.
 //! - [`anthropic`] and [`anthropic_response`]: `POST /v1/messages`, the Anthropic Messages API.
 //! - [`constrain`]: JSON and required-tool output enforced by a grammar over the logits.
@@ -39,7 +39,7 @@ use sluice_engine::session::{SessionCache, SessionConfig};
 use sluice_engine::state_cache::StateCache;
 use sluice_engine::{Drafter, Spine};
 use sluice_models::Model;
-use sluice_tokenizer::Tokenizer;
+use sluice_tokenizer::PromptFormat;
 use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -98,9 +98,9 @@ pub enum ServerError {
     /// The runtime, the engine thread or the listener failed.
     #[error("server I/O: {0}")]
     Io(#[from] std::io::Error),
-    /// The tokenizer lacks the K3 chat markers.
-    #[error(transparent)]
-    Tokenizer(#[from] sluice_tokenizer::Error),
+    /// The checkpoint declares no token that ends a reply.
+    #[error("the checkpoint declares no stop token (eos_token, eos_token_id); the server could not end replies")]
+    NoStopToken,
 }
 
 /// How long a stopping server waits for open connections, and then for the engine's pass.
@@ -114,11 +114,13 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub fn serve(
     cfg: ServerConfig,
     model: Model,
-    tok: Arc<Tokenizer>,
+    fmt: Arc<PromptFormat>,
     drafter: Option<Box<dyn Drafter>>,
     on_ready: impl FnOnce(SocketAddr),
 ) -> Result<(), ServerError> {
-    sluice_tokenizer::k3_stop_id(&tok)?;
+    if fmt.stop_ids().is_empty() {
+        return Err(ServerError::NoStopToken);
+    }
     let metrics = Arc::new(Metrics::default());
     metrics.watch_machine(cfg.model_dir.as_deref(), cfg.budget);
     if let Some(c) = &cfg.state_cache {
@@ -134,7 +136,7 @@ pub fn serve(
         vocab: model.vocab_size(),
         spine: cfg.spine,
         drafter: cfg.drafter.clone(),
-        tok: Arc::clone(&tok),
+        fmt: Arc::clone(&fmt),
         sched: Arc::clone(&sched),
         metrics: Arc::clone(&metrics),
         api_key: cfg.api_key.clone(),
@@ -146,7 +148,7 @@ pub fn serve(
     });
     let worker = Worker::new(
         model,
-        tok,
+        fmt,
         SessionCache::new(cfg.session).with_disk(cfg.state_cache.clone()),
         drafter,
         cfg.engine,

@@ -1,21 +1,23 @@
 //! Turning one job's generated ids into what the client sees: text for completions; reasoning,
-//! content and tool calls for chat (through [`K3OutputParser`]); stop strings applied to the
-//! visible text; and per-token log-probabilities. Runs on the engine thread.
+//! content and tool calls for chat (through the checkpoint's chat format's incremental parser,
+//! [`ChatOutputParser`]); stop strings applied to the visible text; and per-token
+//! log-probabilities. Runs on the engine thread.
 
-use sluice_engine::k3_output::{K3OutputParser, OutputEvent, ParsedToolCall};
 use sluice_engine::logprob::token_logprobs;
 use sluice_engine::stop::StopText;
-use sluice_tokenizer::{StreamDecoder, Tokenizer};
+use sluice_tokenizer::{
+    AnyStreamDecoder, ChatOutputParser, ChatToolCall as ParsedToolCall, OutputEvent, PromptFormat,
+};
 
 /// How a job's ids become output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputKind {
     /// `/v1/completions`: plain text (the stop token is not text).
     Text,
-    /// `/v1/chat/completions`: the K3 output grammar.
+    /// `/v1/chat/completions` and `/v1/messages`: the chat format's reply.
     Chat {
-        /// The prompt opened the think channel.
-        thinking: bool,
+        /// The prompt opened the reasoning (think channel or block) the reply starts in.
+        reasoning_open: bool,
         /// Parse tool calls.
         tools: bool,
     },
@@ -57,10 +59,10 @@ impl Delta {
     }
 
     /// Appends the log-probability record of `id` chosen from `logits`.
-    pub fn add_logprobs(&mut self, tok: &Tokenizer, logits: &[f32], id: u32, top_n: usize) {
+    pub fn add_logprobs(&mut self, fmt: &PromptFormat, logits: &[f32], id: u32, top_n: usize) {
         let lp = token_logprobs(logits, id, top_n);
         let piece = |id: u32| {
-            let bytes = tok.token_bytes(id).map(<[u8]>::to_vec).unwrap_or_default();
+            let bytes = fmt.tokenizer().token_bytes(id).unwrap_or_default();
             (String::from_utf8_lossy(&bytes).into_owned(), bytes)
         };
         let (token, bytes) = piece(id);
@@ -88,19 +90,17 @@ impl Delta {
 pub enum Output<'t> {
     /// Completions.
     Text {
-        /// The tokenizer.
-        tok: &'t Tokenizer,
         /// Incremental UTF-8 decoding.
-        decoder: StreamDecoder<'t>,
+        decoder: AnyStreamDecoder<'t>,
         /// Stop strings over the text.
         stop: StopText,
-        /// The stop token (not text).
-        stop_id: Option<u32>,
+        /// The stop tokens (not text).
+        stop_ids: &'t [u32],
     },
     /// Chat.
     Chat {
-        /// The K3 grammar.
-        parser: Box<K3OutputParser<'t>>,
+        /// The chat format's parser.
+        parser: Box<ChatOutputParser<'t>>,
         /// Stop strings over the reasoning.
         stop_reasoning: StopText,
         /// Stop strings over the content.
@@ -111,19 +111,18 @@ pub enum Output<'t> {
 impl<'t> Output<'t> {
     /// Output state for `kind` with stop strings `stop`.
     pub fn new(
-        tok: &'t Tokenizer,
+        fmt: &'t PromptFormat,
         kind: &OutputKind,
         stop: &[String],
-    ) -> Result<Self, sluice_tokenizer::Error> {
+    ) -> Result<Self, sluice_tokenizer::PromptError> {
         Ok(match *kind {
             OutputKind::Text => Self::Text {
-                tok,
-                decoder: tok.stream_decoder(),
+                decoder: fmt.tokenizer().stream_decoder(),
                 stop: StopText::new(stop),
-                stop_id: sluice_tokenizer::k3_stop_id(tok).ok(),
+                stop_ids: fmt.stop_ids(),
             },
-            OutputKind::Chat { thinking, tools } => Self::Chat {
-                parser: Box::new(K3OutputParser::new(tok, thinking, tools)?),
+            OutputKind::Chat { reasoning_open, tools } => Self::Chat {
+                parser: Box::new(fmt.output_parser(reasoning_open, tools)?),
                 stop_reasoning: StopText::new(stop),
                 stop_content: StopText::new(stop),
             },
@@ -174,10 +173,9 @@ impl<'t> Output<'t> {
             return d;
         }
         match self {
-            Self::Text { decoder, stop, stop_id, .. } => {
-                if Some(id) != *stop_id {
-                    let text =
-                        decoder.push(id).unwrap_or_else(|_| char::REPLACEMENT_CHARACTER.into());
+            Self::Text { decoder, stop, stop_ids } => {
+                if !stop_ids.contains(&id) {
+                    let text = decoder.push(id);
                     d.content = stop.push(&text).text;
                 }
             }
@@ -193,8 +191,8 @@ impl<'t> Output<'t> {
     pub fn finish(&mut self) -> Delta {
         let mut d = Delta::default();
         match self {
-            Self::Text { tok, decoder, stop, .. } => {
-                let rest = std::mem::replace(decoder, tok.stream_decoder()).finish();
+            Self::Text { decoder, stop, .. } => {
+                let rest = decoder.finish();
                 d.content = stop.push(&rest).text;
                 d.content.push_str(&stop.finish());
             }

@@ -8,7 +8,7 @@ use crate::worker::{Event, Summary};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::Stream;
 use serde_json::{json, Value};
-use sluice_engine::k3_output::ParsedToolCall;
+use sluice_tokenizer::ChatToolCall as ParsedToolCall;
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;

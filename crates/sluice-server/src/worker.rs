@@ -16,7 +16,7 @@ use sluice_engine::session::SessionCache;
 use sluice_engine::turn::{run_turn, TurnOptions, TurnStats};
 use sluice_engine::{Drafter, PrefillHook, PrefillProgress, Sampling};
 use sluice_models::Model;
-use sluice_tokenizer::Tokenizer;
+use sluice_tokenizer::PromptFormat;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -102,7 +102,7 @@ pub struct EngineSettings {
 /// The engine thread's state.
 pub struct Worker {
     model: Model,
-    tok: Arc<Tokenizer>,
+    fmt: Arc<PromptFormat>,
     cache: SessionCache,
     drafter: Option<Box<dyn Drafter>>,
     /// Whether the drafter's failure was reported.
@@ -119,17 +119,17 @@ impl Worker {
     /// A worker over a loaded model, speculating with `drafter` when there is one.
     pub fn new(
         model: Model,
-        tok: Arc<Tokenizer>,
+        fmt: Arc<PromptFormat>,
         cache: SessionCache,
         drafter: Option<Box<dyn Drafter>>,
         settings: EngineSettings,
         sched: Arc<Scheduler>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let stop_ids = sluice_tokenizer::k3_stop_id(&tok).into_iter().collect();
+        let stop_ids = fmt.stop_ids().to_vec();
         Self {
             model,
-            tok,
+            fmt,
             cache,
             drafter,
             draft_failure_seen: false,
@@ -215,7 +215,7 @@ impl Worker {
             self.metrics.cancelled();
             return Event::ShuttingDown;
         }
-        let mut out = match Output::new(&self.tok, &job.output, &job.stop) {
+        let mut out = match Output::new(&self.fmt, &job.output, &job.stop) {
             Ok(o) => o,
             Err(e) => return Event::Failed(e.to_string()),
         };
@@ -232,11 +232,11 @@ impl Worker {
         };
         // The client leaving and the server stopping both end the job at the next pass.
         let cancel = || job.cancel.load(Ordering::Acquire) || self.sched.stopping();
-        let tok = &self.tok;
+        let fmt = &self.fmt;
         let mut on_token = |id: u32, logits: Option<&[f32]>| -> bool {
             let mut d = out.push(id);
             if let (Some(n), Some(l)) = (job.logprobs, logits) {
-                d.add_logprobs(tok, l, id, n);
+                d.add_logprobs(fmt, l, id, n);
             }
             if !d.is_empty() && job.events.send(Event::Delta(d)).is_err() {
                 job.cancel.store(true, Ordering::Release);

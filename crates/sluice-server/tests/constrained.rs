@@ -9,18 +9,19 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 use sluice_checkpoint::Checkpoint;
 use sluice_engine::constraint::SharedConstraint;
-use sluice_engine::k3_output::{K3OutputParser, OutputEvent};
 use sluice_engine::turn::{run_turn, Turn, TurnOptions};
 use sluice_engine::{Drafter, NgramDrafter, Sampling};
 use sluice_models::Model;
 use sluice_server::constrain::{Grammars, OutputConstraint};
-use sluice_tokenizer::{render_k3, ChatMessage, ChatOptions, Role, Tokenizer};
+use sluice_tokenizer::k3_output::{K3OutputParser, OutputEvent};
+use sluice_tokenizer::{render_k3, ChatMessage, ChatOptions, PromptFormat, Role, Tokenizer};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 struct Fixture {
     model: Model,
     tok: Arc<Tokenizer>,
+    fmt: PromptFormat,
     grammars: Grammars,
 }
 
@@ -31,7 +32,8 @@ fn fixture() -> &'static Fixture {
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3/tiny-a");
         let model = sluice_models::load(Arc::new(Checkpoint::open(&dir).unwrap())).unwrap();
         let tok = Arc::new(Tokenizer::from_dir(&dir).unwrap());
-        Fixture { model, tok, grammars: Grammars::default() }
+        let fmt = PromptFormat::from_dir(&dir).unwrap().unwrap();
+        Fixture { model, tok, fmt, grammars: Grammars::default() }
     })
 }
 
@@ -44,7 +46,7 @@ fn prompt(f: &Fixture, thinking: bool) -> Vec<u32> {
 /// One constrained turn; the reply's ids.
 fn generate(c: &OutputConstraint, thinking: bool, sampling: Sampling, ngram: bool) -> Turn {
     let f = fixture();
-    let constraint: SharedConstraint = f.grammars.compile(&f.tok, c, thinking).unwrap();
+    let constraint: SharedConstraint = f.grammars.compile(&f.fmt, c, thinking).unwrap();
     let opts = TurnOptions {
         max_new: 400,
         stop_ids: vec![sluice_tokenizer::k3_stop_id(&f.tok).unwrap()],
@@ -142,7 +144,7 @@ fn a_thinking_reply_reasons_then_answers_in_the_schema() {
 fn a_schema_the_engine_cannot_compile_is_refused_naming_the_construct() {
     let f = fixture();
     let c = json_constraint(json!({"type": "object", "properties": {"a": {"$ref": "#/nope"}}}));
-    let e = f.grammars.compile(&f.tok, &c, false).expect_err("dangling $ref");
+    let e = f.grammars.compile(&f.fmt, &c, false).expect_err("dangling $ref");
     let body = e.body();
     assert_eq!(body["error"]["param"], json!("response_format"));
     let msg = body["error"]["message"].as_str().unwrap();

@@ -108,6 +108,25 @@ impl AnyTokenizer {
         }
     }
 
+    /// The bytes of one token, special tokens spelled out; an id outside a `tokenizer.json`
+    /// vocabulary is U+FFFD (as in [`Self::decode_lossy`]).
+    pub fn token_bytes(&self, id: u32) -> Result<Vec<u8>, AnyError> {
+        match self {
+            Self::Tiktoken(t) => Ok(t.token_bytes(id)?.to_vec()),
+            Self::Hf(t) => match t.token_bytes(id) {
+                Ok(b) => Ok(b),
+                Err(HfError::UnknownId { .. }) => Ok("\u{fffd}".as_bytes().to_vec()),
+                Err(e) => Err(e.into()),
+            },
+        }
+    }
+
+    /// A decoder that turns ids into text at UTF-8 boundaries, special tokens spelled out;
+    /// everything it yields equals [`Self::decode_lossy`] of the same ids.
+    pub fn stream_decoder(&self) -> AnyStreamDecoder<'_> {
+        AnyStreamDecoder { tok: self, pending: Vec::new() }
+    }
+
     /// The id of the token spelled exactly `spelling` (an added token, or a whole vocabulary
     /// entry for `tokenizer.json`).
     pub fn token_id(&self, spelling: &str) -> Option<u32> {
@@ -121,8 +140,12 @@ impl AnyTokenizer {
     pub fn stop_ids(&self, dir: &Path) -> Result<Vec<u32>, AnyError> {
         let mut ids = Vec::new();
         if let Self::Tiktoken(t) = self {
-            ids.extend(crate::chat::k3_stop_id(t).ok());
-            return Ok(ids);
+            // K3's `<|end_of_msg|>`; a tiktoken model without it (Kimi K2) names its stop
+            // tokens in the config files like any other.
+            if let Ok(id) = crate::chat::k3_stop_id(t) {
+                ids.push(id);
+                return Ok(ids);
+            }
         }
         let config = read_json(&dir.join(CONFIG_FILE))?;
         let eos = config.as_ref().and_then(|c| c.get("eos_token"));
@@ -149,6 +172,31 @@ impl AnyTokenizer {
             new
         });
         Ok(ids)
+    }
+}
+
+/// Incremental decoding for any tokenizer ([`AnyTokenizer::stream_decoder`]).
+#[derive(Debug)]
+pub struct AnyStreamDecoder<'a> {
+    tok: &'a AnyTokenizer,
+    pending: Vec<u8>,
+}
+
+impl AnyStreamDecoder<'_> {
+    /// Adds one token; returns the text that became complete (an unknown id is U+FFFD).
+    pub fn push(&mut self, id: u32) -> String {
+        match self.tok.token_bytes(id) {
+            Ok(b) => self.pending.extend(b),
+            Err(_) => self.pending.extend("\u{fffd}".as_bytes()),
+        }
+        crate::stream::drain_utf8(&mut self.pending)
+    }
+
+    /// Ends the stream: an incomplete character is U+FFFD.
+    pub fn finish(&mut self) -> String {
+        let out = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        out
     }
 }
 

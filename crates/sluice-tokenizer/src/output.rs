@@ -89,6 +89,17 @@ impl OutputFormat {
         }
     }
 
+    /// The format's name, as it is serialized (`qwen3`, `harmony`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Plain => "plain",
+            Self::Qwen3 => "qwen3",
+            Self::Harmony => "harmony",
+            Self::DeepSeek => "deepseek",
+            Self::KimiK2 => "kimi_k2",
+        }
+    }
+
     /// Splits `text` (decoded with special tokens spelled out).
     pub fn parse(self, text: &str) -> ParsedOutput {
         match self {
@@ -143,18 +154,19 @@ fn parse_qwen3(text: &str) -> ParsedOutput {
 }
 
 /// The markers of a format whose tool calls sit in a section after the answer.
-struct Sections {
+#[derive(Debug)]
+pub(crate) struct Sections {
     /// Text after any of these is not part of the turn.
-    ends: &'static [&'static str],
-    section_begin: &'static str,
-    section_end: &'static str,
-    call_begin: &'static str,
-    call_end: &'static str,
+    pub(crate) ends: &'static [&'static str],
+    pub(crate) section_begin: &'static str,
+    pub(crate) section_end: &'static str,
+    pub(crate) call_begin: &'static str,
+    pub(crate) call_end: &'static str,
     /// Splits a call body into (name, arguments).
-    call: fn(&str) -> Option<(String, String)>,
+    pub(crate) call: fn(&str) -> Option<(String, String)>,
 }
 
-const DEEPSEEK: Sections = Sections {
+pub(crate) const DEEPSEEK: Sections = Sections {
     ends: &["<｜end▁of▁sentence｜>"],
     section_begin: "<｜tool▁calls▁begin｜>",
     section_end: "<｜tool▁calls▁end｜>",
@@ -163,7 +175,7 @@ const DEEPSEEK: Sections = Sections {
     call: deepseek_call,
 };
 
-const KIMI_K2: Sections = Sections {
+pub(crate) const KIMI_K2: Sections = Sections {
     ends: &["<|im_end|>", "[EOS]"],
     section_begin: "<|tool_calls_section_begin|>",
     section_end: "<|tool_calls_section_end|>",
@@ -228,7 +240,7 @@ fn parse_sections(text: &str, f: &Sections) -> ParsedOutput {
 }
 
 /// One `{"name": …, "arguments": …}` object.
-fn qwen3_call(body: &str) -> Option<ParsedToolCall> {
+pub(crate) fn qwen3_call(body: &str) -> Option<ParsedToolCall> {
     let PyValue::Dict(entries) = PyValue::parse(body.trim())? else { return None };
     let field = |key: &str| entries.iter().find(|(k, _)| k == key).map(|(_, v)| v);
     let PyValue::Str(name) = field("name")? else { return None };

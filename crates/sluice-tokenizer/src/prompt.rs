@@ -5,12 +5,16 @@
 //! checkpoint ships.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::any::{AnyError, AnyTokenizer};
 use crate::chat::{render_k3, ChatMessage, ChatOptions, Role};
+use crate::chat_parser::{ChatOutputParser, TextOutputParser};
+use crate::k3_output::K3OutputParser;
 use crate::output::OutputFormat;
 use crate::pyjson::PyValue;
 use crate::template::{ChatTemplate, TemplateError, TemplateInputs};
+use crate::tokenizer::Tokenizer;
 
 /// Errors from [`PromptFormat`].
 #[derive(Debug, thiserror::Error)]
@@ -115,33 +119,83 @@ impl PromptFormat {
 
     /// Prompt ids for a whole conversation (history turns, tool calls and tool results) with
     /// the assistant turn opened, and `tools` declared (the OpenAI `tools` array): what a
-    /// multi-turn or tool-calling workload sends. K3 renders in code; other families through
-    /// their template, given the messages in the OpenAI shape.
+    /// multi-turn or tool-calling workload sends.
     pub fn encode_conversation(
         &self,
         messages: &[ChatMessage],
         tools: Option<&serde_json::Value>,
         thinking: bool,
     ) -> Result<Vec<u32>, PromptError> {
-        if let Some(k3) = self.tokenizer.tiktoken() {
-            let opts = ChatOptions { thinking, tools: tools.cloned(), ..ChatOptions::default() };
-            return Ok(render_k3(k3, messages, &opts)?);
+        let opts = ChatOptions { thinking, tools: tools.cloned(), ..ChatOptions::default() };
+        Ok(self.render_chat(messages, &opts)?.ids)
+    }
+
+    /// The K3 tokenizer when the chat format is K3's XTML (rendered in code, parsed on ids,
+    /// constrainable by a grammar over its markers); `None` for a Jinja-template format.
+    pub fn xtml_tokenizer(&self) -> Option<&Arc<Tokenizer>> {
+        self.tokenizer.tiktoken().filter(|_| self.template.is_none())
+    }
+
+    /// Renders a chat request: K3's XTML renderer with every option, or the checkpoint's
+    /// template given the messages in the OpenAI shape, `tools`, `add_generation_prompt`,
+    /// `enable_thinking` and `thinking` (Qwen3, DeepSeek, Kimi K2 read them) and
+    /// `reasoning_effort` (gpt-oss) when set. `tool_choice` and `response_format` have no
+    /// place in those templates (the server enforces them by grammar where it can).
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<RenderedChat, PromptError> {
+        if let Some(k3) = self.xtml_tokenizer() {
+            let ids = render_k3(k3, messages, options)?;
+            let reasoning_open = options.thinking && options.add_generation_prompt;
+            return Ok(RenderedChat { ids, reasoning_open });
         }
         let template = self
             .template
             .as_ref()
             .ok_or_else(|| PromptError::NoTemplate { dir: self.dir.clone() })?;
-        let openai: Vec<serde_json::Value> = messages.iter().map(openai_message).collect();
+        // DeepSeek's template concatenates the arguments as text; the others write an object
+        // with `tojson` (a string there would be encoded twice).
+        let text_args = self.output == OutputFormat::DeepSeek;
+        let openai: Vec<serde_json::Value> =
+            messages.iter().map(|m| openai_message(m, text_args)).collect();
         let py = |v: &serde_json::Value| PyValue::parse(&v.to_string());
+        let mut extra = vec![
+            ("enable_thinking".into(), PyValue::Bool(options.thinking)),
+            ("thinking".into(), PyValue::Bool(options.thinking)),
+        ];
+        if let Some(e) = &options.effort {
+            extra.push(("reasoning_effort".into(), PyValue::Str(e.clone())));
+        }
         let inputs = TemplateInputs {
-            add_generation_prompt: true,
-            tools: tools.and_then(py),
-            extra: vec![("enable_thinking".into(), PyValue::Bool(thinking))],
+            add_generation_prompt: options.add_generation_prompt,
+            tools: options.tools.as_ref().filter(|t| !is_empty_list(t)).and_then(py),
+            extra,
             ..TemplateInputs::default()
         };
         let msgs = py(&serde_json::Value::Array(openai)).unwrap_or(PyValue::List(Vec::new()));
         let rendered = template.render(&msgs, &inputs)?;
-        Ok(self.tokenizer.encode_rendered(&rendered)?)
+        // The template opened the think block the reply continues (R1, Qwen3 thinking models).
+        let reasoning_open =
+            options.add_generation_prompt && rendered.trim_end().ends_with("<think>");
+        Ok(RenderedChat { ids: self.tokenizer.encode_rendered(&rendered)?, reasoning_open })
+    }
+
+    /// The incremental parser of a reply to a prompt [`Self::render_chat`] rendered
+    /// (`reasoning_open` from it); `tools`: whether the request declared tools (K3 parses its
+    /// tools channel only then; the text formats always parse their tool-call markup).
+    pub fn output_parser(
+        &self,
+        reasoning_open: bool,
+        tools: bool,
+    ) -> Result<ChatOutputParser<'_>, PromptError> {
+        if let Some(k3) = self.xtml_tokenizer() {
+            let p = K3OutputParser::new(k3, reasoning_open, tools)?;
+            return Ok(ChatOutputParser::Xtml(Box::new(p)));
+        }
+        let p = TextOutputParser::new(&self.tokenizer, self.output, &self.stop_ids, reasoning_open);
+        Ok(ChatOutputParser::Text(Box::new(p)))
     }
 
     /// Decodes ids with special tokens spelled out (U+FFFD for invalid UTF-8).
@@ -150,9 +204,23 @@ impl PromptFormat {
     }
 }
 
+/// A rendered chat prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderedChat {
+    /// The prompt ids.
+    pub ids: Vec<u32>,
+    /// The prompt ends inside an opened think block: the reply starts with reasoning.
+    pub reasoning_open: bool,
+}
+
+fn is_empty_list(v: &serde_json::Value) -> bool {
+    v.as_array().is_some_and(Vec::is_empty)
+}
+
 /// A message in the OpenAI chat shape that Jinja chat templates read (`tool_calls` as
-/// `{id, type, function: {name, arguments}}`, arguments as an object when they parse as one).
-fn openai_message(m: &ChatMessage) -> serde_json::Value {
+/// `{id, type, function: {name, arguments}}`, arguments as an object when they parse as one,
+/// unless `text_args`).
+fn openai_message(m: &ChatMessage, text_args: bool) -> serde_json::Value {
     let mut v = serde_json::json!({ "role": m.role, "content": m.content });
     if !m.tool_calls.is_empty() {
         v["tool_calls"] = m
@@ -160,13 +228,20 @@ fn openai_message(m: &ChatMessage) -> serde_json::Value {
             .iter()
             .map(|c| {
                 let args = serde_json::from_str::<serde_json::Value>(&c.arguments)
-                    .unwrap_or_else(|_| serde_json::Value::String(c.arguments.clone()));
+                    .ok()
+                    .filter(|_| !text_args)
+                    .unwrap_or_else(|| serde_json::Value::String(c.arguments.clone()));
                 serde_json::json!({
                     "id": c.id, "type": "function",
                     "function": { "name": c.name, "arguments": args },
                 })
             })
             .collect();
+    }
+    if let Some(r) = &m.reasoning_content {
+        // Qwen3, DeepSeek and Kimi K2 templates read `reasoning_content`; gpt-oss `thinking`.
+        v["reasoning_content"] = r.clone().into();
+        v["thinking"] = r.clone().into();
     }
     if let Some(id) = &m.tool_call_id {
         v["tool_call_id"] = id.clone().into();

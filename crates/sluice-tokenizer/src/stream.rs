@@ -53,38 +53,44 @@ impl<'a> StreamDecoder<'a> {
         out
     }
 
-    /// Releases the longest prefix of `pending` that is complete text, replacing invalid
-    /// sequences; keeps a trailing incomplete (but possibly valid) sequence.
+    /// Releases the longest prefix of `pending` that is complete text.
     fn drain_complete(&mut self) -> String {
-        let mut out = String::new();
-        let mut pos = 0;
-        while pos < self.pending.len() {
-            match std::str::from_utf8(&self.pending[pos..]) {
-                Ok(text) => {
-                    out.push_str(text);
-                    pos = self.pending.len();
-                }
-                Err(err) => {
-                    let valid = pos + err.valid_up_to();
-                    // The prefix up to `valid` was just checked by from_utf8, so this never
-                    // replaces anything; it only avoids an unchecked conversion.
-                    out.push_str(&String::from_utf8_lossy(&self.pending[pos..valid]));
-                    match err.error_len() {
-                        Some(bad) => {
-                            out.push(char::REPLACEMENT_CHARACTER);
-                            pos = valid + bad;
-                        }
-                        None => {
-                            pos = valid;
-                            break;
-                        }
+        drain_utf8(&mut self.pending)
+    }
+}
+
+/// Releases the longest prefix of `pending` that is complete text, replacing invalid
+/// sequences; keeps a trailing incomplete (but possibly valid) sequence. Shared with the
+/// decoder of any tokenizer ([`crate::AnyTokenizer::stream_decoder`]).
+pub(crate) fn drain_utf8(pending: &mut Vec<u8>) -> String {
+    let mut out = String::new();
+    let mut pos = 0;
+    while pos < pending.len() {
+        match std::str::from_utf8(&pending[pos..]) {
+            Ok(text) => {
+                out.push_str(text);
+                pos = pending.len();
+            }
+            Err(err) => {
+                let valid = pos + err.valid_up_to();
+                // The prefix up to `valid` was just checked by from_utf8, so this never
+                // replaces anything; it only avoids an unchecked conversion.
+                out.push_str(&String::from_utf8_lossy(&pending[pos..valid]));
+                match err.error_len() {
+                    Some(bad) => {
+                        out.push(char::REPLACEMENT_CHARACTER);
+                        pos = valid + bad;
+                    }
+                    None => {
+                        pos = valid;
+                        break;
                     }
                 }
             }
         }
-        self.pending.drain(..pos);
-        out
     }
+    pending.drain(..pos);
+    out
 }
 
 #[cfg(test)]

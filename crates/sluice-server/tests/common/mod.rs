@@ -34,7 +34,12 @@ fn newest_source() -> std::time::SystemTime {
         }
     }
     let mut newest = std::time::SystemTime::UNIX_EPOCH;
-    for d in ["crates/sluice-server/src", "crates/sluice-engine/src", "crates/sluice-cli/src"] {
+    for d in [
+        "crates/sluice-server/src",
+        "crates/sluice-engine/src",
+        "crates/sluice-cli/src",
+        "crates/sluice-tokenizer/src",
+    ] {
         walk(&root().join(d), &mut newest);
     }
     newest

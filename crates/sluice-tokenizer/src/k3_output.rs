@@ -25,36 +25,16 @@
 //! `json.dumps(args, ensure_ascii=False)`. Tool calls are parsed only when the request declared
 //! tools; otherwise a tools channel is literal content.
 
-use sluice_tokenizer::pyjson::{self, PyValue};
-use sluice_tokenizer::{Marker, StreamDecoder, Tokenizer};
+use crate::chat::Marker;
+use crate::chat_stream::push_event;
+use crate::pyjson::{self, PyValue};
+use crate::{StreamDecoder, Tokenizer};
 
 /// Longest tag (ordinary tokens between the opening marker and `<|sep|>`) recognised; longer ones
 /// are literal text. Bounds the buffering a hostile or broken generation can cause.
 const MAX_TAG_TOKENS: usize = 512;
 
-/// A tool call parsed from the tools channel.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParsedToolCall {
-    /// Position among this reply's calls (0-based, the OpenAI `index`).
-    pub index: usize,
-    /// The `index` attribute the model wrote, when it was a number.
-    pub xtml_index: Option<u64>,
-    /// Function name (the `tool` attribute).
-    pub name: String,
-    /// Arguments as JSON object text.
-    pub arguments: String,
-}
-
-/// One piece of parsed output, in generation order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OutputEvent {
-    /// Text of the think channel.
-    Reasoning(String),
-    /// Text of the response channel.
-    Content(String),
-    /// A complete tool call.
-    ToolCall(ParsedToolCall),
-}
+pub use crate::chat_stream::{ChatToolCall as ParsedToolCall, OutputEvent};
 
 /// Where in the grammar the parser is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,11 +96,7 @@ pub struct K3OutputParser<'t> {
 impl<'t> K3OutputParser<'t> {
     /// A parser for a reply generated after a thinking (`<|open|>think<|sep|>`) or non-thinking
     /// (`<|open|>response<|sep|>`) generation prefix; `tools`: whether the request declared tools.
-    pub fn new(
-        tok: &'t Tokenizer,
-        thinking: bool,
-        tools: bool,
-    ) -> Result<Self, sluice_tokenizer::Error> {
+    pub fn new(tok: &'t Tokenizer, thinking: bool, tools: bool) -> Result<Self, crate::Error> {
         let markers = [
             Marker::Open.id(tok)?,
             Marker::Close.id(tok)?,
@@ -327,15 +303,6 @@ impl<'t> K3OutputParser<'t> {
         };
         self.flush_text(out);
         self.channel = next;
-    }
-}
-
-/// Appends an event, merging it into the previous one when both are text of the same channel.
-fn push_event(out: &mut Vec<OutputEvent>, e: OutputEvent) {
-    match (out.last_mut(), e) {
-        (Some(OutputEvent::Reasoning(a)), OutputEvent::Reasoning(b))
-        | (Some(OutputEvent::Content(a)), OutputEvent::Content(b)) => a.push_str(&b),
-        (_, e) => out.push(e),
     }
 }
 
