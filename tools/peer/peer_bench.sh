@@ -8,7 +8,7 @@
 #   tools/peer/peer_bench.sh SLUICE_BINARY WORK [peer_bench.py flags...]
 #   tools/peer/peer_bench.sh target/release/sluice /tmp/peer-work --runs 3
 #
-# Env: LAYERS (2), EXPERTS (64), RANKS (4096): the slice (K3's real per-layer dimensions);
+# Env: LAYERS (2), EXPERTS (48), RANKS (4096): the slice (K3's real per-layer dimensions);
 # THREADS (2); OUTTYPE (bf16: the converter's type for the non-expert tensors, as published;
 # the MXFP4 experts are repacked as MXFP4 by the converter whatever this is); KEEP=1 keeps the
 # slice and the GGUF (default: both deleted at the end); JOBS (nproc): build parallelism.
@@ -20,7 +20,7 @@ set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 SLUICE_BINARY WORK [peer_bench.py flags...]" >&2; exit 2; }
 SLUICE=$(realpath "$1") W=$2
 shift 2
-LAYERS=${LAYERS:-2} EXPERTS=${EXPERTS:-64} RANKS=${RANKS:-4096} THREADS=${THREADS:-2}
+LAYERS=${LAYERS:-2} EXPERTS=${EXPERTS:-48} RANKS=${RANKS:-4096} THREADS=${THREADS:-2}
 OUTTYPE=${OUTTYPE:-bf16} JOBS=${JOBS:-$(nproc)} VERSION=0.3.36
 HERE=$(cd "$(dirname "$0")" && pwd)
 fail() { echo "peer_bench.sh: $*" >&2; exit 1; }
