@@ -192,6 +192,8 @@ def main():
     def record(part, engine, r):
         r.update(part=part, engine=engine)
         res["runs_raw"].append(r)
+        with open(a.out + ".partial", "w") as f:  # what an interrupted run leaves
+            json.dump(res, f, indent=1)
         print(f"  {part:8s} {engine:9s} prefill {r['prefill_s']:.3f}s decode {r['decode_s']:.3f}s"
               f"/{r['decode_passes']} passes", file=sys.stderr)
 
@@ -203,7 +205,8 @@ def main():
         res["tokens"] = {"prompt_ids": short, "sluice": s["generated_ids"],
                          "llama_cpp": p["generated_ids"], "first_divergence": d,
                          "system_info": p.get("system_info")}
-        print(f"  tokens: llama.cpp {'matches sluice' if d is None else f'diverges at step {d}'}",
+        print(f"  tokens: llama.cpp {'matches sluice' if d is None else f'diverges at step {d}'}"
+              f"\n    sluice    {s['generated_ids']}\n    llama.cpp {p['generated_ids']}",
               file=sys.stderr)
 
     if "memory" in parts:
