@@ -1,13 +1,14 @@
 //! The synthetic slices of `sluice synth --preset qwen3-moe-slice|gpt-oss-slice`: their configs
 //! are the real models' per-layer dimensions, and what the writer produces from a slice config
 //! (shrunk here so the test writes kilobytes, not gigabytes) loads through the family table and
-//! runs a finite pass, mapped and streamed alike.
+//! runs a finite pass, mapped and streamed alike. The K3 slice's `config.json` carries what other
+//! readers of the release (llama.cpp's converter) need from it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::Value;
 use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
-use sluice_models::{gpt_oss, qwen3_moe, synth, LogitRows};
+use sluice_models::{gpt_oss, kimi_k3, qwen3_moe, synth, LogitRows};
 use sluice_store::{CacheSize, StreamingConfig};
 use std::sync::Arc;
 
@@ -81,4 +82,34 @@ fn a_written_slice_loads_and_runs_mapped_and_streamed_alike() {
             m.family()
         );
     }
+}
+
+/// llama.cpp's converter read synth's K3 config and found neither the compressed-tensors
+/// `quantization_config` (so it did not know the routed experts are packed MXFP4) nor
+/// `max_position_embeddings`: both are now written with the release's values.
+#[test]
+fn k3_synth_config_lacked_quantization_config_and_max_position_embeddings() {
+    let text = kimi_k3::synth::k3_slice_text_config(2, 16, 512);
+    let c = kimi_k3::synth::release_config(&text, 256);
+    assert_eq!(c["text_config"]["max_position_embeddings"], 1_048_576);
+    let q = &c["quantization_config"];
+    assert_eq!(q["quant_method"], "compressed-tensors");
+    assert_eq!(q["format"], "mxfp4-pack-quantized");
+    assert_eq!(q["quantization_status"], "compressed");
+    let w = &q["config_groups"]["group_0"]["weights"];
+    assert_eq!((w["num_bits"].as_u64(), w["group_size"].as_u64()), (Some(4), Some(32)));
+    assert_eq!(
+        (w["type"].as_str(), w["scale_dtype"].as_str()),
+        (Some("float"), Some("torch.uint8"))
+    );
+    assert_eq!(q["config_groups"]["group_0"]["targets"], serde_json::json!(["Linear"]));
+    let ignore: Vec<&str> =
+        q["ignore"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert_eq!(ignore.len(), 6);
+    for kept in ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*lm_head.*"] {
+        assert!(ignore.contains(&kept), "{kept} missing from {ignore:?}");
+    }
+    assert!(ignore.contains(&r"re:.*mlp\.(gate|up|gate_up|down)_proj.*"), "{ignore:?}");
+    // The text config still parses: the added key is one the engine reads (the context cap).
+    kimi_k3::config::K3Config::from_json(&c["text_config"]).unwrap();
 }

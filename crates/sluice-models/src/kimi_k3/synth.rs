@@ -266,7 +266,9 @@ fn fill(rng: &mut SplitMix, init: Init, dtype: DType, n: usize, out: &mut Vec<u8
     }
 }
 
-/// The multimodal `config.json` wrapping `text_config` as the release does.
+/// The multimodal `config.json` wrapping `text_config` as the release does, with the release's
+/// `quantization_config` (compressed-tensors MXFP4 on the routed experts only), which other
+/// readers of the checkpoint (llama.cpp's converter) need to find the packed experts.
 pub fn release_config(text_config: &Value, vocab_base: u64) -> Value {
     json!({
         "architectures": ["KimiK3ForConditionalGeneration"],
@@ -276,7 +278,44 @@ pub fn release_config(text_config: &Value, vocab_base: u64) -> Value {
         "pad_token_id": vocab_base + 255,
         "dtype": "bfloat16",
         "tie_word_embeddings": false,
+        "quantization_config": release_quantization_config(),
         "text_config": text_config,
+    })
+}
+
+/// The release's `quantization_config`: MXFP4 groups of 32 with E8M0 (`uint8`) scales on every
+/// Linear except attention, shared experts, dense MLPs, lm_head and the vision side — so only the
+/// routed experts are packed, as [`write_checkpoint`] writes them.
+pub fn release_quantization_config() -> Value {
+    json!({
+        "quant_method": "compressed-tensors",
+        "format": "mxfp4-pack-quantized",
+        "config_groups": {
+            "group_0": {
+                "weights": {
+                    "num_bits": 4,
+                    "type": "float",
+                    "strategy": "group",
+                    "group_size": 32,
+                    "symmetric": true,
+                    "scale_dtype": "torch.uint8",
+                    "observer": "minmax",
+                    "dynamic": false
+                },
+                "input_activations": null,
+                "output_activations": null,
+                "targets": ["Linear"]
+            }
+        },
+        "ignore": [
+            "re:.*self_attn.*",
+            "re:.*shared_experts.*",
+            "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+            "re:.*lm_head.*",
+            "re:.*vision_tower.*",
+            "re:.*mm_projector.*"
+        ],
+        "quantization_status": "compressed"
     })
 }
 
@@ -461,6 +500,7 @@ impl K3Dims {
             "moe_renormalize": true,
             "routed_scaling_factor": 1.0,
             "num_nextn_predict_layers": 0,
+            "max_position_embeddings": 1_048_576,
             "tie_word_embeddings": false
         })
     }

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The llama.cpp peer benchmark (issue 20 item 4; docs/PERFORMANCE.md, "sluice and llama.cpp"):
+# builds the llama.cpp that the PyPI source distribution llama-cpp-python==0.3.36 vendors (it
+# has Kimi K3), converts a `sluice synth` K3 slice with llama.cpp's own convert_hf_to_gguf.py,
+# and runs tools/peer/peer_bench.py on both: greedy ids, decode and prefill in memory, decode in
+# a memory cgroup. Everything fetched or built lives under WORK; nothing is written to the repo.
+#
+#   tools/peer/peer_bench.sh SLUICE_BINARY WORK [peer_bench.py flags...]
+#   tools/peer/peer_bench.sh target/release/sluice /tmp/peer-work --runs 3
+#
+# Env: LAYERS (2), EXPERTS (48), RANKS (4096): the slice (K3's real per-layer dimensions);
+# THREADS (2); OUTTYPE (bf16: the converter's type for the non-expert tensors, as published;
+# the MXFP4 experts are repacked as MXFP4 by the converter whatever this is); KEEP=1 keeps the
+# slice and the GGUF (default: both deleted at the end); JOBS (nproc): build parallelism.
+# Needs: python3 (3.10+) with venv, a C++ compiler, PyPI. The llama.cpp build uses its own
+# default flags (GGML_NATIVE=ON: -march=native); peer_run prints the ISA it was built with.
+# Fails (non-zero, with the reason) when the peer cannot be fetched, built or converted: it never
+# reports a sluice number without its llama.cpp counterpart.
+set -euo pipefail
+[ $# -ge 2 ] || { echo "usage: $0 SLUICE_BINARY WORK [peer_bench.py flags...]" >&2; exit 2; }
+SLUICE=$(realpath "$1") W=$2
+shift 2
+LAYERS=${LAYERS:-2} EXPERTS=${EXPERTS:-48} RANKS=${RANKS:-4096} THREADS=${THREADS:-2}
+OUTTYPE=${OUTTYPE:-bf16} JOBS=${JOBS:-$(nproc)} VERSION=0.3.36
+HERE=$(cd "$(dirname "$0")" && pwd)
+fail() { echo "peer_bench.sh: $*" >&2; exit 1; }
+[ -x "$SLUICE" ] || fail "$SLUICE is not an executable sluice binary"
+mkdir -p "$W" && W=$(realpath "$W")
+LL=$W/src/llama_cpp_python-$VERSION/vendor/llama.cpp
+
+# 1. The source distribution. Its build backend (scikit-build-core) comes as a wheel: pip's
+# isolated build of the metadata would otherwise compile CMake from source.
+if [ ! -f "$LL/convert_hf_to_gguf.py" ]; then
+  python3 -m venv "$W/venv-build" || fail "cannot make a Python venv"
+  "$W/venv-build/bin/pip" install -q cmake ninja scikit-build-core \
+    || fail "cannot install cmake, ninja and scikit-build-core from PyPI"
+  mkdir -p "$W/src"
+  (cd "$W/src" && "$W/venv-build/bin/pip" download -q --no-binary :all: --no-deps \
+      --no-build-isolation "llama-cpp-python==$VERSION" -d .) \
+    || fail "cannot download the llama-cpp-python==$VERSION source distribution from PyPI"
+  tar -C "$W/src" -xzf "$W/src/llama_cpp_python-$VERSION.tar.gz" \
+    || fail "cannot unpack llama_cpp_python-$VERSION.tar.gz"
+  [ -f "$LL/convert_hf_to_gguf.py" ] || fail "the sdist has no vendored llama.cpp at $LL"
+fi
+grep -q KIMI_K3 "$LL/gguf-py/gguf/constants.py" || fail "the vendored llama.cpp has no Kimi K3"
+
+# 2. The library (CPU only, llama.cpp's default flags) and the small driver against its C API.
+PATH=$W/venv-build/bin:$PATH
+if [ ! -x "$W/peer_run" ]; then
+  cmake -S "$LL" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+      -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF > "$W/cmake.log" 2>&1 \
+    || fail "cmake configure failed: see $W/cmake.log"
+  grep -E "Adding CPU backend variant" "$W/cmake.log" || true
+  cmake --build "$W/build" -j "$JOBS" --target llama > "$W/build.log" 2>&1 \
+    || fail "building llama.cpp failed: see $W/build.log"
+  c++ -O2 -std=c++17 "$HERE/peer_run.cpp" -I"$LL/include" -I"$LL/ggml/include" \
+      -L"$W/build/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$W/build/bin" -o "$W/peer_run" \
+    || fail "compiling tools/peer/peer_run.cpp against llama.cpp failed"
+fi
+
+# 3. The converter's Python side: its vendored requirements, less `gguf` (the converter puts its
+# vendored gguf-py first on sys.path: the PyPI gguf may predate Kimi K3) plus gguf-py's own
+# dependencies. torch: the converter imports it; a torch already installed is used (the
+# requirements name a CPU index this machine cannot reach), else PyPI's.
+if [ ! -x "$W/venv-convert/bin/python" ]; then
+  python3 -m venv --system-site-packages "$W/venv-convert" || fail "cannot make a Python venv"
+  grep -v -E '^(gguf|-r|--)' "$LL/requirements/requirements-convert_legacy_llama.txt" \
+    > "$W/requirements-convert.txt"
+  "$W/venv-convert/bin/pip" install -q -r "$W/requirements-convert.txt" tqdm pyyaml requests \
+    || fail "cannot install the converter's requirements"
+  "$W/venv-convert/bin/python" -c 'import torch' 2>/dev/null \
+    || "$W/venv-convert/bin/pip" install -q torch || fail "cannot install torch"
+fi
+
+# 4. The slice and its conversion.
+MODEL=$W/model GGUF=$W/model-$OUTTYPE.gguf
+if [ ! -f "$MODEL/config.json" ]; then
+  "$SLUICE" synth --out "$MODEL" --preset k3-slice --layers "$LAYERS" --experts "$EXPERTS" \
+      --ranks "$RANKS" || fail "sluice synth failed"
+fi
+if [ ! -f "$GGUF" ]; then
+  # convert_slice.py: llama.cpp's converter with only set_vocab replaced (the slice's synthetic
+  # tokenizer has no remote code to load; see that file).
+  "$W/venv-convert/bin/python" "$HERE/convert_slice.py" "$LL" "$MODEL" --outfile "$GGUF.tmp" \
+      --outtype "$OUTTYPE" > "$W/convert.log" 2>&1 \
+    || { tail -20 "$W/convert.log" >&2; fail "llama.cpp's converter failed on the slice: see $W/convert.log"; }
+  mv "$GGUF.tmp" "$GGUF"
+  grep -E "MXFP4|Model successfully exported" "$W/convert.log" | tail -4 || true
+fi
+
+# 5. Both engines, interleaved.
+python3 "$HERE/peer_bench.py" --sluice "$SLUICE" --model "$MODEL" --gguf "$GGUF" \
+    --peer-run "$W/peer_run" --threads "$THREADS" --out "$W/peer-bench.json" "$@" \
+  || fail "the benchmark failed"
+echo "peer_bench.sh: every run in $W/peer-bench.json"
+if [ "${KEEP:-0}" != 1 ]; then rm -rf "$MODEL" "$GGUF"; fi
