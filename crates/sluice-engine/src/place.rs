@@ -34,7 +34,7 @@ const HEADROOM: u64 = 64 << 20;
 /// in place until the caller gives it another store.
 pub(crate) struct Placed {
     /// The model (spine placed, experts mapped).
-    pub model: KimiK3,
+    pub model: Model,
     /// The residency plan.
     pub plan: Plan,
     /// The spine store unless the spine is mapped.
@@ -63,7 +63,7 @@ impl Placed {
 
     fn loaded(self, streaming: Option<Arc<StreamingExperts>>, mode: &'static str) -> Loaded {
         Loaded {
-            model: Model::KimiK3(self.model),
+            model: self.model,
             plan: Some(self.plan),
             streaming,
             spine: self.spine,
@@ -167,7 +167,7 @@ pub(crate) fn place(
         m.set_spine(store.clone())?;
         Some(store)
     };
-    Ok(Placed { model: m, plan, spine, budget, charges, io })
+    Ok(Placed { model: Model::new(m)?, plan, spine, budget, charges, io })
 }
 
 /// The streaming store's configuration for `plan` under `opts`: as many cache slots as the plan

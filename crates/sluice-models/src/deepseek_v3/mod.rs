@@ -18,6 +18,7 @@
 //! Routed experts are read in place from the mapped shards (FP8 / INT4 dequantized at load, see
 //! [`quant`]); streaming them through the expert store comes with the family boundary.
 
+mod boundary;
 pub mod config;
 mod mla;
 pub mod moe;
