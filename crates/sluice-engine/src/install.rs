@@ -21,7 +21,7 @@ use sluice_hub::{FreeSpace, Install, StatvfsFreeSpace};
 use sluice_models::kimi_k3::config::K3Config;
 use sluice_models::kimi_k3::inventory::inventory;
 use sluice_models::kimi_k3::KimiK3;
-use sluice_models::ModelError;
+use sluice_models::{Model, ModelError};
 use sluice_store::remote::log::{self, LOG_FILE};
 use sluice_store::{DiskCacheConfig, ExpertDiskCache, ShardFiles, StreamingExperts};
 use std::collections::BTreeMap;
@@ -92,8 +92,9 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
     let disk_cfg = DiskCacheConfig::new(disk_budget(dir, opts, &install.manifest.commit)?);
     let expert_bytes = inventory(&ckpt, &cfg).expert_bytes;
     let fetch_buffers = disk_cfg.buffer_bytes(expert_bytes);
-    let mut placed =
-        place::place(&ckpt, &cfg, opts, (fetch_buffers, "remote fetch buffers"), false)?;
+    crate::spine::check(&ckpt, opts.spine)?;
+    let model = Model::new(KimiK3::with_store(ckpt.clone(), Arc::new(place::Unattached))?)?;
+    let mut placed = place::place(&ckpt, model, opts, (fetch_buffers, "remote fetch buffers"))?;
     let hub = install.hub_config();
     let remote = install.remote(hub, repo_files).map_err(|e| install_err(dir, e))?;
     let disk = ExpertDiskCache::open(

@@ -20,8 +20,8 @@ use crate::{LogitRows, ModelError, State};
 use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
 use sluice_store::{
-    ExpertIndex, ExpertLayout, ExpertStore, MappedExperts, SpineStats, StoreError, StreamingConfig,
-    StreamingExperts,
+    ExpertIndex, ExpertLayout, ExpertStore, MappedExperts, SpineIndex, SpineStats, SpineStore,
+    StoreError, StreamingConfig, StreamingExperts,
 };
 use std::any::Any;
 use std::sync::Arc;
@@ -66,6 +66,24 @@ pub trait FamilyModel: Any + Send + Sync + std::fmt::Debug {
     /// What the model holds besides its expert cache, for the memory plan (`None`: planned
     /// another way, or not at all).
     fn memory_needs(&self) -> Option<MemoryNeeds>;
+    /// The spine pieces for placing the spine piece by piece, in pass order: the embedding,
+    /// one piece per decoder layer, the head (`places_spine` in [`FAMILIES`]); `None` for a
+    /// family whose spine is mapped whole.
+    fn spine_index(&self) -> Result<Option<SpineIndex>, ModelError> {
+        Ok(None)
+    }
+    /// Bytes of the small vectors the model keeps whatever the spine placement.
+    fn spine_small_bytes(&self) -> u64 {
+        0
+    }
+    /// Takes spine bytes from `store` (opened on [`FamilyModel::spine_index`]) instead of the
+    /// mapped checkpoint; refused by a family whose spine is mapped whole.
+    fn set_spine(&mut self, _store: Arc<SpineStore>) -> Result<(), ModelError> {
+        Err(ModelError::Config(format!(
+            "{} maps its spine whole: it takes no spine store",
+            self.family()
+        )))
+    }
     /// Spine I/O counters (zero unless the spine is placed by a spine store).
     fn spine_stats(&self) -> SpineStats {
         SpineStats::default()

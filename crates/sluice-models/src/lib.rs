@@ -96,7 +96,7 @@ pub enum ModelError {
         value: &'static str,
     },
     /// A model was handed a sequence state made by another family's model.
-    #[error("the sequence state passed to the {model} model was made by a {state} model")]
+    #[error("the sequence state passed to the {model} model belongs to another model: a {state} model made it")]
     StateMismatch {
         /// The model's family.
         model: &'static str,
@@ -198,6 +198,23 @@ impl Model {
     /// planned another way, or not at all).
     pub fn memory_needs(&self) -> Option<MemoryNeeds> {
         self.inner.memory_needs()
+    }
+
+    /// The spine pieces (embedding, each decoder layer, head) for placing the spine piece by
+    /// piece; `None` for a family whose spine is mapped whole.
+    pub fn spine_index(&self) -> Result<Option<sluice_store::SpineIndex>, ModelError> {
+        self.inner.spine_index()
+    }
+
+    /// Bytes of the small vectors the model keeps whatever the spine placement.
+    pub fn spine_small_bytes(&self) -> u64 {
+        self.inner.spine_small_bytes()
+    }
+
+    /// Takes spine bytes from `store` (opened on [`Model::spine_index`]) instead of the mapped
+    /// checkpoint; refused by a family whose spine is mapped whole.
+    pub fn set_spine(&mut self, store: Arc<sluice_store::SpineStore>) -> Result<(), ModelError> {
+        self.inner.set_spine(store)
     }
 
     /// Spine I/O counters (zero unless the spine is placed by a spine store).

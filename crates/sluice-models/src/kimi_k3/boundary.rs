@@ -3,12 +3,14 @@
 //! install has none).
 
 use super::config::K3Config;
+use super::inventory::inventory;
 use super::state::K3State;
+use super::working::pass_bytes_per_row;
 use super::{weights::K3Weights, KimiK3, Trace};
 use crate::family::{self, Checked, FamilyModel, MemoryNeeds, RoutedExperts, Shape};
 use crate::{LogitRows, ModelError, State};
 use sluice_checkpoint::Checkpoint;
-use sluice_store::{ExpertStore, SpineStats};
+use sluice_store::{ExpertStore, SpineIndex, SpineStats, SpineStore};
 use std::any::Any;
 use std::sync::Arc;
 
@@ -65,9 +67,25 @@ impl FamilyModel for KimiK3 {
     fn experts(&self) -> Option<&Arc<dyn ExpertStore>> {
         Some(KimiK3::experts(self))
     }
-    /// `None`: the engine plans Kimi K3 piece by piece from its spine index.
+    /// From the inventory: the spine, the KDA states (fixed) and the MLA latents (per
+    /// position), and the working memory of a pass row.
     fn memory_needs(&self) -> Option<MemoryNeeds> {
-        None
+        let inv = inventory(&self.ckpt, self.config());
+        Some(MemoryNeeds {
+            spine: inv.spine_bytes,
+            state_fixed: inv.kda_state_bytes,
+            state_per_position: inv.mla_bytes_per_token,
+            pass_per_row: pass_bytes_per_row(self.config()),
+        })
+    }
+    fn spine_index(&self) -> Result<Option<SpineIndex>, ModelError> {
+        KimiK3::spine_index(self).map(Some)
+    }
+    fn spine_small_bytes(&self) -> u64 {
+        KimiK3::spine_small_bytes(self)
+    }
+    fn set_spine(&mut self, store: Arc<SpineStore>) -> Result<(), ModelError> {
+        KimiK3::set_spine(self, store)
     }
     fn spine_stats(&self) -> SpineStats {
         KimiK3::spine_stats(self)
