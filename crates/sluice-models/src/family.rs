@@ -118,6 +118,9 @@ pub fn check_by_loading(ckpt: &Checkpoint) -> Result<Checked, ModelError> {
     Ok(Checked { family, k3: None })
 }
 
+/// A family's load function: the checkpoint in, its model boxed behind [`FamilyModel`] out.
+pub type LoadFn = fn(Arc<Checkpoint>) -> Result<Box<dyn FamilyModel>, ModelError>;
+
 /// One line of the family table.
 #[derive(Debug)]
 pub struct Family {
@@ -131,7 +134,7 @@ pub struct Family {
     /// otherwise the spine is mapped whole and only the routed experts are planned.
     pub places_spine: bool,
     /// Loads a checkpoint of this family (experts mapped in place until a store is attached).
-    pub load: fn(Arc<Checkpoint>) -> Result<Box<dyn FamilyModel>, ModelError>,
+    pub load: LoadFn,
     /// Runs the checks loading for `sluice run` runs, without reading the routed experts
     /// ([`crate::check`]); [`check_by_loading`] unless the family can check for less.
     pub check: fn(&Checkpoint) -> Result<Checked, ModelError>,

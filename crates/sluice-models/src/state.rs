@@ -25,6 +25,10 @@ pub trait FamilyState: Any + Send + Sync + std::fmt::Debug {
     fn rollback(&mut self);
     /// Committed positions.
     fn len(&self) -> usize;
+    /// True before any position is committed.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// Bytes held.
     fn byte_len(&self) -> usize;
     /// A copy, boxed (for `Clone` of [`State`]).
