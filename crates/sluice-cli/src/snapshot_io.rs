@@ -77,7 +77,7 @@ pub fn run(dir: &Path, tokens: &[usize], runs: usize, json_out: bool) -> Result<
 fn state_round(dir: &Path, cfg: &K3Config, n: usize, seed: u64) -> Result<(f64, f64, u64)> {
     let states = dir.join("states");
     let _ = std::fs::remove_dir_all(&states);
-    let state = State::KimiK3(K3State::synthetic(cfg, n, seed));
+    let state = State::new("kimi_k3", K3State::synthetic(cfg, n, seed));
     let shape = state.shape();
     let snap = Arc::new(state.snapshot(None));
     drop(state);

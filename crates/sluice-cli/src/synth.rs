@@ -145,7 +145,8 @@ pub fn run(a: &SynthArgs) -> Result<()> {
     .with_context(|| format!("writing {}", a.out.display()))?;
     bar.finish_and_clear();
     if a.route_skew {
-        let top = crate::synth_skew::apply(&a.out, a.experts, 16.min(a.experts), a.seed)
+        let experts = a.experts.unwrap_or(128);
+        let top = crate::synth_skew::apply(&a.out, experts, 16.min(experts), a.seed)
             .with_context(|| format!("skewing the routing of {}", a.out.display()))?;
         eprintln!(
             "sluice synth: routing skewed like mini-K3's (benchmark knob): the most used quarter \

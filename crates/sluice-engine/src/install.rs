@@ -24,7 +24,7 @@ use sluice_hub::{FreeSpace, Install, RoutedTensors, StatvfsFreeSpace};
 use sluice_models::kimi_k3::config::K3Config;
 use sluice_models::kimi_k3::inventory::inventory;
 use sluice_models::kimi_k3::KimiK3;
-use sluice_models::ModelError;
+use sluice_models::{Model, ModelError};
 use sluice_store::remote::log::{self, LOG_FILE};
 use sluice_store::{DiskCacheConfig, ExpertDiskCache, ExpertIndex, ShardFiles, StreamingExperts};
 use std::collections::BTreeMap;
@@ -179,8 +179,9 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
     // buffers are extra headroom.
     let expert_bytes = inventory(&ckpt, &cfg).expert_bytes;
     let fetch_buffers = buffers(expert_bytes);
-    let mut placed =
-        place::place(&ckpt, &cfg, opts, (fetch_buffers, "remote fetch buffers"), false)?;
+    crate::spine::check(&ckpt, opts.spine)?;
+    let model = Model::new(KimiK3::with_store(ckpt.clone(), Arc::new(place::Unattached))?)?;
+    let mut placed = place::place(&ckpt, model, opts, (fetch_buffers, "remote fetch buffers"))?;
     let disk = open_disk(&index)?;
     let config = place::streaming_config(&mut placed.plan, opts, placed.io);
     let files = ShardFiles::open(index.paths(), placed.io).map_err(ModelError::from)?;

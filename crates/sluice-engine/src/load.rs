@@ -12,9 +12,7 @@ use crate::EngineError;
 use sluice_checkpoint::Checkpoint;
 use sluice_core::budget::Charge;
 use sluice_core::MemoryBudget;
-use sluice_models::kimi_k3::config::K3Config;
-use sluice_models::kimi_k3::KimiK3;
-use sluice_models::Model;
+use sluice_models::{Model, ModelError};
 use sluice_store::{IoBackend, SpineStore, StreamingExperts};
 use std::path::Path;
 use std::sync::Arc;
@@ -133,13 +131,14 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
     }
     let dir = &crate::spine::resolve(dir, opts.spine)?;
     let ckpt = Arc::new(Checkpoint::open(dir).map_err(sluice_models::ModelError::from)?);
-    // A family that places its spine piece by piece (Kimi K3) plans it here; every other
-    // family maps its spine whole and plans only its routed experts.
+    // A family that places its spine piece by piece plans it here, through the family
+    // boundary; every other family maps its spine whole and plans only its routed experts.
     if !sluice_models::family::of(&ckpt)?.places_spine {
         return place::open_mapped_spine(&ckpt, opts, None);
     }
-    let cfg = K3Config::from_json(ckpt.config().text_config()).map_err(EngineError::Model)?;
-    let mut placed = place::place(&ckpt, &cfg, opts, (0, ""), true)?;
+    crate::spine::check(&ckpt, opts.spine)?;
+    let model = sluice_models::load(ckpt.clone())?;
+    let mut placed = place::place(&ckpt, model, opts, (0, ""))?;
     let stream = match opts.experts {
         ExpertMode::Mapped => false,
         ExpertMode::Stream => true,
@@ -149,6 +148,12 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
         return Ok(placed.mapped());
     }
     let config = place::streaming_config(&mut placed.plan, opts, placed.io);
-    let store = KimiK3::streaming_experts(&ckpt, &cfg, &config, &placed.budget)?;
+    let routed = placed.model.routed_experts().ok_or_else(|| {
+        sluice_models::ModelError::Config(format!(
+            "invariant: {} was planned with routed experts but lists none",
+            placed.model.family()
+        ))
+    })?;
+    let store = routed.streaming(&ckpt, &config, &placed.budget).map_err(ModelError::from)?;
     Ok(placed.streaming(Arc::new(store), opts.prefetch))
 }

@@ -1,4 +1,5 @@
-//! The one plan-and-charge step of opening a Kimi K3 model, shared by full installs (and plain
+//! The one plan-and-charge step of opening a model whose family places its spine piece by
+//! piece (`places_spine` in the family table; Kimi K3 today), shared by full installs (and plain
 //! checkpoint directories, [`crate::load`]) and stream installs ([`crate::install`]).
 //!
 //! From the budget (`--memory`) it computes the residency [`Plan`], charges what the model holds
@@ -17,9 +18,6 @@ use crate::EngineError;
 use sluice_checkpoint::Checkpoint;
 use sluice_core::budget::Charge;
 use sluice_core::MemoryBudget;
-use sluice_models::kimi_k3::config::K3Config;
-use sluice_models::kimi_k3::inventory::inventory;
-use sluice_models::kimi_k3::KimiK3;
 use sluice_models::{Model, ModelError};
 use sluice_store::spine::{PieceLayout, SpineFootprint};
 use sluice_store::{
@@ -28,14 +26,14 @@ use sluice_store::{
 };
 use std::sync::Arc;
 
-/// I/O headroom every K3 plan keeps for scratch (on top of a caller's extra buffers).
+/// I/O headroom every plan keeps for scratch (on top of a caller's extra buffers).
 const HEADROOM: u64 = 64 << 20;
 
-/// A Kimi K3 model planned, charged and with its spine placed; its routed experts still mapped
+/// A model planned, charged and with its spine placed; its routed experts still mapped
 /// in place until the caller gives it another store.
 pub(crate) struct Placed {
     /// The model (spine placed, experts mapped).
-    pub model: KimiK3,
+    pub model: Model,
     /// The residency plan.
     pub plan: Plan,
     /// The spine store unless the spine is mapped.
@@ -64,7 +62,7 @@ impl Placed {
 
     fn loaded(self, streaming: Option<Arc<StreamingExperts>>, mode: &'static str) -> Loaded {
         Loaded {
-            model: Model::KimiK3(self.model),
+            model: self.model,
             plan: Some(self.plan),
             streaming,
             spine: self.spine,
@@ -86,55 +84,57 @@ pub(crate) fn budget(opts: &LoadOptions) -> Result<(MemoryBudget, Vec<Charge>), 
     Ok((budget, charges))
 }
 
-/// Plans `ckpt` (a Kimi K3 checkpoint of config `cfg`) under `opts`, charges the fixed parts and
-/// places the spine. `extra` is headroom for I/O buffers the caller will hold besides the usual
-/// scratch (a stream install's remote fetch buffers; 0 otherwise), named `extra_what` in the
-/// charge. Refuses a budget that cannot hold the minimum with the shortfall, and a spine that
-/// contradicts `--spine` (see [`crate::spine::check`]). With `map_experts` false (a stream
-/// install, whose routed experts the checkpoint never maps) the model has no expert store until
-/// the caller gives it one.
+/// Plans `model` (loaded from `ckpt`, of a family that places its spine piece by piece) under
+/// `opts`, charges the fixed parts and places the spine. Everything is read through the family
+/// boundary: the model's memory needs, its routed experts and its spine pieces. `extra` is
+/// headroom for I/O buffers the caller will hold besides the usual scratch (a stream install's
+/// remote fetch buffers; 0 otherwise), named `extra_what` in the charge. Refuses a budget that
+/// cannot hold the minimum with the shortfall, and a spine that contradicts `--spine` (see
+/// [`crate::spine::check`]). A model loaded without its routed experts mapped (a stream
+/// install, see [`Unattached`]) has no expert store until the caller gives it one.
 pub(crate) fn place(
     ckpt: &Arc<Checkpoint>,
-    cfg: &K3Config,
+    mut model: Model,
     opts: &LoadOptions,
     (extra, extra_what): (u64, &str),
-    map_experts: bool,
 ) -> Result<Placed, EngineError> {
     crate::spine::check(ckpt, opts.spine)?;
     let (budget, mut charges) = budget(opts)?;
-    let inv = inventory(ckpt, cfg);
-    // Spine and experts mapped in place first (cheap); the plan then decides what to replace.
-    let mut m = if map_experts {
-        KimiK3::load(ckpt.clone())?
-    } else {
-        KimiK3::with_store(ckpt.clone(), Arc::new(Unattached))?
+    let family = model.family();
+    let refuse = |what: &str| {
+        EngineError::Model(ModelError::Config(format!(
+            "invariant: {family} places its spine piece by piece but gives no {what}"
+        )))
     };
-    let index = m.spine_index()?;
+    let mem = model.memory_needs().ok_or_else(|| refuse("memory needs"))?;
+    let routed = model.routed_experts().ok_or_else(|| refuse("routed experts"))?;
+    let index = model.spine_index()?.ok_or_else(|| refuse("spine pieces"))?;
     let piece = |i: usize| index.piece(i).map_or(0, PieceLayout::buffer_len);
-    let n = cfg.num_hidden_layers;
+    // Pieces in pass order: the embedding, one per decoder layer, the head.
+    let n = index.pieces().len().saturating_sub(2);
     let needs = Needs {
-        spine: inv.spine_bytes,
+        spine: mem.spine,
         pieces: SpinePieces {
             embed: piece(0),
             layers: (1..=n).map(piece).collect(),
             head: piece(n + 1),
-            small: m.spine_small_bytes(),
+            small: model.spine_small_bytes(),
             rows: SpineFootprint::of(&index, &[Placement::Rows]).rows,
         },
-        state: inv.kda_state_bytes + inv.mla_bytes_per_token * opts.context as u64,
+        state: mem.state(opts.context),
         sessions: opts.session_memory,
         state_cache: if opts.state_cache {
-            held_bytes(inv.kda_state_bytes, inv.mla_bytes_per_token, opts.context, cfg.vocab_size)
+            held_bytes(mem.state_fixed, mem.state_per_position, opts.context, model.vocab_size())
         } else {
             0
         },
         // Slot = the expert rounded up to 4 KiB plus one page of alignment slack on each side.
-        slot: inv.expert_bytes.div_ceil(4096) * 4096 + 8192,
-        experts: inv.experts,
+        slot: routed.expert_bytes.div_ceil(4096) * 4096 + 8192,
+        experts: routed.total(),
         min_slots: 2,
         headroom: HEADROOM + extra,
         draft: opts.draft_bytes,
-        pass_row: sluice_models::kimi_k3::working::pass_bytes_per_row(cfg),
+        pass_row: mem.pass_per_row,
         prefill_chunk: opts.prefill_chunk as u64,
         max_rows: opts.context as u64,
     };
@@ -173,10 +173,10 @@ pub(crate) fn place(
         let store = SpineStore::open(index, files, plan.spine.placements(), 4, &budget)
             .map_err(ModelError::from)?;
         let store = Arc::new(store);
-        m.set_spine(store.clone())?;
+        model.set_spine(store.clone())?;
         Some(store)
     };
-    Ok(Placed { model: m, plan, spine, budget, charges, io })
+    Ok(Placed { model, plan, spine, budget, charges, io })
 }
 
 /// The streaming store's configuration for `plan` under `opts`: as many cache slots as the plan
@@ -199,7 +199,7 @@ pub(crate) fn streaming_config(plan: &mut Plan, opts: &LoadOptions, io: IoMode) 
 
 /// The expert store of a model whose real store is attached after planning (a stream install):
 /// a pass before then is an error, never a read of unmapped bytes.
-struct Unattached;
+pub(crate) struct Unattached;
 
 impl ExpertStore for Unattached {
     fn for_each(
@@ -232,8 +232,9 @@ pub(crate) struct Remote<'a> {
     pub open: OpenDisk<'a>,
 }
 
-/// Opens a model whose family plans no spine pieces (every family but Kimi K3, whose spine
-/// placement is [`place`]): its spine mapped in place and charged whole, its routed experts —
+/// Opens a model whose family plans no spine pieces (`places_spine: false` in the family
+/// table; a placed spine is [`place`]): its spine mapped in place and charged whole, its
+/// routed experts —
 /// described by the family's [`sluice_models::RoutedExperts`] — mapped when the plan holds them
 /// all, or streamed from the published shards through a slot cache of the planned size.
 /// The family is never named here: the plan reads the model's [`sluice_models::MemoryNeeds`].

@@ -270,7 +270,7 @@ fn a_synthetic_k3_state_has_the_models_shape_and_round_trips_through_a_file() {
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
     let cfg = K3Config::from_json(&config["text_config"]).unwrap();
-    let synthetic = sluice_models::State::KimiK3(K3State::synthetic(&cfg, 9, 3));
+    let synthetic = sluice_models::State::new("kimi_k3", K3State::synthetic(&cfg, 9, 3));
     assert_eq!(synthetic.shape(), m.new_state().shape());
     assert_eq!(synthetic.len(), 9);
     let p = prompt();

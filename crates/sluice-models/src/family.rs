@@ -8,17 +8,124 @@
 //!   the [`ExpertLayout`] that lists each expert's parts), from which any expert store opens.
 //! - [`MemoryNeeds`]: what a model holds besides its expert cache, for the memory plan.
 //!
-//! The per-family operations (new state, forward over T rows, commit / rollback, attaching a
-//! store) are the methods of [`crate::Model`] and [`crate::State`], which dispatch here once.
+//! - [`FamilyModel`]: what a loaded model of a family does (new state, forward over T rows,
+//!   shape, routed experts, memory needs, attaching a store, its spine pieces). Each family
+//!   implements it in its folder, delegating to its inherent methods; [`crate::Model`] holds one
+//!   boxed and dispatches once per call (a pass is one call, never one per row).
+//! - [`Checked`]: what [`crate::check`] found, through the table line's `check`.
+//!
+//! The sequence state's side of the boundary is [`crate::state`].
 
-use crate::{Model, ModelError};
+use crate::{LogitRows, Model, ModelError, State};
 use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
 use sluice_store::{
-    ExpertIndex, ExpertLayout, MappedExperts, StoreError, StreamingConfig, StreamingExperts,
+    ExpertIndex, ExpertLayout, ExpertStore, MappedExperts, SpineIndex, SpineStats, SpineStore,
+    StoreError, StreamingConfig, StreamingExperts,
 };
+use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+/// Per-stage tensors of a pass, for stage-by-stage comparison with goldens (one type shared by
+/// every family).
+pub use crate::kimi_k3::Trace;
+
+/// What a loaded model of a family does, behind [`crate::Model`].
+///
+/// Methods with a default are the ones a dense family (no routed experts) or a family whose
+/// spine is mapped whole need not write.
+pub trait FamilyModel: Any + Send + Sync + std::fmt::Debug {
+    /// The family's name in [`FAMILIES`] (`kimi_k3`, `qwen3_moe`, ...).
+    fn family(&self) -> &'static str;
+    /// A fresh sequence state, wrapped for this family (`State::new(self.family(), ...)`).
+    fn new_state(&self) -> State;
+    /// Runs one pass of `tokens` after `state`'s committed positions, staging the state until
+    /// `commit(n)` / `rollback()`; the family takes its concrete state with
+    /// [`State::family_mut`].
+    fn forward(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        rows: LogitRows,
+        trace: Option<&mut Trace>,
+    ) -> Result<Vec<f32>, ModelError>;
+    /// The model's shape.
+    fn shape(&self) -> Shape;
+    /// Where the routed experts are (`None`: a dense model, or experts read in place unplanned).
+    fn routed_experts(&self) -> Option<RoutedExperts> {
+        None
+    }
+    /// Takes routed experts from `store` from now on (ignored by a model without them).
+    fn set_experts(&mut self, _store: Arc<dyn ExpertStore>) {}
+    /// Turns next-layer expert prefetch on or off (ignored by a family that does not prefetch).
+    fn set_prefetch(&mut self, _on: bool) {}
+    /// The expert store in use (`None` for a model without routed experts).
+    fn experts(&self) -> Option<&Arc<dyn ExpertStore>> {
+        None
+    }
+    /// What the model holds besides its expert cache, for the memory plan (`None`: planned
+    /// another way, or not at all).
+    fn memory_needs(&self) -> Option<MemoryNeeds>;
+    /// The spine pieces for placing the spine piece by piece, in pass order: the embedding,
+    /// one piece per decoder layer, the head (`places_spine` in [`FAMILIES`]); `None` for a
+    /// family whose spine is mapped whole.
+    fn spine_index(&self) -> Result<Option<SpineIndex>, ModelError> {
+        Ok(None)
+    }
+    /// Bytes of the small vectors the model keeps whatever the spine placement.
+    fn spine_small_bytes(&self) -> u64 {
+        0
+    }
+    /// Takes spine bytes from `store` (opened on [`FamilyModel::spine_index`]) instead of the
+    /// mapped checkpoint; refused by a family whose spine is mapped whole.
+    fn set_spine(&mut self, _store: Arc<SpineStore>) -> Result<(), ModelError> {
+        Err(ModelError::Config(format!(
+            "{} maps its spine whole: it takes no spine store",
+            self.family()
+        )))
+    }
+    /// Spine I/O counters (zero unless the spine is placed by a spine store).
+    fn spine_stats(&self) -> SpineStats {
+        SpineStats::default()
+    }
+    /// How the spine's matrices are stored, for the plan line (`bf16` unless the family
+    /// publishes another format: DeepSeek-V3's `fp8`, `bf16` or `mixed`).
+    fn spine_format(&self) -> &'static str {
+        "bf16"
+    }
+    /// Weight bytes a pass reads besides routed experts (memory traffic, not storage reads).
+    fn spine_bytes_per_pass(&self) -> u64;
+    /// The model as `Any`, for [`crate::Model::family_ref`].
+    fn as_any(&self) -> &dyn Any;
+    /// The model as `Any`, for [`crate::Model::family_mut`].
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// The model as `Any`, for [`crate::Model::into_family`].
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
+}
+
+/// What [`crate::check`] found in a checkpoint whose every tensor the model needs is present
+/// with the dtype and shape its config implies.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    /// The family.
+    pub family: &'static Family,
+    /// The family's typed config, for `inspect`: Kimi K3's (whose check does not load the
+    /// model); `None` for the others, which are loaded and described through [`crate::Model`].
+    pub k3: Option<Box<crate::kimi_k3::config::K3Config>>,
+}
+
+/// The check of a family whose loading is the check: the roster and the expert layout are
+/// resolved and the experts mapped, never read.
+pub fn check_by_loading(ckpt: &Checkpoint) -> Result<Checked, ModelError> {
+    let family = of(ckpt)?;
+    let reopened = Checkpoint::open(ckpt.dir())?;
+    (family.load)(Arc::new(reopened))?;
+    Ok(Checked { family, k3: None })
+}
+
+/// A family's load function: the checkpoint in, its model boxed behind [`FamilyModel`] out.
+pub type LoadFn = fn(Arc<Checkpoint>) -> Result<Box<dyn FamilyModel>, ModelError>;
 
 /// One line of the family table.
 #[derive(Debug)]
@@ -33,18 +140,26 @@ pub struct Family {
     /// otherwise the spine is mapped whole and only the routed experts are planned.
     pub places_spine: bool,
     /// Loads a checkpoint of this family (experts mapped in place until a store is attached).
-    pub load: fn(Arc<Checkpoint>) -> Result<Model, ModelError>,
+    pub load: LoadFn,
+    /// Runs the checks loading for `sluice run` runs, without reading the routed experts
+    /// ([`crate::check`]); [`check_by_loading`] unless the family can check for less.
+    pub check: fn(&Checkpoint) -> Result<Checked, ModelError>,
 }
 
 /// Every supported family, one line each.
 #[rustfmt::skip]
 pub const FAMILIES: &[Family] = &[
-    Family { name: "kimi_k3", display: "Kimi K3", architectures: &["KimiK3ForConditionalGeneration", "KimiLinearForCausalLM"], places_spine: true, load: |c| Ok(Model::KimiK3(crate::kimi_k3::KimiK3::load(c)?)) },
-    Family { name: "qwen3", display: "Qwen3", architectures: &["Qwen3ForCausalLM"], places_spine: false, load: |c| Ok(Model::Qwen3(crate::qwen3::Qwen3::load(c)?)) },
-    Family { name: "qwen3_moe", display: "Qwen3-MoE", architectures: &["Qwen3MoeForCausalLM"], places_spine: false, load: |c| Ok(Model::Qwen3Moe(crate::qwen3_moe::Qwen3Moe::load(c)?)) },
-    Family { name: "gpt_oss", display: "GPT-OSS", architectures: &["GptOssForCausalLM"], places_spine: false, load: |c| Ok(Model::GptOss(crate::gpt_oss::GptOss::load(c)?)) },
-    Family { name: "deepseek_v3", display: "DeepSeek V3/R1, Kimi K2", architectures: &["DeepseekV3ForCausalLM"], places_spine: false, load: |c| Ok(Model::DeepseekV3(crate::deepseek_v3::DeepseekV3::load(c)?)) },
+    Family { name: "kimi_k3", display: "Kimi K3", architectures: &["KimiK3ForConditionalGeneration", "KimiLinearForCausalLM"], places_spine: true, load: |c| Ok(Box::new(crate::kimi_k3::KimiK3::load(c)?)), check: crate::kimi_k3::boundary::check },
+    Family { name: "qwen3", display: "Qwen3", architectures: &["Qwen3ForCausalLM"], places_spine: false, load: |c| Ok(Box::new(crate::qwen3::Qwen3::load(c)?)), check: check_by_loading },
+    Family { name: "qwen3_moe", display: "Qwen3-MoE", architectures: &["Qwen3MoeForCausalLM"], places_spine: false, load: |c| Ok(Box::new(crate::qwen3_moe::Qwen3Moe::load(c)?)), check: check_by_loading },
+    Family { name: "gpt_oss", display: "GPT-OSS", architectures: &["GptOssForCausalLM"], places_spine: false, load: |c| Ok(Box::new(crate::gpt_oss::GptOss::load(c)?)), check: check_by_loading },
+    Family { name: "deepseek_v3", display: "DeepSeek V3/R1, Kimi K2", architectures: &["DeepseekV3ForCausalLM"], places_spine: false, load: |c| Ok(Box::new(crate::deepseek_v3::DeepseekV3::load(c)?)), check: check_by_loading },
 ];
+
+/// The table line named `name`.
+pub fn named(name: &str) -> Option<&'static Family> {
+    FAMILIES.iter().find(|f| f.name == name)
+}
 
 /// The supported architectures, for an error message: `A, B (Kimi K3), C (Qwen3), ...`.
 pub fn supported() -> String {
@@ -99,23 +214,18 @@ pub fn load_with_experts(
     ckpt: Arc<Checkpoint>,
     experts: Arc<dyn sluice_store::ExpertStore>,
 ) -> Result<Model, ModelError> {
-    Ok(match of(&ckpt)?.name {
-        "kimi_k3" => Model::KimiK3(crate::kimi_k3::KimiK3::with_store(ckpt, experts)?),
-        "qwen3_moe" => Model::Qwen3Moe(crate::qwen3_moe::Qwen3Moe::with_store(ckpt, experts)?),
-        "gpt_oss" => Model::GptOss(crate::gpt_oss::GptOss::with_store(ckpt, experts)?),
-        _ => crate::load(ckpt)?,
-    })
+    match of(&ckpt)?.name {
+        "kimi_k3" => Model::new(crate::kimi_k3::KimiK3::with_store(ckpt, experts)?),
+        "qwen3_moe" => Model::new(crate::qwen3_moe::Qwen3Moe::with_store(ckpt, experts)?),
+        "gpt_oss" => Model::new(crate::gpt_oss::GptOss::with_store(ckpt, experts)?),
+        _ => crate::load(ckpt),
+    }
 }
 
 /// Turns next-layer expert prefetch on or off for a model whose family guesses its next MoE
 /// layer's experts (worth it when experts stream); a no-op for one that does not.
 pub fn set_prefetch(model: &mut Model, on: bool) {
-    match model {
-        Model::KimiK3(m) => m.set_prefetch(on),
-        Model::Qwen3Moe(m) => m.set_prefetch(on),
-        Model::GptOss(m) => m.set_prefetch(on),
-        _ => {}
-    }
+    model.set_prefetch(on);
 }
 
 /// Where a model's routed experts are, for opening an expert store over them.

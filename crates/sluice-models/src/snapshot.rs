@@ -23,7 +23,8 @@ pub use codec::{SnapshotCodecError, StateShape, SNAPSHOT_FORMAT_VERSION};
 
 use crate::kimi_k3::state::{K3State, KdaLayer, KdaState, LayerState, MlaLayer};
 use crate::qwen3::state::{KvCache, Qwen3State};
-use crate::State;
+use crate::state::{FamilyState, State};
+use std::any::Any;
 use std::sync::Arc;
 
 /// The committed rows of an append-only cache (`[len, width]` f32), as shared segments.
@@ -96,82 +97,136 @@ enum Family {
 #[derive(Debug, Clone)]
 pub struct StateSnapshot {
     family: Family,
+    /// The family (table name) of the model whose state this was; a restored state keeps it.
+    owner: &'static str,
     layers: Vec<SnapLayer>,
     len: usize,
 }
 
-impl State {
-    /// A snapshot of the committed positions (a staged pass is left out). When `base` is a
-    /// snapshot of an earlier point of this same state's history, its cache rows are shared
-    /// rather than copied.
-    pub fn snapshot(&self, base: Option<&StateSnapshot>) -> StateSnapshot {
-        let base_layer = |i: usize| base.and_then(|b| b.layers.get(i));
-        match self {
-            Self::KimiK3(s) => {
-                let n = s.len();
-                let layers = s
-                    .layers
-                    .iter()
-                    .enumerate()
-                    .map(|(i, l)| match l {
-                        LayerState::Kda(k) => SnapLayer::Kda {
-                            s: Arc::from(k.committed.s.as_slice()),
-                            conv: Arc::from(k.committed.conv.as_slice()),
-                            heads: k.heads,
-                            dim: k.dim,
-                        },
-                        LayerState::Mla(m) => {
-                            let (bl, bp) = match base_layer(i) {
-                                Some(SnapLayer::Mla { lat, pe, .. }) => (Some(lat), Some(pe)),
-                                _ => (None, None),
-                            };
-                            SnapLayer::Mla {
-                                lat: Rows::capture(&m.lat, n * m.lat_dim, bl),
-                                pe: Rows::capture(&m.pe, n * m.pe_dim, bp),
-                                lat_dim: m.lat_dim,
-                                pe_dim: m.pe_dim,
-                            }
-                        }
-                    })
-                    .collect();
-                StateSnapshot { family: Family::KimiK3, layers, len: n }
+/// A snapshot of a Kimi K3 state (KDA and MLA layers).
+fn snapshot_k3(s: &K3State, base: Option<&StateSnapshot>, owner: &'static str) -> StateSnapshot {
+    let base_layer = |i: usize| base.and_then(|b| b.layers.get(i));
+    let n = s.len();
+    let layers = s
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| match l {
+            LayerState::Kda(k) => SnapLayer::Kda {
+                s: Arc::from(k.committed.s.as_slice()),
+                conv: Arc::from(k.committed.conv.as_slice()),
+                heads: k.heads,
+                dim: k.dim,
+            },
+            LayerState::Mla(m) => {
+                let (bl, bp) = match base_layer(i) {
+                    Some(SnapLayer::Mla { lat, pe, .. }) => (Some(lat), Some(pe)),
+                    _ => (None, None),
+                };
+                SnapLayer::Mla {
+                    lat: Rows::capture(&m.lat, n * m.lat_dim, bl),
+                    pe: Rows::capture(&m.pe, n * m.pe_dim, bp),
+                    lat_dim: m.lat_dim,
+                    pe_dim: m.pe_dim,
+                }
             }
-            Self::Qwen3(s) => {
-                let n = s.len();
-                let layers = s
-                    .layers
-                    .iter()
-                    .enumerate()
-                    .map(|(i, l)| {
-                        let (bk, bv) = match base_layer(i) {
-                            Some(SnapLayer::Kv { k, v, .. }) => (Some(k), Some(v)),
-                            _ => (None, None),
-                        };
-                        SnapLayer::Kv {
-                            k: Rows::capture(&l.k, n * l.width, bk),
-                            v: Rows::capture(&l.v, n * l.width, bv),
-                            width: l.width,
-                        }
-                    })
-                    .collect();
-                StateSnapshot { family: Family::Qwen3, layers, len: n }
-            }
-        }
-    }
+        })
+        .collect();
+    StateSnapshot { family: Family::KimiK3, owner, layers, len: n }
+}
 
-    /// Bytes a snapshot of this state would hold with nothing shared.
-    pub fn snapshot_bytes(&self) -> usize {
-        match self {
-            Self::KimiK3(s) => s
-                .layers
-                .iter()
-                .map(|l| match l {
-                    LayerState::Kda(k) => 4 * (k.committed.s.len() + k.committed.conv.len()),
-                    LayerState::Mla(m) => 4 * s.len() * (m.lat_dim + m.pe_dim),
-                })
-                .sum(),
-            Self::Qwen3(s) => s.layers.iter().map(|l| 8 * s.len() * l.width).sum(),
-        }
+/// A snapshot of a Qwen3-style state (keys and values).
+fn snapshot_kv(s: &Qwen3State, base: Option<&StateSnapshot>, owner: &'static str) -> StateSnapshot {
+    let base_layer = |i: usize| base.and_then(|b| b.layers.get(i));
+    let n = s.len();
+    let layers = s
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let (bk, bv) = match base_layer(i) {
+                Some(SnapLayer::Kv { k, v, .. }) => (Some(k), Some(v)),
+                _ => (None, None),
+            };
+            SnapLayer::Kv {
+                k: Rows::capture(&l.k, n * l.width, bk),
+                v: Rows::capture(&l.v, n * l.width, bv),
+                width: l.width,
+            }
+        })
+        .collect();
+    StateSnapshot { family: Family::Qwen3, owner, layers, len: n }
+}
+
+impl FamilyState for K3State {
+    fn commit(&mut self, n: usize) {
+        K3State::commit(self, n);
+    }
+    fn rollback(&mut self) {
+        K3State::rollback(self);
+    }
+    fn len(&self) -> usize {
+        K3State::len(self)
+    }
+    fn byte_len(&self) -> usize {
+        K3State::byte_len(self)
+    }
+    fn clone_box(&self) -> Box<dyn FamilyState> {
+        Box::new(self.clone())
+    }
+    fn snapshot(&self, base: Option<&StateSnapshot>, family: &'static str) -> StateSnapshot {
+        snapshot_k3(self, base, family)
+    }
+    fn snapshot_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kda(k) => 4 * (k.committed.s.len() + k.committed.conv.len()),
+                LayerState::Mla(m) => 4 * self.len() * (m.lat_dim + m.pe_dim),
+            })
+            .sum()
+    }
+    fn shape(&self, family: &'static str) -> StateShape {
+        codec::k3_shape(self, family)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl FamilyState for Qwen3State {
+    fn commit(&mut self, n: usize) {
+        Qwen3State::commit(self, n);
+    }
+    fn rollback(&mut self) {
+        Qwen3State::rollback(self);
+    }
+    fn len(&self) -> usize {
+        Qwen3State::len(self)
+    }
+    fn byte_len(&self) -> usize {
+        Qwen3State::byte_len(self)
+    }
+    fn clone_box(&self) -> Box<dyn FamilyState> {
+        Box::new(self.clone())
+    }
+    fn snapshot(&self, base: Option<&StateSnapshot>, family: &'static str) -> StateSnapshot {
+        snapshot_kv(self, base, family)
+    }
+    fn snapshot_bytes(&self) -> usize {
+        self.layers.iter().map(|l| 8 * self.len() * l.width).sum()
+    }
+    fn shape(&self, family: &'static str) -> StateShape {
+        codec::kv_shape(self, family)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }
 
@@ -215,7 +270,7 @@ impl StateSnapshot {
                         SnapLayer::Kv { .. } => None,
                     })
                     .collect();
-                State::KimiK3(K3State::restored(layers, self.len))
+                State::new(self.owner, K3State::restored(layers, self.len))
             }
             Family::Qwen3 => {
                 let layers = self
@@ -228,7 +283,7 @@ impl StateSnapshot {
                         _ => None,
                     })
                     .collect();
-                State::Qwen3(Qwen3State::restored(layers, self.len))
+                State::new(self.owner, Qwen3State::restored(layers, self.len))
             }
         }
     }

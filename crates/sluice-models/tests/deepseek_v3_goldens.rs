@@ -29,7 +29,7 @@ use common::{argmax, json_ids, max_abs, rel_l2, Golden};
 use sluice_checkpoint::Checkpoint;
 use sluice_models::deepseek_v3::DeepseekV3;
 use sluice_models::kimi_k3::Trace;
-use sluice_models::{LogitRows, Model};
+use sluice_models::LogitRows;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -45,10 +45,10 @@ fn fixture(name: &str) -> PathBuf {
 /// Loads a fixture through the architecture registry, as the engine does.
 fn load(name: &str) -> DeepseekV3 {
     let ckpt = Arc::new(Checkpoint::open(&fixture(name)).expect("fixture opens"));
-    match sluice_models::load(ckpt).expect("fixture loads") {
-        Model::DeepseekV3(m) => m,
-        other => panic!("{name}: loaded as {}", other.family()),
-    }
+    sluice_models::load(ckpt)
+        .expect("fixture loads")
+        .into_family::<DeepseekV3>()
+        .unwrap_or_else(|other| panic!("{name}: loaded as {}", other.family()))
 }
 
 #[test]

@@ -15,7 +15,7 @@ mod common;
 use common::argmax;
 use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
-use sluice_models::{LogitRows, Model};
+use sluice_models::{LogitRows, Model, ModelError};
 use sluice_store::{CacheSize, ExpertStore, IoBackend, IoMode, StreamingConfig};
 use std::sync::Arc;
 
@@ -188,5 +188,48 @@ fn the_family_table_refuses_an_unknown_architecture_and_lists_the_supported_ones
         for a in f.architectures {
             assert!(err.contains(a), "{err} lists {a}");
         }
+    }
+}
+
+/// DeepSeek-V3 keeps its state in Kimi K3's state type and Qwen3-MoE in Qwen3's, so a check by
+/// state type alone let a Kimi K3 model run a pass over a DeepSeek-V3 state (whose layers it
+/// misreads). The state remembers its model's family; every other family's model refuses it,
+/// naming both families, and leaves it as it was.
+#[test]
+fn a_state_of_another_family_sharing_its_type_was_accepted() {
+    let models: Vec<Model> = [
+        ("kimi_k3", "tiny-a"),
+        ("deepseek_v3", "tiny-a"),
+        ("qwen3", "tiny-a"),
+        ("qwen3_moe", "tiny-a"),
+        ("gpt_oss", "tiny-a"),
+    ]
+    .iter()
+    .map(|&(family, name)| open(family, name).1)
+    .collect();
+    for maker in &models {
+        let mut st = maker.new_state();
+        maker.forward(&mut st, &[1, 2], LogitRows::Last, None).unwrap();
+        st.commit(2);
+        for m in &models {
+            let bytes = st.byte_len();
+            let r = m.forward(&mut st, &[3], LogitRows::Last, None);
+            if m.family() == maker.family() {
+                r.unwrap();
+                st.rollback();
+                continue;
+            }
+            let err = r.expect_err("another family's state is refused");
+            assert!(
+                matches!(err, ModelError::StateMismatch { model, state }
+                    if model == m.family() && state == maker.family()),
+                "{err}"
+            );
+            let msg = err.to_string();
+            assert!(msg.contains(m.family()) && msg.contains(maker.family()), "{msg}");
+            assert_eq!((st.len(), st.byte_len()), (2, bytes), "the refused state is untouched");
+        }
+        // A snapshot restores into a state of the same family.
+        assert_eq!(st.snapshot(None).restore().family(), maker.family());
     }
 }

@@ -25,7 +25,7 @@ use common::{argmax, json_ids, max_abs, rel_l2, Golden};
 use sluice_checkpoint::Checkpoint;
 use sluice_models::qwen3::Trace;
 use sluice_models::qwen3_moe::Qwen3Moe;
-use sluice_models::{LogitRows, Model};
+use sluice_models::LogitRows;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -41,10 +41,10 @@ fn fixture(name: &str) -> PathBuf {
 /// Loads a fixture through the architecture registry, as the engine does.
 fn load(name: &str) -> Qwen3Moe {
     let ckpt = Arc::new(Checkpoint::open(&fixture(name)).expect("fixture opens"));
-    match sluice_models::load(ckpt).expect("fixture loads") {
-        Model::Qwen3Moe(m) => m,
-        other => panic!("{name}: loaded as {}", other.family()),
-    }
+    sluice_models::load(ckpt)
+        .expect("fixture loads")
+        .into_family::<Qwen3Moe>()
+        .unwrap_or_else(|other| panic!("{name}: loaded as {}", other.family()))
 }
 
 #[test]

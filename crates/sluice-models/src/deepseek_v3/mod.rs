@@ -20,6 +20,7 @@
 //! until [`DeepseekV3::set_experts`] attaches another store, streamed from the shards when the
 //! memory plan says so. [`DeepseekV3::memory_needs`] is what the plan charges besides them.
 
+mod boundary;
 pub mod config;
 pub mod experts;
 mod mla;

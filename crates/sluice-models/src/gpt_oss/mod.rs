@@ -14,6 +14,7 @@
 //! `commit(n)` / `rollback()`. A T-row pass gives bit for bit the logits of T single-row passes.
 
 pub mod attention;
+mod boundary;
 pub mod config;
 pub mod moe;
 pub mod rope;

@@ -6,6 +6,7 @@
 //! A pass runs T positions layer-major. Everything a pass changes in sequence state is staged in
 //! [`K3State`] until `commit(n)` / `rollback()`.
 
+pub mod boundary;
 pub mod config;
 pub mod inventory;
 mod kda;

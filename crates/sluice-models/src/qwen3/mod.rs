@@ -12,6 +12,7 @@
 //! pass gives bit for bit the logits of T single-row passes.
 
 pub mod attention;
+mod boundary;
 pub mod config;
 pub mod state;
 pub mod weights;
@@ -90,6 +91,25 @@ impl Qwen3 {
     /// Bytes of the weight matrices a pass reads from the checkpoint (a tied lm_head counted once).
     pub fn weight_bytes(&self) -> u64 {
         self.weights.byte_len(self.cfg.tie_word_embeddings)
+    }
+
+    /// What the model holds, for the memory plan: its weights (mapped whole), its KV cache per
+    /// position and the working memory of a pass row.
+    pub fn memory_needs(&self) -> crate::MemoryNeeds {
+        let c = self.config();
+        crate::MemoryNeeds {
+            spine: self.weight_bytes(),
+            state_fixed: 0,
+            state_per_position: (c.num_hidden_layers * c.kv_width() * 2 * 4) as u64,
+            pass_per_row: crate::working::pass_bytes_per_row(
+                c.hidden_size,
+                c.q_width() + 2 * c.kv_width(),
+                0,
+                0,
+                c.intermediate_size,
+                c.vocab_size,
+            ),
+        }
     }
 
     /// A fresh, empty sequence state.

@@ -14,6 +14,7 @@
 //! `commit(n)` / `rollback()`. Every kernel is batch-invariant and the expert combination is per
 //! row, so a T-row pass gives bit for bit the logits of T single-row passes.
 
+mod boundary;
 pub mod config;
 pub mod moe;
 pub mod synth;

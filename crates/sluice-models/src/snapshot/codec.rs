@@ -1,7 +1,7 @@
 //! The byte form of a [`StateSnapshot`]: what the engine's on-disk prompt-state cache stores.
 //!
 //! One function pair per state kind (KDA recurrent state, MLA latent rows, KV rows), reached
-//! through the [`State`] enum's families. All numbers are little-endian; f32 values keep their
+//! through the state kinds of [`crate::State`]. All numbers are little-endian; f32 values keep their
 //! exact bits, so a decoded snapshot restores a state bit-identical to the one encoded.
 //!
 //! ```text
@@ -18,8 +18,8 @@
 //! holds, must bump it so that caches written before are refused.
 
 use super::{Family, Rows, SnapLayer, StateSnapshot};
-use crate::kimi_k3::state::LayerState;
-use crate::State;
+use crate::kimi_k3::state::{K3State, LayerState};
+use crate::qwen3::Qwen3State;
 use std::io::{Read, Write};
 use std::sync::Arc;
 
@@ -38,10 +38,12 @@ enum LayerShape {
 }
 
 /// What a snapshot must look like to restore into a model's state: its family and every
-/// layer's kind and dimensions ([`State::shape`]).
+/// layer's kind and dimensions ([`crate::State::shape`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateShape {
     family: Family,
+    /// The family (table name) of the model; not part of the byte form.
+    owner: &'static str,
     layers: Vec<LayerShape>,
 }
 
@@ -56,33 +58,33 @@ pub enum SnapshotCodecError {
     Mismatch(String),
 }
 
-impl State {
-    /// The shape snapshots of this state have (for [`StateSnapshot::decode`]).
-    pub fn shape(&self) -> StateShape {
-        match self {
-            Self::KimiK3(s) => StateShape {
-                family: Family::KimiK3,
-                layers: s
-                    .layers
-                    .iter()
-                    .map(|l| match l {
-                        LayerState::Kda(k) => LayerShape::Kda {
-                            heads: k.heads,
-                            dim: k.dim,
-                            s_len: k.committed.s.len(),
-                            conv_len: k.committed.conv.len(),
-                        },
-                        LayerState::Mla(m) => {
-                            LayerShape::Mla { lat_dim: m.lat_dim, pe_dim: m.pe_dim }
-                        }
-                    })
-                    .collect(),
-            },
-            Self::Qwen3(s) => StateShape {
-                family: Family::Qwen3,
-                layers: s.layers.iter().map(|l| LayerShape::Kv { width: l.width }).collect(),
-            },
-        }
+/// The shape of Kimi K3 states (KDA and MLA layers) of a model of `owner`.
+pub(super) fn k3_shape(s: &K3State, owner: &'static str) -> StateShape {
+    StateShape {
+        family: Family::KimiK3,
+        owner,
+        layers: s
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kda(k) => LayerShape::Kda {
+                    heads: k.heads,
+                    dim: k.dim,
+                    s_len: k.committed.s.len(),
+                    conv_len: k.committed.conv.len(),
+                },
+                LayerState::Mla(m) => LayerShape::Mla { lat_dim: m.lat_dim, pe_dim: m.pe_dim },
+            })
+            .collect(),
+    }
+}
+
+/// The shape of Qwen3-style states (keys and values) of a model of `owner`.
+pub(super) fn kv_shape(s: &Qwen3State, owner: &'static str) -> StateShape {
+    StateShape {
+        family: Family::Qwen3,
+        owner,
+        layers: s.layers.iter().map(|l| LayerShape::Kv { width: l.width }).collect(),
     }
 }
 
@@ -336,7 +338,7 @@ impl StateSnapshot {
                 k => return Err(mismatch(format!("unknown layer kind {k}"))),
             });
         }
-        Ok(StateSnapshot { family, layers, len })
+        Ok(StateSnapshot { family, owner: shape.owner, layers, len })
     }
 }
 

@@ -1,0 +1,68 @@
+//! Qwen3-MoE behind the family boundary: [`FamilyModel`] by delegation to the inherent methods.
+
+use super::Qwen3Moe;
+use crate::family::{FamilyModel, MemoryNeeds, RoutedExperts, Shape, Trace};
+use crate::qwen3::Qwen3State;
+use crate::{LogitRows, ModelError, State};
+use sluice_store::ExpertStore;
+use std::any::Any;
+use std::sync::Arc;
+
+/// The family table's name of Qwen3-MoE.
+const NAME: &str = "qwen3_moe";
+
+impl FamilyModel for Qwen3Moe {
+    fn family(&self) -> &'static str {
+        NAME
+    }
+    fn new_state(&self) -> State {
+        State::new(NAME, Qwen3Moe::new_state(self))
+    }
+    fn forward(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        rows: LogitRows,
+        trace: Option<&mut Trace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        Qwen3Moe::forward(self, state.family_mut::<Qwen3State>(NAME)?, tokens, rows, trace)
+    }
+    fn shape(&self) -> Shape {
+        let c = self.config();
+        Shape {
+            layers: c.base.num_hidden_layers,
+            hidden: c.base.hidden_size,
+            vocab: c.base.vocab_size,
+            heads: c.base.num_attention_heads,
+            kv_heads: c.base.num_key_value_heads,
+            experts_per_token: c.num_experts_per_tok,
+        }
+    }
+    fn routed_experts(&self) -> Option<RoutedExperts> {
+        Some(Qwen3Moe::routed_experts(self))
+    }
+    fn set_experts(&mut self, store: Arc<dyn ExpertStore>) {
+        Qwen3Moe::set_experts(self, store);
+    }
+    fn set_prefetch(&mut self, on: bool) {
+        Qwen3Moe::set_prefetch(self, on);
+    }
+    fn experts(&self) -> Option<&Arc<dyn ExpertStore>> {
+        Some(Qwen3Moe::experts(self))
+    }
+    fn memory_needs(&self) -> Option<MemoryNeeds> {
+        Some(Qwen3Moe::memory_needs(self))
+    }
+    fn spine_bytes_per_pass(&self) -> u64 {
+        self.dense_weight_bytes()
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
