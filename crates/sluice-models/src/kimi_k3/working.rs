@@ -87,8 +87,11 @@ fn moe_row(c: &K3Config) -> u64 {
     let inter = c.moe_intermediate_size as u64;
     let shared = c.num_shared_experts as u64 * inter;
     // Router logits; a route's ids (capacity: every expert) and weights, and their headers;
-    // the (row, slot) lists of each expert (16 bytes a pair, grown by doubling).
-    let routing = e * F + (e + k) * F + 2 * (VEC + HEADER) + 2 * k * 16;
+    // the (row, slot) lists of each expert (16 bytes a pair, grown by doubling: up to twice
+    // their length, plus the old buffer of the list being regrown while it is copied, so 3×).
+    // 2× was charged before, and a long pass whose lists had just doubled held more per row
+    // than that (33,655 bytes against 33,632 charged, the working-memory test).
+    let routing = e * F + (e + k) * F + 2 * (VEC + HEADER) + 3 * k * 16;
     // The next layer's guess: its router logits and the ranked (rank, id) pairs.
     let guess = e * F + 2 * k * 16;
     let z = if c.routed_expert_hidden_size.is_some() { lat * F } else { 0 };
