@@ -6,7 +6,7 @@
 #           interleaved, after one priming run that writes the hot set
 #   suite   the workload suite (prose code long chat tools) streamed in a cgroup 3x smaller than the slice
 #   replay  the agent replay (tools/agent_replay.py: no cache / warm in-process / after restart)
-# Usage: tools/k3_slice_measure.sh SLUICE OUT_DIR      (Linux with a writable v1 or v2 memory cgroup)
+# Usage: tools/k3_slice_measure.sh SLUICE OUT_DIR      (Linux, root: a writable v1 memory cgroup, or v2)
 # Env: LAYERS (2) EXPERTS (64) SKEW (1: --route-skew) PARTS ("warm suite replay") RUNS (3) NEW (32)
 #      WORKLOADS ("prose code long chat tools") MEMORY / CGROUP (default: a third of the slice).
 set -euo pipefail
@@ -29,31 +29,42 @@ SIZE=$(du -sb "$M" | cut -f1)
 CG=${CGROUP:-$((SIZE / 3))}
 MEM=${MEMORY:-$((CG - 512 * 1024 * 1024))}
 log "slice $SIZE bytes; cgroup $CG; --memory $MEM"
-COMMON=(--model "$M" --cold --fadvise-only --cgroup-limit "$CG" --probe-bytes 1G --json)
+COMMON=(--model "$M" --cold --fadvise-only --probe-bytes 1G --json)
+# cgroup v1: `bench --cgroup-limit` puts each run in its own group. cgroup v2 (the device host):
+# bench cannot, so this script runs its commands inside one v2 group of the same limit.
+V2=()
+if [ -w /sys/fs/cgroup/memory ]; then
+  COMMON+=(--cgroup-limit "$CG")
+else
+  G=/sys/fs/cgroup/sluice-k3m-$$
+  echo +memory > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+  mkdir -p "$G" && echo "$CG" > "$G/memory.max"
+  V2=(sh -c 'echo $$ > "$0/cgroup.procs"; exec "$@"' "$G")
+fi
 for part in $PARTS; do
   case $part in
   warm)
     rm -f "$M/.sluice-hotset.json"
     ARGS="--experts stream --memory $MEM"
     log "warm: priming run (writes the hot set)"
-    "$S" bench "${COMMON[@]}" --prompt-len 8 --max-new "$NEW" --runs 1 --warm-start \
+    "${V2[@]}" "$S" bench "${COMMON[@]}" --prompt-len 8 --max-new "$NEW" --runs 1 --warm-start \
       --config prime="$ARGS" > "$OUT/warm-prime.json"
     log "warm: $RUNS x (warm, --no-warm-start) interleaved"
-    "$S" bench "${COMMON[@]}" --prompt-len 8 --max-new "$NEW" --runs "$RUNS" --warm-start \
+    "${V2[@]}" "$S" bench "${COMMON[@]}" --prompt-len 8 --max-new "$NEW" --runs "$RUNS" --warm-start \
       --config warm="$ARGS" --config nowarm="$ARGS --no-warm-start" > "$OUT/warm.json"
     ;;
   suite)
     for w in $WORKLOADS; do
       R=$RUNS; [ "$w" = long ] && R=1
       log "suite: $w ($R runs per configuration)"
-      "$S" bench "${COMMON[@]}" --workload "$w" --max-new "$NEW" --runs "$R" \
+      "${V2[@]}" "$S" bench "${COMMON[@]}" --workload "$w" --max-new "$NEW" --runs "$R" \
         --config plain="--experts stream --memory $MEM" \
         --config ngram="--experts stream --memory $MEM --draft ngram" > "$OUT/suite-$w.json"
     done
     ;;
   replay)
     log "replay: agent session, 3 conditions, $RUNS runs"
-    python3 "$HERE/agent_replay.py" --sluice "$S" --model "$M" --memory "$MEM" --runs "$RUNS" \
+    "${V2[@]}" python3 "$HERE/agent_replay.py" --sluice "$S" --model "$M" --memory "$MEM" --runs "$RUNS" \
       --max-tokens 4 --serve-arg=--experts --serve-arg=stream --json "$OUT/replay.json" > "$OUT/replay.txt"
     ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
