@@ -39,6 +39,16 @@ pub enum LogitRows {
     Last,
 }
 
+impl LogitRows {
+    /// The rows of a `t`-row pass (`t` ≥ 1) whose logits are returned.
+    pub fn range(self, t: usize) -> std::ops::Range<usize> {
+        match self {
+            Self::All => 0..t,
+            Self::Last => t - 1..t,
+        }
+    }
+}
+
 /// Errors from loading or running a model.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

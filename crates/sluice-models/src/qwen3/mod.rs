@@ -173,10 +173,7 @@ impl Qwen3 {
             put(&mut trace, || format!("layer{i}.out"), &h);
         }
         // hidden_states = self.norm(hidden_states); logits = self.lm_head(hidden_states[:, slice])
-        let sel = match rows {
-            LogitRows::All => 0..t,
-            LogitRows::Last => t - 1..t,
-        };
+        let sel = rows.range(t);
         let n = sel.len();
         let normed = self.norm_rows(&h[sel.start * d..sel.end * d], &self.weights.norm);
         put(&mut trace, || "final_norm".into(), &normed);

@@ -258,10 +258,7 @@ impl Qwen3Moe {
             add_into(&mut h, &m);
             put(&mut trace, || format!("layer{i}.out"), &h);
         }
-        let sel = match rows {
-            LogitRows::All => 0..t,
-            LogitRows::Last => t - 1..t,
-        };
+        let sel = rows.range(t);
         let n = sel.len();
         let normed = self.norm_rows(&h[sel.start * d..sel.end * d], &self.weights.norm);
         put(&mut trace, || "final_norm".into(), &normed);
