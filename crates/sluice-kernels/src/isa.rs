@@ -130,9 +130,12 @@ pub fn isa() -> Isa {
     })
 }
 
+// F16C (every AVX2 core has it) widens FP8 codes through halves without subnormal f32s.
 #[cfg(target_arch = "x86_64")]
 fn avx2_available() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
 }
 
 #[cfg(not(target_arch = "x86_64"))]

@@ -11,15 +11,19 @@
 //! `0x7FC0_0000` (sign dropped) on every tier, so a NaN weight makes its output NaN, as the
 //! dequantized reference would; no finite code is ever decoded as NaN. Code `0x80` is −0.0.
 //!
-//! **SIMD decode** (AVX2, AVX-512, NEON): sign-extend each code to 32 bits, shift left by 20 and
-//! keep bit 31 and bits 20–26: the sign lands in the f32 sign, the exponent in the low four
-//! bits of the f32 exponent field and the mantissa in its top three bits. That f32 is
-//! `e4m3 · 2^-120` exactly (subnormal codes become f32 subnormals), so one multiplication by
-//! `2^120` restores the value exactly; NaN codes are blended to the canonical NaN; then one
-//! multiplication by the block's scale rounds as the reference does. The one-row kernels
-//! multiply once, by `s · 2^120`: the same real product, so the same rounding, as long as
-//! `s · 2^120` is finite (|s| < 2^8 — a span with a larger finite scale takes the buffered
-//! two-multiplication decode). Spans start at a
+//! **SIMD decode, x86** (AVX2 with F16C, AVX-512): each code becomes the IEEE half with the
+//! same sign, exponent and mantissa bits (sign-extend to 16 bits, shift left by 7, clear bit 14),
+//! which is `e4m3 · 2^-8` exactly, subnormal codes included (e4m3's and f16's subnormals line up);
+//! the hardware half → single conversion widens it to an f32 that is always normal, and NaN
+//! codes (the only ones that widen to ±1.875) are blended to the canonical NaN. The earlier
+//! decode put the bits straight into an f32 (`e4m3 · 2^-120`), which made every subnormal code
+//! an f32 subnormal: Intel cores take a microcode assist on each multiplication with one (the
+//! FP8 kernels ran 7× slower per thread on a Xeon than on Zen 4). One multiplication by the
+//! block's scale times `2^8` then rounds as the reference does: the same real product, so the
+//! same rounding, as long as `s · 2^8` is finite (|s| < 2^120 — a span with a larger finite
+//! scale takes the buffered two-multiplication decode). **NEON** keeps the bit-placement
+//! decode (`e4m3 · 2^-120`, one multiplication by `2^120`): Arm cores handle subnormals at full
+//! speed. Spans start at a
 //! multiple of 16 columns, so every 8 or 16 columns share one block scale.
 
 use super::{check_len, check_scales, Format, WeightFormat};
@@ -133,7 +137,7 @@ impl Format for Fp8Block {
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn avx2_decode(row: Fp8Row<'_>, c0: usize, out: &mut [f32]) {
         assert!(c0.is_multiple_of(16), "fp8 span");
         let n = out.len();
@@ -185,7 +189,7 @@ impl Format for Fp8Block {
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn avx2_fold_one<const R: usize>(
         rows: [Fp8Row<'_>; R],
         c0: usize,
@@ -216,54 +220,70 @@ mod x86 {
     use crate::tiled::Lanes;
     use core::arch::x86_64::*;
 
-    /// Sign, exponent and mantissa bits of a code shifted left by 20.
-    const FIELDS: i32 = 0x87F0_0000_u32.cast_signed();
-    /// Exponent and mantissa bits of a code shifted left by 20 (all set: a NaN code).
-    const NAN_CODE: i32 = 0x07F0_0000;
-    /// 2^120, which turns the shifted pattern into the code's value.
-    const TWO_120: f32 = f32::from_bits((127 + 120) << 23);
+    /// A code sign-extended to 16 bits and shifted left by 7, with bit 14 (a copy of the sign)
+    /// cleared: the half with the code's sign, exponent and mantissa bits.
+    const HALF_FIELDS: i16 = 0xBFFF_u16.cast_signed();
+    /// What a NaN code (`0x7F`, `0xFF`) widens to, in magnitude: `480 · 2^-8`. No other code
+    /// widens to it (the largest finite code is `448`).
+    const NAN_HALF: f32 = 1.875;
+    /// 2^8, which turns a widened code into its value.
+    const TWO_8: f32 = 256.0;
 
     /// The AVX2 decode's constants.
     pub(super) struct Consts {
-        fields: __m256i,
-        nan_code: __m256i,
-        two_120: __m256,
+        fields: __m128i,
+        abs: __m256,
+        nan_half: __m256,
+        two_8: __m256,
         nan: __m256,
     }
 
     impl Consts {
-        #[target_feature(enable = "avx2,fma")]
+        #[target_feature(enable = "avx2,fma,f16c")]
         pub(super) fn new() -> Self {
             Self {
-                fields: _mm256_set1_epi32(FIELDS),
-                nan_code: _mm256_set1_epi32(NAN_CODE),
-                two_120: _mm256_set1_ps(TWO_120),
+                fields: _mm_set1_epi16(HALF_FIELDS),
+                abs: _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF)),
+                nan_half: _mm256_set1_ps(NAN_HALF),
+                two_8: _mm256_set1_ps(TWO_8),
                 nan: _mm256_set1_ps(f32::from_bits(0x7FC0_0000)),
             }
         }
     }
 
+    /// Eight codes at `p` → `e4m3 · 2^-8` each, and the lanes holding a NaN code.
+    ///
+    /// # Safety
+    /// `p` points to 8 readable bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn widen8(k: &Consts, p: *const u8) -> (__m256, __m256) {
+        // SAFETY: guaranteed by the caller.
+        let raw = unsafe { _mm_loadl_epi64(p.cast()) };
+        let half = _mm_and_si128(_mm_slli_epi16::<7>(_mm_cvtepi8_epi16(raw)), k.fields);
+        let v = _mm256_cvtph_ps(half);
+        let is_nan = _mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_and_ps(v, k.abs), k.nan_half);
+        (v, is_nan)
+    }
+
     /// Eight codes → their values times `scale` (see the module docs).
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub(super) fn decode8(k: &Consts, codes: &[u8], scale: f32) -> __m256 {
         assert!(codes.len() == 8);
         // SAFETY: `codes` is 8 bytes (asserted).
-        let raw = unsafe { _mm_loadl_epi64(codes.as_ptr().cast()) };
-        let bits = _mm256_and_si256(_mm256_slli_epi32::<20>(_mm256_cvtepi8_epi32(raw)), k.fields);
-        let v = _mm256_mul_ps(_mm256_castsi256_ps(bits), k.two_120);
-        let is_nan = _mm256_cmpeq_epi32(_mm256_and_si256(bits, k.nan_code), k.nan_code);
-        let v = _mm256_blendv_ps(v, k.nan, _mm256_castsi256_ps(is_nan));
+        let (v, is_nan) = unsafe { widen8(k, codes.as_ptr()) };
+        let v = _mm256_blendv_ps(_mm256_mul_ps(v, k.two_8), k.nan, is_nan);
         _mm256_mul_ps(v, _mm256_set1_ps(scale))
     }
 
-    /// A block scale times 2^120, the factor the one-row kernels multiply the shifted pattern
-    /// by (one multiplication instead of two: the real product is the same, so it rounds the
-    /// same), or `None` when that product overflows though the scale is finite (|s| ≥ 2^8,
-    /// never in a published checkpoint), where the buffered two-multiplication decode runs.
+    /// A block scale times 2^8, the factor the one-row kernels multiply a widened code by (one
+    /// multiplication instead of two: the real product is the same, so it rounds the same), or
+    /// `None` when that product overflows though the scale is finite (|s| ≥ 2^120, never in a
+    /// published checkpoint), where the buffered two-multiplication decode runs.
     #[inline]
     pub(super) fn fused_scale(s: f32) -> Option<f32> {
-        let f = s * TWO_120;
+        let f = s * TWO_8;
         (f.is_finite() || !s.is_finite()).then_some(f)
     }
 
@@ -274,25 +294,22 @@ mod x86 {
         rows.iter().all(|r| blocks.clone().all(|b| fused_scale(r.scale(b)).is_some()))
     }
 
-    /// Eight codes at `p` → their values times the block scale, given as `scale · 2^120`.
+    /// Eight codes at `p` → their values times the block scale, given as `scale · 2^8`.
     ///
     /// # Safety
     /// `p` points to 8 readable bytes.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn decode8_fused(k: &Consts, p: *const u8, scale: __m256) -> __m256 {
         // SAFETY: guaranteed by the caller.
-        let raw = unsafe { _mm_loadl_epi64(p.cast()) };
-        let bits = _mm256_and_si256(_mm256_slli_epi32::<20>(_mm256_cvtepi8_epi32(raw)), k.fields);
-        let v = _mm256_mul_ps(_mm256_castsi256_ps(bits), scale);
-        let is_nan = _mm256_cmpeq_epi32(_mm256_and_si256(bits, k.nan_code), k.nan_code);
-        _mm256_blendv_ps(v, k.nan, _mm256_castsi256_ps(is_nan))
+        let (v, is_nan) = unsafe { widen8(k, p) };
+        _mm256_blendv_ps(_mm256_mul_ps(v, scale), k.nan, is_nan)
     }
 
     /// FP8 rows against one activation row: 16 columns of each row decoded in registers and
     /// folded at once, a 128-column scale block at a time; each 64 bytes of a row consumed
     /// prefetch a line of the next tile.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn fold_one_avx2<const R: usize>(
         rows: [Fp8Row<'_>; R],
         c0: usize,
@@ -349,9 +366,9 @@ mod x86 {
 
     /// The AVX-512 decode's constants.
     pub(super) struct Consts512 {
-        fields: __m512i,
-        nan_code: __m512i,
-        two_120: __m512,
+        fields: __m256i,
+        nan_half: __m512,
+        two_8: __m512,
         nan: __m512,
     }
 
@@ -359,12 +376,27 @@ mod x86 {
         #[target_feature(enable = "avx512f")]
         pub(super) fn new() -> Self {
             Self {
-                fields: _mm512_set1_epi32(FIELDS),
-                nan_code: _mm512_set1_epi32(NAN_CODE),
-                two_120: _mm512_set1_ps(TWO_120),
+                fields: _mm256_set1_epi16(HALF_FIELDS),
+                nan_half: _mm512_set1_ps(NAN_HALF),
+                two_8: _mm512_set1_ps(TWO_8),
                 nan: _mm512_set1_ps(f32::from_bits(0x7FC0_0000)),
             }
         }
+    }
+
+    /// Sixteen codes at `p` → `e4m3 · 2^-8` each, and the lanes holding a NaN code.
+    ///
+    /// # Safety
+    /// `p` points to 16 readable bytes.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn widen16(k: &Consts512, p: *const u8) -> (__m512, __mmask16) {
+        // SAFETY: guaranteed by the caller.
+        let raw = unsafe { _mm_loadu_si128(p.cast()) };
+        let half = _mm256_and_si256(_mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(raw)), k.fields);
+        let v = _mm512_cvtph_ps(half);
+        let is_nan = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(_mm512_abs_ps(v), k.nan_half);
+        (v, is_nan)
     }
 
     /// Sixteen codes → their values times `scale`.
@@ -373,15 +405,12 @@ mod x86 {
     pub(super) fn decode16(k: &Consts512, codes: &[u8], scale: f32) -> __m512 {
         assert!(codes.len() == 16);
         // SAFETY: `codes` is 16 bytes (asserted).
-        let raw = unsafe { _mm_loadu_si128(codes.as_ptr().cast()) };
-        let bits = _mm512_and_si512(_mm512_slli_epi32::<20>(_mm512_cvtepi8_epi32(raw)), k.fields);
-        let v = _mm512_mul_ps(_mm512_castsi512_ps(bits), k.two_120);
-        let is_nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, k.nan_code), k.nan_code);
-        let v = _mm512_mask_blend_ps(is_nan, v, k.nan);
+        let (v, is_nan) = unsafe { widen16(k, codes.as_ptr()) };
+        let v = _mm512_mask_blend_ps(is_nan, _mm512_mul_ps(v, k.two_8), k.nan);
         _mm512_mul_ps(v, _mm512_set1_ps(scale))
     }
 
-    /// Sixteen codes at `p` → their values times the block scale, given as `scale · 2^120`.
+    /// Sixteen codes at `p` → their values times the block scale, given as `scale · 2^8`.
     ///
     /// # Safety
     /// `p` points to 16 readable bytes.
@@ -389,11 +418,8 @@ mod x86 {
     #[inline]
     unsafe fn decode16_fused(k: &Consts512, p: *const u8, scale: __m512) -> __m512 {
         // SAFETY: guaranteed by the caller.
-        let raw = unsafe { _mm_loadu_si128(p.cast()) };
-        let bits = _mm512_and_si512(_mm512_slli_epi32::<20>(_mm512_cvtepi8_epi32(raw)), k.fields);
-        let v = _mm512_mul_ps(_mm512_castsi512_ps(bits), scale);
-        let is_nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, k.nan_code), k.nan_code);
-        _mm512_mask_blend_ps(is_nan, v, k.nan)
+        let (v, is_nan) = unsafe { widen16(k, p) };
+        _mm512_mask_blend_ps(is_nan, _mm512_mul_ps(v, scale), k.nan)
     }
 
     /// FP8 rows against one activation row (AVX-512), as [`fold_one_avx2`].
