@@ -18,18 +18,12 @@
 
 mod common;
 
-use common::golden::{max_abs, Suite, HF_LAYER_STAGES, HF_ROUTING};
+use common::golden::Suite;
 use sluice_models::deepseek_v3::DeepseekV3;
 
 const ROPE_ABS_TOL: f32 = 2.4e-7;
 
-const SUITE: Suite = Suite {
-    family: "deepseek_v3",
-    fixtures: &["tiny-a", "tiny-b"],
-    layer_stages: HF_LAYER_STAGES,
-    final_stage: "final_norm",
-    routing: Some(HF_ROUTING),
-};
+const SUITE: Suite = Suite::transformers("deepseek_v3", &["tiny-a", "tiny-b"], true);
 
 #[test]
 fn stages_routing_and_logits_match_transformers() {
@@ -38,12 +32,7 @@ fn stages_routing_and_logits_match_transformers() {
 
 #[test]
 fn the_fixtures_hold_moe_and_dense_layers() {
-    for name in SUITE.fixtures {
-        let m = SUITE.family_model::<DeepseekV3>(name);
-        let c = m.config();
-        let moe = c.moe_layers();
-        assert!(!moe.is_empty() && moe.len() < c.num_hidden_layers, "{name}: MoE and dense");
-    }
+    SUITE.fixtures_hold_moe_and_dense_layers();
 }
 
 #[test]
@@ -60,18 +49,12 @@ fn the_goldens_hold_rows_where_a_zero_group_fill_would_route_differently() {
 fn rope_matches_rotary_emb() {
     for name in SUITE.fixtures {
         let m = SUITE.family_model::<DeepseekV3>(name);
-        let g = SUITE.golden(name);
-        assert_eq!(m.rope().inv_freq(), g.f("rope.inv_freq"), "{name}: inv_freq");
         let rd = m.config().qk_rope_head_dim;
-        let n = g.f("rope.cos").len() / rd;
-        let rows = m.rope().rows(0, n);
         // HF's rows are cat(freqs, freqs): the first half of each is the pair angle.
-        let half = |v: &[f32]| -> Vec<f32> {
-            v.chunks_exact(rd).flat_map(|r| r[..rd / 2].to_vec()).collect()
-        };
-        let dc = max_abs(&rows.cos, &half(g.f("rope.cos")));
-        let ds = max_abs(&rows.sin, &half(g.f("rope.sin")));
-        assert!(dc <= ROPE_ABS_TOL && ds <= ROPE_ABS_TOL, "{name}: cos {dc:e} sin {ds:e}");
+        SUITE.rope_matches_in(name, ROPE_ABS_TOL, m.rope().inv_freq(), (rd, rd / 2), |n| {
+            let r = m.rope().rows(0, n);
+            (r.cos, r.sin)
+        });
     }
 }
 

@@ -16,18 +16,12 @@
 
 mod common;
 
-use common::golden::{max_abs, Suite, HF_LAYER_STAGES, HF_ROUTING};
+use common::golden::Suite;
 use sluice_models::gpt_oss::GptOss;
 
 const ROPE_ABS_TOL: f32 = 4.8e-7;
 
-const SUITE: Suite = Suite {
-    family: "gpt_oss",
-    fixtures: &["tiny-a", "tiny-b"],
-    layer_stages: HF_LAYER_STAGES,
-    final_stage: "final_norm",
-    routing: Some(HF_ROUTING),
-};
+const SUITE: Suite = Suite::transformers("gpt_oss", &["tiny-a", "tiny-b"], true);
 
 #[test]
 fn stages_routing_and_logits_match_transformers() {
@@ -38,14 +32,11 @@ fn stages_routing_and_logits_match_transformers() {
 fn rope_matches_rotary_emb() {
     for name in SUITE.fixtures {
         let m = SUITE.family_model::<GptOss>(name);
-        let g = SUITE.golden(name);
-        assert_eq!(m.rope().inv_freq(), g.f("rope.inv_freq"), "{name}: inv_freq");
         let half = m.config().head_dim / 2;
-        let n = g.f("rope.cos").len() / half;
-        let rows = m.rope().rows(0, n);
-        let (dc, ds) = (max_abs(&rows.cos, g.f("rope.cos")), max_abs(&rows.sin, g.f("rope.sin")));
-        eprintln!("{name}: yarn cos max abs {dc:.3e}, sin max abs {ds:.3e}");
-        assert!(dc <= ROPE_ABS_TOL && ds <= ROPE_ABS_TOL, "{name}: cos {dc:e} sin {ds:e}");
+        SUITE.rope_matches_in(name, ROPE_ABS_TOL, m.rope().inv_freq(), (half, half), |n| {
+            let r = m.rope().rows(0, n);
+            (r.cos, r.sin)
+        });
     }
 }
 

@@ -14,18 +14,12 @@
 
 mod common;
 
-use common::golden::{max_abs, Suite, HF_LAYER_STAGES};
+use common::golden::Suite;
 use sluice_models::qwen3::Qwen3;
 
 const ROPE_ABS_TOL: f32 = 2.4e-7;
 
-const SUITE: Suite = Suite {
-    family: "qwen3",
-    fixtures: &["tiny-a", "tiny-b", "mini-draft"],
-    layer_stages: HF_LAYER_STAGES,
-    final_stage: "final_norm",
-    routing: None,
-};
+const SUITE: Suite = Suite::transformers("qwen3", &["tiny-a", "tiny-b", "mini-draft"], false);
 
 fn load(name: &str) -> Qwen3 {
     SUITE.family_model::<Qwen3>(name)
@@ -40,16 +34,11 @@ fn stages_and_logits_match_transformers() {
 fn rope_matches_rotary_emb() {
     for name in SUITE.fixtures {
         let m = load(name);
-        let g = SUITE.golden(name);
-        let inv = g.f("rope.inv_freq");
-        assert_eq!(m.rope().inv_freq(), inv, "{name}: inv_freq differs from HF's buffer");
         let hd = m.config().head_dim;
-        let n = g.f("rope.cos").len() / hd;
-        let rows = m.rope().rows(0, n);
-        let dc = max_abs(&rows.cos, g.f("rope.cos"));
-        let ds = max_abs(&rows.sin, g.f("rope.sin"));
-        eprintln!("{name}: rope cos max abs {dc:.3e}, sin max abs {ds:.3e} over {n} positions");
-        assert!(dc <= ROPE_ABS_TOL && ds <= ROPE_ABS_TOL, "{name}: cos {dc:e} sin {ds:e}");
+        SUITE.rope_matches_in(name, ROPE_ABS_TOL, m.rope().inv_freq(), (hd, hd), |n| {
+            let r = m.rope().rows(0, n);
+            (r.cos, r.sin)
+        });
     }
 }
 

@@ -14,18 +14,12 @@
 
 mod common;
 
-use common::golden::{max_abs, Suite, HF_LAYER_STAGES, HF_ROUTING};
+use common::golden::Suite;
 use sluice_models::qwen3_moe::Qwen3Moe;
 
 const ROPE_ABS_TOL: f32 = 2.4e-7;
 
-const SUITE: Suite = Suite {
-    family: "qwen3_moe",
-    fixtures: &["tiny-a", "tiny-b"],
-    layer_stages: HF_LAYER_STAGES,
-    final_stage: "final_norm",
-    routing: Some(HF_ROUTING),
-};
+const SUITE: Suite = Suite::transformers("qwen3_moe", &["tiny-a", "tiny-b"], true);
 
 #[test]
 fn stages_routing_and_logits_match_transformers() {
@@ -34,25 +28,18 @@ fn stages_routing_and_logits_match_transformers() {
 
 #[test]
 fn the_fixtures_hold_moe_and_dense_layers() {
-    for name in SUITE.fixtures {
-        let m = SUITE.family_model::<Qwen3Moe>(name);
-        let c = m.config();
-        let moe = c.moe_layers();
-        assert!(!moe.is_empty() && moe.len() < c.base.num_hidden_layers, "{name}: MoE and dense");
-    }
+    SUITE.fixtures_hold_moe_and_dense_layers();
 }
 
 #[test]
 fn rope_matches_rotary_emb() {
     for name in SUITE.fixtures {
         let m = SUITE.family_model::<Qwen3Moe>(name);
-        let g = SUITE.golden(name);
-        assert_eq!(m.rope().inv_freq(), g.f("rope.inv_freq"), "{name}: inv_freq");
         let hd = m.config().base.head_dim;
-        let n = g.f("rope.cos").len() / hd;
-        let rows = m.rope().rows(0, n);
-        let (dc, ds) = (max_abs(&rows.cos, g.f("rope.cos")), max_abs(&rows.sin, g.f("rope.sin")));
-        assert!(dc <= ROPE_ABS_TOL && ds <= ROPE_ABS_TOL, "{name}: cos {dc:e} sin {ds:e}");
+        SUITE.rope_matches_in(name, ROPE_ABS_TOL, m.rope().inv_freq(), (hd, hd), |n| {
+            let r = m.rope().rows(0, n);
+            (r.cos, r.sin)
+        });
     }
 }
 

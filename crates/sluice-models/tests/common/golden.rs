@@ -72,6 +72,17 @@ pub struct Suite {
 }
 
 impl Suite {
+    /// The goldens of a `transformers` generator (`tools/golden_common.py`): its per-layer stages,
+    /// `final_norm`, and for an MoE family ([`HF_ROUTING`]) its routing.
+    pub const fn transformers(
+        family: &'static str,
+        fixtures: &'static [&'static str],
+        moe: bool,
+    ) -> Self {
+        let routing = if moe { Some(HF_ROUTING) } else { None };
+        Self { family, fixtures, layer_stages: HF_LAYER_STAGES, final_stage: "final_norm", routing }
+    }
+
     /// The directory of fixture `name`.
     pub fn dir(&self, name: &str) -> PathBuf {
         super::fixture_of(self.family, name)
@@ -94,6 +105,42 @@ impl Suite {
     /// The goldens of fixture `name`.
     pub fn golden(&self, name: &str) -> Golden {
         Golden::load_dir(&self.dir(name))
+    }
+
+    /// Every fixture has MoE layers and dense layers, as the family's goldens mean to cover.
+    pub fn fixtures_hold_moe_and_dense_layers(&self) {
+        for name in self.fixtures {
+            let m = self.model(name);
+            let moe = m.routed_experts().map(|r| r.moe_layers).unwrap_or_default();
+            let layers = m.shape().layers;
+            assert!(!moe.is_empty() && moe.len() < layers, "{name}: MoE {moe:?} of {layers}");
+        }
+    }
+
+    /// Fixture `name`'s rotary tables against the goldens' `rope.*`: `inv_freq` bit-exact, the
+    /// cos and sin rows `rows(n)` gives for positions `0..n` within `tol`. The goldens hold
+    /// `width` values per position, of which the model's rows hold the first `take` (HF's
+    /// `cat(freqs, freqs)` rows hold each angle twice).
+    pub fn rope_matches_in(
+        &self,
+        name: &str,
+        tol: f32,
+        inv_freq: &[f32],
+        (width, take): (usize, usize),
+        rows: impl FnOnce(usize) -> (Vec<f32>, Vec<f32>),
+    ) {
+        let g = self.golden(name);
+        assert_eq!(inv_freq, g.f("rope.inv_freq"), "{name}: inv_freq differs from HF's buffer");
+        let n = g.f("rope.cos").len() / width;
+        let (cos, sin) = rows(n);
+        let head = |v: &[f32]| -> Vec<f32> {
+            v.chunks_exact(width).flat_map(|r| r[..take].to_vec()).collect()
+        };
+        let dc = max_abs(&cos, &head(g.f("rope.cos")));
+        let ds = max_abs(&sin, &head(g.f("rope.sin")));
+        eprintln!("{name}: rope cos max abs {dc:.3e}, sin max abs {ds:.3e} over {n} positions");
+        assert!(dc <= tol && ds <= tol, "{name}: cos {dc:e} sin {ds:e}");
+        assert_eq!(cos.len(), n * take, "{name}: rope rows");
     }
 
     /// [`Suite::stages_match_in`] over every fixture.

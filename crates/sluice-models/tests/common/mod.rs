@@ -1,7 +1,8 @@
 //! Shared helpers for the model tests: fixture paths, the golden harness ([`golden`]: the
 //! goldens the generators in `tools/` wrote next to each tiny checkpoint, and the checks every
-//! family's golden test runs against them); the prompt, run and streamed-model setup of the
-//! streaming and spine-placement tests.
+//! family's golden test runs against them), broken fixture copies for the bad-input tests
+//! ([`edit`]); the prompt, run and streamed-model setup of the streaming and spine-placement
+//! tests.
 // Fixture ids, shapes and lengths are small; casts between them cannot truncate.
 #![allow(
     dead_code,
@@ -12,6 +13,7 @@
     clippy::cast_possible_wrap
 )]
 
+pub mod edit;
 pub mod golden;
 
 use sluice_checkpoint::Checkpoint;

@@ -52,7 +52,8 @@ pub fn check(family: &str, name: &str, hf: bool) {
         let expected = string(get(case, "text"));
         if rendered != expected {
             let at = rendered.chars().zip(expected.chars()).take_while(|(a, b)| a == b).count();
-            let tail = |s: &str| s.chars().skip(at.saturating_sub(40)).take(120).collect::<String>();
+            let tail =
+                |s: &str| s.chars().skip(at.saturating_sub(40)).take(120).collect::<String>();
             panic!(
                 "{family}/{name}/{case_name}: rendering differs at char {at}:\n sluice: {:?}\n python: {:?}",
                 tail(&rendered),
