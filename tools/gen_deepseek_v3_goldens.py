@@ -42,7 +42,6 @@ Usage (see tools/requirements-deepseek-v3.txt):
     python3 tools/gen_deepseek_v3_goldens.py --out tests/fixtures/deepseek_v3
 """
 
-import argparse
 import base64
 import json
 import math
@@ -52,8 +51,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gen_qwen3_goldens as q3  # noqa: E402  (BPE tokenizer, greedy loops, helpers)
-import gen_qwen3_moe_goldens as q3m  # noqa: E402  (sharded writer)
+import gen_qwen3_goldens as q3  # noqa: E402  (the BPE tokenizer trainer)
+import golden_common as gc  # noqa: E402  (prompts, shards, stage capture, greedy loops, golden files)
 
 CONFIGS = {
     "tiny-a": dict(
@@ -74,7 +73,6 @@ CONFIGS = {
     ),
 }
 
-MIN_MARGIN = 1e-3
 MIN_ROUTER_GAP = 2e-4
 MAX_ATTEMPTS = 40
 
@@ -496,107 +494,36 @@ def reference_model(cfg_json):
     return ref
 
 
-def capture_stages(ref, ids, router):
-    import torch
-
-    rec, hooks = {}, []
-
-    def put(name):
-        def hook(_mod, _args, out):
-            o = out[0] if isinstance(out, tuple) else out
-            rec[name] = o.detach()[0].to(torch.float32).clone().numpy()
-        return hook
-
-    m = ref.model
-    hooks.append(m.embed_tokens.register_forward_hook(put("embed")))
-    for i, layer in enumerate(m.layers):
-        hooks.append(layer.input_layernorm.register_forward_hook(put(f"layer{i}.attn_in")))
-        hooks.append(layer.self_attn.register_forward_hook(put(f"layer{i}.attn_out")))
-        hooks.append(layer.post_attention_layernorm.register_forward_hook(put(f"layer{i}.mlp_in")))
-        hooks.append(layer.mlp.register_forward_hook(put(f"layer{i}.mlp_out")))
-        hooks.append(layer.register_forward_hook(put(f"layer{i}.out")))
-    hooks.append(m.norm.register_forward_hook(put("final_norm")))
-    router.record, router.calls = True, {}
-    try:
-        with torch.no_grad():
-            out = ref(input_ids=torch.tensor([ids]), use_cache=False)
-    finally:
-        router.record = False
-        for hk in hooks:
-            hk.remove()
-    rec["logits"] = out.logits[0].to(torch.float32).numpy().copy()
-    for i, (lg, ids_, wts) in router.calls.items():
-        rec[f"layer{i}.router_logits"] = lg
-        rec[f"layer{i}.topk_ids"] = ids_
-        rec[f"layer{i}.topk_weights"] = wts
-    return rec
-
-
 def attempt(c, seed, encode, bos, eos, out_dir):
-    import torch
-
     stored, deq = draw_weights(c, seed)
-    q3m.clear_model_files(out_dir)
-    q3m.write_sharded(stored, out_dir)
+    gc.clear_model_files(out_dir)
+    gc.write_sharded(stored, out_dir)
     cfg_json = published_config(c, bos, eos)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(cfg_json, f, indent=2)
-        f.write("\n")
+    gc.write_config(out_dir, cfg_json)
 
     ref = reference_model(cfg_json)
     missing, unexpected = ref.load_state_dict(hf_state_dict(deq, c), strict=False)
     assert not unexpected, f"unexpected tensors {unexpected}"
     assert not missing, f"parameters not loaded {missing}"
     router = Router(ref, c)
-    prompts = [encode(s)[:n] for s, n in zip(q3.PROMPT_TEXTS, q3.PROMPT_LENS)]
-    assert [len(p) for p in prompts] == q3.PROMPT_LENS, [len(p) for p in prompts]
-    stages = [capture_stages(ref, p, router) for p in prompts]
+    prompts = gc.prompts_of(encode)
+    stages = [gc.capture_stages(ref, p, router) for p in prompts]
     corner_prompt_rows = router.corner_rows
+    decode = gc.decode_run(ref, encode(gc.DECODE_TEXT)[:gc.DECODE_PROMPT_LEN])
+    greedy = gc.greedy_runs(ref, prompts, generate=None)
+    f64 = [gc.rel_l2(st["logits"], numpy_f64_logits(deq, c, p)) for p, st in zip(prompts, stages)]
 
-    dprompt = encode(q3.DECODE_TEXT)[:q3.DECODE_PROMPT_LEN]
-    dtok, dlogits = q3.cached_greedy(ref, dprompt, q3.DECODE_STEPS)
-    full = []
-    for s in range(q3.DECODE_STEPS + 1):
-        with torch.no_grad():
-            lg = ref(input_ids=torch.tensor([dprompt + dtok[:s]]), use_cache=False).logits[0, -1].numpy()
-        full.append(float(np.abs(lg - dlogits[s]).max()))
-    assert max(full) < 1e-3, f"cached decode disagrees with a full recompute ({max(full):.3e})"
-    decode = {"prompt": dprompt, "tokens": dtok, "logits": dlogits, "margins": [q3.margin(r) for r in dlogits],
-              "full_recompute_max_abs_diff": max(full)}
-    greedy = []
-    for p in prompts:
-        toks, lg = q3.cached_greedy(ref, p, q3.GREEDY_TOKENS - 1)
-        greedy.append({"prompt": p, "tokens": toks, "margins": [q3.margin(r) for r in lg]})
-    f64 = [q3.rel_l2(st["logits"], numpy_f64_logits(deq, c, p)) for p, st in zip(prompts, stages)]
-
-    reasons = []
-    worst = min(min(decode["margins"]), min(min(g["margins"]) for g in greedy))
-    if worst < MIN_MARGIN:
-        reasons.append(f"greedy/decode top-2 margin {worst:.2e} < {MIN_MARGIN:e}")
-    if router.min_gap < MIN_ROUTER_GAP:
-        reasons.append(f"router gap {router.min_gap:.2e} < {MIN_ROUTER_GAP:e}")
-    runs = [g["tokens"] for g in greedy] + [dtok]
-    if min(len(set(t)) for t in runs) < q3.MIN_DISTINCT:
-        reasons.append(f"a greedy run has fewer than {q3.MIN_DISTINCT} distinct tokens: {runs}")
+    reasons = gc.draw_reasons(decode, greedy, router_gap=router.min_gap, min_router_gap=MIN_ROUTER_GAP)
     if c["kind"] == "deepseek_v3" and corner_prompt_rows == 0:
         reasons.append("no prompt row where a 0.0 group fill would route differently")
-    rot = ref.model.rotary_emb
-    pos = torch.arange(q3.ROPE_POSITIONS)[None, :]
-    with torch.no_grad():
-        cos, sin = rot(torch.zeros(1, dtype=torch.float32), pos)
-    rope = {"inv_freq": rot.inv_freq.to(torch.float32).numpy().copy(), "cos": cos[0].numpy().copy(),
-            "sin": sin[0].numpy().copy()}
-    res = {"seed": seed, "rope": rope, "prompts": prompts, "stages": stages, "decode": decode, "greedy": greedy,
-           "f64": f64, "router_min_gap": router.min_gap, "corner_rows": corner_prompt_rows,
+    res = {"seed": seed, "rope": gc.rope_tables(ref), "prompts": prompts, "stages": stages, "decode": decode,
+           "greedy": greedy, "f64": f64, "router_min_gap": router.min_gap, "corner_rows": corner_prompt_rows,
            "router_rows": router.rows, "corner_rows_all": router.corner_rows,
            "softmax_scale": float(ref.model.layers[0].self_attn.scaling)}
     return not reasons, reasons, res
 
 
 def generate(name, c, root):
-    import torch
-    from safetensors.numpy import save_file
-
     import gen_family_chat_goldens as chat
 
     out_dir = os.path.join(root, name)
@@ -609,48 +536,28 @@ def generate(name, c, root):
     else:
         encode, bos, eos = kimi_tokenizer(c, out_dir)
     chat.install_chat_template(out_dir, c["kind"])
-    torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
-    for a in range(MAX_ATTEMPTS):
-        ok, reasons, r = attempt(c, c["seed"] + a, encode, bos, eos, out_dir)
-        if ok:
-            break
-        print(f"[{name}] attempt {a} (seed {c['seed'] + a}) rejected: {'; '.join(reasons)}")
-    else:
-        raise RuntimeError(f"{name}: no acceptable draw in {MAX_ATTEMPTS} attempts")
+    gc.set_threads()
+    r = gc.search(name, c["seed"], MAX_ATTEMPTS, lambda seed: attempt(c, seed, encode, bos, eos, out_dir))
 
     moe_layers = [i for i in range(c["layers"]) if is_moe(c, i)]
-    per_prompt = ["embed"] + [f"layer{i}.{s}" for i in range(c["layers"])
-                              for s in ("attn_in", "attn_out", "mlp_in", "mlp_out", "out")] + ["final_norm", "logits"]
-    routing = [f"layer{i}.{s}" for i in moe_layers for s in ("router_logits", "topk_ids", "topk_weights")]
-    tensors = {}
-    for j, (p, st) in enumerate(zip(r["prompts"], r["stages"])):
-        tensors[f"p{j}.ids"] = np.array(p, dtype=np.int32)
-        for s in per_prompt + routing:
-            v = st[s]
-            tensors[f"p{j}.{s}"] = np.ascontiguousarray(v, dtype=np.int32 if v.dtype == np.int32 else np.float32)
-    d = r["decode"]
-    tensors["decode.prompt"] = np.array(d["prompt"], dtype=np.int32)
-    tensors["decode.tokens"] = np.array(d["tokens"], dtype=np.int32)
-    tensors["decode.logits"] = np.ascontiguousarray(d["logits"], dtype=np.float32)
-    for k in ("inv_freq", "cos", "sin"):
-        tensors[f"rope.{k}"] = r["rope"][k]
-    save_file(tensors, os.path.join(out_dir, "golden.safetensors"), metadata={"format": "sluice-golden"})
+    per_prompt, routing = gc.stage_lists(c["layers"], moe_layers)
+    gc.save_goldens(out_dir, gc.golden_tensors(r["prompts"], r["stages"], r["decode"], r["rope"],
+                                               per_prompt + routing))
     gj = {
         "config_name": name, "seed": r["seed"], "generator": "tools/gen_deepseek_v3_goldens.py",
         "reference": "transformers DeepseekV3ForCausalLM on CPU in float32 (eager attention), loaded with the "
                      "dequantized values of the stored FP8 / INT4 / bf16 tensors; router replaced by DeepSeek's "
                      "reference Gate (-inf group mask, top-k sorted by biased score)",
-        "versions": q3.versions(), "config": json.load(open(os.path.join(out_dir, "config.json"))),
+        "versions": gc.versions(), "config": gc.read_config(out_dir),
         "moe_layers": moe_layers, "prompts": r["prompts"],
-        "stage_template": [f"p{{j}}.{s}" for s in ["ids"] + per_prompt + routing],
+        "stage_template": gc.stage_template(per_prompt + routing),
         "stage_notes": {
             "router_logits": "router logits [T,E] before the sigmoid (MoE layers)",
             "topk_ids": "chosen expert ids [T,k], I32, sorted by biased score descending",
             "topk_weights": "their weights [T,k]: sigmoid scores, normalised, times routed_scaling_factor",
             "mlp_out": "MoE block output (routed + shared experts) or the dense MLP",
         },
-        "decode": {"prompt": d["prompt"], "tokens": d["tokens"], "logits_tensor": "decode.logits",
-                   "margins": d["margins"], "full_recompute_max_abs_diff": d["full_recompute_max_abs_diff"]},
+        "decode": gc.decode_json(r["decode"], rows_note=False),
         "greedy": r["greedy"],
         "checks": {"numpy_f64_vs_hf_logits_rel_l2": r["f64"], "router_min_gap": r["router_min_gap"],
                    "softmax_scale": r["softmax_scale"],
@@ -658,27 +565,17 @@ def generate(name, c, root):
                        "prompt_rows": r["corner_rows"], "all_router_rows": r["router_rows"],
                        "all_rows_differing": r["corner_rows_all"]}},
     }
-    with open(os.path.join(out_dir, "golden.json"), "w") as f:
-        json.dump(gj, f, indent=1, ensure_ascii=False)
-        f.write("\n")
+    gc.write_json(os.path.join(out_dir, "golden.json"), gj)
     print(f"[{name}] seed {r['seed']}; f64 relL2 {max(r['f64']):.3e}; router gap {r['router_min_gap']:.3e}; "
           f"corner rows {r['corner_rows']} (prompts), {r['corner_rows_all']}/{r['router_rows']} (all)")
-    if max(r["f64"]) > 1e-4:
-        raise AssertionError(f"{name}: numpy float64 reference disagrees with transformers")
+    gc.check_f64(name, r["f64"])
 
 
 def main():
-    ap = argparse.ArgumentParser(description="Generate tiny DeepSeek-V3 / Kimi K2 checkpoints and goldens.")
-    ap.add_argument("--out", required=True, help="output root, e.g. tests/fixtures/deepseek_v3")
-    ap.add_argument("--only", choices=sorted(CONFIGS))
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    print("versions:", json.dumps(q3.versions()))
-    for name in sorted(CONFIGS):
-        if args.only and name != args.only:
-            continue
+    args, names = gc.cli("Generate tiny DeepSeek-V3 / Kimi K2 checkpoints and goldens.",
+                         "tests/fixtures/deepseek_v3", CONFIGS, gc.versions())
+    for name in names:
         generate(name, dict(CONFIGS[name]), args.out)
-
 
 if __name__ == "__main__":
     main()

@@ -31,7 +31,6 @@ Usage (needs torch; see tools/requirements-qwen3-moe.txt):
     python3 tools/gen_gpt_oss_goldens.py --out tests/fixtures/gpt_oss
 """
 
-import argparse
 import json
 import math
 import os
@@ -40,8 +39,9 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gen_qwen3_goldens as q3  # noqa: E402
-import gen_qwen3_moe_goldens as qm  # noqa: E402
+import gen_qwen3_goldens as q3  # noqa: E402  (the tokenizer trainer)
+import gen_qwen3_moe_goldens as qm  # noqa: E402  (the router watch, rejection thresholds, pinned versions)
+import golden_common as gc  # noqa: E402  (prompts, shards, stage capture, greedy loops, golden files)
 
 HARMONY_SPECIALS = ["<|endoftext|>", "<|startoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>",
                     "<|constrain|>", "<|return|>", "<|call|>"]
@@ -271,11 +271,9 @@ def attempt(c, seed, tok, out_dir):
     from transformers import GptOssForCausalLM, Mxfp4Config
 
     w = draw_weights(c, seed)
-    qm.clear_model_files(out_dir)
-    qm.write_sharded(w, out_dir)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(published_config(c, tok), f, indent=2)
-        f.write("\n")
+    gc.clear_model_files(out_dir)
+    gc.write_sharded(w, out_dir)
+    gc.write_config(out_dir, published_config(c, tok))
 
     ref = GptOssForCausalLM.from_pretrained(out_dir, attn_implementation="eager", dtype=torch.float32,
                                             quantization_config=Mxfp4Config(dequantize=True)).eval()
@@ -283,32 +281,13 @@ def attempt(c, seed, tok, out_dir):
     check_loaded_equals_published(ref, w, c)
     watch = RouterWatch(ref, c)
     try:
-        prompts = [tok.encode(s).ids[:n] for s, n in zip(q3.PROMPT_TEXTS, q3.PROMPT_LENS)]
-        assert [len(p) for p in prompts] == q3.PROMPT_LENS, [len(p) for p in prompts]
-        stages = [qm.capture_stages(ref, p, watch) for p in prompts]
-        for p, st in zip(prompts, stages):
-            with torch.no_grad():
-                plain = ref(input_ids=torch.tensor([p]), use_cache=False).logits[0].numpy()
-            assert np.array_equal(plain, st["logits"]), "hooks changed the logits"
-        dprompt = tok.encode(q3.DECODE_TEXT).ids[:q3.DECODE_PROMPT_LEN]
-        dtok, dlogits = q3.cached_greedy(ref, dprompt, q3.DECODE_STEPS)
-        assert len(dprompt) + q3.DECODE_STEPS > c["window"], "the decode scenario must pass the sliding window"
-        full = []
-        for s in range(q3.DECODE_STEPS + 1):
-            with torch.no_grad():
-                lg = ref(input_ids=torch.tensor([dprompt + dtok[:s]]), use_cache=False).logits[0, -1].numpy()
-            full.append(float(np.abs(lg - dlogits[s]).max()))
-        assert max(full) < 1e-3, f"cached decode disagrees with a full recompute ({max(full):.3e})"
-        decode = {"prompt": dprompt, "tokens": dtok, "logits": dlogits, "margins": [q3.margin(r) for r in dlogits],
-                  "full_recompute_max_abs_diff": max(full)}
-        greedy = []
-        for p in prompts:
-            toks, lg = q3.cached_greedy(ref, p, q3.GREEDY_TOKENS - 1)
-            gen = q3.hf_generate(ref, p, q3.GREEDY_TOKENS)
-            if gen != toks:
-                raise AssertionError(f"generate {gen} != cached greedy loop {toks}")
-            greedy.append({"prompt": p, "tokens": toks, "margins": [q3.margin(r) for r in lg],
-                           "generate": "generate() equals the cached greedy loop"})
+        prompts = gc.prompts_of(lambda s: tok.encode(s).ids)
+        stages = [gc.capture_stages(ref, p, watch) for p in prompts]
+        gc.check_hooks_kept_logits(ref, prompts, stages)
+        dprompt = tok.encode(gc.DECODE_TEXT).ids[:gc.DECODE_PROMPT_LEN]
+        assert len(dprompt) + gc.DECODE_STEPS > c["window"], "the decode scenario must pass the sliding window"
+        decode = gc.decode_run(ref, dprompt)
+        greedy = gc.greedy_runs(ref, prompts)
         router_gap = watch.min_gap
     finally:
         watch.remove()
@@ -316,26 +295,13 @@ def attempt(c, seed, tok, out_dir):
     f64, clamps = [], [0, 0]
     for p, st in zip(prompts, stages):
         lg, cl = numpy_f64_forward(w, c, p)
-        f64.append(q3.rel_l2(st["logits"], lg))
+        f64.append(gc.rel_l2(st["logits"], lg))
         clamps = [clamps[0] + cl[0], clamps[1] + cl[1]]
 
-    reasons = []
-    worst = min(min(decode["margins"]), min(min(g["margins"]) for g in greedy))
-    if worst < qm.MIN_MARGIN:
-        reasons.append(f"greedy/decode top-2 margin {worst:.2e} < {qm.MIN_MARGIN:e}")
-    if router_gap < qm.MIN_ROUTER_GAP:
-        reasons.append(f"router k-th/(k+1)-th logit gap {router_gap:.2e} < {qm.MIN_ROUTER_GAP:e}")
-    runs = [g["tokens"] for g in greedy] + [dtok]
-    if min(len(set(t)) for t in runs) < q3.MIN_DISTINCT:
-        reasons.append(f"a greedy run has fewer than {q3.MIN_DISTINCT} distinct tokens: {runs}")
+    reasons = gc.draw_reasons(decode, greedy, router_gap=router_gap, min_router_gap=qm.MIN_ROUTER_GAP)
     if min(clamps) == 0:
         reasons.append(f"the SwiGLU clamp is not exercised (gate > limit {clamps[0]}, |up| > limit {clamps[1]})")
-    rot = ref.model.rotary_emb
-    pos = torch.arange(q3.ROPE_POSITIONS)[None, :]
-    with torch.no_grad():
-        cos, sin = rot(torch.zeros(1, dtype=torch.float32), pos)
-    rope = {"inv_freq": rot.inv_freq.to(torch.float32).numpy().copy(), "cos": cos[0].numpy().copy(),
-            "sin": sin[0].numpy().copy(), "attention_scaling": float(rot.attention_scaling)}
+    rope = dict(gc.rope_tables(ref), attention_scaling=float(ref.model.rotary_emb.attention_scaling))
     res = {"seed": seed, "rope": rope, "prompts": prompts, "stages": stages, "decode": decode, "greedy": greedy,
            "numpy_f64_logits_rel_l2": f64, "router_min_gap": router_gap, "clamps": clamps,
            "vocab_tok": tok.get_vocab_size(with_added_tokens=True)}
@@ -355,9 +321,6 @@ def write_tokenizer(tok, out_dir):
 
 
 def generate(name, c, root):
-    import torch
-    from safetensors.numpy import save_file
-
     out_dir = os.path.join(root, name)
     os.makedirs(out_dir, exist_ok=True)
     tok = q3.build_tokenizer(c["bpe_vocab"], specials=HARMONY_SPECIALS, plain_added=[])
@@ -365,32 +328,13 @@ def generate(name, c, root):
     import gen_family_chat_goldens  # the published chat template, as gpt-oss ships it (chat_template.jinja)
 
     gen_family_chat_goldens.install_chat_template(out_dir, "gpt_oss")
-    torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
-    for a in range(qm.MAX_ATTEMPTS):
-        ok, reasons, r = attempt(c, c["seed"] + a, tok, out_dir)
-        if ok:
-            break
-        print(f"[{name}] attempt {a} (seed {c['seed'] + a}) rejected: {'; '.join(reasons)}")
-    else:
-        raise RuntimeError(f"{name}: no acceptable draw in {qm.MAX_ATTEMPTS} attempts")
+    gc.set_threads()
+    r = gc.search(name, c["seed"], qm.MAX_ATTEMPTS, lambda seed: attempt(c, seed, tok, out_dir))
 
-    per_prompt = ["embed"] + [f"layer{i}.{s}" for i in range(c["layers"])
-                              for s in ("attn_in", "attn_out", "mlp_in", "mlp_out", "out")] + ["final_norm", "logits"]
-    routing = [f"layer{i}.{s}" for i in range(c["layers"]) for s in ("router_logits", "topk_ids", "topk_weights")]
-    tensors = {}
-    for j, (p, st) in enumerate(zip(r["prompts"], r["stages"])):
-        tensors[f"p{j}.ids"] = np.array(p, dtype=np.int32)
-        for s in per_prompt + routing:
-            v = st[s]
-            tensors[f"p{j}.{s}"] = np.ascontiguousarray(v, dtype=np.int32 if v.dtype == np.int32 else np.float32)
+    per_prompt, routing = gc.stage_lists(c["layers"], range(c["layers"]))
+    gc.save_goldens(out_dir, gc.golden_tensors(r["prompts"], r["stages"], r["decode"], r["rope"],
+                                               per_prompt + routing))
     d = r["decode"]
-    tensors["decode.prompt"] = np.array(d["prompt"], dtype=np.int32)
-    tensors["decode.tokens"] = np.array(d["tokens"], dtype=np.int32)
-    tensors["decode.logits"] = np.ascontiguousarray(d["logits"], dtype=np.float32)
-    for k in ("inv_freq", "cos", "sin"):
-        tensors[f"rope.{k}"] = r["rope"][k]
-    save_file(tensors, os.path.join(out_dir, "golden.safetensors"), metadata={"format": "sluice-golden"})
-
     gj = {
         "config_name": name,
         "seed": r["seed"],
@@ -399,11 +343,11 @@ def generate(name, c, root):
                      "'eager', quantization_config=Mxfp4Config(dequantize=True)): f32 computation of the published "
                      "bf16 and MXFP4 weights (dequantized values checked equal to lut[nibble] * 2^(scale - 127))",
         "versions": qm.versions(),
-        "config": json.load(open(os.path.join(out_dir, "config.json"))),
+        "config": gc.read_config(out_dir),
         "tokenizer_vocab_size": r["vocab_tok"],
         "prompts": r["prompts"],
-        "prompt_texts": q3.PROMPT_TEXTS,
-        "stage_template": [f"p{{j}}.{s}" for s in ["ids"] + per_prompt + routing],
+        "prompt_texts": gc.PROMPT_TEXTS,
+        "stage_template": gc.stage_template(per_prompt + routing),
         "stage_notes": {
             "attn_out": "self_attn output after o_proj (+ bias) [T,d]",
             "mlp_out": "GptOssMLP output [T,d]",
@@ -411,10 +355,7 @@ def generate(name, c, root):
             "topk_ids": "top-k expert ids over the router logits [T,k], I32, logit descending",
             "topk_weights": "softmax over the k chosen logits [T,k]",
         },
-        "decode": {"prompt": d["prompt"], "tokens": d["tokens"], "logits_tensor": "decode.logits",
-                   "logits_rows": "row 0 = last row of the prefill; row s = after feeding tokens[s-1] through "
-                                  "the DynamicCache", "margins": d["margins"],
-                   "full_recompute_max_abs_diff": d["full_recompute_max_abs_diff"]},
+        "decode": gc.decode_json(d),
         "greedy": r["greedy"],
         "rope": {"attention_scaling": r["rope"]["attention_scaling"],
                  "tensors": "rope.inv_freq [head_dim/2], rope.cos / rope.sin [40, head_dim/2] (YaRN, scaled by "
@@ -424,29 +365,18 @@ def generate(name, c, root):
                    "swiglu_clamped_in_prompts": {"gate_above_limit": r["clamps"][0],
                                                  "up_outside_limit": r["clamps"][1]}},
     }
-    with open(os.path.join(out_dir, "golden.json"), "w") as f:
-        json.dump(gj, f, indent=1, ensure_ascii=False)
-        f.write("\n")
+    gc.write_json(os.path.join(out_dir, "golden.json"), gj)
     print(f"[{name}] seed {r['seed']}; decode vs full recompute max abs {d['full_recompute_max_abs_diff']:.3e}; "
           f"numpy f64 logits relL2 {max(r['numpy_f64_logits_rel_l2']):.3e}; router gap {r['router_min_gap']:.3e}; "
-          f"clamps {r['clamps']}; min margin "
-          f"{min(min(d['margins']), min(min(g['margins']) for g in r['greedy'])):.3e}")
-    if max(r["numpy_f64_logits_rel_l2"]) > 1e-4:
-        raise AssertionError(f"{name}: numpy float64 reference disagrees with transformers")
+          f"clamps {r['clamps']}; min margin {gc.min_margin_of(r):.3e}")
+    gc.check_f64(name, r["numpy_f64_logits_rel_l2"])
 
 
 def main():
-    ap = argparse.ArgumentParser(description="Generate tiny GPT-OSS checkpoints and HF transformers goldens.")
-    ap.add_argument("--out", required=True, help="output root, e.g. tests/fixtures/gpt_oss")
-    ap.add_argument("--only", choices=sorted(CONFIGS), help="generate one configuration")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    print("versions:", json.dumps(qm.versions()))
-    for name in sorted(CONFIGS):
-        if args.only and name != args.only:
-            continue
+    args, names = gc.cli("Generate tiny GPT-OSS checkpoints and HF transformers goldens.", "tests/fixtures/gpt_oss",
+                         CONFIGS, qm.versions())
+    for name in names:
         generate(name, CONFIGS[name], args.out)
-
 
 if __name__ == "__main__":
     main()

@@ -30,13 +30,11 @@ Usage (needs torch; see tools/requirements-qwen3.txt):
     python3 tools/gen_qwen3_goldens.py --out /tmp/q --tokenizer-only   # no torch needed
 """
 
-import argparse
 import importlib.metadata
 import inspect
 import json
 import math
 import os
-import platform
 import sys
 
 import numpy as np
@@ -44,6 +42,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from tokenizers import trainers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import golden_common as gc  # noqa: E402  (prompts, stage capture, greedy loops, golden files)
 import tokenizer_corpus  # noqa: E402  (shared training text and test strings, same directory)
 
 # The pre-tokenizer split of Qwen2/Qwen2.5/Qwen3's tokenizer.json.
@@ -62,19 +61,6 @@ CONFIGS = {
                    head_dim=32, tie=False, theta=10_000.0, eps=1e-5, max_pos=256, embed_std=1.0, gain=0.9),
 }
 
-PROMPT_TEXTS = [
-    "The",
-    "The river keeper opened the gate at dawn",
-    "She said, \"It's not the river that's changed.\" 河流管理员在黎明时打开了闸门 and 3.14159",
-]
-PROMPT_LENS = [1, 6, 24]
-DECODE_TEXT = "In the spring the water is high; in the autumn it is low"
-DECODE_PROMPT_LEN = 7
-DECODE_STEPS = 6
-GREEDY_TOKENS = 8
-MIN_MARGIN = 1e-3
-MIN_DISTINCT = 4  # greedy runs that just repeat a token would test little
-ROPE_POSITIONS = 40
 MAX_ATTEMPTS = 20
 
 
@@ -180,90 +166,34 @@ def init_weights(model, seed, embed_std, gain):
             p.copy_(v.to(torch.bfloat16).to(torch.float32))
 
 
-def capture_stages(ref, ids):
-    """One no-cache forward of `ids` with hooks on HF's own modules."""
-    import torch
-
-    rec, hooks = {}, []
-
-    def put(name):
-        def hook(_mod, _args, out):
-            o = out[0] if isinstance(out, tuple) else out
-            rec[name] = o.detach()[0].to(torch.float32).clone().numpy()
-        return hook
-
-    m = ref.model
-    hooks.append(m.embed_tokens.register_forward_hook(put("embed")))
-    for i, layer in enumerate(m.layers):
-        hooks.append(layer.input_layernorm.register_forward_hook(put(f"layer{i}.attn_in")))
-        hooks.append(layer.self_attn.register_forward_hook(put(f"layer{i}.attn_out")))
-        hooks.append(layer.post_attention_layernorm.register_forward_hook(put(f"layer{i}.mlp_in")))
-        hooks.append(layer.mlp.register_forward_hook(put(f"layer{i}.mlp_out")))
-        hooks.append(layer.register_forward_hook(put(f"layer{i}.out")))
-    hooks.append(m.norm.register_forward_hook(put("final_norm")))
-    try:
-        with torch.no_grad():
-            out = ref(input_ids=torch.tensor([ids]), use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
-    rec["logits"] = out.logits[0].to(torch.float32).numpy().copy()
-    return rec
-
-
-def margin(row):
-    s = np.sort(np.asarray(row, dtype=np.float64))
-    return float(s[-1] - s[-2])
-
-
-def cached_greedy(ref, prompt, steps):
-    """Prefill then `steps` single-token steps through a DynamicCache: (tokens, last-row logits per step)."""
-    import torch
-    from transformers import DynamicCache
-
-    try:
-        cache = DynamicCache(config=ref.config)
-    except TypeError:
-        cache = DynamicCache()
-    kw = "cache" if "cache" in inspect.signature(ref.forward).parameters else "past_key_values"
-    logits, tokens = [], []
-    with torch.no_grad():
-        out = ref(input_ids=torch.tensor([prompt]), use_cache=True, **{kw: cache})
-        for s in range(steps + 1):
-            row = out.logits[0, -1].to(torch.float32).numpy().copy()
-            logits.append(row)
-            tokens.append(int(np.argmax(row)))
-            if s < steps:
-                out = ref(input_ids=torch.tensor([[tokens[-1]]]), use_cache=True, **{kw: cache})
-    assert cache.get_seq_length() == len(prompt) + steps, "the cache was not used"
-    return tokens, np.stack(logits)
-
-
-def hf_generate(ref, prompt, n):
-    import torch
-    from transformers import GenerationConfig
-
-    ref.generation_config.eos_token_id = None
-    gc = GenerationConfig(max_new_tokens=n, min_new_tokens=0, do_sample=False, num_beams=1, eos_token_id=None,
-                          pad_token_id=ref.config.pad_token_id)
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        seq = ref.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gc)
-    return [int(t) for t in seq[0, len(prompt):]]
-
-
 def numpy_f64_logits(ref, ids):
     """Independent float64 Qwen3 forward (no HF code) over the loaded f32 parameters."""
     cfg = ref.config
     p = {k: v.detach().to("cpu").double().numpy() for k, v in ref.state_dict().items()}
-    hd, nh, nkv, eps = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.rms_norm_eps
     theta = cfg.rope_parameters["rope_theta"] if hasattr(cfg, "rope_parameters") else cfg.rope_theta
+    dims = dict(head_dim=cfg.head_dim, heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
+                eps=cfg.rms_norm_eps, theta=theta, layers=cfg.num_hidden_layers, tie=cfg.tie_word_embeddings)
+
+    def mlp(i, x):
+        L = f"model.layers.{i}."
+        gt, up = x @ p[L + "mlp.gate_proj.weight"].T, x @ p[L + "mlp.up_proj.weight"].T
+        return (gt / (1.0 + np.exp(-gt)) * up) @ p[L + "mlp.down_proj.weight"].T
+
+    return qwen_f64_logits(p, dims, ids, mlp)
+
+
+def qwen_f64_logits(p, dims, ids, mlp):
+    """The float64 Qwen3 decoder (no HF code) over `p`, float64 arrays under the published names: pre-norm GQA
+    attention with q/k RMSNorm and RoPE, then `mlp(i, x)`, layer i's MLP on its normed input (dense here, the
+    sparse block in tools/gen_qwen3_moe_goldens.py); `dims` holds head_dim, heads, kv_heads, eps, theta, layers and
+    tie. Returns the logits [T, V]."""
+    hd, nh, nkv, eps = dims["head_dim"], dims["heads"], dims["kv_heads"], dims["eps"]
 
     def rms(x, w):
         return w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
 
     t = len(ids)
-    inv = 1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
+    inv = 1.0 / dims["theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
     ang = np.arange(t, dtype=np.float64)[:, None] * inv[None, :]
     cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
 
@@ -273,7 +203,7 @@ def numpy_f64_logits(ref, ids):
 
     h = p["model.embed_tokens.weight"][ids]
     mask = np.triu(np.full((t, t), -np.inf), 1)
-    for i in range(cfg.num_hidden_layers):
+    for i in range(dims["layers"]):
         L = f"model.layers.{i}."
         x = rms(h, p[L + "input_layernorm.weight"])
         q = rope(rms((x @ p[L + "self_attn.q_proj.weight"].T).reshape(t, nh, hd), p[L + "self_attn.q_norm.weight"]))
@@ -287,15 +217,9 @@ def numpy_f64_logits(ref, ids):
             att[:, hh] = (s / s.sum(-1, keepdims=True)) @ v[:, kv]
         h = h + att.reshape(t, nh * hd) @ p[L + "self_attn.o_proj.weight"].T
         x = rms(h, p[L + "post_attention_layernorm.weight"])
-        gt, up = x @ p[L + "mlp.gate_proj.weight"].T, x @ p[L + "mlp.up_proj.weight"].T
-        h = h + (gt / (1.0 + np.exp(-gt)) * up) @ p[L + "mlp.down_proj.weight"].T
-    head = p["model.embed_tokens.weight"] if cfg.tie_word_embeddings else p["lm_head.weight"]
+        h = h + mlp(i, x)
+    head = p["model.embed_tokens.weight"] if dims["tie"] else p["lm_head.weight"]
     return rms(h, p["model.norm.weight"]) @ head.T
-
-
-def rel_l2(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
 
 
 def attempt(c, seed, tok, out_dir):
@@ -308,9 +232,7 @@ def attempt(c, seed, tok, out_dir):
     cfg = make_config(c, tok)
     model = Qwen3ForCausalLM(cfg).to(torch.float32)
     init_weights(model, seed, c["embed_std"], c["gain"])
-    for f in os.listdir(out_dir):
-        if f.startswith("model") or f in ("config.json", "generation_config.json"):
-            os.remove(os.path.join(out_dir, f))
+    gc.clear_model_files(out_dir)
     model.to(torch.bfloat16).save_pretrained(out_dir)
     saved = load_file(os.path.join(out_dir, "model.safetensors"))
     assert all(v.dtype == torch.bfloat16 for v in saved.values()), "weights must be saved as bf16"
@@ -325,72 +247,21 @@ def attempt(c, seed, tok, out_dir):
     attn_impl = getattr(ref.config, "_attn_implementation", None)
 
     vocab_tok = tok.get_vocab_size(with_added_tokens=True)
-    prompts = [tok.encode(s).ids[:n] for s, n in zip(PROMPT_TEXTS, PROMPT_LENS)]
-    assert [len(p) for p in prompts] == PROMPT_LENS, [len(p) for p in prompts]
-    stages = [capture_stages(ref, p) for p in prompts]
-    for p, st in zip(prompts, stages):
-        with torch.no_grad():
-            plain = ref(input_ids=torch.tensor([p]), use_cache=False).logits[0].numpy()
-        assert np.array_equal(plain, st["logits"]), "hooks changed the logits"
+    prompts = gc.prompts_of(lambda s: tok.encode(s).ids)
+    stages = [gc.capture_stages(ref, p) for p in prompts]
+    gc.check_hooks_kept_logits(ref, prompts, stages)
 
     sdpa = Qwen3ForCausalLM.from_pretrained(out_dir, attn_implementation="sdpa", **kw).eval()
-    sdpa_diff, f64 = [], []
-    for p, st in zip(prompts, stages):
-        with torch.no_grad():
-            sdpa_diff.append(float(np.abs(sdpa(input_ids=torch.tensor([p])).logits[0].numpy() - st["logits"]).max()))
-        f64.append(rel_l2(st["logits"], numpy_f64_logits(ref, p)))
-
-    dprompt = tok.encode(DECODE_TEXT).ids[:DECODE_PROMPT_LEN]
-    dtok, dlogits = cached_greedy(ref, dprompt, DECODE_STEPS)
-    full = []
-    for s in range(DECODE_STEPS + 1):
-        with torch.no_grad():
-            lg = ref(input_ids=torch.tensor([dprompt + dtok[:s]]), use_cache=False).logits[0, -1].numpy()
-        full.append(float(np.abs(lg - dlogits[s]).max()))
-    assert max(full) < 1e-3, f"cached decode disagrees with a full recompute ({max(full):.3e})"
-    decode = {"prompt": dprompt, "tokens": dtok, "logits": dlogits, "margins": [margin(r) for r in dlogits],
-              "full_recompute_max_abs_diff": max(full)}
-
-    greedy = []
-    for p in prompts:
-        toks, lg = cached_greedy(ref, p, GREEDY_TOKENS - 1)
-        try:
-            gen, gen_note = hf_generate(ref, p, GREEDY_TOKENS), "generate() equals the cached greedy loop"
-        except Exception as e:  # noqa: BLE001  (recorded; the cached loop is the same computation)
-            gen, gen_note = None, f"generate() failed: {type(e).__name__}: {e}"
-        if gen is not None and gen != toks:
-            if len(gen) == len(toks):
-                raise AssertionError(f"generate {gen} != cached greedy loop {toks}")
-            gen_note = f"generate() stopped early with {gen}"
-        greedy.append({"prompt": p, "tokens": toks, "margins": [margin(r) for r in lg], "generate": gen_note})
-
-    reasons = []
-    worst = min(min(decode["margins"]), min(min(g["margins"]) for g in greedy))
-    if worst < MIN_MARGIN:
-        reasons.append(f"greedy/decode top-2 margin {worst:.2e} < {MIN_MARGIN:e}")
-    runs = [g["tokens"] for g in greedy] + [dtok]
-    if min(len(set(t)) for t in runs) < MIN_DISTINCT:
-        reasons.append(f"a greedy run has fewer than {MIN_DISTINCT} distinct tokens: {runs}")
-    rot = ref.model.rotary_emb
-    pos = torch.arange(ROPE_POSITIONS)[None, :]
-    with torch.no_grad():
-        cos, sin = rot(torch.zeros(1, dtype=torch.float32), pos)
-    rope = {"inv_freq": rot.inv_freq.to(torch.float32).numpy().copy(), "cos": cos[0].numpy().copy(),
-            "sin": sin[0].numpy().copy(), "inv_freq_dtype": str(rot.inv_freq.dtype)}
+    sdpa_diff = gc.sdpa_diffs(sdpa, prompts, stages)
+    f64 = [gc.rel_l2(st["logits"], numpy_f64_logits(ref, p)) for p, st in zip(prompts, stages)]
+    decode = gc.decode_run(ref, tok.encode(gc.DECODE_TEXT).ids[:gc.DECODE_PROMPT_LEN])
+    greedy = gc.greedy_runs(ref, prompts, generate="lenient")
+    reasons = gc.draw_reasons(decode, greedy)
+    rope = dict(gc.rope_tables(ref), inv_freq_dtype=str(ref.model.rotary_emb.inv_freq.dtype))
     res = {"seed": seed, "rope": rope, "attn_impl": attn_impl, "config": cfg, "prompts": prompts, "stages": stages,
            "decode": decode, "greedy": greedy, "sdpa_max_abs_diff": sdpa_diff, "numpy_f64_logits_rel_l2": f64,
            "vocab_tok": vocab_tok}
     return not reasons, reasons, res
-
-
-def versions():
-    v = {"python": platform.python_version()}
-    for p in ("torch", "transformers", "tokenizers", "safetensors", "numpy"):
-        try:
-            v[p] = importlib.metadata.version(p)
-        except importlib.metadata.PackageNotFoundError:
-            v[p] = None
-    return v
 
 
 def generate(name, c, root, tokenizer_only):
@@ -401,52 +272,29 @@ def generate(name, c, root, tokenizer_only):
     tok_cases = tokenizer_goldens(tok)
     if tokenizer_only:
         with open(os.path.join(out_dir, "tokenizer_golden.json"), "w") as f:
-            json.dump({"versions": versions(), "cases": tok_cases}, f, indent=1, ensure_ascii=False)
+            json.dump({"versions": gc.versions(), "cases": tok_cases}, f, indent=1, ensure_ascii=False)
         print(f"[{name}] tokenizer: {tok.get_vocab_size(with_added_tokens=True)} ids, {len(tok_cases)} cases")
         return
-    import torch
-    from safetensors.numpy import save_file
+    gc.set_threads()
+    r = gc.search(name, c["seed"], MAX_ATTEMPTS, lambda seed: attempt(c, seed, tok, out_dir))
 
-    torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
-    for a in range(MAX_ATTEMPTS):
-        ok, reasons, r = attempt(c, c["seed"] + a, tok, out_dir)
-        if ok:
-            break
-        print(f"[{name}] attempt {a} (seed {c['seed'] + a}) rejected: {'; '.join(reasons)}")
-    else:
-        raise RuntimeError(f"{name}: no acceptable draw in {MAX_ATTEMPTS} attempts")
-
-    tensors, stage_names = {}, []
-    per_prompt = ["embed"] + [f"layer{i}.{s}" for i in range(c["layers"])
-                              for s in ("attn_in", "attn_out", "mlp_in", "mlp_out", "out")] + ["final_norm", "logits"]
-    for j, (p, st) in enumerate(zip(r["prompts"], r["stages"])):
-        tensors[f"p{j}.ids"] = np.array(p, dtype=np.int32)
-        for s in per_prompt:
-            tensors[f"p{j}.{s}"] = np.ascontiguousarray(st[s], dtype=np.float32)
+    per_prompt, _ = gc.stage_lists(c["layers"], [])
+    tensors = gc.golden_tensors(r["prompts"], r["stages"], r["decode"], r["rope"], per_prompt)
+    gc.save_goldens(out_dir, tensors)
     d = r["decode"]
-    tensors["decode.prompt"] = np.array(d["prompt"], dtype=np.int32)
-    tensors["decode.tokens"] = np.array(d["tokens"], dtype=np.int32)
-    tensors["decode.logits"] = np.ascontiguousarray(d["logits"], dtype=np.float32)
-    tensors["rope.inv_freq"] = r["rope"]["inv_freq"]
-    tensors["rope.cos"] = r["rope"]["cos"]
-    tensors["rope.sin"] = r["rope"]["sin"]
-    stage_names = list(tensors)
-    save_file(tensors, os.path.join(out_dir, "golden.safetensors"), metadata={"format": "sluice-golden"})
-
-    cfg = json.load(open(os.path.join(out_dir, "config.json")))
     gj = {
         "config_name": name,
         "seed": r["seed"],
         "generator": "tools/gen_qwen3_goldens.py",
         "reference": "transformers Qwen3ForCausalLM on CPU, loaded with from_pretrained(dtype=float32, "
                      "attn_implementation='eager') from the bf16 checkpoint: an f32 computation of bf16 weights",
-        "versions": versions(),
-        "config": cfg,
+        "versions": gc.versions(),
+        "config": gc.read_config(out_dir),
         "tokenizer_vocab_size": r["vocab_tok"],
         "prompts": r["prompts"],
-        "prompt_texts": PROMPT_TEXTS,
-        "stage_template": [f"p{{j}}.{s}" for s in ["ids"] + per_prompt],
-        "stage_names": stage_names,
+        "prompt_texts": gc.PROMPT_TEXTS,
+        "stage_template": gc.stage_template(per_prompt),
+        "stage_names": list(tensors),
         "stage_notes": {
             "embed": "embed_tokens(ids) [T,d]",
             "attn_in": "input_layernorm output [T,d]",
@@ -457,43 +305,30 @@ def generate(name, c, root, tokenizer_only):
             "final_norm": "model.norm output [T,d]",
             "logits": "lm_head(final_norm) [T,V]",
         },
-        "decode": {"prompt": d["prompt"], "tokens": d["tokens"], "logits_tensor": "decode.logits",
-                   "logits_rows": "row 0 = last row of the prefill; row s = after feeding tokens[s-1] through "
-                                  "the DynamicCache",
-                   "margins": d["margins"], "full_recompute_max_abs_diff": d["full_recompute_max_abs_diff"]},
+        "decode": gc.decode_json(d),
         "greedy": r["greedy"],
         "rope": {"inv_freq_dtype": r["rope"]["inv_freq_dtype"],
-                 "tensors": f"rope.inv_freq [head_dim/2], rope.cos and rope.sin [{ROPE_POSITIONS}, head_dim] from "
-                            f"model.rotary_emb for positions 0..{ROPE_POSITIONS - 1}"},
+                 "tensors": f"rope.inv_freq [head_dim/2], rope.cos and rope.sin [{gc.ROPE_POSITIONS}, head_dim] from "
+                            f"model.rotary_emb for positions 0..{gc.ROPE_POSITIONS - 1}"},
         "checks": {"sdpa_vs_eager_logits_max_abs": r["sdpa_max_abs_diff"],
                    "numpy_f64_vs_hf_logits_rel_l2": r["numpy_f64_logits_rel_l2"],
                    "attn_implementation": r["attn_impl"]},
         "tokenizer_cases": tok_cases,
     }
-    with open(os.path.join(out_dir, "golden.json"), "w") as f:
-        json.dump(gj, f, indent=1, ensure_ascii=False)
-        f.write("\n")
+    gc.write_json(os.path.join(out_dir, "golden.json"), gj)
     print(f"[{name}] seed {r['seed']}; decode vs full recompute max abs {d['full_recompute_max_abs_diff']:.3e}; "
           f"sdpa vs eager {max(r['sdpa_max_abs_diff']):.3e}; numpy f64 logits relL2 "
-          f"{max(r['numpy_f64_logits_rel_l2']):.3e}; min margin "
-          f"{min(min(d['margins']), min(min(g['margins']) for g in r['greedy'])):.3e}")
-    if max(r["numpy_f64_logits_rel_l2"]) > 1e-4:
-        raise AssertionError(f"{name}: numpy float64 reference disagrees with transformers")
+          f"{max(r['numpy_f64_logits_rel_l2']):.3e}; min margin {gc.min_margin_of(r):.3e}")
+    gc.check_f64(name, r["numpy_f64_logits_rel_l2"])
 
 
 def main():
-    ap = argparse.ArgumentParser(description="Generate tiny Qwen3 checkpoints and HF transformers goldens.")
-    ap.add_argument("--out", required=True, help="output root, e.g. tests/fixtures/qwen3")
-    ap.add_argument("--only", choices=sorted(CONFIGS), help="generate one configuration")
-    ap.add_argument("--tokenizer-only", action="store_true", help="write only the tokenizer files (no torch)")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    print("versions:", json.dumps(versions()))
-    for name in sorted(CONFIGS):
-        if args.only and name != args.only:
-            continue
+    args, names = gc.cli("Generate tiny Qwen3 checkpoints and HF transformers goldens.", "tests/fixtures/qwen3",
+                         CONFIGS, gc.versions(),
+                         lambda ap: ap.add_argument("--tokenizer-only", action="store_true",
+                                                    help="write only the tokenizer files (no torch)"))
+    for name in names:
         generate(name, CONFIGS[name], args.out, args.tokenizer_only)
-
 
 if __name__ == "__main__":
     main()

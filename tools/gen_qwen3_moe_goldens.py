@@ -29,9 +29,6 @@ Usage (needs torch; see tools/requirements-qwen3-moe.txt):
     python3 tools/gen_qwen3_moe_goldens.py --out tests/fixtures/qwen3_moe
 """
 
-import argparse
-import importlib.metadata
-import json
 import math
 import os
 import sys
@@ -39,7 +36,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gen_qwen3_goldens as q3  # noqa: E402  (tokenizer, greedy loops and helpers shared with the dense generator)
+import gen_qwen3_goldens as q3  # noqa: E402  (the Qwen3-shaped tokenizer)
+import golden_common as gc  # noqa: E402  (prompts, shards, stage capture, greedy loops, golden files)
 
 CONFIGS = {
     # Untied lm_head; layer 0 dense through mlp_only_layers, layers 1-2 MoE (8 experts, top-2, renormalised);
@@ -54,7 +52,6 @@ CONFIGS = {
                    tie=True, theta=10_000.0, eps=1e-5, max_pos=256, embed_std=0.1, gain=2.0, router_gain=3.0),
 }
 
-MIN_MARGIN = 1e-3
 MIN_ROUTER_GAP = 1e-3
 MAX_ATTEMPTS = 30
 
@@ -126,31 +123,6 @@ def draw_weights(c, seed):
     return w
 
 
-def write_sharded(tensors, out_dir, shards=2):
-    """Writes `tensors` over `shards` safetensors files (model-0000i-of-0000n) and the index, as published."""
-    from safetensors.torch import save_file
-
-    names = list(tensors)
-    per = math.ceil(len(names) / shards)
-    weight_map, total = {}, 0
-    for s in range(shards):
-        part = names[s * per:(s + 1) * per]
-        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        save_file({n: tensors[n].contiguous() for n in part}, os.path.join(out_dir, fname), metadata={"format": "pt"})
-        for n in part:
-            weight_map[n] = fname
-            total += tensors[n].numel() * tensors[n].element_size()
-    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-        f.write("\n")
-
-
-def clear_model_files(out_dir):
-    for f in os.listdir(out_dir):
-        if f.startswith("model") or f in ("config.json", "generation_config.json"):
-            os.remove(os.path.join(out_dir, f))
-
-
 def check_loaded_equals_stored(ref, w, c):
     """Every HF parameter equals the stored bf16 tensors (experts merged as transformers merges them)."""
     import torch
@@ -206,97 +178,35 @@ class RouterWatch:
             h.remove()
 
 
-def capture_stages(ref, ids, watch):
-    """One no-cache forward of `ids` with hooks on HF's own modules, routing included."""
-    import torch
-
-    rec, hooks = {}, []
-
-    def put(name):
-        def hook(_mod, _args, out):
-            o = out[0] if isinstance(out, tuple) else out
-            rec[name] = o.detach()[0].to(torch.float32).clone().numpy()
-        return hook
-
-    m = ref.model
-    hooks.append(m.embed_tokens.register_forward_hook(put("embed")))
-    for i, layer in enumerate(m.layers):
-        hooks.append(layer.input_layernorm.register_forward_hook(put(f"layer{i}.attn_in")))
-        hooks.append(layer.self_attn.register_forward_hook(put(f"layer{i}.attn_out")))
-        hooks.append(layer.post_attention_layernorm.register_forward_hook(put(f"layer{i}.mlp_in")))
-        hooks.append(layer.mlp.register_forward_hook(put(f"layer{i}.mlp_out")))
-        hooks.append(layer.register_forward_hook(put(f"layer{i}.out")))
-    hooks.append(m.norm.register_forward_hook(put("final_norm")))
-    watch.record, watch.calls = True, {}
-    try:
-        with torch.no_grad():
-            out = ref(input_ids=torch.tensor([ids]), use_cache=False)
-    finally:
-        watch.record = False
-        for h in hooks:
-            h.remove()
-    rec["logits"] = out.logits[0].to(torch.float32).numpy().copy()
-    for i, (lg, ids_, wts) in watch.calls.items():
-        rec[f"layer{i}.router_logits"] = lg
-        rec[f"layer{i}.topk_ids"] = ids_
-        rec[f"layer{i}.topk_weights"] = wts
-    return rec
-
-
 def numpy_f64_logits(w, c, ids):
-    """Independent float64 Qwen3-MoE forward over the stored tensors (published names), no HF code."""
+    """Independent float64 Qwen3-MoE forward over the stored tensors (published names), no HF code: the Qwen3 decoder
+    of tools/gen_qwen3_goldens.py with the sparse block on MoE layers."""
     p = {k: v.float().numpy().astype(np.float64) for k, v in w.items()}
-    hd, nh, nkv, eps = c["head_dim"], c["heads"], c["kv_heads"], c["eps"]
-
-    def rms(x, wt):
-        return wt * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
+    dims = dict(head_dim=c["head_dim"], heads=c["heads"], kv_heads=c["kv_heads"], eps=c["eps"], theta=c["theta"],
+                layers=c["layers"], tie=c["tie"])
 
     def silu(x):
         return x / (1.0 + np.exp(-x))
 
-    t = len(ids)
-    inv = 1.0 / c["theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
-    ang = np.arange(t, dtype=np.float64)[:, None] * inv[None, :]
-    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
-
-    def rope(x):
-        rot = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], -1)
-        return x * cos[:, None, :] + rot * sin[:, None, :]
-
-    h = p["model.embed_tokens.weight"][ids]
-    mask = np.triu(np.full((t, t), -np.inf), 1)
-    for i in range(c["layers"]):
+    def mlp(i, x):
         L = f"model.layers.{i}."
-        x = rms(h, p[L + "input_layernorm.weight"])
-        q = rope(rms((x @ p[L + "self_attn.q_proj.weight"].T).reshape(t, nh, hd), p[L + "self_attn.q_norm.weight"]))
-        k = rope(rms((x @ p[L + "self_attn.k_proj.weight"].T).reshape(t, nkv, hd), p[L + "self_attn.k_norm.weight"]))
-        v = (x @ p[L + "self_attn.v_proj.weight"].T).reshape(t, nkv, hd)
-        att = np.zeros((t, nh, hd))
-        for hh in range(nh):
-            kvh = hh // (nh // nkv)
-            s = q[:, hh] @ k[:, kvh].T / math.sqrt(hd) + mask
-            s = np.exp(s - s.max(-1, keepdims=True))
-            att[:, hh] = (s / s.sum(-1, keepdims=True)) @ v[:, kvh]
-        h = h + att.reshape(t, nh * hd) @ p[L + "self_attn.o_proj.weight"].T
-        x = rms(h, p[L + "post_attention_layernorm.weight"])
-        if is_moe(c, i):
-            logits = x @ p[L + "mlp.gate.weight"].T
-            probs = np.exp(logits - logits.max(-1, keepdims=True))
-            probs /= probs.sum(-1, keepdims=True)
-            out = np.zeros_like(x)
-            for r in range(t):
-                top = np.argsort(-probs[r], kind="stable")[:c["top_k"]]
-                wts = probs[r, top] / (probs[r, top].sum() if c["norm_topk"] else 1.0)
-                for e, wt in zip(top, wts):
-                    E = L + f"mlp.experts.{e}."
-                    a = silu(x[r] @ p[E + "gate_proj.weight"].T) * (x[r] @ p[E + "up_proj.weight"].T)
-                    out[r] += wt * (a @ p[E + "down_proj.weight"].T)
-            h = h + out
-        else:
+        if not is_moe(c, i):
             a = silu(x @ p[L + "mlp.gate_proj.weight"].T) * (x @ p[L + "mlp.up_proj.weight"].T)
-            h = h + a @ p[L + "mlp.down_proj.weight"].T
-    head = p["model.embed_tokens.weight"] if c["tie"] else p["lm_head.weight"]
-    return rms(h, p["model.norm.weight"]) @ head.T
+            return a @ p[L + "mlp.down_proj.weight"].T
+        logits = x @ p[L + "mlp.gate.weight"].T
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        out = np.zeros_like(x)
+        for r in range(len(ids)):
+            top = np.argsort(-probs[r], kind="stable")[:c["top_k"]]
+            wts = probs[r, top] / (probs[r, top].sum() if c["norm_topk"] else 1.0)
+            for e, wt in zip(top, wts):
+                E = L + f"mlp.experts.{e}."
+                a = silu(x[r] @ p[E + "gate_proj.weight"].T) * (x[r] @ p[E + "up_proj.weight"].T)
+                out[r] += wt * (a @ p[E + "down_proj.weight"].T)
+        return out
+
+    return q3.qwen_f64_logits(p, dims, ids, mlp)
 
 
 def attempt(c, seed, tok, out_dir):
@@ -305,85 +215,38 @@ def attempt(c, seed, tok, out_dir):
     from transformers import Qwen3MoeForCausalLM
 
     w = draw_weights(c, seed)
-    clear_model_files(out_dir)
-    write_sharded(w, out_dir)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(published_config(c, tok), f, indent=2)
-        f.write("\n")
+    gc.clear_model_files(out_dir)
+    gc.write_sharded(w, out_dir)
+    gc.write_config(out_dir, published_config(c, tok))
 
     ref = Qwen3MoeForCausalLM.from_pretrained(out_dir, attn_implementation="eager", dtype=torch.float32).eval()
     check_loaded_equals_stored(ref, w, c)
     watch = RouterWatch(ref, c)
     try:
-        prompts = [tok.encode(s).ids[:n] for s, n in zip(q3.PROMPT_TEXTS, q3.PROMPT_LENS)]
-        assert [len(p) for p in prompts] == q3.PROMPT_LENS, [len(p) for p in prompts]
-        stages = [capture_stages(ref, p, watch) for p in prompts]
-        for p, st in zip(prompts, stages):
-            with torch.no_grad():
-                plain = ref(input_ids=torch.tensor([p]), use_cache=False).logits[0].numpy()
-            assert np.array_equal(plain, st["logits"]), "hooks changed the logits"
-
-        dprompt = tok.encode(q3.DECODE_TEXT).ids[:q3.DECODE_PROMPT_LEN]
-        dtok, dlogits = q3.cached_greedy(ref, dprompt, q3.DECODE_STEPS)
-        full = []
-        for s in range(q3.DECODE_STEPS + 1):
-            with torch.no_grad():
-                lg = ref(input_ids=torch.tensor([dprompt + dtok[:s]]), use_cache=False).logits[0, -1].numpy()
-            full.append(float(np.abs(lg - dlogits[s]).max()))
-        assert max(full) < 1e-3, f"cached decode disagrees with a full recompute ({max(full):.3e})"
-        decode = {"prompt": dprompt, "tokens": dtok, "logits": dlogits, "margins": [q3.margin(r) for r in dlogits],
-                  "full_recompute_max_abs_diff": max(full)}
-
-        greedy = []
-        for p in prompts:
-            toks, lg = q3.cached_greedy(ref, p, q3.GREEDY_TOKENS - 1)
-            gen = q3.hf_generate(ref, p, q3.GREEDY_TOKENS)
-            if gen != toks:
-                raise AssertionError(f"generate {gen} != cached greedy loop {toks}")
-            greedy.append({"prompt": p, "tokens": toks, "margins": [q3.margin(r) for r in lg],
-                           "generate": "generate() equals the cached greedy loop"})
+        prompts = gc.prompts_of(lambda s: tok.encode(s).ids)
+        stages = [gc.capture_stages(ref, p, watch) for p in prompts]
+        gc.check_hooks_kept_logits(ref, prompts, stages)
+        decode = gc.decode_run(ref, tok.encode(gc.DECODE_TEXT).ids[:gc.DECODE_PROMPT_LEN])
+        greedy = gc.greedy_runs(ref, prompts)
         router_gap = watch.min_gap
     finally:
         watch.remove()
 
     sdpa = Qwen3MoeForCausalLM.from_pretrained(out_dir, attn_implementation="sdpa", dtype=torch.float32).eval()
-    sdpa_diff, f64 = [], []
-    for p, st in zip(prompts, stages):
-        with torch.no_grad():
-            sdpa_diff.append(float(np.abs(sdpa(input_ids=torch.tensor([p])).logits[0].numpy() - st["logits"]).max()))
-        f64.append(q3.rel_l2(st["logits"], numpy_f64_logits(w, c, p)))
-
-    reasons = []
-    worst = min(min(decode["margins"]), min(min(g["margins"]) for g in greedy))
-    if worst < MIN_MARGIN:
-        reasons.append(f"greedy/decode top-2 margin {worst:.2e} < {MIN_MARGIN:e}")
-    if router_gap < MIN_ROUTER_GAP:
-        reasons.append(f"router k-th/(k+1)-th logit gap {router_gap:.2e} < {MIN_ROUTER_GAP:e}")
-    runs = [g["tokens"] for g in greedy] + [dtok]
-    if min(len(set(t)) for t in runs) < q3.MIN_DISTINCT:
-        reasons.append(f"a greedy run has fewer than {q3.MIN_DISTINCT} distinct tokens: {runs}")
-    rot = ref.model.rotary_emb
-    pos = torch.arange(q3.ROPE_POSITIONS)[None, :]
-    with torch.no_grad():
-        cos, sin = rot(torch.zeros(1, dtype=torch.float32), pos)
-    rope = {"inv_freq": rot.inv_freq.to(torch.float32).numpy().copy(), "cos": cos[0].numpy().copy(),
-            "sin": sin[0].numpy().copy()}
-    res = {"seed": seed, "rope": rope, "prompts": prompts, "stages": stages, "decode": decode, "greedy": greedy,
-           "sdpa_max_abs_diff": sdpa_diff, "numpy_f64_logits_rel_l2": f64, "router_min_gap": router_gap,
-           "vocab_tok": tok.get_vocab_size(with_added_tokens=True)}
+    sdpa_diff = gc.sdpa_diffs(sdpa, prompts, stages)
+    f64 = [gc.rel_l2(st["logits"], numpy_f64_logits(w, c, p)) for p, st in zip(prompts, stages)]
+    reasons = gc.draw_reasons(decode, greedy, router_gap=router_gap, min_router_gap=MIN_ROUTER_GAP)
+    res = {"seed": seed, "rope": gc.rope_tables(ref), "prompts": prompts, "stages": stages, "decode": decode,
+           "greedy": greedy, "sdpa_max_abs_diff": sdpa_diff, "numpy_f64_logits_rel_l2": f64,
+           "router_min_gap": router_gap, "vocab_tok": tok.get_vocab_size(with_added_tokens=True)}
     return not reasons, reasons, res
 
 
 def versions():
-    v = q3.versions()
-    v["generator_note"] = "tools/requirements-qwen3-moe.txt pins these"
-    return v
+    return gc.versions("tools/requirements-qwen3-moe.txt pins these")
 
 
 def generate(name, c, root):
-    import torch
-    from safetensors.numpy import save_file
-
     out_dir = os.path.join(root, name)
     os.makedirs(out_dir, exist_ok=True)
     tok = q3.build_tokenizer(c["bpe_vocab"])
@@ -391,33 +254,14 @@ def generate(name, c, root):
     import gen_family_chat_goldens  # the published chat template, where Qwen3 MoE checkpoints keep it
 
     gen_family_chat_goldens.install_chat_template(out_dir, "qwen3_moe")
-    torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
-    for a in range(MAX_ATTEMPTS):
-        ok, reasons, r = attempt(c, c["seed"] + a, tok, out_dir)
-        if ok:
-            break
-        print(f"[{name}] attempt {a} (seed {c['seed'] + a}) rejected: {'; '.join(reasons)}")
-    else:
-        raise RuntimeError(f"{name}: no acceptable draw in {MAX_ATTEMPTS} attempts")
+    gc.set_threads()
+    r = gc.search(name, c["seed"], MAX_ATTEMPTS, lambda seed: attempt(c, seed, tok, out_dir))
 
     moe_layers = [i for i in range(c["layers"]) if is_moe(c, i)]
-    per_prompt = ["embed"] + [f"layer{i}.{s}" for i in range(c["layers"])
-                              for s in ("attn_in", "attn_out", "mlp_in", "mlp_out", "out")] + ["final_norm", "logits"]
-    routing = [f"layer{i}.{s}" for i in moe_layers for s in ("router_logits", "topk_ids", "topk_weights")]
-    tensors = {}
-    for j, (p, st) in enumerate(zip(r["prompts"], r["stages"])):
-        tensors[f"p{j}.ids"] = np.array(p, dtype=np.int32)
-        for s in per_prompt + routing:
-            v = st[s]
-            tensors[f"p{j}.{s}"] = np.ascontiguousarray(v, dtype=np.int32 if v.dtype == np.int32 else np.float32)
+    per_prompt, routing = gc.stage_lists(c["layers"], moe_layers)
+    gc.save_goldens(out_dir, gc.golden_tensors(r["prompts"], r["stages"], r["decode"], r["rope"],
+                                               per_prompt + routing))
     d = r["decode"]
-    tensors["decode.prompt"] = np.array(d["prompt"], dtype=np.int32)
-    tensors["decode.tokens"] = np.array(d["tokens"], dtype=np.int32)
-    tensors["decode.logits"] = np.ascontiguousarray(d["logits"], dtype=np.float32)
-    for k in ("inv_freq", "cos", "sin"):
-        tensors[f"rope.{k}"] = r["rope"][k]
-    save_file(tensors, os.path.join(out_dir, "golden.safetensors"), metadata={"format": "sluice-golden"})
-
     gj = {
         "config_name": name,
         "seed": r["seed"],
@@ -425,50 +269,37 @@ def generate(name, c, root):
         "reference": "transformers Qwen3MoeForCausalLM on CPU, loaded with from_pretrained(dtype=float32, "
                      "attn_implementation='eager') from the bf16 checkpoint: an f32 computation of bf16 weights",
         "versions": versions(),
-        "config": json.load(open(os.path.join(out_dir, "config.json"))),
+        "config": gc.read_config(out_dir),
         "moe_layers": moe_layers,
         "tokenizer_vocab_size": r["vocab_tok"],
         "prompts": r["prompts"],
-        "prompt_texts": q3.PROMPT_TEXTS,
-        "stage_template": [f"p{{j}}.{s}" for s in ["ids"] + per_prompt + routing],
+        "prompt_texts": gc.PROMPT_TEXTS,
+        "stage_template": gc.stage_template(per_prompt + routing),
         "stage_notes": {
             "mlp_out": "mlp output [T,d] (the sparse MoE block on MoE layers, Qwen3MoeMLP on dense ones)",
             "router_logits": "Qwen3MoeTopKRouter logits [T,E] (MoE layers only)",
             "topk_ids": "router top-k expert ids [T,k], I32, in torch.topk order (probability descending)",
             "topk_weights": "router top-k weights [T,k], renormalised when norm_topk_prob",
         },
-        "decode": {"prompt": d["prompt"], "tokens": d["tokens"], "logits_tensor": "decode.logits",
-                   "logits_rows": "row 0 = last row of the prefill; row s = after feeding tokens[s-1] through "
-                                  "the DynamicCache",
-                   "margins": d["margins"], "full_recompute_max_abs_diff": d["full_recompute_max_abs_diff"]},
+        "decode": gc.decode_json(d),
         "greedy": r["greedy"],
         "checks": {"sdpa_vs_eager_logits_max_abs": r["sdpa_max_abs_diff"],
                    "numpy_f64_vs_hf_logits_rel_l2": r["numpy_f64_logits_rel_l2"],
                    "router_min_topk_gap": r["router_min_gap"]},
     }
-    with open(os.path.join(out_dir, "golden.json"), "w") as f:
-        json.dump(gj, f, indent=1, ensure_ascii=False)
-        f.write("\n")
+    gc.write_json(os.path.join(out_dir, "golden.json"), gj)
     print(f"[{name}] seed {r['seed']}; decode vs full recompute max abs {d['full_recompute_max_abs_diff']:.3e}; "
           f"sdpa vs eager {max(r['sdpa_max_abs_diff']):.3e}; numpy f64 logits relL2 "
           f"{max(r['numpy_f64_logits_rel_l2']):.3e}; router gap {r['router_min_gap']:.3e}; min margin "
-          f"{min(min(d['margins']), min(min(g['margins']) for g in r['greedy'])):.3e}")
-    if max(r["numpy_f64_logits_rel_l2"]) > 1e-4:
-        raise AssertionError(f"{name}: numpy float64 reference disagrees with transformers")
+          f"{gc.min_margin_of(r):.3e}")
+    gc.check_f64(name, r["numpy_f64_logits_rel_l2"])
 
 
 def main():
-    ap = argparse.ArgumentParser(description="Generate tiny Qwen3-MoE checkpoints and HF transformers goldens.")
-    ap.add_argument("--out", required=True, help="output root, e.g. tests/fixtures/qwen3_moe")
-    ap.add_argument("--only", choices=sorted(CONFIGS), help="generate one configuration")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    print("versions:", json.dumps(versions()))
-    for name in sorted(CONFIGS):
-        if args.only and name != args.only:
-            continue
+    args, names = gc.cli("Generate tiny Qwen3-MoE checkpoints and HF transformers goldens.",
+                         "tests/fixtures/qwen3_moe", CONFIGS, versions())
+    for name in names:
         generate(name, CONFIGS[name], args.out)
-
 
 if __name__ == "__main__":
     main()

@@ -12,15 +12,13 @@ checked against the independent float64 numpy forward and against sdpa; tokenize
 """
 
 import argparse
-import json
 import os
 import sys
 
-import numpy as np
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-import gen_qwen3_goldens as G  # noqa: E402
+import gen_qwen3_goldens as G  # noqa: E402  (the float64 reference and the tokenizer cases)
+import golden_common as gc  # noqa: E402  (stage capture, greedy loops, golden files)
 
 # Candidates per slot: a single token, a short prose prompt, a code prompt of ~24 tokens (the first of each whose
 # greedy margins clear MIN_MARGIN).
@@ -42,25 +40,24 @@ def main():
     ap.add_argument("--model", required=True)
     args = ap.parse_args()
     import torch
-    from safetensors.numpy import save_file
     from tokenizers import Tokenizer
     from transformers import Qwen3ForCausalLM
 
-    torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
-    d = args.model
-    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-    ref = Qwen3ForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
-    sdpa = Qwen3ForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="sdpa").eval()
-    cfg = json.load(open(os.path.join(d, "config.json")))
+    gc.set_threads()
+    dir_ = args.model
+    tok = Tokenizer.from_file(os.path.join(dir_, "tokenizer.json"))
+    ref = Qwen3ForCausalLM.from_pretrained(dir_, dtype=torch.float32, attn_implementation="eager").eval()
+    sdpa = Qwen3ForCausalLM.from_pretrained(dir_, dtype=torch.float32, attn_implementation="sdpa").eval()
+    cfg = gc.read_config(dir_)
 
     prompts, texts, greedy = [], [], []
     for slot in PROMPT_CANDIDATES:
         for text in slot:
             p = tok.encode(text).ids
-            toks, lg = G.cached_greedy(ref, p, G.GREEDY_TOKENS - 1)
-            margins = [G.margin(r) for r in lg]
+            toks, lg = gc.cached_greedy(ref, p, gc.GREEDY_TOKENS - 1)
+            margins = [gc.margin(r) for r in lg]
             if min(margins) >= MIN_MARGIN:
-                gen = G.hf_generate(ref, p, G.GREEDY_TOKENS)
+                gen = gc.hf_generate(ref, p, gc.GREEDY_TOKENS)
                 assert gen == toks, f"generate {gen} != cached greedy loop {toks}"
                 prompts.append(p)
                 texts.append(text)
@@ -71,70 +68,45 @@ def main():
         else:
             raise RuntimeError(f"no candidate of {slot!r} has greedy margins >= {MIN_MARGIN}")
     for dt in DECODE_CANDIDATES:
-        dprompt = tok.encode(dt).ids[:G.DECODE_PROMPT_LEN]
-        dtok, dlogits = G.cached_greedy(ref, dprompt, G.DECODE_STEPS)
-        if min(G.margin(r) for r in dlogits) >= MIN_MARGIN:
+        dprompt = tok.encode(dt).ids[:gc.DECODE_PROMPT_LEN]
+        dtok, dlogits = gc.cached_greedy(ref, dprompt, gc.DECODE_STEPS)
+        if min(gc.margin(r) for r in dlogits) >= MIN_MARGIN:
             break
     else:
         raise RuntimeError("no decode candidate has margins >= MIN_MARGIN")
-    full = []
-    for s in range(G.DECODE_STEPS + 1):
-        with torch.no_grad():
-            lg = ref(input_ids=torch.tensor([dprompt + dtok[:s]]), use_cache=False).logits[0, -1].numpy()
-        full.append(float(np.abs(lg - dlogits[s]).max()))
-    assert max(full) < 1e-3, f"cached decode disagrees with a full recompute ({max(full):.3e})"
+    d = gc.decode_run(ref, dprompt)
 
-    stages = [G.capture_stages(ref, p) for p in prompts]
-    sdpa_diff, f64 = [], []
-    for p, st in zip(prompts, stages):
-        with torch.no_grad():
-            sdpa_diff.append(float(np.abs(sdpa(input_ids=torch.tensor([p])).logits[0].numpy() - st["logits"]).max()))
-        f64.append(G.rel_l2(st["logits"], G.numpy_f64_logits(ref, p)))
+    stages = [gc.capture_stages(ref, p) for p in prompts]
+    sdpa_diff = gc.sdpa_diffs(sdpa, prompts, stages)
+    f64 = [gc.rel_l2(st["logits"], G.numpy_f64_logits(ref, p)) for p, st in zip(prompts, stages)]
     assert max(f64) <= 1e-4, f"numpy float64 reference disagrees with transformers: {f64}"
 
-    rot = ref.model.rotary_emb
-    pos = torch.arange(G.ROPE_POSITIONS)[None, :]
-    with torch.no_grad():
-        cos, sin = rot(torch.zeros(1, dtype=torch.float32), pos)
-    tensors = {}
-    per_prompt = ["embed"] + [f"layer{i}.{s}" for i in range(cfg["num_hidden_layers"])
-                              for s in ("attn_in", "attn_out", "mlp_in", "mlp_out", "out")] + ["final_norm", "logits"]
-    for j, (p, st) in enumerate(zip(prompts, stages)):
-        tensors[f"p{j}.ids"] = np.array(p, dtype=np.int32)
-        for s in per_prompt:
-            tensors[f"p{j}.{s}"] = np.ascontiguousarray(st[s], dtype=np.float32)
-    tensors["decode.prompt"] = np.array(dprompt, dtype=np.int32)
-    tensors["decode.tokens"] = np.array(dtok, dtype=np.int32)
-    tensors["decode.logits"] = np.ascontiguousarray(dlogits, dtype=np.float32)
-    tensors["rope.inv_freq"] = rot.inv_freq.to(torch.float32).numpy().copy()
-    tensors["rope.cos"] = cos[0].numpy().copy()
-    tensors["rope.sin"] = sin[0].numpy().copy()
-    save_file(tensors, os.path.join(d, "golden.safetensors"), metadata={"format": "sluice-golden"})
+    per_prompt, _ = gc.stage_lists(cfg["num_hidden_layers"], [])
+    tensors = gc.golden_tensors(prompts, stages, d, gc.rope_tables(ref), per_prompt)
+    gc.save_goldens(dir_, tensors)
     gj = {
         "config_name": "mini-draft",
         "generator": "tools/mini/gen_draft_goldens.py",
         "reference": "transformers Qwen3ForCausalLM on CPU, loaded with from_pretrained(dtype=float32, "
                      "attn_implementation='eager') from the bf16 checkpoint: an f32 computation of bf16 weights",
-        "versions": G.versions(),
+        "versions": gc.versions(),
         "config": cfg,
         "tokenizer_vocab_size": tok.get_vocab_size(with_added_tokens=True),
         "prompts": prompts,
         "prompt_texts": texts,
-        "stage_template": [f"p{{j}}.{s}" for s in ["ids"] + per_prompt],
+        "stage_template": gc.stage_template(per_prompt),
         "stage_names": list(tensors),
-        "decode": {"prompt_text": dt, "prompt": dprompt, "tokens": dtok, "logits_tensor": "decode.logits",
-                   "margins": [G.margin(r) for r in dlogits], "full_recompute_max_abs_diff": max(full)},
+        "decode": {"prompt_text": dt, **gc.decode_json(d, rows_note=False)},
         "greedy": greedy,
         "checks": {"sdpa_vs_eager_logits_max_abs": sdpa_diff, "numpy_f64_vs_hf_logits_rel_l2": f64,
                    "attn_implementation": getattr(ref.config, "_attn_implementation", None)},
         "tokenizer_cases": G.tokenizer_goldens(tok),
     }
-    with open(os.path.join(d, "golden.json"), "w") as f:
-        json.dump(gj, f, indent=1, ensure_ascii=False)
-        f.write("\n")
+    gc.write_json(os.path.join(dir_, "golden.json"), gj)
     worst = min(min(min(g["margins"]) for g in greedy), min(gj["decode"]["margins"]))
     print(f"prompts {[len(p) for p in prompts]} ({texts}); decode {dt!r}; numpy f64 logits relL2 {max(f64):.3e}; "
-          f"sdpa vs eager {max(sdpa_diff):.3e}; decode vs full recompute {max(full):.3e}; min margin {worst:.3e}")
+          f"sdpa vs eager {max(sdpa_diff):.3e}; decode vs full recompute {d['full_recompute_max_abs_diff']:.3e}; "
+          f"min margin {worst:.3e}")
     for g in greedy:
         print("greedy:", repr(g["text"]))
 

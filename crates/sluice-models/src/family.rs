@@ -13,10 +13,13 @@
 //!   implements it in its folder, delegating to its inherent methods; [`crate::Model`] holds one
 //!   boxed and dispatches once per call (a pass is one call, never one per row).
 //! - [`Checked`]: what [`crate::check`] found, through the table line's `check`.
+//! - The pieces every family's forward pass shares: the trace recorder and the MoE-layer step
+//!   (route, run the experts, roll the state back when the store fails, record the routing).
 //!
 //! The sequence state's side of the boundary is [`crate::state`].
 
-use crate::{LogitRows, Model, ModelError, State};
+use crate::kimi_k3::Route;
+use crate::{FamilyState, LogitRows, Model, ModelError, State};
 use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
 use sluice_store::{
@@ -364,4 +367,39 @@ pub struct Shape {
     pub kv_heads: usize,
     /// Routed experts chosen per position (0 for a dense model).
     pub experts_per_token: usize,
+}
+
+/// Records `v` as stage `name()` of a pass when `trace` wants stage tensors (the name is built
+/// only then): the one recorder of every family's forward pass.
+pub(crate) fn put(trace: &mut Option<&mut Trace>, name: impl FnOnce() -> String, v: &[f32]) {
+    if let Some(t) = trace.as_deref_mut().filter(|t| !t.routes_only) {
+        t.tensors.insert(name(), v.to_vec());
+    }
+}
+
+/// `dst += src` element-wise (the residual adds of every family's forward pass).
+pub(crate) fn add_into(dst: &mut [f32], src: &[f32]) {
+    for (a, b) in dst.iter_mut().zip(src) {
+        *a += b;
+    }
+}
+
+/// The step a template family's forward pass takes on a MoE layer, written once: `block` routes
+/// the rows of layer `layer` and runs the chosen experts from the store, returning the block's
+/// output, the router logits and the routes. When it fails (the expert store could not serve an
+/// expert) `state` is rolled back, so that the failed pass leaves nothing staged, and the error
+/// is returned; otherwise the router logits (`layer{layer}.router_logits`) and the routes go into
+/// the trace and the block's output is returned.
+pub(crate) fn moe_step(
+    state: &mut dyn FamilyState,
+    trace: &mut Option<&mut Trace>,
+    layer: usize,
+    block: impl FnOnce() -> Result<(Vec<f32>, Vec<f32>, Vec<Route>), ModelError>,
+) -> Result<Vec<f32>, ModelError> {
+    let (out, logits, routes) = block().inspect_err(|_| state.rollback())?;
+    put(trace, || format!("layer{layer}.router_logits"), &logits);
+    if let Some(tr) = trace.as_deref_mut() {
+        tr.routes.insert(layer, routes);
+    }
+    Ok(out)
 }

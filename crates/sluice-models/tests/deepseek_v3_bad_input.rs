@@ -6,66 +6,14 @@
 
 mod common;
 
-use sluice_checkpoint::Checkpoint;
-use std::path::Path;
-use std::sync::Arc;
-
-/// Copies a fixture's model files (not the goldens) into a fresh temporary directory.
-fn copy_fixture(name: &str) -> tempfile::TempDir {
-    let dst = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(common::fixture_of("deepseek_v3", name)).unwrap() {
-        let p = e.unwrap().path();
-        let file = p.file_name().unwrap().to_str().unwrap().to_string();
-        if !file.starts_with("golden") && p.is_file() {
-            std::fs::copy(&p, dst.path().join(file)).unwrap();
-        }
-    }
-    dst
-}
-
-fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
-    let p = dir.join("config.json");
-    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-    f(&mut v);
-    std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
-}
-
-/// Replaces `from` by `to` (same length, so every offset stays valid) in the safetensors header
-/// of every shard and in the index: renames a tensor or rewrites its shape in place.
-fn edit_headers(dir: &Path, from: &str, to: &str) {
-    assert_eq!(from.len(), to.len(), "an in-place edit keeps the header length");
-    let mut hits = 0;
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_str().unwrap().to_string();
-        if name.ends_with(".safetensors") {
-            let mut b = std::fs::read(&p).unwrap();
-            let n = usize::try_from(u64::from_le_bytes(b[..8].try_into().unwrap())).unwrap();
-            let h = String::from_utf8(b[8..8 + n].to_vec()).unwrap();
-            if h.contains(from) {
-                hits += 1;
-                b[8..8 + n].copy_from_slice(h.replace(from, to).as_bytes());
-                std::fs::write(&p, b).unwrap();
-            }
-        } else if name == "model.safetensors.index.json" {
-            let s = std::fs::read_to_string(&p).unwrap();
-            std::fs::write(&p, s.replace(from, to)).unwrap();
-        }
-    }
-    assert_eq!(hits, 1, "{from} must occur in exactly one shard header");
-}
-
-fn load(dir: &Path) -> Result<sluice_models::Model, String> {
-    let c = Checkpoint::open(dir).map_err(|e| e.to_string())?;
-    sluice_models::load(Arc::new(c)).map_err(|e| e.to_string())
-}
+use common::edit::{copy_fixture, edit_config, edit_headers, load};
 
 const SCALE: &str = "model.layers.0.self_attn.q_a_proj.weight_scale_inv";
 
 #[test]
 fn an_fp8_scale_whose_shape_contradicts_its_weight_is_refused_by_name() {
     // q_a_proj is [96, 200]: its blocks are [1, 2]; [2, 1] has the same bytes and is wrong.
-    let d = copy_fixture("tiny-a");
+    let d = copy_fixture("deepseek_v3", "tiny-a");
     edit_headers(
         d.path(),
         &format!("\"{SCALE}\":{{\"dtype\":\"F32\",\"shape\":[1,2]"),
@@ -78,7 +26,7 @@ fn an_fp8_scale_whose_shape_contradicts_its_weight_is_refused_by_name() {
 
 #[test]
 fn an_fp8_weight_without_its_scales_is_refused_by_name() {
-    let d = copy_fixture("tiny-a");
+    let d = copy_fixture("deepseek_v3", "tiny-a");
     edit_headers(d.path(), &format!("\"{SCALE}\""), &format!("\"{}x\"", &SCALE[..SCALE.len() - 1]));
     let e = load(d.path()).expect_err("must not load");
     assert!(e.starts_with("deepseek_v3 checkpoint:") && e.contains(SCALE), "{e}");
@@ -88,7 +36,7 @@ fn an_fp8_weight_without_its_scales_is_refused_by_name() {
 fn int4_scales_that_contradict_the_packed_weight_are_refused_by_name() {
     // Expert gate_proj is [64, 96]: scales [64, 3]; [96, 2] holds the same bytes.
     let t = "model.layers.2.mlp.experts.0.gate_proj.weight_scale";
-    let d = copy_fixture("tiny-b");
+    let d = copy_fixture("deepseek_v3", "tiny-b");
     edit_headers(
         d.path(),
         &format!("\"{t}\":{{\"dtype\":\"BF16\",\"shape\":[64,3]"),
@@ -100,7 +48,7 @@ fn int4_scales_that_contradict_the_packed_weight_are_refused_by_name() {
 
 #[test]
 fn an_expert_width_that_contradicts_int4_weights_is_refused_by_name() {
-    let d = copy_fixture("tiny-b");
+    let d = copy_fixture("deepseek_v3", "tiny-b");
     edit_config(d.path(), |v| v["moe_intermediate_size"] = 96.into());
     let e = load(d.path()).expect_err("must not load");
     assert!(e.starts_with("kimi_k2 checkpoint:"), "{e}");
@@ -109,12 +57,12 @@ fn an_expert_width_that_contradicts_int4_weights_is_refused_by_name() {
 
 #[test]
 fn an_expert_count_that_contradicts_the_tensors_is_refused_by_name() {
-    let d = copy_fixture("tiny-a");
+    let d = copy_fixture("deepseek_v3", "tiny-a");
     edit_config(d.path(), |v| v["n_routed_experts"] = 20.into());
     let e = load(d.path()).expect_err("must not load");
     assert!(e.contains("deepseek_v3") && e.contains("n_routed_experts = 20"), "{e}");
     assert!(e.contains("model.layers.1.mlp.experts.16.gate_proj"), "{e}");
-    let d = copy_fixture("tiny-b");
+    let d = copy_fixture("deepseek_v3", "tiny-b");
     edit_config(d.path(), |v| v["n_routed_experts"] = 6.into());
     let e = load(d.path()).expect_err("must not load");
     assert!(e.contains("kimi_k2") && e.contains("expert 6 of model.layers.1 exists"), "{e}");
@@ -122,7 +70,7 @@ fn an_expert_count_that_contradicts_the_tensors_is_refused_by_name() {
 
 #[test]
 fn a_dense_layer_made_sparse_has_no_experts() {
-    let d = copy_fixture("tiny-b");
+    let d = copy_fixture("deepseek_v3", "tiny-b");
     edit_config(d.path(), |v| v["first_k_dense_replace"] = 0.into());
     let e = load(d.path()).expect_err("must not load");
     assert!(e.contains("expert 0 of model.layers.0 is missing"), "{e}");

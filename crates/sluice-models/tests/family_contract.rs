@@ -6,7 +6,8 @@
 //!   really read them from the published shards (no repack); and so with the family's
 //!   next-layer prefetch reading its guesses;
 //! - a T-row pass is bit-identical to T single-row passes;
-//! - `commit(n)` of a T-row pass leaves the state of n single rows (rollback of the rest).
+//! - `commit(n)` of a T-row pass leaves the state of n single rows (rollback of the rest);
+//! - a routes-only trace records every MoE layer's routes and no stage tensor.
 // Fixture ids, shapes and lengths are small; casts between them cannot truncate.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
 
@@ -167,6 +168,23 @@ fn committing_part_of_a_pass_equals_running_only_that_part_for_every_family() {
         m.forward(&mut st, &prompt[..3], LogitRows::All, None).unwrap();
         st.rollback();
         assert_eq!(st.len(), 5, "{family}/{name}: rollback kept rows");
+    }
+}
+
+/// DeepSeek-V3's forward pass wrote its own trace recorder, which ignored `routes_only`: a
+/// routes-only trace (`--trace-routes`, one on every pass of a run) copied every activation of
+/// every pass. One recorder (`family::put`) now serves every template family.
+#[test]
+fn a_routes_only_trace_copied_every_activation() {
+    for (family, name) in FIXTURES {
+        let (_, m) = open(family, name);
+        let mut tr = sluice_models::Trace::routes_only();
+        let mut st = m.new_state();
+        m.forward(&mut st, &[1, 2, 3], LogitRows::Last, Some(&mut tr)).unwrap();
+        assert!(tr.tensors.is_empty(), "{family}/{name}: {} tensors recorded", tr.tensors.len());
+        let moe = m.routed_experts().expect("an MoE family").moe_layers;
+        let got: Vec<usize> = tr.routes.keys().copied().collect();
+        assert_eq!(got, moe, "{family}/{name}: the routes of every MoE layer");
     }
 }
 

@@ -12,216 +12,65 @@
 //! - cached-decode logits: max abs ≤ 1e-4 per step; greedy and decode tokens exactly equal;
 //! - a T-row pass bit-identical to T single-row passes;
 //! - YaRN: `inv_freq` bit-exact, cos/sin (scaled by the attention factor) within 4.8e-7.
-// Fixture ids, shapes and lengths are small; casts between them cannot truncate.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    clippy::cast_possible_wrap
-)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use common::{argmax, json_ids, max_abs, rel_l2, Golden};
-use sluice_checkpoint::Checkpoint;
+use common::golden::Suite;
 use sluice_models::gpt_oss::GptOss;
-use sluice_models::qwen3::Trace;
-use sluice_models::LogitRows;
-use std::path::PathBuf;
-use std::sync::Arc;
 
-const STAGE_TOL: f64 = 1e-4;
-const DECODE_ABS_TOL: f32 = 1e-4;
 const ROPE_ABS_TOL: f32 = 4.8e-7;
-const FIXTURES: [&str; 2] = ["tiny-a", "tiny-b"];
 
-fn fixture(name: &str) -> PathBuf {
-    common::fixture_of("gpt_oss", name)
-}
-
-/// Loads a fixture through the architecture registry, as the engine does.
-fn load(name: &str) -> GptOss {
-    let ckpt = Arc::new(Checkpoint::open(&fixture(name)).expect("fixture opens"));
-    sluice_models::load(ckpt)
-        .expect("fixture loads")
-        .into_family::<GptOss>()
-        .unwrap_or_else(|other| panic!("{name}: loaded as {}", other.family()))
-}
+const SUITE: Suite = Suite::transformers("gpt_oss", &["tiny-a", "tiny-b"], true);
 
 #[test]
 fn stages_routing_and_logits_match_transformers() {
-    for name in FIXTURES {
-        let m = load(name);
-        let g = Golden::load_dir(&fixture(name));
-        let c = m.config();
-        let k = c.num_experts_per_tok;
-        let moe: Vec<usize> = (0..c.num_hidden_layers).collect();
-        let mut worst = (0.0f64, String::new());
-        for j in 0..g.json["prompts"].as_array().unwrap().len() {
-            let ids = &g.ids(&format!("p{j}.ids"));
-            let mut st = m.new_state();
-            let mut tr = Trace::default();
-            let logits = m.forward(&mut st, ids, LogitRows::All, Some(&mut tr)).expect("forward");
-            st.commit(ids.len());
-            let mut stages = vec!["embed".to_string()];
-            for i in 0..c.num_hidden_layers {
-                for s in ["attn_in", "attn_out", "mlp_in", "mlp_out", "out"] {
-                    stages.push(format!("layer{i}.{s}"));
-                }
-            }
-            stages.extend(moe.iter().map(|i| format!("layer{i}.router_logits")));
-            stages.push("final_norm".into());
-            for s in &stages {
-                let got = tr.tensors.get(s).unwrap_or_else(|| panic!("{name} p{j}: no stage {s}"));
-                let e = rel_l2(got, g.f(&format!("p{j}.{s}")));
-                assert!(e <= STAGE_TOL, "{name} p{j} stage {s}: relL2 {e:.3e} > {STAGE_TOL:e}");
-                if e > worst.0 {
-                    worst = (e, format!("p{j}.{s}"));
-                }
-            }
-            for &i in &moe {
-                let routes = &tr.routes[&i];
-                let want_ids = g.ids(&format!("p{j}.layer{i}.topk_ids"));
-                let got_ids: Vec<u32> = routes.iter().flat_map(|r| r.ids.clone()).collect();
-                assert_eq!(got_ids, want_ids, "{name} p{j} layer {i}: routing differs");
-                let got_w: Vec<f32> = routes.iter().flat_map(|r| r.weights.clone()).collect();
-                assert_eq!(got_w.len(), ids.len() * k);
-                let e = rel_l2(&got_w, g.f(&format!("p{j}.layer{i}.topk_weights")));
-                assert!(e <= STAGE_TOL, "{name} p{j} layer {i}: weights relL2 {e:.3e}");
-            }
-            let e = rel_l2(&logits, g.f(&format!("p{j}.logits")));
-            assert!(e <= STAGE_TOL, "{name} p{j}: logits relL2 {e:.3e} > {STAGE_TOL:e}");
-            eprintln!("{name} p{j} (T={}): logits relL2 {e:.3e}", ids.len());
-        }
-        eprintln!("{name}: worst stage relL2 {:.3e} at {}", worst.0, worst.1);
-    }
+    SUITE.stages_match();
 }
 
 #[test]
 fn rope_matches_rotary_emb() {
-    for name in FIXTURES {
-        let m = load(name);
-        let g = Golden::load_dir(&fixture(name));
-        assert_eq!(m.rope().inv_freq(), g.f("rope.inv_freq"), "{name}: inv_freq");
+    for name in SUITE.fixtures {
+        let m = SUITE.family_model::<GptOss>(name);
         let half = m.config().head_dim / 2;
-        let n = g.f("rope.cos").len() / half;
-        let rows = m.rope().rows(0, n);
-        let (dc, ds) = (max_abs(&rows.cos, g.f("rope.cos")), max_abs(&rows.sin, g.f("rope.sin")));
-        eprintln!("{name}: yarn cos max abs {dc:.3e}, sin max abs {ds:.3e}");
-        assert!(dc <= ROPE_ABS_TOL && ds <= ROPE_ABS_TOL, "{name}: cos {dc:e} sin {ds:e}");
+        SUITE.rope_matches_in(name, ROPE_ABS_TOL, m.rope().inv_freq(), (half, half), |n| {
+            let r = m.rope().rows(0, n);
+            (r.cos, r.sin)
+        });
     }
 }
 
 #[test]
 fn prefill_then_decode_matches_transformers() {
-    for name in FIXTURES {
-        let m = load(name);
-        let g = Golden::load_dir(&fixture(name));
-        let (prompt, tokens) = (g.ids("decode.prompt"), g.ids("decode.tokens"));
-        let want = g.f("decode.logits");
-        let v = m.config().vocab_size;
-        let mut st = m.new_state();
-        let mut logits = m.forward(&mut st, &prompt, LogitRows::Last, None).unwrap();
-        st.commit(prompt.len());
-        let mut worst = 0.0f32;
-        for (s, &tok) in tokens.iter().enumerate() {
-            let d = max_abs(&logits, &want[s * v..(s + 1) * v]);
-            assert!(d <= DECODE_ABS_TOL, "{name} decode step {s}: max abs {d:.3e}");
-            worst = worst.max(d);
-            assert_eq!(argmax(&logits), tok, "{name} decode step {s}: greedy token");
-            logits = m.forward(&mut st, &[tok], LogitRows::Last, None).unwrap();
-            st.commit(1);
-        }
-        let past_window = prompt.len() + tokens.len() > m.config().sliding_window;
-        assert!(past_window, "{name}: the decode scenario must pass the sliding window");
-        eprintln!("{name}: decode logits max abs {worst:.3e} over {} steps", tokens.len());
+    SUITE.decode_matches();
+}
+
+#[test]
+fn the_decode_goldens_pass_the_sliding_window() {
+    for name in SUITE.fixtures {
+        let m = SUITE.family_model::<GptOss>(name);
+        let g = SUITE.golden(name);
+        let n = g.ids("decode.prompt").len() + g.ids("decode.tokens").len();
+        assert!(n > m.config().sliding_window, "{name}: the decode scenario must pass the window");
     }
 }
 
 #[test]
 fn greedy_generation_matches_transformers() {
-    for name in FIXTURES {
-        let m = load(name);
-        let g = Golden::load_dir(&fixture(name));
-        for run in g.json["greedy"].as_array().unwrap() {
-            let (prompt, want) = (json_ids(&run["prompt"]), json_ids(&run["tokens"]));
-            let mut st = m.new_state();
-            let mut logits = m.forward(&mut st, &prompt, LogitRows::Last, None).unwrap();
-            st.commit(prompt.len());
-            let mut got = Vec::new();
-            while got.len() < want.len() {
-                let tok = argmax(&logits);
-                got.push(tok);
-                logits = m.forward(&mut st, &[tok], LogitRows::Last, None).unwrap();
-                st.commit(1);
-            }
-            assert_eq!(got, want, "{name}: greedy tokens for prompt {prompt:?}");
-        }
-    }
+    SUITE.greedy_matches();
 }
 
 #[test]
 fn a_t_row_pass_is_bit_identical_to_t_single_rows() {
-    for name in FIXTURES {
-        let m = load(name);
-        let g = Golden::load_dir(&fixture(name));
-        let ids = g.ids("p2.ids");
-        let mut st = m.new_state();
-        let all = m.forward(&mut st, &ids, LogitRows::All, None).unwrap();
-        let mut one = Vec::new();
-        let mut st = m.new_state();
-        for &id in &ids {
-            one.extend(m.forward(&mut st, &[id], LogitRows::All, None).unwrap());
-            st.commit(1);
-        }
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&all), bits(&one), "{name}: T-row pass differs from single rows");
-    }
+    SUITE.t_rows_are_bit_identical();
 }
 
 #[test]
-fn rolled_back_rows_leave_no_trace() {
-    let m = load("tiny-a");
-    let ids = [5u32, 17, 300, 42, 99];
-    let mut a = m.new_state();
-    m.forward(&mut a, &ids, LogitRows::Last, None).unwrap();
-    a.commit(3);
-    m.forward(&mut a, &[7, 8, 9], LogitRows::All, None).unwrap();
-    a.rollback();
-    let got = m.forward(&mut a, &[1], LogitRows::Last, None).unwrap();
-    let mut b = m.new_state();
-    m.forward(&mut b, &ids[..3], LogitRows::Last, None).unwrap();
-    b.commit(3);
-    let want = m.forward(&mut b, &[1], LogitRows::Last, None).unwrap();
-    assert_eq!(got, want);
+fn rolled_back_rows_leave_no_trace_and_snapshots_restore_exactly() {
+    SUITE.rollback_leaves_no_trace("tiny-a");
 }
 
 #[test]
 fn a_verified_draft_with_a_wrong_tail_continues_exactly_as_plain_decoding() {
-    let m = load("tiny-b");
-    let g = Golden::load_dir(&fixture("tiny-b"));
-    let run = &g.json["greedy"].as_array().unwrap()[1];
-    let (prompt, want) = (json_ids(&run["prompt"]), json_ids(&run["tokens"]));
-    let mut st = m.new_state();
-    let first = m.forward(&mut st, &prompt, LogitRows::Last, None).unwrap();
-    st.commit(prompt.len());
-    assert_eq!(argmax(&first), want[0]);
-    // Verify [t0, t1, t2, wrong, wrong]: rows 0..3 confirm t1..t3, the rest is rolled back.
-    let wrong = (want[3] + 1) % 7;
-    let draft = [want[0], want[1], want[2], wrong, wrong];
-    let rows = m.forward(&mut st, &draft, LogitRows::All, None).unwrap();
-    let vocab = rows.len() / draft.len();
-    let got: Vec<u32> = rows.chunks_exact(vocab).map(argmax).collect();
-    assert_eq!(got[..3], want[1..4], "the verified rows give the greedy tokens");
-    st.commit(3);
-    let mut tok = got[2];
-    let mut out = want[..3].to_vec();
-    while out.len() < want.len() {
-        out.push(tok);
-        let l = m.forward(&mut st, &[tok], LogitRows::Last, None).unwrap();
-        st.commit(1);
-        tok = argmax(&l);
-    }
-    assert_eq!(out, want);
+    SUITE.verified_draft_continues_as_plain("tiny-b");
 }

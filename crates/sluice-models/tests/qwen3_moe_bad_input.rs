@@ -5,70 +5,36 @@
 
 mod common;
 
-use sluice_checkpoint::Checkpoint;
-use sluice_models::Model;
-use std::path::Path;
-use std::sync::Arc;
-
-/// Copies a fixture's model files (not the goldens) into a fresh temporary directory.
-fn copy_fixture(family: &str, name: &str) -> tempfile::TempDir {
-    let dst = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(common::fixture_of(family, name)).unwrap() {
-        let p = e.unwrap().path();
-        let file = p.file_name().unwrap().to_str().unwrap().to_string();
-        if !file.starts_with("golden") && p.is_file() {
-            std::fs::copy(&p, dst.path().join(file)).unwrap();
-        }
-    }
-    dst
-}
-
-fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
-    let p = dir.join("config.json");
-    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-    f(&mut v);
-    std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
-}
-
-fn load(dir: &Path) -> Result<Model, String> {
-    let c = Checkpoint::open(dir).map_err(|e| e.to_string())?;
-    sluice_models::load(Arc::new(c)).map_err(|e| e.to_string())
-}
-
-fn load_err(name: &str, f: impl FnOnce(&mut serde_json::Value)) -> String {
-    let d = copy_fixture("qwen3_moe", name);
-    edit_config(d.path(), f);
-    load(d.path()).expect_err("must not load")
-}
+use common::edit::{copy_fixture, edit_config, load, load_err};
 
 #[test]
 fn an_expert_count_that_contradicts_the_tensors_is_refused_by_name() {
     // tiny-a has 8 experts in layers 1 and 2 (layer 0 is dense).
-    let e = load_err("tiny-a", |v| v["num_experts"] = 10.into());
+    let e = load_err("qwen3_moe", "tiny-a", |v| v["num_experts"] = 10.into());
     assert!(e.contains("qwen3_moe") && e.contains("num_experts = 10"), "{e}");
     assert!(e.contains("model.layers.1.mlp.experts.8.gate_proj.weight"), "{e}");
-    let e = load_err("tiny-a", |v| v["num_experts"] = 6.into());
+    let e = load_err("qwen3_moe", "tiny-a", |v| v["num_experts"] = 6.into());
     assert!(e.contains("qwen3_moe") && e.contains("model.layers.1.mlp.experts.6."), "{e}");
     // A layer made sparse that holds a dense MLP has no experts at all.
-    let e = load_err("tiny-a", |v| v["mlp_only_layers"] = serde_json::json!([]));
+    let e = load_err("qwen3_moe", "tiny-a", |v| v["mlp_only_layers"] = serde_json::json!([]));
     assert!(e.contains("model.layers.0.mlp.experts.0.gate_proj.weight"), "{e}");
 }
 
 #[test]
 fn expert_shapes_that_contradict_the_config_name_family_tensor_and_file() {
-    let e = load_err("tiny-a", |v| v["moe_intermediate_size"] = 48.into());
+    let e = load_err("qwen3_moe", "tiny-a", |v| v["moe_intermediate_size"] = 48.into());
     assert!(e.starts_with("qwen3_moe checkpoint:"), "{e}");
     assert!(e.contains("model.layers.1.mlp.experts.0.gate_proj.weight"), "{e}");
     assert!(e.contains("model-0000"), "error should name the shard file: {e}");
-    let e = load_err("tiny-b", |v| v["decoder_sparse_step"] = 1.into());
+    let e = load_err("qwen3_moe", "tiny-b", |v| v["decoder_sparse_step"] = 1.into());
     assert!(e.contains("model.layers.0.mlp.experts.0.gate_proj.weight"), "{e}");
 }
 
 #[test]
 fn unsupported_settings_are_refused_as_qwen3_moe() {
-    let e = load_err("tiny-b", |v| v["num_experts_per_tok"] = 7.into());
+    let e = load_err("qwen3_moe", "tiny-b", |v| v["num_experts_per_tok"] = 7.into());
     assert!(e.contains("qwen3_moe config") && e.contains("exceeds num_experts"), "{e}");
-    let e = load_err("tiny-b", |v| v["use_sliding_window"] = true.into());
+    let e = load_err("qwen3_moe", "tiny-b", |v| v["use_sliding_window"] = true.into());
     assert!(e.contains("qwen3_moe config") && e.contains("use_sliding_window"), "{e}");
 }
 

@@ -29,7 +29,7 @@ pub mod quant;
 pub mod synth;
 pub mod weights;
 
-use crate::family::{MemoryNeeds, RoutedExperts};
+use crate::family::{add_into, moe_step, put, MemoryNeeds, RoutedExperts};
 use crate::kimi_k3::state::{K3State, LayerShape, LayerState};
 use crate::kimi_k3::Trace;
 use crate::{LogitRows, ModelError};
@@ -48,13 +48,6 @@ pub(crate) fn mm(ckpt: &Checkpoint, w: &Weight, x: &[f32], t: usize) -> Vec<f32>
     let mut out = vec![0.0f32; t * w.rows()];
     matmul(&w.get(ckpt), x, t, &mut out);
     out
-}
-
-/// Records `v` under `name()` when tracing.
-fn put(trace: &mut Option<&mut Trace>, name: impl FnOnce() -> String, v: &[f32]) {
-    if let Some(t) = trace.as_deref_mut() {
-        t.tensors.insert(name(), v.to_vec());
-    }
 }
 
 /// The rotary table of the `qk_rope_head_dim` dims (`DeepseekV3RotaryEmbedding`): plain or
@@ -288,8 +281,8 @@ impl DeepseekV3 {
         }
         put(&mut trace, || "embed".into(), &h);
         state.begin(t);
-        for (i, (lw, ls)) in self.weights.layers.iter().zip(&mut state.layers).enumerate() {
-            let LayerState::Mla(cache) = ls else {
+        for (i, lw) in self.weights.layers.iter().enumerate() {
+            let LayerState::Mla(cache) = &mut state.layers[i] else {
                 return Err(ModelError::Config("invariant: checked by fits".into()));
             };
             let a_in = self.norm_rows(&h, &lw.input_norm);
@@ -303,19 +296,9 @@ impl DeepseekV3 {
                 Ffn::Dense(w) => moe::mlp(ckpt, w, &m_in, t),
                 Ffn::Moe(w) => {
                     let store = self.experts.as_ref();
-                    let (m, logits, routes) =
-                        match moe::forward(ckpt, w, c, store, &self.layout, i, &m_in, t) {
-                            Ok(out) => out,
-                            Err(e) => {
-                                state.rollback();
-                                return Err(e);
-                            }
-                        };
-                    put(&mut trace, || format!("layer{i}.router_logits"), &logits);
-                    if let Some(tr) = trace.as_deref_mut() {
-                        tr.routes.insert(i, routes);
-                    }
-                    m
+                    moe_step(state, &mut trace, i, || {
+                        moe::forward(ckpt, w, c, store, &self.layout, i, &m_in, t)
+                    })?
                 }
             };
             put(&mut trace, || format!("layer{i}.mlp_out"), &m);
@@ -346,12 +329,5 @@ impl DeepseekV3 {
             rms_norm(i, Some(w), eps, o);
         }
         out
-    }
-}
-
-/// `dst += src` element-wise (the residual adds).
-fn add_into(dst: &mut [f32], src: &[f32]) {
-    for (a, b) in dst.iter_mut().zip(src) {
-        *a += b;
     }
 }

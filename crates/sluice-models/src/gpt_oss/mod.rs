@@ -21,7 +21,7 @@ pub mod rope;
 pub mod synth;
 pub mod weights;
 
-use crate::family::{MemoryNeeds, RoutedExperts};
+use crate::family::{add_into, moe_step, put, MemoryNeeds, RoutedExperts};
 use crate::qwen3::{Ctx, Qwen3State, Trace};
 use crate::{LogitRows, ModelError};
 use config::GptOssConfig;
@@ -31,13 +31,6 @@ use sluice_kernels::ops::rms_norm;
 use sluice_store::ExpertStore;
 use std::sync::Arc;
 use weights::{GptOssExpertLayout, GptOssWeights};
-
-/// Records `v` under `name()` when tracing.
-fn put(trace: &mut Option<&mut Trace>, name: impl FnOnce() -> String, v: &[f32]) {
-    if let Some(t) = trace.as_deref_mut().filter(|t| !t.routes_only) {
-        t.tensors.insert(name(), v.to_vec());
-    }
-}
 
 /// The loaded GPT-OSS model.
 pub struct GptOss {
@@ -217,7 +210,7 @@ impl GptOss {
         put(&mut trace, || "embed".into(), &h);
         let rope = self.rope.rows(state.len(), t);
         state.begin(t);
-        for (i, (lw, cache)) in self.weights.layers.iter().zip(&mut state.layers).enumerate() {
+        for (i, lw) in self.weights.layers.iter().enumerate() {
             // Layer 0 has no layer before it to guess its experts: guess them from its input
             // (normed as its block will norm it) while its attention computes.
             if self.prefetch && i == 0 {
@@ -228,6 +221,7 @@ impl GptOss {
             let a_in = self.norm_rows(&h, &lw.input_norm);
             put(&mut trace, || format!("layer{i}.attn_in"), &a_in);
             let kind = c.layer_types[i];
+            let cache = &mut state.layers[i];
             let a = attention::forward(&ctx, &lw.attn, c, kind, cache, &a_in, t, &rope);
             put(&mut trace, || format!("layer{i}.attn_out"), &a);
             add_into(&mut h, &a);
@@ -236,17 +230,9 @@ impl GptOss {
             let store = self.experts.as_ref();
             let guess = || if self.prefetch { self.guess(&ctx, i + 1, &m_in, t) } else { None };
             let at = crate::qwen3_moe::moe::At { layer: i, guess: &guess };
-            let (m, logits, routes) = match moe::forward(&ctx, &lw.moe, store, at, c, &m_in, t) {
-                Ok(out) => out,
-                Err(e) => {
-                    state.rollback();
-                    return Err(e);
-                }
-            };
-            put(&mut trace, || format!("layer{i}.router_logits"), &logits);
-            if let Some(tr) = trace.as_deref_mut() {
-                tr.routes.insert(i, routes);
-            }
+            let m = moe_step(state, &mut trace, i, || {
+                moe::forward(&ctx, &lw.moe, store, at, c, &m_in, t)
+            })?;
             put(&mut trace, || format!("layer{i}.mlp_out"), &m);
             add_into(&mut h, &m);
             put(&mut trace, || format!("layer{i}.out"), &h);
@@ -266,12 +252,5 @@ impl GptOss {
             rms_norm(i, Some(w), eps, o);
         }
         out
-    }
-}
-
-/// `dst += src` element-wise (the residual adds).
-fn add_into(dst: &mut [f32], src: &[f32]) {
-    for (a, b) in dst.iter_mut().zip(src) {
-        *a += b;
     }
 }

@@ -17,6 +17,7 @@ pub mod config;
 pub mod state;
 pub mod weights;
 
+use crate::family::{add_into, put};
 use crate::{LogitRows, ModelError};
 use attention::Rope;
 use config::Qwen3Config;
@@ -40,13 +41,6 @@ impl Ctx<'_> {
         let mut out = vec![0.0f32; t * m.rows()];
         matmul(&m.get(self.ckpt), x, t, &mut out);
         out
-    }
-}
-
-/// Records `v` under `name()` when tracing (the name is only built when a trace is wanted).
-fn put(trace: &mut Option<&mut Trace>, name: impl FnOnce() -> String, v: &[f32]) {
-    if let Some(t) = trace.as_deref_mut().filter(|t| !t.routes_only) {
-        t.tensors.insert(name(), v.to_vec());
     }
 }
 
@@ -206,11 +200,4 @@ fn mlp(ctx: &Ctx<'_>, w: &LayerWeights, x: &[f32], t: usize) -> Vec<f32> {
     let mut act = vec![0.0f32; gate.len()];
     silu_glu(&gate, &up, &mut act);
     ctx.mm(&w.down, &act, t)
-}
-
-/// `dst += src` element-wise (the residual adds).
-fn add_into(dst: &mut [f32], src: &[f32]) {
-    for (a, b) in dst.iter_mut().zip(src) {
-        *a += b;
-    }
 }

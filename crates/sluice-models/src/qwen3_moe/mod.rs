@@ -20,7 +20,7 @@ pub mod moe;
 pub mod synth;
 pub mod weights;
 
-use crate::family::{MemoryNeeds, RoutedExperts};
+use crate::family::{add_into, moe_step, put, MemoryNeeds, RoutedExperts};
 use crate::qwen3::attention::{self, Rope};
 use crate::qwen3::{Ctx, Qwen3State, Trace};
 use crate::{LogitRows, ModelError};
@@ -30,13 +30,6 @@ use sluice_kernels::ops::rms_norm;
 use sluice_store::ExpertStore;
 use std::sync::Arc;
 use weights::{Ffn, Qwen3MoeExpertLayout, Qwen3MoeWeights};
-
-/// Records `v` under `name()` when tracing (the name is only built when a trace is wanted).
-fn put(trace: &mut Option<&mut Trace>, name: impl FnOnce() -> String, v: &[f32]) {
-    if let Some(t) = trace.as_deref_mut().filter(|t| !t.routes_only) {
-        t.tensors.insert(name(), v.to_vec());
-    }
-}
 
 /// The loaded Qwen3-MoE model.
 pub struct Qwen3Moe {
@@ -216,7 +209,7 @@ impl Qwen3Moe {
         let next_moe = |i: usize| (i + 1..layers.len()).find_map(|j| router(j).map(|r| (j, r)));
         let first_moe = (0..layers.len()).find(|&j| router(j).is_some());
         let (e, k) = (self.cfg.num_experts, self.cfg.num_experts_per_tok);
-        for (i, (lw, cache)) in layers.iter().zip(&mut state.layers).enumerate() {
+        for (i, lw) in layers.iter().enumerate() {
             // The first MoE layer has no MoE layer before it to guess its experts: guess them
             // from its input (normed as its block will norm it) while its attention computes.
             if let (true, Some(r)) = (self.prefetch && first_moe == Some(i), router(i)) {
@@ -226,7 +219,7 @@ impl Qwen3Moe {
             // Qwen3MoeDecoderLayer.forward: pre-norm attention and MLP, each added to the residual.
             let a_in = self.norm_rows(&h, &lw.input_norm);
             put(&mut trace, || format!("layer{i}.attn_in"), &a_in);
-            let a = attention::forward(&ctx, &lw.attn, c, cache, &a_in, t, &rope);
+            let a = attention::forward(&ctx, &lw.attn, c, &mut state.layers[i], &a_in, t, &rope);
             put(&mut trace, || format!("layer{i}.attn_out"), &a);
             add_into(&mut h, &a);
             let m_in = self.norm_rows(&h, &lw.post_norm);
@@ -239,19 +232,9 @@ impl Qwen3Moe {
                     let guess =
                         || next.map(|(j, r)| (j, moe::guess_union(&ctx.mm(r, &m_in, t), e, k)));
                     let at = moe::At { layer: i, guess: &guess };
-                    let (m, logits, routes) =
-                        match moe::forward(&ctx, router, store, at, &self.cfg, &m_in, t) {
-                            Ok(out) => out,
-                            Err(e) => {
-                                state.rollback();
-                                return Err(e);
-                            }
-                        };
-                    put(&mut trace, || format!("layer{i}.router_logits"), &logits);
-                    if let Some(tr) = trace.as_deref_mut() {
-                        tr.routes.insert(i, routes);
-                    }
-                    m
+                    moe_step(state, &mut trace, i, || {
+                        moe::forward(&ctx, router, store, at, &self.cfg, &m_in, t)
+                    })?
                 }
             };
             put(&mut trace, || format!("layer{i}.mlp_out"), &m);
@@ -273,12 +256,5 @@ impl Qwen3Moe {
             rms_norm(i, Some(w), eps, o);
         }
         out
-    }
-}
-
-/// `dst += src` element-wise (the residual adds).
-fn add_into(dst: &mut [f32], src: &[f32]) {
-    for (a, b) in dst.iter_mut().zip(src) {
-        *a += b;
     }
 }

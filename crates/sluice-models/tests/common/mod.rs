@@ -1,7 +1,8 @@
-//! Shared helpers for the model tests: fixture paths and a reader for the golden tensors that
-//! `tools/gen_k3_goldens.py` (mlx-lm) and `tools/gen_qwen3_goldens.py` (HF transformers) wrote
-//! next to each tiny checkpoint; the prompt, run and streamed-model setup of the streaming and
-//! spine-placement tests.
+//! Shared helpers for the model tests: fixture paths, the golden harness ([`golden`]: the
+//! goldens the generators in `tools/` wrote next to each tiny checkpoint, and the checks every
+//! family's golden test runs against them), broken fixture copies for the bad-input tests
+//! ([`edit`]); the prompt, run and streamed-model setup of the streaming and spine-placement
+//! tests.
 // Fixture ids, shapes and lengths are small; casts between them cannot truncate.
 #![allow(
     dead_code,
@@ -12,13 +13,15 @@
     clippy::cast_possible_wrap
 )]
 
-use sluice_checkpoint::{parse_header, Checkpoint};
-use sluice_core::{DType, MemoryBudget};
+pub mod edit;
+pub mod golden;
+
+use sluice_checkpoint::Checkpoint;
+use sluice_core::MemoryBudget;
 use sluice_models::kimi_k3::config::K3Config;
 use sluice_models::kimi_k3::KimiK3;
 use sluice_models::LogitRows;
 use sluice_store::{StreamingConfig, StreamingExperts};
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -85,82 +88,4 @@ pub fn streamed_with(
     let mut m = KimiK3::with_store(ckpt, store.clone()).unwrap();
     m.set_prefetch(prefetch);
     (m, store)
-}
-
-/// Golden tensors of one fixture.
-pub struct Golden {
-    pub f32s: BTreeMap<String, (Vec<u64>, Vec<f32>)>,
-    pub i32s: BTreeMap<String, (Vec<u64>, Vec<i32>)>,
-    pub json: serde_json::Value,
-}
-
-impl Golden {
-    /// The goldens of the Kimi K3 fixture `name`.
-    pub fn load(name: &str) -> Self {
-        Self::load_dir(&fixture(name))
-    }
-
-    /// The goldens in a fixture directory.
-    pub fn load_dir(dir: &std::path::Path) -> Self {
-        let path = dir.join("golden.safetensors");
-        let bytes = std::fs::read(&path).expect("golden.safetensors");
-        let h = parse_header(&path, &bytes).expect("golden header");
-        let mut f32s = BTreeMap::new();
-        let mut i32s = BTreeMap::new();
-        for t in h.tensors {
-            let b = &bytes[t.data_start as usize..(t.data_start + t.len) as usize];
-            match t.dtype {
-                DType::F32 => {
-                    let v = b
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                        .collect();
-                    f32s.insert(t.name, (t.shape, v));
-                }
-                DType::I32 => {
-                    let v = b
-                        .chunks_exact(4)
-                        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-                        .collect();
-                    i32s.insert(t.name, (t.shape, v));
-                }
-                other => panic!("unexpected golden dtype {other}"),
-            }
-        }
-        let json =
-            serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
-        Self { f32s, i32s, json }
-    }
-
-    pub fn f(&self, name: &str) -> &[f32] {
-        &self.f32s.get(name).unwrap_or_else(|| panic!("golden {name}")).1
-    }
-
-    pub fn ids(&self, name: &str) -> Vec<u32> {
-        self.i32s
-            .get(name)
-            .unwrap_or_else(|| panic!("golden {name}"))
-            .1
-            .iter()
-            .map(|&v| v as u32)
-            .collect()
-    }
-}
-
-/// A golden's JSON array of token ids (the family goldens' `meta.json` fields).
-pub fn json_ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| u32::try_from(x.as_u64().unwrap()).unwrap()).collect()
-}
-
-/// Relative L2 distance ‖a − b‖ / ‖b‖ in f64.
-pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len(), "length mismatch");
-    let num: f64 = a.iter().zip(b).map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2)).sum();
-    let den: f64 = b.iter().map(|&y| f64::from(y).powi(2)).sum();
-    (num / den.max(1e-300)).sqrt()
-}
-
-/// Largest absolute difference.
-pub fn max_abs(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }

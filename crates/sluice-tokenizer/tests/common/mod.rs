@@ -1,6 +1,9 @@
-//! Helpers shared by the integration tests: fixture paths and JSON access.
+//! Helpers shared by the integration tests: fixture paths and JSON access; the check of a model
+//! family's chat goldens ([`chat_golden`]).
 
 #![allow(dead_code)]
+
+pub mod chat_golden;
 
 use std::path::PathBuf;
 
