@@ -25,9 +25,11 @@ use super::config::DeepseekV3Config;
 use super::experts::{same_format, ExpertFormat};
 use super::quant::{Weight, FP8_BLOCK, INT4_GROUP};
 use crate::qwen3::weights::{Linear, Roster};
-use crate::ModelError;
+use crate::{spine, ModelError};
 use sluice_checkpoint::{Checkpoint, CheckpointError, TensorEntry};
 use sluice_core::DType;
+use sluice_store::spine::TensorRange;
+use sluice_store::SpineIndex;
 
 /// An MLP (dense, routed expert or the shared experts): `down(silu(gate x) · up x)`.
 #[derive(Debug)]
@@ -222,10 +224,64 @@ impl DeepseekV3Weights {
 }
 
 impl DeepseekV3Weights {
+    /// The spine pieces in pass order (embedding; per layer its attention, and its dense MLP
+    /// or router and shared experts; the head) over `ckpt`'s shards, for placing the spine
+    /// piece by piece.
+    pub fn spine_index(&self, ckpt: &Checkpoint) -> Result<SpineIndex, ModelError> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                let a = &l.attn;
+                let mut r: Vec<TensorRange> = match &a.q {
+                    QProj::Lora(q) => [q.a.ranges(), q.b.ranges()].concat(),
+                    QProj::Plain(w) => w.ranges(),
+                };
+                for w in [&a.kv_a, &a.kv_b, &a.o_proj] {
+                    r.extend(w.ranges());
+                }
+                let m = match &l.ffn {
+                    Ffn::Dense(m) => m,
+                    Ffn::Moe(m) => {
+                        r.extend(spine::ranges(&m.router));
+                        &m.shared
+                    }
+                };
+                for w in [&m.gate, &m.up, &m.down] {
+                    r.extend(w.ranges());
+                }
+                r
+            })
+            .collect();
+        spine::index(ckpt, &self.embed, layers, &self.lm_head)
+    }
+
+    /// Bytes of the f32 vectors the model keeps whatever the spine placement: norms, latent
+    /// norms and routing biases.
+    pub fn small_bytes(&self) -> u64 {
+        let f = |v: &Vec<f32>| v.len() as u64 * 4;
+        let layers: u64 = self
+            .layers
+            .iter()
+            .map(|l| {
+                let q = match &l.attn.q {
+                    QProj::Lora(q) => f(&q.norm),
+                    QProj::Plain(_) => 0,
+                };
+                let b = match &l.ffn {
+                    Ffn::Moe(m) => f(&m.bias),
+                    Ffn::Dense(_) => 0,
+                };
+                f(&l.input_norm) + f(&l.post_norm) + f(&l.attn.kv_a_norm) + q + b
+            })
+            .sum();
+        layers + f(&self.norm)
+    }
+
     /// The storage of the spine's projections (attention, dense MLPs, shared experts): its
     /// format's name when they all share one (`fp8`, `bf16`, ...), `mixed` otherwise. The
     /// embedding, head and routers are bf16 in every published checkpoint and are not counted.
-    pub fn spine_format(&self, ckpt: &Checkpoint) -> &'static str {
+    pub fn spine_format(&self, ckpt: &dyn spine::TensorBytes) -> &'static str {
         let mut names = Vec::new();
         let mut add = |w: &Weight| names.push(w.get(ckpt).format().name());
         for l in &self.layers {
