@@ -1,6 +1,7 @@
 //! The one plan-and-charge step of opening a model whose family places its spine piece by
-//! piece (`places_spine` in the family table; Kimi K3 today), shared by full installs (and plain
-//! checkpoint directories, [`crate::load`]) and stream installs ([`crate::install`]).
+//! piece (`places_spine` in the family table: every family with routed experts), shared by full
+//! installs (and plain checkpoint directories, [`crate::load`]) and stream installs
+//! ([`crate::install`]).
 //!
 //! From the budget (`--memory`) it computes the residency [`Plan`], charges what the model holds
 //! for as long as it lives (a draft model first, then sequence state and headroom, stored
