@@ -171,7 +171,8 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
     }
     // Loaded through the family table without mapping its routed experts (they are the holes
     // of the sparse shards), its store attached once the plan stands.
-    let model = sluice_models::family::load_with_experts(ckpt.clone(), Arc::new(place::Unattached))?;
+    let model =
+        sluice_models::family::load_with_experts(ckpt.clone(), Arc::new(place::Unattached))?;
     let Some(routed) = model.routed_experts() else {
         return Err(install_err(dir, "invariant: a routed-expert list without a layout"));
     };

@@ -19,8 +19,8 @@ const PROMPT: [u32; 6] = [1, 17, 42, 99, 5, 23];
 
 /// The committed tiny fixture `name` of `family`, and the repository id it is served under.
 fn fixture(family: &str, name: &str) -> (PathBuf, String) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join(format!("../../tests/fixtures/{family}/{name}"));
+    let dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/{family}/{name}"));
     (dir, format!("test/{family}-{name}"))
 }
 

@@ -74,7 +74,11 @@ fn split(layers: usize, k: usize, embed: Placement, head: Placement) -> Vec<Plac
 }
 
 /// `model` with its spine placed by a store over `reader` with `placements`.
-fn place(model: &mut Model, reader: Arc<dyn ReadAt>, placements: Vec<Placement>) -> Arc<SpineStore> {
+fn place(
+    model: &mut Model,
+    reader: Arc<dyn ReadAt>,
+    placements: Vec<Placement>,
+) -> Arc<SpineStore> {
     let index = model.spine_index().unwrap().expect("a family that places its spine lists pieces");
     let store = SpineStore::open(index, reader, placements, 2, &MemoryBudget::unlimited()).unwrap();
     let store = Arc::new(store);
@@ -132,7 +136,8 @@ fn a_spine_read_fault_fails_the_pass_cleanly_and_the_next_pass_is_exact() {
         let n = mapped.shape().layers;
         let (_, mut m) = open(family, name);
         let faulty = Arc::new(FaultyReader::new(files(&ckpt, IoMode::Direct)));
-        let store = place(&mut m, faulty.clone(), split(n, 0, Placement::Rows, Placement::Streamed));
+        let store =
+            place(&mut m, faulty.clone(), split(n, 0, Placement::Rows, Placement::Streamed));
         // Break every read of the last layer's spine.
         let last = store.index().piece(n).unwrap().spans()[0];
         let mut st = m.new_state();

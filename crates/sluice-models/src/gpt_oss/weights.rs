@@ -221,8 +221,12 @@ impl GptOssWeights {
             .iter()
             .map(|l| {
                 let (a, m) = (&l.attn, &l.moe);
-                f(&l.input_norm) + f(&l.post_norm)
-                    + [&a.q_bias, &a.k_bias, &a.v_bias, &a.o_bias, &a.sinks].map(f).iter().sum::<u64>()
+                f(&l.input_norm)
+                    + f(&l.post_norm)
+                    + [&a.q_bias, &a.k_bias, &a.v_bias, &a.o_bias, &a.sinks]
+                        .map(f)
+                        .iter()
+                        .sum::<u64>()
                     + f(&m.router_bias)
                     + f(&m.gate_up_bias)
                     + f(&m.down_bias)

@@ -9,9 +9,9 @@ use sluice_checkpoint::Checkpoint;
 use sluice_store::spine::TensorRange;
 use sluice_store::SpineIndex;
 
+use crate::spine::ranges;
 pub use crate::spine::{head_piece, layer_piece, TensorBytes, EMBED_PIECE};
 pub(crate) use crate::spine::{PieceRef, Spine};
-use crate::spine::ranges;
 
 /// The weight matrices of one decoder layer.
 fn layer_mats(l: &LayerWeights) -> Vec<&Mat> {
@@ -41,11 +41,8 @@ fn layer_mats(l: &LayerWeights) -> Vec<&Mat> {
 
 /// The spine pieces of `w` in pass order, with their byte spans in `ckpt`'s shards.
 pub fn index(w: &K3Weights, ckpt: &Checkpoint) -> Result<SpineIndex, ModelError> {
-    let layers: Vec<Vec<TensorRange>> = w
-        .layers
-        .iter()
-        .map(|l| layer_mats(l).into_iter().flat_map(ranges).collect())
-        .collect();
+    let layers: Vec<Vec<TensorRange>> =
+        w.layers.iter().map(|l| layer_mats(l).into_iter().flat_map(ranges).collect()).collect();
     crate::spine::index(ckpt, &w.embed, layers, &w.lm_head)
 }
 
