@@ -12,6 +12,7 @@ use sluice_core::DType;
 use sluice_models::kimi_k3::config::{AttnKind, K3Config};
 use sluice_models::kimi_k3::inventory::inventory;
 use sluice_models::Family;
+use sluice_store::spine::PieceLayout;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -58,9 +59,10 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
     }
 }
 
-/// A checkpoint of any family whose spine is mapped whole: its shape, its routed experts (as its
-/// family's expert layout describes them) and its memory needs, all read through the family
-/// boundary.
+/// A checkpoint of any family but Kimi K3: its shape, its routed experts (as its family's
+/// expert layout describes them), its memory needs and how its spine is placed (piece by piece
+/// when its table line says so, the largest layer piece being what a streamed spine buffers),
+/// all read through the family boundary.
 fn family(dir: &Path, ckpt: Checkpoint, family: &Family, as_json: bool) -> Result<()> {
     let arch = ckpt.config().architecture().to_string();
     let (tensors, shards) = (ckpt.len(), ckpt.shard_paths().len());
@@ -71,6 +73,13 @@ fn family(dir: &Path, ckpt: Checkpoint, family: &Family, as_json: bool) -> Resul
     let mem = model.memory_needs();
     let (moe_layers, per_layer, expert_bytes) =
         routed.as_ref().map_or((0, 0, 0), |r| (r.moe_layers.len(), r.per_layer, r.expert_bytes));
+    // Pieces in pass order: the embedding, one per decoder layer, the head.
+    let pieces = if family.places_spine { model.spine_index()? } else { None };
+    let largest_layer = pieces.as_ref().map_or(0, |ix| {
+        let n = ix.pieces().len().saturating_sub(1);
+        ix.pieces()[1..n].iter().map(PieceLayout::buffer_len).max().unwrap_or(0)
+    });
+    let placement = if pieces.is_some() { "pieces" } else { "mapped" };
     if as_json {
         let v = json!({
             "dir": dir.display().to_string(), "architecture": arch, "family": family.name,
@@ -78,6 +87,7 @@ fn family(dir: &Path, ckpt: Checkpoint, family: &Family, as_json: bool) -> Resul
             "experts_per_layer": per_layer, "moe_layers": moe_layers,
             "experts_per_token": s.experts_per_token, "expert_bytes": expert_bytes,
             "spine_bytes": mem.map_or(bytes, |m| m.spine), "spine_format": model.spine_format(),
+            "spine_placement": placement, "spine_largest_layer_bytes": largest_layer,
             "state_bytes_per_position": mem.map_or(0, |m| m.state_per_position),
             "tensors": tensors, "shards": shards, "weight_bytes": bytes,
         });
@@ -107,9 +117,18 @@ fn family(dir: &Path, ckpt: Checkpoint, family: &Family, as_json: bool) -> Resul
             println!("  experts        none (a dense model: every weight is read by every pass)")
         }
     }
+    let spine_where = if pieces.is_some() {
+        format!(
+            "placed piece by piece: resident prefix, the rest streamed through two buffers of \
+             its largest layer, {}",
+            human(largest_layer)
+        )
+    } else {
+        "mapped in place".to_owned()
+    };
     match (&routed, mem) {
         (Some(_), Some(m)) => println!(
-            "  memory         spine {} ({}, mapped in place); sequence state {} per position",
+            "  memory         spine {} ({}, {spine_where}); sequence state {} per position",
             human(m.spine),
             model.spine_format(),
             human(m.state_per_position)

@@ -1,7 +1,9 @@
 //! `sluice run`, `inspect` and `verify` on Qwen3-MoE and GPT-OSS checkpoints through the family
 //! boundary, as real processes over the golden fixtures: experts streamed through the memory
 //! plan with a 2-slot cache generate exactly what experts mapped in place generate, and are
-//! really read from the published shards.
+//! really read from the published shards; and a spine streamed layer by layer (every family
+//! with routed experts places its spine) generates what a mapped spine does, its peak resident
+//! memory under `--memory`.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::path::PathBuf;
@@ -58,5 +60,49 @@ fn inspect_and_verify_read_every_family_through_the_boundary() {
         let o = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["verify", &dir]).output().unwrap();
         let out = String::from_utf8_lossy(&o.stdout);
         assert!(o.status.success(), "verify {family}: {out}");
+    }
+}
+
+/// Memory no budget charges (the executable's own code and data, the C library, thread stacks,
+/// allocator slack), as in `streaming_budget.rs`.
+const SLACK: u64 = 16 << 20;
+
+#[test]
+fn a_placed_spine_stays_within_memory_and_generates_what_a_mapped_spine_does() {
+    for (family, name) in [
+        ("qwen3_moe", "tiny-a"),
+        ("qwen3_moe", "tiny-b"),
+        ("gpt_oss", "tiny-a"),
+        ("gpt_oss", "tiny-b"),
+        ("deepseek_v3", "tiny-a"),
+        ("deepseek_v3", "tiny-b"),
+    ] {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures")
+            .join(family)
+            .join(name)
+            .display()
+            .to_string();
+        let run = |placement: &str| {
+            let args = ["run", "--model", &dir, "--json", "--prompt-ids", "5,17,30,42"];
+            let more = ["--max-new", "8", "--memory", "96M", "--experts", "stream"];
+            let place = ["--cache-slots", "2", "--spine-placement", placement];
+            sluice(&[&args[..], &more, &place].concat())
+        };
+        let mapped = run("mapped");
+        let placed = run("0");
+        assert_eq!(mapped["plan"]["spine"]["mode"], "mapped", "{family}/{name}");
+        let spine = &placed["plan"]["spine"];
+        assert_eq!(spine["mode"], "placed", "{family}/{name}: {spine}");
+        assert_eq!(spine["resident_layers"], 0, "{family}/{name}: {spine}");
+        assert_eq!(placed["generated_ids"], mapped["generated_ids"], "{family}/{name}: ids");
+        let read = placed["stats"]["spine_bytes_read"].as_u64().unwrap_or(0);
+        assert!(read > 0, "{family}/{name}: a streamed spine is read every pass");
+        let peak = placed["stats"]["peak_rss_bytes"].as_u64().expect("VmHWM is reported");
+        let budget: u64 = 96 << 20;
+        assert!(
+            peak > 0 && peak <= budget + SLACK,
+            "{family}/{name}: peak RSS {peak} exceeds the {budget}-byte budget + {SLACK} slack"
+        );
     }
 }

@@ -9,10 +9,10 @@
 //! to a full install. Prefetch never fetches remotely. The memory plan, its charges and the
 //! spine placement (`--spine-placement`) are those of a full install (`place.rs`), with the
 //! remote fetch buffers charged as extra headroom; a streamed spine is read from the sparse
-//! shards. Every family with an expert layout streams this way (Kimi K3 through its spine
-//! placement, the others with their spine mapped whole, `place::open_mapped_spine`); which
-//! tensors are routed experts comes from the family's layout (`sluice_models::family`), never
-//! from a name pattern. The disk cache's budget is `LoadOptions::disk_cache`, by default what is already
+//! shards. Every family with an expert layout streams this way, loaded through its family
+//! table line (`with_experts`) and placed like a full install; which tensors are routed
+//! experts comes from the family's layout (its line's `routed`, `sluice_models::family`),
+//! never from a name pattern or a family's name. The disk cache's budget is `LoadOptions::disk_cache`, by default what is already
 //! cached plus the free space of the install's volume less headroom (2% + 1 GiB).
 
 use crate::load::{ExpertMode, LoadOptions, Loaded};
@@ -21,10 +21,7 @@ use crate::spine::Spine;
 use crate::EngineError;
 use sluice_checkpoint::{Checkpoint, CheckpointConfig};
 use sluice_hub::{FreeSpace, Install, RoutedTensors, StatvfsFreeSpace};
-use sluice_models::kimi_k3::config::K3Config;
-use sluice_models::kimi_k3::inventory::inventory;
-use sluice_models::kimi_k3::KimiK3;
-use sluice_models::{Model, ModelError};
+use sluice_models::ModelError;
 use sluice_store::remote::log::{self, LOG_FILE};
 use sluice_store::{DiskCacheConfig, ExpertDiskCache, ExpertIndex, ShardFiles, StreamingExperts};
 use std::collections::BTreeMap;
@@ -172,15 +169,18 @@ pub fn open_stream_install(dir: &Path, opts: &LoadOptions) -> Result<Option<Load
             place::Remote { headroom: buffers(experts.expert_bytes), open: Box::new(open_disk) };
         return place::open_mapped_spine(&ckpt, opts, Some(remote)).map(Some);
     }
-    let cfg = K3Config::from_json(ckpt.config().text_config())?;
-    let index = KimiK3::expert_index(&ckpt, &cfg)?;
+    // Loaded through the family table without mapping its routed experts (they are the holes
+    // of the sparse shards), its store attached once the plan stands.
+    let model =
+        sluice_models::family::load_with_experts(ckpt.clone(), Arc::new(place::Unattached))?;
+    let Some(routed) = model.routed_experts() else {
+        return Err(install_err(dir, "invariant: a routed-expert list without a layout"));
+    };
+    let index = routed.index(&ckpt).map_err(ModelError::from)?;
 
     // Memory: planned, charged and the spine placed as for a full install; the remote fetch
     // buffers are extra headroom.
-    let expert_bytes = inventory(&ckpt, &cfg).expert_bytes;
-    let fetch_buffers = buffers(expert_bytes);
-    crate::spine::check(&ckpt, opts.spine)?;
-    let model = Model::new(KimiK3::with_store(ckpt.clone(), Arc::new(place::Unattached))?)?;
+    let fetch_buffers = buffers(routed.expert_bytes);
     let mut placed = place::place(&ckpt, model, opts, (fetch_buffers, "remote fetch buffers"))?;
     let disk = open_disk(&index)?;
     let config = place::streaming_config(&mut placed.plan, opts, placed.io);

@@ -136,7 +136,6 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
     if !sluice_models::family::of(&ckpt)?.places_spine {
         return place::open_mapped_spine(&ckpt, opts, None);
     }
-    crate::spine::check(&ckpt, opts.spine)?;
     let model = sluice_models::load(ckpt.clone())?;
     let mut placed = place::place(&ckpt, model, opts, (0, ""))?;
     let stream = match opts.experts {

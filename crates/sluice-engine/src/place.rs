@@ -1,6 +1,7 @@
 //! The one plan-and-charge step of opening a model whose family places its spine piece by
-//! piece (`places_spine` in the family table; Kimi K3 today), shared by full installs (and plain
-//! checkpoint directories, [`crate::load`]) and stream installs ([`crate::install`]).
+//! piece (`places_spine` in the family table: every family with routed experts), shared by full
+//! installs (and plain checkpoint directories, [`crate::load`]) and stream installs
+//! ([`crate::install`]).
 //!
 //! From the budget (`--memory`) it computes the residency [`Plan`], charges what the model holds
 //! for as long as it lives (a draft model first, then sequence state and headroom, stored
@@ -108,6 +109,7 @@ pub(crate) fn place(
     };
     let mem = model.memory_needs().ok_or_else(|| refuse("memory needs"))?;
     let routed = model.routed_experts().ok_or_else(|| refuse("routed experts"))?;
+    let slot = routed.index(ckpt).map_err(ModelError::from)?.slot_bytes();
     let index = model.spine_index()?.ok_or_else(|| refuse("spine pieces"))?;
     let piece = |i: usize| index.piece(i).map_or(0, PieceLayout::buffer_len);
     // Pieces in pass order: the embedding, one per decoder layer, the head.
@@ -128,8 +130,10 @@ pub(crate) fn place(
         } else {
             0
         },
-        // Slot = the expert rounded up to 4 KiB plus one page of alignment slack on each side.
-        slot: routed.expert_bytes.div_ceil(4096) * 4096 + 8192,
+        // Slot = the expert rounded up to 4 KiB plus one page of alignment slack on each side,
+        // or the index's exact slot where an expert is several aligned parts (GPT-OSS's four
+        // stacked slices, DeepSeek-V3's weights and scales).
+        slot: (routed.expert_bytes.div_ceil(4096) * 4096 + 8192).max(slot),
         experts: routed.total(),
         min_slots: 2,
         headroom: HEADROOM + extra,

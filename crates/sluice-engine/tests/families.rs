@@ -1,7 +1,8 @@
 //! Every MoE family through the engine's one opening path (`load::open`), never named: for each
 //! committed fixture of each family, experts streamed through the planner with a 2-slot cache
-//! give the tokens and logits of experts mapped in place, and n-gram and replay speculation give
-//! the tokens and logits of plain greedy decoding.
+//! give the tokens and logits of experts mapped in place, n-gram and replay speculation give
+//! the tokens and logits of plain greedy decoding, and the spine placed piece by piece (k layers
+//! resident, under a budget of exactly what that plan charges) gives those of the spine mapped.
 // Fixture ids, shapes and lengths are small; casts between them cannot truncate.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs, clippy::cast_possible_truncation)]
 
@@ -114,8 +115,9 @@ fn deepseek_v3_experts_were_not_charged_to_memory() {
         let plan = mapped.plan.as_ref().expect("planned");
         // Room for the spine, the state, a 16-row pass and 4 slots, not for every expert.
         let n = &plan.needs;
-        let tight = n.spine + n.state + n.headroom + plan.work + 4 * n.slot;
-        assert!(tight < n.spine + n.state + n.headroom + plan.work + n.experts * n.slot);
+        let spine = plan.spine.charged;
+        let tight = spine + n.state + n.headroom + plan.work + 4 * n.slot;
+        assert!(tight < spine + n.state + n.headroom + plan.work + n.experts * n.slot);
         let opts = LoadOptions { memory: Some(tight), ..base };
         let auto = load::open(&dir("deepseek_v3", name), &opts).unwrap();
         assert_eq!(auto.mode, "stream", "{name}: a budget below the experts streams them");
@@ -123,5 +125,58 @@ fn deepseek_v3_experts_were_not_charged_to_memory() {
         let want = run(&mapped.model, &prompt(&mapped.model), 0, None);
         let got = run(&auto.model, &prompt(&auto.model), 0, None);
         assert!(bits(&got) == bits(&want), "{name}: streamed under a tight budget differs");
+    }
+}
+
+#[test]
+fn spine_placed_under_a_tight_budget_equals_mapped_for_every_family() {
+    // The planner places every family's spine piece by piece: with exactly k layers resident
+    // and the rest streamed through two buffers, under a --memory that holds exactly what that
+    // plan charges, tokens and logits are those of the spine mapped, and nothing charged
+    // exceeds --memory.
+    use sluice_engine::plan::SpineMode;
+    for (family, name) in FIXTURES {
+        let base = LoadOptions {
+            memory: Some(1 << 30),
+            experts: ExpertMode::Stream,
+            slots: Some(2),
+            readers: 3,
+            prefill_chunk: 16,
+            ..LoadOptions::default()
+        };
+        let mapped = load::open(
+            &dir(family, name),
+            &LoadOptions { spine_placement: SpineMode::Mapped, ..base.clone() },
+        )
+        .unwrap();
+        assert!(mapped.spine.is_none(), "{family}/{name}: --spine-placement mapped");
+        let want = run(&mapped.model, &prompt(&mapped.model), 0, None);
+        let layers = mapped.model.shape().layers;
+        for k in [0, 1, layers - 1] {
+            let opts = LoadOptions { spine_placement: SpineMode::Layers(k), ..base.clone() };
+            let roomy = load::open(&dir(family, name), &opts).unwrap();
+            let p = roomy.plan.as_ref().expect("planned");
+            // The budget this plan needs and not a byte more: state, headroom, a 16-row pass,
+            // the spine as placed and the two expert slots.
+            let n = &p.needs;
+            let tight = n.state + n.headroom + p.work + p.spine.charged + 2 * n.slot;
+            drop(roomy);
+            let opts = LoadOptions { memory: Some(tight), ..opts };
+            let placed = load::open(&dir(family, name), &opts).unwrap();
+            let plan = placed.plan.as_ref().expect("planned").to_string();
+            assert!(
+                plan.contains(&format!("spine: {k} of {layers} layers resident")),
+                "{family}/{name}: {plan}"
+            );
+            let got = run(&placed.model, &prompt(&placed.model), 0, None);
+            assert_eq!(got.tokens, want.tokens, "{family}/{name}: {k} resident layers");
+            assert!(bits(&got) == bits(&want), "{family}/{name}: {k} resident layers: logits");
+            let s = placed.model.spine_stats();
+            assert!(s.piece_reads > 0 && s.bytes_read > 0, "{family}/{name}: {k}: {s:?}");
+            assert!(
+                placed.budget.used() <= placed.budget.limit(),
+                "{family}/{name}: {k} resident layers under {tight} bytes"
+            );
+        }
     }
 }

@@ -1,11 +1,15 @@
 //! Stream installs of every family with an expert layout, not only Kimi K3: the committed tiny
-//! Qwen3-MoE (whole bf16 tensors per expert) and GPT-OSS (experts stacked `[E, ...]` in MXFP4
-//! tensors) fixtures are served by a real HTTP hub on 127.0.0.1, pulled in full and in stream
-//! mode with the routed experts the family's layout names, and run greedily: tokens and logits
-//! are bit-identical to the full install mapped in place, a warm run makes no request, and a
-//! wrong-length range from the hub fails the run with an error naming the shard it was for.
+//! Qwen3-MoE (whole bf16 tensors per expert), GPT-OSS (experts stacked `[E, ...]` in MXFP4
+//! tensors) and DeepSeek-V3 fixtures (FP8 weights with block scales; Kimi K2 Thinking's INT4
+//! pack-quantized experts) are served by a real HTTP hub on 127.0.0.1, pulled in full and in
+//! stream mode with the routed experts the family's layout names (from `config.json` alone),
+//! and run greedily: tokens and logits are bit-identical to the full install mapped in place,
+//! also with the spine streamed layer by layer from the sparse shards, a warm run makes no
+//! request, and a wrong-length range from the hub fails the run with an error naming the shard
+//! it was for.
 
 use sluice_engine::load::{self, ExpertMode, LoadOptions};
+use sluice_engine::plan::SpineMode;
 use sluice_engine::{generate, GenerateOptions, Generation};
 use sluice_hub::testhub::{install, Faults, HubRepo, TestHub};
 use sluice_hub::{FileState, InstallManifest, ModeRequest, MANIFEST_FILE};
@@ -13,15 +17,15 @@ use std::path::{Path, PathBuf};
 
 const PROMPT: [u32; 6] = [1, 17, 42, 99, 5, 23];
 
-/// The committed tiny fixture of `family`, and the repository id it is served under.
-fn fixture(family: &str) -> (PathBuf, String) {
+/// The committed tiny fixture `name` of `family`, and the repository id it is served under.
+fn fixture(family: &str, name: &str) -> (PathBuf, String) {
     let dir =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/{family}/tiny-a"));
-    (dir, format!("test/{family}-tiny"))
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/{family}/{name}"));
+    (dir, format!("test/{family}-{name}"))
 }
 
-fn pull(hub: &TestHub, family: &str, dir: &Path, mode: ModeRequest) {
-    let (fixture, repo) = fixture(family);
+fn pull(hub: &TestHub, (family, name): (&str, &str), dir: &Path, mode: ModeRequest) {
+    let (fixture, repo) = fixture(family, name);
     let routed = sluice_engine::install::routed_tensors_in(&fixture).expect("routed experts");
     assert!(!routed.is_empty(), "{family}: its layout names routed experts");
     install(hub, &repo, dir, mode, &routed).expect("pull");
@@ -43,13 +47,14 @@ fn bits(g: &Generation) -> (Vec<u32>, Vec<Vec<u32>>) {
     (g.tokens.clone(), logits)
 }
 
-fn check_family(family: &str) {
-    let (dir, repo) = fixture(family);
+fn check_family(family: &str, name: &str) {
+    let (dir, repo) = fixture(family, name);
+    let which = (family, name);
     let hub = TestHub::start(vec![HubRepo::from_dir(&repo, &dir).expect("fixture")]).expect("hub");
     let tmp = tempfile::tempdir().expect("tempdir");
     let (full, stream) = (tmp.path().join("full"), tmp.path().join("stream"));
-    pull(&hub, family, &full, ModeRequest::Full);
-    pull(&hub, family, &stream, ModeRequest::Stream);
+    pull(&hub, which, &full, ModeRequest::Full);
+    pull(&hub, which, &stream, ModeRequest::Stream);
 
     // Every expert shard is stream-installed with its routed experts left out.
     let m = InstallManifest::read(&stream.join(MANIFEST_FILE)).expect("manifest");
@@ -73,10 +78,20 @@ fn check_family(family: &str) {
     let s = hub.stats();
     assert_eq!((s.api_requests, s.content_requests), (0, 0), "{family}: warm run: {s:?}");
 
+    // The spine of a stream install is placed like a full install's: every layer streamed
+    // from the sparse shards gives the same bits.
+    let layers = LoadOptions { spine_placement: SpineMode::Layers(0), ..options(ExpertMode::Auto) };
+    let loaded = load::open(&stream, &layers).expect("streamed spine opens");
+    let streams = loaded.spine.as_ref().is_some_and(|s| s.streams());
+    drop(loaded);
+    assert!(streams, "{family}/{name}: every layer's spine streams");
+    let placed = run(&stream, &layers).expect("a streamed spine runs");
+    assert_eq!(bits(&placed), reference, "{family}/{name}: a streamed spine differs");
+
     // A wrong-length answer to a run-time fetch fails the run, naming the shard; afterwards the
     // same install runs right.
     let short = tmp.path().join("short");
-    pull(&hub, family, &short, ModeRequest::Stream);
+    pull(&hub, which, &short, ModeRequest::Stream);
     hub.set_faults(Faults { short_ranges: 1, ..Faults::default() });
     let err = run(&short, &options(ExpertMode::Auto)).expect_err("a wrong-length answer fails");
     assert!(err.contains("from the hub failed") && err.contains(".safetensors"), "{family}: {err}");
@@ -87,10 +102,20 @@ fn check_family(family: &str) {
 
 #[test]
 fn qwen3_moe_stream_install_matches_its_full_install_bit_for_bit() {
-    check_family("qwen3_moe");
+    check_family("qwen3_moe", "tiny-a");
 }
 
 #[test]
 fn gpt_oss_stacked_experts_stream_install_matches_its_full_install_bit_for_bit() {
-    check_family("gpt_oss");
+    check_family("gpt_oss", "tiny-a");
+}
+
+#[test]
+fn deepseek_v3_fp8_stream_install_matches_its_full_install_bit_for_bit() {
+    check_family("deepseek_v3", "tiny-a");
+}
+
+#[test]
+fn kimi_k2_int4_experts_stream_install_matches_its_full_install_bit_for_bit() {
+    check_family("deepseek_v3", "tiny-b");
 }

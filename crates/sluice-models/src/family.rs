@@ -130,6 +130,23 @@ pub fn check_by_loading(ckpt: &Checkpoint) -> Result<Checked, ModelError> {
 /// A family's load function: the checkpoint in, its model boxed behind [`FamilyModel`] out.
 pub type LoadFn = fn(Arc<Checkpoint>) -> Result<Box<dyn FamilyModel>, ModelError>;
 
+/// A family's routed experts from `config.json` alone (no shard opened): `None` for a family
+/// without routed experts.
+pub type RoutedFn =
+    fn(&sluice_checkpoint::CheckpointConfig) -> Result<Option<RoutedExperts>, ModelError>;
+
+/// A family's load function for a checkpoint whose routed experts are not mapped (a stream
+/// install): the model takes them from the given store from the start.
+pub type WithExpertsFn =
+    fn(Arc<Checkpoint>, Arc<dyn ExpertStore>) -> Result<Box<dyn FamilyModel>, ModelError>;
+
+/// The [`RoutedFn`] of a family without routed experts.
+pub fn no_routed(
+    _: &sluice_checkpoint::CheckpointConfig,
+) -> Result<Option<RoutedExperts>, ModelError> {
+    Ok(None)
+}
+
 /// One line of the family table.
 #[derive(Debug)]
 pub struct Family {
@@ -147,16 +164,27 @@ pub struct Family {
     /// Runs the checks loading for `sluice run` runs, without reading the routed experts
     /// ([`crate::check`]); [`check_by_loading`] unless the family can check for less.
     pub check: fn(&Checkpoint) -> Result<Checked, ModelError>,
+    /// Where its routed experts are, from `config.json` alone ([`routed_for_config`]): what
+    /// `sluice pull --stream` leaves out and a stream install streams.
+    pub routed: RoutedFn,
+    /// Loads a checkpoint of this family whose routed experts are not mapped, its experts
+    /// served by the given store ([`load_with_experts`]; a stream install).
+    pub with_experts: WithExpertsFn,
 }
 
 /// Every supported family, one line each.
 #[rustfmt::skip]
 pub const FAMILIES: &[Family] = &[
-    Family { name: "kimi_k3", display: "Kimi K3", architectures: &["KimiK3ForConditionalGeneration", "KimiLinearForCausalLM"], places_spine: true, load: |c| Ok(Box::new(crate::kimi_k3::KimiK3::load(c)?)), check: crate::kimi_k3::boundary::check },
-    Family { name: "qwen3", display: "Qwen3", architectures: &["Qwen3ForCausalLM"], places_spine: false, load: |c| Ok(Box::new(crate::qwen3::Qwen3::load(c)?)), check: check_by_loading },
-    Family { name: "qwen3_moe", display: "Qwen3-MoE", architectures: &["Qwen3MoeForCausalLM"], places_spine: false, load: |c| Ok(Box::new(crate::qwen3_moe::Qwen3Moe::load(c)?)), check: check_by_loading },
-    Family { name: "gpt_oss", display: "GPT-OSS", architectures: &["GptOssForCausalLM"], places_spine: false, load: |c| Ok(Box::new(crate::gpt_oss::GptOss::load(c)?)), check: check_by_loading },
-    Family { name: "deepseek_v3", display: "DeepSeek V3/R1, Kimi K2", architectures: &["DeepseekV3ForCausalLM"], places_spine: false, load: |c| Ok(Box::new(crate::deepseek_v3::DeepseekV3::load(c)?)), check: check_by_loading },
+    Family { name: "kimi_k3", display: "Kimi K3", architectures: &["KimiK3ForConditionalGeneration", "KimiLinearForCausalLM"], places_spine: true, load: |c| Ok(Box::new(crate::kimi_k3::KimiK3::load(c)?)), check: crate::kimi_k3::boundary::check,
+        routed: |c| Ok(Some(crate::kimi_k3::KimiK3::routed(&crate::kimi_k3::config::K3Config::from_json(c.text_config())?))), with_experts: |c, e| Ok(Box::new(crate::kimi_k3::KimiK3::with_store(c, e)?)) },
+    Family { name: "qwen3", display: "Qwen3", architectures: &["Qwen3ForCausalLM"], places_spine: false, load: |c| Ok(Box::new(crate::qwen3::Qwen3::load(c)?)), check: check_by_loading,
+        routed: no_routed, with_experts: |c, _| Ok(Box::new(crate::qwen3::Qwen3::load(c)?)) },
+    Family { name: "qwen3_moe", display: "Qwen3-MoE", architectures: &["Qwen3MoeForCausalLM"], places_spine: true, load: |c| Ok(Box::new(crate::qwen3_moe::Qwen3Moe::load(c)?)), check: check_by_loading,
+        routed: |c| Ok(Some(crate::qwen3_moe::Qwen3Moe::routed(&crate::qwen3_moe::config::Qwen3MoeConfig::from_json(c.text_config())?))), with_experts: |c, e| Ok(Box::new(crate::qwen3_moe::Qwen3Moe::with_store(c, e)?)) },
+    Family { name: "gpt_oss", display: "GPT-OSS", architectures: &["GptOssForCausalLM"], places_spine: true, load: |c| Ok(Box::new(crate::gpt_oss::GptOss::load(c)?)), check: check_by_loading,
+        routed: |c| Ok(Some(crate::gpt_oss::GptOss::routed(&crate::gpt_oss::config::GptOssConfig::from_json(c.text_config())?))), with_experts: |c, e| Ok(Box::new(crate::gpt_oss::GptOss::with_store(c, e)?)) },
+    Family { name: "deepseek_v3", display: "DeepSeek V3/R1, Kimi K2", architectures: &["DeepseekV3ForCausalLM"], places_spine: true, load: |c| Ok(Box::new(crate::deepseek_v3::DeepseekV3::load(c)?)), check: check_by_loading,
+        routed: |c| Ok(Some(crate::deepseek_v3::DeepseekV3::routed_for_config(c.text_config())?)), with_experts: |c, e| Ok(Box::new(crate::deepseek_v3::DeepseekV3::with_store(c, e)?)) },
 ];
 
 /// The table line named `name`.
@@ -185,8 +213,8 @@ pub fn of(ckpt: &Checkpoint) -> Result<&'static Family, ModelError> {
 
 /// Where the routed experts of a model with config `config` are, from the config alone (no
 /// shard is opened): what `sluice pull --stream` and stream installs need to tell routed
-/// experts from the spine. `None` for a family without routed experts, or one that has no
-/// expert layout yet. A family adds its arm here when it gains a layout; nothing else changes.
+/// experts from the spine. `None` for a family without routed experts. Each family answers
+/// through its table line's `routed`.
 pub fn routed_for_config(
     config: &sluice_checkpoint::CheckpointConfig,
 ) -> Result<Option<RoutedExperts>, ModelError> {
@@ -195,34 +223,19 @@ pub fn routed_for_config(
         .iter()
         .find(|f| f.architectures.contains(&arch.as_str()))
         .ok_or_else(|| ModelError::UnknownArchitecture { arch, supported: supported() })?;
-    let text = config.text_config();
-    Ok(match family.name {
-        "kimi_k3" => Some(crate::kimi_k3::KimiK3::routed(
-            &crate::kimi_k3::config::K3Config::from_json(text)?,
-        )),
-        "qwen3_moe" => Some(crate::qwen3_moe::Qwen3Moe::routed(
-            &crate::qwen3_moe::config::Qwen3MoeConfig::from_json(text)?,
-        )),
-        "gpt_oss" => Some(crate::gpt_oss::GptOss::routed(
-            &crate::gpt_oss::config::GptOssConfig::from_json(text)?,
-        )),
-        _ => None,
-    })
+    (family.routed)(config)
 }
 
 /// Loads the model `ckpt`'s config names with its routed experts served by `experts` from the
 /// start, never mapped in place: for a checkpoint whose routed experts are not mapped (a stream
-/// install). A family without an expert layout loads as [`crate::load`] does.
+/// install), through its table line's `with_experts`. A family without routed experts loads as
+/// [`crate::load`] does.
 pub fn load_with_experts(
     ckpt: Arc<Checkpoint>,
     experts: Arc<dyn sluice_store::ExpertStore>,
 ) -> Result<Model, ModelError> {
-    match of(&ckpt)?.name {
-        "kimi_k3" => Model::new(crate::kimi_k3::KimiK3::with_store(ckpt, experts)?),
-        "qwen3_moe" => Model::new(crate::qwen3_moe::Qwen3Moe::with_store(ckpt, experts)?),
-        "gpt_oss" => Model::new(crate::gpt_oss::GptOss::with_store(ckpt, experts)?),
-        _ => crate::load(ckpt),
-    }
+    let family = of(&ckpt)?;
+    Model::from_family((family.with_experts)(ckpt, experts)?, family)
 }
 
 /// Turns next-layer expert prefetch on or off for a model whose family guesses its next MoE

@@ -6,7 +6,8 @@
 //! this file names no family. Adding a family is its own module and one line in
 //! [`family::FAMILIES`] (docs/ADDING_A_FAMILY.md).
 //!
-//! Models never do I/O themselves: spine weights are byte slices of the opened checkpoint and
+//! Models never do I/O themselves: spine weights are byte slices of the opened checkpoint or of
+//! a placed spine piece ([`spine`], through the shared weight handle [`linear::Linear`]) and
 //! routed experts come from a `sluice_store::ExpertStore`.
 
 pub mod deepseek_v3;
@@ -14,9 +15,11 @@ pub mod family;
 mod finite;
 pub mod gpt_oss;
 pub mod kimi_k3;
+pub mod linear;
 pub mod qwen3;
 pub mod qwen3_moe;
 pub mod snapshot;
+pub mod spine;
 pub mod state;
 pub mod synth;
 pub mod working;
@@ -154,6 +157,14 @@ impl Model {
             ModelError::Config(format!("family {name:?} has no line in the family table"))
         })?;
         Ok(Self { inner: Box::new(model), family })
+    }
+
+    /// Wraps a model its table line `family` loaded.
+    pub(crate) fn from_family(
+        inner: Box<dyn FamilyModel>,
+        family: &'static Family,
+    ) -> Result<Self, ModelError> {
+        Ok(Self { inner, family })
     }
 
     /// The family's own model, when it is a `T` (goldens compare its stages).

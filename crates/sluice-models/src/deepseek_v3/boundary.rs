@@ -5,7 +5,7 @@ use super::DeepseekV3;
 use crate::family::{FamilyModel, MemoryNeeds, RoutedExperts, Shape, Trace};
 use crate::kimi_k3::state::K3State;
 use crate::{LogitRows, ModelError, State};
-use sluice_store::ExpertStore;
+use sluice_store::{ExpertStore, SpineIndex, SpineStats, SpineStore};
 use std::any::Any;
 use std::sync::Arc;
 
@@ -53,6 +53,18 @@ impl FamilyModel for DeepseekV3 {
     }
     fn spine_format(&self) -> &'static str {
         DeepseekV3::spine_format(self)
+    }
+    fn spine_index(&self) -> Result<Option<SpineIndex>, ModelError> {
+        DeepseekV3::spine_index(self).map(Some)
+    }
+    fn spine_small_bytes(&self) -> u64 {
+        DeepseekV3::spine_small_bytes(self)
+    }
+    fn set_spine(&mut self, store: Arc<SpineStore>) -> Result<(), ModelError> {
+        DeepseekV3::set_spine(self, store)
+    }
+    fn spine_stats(&self) -> SpineStats {
+        DeepseekV3::spine_stats(self)
     }
     fn spine_bytes_per_pass(&self) -> u64 {
         self.dense_weight_bytes()

@@ -22,7 +22,7 @@ use super::config::DeepseekV3Config;
 use super::weights::{AttnWeights, QProj};
 use super::{mm, Rope};
 use crate::kimi_k3::state::MlaLayer;
-use sluice_checkpoint::Checkpoint;
+use crate::spine::TensorBytes;
 use sluice_kernels::ops::{dot_f64, rms_norm, softmax_inplace};
 
 /// `DeepseekV3RMSNorm(q_lora_rank)` / `(kv_lora_rank)` are built without `eps=`, so they use the
@@ -48,7 +48,7 @@ fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], interleave: bool) {
 /// Runs the layer on `x [t, d]` (the `input_layernorm` output) at positions `past .. past + t`,
 /// appending t rows to the cache (staged until commit).
 pub(crate) fn forward(
-    ckpt: &Checkpoint,
+    src: &dyn TensorBytes,
     w: &AttnWeights,
     c: &DeepseekV3Config,
     rope: &Rope,
@@ -66,15 +66,15 @@ pub(crate) fn forward(
     // q_states = q_b_proj(q_a_layernorm(q_a_proj(x))) or q_proj(x)
     let mut q = match &w.q {
         QProj::Lora(l) => {
-            let qa = mm(ckpt, &l.a, x, t);
+            let qa = mm(src, &l.a, x, t);
             let ql = l.a.rows();
             let mut qn = vec![0.0f32; qa.len()];
             for (i, o) in qa.chunks_exact(ql).zip(qn.chunks_exact_mut(ql)) {
                 rms_norm(i, Some(&l.norm), LATENT_NORM_EPS, o);
             }
-            mm(ckpt, &l.b, &qn, t)
+            mm(src, &l.b, &qn, t)
         }
-        QProj::Plain(p) => mm(ckpt, p, x, t),
+        QProj::Plain(p) => mm(src, p, x, t),
     };
     for (ti, qrow) in q.chunks_exact_mut(h * qd).enumerate() {
         let (cs, sn) =
@@ -84,7 +84,7 @@ pub(crate) fn forward(
         }
     }
     // compressed_kv = kv_a_proj_with_mqa(x); kv_nope, k_rot = split; kv_nope = kv_a_layernorm(...)
-    let ckv = mm(ckpt, &w.kv_a, x, t);
+    let ckv = mm(src, &w.kv_a, x, t);
     for (ti, row) in ckv.chunks_exact(kl + rd).enumerate() {
         let mut lat = vec![0.0f32; kl];
         rms_norm(&row[..kl], Some(&w.kv_a_norm), LATENT_NORM_EPS, &mut lat);
@@ -99,7 +99,7 @@ pub(crate) fn forward(
         st.pe.extend_from_slice(&pe);
     }
     let scale = c.softmax_scale();
-    let kv_b = w.kv_b.get(ckpt);
+    let kv_b = w.kv_b.get(src);
     let (lat_all, pe_all) = (&st.lat, &st.pe);
 
     let heads: Vec<Vec<f32>> = sluice_kernels::pool::map(h, |hi| {
@@ -160,5 +160,5 @@ pub(crate) fn forward(
                 .copy_from_slice(&out[ti * vd..(ti + 1) * vd]);
         }
     }
-    mm(ckpt, &w.o_proj, &attn, t)
+    mm(src, &w.o_proj, &attn, t)
 }

@@ -32,6 +32,7 @@ pub mod weights;
 use crate::family::{add_into, moe_step, put, MemoryNeeds, RoutedExperts};
 use crate::kimi_k3::state::{K3State, LayerShape, LayerState};
 use crate::kimi_k3::Trace;
+use crate::spine::{head_piece, layer_piece, Spine, TensorBytes};
 use crate::{LogitRows, ModelError};
 use config::DeepseekV3Config;
 use experts::{DeepseekV3ExpertLayout, ExpertFormat};
@@ -39,14 +40,15 @@ use quant::Weight;
 use sluice_checkpoint::Checkpoint;
 use sluice_kernels::matmul;
 use sluice_kernels::ops::rms_norm;
-use sluice_store::ExpertStore;
+use sluice_store::{ExpertStore, SpineIndex, SpineStats, SpineStore};
 use std::sync::Arc;
 use weights::{DeepseekV3Weights, Ffn};
 
-/// `x [t, cols] → [t, rows]` through a weight.
-pub(crate) fn mm(ckpt: &Checkpoint, w: &Weight, x: &[f32], t: usize) -> Vec<f32> {
+/// `x [t, cols] → [t, rows]` through a weight whose bytes `src` holds (the mapped checkpoint or
+/// the layer's placed spine piece).
+pub(crate) fn mm(src: &dyn TensorBytes, w: &Weight, x: &[f32], t: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; t * w.rows()];
-    matmul(&w.get(ckpt), x, t, &mut out);
+    matmul(&w.get(src), x, t, &mut out);
     out
 }
 
@@ -117,6 +119,8 @@ pub struct DeepseekV3 {
     rope: Rope,
     layout: DeepseekV3ExpertLayout,
     experts: Arc<dyn ExpertStore>,
+    /// Where a pass reads its spine weights: mapped, or placed by a spine store.
+    spine: Spine,
 }
 
 impl std::fmt::Debug for DeepseekV3 {
@@ -143,7 +147,51 @@ impl DeepseekV3 {
             hidden: cfg.hidden_size as u64,
         };
         let experts = Arc::new(Self::routed(&cfg, layout).mapped(ckpt.clone())?);
-        Ok(Self { cfg, ckpt, weights, rope, layout, experts })
+        Ok(Self { cfg, ckpt, weights, rope, layout, experts, spine: Spine::Mapped })
+    }
+
+    /// Loads the model with its routed experts served by `experts` from the start: for a
+    /// checkpoint whose routed experts are not mapped (a stream install's sparse shards), where
+    /// [`Self::load`]'s in-place store cannot open. The routed experts' storage read from the
+    /// tensors must be the one `config.json` announces ([`Self::routed_for_config`]): it is
+    /// what `sluice pull --stream` left out.
+    pub fn with_store(
+        ckpt: Arc<Checkpoint>,
+        experts: Arc<dyn ExpertStore>,
+    ) -> Result<Self, ModelError> {
+        let text = ckpt.config().text_config();
+        let cfg = DeepseekV3Config::from_json(text)?;
+        let weights = DeepseekV3Weights::load(&ckpt, &cfg)?;
+        let announced = expert_format_of_config(text);
+        let layout = DeepseekV3ExpertLayout {
+            format: weights.expert_format.unwrap_or(announced),
+            inter: cfg.moe_intermediate_size as u64,
+            hidden: cfg.hidden_size as u64,
+        };
+        if layout.format != announced {
+            return Err(ModelError::Config(format!(
+                "{}: config.json's quantization_config announces {} routed experts but the                  checkpoint's are {}; a stream install of it left out the wrong tensors",
+                cfg.model_type,
+                announced.name(),
+                layout.format.name()
+            )));
+        }
+        let rope = Rope::new(&cfg);
+        Ok(Self { cfg, ckpt, weights, rope, layout, experts, spine: Spine::Mapped })
+    }
+
+    /// Where the routed experts of a checkpoint with config `text` (its text config) are, from
+    /// the config alone (no shard is opened; `sluice pull --stream` has only `config.json`):
+    /// their storage is the one its `quantization_config` announces — FP8 blocks for `fp8`,
+    /// pack-quantized INT4 for `compressed-tensors` (Kimi K2 Thinking), bf16 without one.
+    pub fn routed_for_config(text: &serde_json::Value) -> Result<RoutedExperts, ModelError> {
+        let cfg = DeepseekV3Config::from_json(text)?;
+        let layout = DeepseekV3ExpertLayout {
+            format: expert_format_of_config(text),
+            inter: cfg.moe_intermediate_size as u64,
+            hidden: cfg.hidden_size as u64,
+        };
+        Ok(Self::routed(&cfg, layout))
     }
 
     /// Where the routed experts of a model of config `c` stored as `layout` are.
@@ -160,6 +208,29 @@ impl DeepseekV3 {
     /// Where this model's routed experts are (for opening an expert store over them).
     pub fn routed_experts(&self) -> RoutedExperts {
         Self::routed(&self.cfg, self.layout)
+    }
+
+    /// The spine pieces (embedding, each decoder layer's attention and dense MLP or router and
+    /// shared experts, head) and their byte spans, for placing the spine piece by piece.
+    pub fn spine_index(&self) -> Result<SpineIndex, ModelError> {
+        self.weights.spine_index(&self.ckpt)
+    }
+
+    /// Bytes of the f32 vectors (norms, routing biases) the model keeps whatever the placement.
+    pub fn spine_small_bytes(&self) -> u64 {
+        self.weights.small_bytes()
+    }
+
+    /// Takes spine bytes from `store` (opened on [`Self::spine_index`]) instead of the mapped
+    /// checkpoint.
+    pub fn set_spine(&mut self, store: Arc<SpineStore>) -> Result<(), ModelError> {
+        self.spine = Spine::placed(store, &self.spine_index()?)?;
+        Ok(())
+    }
+
+    /// Spine I/O counters (all zero while the spine is mapped).
+    pub fn spine_stats(&self) -> SpineStats {
+        self.spine.stats()
     }
 
     /// How the routed experts are stored.
@@ -208,7 +279,7 @@ impl DeepseekV3 {
     /// The spine's storage: `fp8`, `int4`, `bf16` / `f32`, or `mixed` when its matrices
     /// (attention, dense MLPs, shared experts, embedding, head) are not all stored one way.
     pub fn spine_format(&self) -> &'static str {
-        self.weights.spine_format(&self.ckpt)
+        self.weights.spine_format(&*self.ckpt)
     }
 
     /// The typed configuration.
@@ -273,31 +344,39 @@ impl DeepseekV3 {
             return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
         }
         let d = c.hidden_size;
-        let ckpt = &*self.ckpt;
-        let embed = self.weights.embed.get(ckpt);
+        // One pass at a time through streamed spine pieces; held until the logits are out.
+        let _pass = self.spine.begin_pass();
         let mut h = vec![0.0f32; t * d];
-        for (row, &id) in h.chunks_exact_mut(d).zip(tokens) {
-            embed.row_to_f32(id as usize, row);
-        }
+        self.spine.embed(&self.ckpt, &self.weights.embed, tokens, &mut h)?;
         put(&mut trace, || "embed".into(), &h);
         state.begin(t);
         for (i, lw) in self.weights.layers.iter().enumerate() {
+            // This layer's spine piece: mapped, resident, or its stream buffer (read during the
+            // previous layer); every weight of the layer is read from it.
+            let piece = match self.spine.piece(&self.ckpt, layer_piece(i)) {
+                Ok(p) => p,
+                Err(e) => {
+                    state.rollback();
+                    return Err(e);
+                }
+            };
+            let src: &dyn TensorBytes = &piece;
             let LayerState::Mla(cache) = &mut state.layers[i] else {
                 return Err(ModelError::Config("invariant: checked by fits".into()));
             };
             let a_in = self.norm_rows(&h, &lw.input_norm);
             put(&mut trace, || format!("layer{i}.attn_in"), &a_in);
-            let a = mla::forward(ckpt, &lw.attn, c, &self.rope, cache, &a_in, t);
+            let a = mla::forward(src, &lw.attn, c, &self.rope, cache, &a_in, t);
             put(&mut trace, || format!("layer{i}.attn_out"), &a);
             add_into(&mut h, &a);
             let m_in = self.norm_rows(&h, &lw.post_norm);
             put(&mut trace, || format!("layer{i}.mlp_in"), &m_in);
             let m = match &lw.ffn {
-                Ffn::Dense(w) => moe::mlp(ckpt, w, &m_in, t),
+                Ffn::Dense(w) => moe::mlp(src, w, &m_in, t),
                 Ffn::Moe(w) => {
                     let store = self.experts.as_ref();
                     moe_step(state, &mut trace, i, || {
-                        moe::forward(ckpt, w, c, store, &self.layout, i, &m_in, t)
+                        moe::forward(src, w, c, store, &self.layout, i, &m_in, t)
                     })?
                 }
             };
@@ -309,8 +388,15 @@ impl DeepseekV3 {
         let n = sel.len();
         let normed = self.norm_rows(&h[sel.start * d..sel.end * d], &self.weights.norm);
         put(&mut trace, || "final_norm".into(), &normed);
+        let head = match self.spine.piece(&self.ckpt, head_piece(c.num_hidden_layers)) {
+            Ok(p) => p,
+            Err(e) => {
+                state.rollback();
+                return Err(e);
+            }
+        };
         let mut logits = vec![0.0f32; n * c.vocab_size];
-        matmul(&self.weights.lm_head.get(ckpt), &normed, n, &mut logits);
+        matmul(&self.weights.lm_head.get(&head), &normed, n, &mut logits);
         if !crate::finite::all_finite(&logits) {
             state.rollback();
             return Err(ModelError::NonFiniteActivation {
@@ -331,3 +417,19 @@ impl DeepseekV3 {
         out
     }
 }
+/// How the routed experts of a checkpoint with text config `text` are stored, as its
+/// `quantization_config` announces: `fp8` quantizes every linear layer (DeepSeek V3/R1, Kimi K2
+/// Instruct), `compressed-tensors` the routed experts to pack-quantized INT4 (Kimi K2
+/// Thinking); without one they are bf16 (f32 when `torch_dtype` says so).
+fn expert_format_of_config(text: &serde_json::Value) -> ExpertFormat {
+    let q = text.get("quantization_config").and_then(|q| q.get("quant_method"));
+    match q.and_then(serde_json::Value::as_str) {
+        Some("fp8") => ExpertFormat::Fp8,
+        Some("compressed-tensors") => ExpertFormat::Int4,
+        _ if text.get("torch_dtype").and_then(serde_json::Value::as_str) == Some("float32") => {
+            ExpertFormat::F32
+        }
+        _ => ExpertFormat::Bf16,
+    }
+}
+

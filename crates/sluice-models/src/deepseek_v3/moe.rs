@@ -23,8 +23,8 @@ use super::mm;
 use super::weights::{Mlp, MoeWeights};
 use crate::kimi_k3::Route;
 use crate::qwen3_moe::moe::BlockOut;
+use crate::spine::TensorBytes;
 use crate::ModelError;
-use sluice_checkpoint::Checkpoint;
 use sluice_kernels::matmul;
 use sluice_kernels::ops::{sigmoid, silu_glu};
 use sluice_store::ExpertStore;
@@ -79,12 +79,12 @@ pub(crate) fn route(logits: &[f32], bias: &[f32], c: &DeepseekV3Config) -> Route
 }
 
 /// `DeepseekV3MLP` on `x [t, d]`: `down(silu(gate x) · up x)`.
-pub(crate) fn mlp(ckpt: &Checkpoint, w: &Mlp, x: &[f32], t: usize) -> Vec<f32> {
-    let gate = mm(ckpt, &w.gate, x, t);
-    let up = mm(ckpt, &w.up, x, t);
+pub(crate) fn mlp(src: &dyn TensorBytes, w: &Mlp, x: &[f32], t: usize) -> Vec<f32> {
+    let gate = mm(src, &w.gate, x, t);
+    let up = mm(src, &w.up, x, t);
     let mut act = vec![0.0f32; gate.len()];
     silu_glu(&gate, &up, &mut act);
-    mm(ckpt, &w.down, &act, t)
+    mm(src, &w.down, &act, t)
 }
 
 /// Runs the MoE block of `layer` on `x [t, d]`, its routed experts served by `store` in the
@@ -92,7 +92,7 @@ pub(crate) fn mlp(ckpt: &Checkpoint, w: &Mlp, x: &[f32], t: usize) -> Vec<f32> {
 /// route.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
-    ckpt: &Checkpoint,
+    src: &dyn TensorBytes,
     w: &MoeWeights,
     c: &DeepseekV3Config,
     store: &dyn ExpertStore,
@@ -103,7 +103,7 @@ pub(crate) fn forward(
 ) -> Result<BlockOut, ModelError> {
     let (d, e, k) = (c.hidden_size, c.n_routed_experts, c.num_experts_per_tok);
     let mut logits = vec![0.0f32; t * e];
-    matmul(&w.router.get(ckpt), x, t, &mut logits);
+    matmul(&w.router.get(src), x, t, &mut logits);
     let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, &w.bias, c)).collect();
 
     let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
@@ -141,7 +141,7 @@ pub(crate) fn forward(
         }
         Ok(())
     })?;
-    let sh = mlp(ckpt, &w.shared, x, t);
+    let sh = mlp(src, &w.shared, x, t);
     let mut out = vec![0.0f32; t * d];
     let mut slots: Vec<usize> = Vec::with_capacity(k);
     for (row, r) in routes.iter().enumerate() {

@@ -13,8 +13,10 @@
 //!   f32(weight_scale[row, e / 32])`, scales bf16 `[rows, cols/32]`.
 
 use crate::qwen3::weights::Linear;
-use sluice_checkpoint::{Checkpoint, TensorEntry};
+use crate::spine::{self, TensorBytes};
+use sluice_checkpoint::TensorEntry;
 use sluice_kernels::Matrix;
+use sluice_store::spine::TensorRange;
 
 /// The FP8 block edge (`weight_block_size` [128, 128]).
 pub const FP8_BLOCK: usize = 128;
@@ -54,18 +56,33 @@ pub enum Weight {
 }
 
 impl Weight {
-    /// The weight as a kernel operand over the mapped bytes.
-    pub fn get<'a>(&self, ckpt: &'a Checkpoint) -> Matrix<'a> {
+    /// The weight as a kernel operand over the bytes `src` holds (the mapped checkpoint, or
+    /// the placed spine piece of its layer, which holds its scales too).
+    pub fn get<'a>(&self, src: &'a dyn TensorBytes) -> Matrix<'a> {
+        let b = |e: &TensorEntry| {
+            src.tensor_bytes(e).expect("invariant: a spine piece holds every tensor of its layer")
+        };
         let m = match self {
-            Self::Mapped(l) => return l.get(ckpt),
+            Self::Mapped(l) => return l.get(src),
             Self::Fp8 { weight, scale, rows, cols } => {
-                Matrix::fp8_block(*rows, *cols, ckpt.bytes(weight), ckpt.bytes(scale))
+                Matrix::fp8_block(*rows, *cols, b(weight), b(scale))
             }
             Self::Int4 { packed, scale, rows, cols, .. } => {
-                Matrix::int4_group(*rows, *cols, ckpt.bytes(packed), ckpt.bytes(scale))
+                Matrix::int4_group(*rows, *cols, b(packed), b(scale))
             }
         };
         m.expect("invariant: dtypes and shapes were checked at load")
+    }
+
+    /// The byte ranges a pass reads for this weight (values and scales; an INT4 weight's
+    /// `weight_shape`, read once at load, is not among them).
+    pub fn ranges(&self) -> Vec<TensorRange> {
+        match self {
+            Self::Mapped(l) => spine::ranges(l),
+            Self::Fp8 { weight: a, scale: b, .. } | Self::Int4 { packed: a, scale: b, .. } => {
+                vec![spine::range_of(a), spine::range_of(b)]
+            }
+        }
     }
 
     /// Output rows.

@@ -25,9 +25,11 @@ use super::config::DeepseekV3Config;
 use super::experts::{same_format, ExpertFormat};
 use super::quant::{Weight, FP8_BLOCK, INT4_GROUP};
 use crate::qwen3::weights::{Linear, Roster};
-use crate::ModelError;
+use crate::{spine, ModelError};
 use sluice_checkpoint::{Checkpoint, CheckpointError, TensorEntry};
 use sluice_core::DType;
+use sluice_store::spine::TensorRange;
+use sluice_store::SpineIndex;
 
 /// An MLP (dense, routed expert or the shared experts): `down(silu(gate x) · up x)`.
 #[derive(Debug)]
@@ -222,10 +224,64 @@ impl DeepseekV3Weights {
 }
 
 impl DeepseekV3Weights {
+    /// The spine pieces in pass order (embedding; per layer its attention, and its dense MLP
+    /// or router and shared experts; the head) over `ckpt`'s shards, for placing the spine
+    /// piece by piece.
+    pub fn spine_index(&self, ckpt: &Checkpoint) -> Result<SpineIndex, ModelError> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                let a = &l.attn;
+                let mut r: Vec<TensorRange> = match &a.q {
+                    QProj::Lora(q) => [q.a.ranges(), q.b.ranges()].concat(),
+                    QProj::Plain(w) => w.ranges(),
+                };
+                for w in [&a.kv_a, &a.kv_b, &a.o_proj] {
+                    r.extend(w.ranges());
+                }
+                let m = match &l.ffn {
+                    Ffn::Dense(m) => m,
+                    Ffn::Moe(m) => {
+                        r.extend(spine::ranges(&m.router));
+                        &m.shared
+                    }
+                };
+                for w in [&m.gate, &m.up, &m.down] {
+                    r.extend(w.ranges());
+                }
+                r
+            })
+            .collect();
+        spine::index(ckpt, &self.embed, layers, &self.lm_head)
+    }
+
+    /// Bytes of the f32 vectors the model keeps whatever the spine placement: norms, latent
+    /// norms and routing biases.
+    pub fn small_bytes(&self) -> u64 {
+        let f = |v: &Vec<f32>| v.len() as u64 * 4;
+        let layers: u64 = self
+            .layers
+            .iter()
+            .map(|l| {
+                let q = match &l.attn.q {
+                    QProj::Lora(q) => f(&q.norm),
+                    QProj::Plain(_) => 0,
+                };
+                let b = match &l.ffn {
+                    Ffn::Moe(m) => f(&m.bias),
+                    Ffn::Dense(_) => 0,
+                };
+                f(&l.input_norm) + f(&l.post_norm) + f(&l.attn.kv_a_norm) + q + b
+            })
+            .sum();
+        layers + f(&self.norm)
+    }
+
     /// The storage of the spine's projections (attention, dense MLPs, shared experts): its
     /// format's name when they all share one (`fp8`, `bf16`, ...), `mixed` otherwise. The
     /// embedding, head and routers are bf16 in every published checkpoint and are not counted.
-    pub fn spine_format(&self, ckpt: &Checkpoint) -> &'static str {
+    pub fn spine_format(&self, ckpt: &dyn spine::TensorBytes) -> &'static str {
         let mut names = Vec::new();
         let mut add = |w: &Weight| names.push(w.get(ckpt).format().name());
         for l in &self.layers {
@@ -282,15 +338,11 @@ fn expert_format_of(r: &Roster<'_>, w: &Weight, p: &str) -> Result<ExpertFormat,
     Ok(match w {
         Weight::Fp8 { .. } => ExpertFormat::Fp8,
         Weight::Int4 { .. } => ExpertFormat::Int4,
-        Weight::Mapped(_) => {
-            let name = format!("{p}.weight");
-            let e = r.entry(&name)?;
-            match e.dtype {
-                DType::BF16 => ExpertFormat::Bf16,
-                DType::F32 => ExpertFormat::F32,
-                _ => return Err(dtype_err(r, &name, e, DType::BF16)),
-            }
-        }
+        Weight::Mapped(l) => match l.entry().dtype {
+            DType::BF16 => ExpertFormat::Bf16,
+            DType::F32 => ExpertFormat::F32,
+            _ => return Err(dtype_err(r, &format!("{p}.weight"), l.entry(), DType::BF16)),
+        },
     })
 }
 
@@ -303,8 +355,25 @@ fn dtype_err(r: &Roster<'_>, name: &str, e: &TensorEntry, expected: DType) -> Mo
     })
 }
 
+/// The entry of tensor `name` (without the checkpoint's prefix): a mapped one for a spine
+/// weight; for a routed expert (`routed`) only located, never mapped, since a stream install's
+/// routed experts are holes of its sparse shards that only the expert store reads.
+fn entry<'r>(r: &'r Roster<'_>, name: &str, routed: bool) -> Result<&'r TensorEntry, ModelError> {
+    if !routed {
+        return r.entry(name);
+    }
+    let full = format!("{}{name}", r.prefix);
+    r.ckpt.get(&full).ok_or_else(|| {
+        ModelError::Checkpoint(CheckpointError::MissingTensor {
+            dir: r.ckpt.dir().to_path_buf(),
+            tensor: full,
+        })
+    })
+}
+
 /// The linear layer `p` of shape `[rows, cols]`, in whichever of the three storages it has.
-/// `scan`: read the FP8 block scales to refuse a non-finite one at load.
+/// `scan`: a spine weight, whose FP8 block scales are read to refuse a non-finite one at load;
+/// otherwise a routed expert's, checked from the headers only (see [`entry`]).
 fn linear(
     r: &Roster<'_>,
     p: &str,
@@ -317,11 +386,23 @@ fn linear(
     if r.ckpt.get(&format!("{}{wname}", r.prefix)).is_none()
         && r.ckpt.get(&format!("{}{packed}", r.prefix)).is_some()
     {
-        return int4(r, p, rows, cols);
+        return int4(r, p, rows, cols, !scan);
     }
-    let e = r.entry(&wname)?;
-    if e.dtype != DType::F8E4M3 {
+    let e = entry(r, &wname, !scan)?;
+    if e.dtype != DType::F8E4M3 && scan {
         return Ok(Weight::Mapped(r.mat(&wname, rows, cols)?));
+    }
+    if e.dtype != DType::F8E4M3 {
+        // A bf16 / f32 routed expert, as `Roster::mat` checks a spine matrix.
+        let format = match e.dtype {
+            DType::BF16 => sluice_kernels::WeightFormat::Bf16,
+            DType::F32 => sluice_kernels::WeightFormat::F32,
+            _ => return Err(dtype_err(r, &wname, e, DType::BF16)),
+        };
+        if e.shape != [rows as u64, cols as u64] {
+            return Err(r.shape_err(&wname, e, &[rows, cols]));
+        }
+        return Ok(Weight::Mapped(Linear::new(e.clone(), None, rows, cols, format)));
     }
     if e.shape != [rows as u64, cols as u64] {
         return Err(r.shape_err(&wname, e, &[rows, cols]));
@@ -329,7 +410,7 @@ fn linear(
     // The block scales follow the weight's own shape: a scale tensor whose shape contradicts
     // it would silently apply the wrong scale to every block past the first row/column.
     let sname = format!("{p}.weight_scale_inv");
-    let s = r.entry(&sname)?;
+    let s = entry(r, &sname, !scan)?;
     if s.dtype != DType::F32 {
         return Err(dtype_err(r, &sname, s, DType::F32));
     }
@@ -346,10 +427,17 @@ fn linear(
     Ok(Weight::Fp8 { weight: e.clone(), scale: s.clone(), rows, cols })
 }
 
-/// A compressed-tensors pack-quantized INT4 linear layer.
-fn int4(r: &Roster<'_>, p: &str, rows: usize, cols: usize) -> Result<Weight, ModelError> {
+/// A compressed-tensors pack-quantized INT4 linear layer (a routed expert's when `routed`: its
+/// packed weight and scales located, not mapped; its small `weight_shape` is always read).
+fn int4(
+    r: &Roster<'_>,
+    p: &str,
+    rows: usize,
+    cols: usize,
+    routed: bool,
+) -> Result<Weight, ModelError> {
     let packed = format!("{p}.weight_packed");
-    let e = r.entry(&packed)?;
+    let e = entry(r, &packed, routed)?;
     if e.dtype != DType::I32 {
         return Err(dtype_err(r, &packed, e, DType::I32));
     }
@@ -357,7 +445,7 @@ fn int4(r: &Roster<'_>, p: &str, rows: usize, cols: usize) -> Result<Weight, Mod
         return Err(r.shape_err(&packed, e, &[rows, cols / 8]));
     }
     let sname = format!("{p}.weight_scale");
-    let s = r.entry(&sname)?;
+    let s = entry(r, &sname, routed)?;
     if s.dtype != DType::BF16 {
         return Err(dtype_err(r, &sname, s, DType::BF16));
     }

@@ -4,7 +4,7 @@ use super::GptOss;
 use crate::family::{FamilyModel, MemoryNeeds, RoutedExperts, Shape, Trace};
 use crate::qwen3::Qwen3State;
 use crate::{LogitRows, ModelError, State};
-use sluice_store::ExpertStore;
+use sluice_store::{ExpertStore, SpineIndex, SpineStats, SpineStore};
 use std::any::Any;
 use std::sync::Arc;
 
@@ -52,6 +52,18 @@ impl FamilyModel for GptOss {
     }
     fn memory_needs(&self) -> Option<MemoryNeeds> {
         Some(GptOss::memory_needs(self))
+    }
+    fn spine_index(&self) -> Result<Option<SpineIndex>, ModelError> {
+        GptOss::spine_index(self).map(Some)
+    }
+    fn spine_small_bytes(&self) -> u64 {
+        GptOss::spine_small_bytes(self)
+    }
+    fn set_spine(&mut self, store: Arc<SpineStore>) -> Result<(), ModelError> {
+        GptOss::set_spine(self, store)
+    }
+    fn spine_stats(&self) -> SpineStats {
+        GptOss::spine_stats(self)
     }
     fn spine_bytes_per_pass(&self) -> u64 {
         self.dense_weight_bytes()

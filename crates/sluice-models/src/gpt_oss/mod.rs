@@ -23,12 +23,13 @@ pub mod weights;
 
 use crate::family::{add_into, moe_step, put, MemoryNeeds, RoutedExperts};
 use crate::qwen3::{Ctx, Qwen3State, Trace};
+use crate::spine::{head_piece, layer_piece, Spine, TensorBytes};
 use crate::{LogitRows, ModelError};
 use config::GptOssConfig;
 use rope::YarnRope;
 use sluice_checkpoint::Checkpoint;
 use sluice_kernels::ops::rms_norm;
-use sluice_store::ExpertStore;
+use sluice_store::{ExpertStore, SpineIndex, SpineStats, SpineStore};
 use std::sync::Arc;
 use weights::{GptOssExpertLayout, GptOssWeights};
 
@@ -41,6 +42,8 @@ pub struct GptOss {
     experts: Arc<dyn ExpertStore>,
     /// Guess the next layer's experts for the store to prefetch (see [`Self::set_prefetch`]).
     prefetch: bool,
+    /// Where a pass reads its spine matrices: mapped, or placed by a spine store.
+    spine: Spine,
 }
 
 impl std::fmt::Debug for GptOss {
@@ -62,7 +65,7 @@ impl GptOss {
         let weights = GptOssWeights::load(&ckpt, &cfg)?;
         let rope = YarnRope::new(cfg.head_dim, cfg.rope_theta, &cfg.yarn);
         let experts = Arc::new(Self::routed(&cfg).mapped(ckpt.clone())?);
-        Ok(Self { cfg, ckpt, weights, rope, experts, prefetch: false })
+        Ok(Self { cfg, ckpt, weights, rope, experts, prefetch: false, spine: Spine::Mapped })
     }
 
     /// Loads the model with its routed experts served by `experts` from the start: for a
@@ -75,7 +78,7 @@ impl GptOss {
         let cfg = GptOssConfig::from_json(ckpt.config().text_config())?;
         let weights = GptOssWeights::load(&ckpt, &cfg)?;
         let rope = YarnRope::new(cfg.head_dim, cfg.rope_theta, &cfg.yarn);
-        Ok(Self { cfg, ckpt, weights, rope, experts, prefetch: false })
+        Ok(Self { cfg, ckpt, weights, rope, experts, prefetch: false, spine: Spine::Mapped })
     }
 
     /// Turns next-layer expert prefetch on or off (worth it when experts stream): each layer
@@ -86,10 +89,25 @@ impl GptOss {
     }
 
     /// A guess of the experts `layer`'s router picks for `x [t, d]` (see
-    /// [`crate::qwen3_moe::moe::guess_union`]).
-    fn guess(&self, ctx: &Ctx<'_>, layer: usize, x: &[f32], t: usize) -> Option<(usize, Vec<u32>)> {
+    /// [`crate::qwen3_moe::moe::guess_union`]), its router read from `src` (`None`: `layer`'s
+    /// spine piece when it is at hand without waiting for a read).
+    fn guess(
+        &self,
+        src: Option<&dyn TensorBytes>,
+        layer: usize,
+        x: &[f32],
+        t: usize,
+    ) -> Option<(usize, Vec<u32>)> {
         let w = &self.weights.layers.get(layer)?.moe;
-        let mut logits = ctx.mm(&w.router, x, t);
+        let peeked;
+        let src = match src {
+            Some(s) => s,
+            None => {
+                peeked = self.spine.peek(&self.ckpt, layer_piece(layer))?;
+                &peeked
+            }
+        };
+        let mut logits = Ctx { src }.mm(&w.router, x, t);
         attention::add_bias(&mut logits, &w.router_bias);
         let (e, k) = (self.cfg.num_local_experts, self.cfg.num_experts_per_tok);
         Some((layer, crate::qwen3_moe::moe::guess_union(&logits, e, k)))
@@ -155,6 +173,29 @@ impl GptOss {
         &self.rope
     }
 
+    /// The spine pieces (embedding, each decoder layer's attention and router, head) and
+    /// their byte spans, for placing the spine piece by piece.
+    pub fn spine_index(&self) -> Result<SpineIndex, ModelError> {
+        self.weights.spine_index(&self.ckpt)
+    }
+
+    /// Bytes of the f32 vectors (norms, biases, sinks) the model keeps whatever the placement.
+    pub fn spine_small_bytes(&self) -> u64 {
+        self.weights.small_bytes()
+    }
+
+    /// Takes spine bytes from `store` (opened on [`Self::spine_index`]) instead of the mapped
+    /// checkpoint.
+    pub fn set_spine(&mut self, store: Arc<SpineStore>) -> Result<(), ModelError> {
+        self.spine = Spine::placed(store, &self.spine_index()?)?;
+        Ok(())
+    }
+
+    /// Spine I/O counters (all zero while the spine is mapped).
+    pub fn spine_stats(&self) -> SpineStats {
+        self.spine.stats()
+    }
+
     /// Bytes of the non-expert weight matrices a pass reads.
     pub fn dense_weight_bytes(&self) -> u64 {
         self.weights.dense_byte_len(self.cfg.tie_word_embeddings)
@@ -201,20 +242,29 @@ impl GptOss {
             return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
         }
         let d = c.hidden_size;
-        let ctx = Ctx { ckpt: &self.ckpt };
-        let embed = self.weights.embed.get(&self.ckpt);
+        // One pass at a time through streamed spine pieces; held until the logits are out.
+        let _pass = self.spine.begin_pass();
         let mut h = vec![0.0f32; t * d];
-        for (row, &id) in h.chunks_exact_mut(d).zip(tokens) {
-            embed.row_to_f32(id as usize, row);
-        }
+        self.spine.embed(&self.ckpt, &self.weights.embed, tokens, &mut h)?;
         put(&mut trace, || "embed".into(), &h);
         let rope = self.rope.rows(state.len(), t);
         state.begin(t);
         for (i, lw) in self.weights.layers.iter().enumerate() {
+            // This layer's spine piece: mapped, resident, or its stream buffer (read during the
+            // previous layer); every matrix of the layer is read from it.
+            let piece = match self.spine.piece(&self.ckpt, layer_piece(i)) {
+                Ok(p) => p,
+                Err(e) => {
+                    state.rollback();
+                    return Err(e);
+                }
+            };
+            let ctx = Ctx { src: &piece };
             // Layer 0 has no layer before it to guess its experts: guess them from its input
             // (normed as its block will norm it) while its attention computes.
             if self.prefetch && i == 0 {
-                if let Some((l, ids)) = self.guess(&ctx, 0, &self.norm_rows(&h, &lw.post_norm), t) {
+                let x = self.norm_rows(&h, &lw.post_norm);
+                if let Some((l, ids)) = self.guess(Some(&piece), 0, &x, t) {
                     self.experts.prefetch(l, &ids);
                 }
             }
@@ -228,7 +278,7 @@ impl GptOss {
             let m_in = self.norm_rows(&h, &lw.post_norm);
             put(&mut trace, || format!("layer{i}.mlp_in"), &m_in);
             let store = self.experts.as_ref();
-            let guess = || if self.prefetch { self.guess(&ctx, i + 1, &m_in, t) } else { None };
+            let guess = || if self.prefetch { self.guess(None, i + 1, &m_in, t) } else { None };
             let at = crate::qwen3_moe::moe::At { layer: i, guess: &guess };
             let m = moe_step(state, &mut trace, i, || {
                 moe::forward(&ctx, &lw.moe, store, at, c, &m_in, t)
@@ -241,7 +291,14 @@ impl GptOss {
         let n = sel.len();
         let normed = self.norm_rows(&h[sel.start * d..sel.end * d], &self.weights.norm);
         put(&mut trace, || "final_norm".into(), &normed);
-        Ok(ctx.mm(&self.weights.lm_head, &normed, n))
+        let head = match self.spine.piece(&self.ckpt, head_piece(c.num_hidden_layers)) {
+            Ok(p) => p,
+            Err(e) => {
+                state.rollback();
+                return Err(e);
+            }
+        };
+        Ok(Ctx { src: &head }.mm(&self.weights.lm_head, &normed, n))
     }
 
     /// GptOssRMSNorm on every row of `x [n, d]`.

@@ -30,10 +30,10 @@
 
 use super::config::GptOssConfig;
 use crate::qwen3::weights::{Linear, Roster};
-use crate::ModelError;
+use crate::{spine, ModelError};
 use sluice_checkpoint::Checkpoint;
 use sluice_core::DType;
-use sluice_store::{ExpertLayout, ExpertPart};
+use sluice_store::{ExpertLayout, ExpertPart, SpineIndex};
 
 /// The family name errors carry.
 pub(crate) const FAMILY: &str = "gpt_oss";
@@ -191,6 +191,48 @@ impl GptOssWeights {
             })
             .sum();
         layer + self.embed.byte_len() + if tied { 0 } else { self.lm_head.byte_len() }
+    }
+}
+
+impl GptOssWeights {
+    /// The spine pieces in pass order (embedding; per layer its attention projections and
+    /// router; the head) over `ckpt`'s shards, for placing the spine piece by piece.
+    pub fn spine_index(&self, ckpt: &Checkpoint) -> Result<SpineIndex, ModelError> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                let a = &l.attn;
+                [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &l.moe.router]
+                    .into_iter()
+                    .flat_map(spine::ranges)
+                    .collect()
+            })
+            .collect();
+        spine::index(ckpt, &self.embed, layers, &self.lm_head)
+    }
+
+    /// Bytes of the f32 vectors the model keeps whatever the spine placement: norms,
+    /// attention biases and sinks, router and expert biases.
+    pub fn small_bytes(&self) -> u64 {
+        let f = |v: &Vec<f32>| v.len() as u64 * 4;
+        let layers: u64 = self
+            .layers
+            .iter()
+            .map(|l| {
+                let (a, m) = (&l.attn, &l.moe);
+                f(&l.input_norm)
+                    + f(&l.post_norm)
+                    + [&a.q_bias, &a.k_bias, &a.v_bias, &a.o_bias, &a.sinks]
+                        .map(f)
+                        .iter()
+                        .sum::<u64>()
+                    + f(&m.router_bias)
+                    + f(&m.gate_up_bias)
+                    + f(&m.down_bias)
+            })
+            .sum();
+        layers + f(&self.norm)
     }
 }
 

@@ -4,90 +4,14 @@
 //! path formats a name or looks one up.
 
 use super::config::{AttnKind, K3Config};
-use super::spine::TensorBytes;
 use crate::ModelError;
 use sluice_checkpoint::{Checkpoint, TensorEntry};
 use sluice_core::{bf16_to_f32, DType};
-use sluice_kernels::{Matrix, WeightFormat};
+use sluice_kernels::WeightFormat;
 
-/// A resolved weight matrix `[rows, cols]` in the checkpoint.
-#[derive(Debug, Clone)]
-pub struct Mat {
-    entry: TensorEntry,
-    /// The `NAME_scale` F16 `[rows]` companion of a row-int8 matrix (docs/INT8.md).
-    scale: Option<TensorEntry>,
-    rows: usize,
-    cols: usize,
-    format: WeightFormat,
-}
-
-impl Mat {
-    /// The matrix as a kernel operand over the bytes `src` holds (the mapped checkpoint, or
-    /// the placed spine piece this matrix belongs to; a row-int8 matrix's scales are in the
-    /// same piece).
-    pub fn get<'a>(&self, src: &'a dyn TensorBytes) -> Matrix<'a> {
-        let b = src
-            .tensor_bytes(&self.entry)
-            .expect("invariant: a spine piece holds every matrix of its layer");
-        let m = match &self.scale {
-            Some(s) => {
-                let sb = src
-                    .tensor_bytes(s)
-                    .expect("invariant: a spine piece holds the scales of its int8 matrices");
-                Matrix::int8_row(self.rows, self.cols, b, sb).ok()
-            }
-            None => self.over(self.rows, b),
-        };
-        m.expect("invariant: shape and byte length were checked at load")
-    }
-
-    fn over<'a>(&self, rows: usize, b: &'a [u8]) -> Option<Matrix<'a>> {
-        match self.format {
-            WeightFormat::F32 => Matrix::f32(rows, self.cols, b),
-            _ => Matrix::bf16(rows, self.cols, b),
-        }
-        .ok()
-    }
-
-    /// One row of a BF16/F32 matrix as a `[1, cols]` operand over `row` (its bytes); `None` if
-    /// `row` is not one row long or the matrix is row-int8 (its scale lives elsewhere).
-    pub fn row_matrix<'a>(&self, row: &'a [u8]) -> Option<Matrix<'a>> {
-        if self.scale.is_some() {
-            return None;
-        }
-        self.over(1, row)
-    }
-
-    /// True for a row-int8 matrix (I8 with an F16 scale per row).
-    pub fn is_int8(&self) -> bool {
-        self.scale.is_some()
-    }
-
-    /// Bytes of one row.
-    pub fn row_bytes(&self) -> u64 {
-        self.entry.len / (self.rows.max(1) as u64)
-    }
-
-    /// Where the matrix is in the checkpoint.
-    pub fn entry(&self) -> &TensorEntry {
-        &self.entry
-    }
-
-    /// Where the matrix's scales are (row-int8 only).
-    pub fn scale_entry(&self) -> Option<&TensorEntry> {
-        self.scale.as_ref()
-    }
-
-    /// Output rows.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    /// Bytes in the checkpoint (an int8 matrix's scales included).
-    pub fn byte_len(&self) -> u64 {
-        self.entry.len + self.scale.as_ref().map_or(0, |s| s.len)
-    }
-}
+/// A resolved weight matrix `[rows, cols]` in the checkpoint: the weight handle every family
+/// shares ([`crate::linear::Linear`]), under the name K3's code has always used.
+pub use crate::linear::Linear as Mat;
 
 /// KDA layer weights.
 #[derive(Debug)]
@@ -248,7 +172,7 @@ impl Roster<'_> {
         } else {
             None
         };
-        Ok(Mat { entry: e.clone(), scale, rows, cols, format })
+        Ok(Mat::new(e.clone(), scale, rows, cols, format))
     }
 
     fn dtype_err(&self, name: &str, e: &TensorEntry, expected: DType) -> ModelError {

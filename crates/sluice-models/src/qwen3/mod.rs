@@ -30,16 +30,17 @@ use weights::{LayerWeights, Linear, Qwen3Weights};
 pub use crate::kimi_k3::Trace;
 pub use state::Qwen3State;
 
-/// What a pass needs besides the weights: the checkpoint bytes.
+/// What a layer needs besides its weights: the bytes of its matrices (the mapped checkpoint, or
+/// the layer's placed spine piece in a family that places its spine, see [`crate::spine`]).
 pub(crate) struct Ctx<'a> {
-    pub(crate) ckpt: &'a Checkpoint,
+    pub(crate) src: &'a dyn crate::spine::TensorBytes,
 }
 
 impl Ctx<'_> {
     /// `x [t, cols] → [t, rows]` through a weight matrix.
     pub(crate) fn mm(&self, m: &Linear, x: &[f32], t: usize) -> Vec<f32> {
         let mut out = vec![0.0f32; t * m.rows()];
-        matmul(&m.get(self.ckpt), x, t, &mut out);
+        matmul(&m.get(self.src), x, t, &mut out);
         out
     }
 }
@@ -141,7 +142,7 @@ impl Qwen3 {
             return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
         }
         let d = c.hidden_size;
-        let ctx = Ctx { ckpt: &self.ckpt };
+        let ctx = Ctx { src: &self.ckpt };
         // inputs_embeds = self.embed_tokens(input_ids)
         let embed = self.weights.embed.get(&self.ckpt);
         let mut h = vec![0.0f32; t * d];

@@ -23,46 +23,11 @@ use super::config::Qwen3Config;
 use crate::ModelError;
 use sluice_checkpoint::{Checkpoint, CheckpointError, TensorEntry};
 use sluice_core::{bf16_to_f32, DType};
-use sluice_kernels::{Matrix, WeightFormat};
+use sluice_kernels::WeightFormat;
 
-/// A resolved weight matrix `[rows, cols]` (PyTorch `Linear` layout `[out, in]`) in the checkpoint.
-#[derive(Debug, Clone)]
-pub struct Linear {
-    entry: TensorEntry,
-    /// The `NAME_scale` F16 `[rows]` companion of a row-int8 matrix (docs/INT8.md).
-    scale: Option<TensorEntry>,
-    rows: usize,
-    cols: usize,
-    format: WeightFormat,
-}
-
-impl Linear {
-    /// The matrix as a kernel operand over the checkpoint's bytes.
-    pub fn get<'a>(&self, ckpt: &'a Checkpoint) -> Matrix<'a> {
-        let b = ckpt.bytes(&self.entry);
-        let m = match (&self.scale, self.format) {
-            (Some(s), _) => Matrix::int8_row(self.rows, self.cols, b, ckpt.bytes(s)),
-            (None, WeightFormat::F32) => Matrix::f32(self.rows, self.cols, b),
-            (None, _) => Matrix::bf16(self.rows, self.cols, b),
-        };
-        m.expect("invariant: shape and byte length were checked at load")
-    }
-
-    /// Output rows.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    /// Input columns.
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-
-    /// Bytes in the checkpoint (an int8 matrix's scales included).
-    pub fn byte_len(&self) -> u64 {
-        self.entry.len + self.scale.as_ref().map_or(0, |s| s.len)
-    }
-}
+/// A resolved weight matrix `[rows, cols]` (PyTorch `Linear` layout `[out, in]`): the weight
+/// handle every family shares.
+pub use crate::linear::Linear;
 
 /// One layer's attention (`Qwen3Attention`; Qwen3-MoE's `Qwen3MoeAttention` is the same).
 #[derive(Debug)]
@@ -88,6 +53,16 @@ impl AttnWeights {
             q_norm: r.vec(&format!("{p}.self_attn.q_norm.weight"), hd)?,
             k_norm: r.vec(&format!("{p}.self_attn.k_norm.weight"), hd)?,
         })
+    }
+
+    /// The four projections, in the order a pass reads them.
+    pub(crate) fn mats(&self) -> [&Linear; 4] {
+        [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj]
+    }
+
+    /// Bytes of the f32 vectors kept whatever the spine placement (the q/k norms).
+    pub(crate) fn small_bytes(&self) -> u64 {
+        (self.q_norm.len() + self.k_norm.len()) as u64 * 4
     }
 
     /// Bytes of the four projections in the checkpoint.
@@ -210,7 +185,7 @@ impl Roster<'_> {
         } else {
             None
         };
-        Ok(Linear { entry: e.clone(), scale, rows, cols, format })
+        Ok(Linear::new(e.clone(), scale, rows, cols, format))
     }
 
     /// A BF16 or F32 vector of `len` values, widened to f32.

@@ -4,7 +4,7 @@ use super::Qwen3Moe;
 use crate::family::{FamilyModel, MemoryNeeds, RoutedExperts, Shape, Trace};
 use crate::qwen3::Qwen3State;
 use crate::{LogitRows, ModelError, State};
-use sluice_store::ExpertStore;
+use sluice_store::{ExpertStore, SpineIndex, SpineStats, SpineStore};
 use std::any::Any;
 use std::sync::Arc;
 
@@ -52,6 +52,18 @@ impl FamilyModel for Qwen3Moe {
     }
     fn memory_needs(&self) -> Option<MemoryNeeds> {
         Some(Qwen3Moe::memory_needs(self))
+    }
+    fn spine_index(&self) -> Result<Option<SpineIndex>, ModelError> {
+        Qwen3Moe::spine_index(self).map(Some)
+    }
+    fn spine_small_bytes(&self) -> u64 {
+        Qwen3Moe::spine_small_bytes(self)
+    }
+    fn set_spine(&mut self, store: Arc<SpineStore>) -> Result<(), ModelError> {
+        Qwen3Moe::set_spine(self, store)
+    }
+    fn spine_stats(&self) -> SpineStats {
+        Qwen3Moe::spine_stats(self)
     }
     fn spine_bytes_per_pass(&self) -> u64 {
         self.dense_weight_bytes()

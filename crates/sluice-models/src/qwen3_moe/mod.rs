@@ -23,11 +23,12 @@ pub mod weights;
 use crate::family::{add_into, moe_step, put, MemoryNeeds, RoutedExperts};
 use crate::qwen3::attention::{self, Rope};
 use crate::qwen3::{Ctx, Qwen3State, Trace};
+use crate::spine::{head_piece, layer_piece, Spine};
 use crate::{LogitRows, ModelError};
 use config::Qwen3MoeConfig;
 use sluice_checkpoint::Checkpoint;
 use sluice_kernels::ops::rms_norm;
-use sluice_store::ExpertStore;
+use sluice_store::{ExpertStore, SpineIndex, SpineStats, SpineStore};
 use std::sync::Arc;
 use weights::{Ffn, Qwen3MoeExpertLayout, Qwen3MoeWeights};
 
@@ -40,6 +41,8 @@ pub struct Qwen3Moe {
     experts: Arc<dyn ExpertStore>,
     /// Guess the next MoE layer's experts for the store to prefetch (see [`Self::set_prefetch`]).
     prefetch: bool,
+    /// Where a pass reads its spine matrices: mapped, or placed by a spine store.
+    spine: Spine,
 }
 
 impl std::fmt::Debug for Qwen3Moe {
@@ -61,7 +64,7 @@ impl Qwen3Moe {
         let weights = Qwen3MoeWeights::load(&ckpt, &cfg)?;
         let rope = Rope::new(cfg.base.head_dim, cfg.base.rope_theta);
         let experts = Arc::new(Self::routed(&cfg).mapped(ckpt.clone())?);
-        Ok(Self { cfg, ckpt, weights, rope, experts, prefetch: false })
+        Ok(Self { cfg, ckpt, weights, rope, experts, prefetch: false, spine: Spine::Mapped })
     }
 
     /// Loads the model with its routed experts served by `experts` from the start: for a
@@ -74,7 +77,7 @@ impl Qwen3Moe {
         let cfg = Qwen3MoeConfig::from_json(ckpt.config().text_config())?;
         let weights = Qwen3MoeWeights::load(&ckpt, &cfg)?;
         let rope = Rope::new(cfg.base.head_dim, cfg.base.rope_theta);
-        Ok(Self { cfg, ckpt, weights, rope, experts, prefetch: false })
+        Ok(Self { cfg, ckpt, weights, rope, experts, prefetch: false, spine: Spine::Mapped })
     }
 
     /// Turns next-layer expert prefetch on or off (worth it when experts stream): each MoE layer
@@ -134,6 +137,29 @@ impl Qwen3Moe {
         }
     }
 
+    /// The spine pieces (embedding, each decoder layer's attention and dense MLP or router,
+    /// head) and their byte spans, for placing the spine piece by piece.
+    pub fn spine_index(&self) -> Result<SpineIndex, ModelError> {
+        self.weights.spine_index(&self.ckpt)
+    }
+
+    /// Bytes of the f32 norm vectors the model keeps whatever the spine placement.
+    pub fn spine_small_bytes(&self) -> u64 {
+        self.weights.small_bytes()
+    }
+
+    /// Takes spine bytes from `store` (opened on [`Self::spine_index`]) instead of the mapped
+    /// checkpoint.
+    pub fn set_spine(&mut self, store: Arc<SpineStore>) -> Result<(), ModelError> {
+        self.spine = Spine::placed(store, &self.spine_index()?)?;
+        Ok(())
+    }
+
+    /// Spine I/O counters (all zero while the spine is mapped).
+    pub fn spine_stats(&self) -> SpineStats {
+        self.spine.stats()
+    }
+
     /// The typed configuration.
     pub fn config(&self) -> &Qwen3MoeConfig {
         &self.cfg
@@ -191,13 +217,11 @@ impl Qwen3Moe {
             return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
         }
         let d = c.hidden_size;
-        let ctx = Ctx { ckpt: &self.ckpt };
+        // One pass at a time through streamed spine pieces; held until the logits are out.
+        let _pass = self.spine.begin_pass();
         // inputs_embeds = self.embed_tokens(input_ids)
-        let embed = self.weights.embed.get(&self.ckpt);
         let mut h = vec![0.0f32; t * d];
-        for (row, &id) in h.chunks_exact_mut(d).zip(tokens) {
-            embed.row_to_f32(id as usize, row);
-        }
+        self.spine.embed(&self.ckpt, &self.weights.embed, tokens, &mut h)?;
         put(&mut trace, || "embed".into(), &h);
         let rope = self.rope.rows(state.len(), t);
         state.begin(t);
@@ -210,6 +234,16 @@ impl Qwen3Moe {
         let first_moe = (0..layers.len()).find(|&j| router(j).is_some());
         let (e, k) = (self.cfg.num_experts, self.cfg.num_experts_per_tok);
         for (i, lw) in layers.iter().enumerate() {
+            // This layer's spine piece: mapped, resident, or its stream buffer (read during the
+            // previous layer); every matrix of the layer is read from it.
+            let piece = match self.spine.piece(&self.ckpt, layer_piece(i)) {
+                Ok(p) => p,
+                Err(e) => {
+                    state.rollback();
+                    return Err(e);
+                }
+            };
+            let ctx = Ctx { src: &piece };
             // The first MoE layer has no MoE layer before it to guess its experts: guess them
             // from its input (normed as its block will norm it) while its attention computes.
             if let (true, Some(r)) = (self.prefetch && first_moe == Some(i), router(i)) {
@@ -229,8 +263,13 @@ impl Qwen3Moe {
                 Ffn::Moe { router } => {
                     let store = self.experts.as_ref();
                     let next = if self.prefetch { next_moe(i) } else { None };
-                    let guess =
-                        || next.map(|(j, r)| (j, moe::guess_union(&ctx.mm(r, &m_in, t), e, k)));
+                    // The next layer's router is in its own piece: guessed only when that piece
+                    // is at hand (mapped, resident, or already read), never waited for.
+                    let guess = || {
+                        let (j, r) = next?;
+                        let src = self.spine.peek(&self.ckpt, layer_piece(j))?;
+                        Some((j, moe::guess_union(&Ctx { src: &src }.mm(r, &m_in, t), e, k)))
+                    };
                     let at = moe::At { layer: i, guess: &guess };
                     moe_step(state, &mut trace, i, || {
                         moe::forward(&ctx, router, store, at, &self.cfg, &m_in, t)
@@ -245,7 +284,14 @@ impl Qwen3Moe {
         let n = sel.len();
         let normed = self.norm_rows(&h[sel.start * d..sel.end * d], &self.weights.norm);
         put(&mut trace, || "final_norm".into(), &normed);
-        Ok(ctx.mm(&self.weights.lm_head, &normed, n))
+        let head = match self.spine.piece(&self.ckpt, head_piece(layers.len())) {
+            Ok(p) => p,
+            Err(e) => {
+                state.rollback();
+                return Err(e);
+            }
+        };
+        Ok(Ctx { src: &head }.mm(&self.weights.lm_head, &normed, n))
     }
 
     /// Qwen3MoeRMSNorm on every row of `x [n, d]`.

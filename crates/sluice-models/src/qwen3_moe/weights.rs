@@ -24,10 +24,10 @@
 
 use super::config::Qwen3MoeConfig;
 use crate::qwen3::weights::{AttnWeights, Linear, Roster};
-use crate::ModelError;
+use crate::{spine, ModelError};
 use sluice_checkpoint::Checkpoint;
 use sluice_core::DType;
-use sluice_store::{ExpertLayout, ExpertPart};
+use sluice_store::{ExpertLayout, ExpertPart, SpineIndex};
 
 /// The family name errors carry.
 pub(crate) const FAMILY: &str = "qwen3_moe";
@@ -144,6 +144,36 @@ impl Qwen3MoeWeights {
             })
             .sum();
         layer + self.embed.byte_len() + if tied { 0 } else { self.lm_head.byte_len() }
+    }
+}
+
+impl Qwen3MoeWeights {
+    /// The spine pieces in pass order (embedding; per layer its attention projections and its
+    /// dense MLP or router; the head) over `ckpt`'s shards, for placing the spine piece by piece.
+    pub fn spine_index(&self, ckpt: &Checkpoint) -> Result<SpineIndex, ModelError> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                let mut m: Vec<&Linear> = l.attn.mats().to_vec();
+                match &l.ffn {
+                    Ffn::Dense(x) => m.extend([&x.gate, &x.up, &x.down]),
+                    Ffn::Moe { router } => m.push(router),
+                }
+                m.into_iter().flat_map(spine::ranges).collect()
+            })
+            .collect();
+        spine::index(ckpt, &self.embed, layers, &self.lm_head)
+    }
+
+    /// Bytes of the f32 vectors the model keeps whatever the spine placement (the norms).
+    pub fn small_bytes(&self) -> u64 {
+        let layers: u64 = self
+            .layers
+            .iter()
+            .map(|l| (l.input_norm.len() + l.post_norm.len()) as u64 * 4 + l.attn.small_bytes())
+            .sum();
+        layers + self.norm.len() as u64 * 4
     }
 }
 
