@@ -32,6 +32,7 @@ pub mod weights;
 use crate::family::{MemoryNeeds, RoutedExperts};
 use crate::kimi_k3::state::{K3State, LayerShape, LayerState};
 use crate::kimi_k3::Trace;
+use crate::qwen3_moe::moe::At;
 use crate::{LogitRows, ModelError};
 use config::DeepseekV3Config;
 use experts::{DeepseekV3ExpertLayout, ExpertFormat};
@@ -41,7 +42,7 @@ use sluice_kernels::matmul;
 use sluice_kernels::ops::rms_norm;
 use sluice_store::ExpertStore;
 use std::sync::Arc;
-use weights::{DeepseekV3Weights, Ffn};
+use weights::{DeepseekV3Weights, Ffn, MoeWeights};
 
 /// `x [t, cols] → [t, rows]` through a weight.
 pub(crate) fn mm(ckpt: &Checkpoint, w: &Weight, x: &[f32], t: usize) -> Vec<f32> {
@@ -124,6 +125,8 @@ pub struct DeepseekV3 {
     rope: Rope,
     layout: DeepseekV3ExpertLayout,
     experts: Arc<dyn ExpertStore>,
+    /// Guess the next MoE layer's experts for the store to prefetch (see [`Self::set_prefetch`]).
+    prefetch: bool,
 }
 
 impl std::fmt::Debug for DeepseekV3 {
@@ -150,7 +153,7 @@ impl DeepseekV3 {
             hidden: cfg.hidden_size as u64,
         };
         let experts = Arc::new(Self::routed(&cfg, layout).mapped(ckpt.clone())?);
-        Ok(Self { cfg, ckpt, weights, rope, layout, experts })
+        Ok(Self { cfg, ckpt, weights, rope, layout, experts, prefetch: false })
     }
 
     /// Where the routed experts of a model of config `c` stored as `layout` are.
@@ -177,6 +180,14 @@ impl DeepseekV3 {
     /// Takes routed experts from `experts` from now on.
     pub fn set_experts(&mut self, experts: Arc<dyn ExpertStore>) {
         self.experts = experts;
+    }
+
+    /// Turns next-layer expert prefetch on or off (worth it when experts stream): each MoE layer
+    /// guesses the next one's experts with that layer's router (sigmoid, correction bias and
+    /// group-limited top-k, as it routes) on its own input, and the first MoE layer's are
+    /// guessed before its attention runs.
+    pub fn set_prefetch(&mut self, on: bool) {
+        self.prefetch = on;
     }
 
     /// The expert store in use.
@@ -288,10 +299,29 @@ impl DeepseekV3 {
         }
         put(&mut trace, || "embed".into(), &h);
         state.begin(t);
-        for (i, (lw, ls)) in self.weights.layers.iter().zip(&mut state.layers).enumerate() {
+        let layers = &self.weights.layers;
+        let moe_of = |j: usize| match layers.get(j).map(|l| &l.ffn) {
+            Some(Ffn::Moe(w)) => Some(w),
+            _ => None,
+        };
+        let next_moe = |i: usize| (i + 1..layers.len()).find_map(|j| moe_of(j).map(|w| (j, w)));
+        let first_moe = (0..layers.len()).find(|&j| moe_of(j).is_some());
+        // A guess of the experts MoE weights `w` route `x [t, d]` to.
+        let guess_with = |w: &MoeWeights, x: &[f32]| {
+            let mut logits = vec![0.0f32; t * c.n_routed_experts];
+            matmul(&w.router.get(ckpt), x, t, &mut logits);
+            moe::guess(&logits, &w.bias, c)
+        };
+        for (i, (lw, ls)) in layers.iter().zip(&mut state.layers).enumerate() {
             let LayerState::Mla(cache) = ls else {
                 return Err(ModelError::Config("invariant: checked by fits".into()));
             };
+            // The first MoE layer has no MoE layer before it to guess its experts: guess them
+            // from its input (normed as its block will norm it) while its attention computes.
+            if let (true, Some(w)) = (self.prefetch && first_moe == Some(i), moe_of(i)) {
+                let g = self.norm_rows(&h, &lw.post_norm);
+                self.experts.prefetch(i, &guess_with(w, &g));
+            }
             let a_in = self.norm_rows(&h, &lw.input_norm);
             put(&mut trace, || format!("layer{i}.attn_in"), &a_in);
             let a = mla::forward(ckpt, &lw.attn, c, &self.rope, cache, &a_in, t);
@@ -303,8 +333,11 @@ impl DeepseekV3 {
                 Ffn::Dense(w) => moe::mlp(ckpt, w, &m_in, t),
                 Ffn::Moe(w) => {
                     let store = self.experts.as_ref();
+                    let next = if self.prefetch { next_moe(i) } else { None };
+                    let guess = || next.map(|(j, nw)| (j, guess_with(nw, &m_in)));
+                    let at = At { layer: i, guess: &guess };
                     let (m, logits, routes) =
-                        match moe::forward(ckpt, w, c, store, &self.layout, i, &m_in, t) {
+                        match moe::forward(ckpt, w, c, store, &self.layout, at, &m_in, t) {
                             Ok(out) => out,
                             Err(e) => {
                                 state.rollback();
