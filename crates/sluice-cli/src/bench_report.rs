@@ -201,8 +201,7 @@ pub fn derive(r: &RunRecord, gbps: f64) -> Value {
     });
     d["written_bytes_per_token"] = json!(per_token);
     // Disk requests per expert read (1 where an expert's parts coalesce into one read).
-    d["requests_per_expert_read"] =
-        json!(ratio(f(st, "expert_span_reads"), f(st, "expert_reads")));
+    d["requests_per_expert_read"] = json!(ratio(f(st, "expert_span_reads"), f(st, "expert_reads")));
     d["expert_reads"] = st["expert_reads"].clone();
     d["prefetch_issued"] = st["prefetch_issued"].clone();
     d["prefetch_used"] = st["prefetch_used"].clone();
