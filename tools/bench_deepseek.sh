@@ -34,6 +34,9 @@ if [ "$CGROUP" = auto ]; then
   if [ -w /sys/fs/cgroup/memory ]; then CGROUP=v1; else CGROUP=v2; fi
 fi
 
+model=
+# A slice is big: never leave one behind, also when a step fails (unless KEEP=1).
+trap '[ "$KEEP" = 1 ] || [ -z "$model" ] || rm -rf "$model"' EXIT
 for preset in "${PRESETS[@]}"; do
   model="$OUT/model-$preset" res="$OUT/$preset"
   mkdir -p "$res"
