@@ -338,7 +338,7 @@ fn experts_whose_parts_are_separated_by_small_gaps_are_one_read_each() {
                 ents.iter()
                     .flat_map(|t| {
                         let whole = fx.ckpt.get(&t.name).expect("tensor");
-                        fx.ckpt.bytes(whole)[..t.len as usize].to_vec()
+                        fx.ckpt.bytes(whole)[..usize::try_from(t.len).expect("small")].to_vec()
                     })
                     .collect::<Vec<u8>>(),
             );
