@@ -16,7 +16,10 @@
 # 384), RANKS (tokenizer ranks, 4096), RUNS (3), MAX_NEW (16), PROMPT_LEN (8), THREADS (threads
 # per run, 8), CGROUP (v1 | v2 | auto: v1 when /sys/fs/cgroup/memory is writable), RATIO (slice ÷
 # cgroup, 4; at least 3), PHASES ("cold warm"), NOPREFETCH (1: also a --no-prefetch configuration),
-# PROBE (storage probe bytes, 2G), KEEP (1: keep the slice). Summarise a result with: python3 tools/bench_deepseek_summary.py OUT.
+# PROBE (storage probe bytes, 2G), KEEP (1: keep the slice), LABEL (row label of the summary's
+# one-line-per-configuration table, the preset; e.g. before / after). Summarise a result with:
+# python3 tools/bench_deepseek_summary.py OUT (several OUTs: python3 tools/bench_stream_summary.py
+# OUT/PRESET ... prints every run's rows in one table).
 set -euo pipefail
 SLUICE=$(realpath "$1") OUT=$2
 shift 2
@@ -26,10 +29,14 @@ LAYERS=${LAYERS:-2} RANKS=${RANKS:-4096} RUNS=${RUNS:-3} MAX_NEW=${MAX_NEW:-16}
 PROMPT_LEN=${PROMPT_LEN:-8} THREADS=${THREADS:-8} CGROUP=${CGROUP:-auto} KEEP=${KEEP:-0}
 RATIO=${RATIO:-4} PHASES=${PHASES:-cold warm} NOPREFETCH=${NOPREFETCH:-1} PROBE=${PROBE:-2G}
 mkdir -p "$OUT"
+if [ "$RATIO" -lt 3 ]; then echo "RATIO=$RATIO: the cgroup must be at least 3x smaller" >&2; exit 2; fi
 if [ "$CGROUP" = auto ]; then
   if [ -w /sys/fs/cgroup/memory ]; then CGROUP=v1; else CGROUP=v2; fi
 fi
 
+model=
+# A slice is big: never leave one behind, also when a step fails (unless KEEP=1).
+trap '[ "$KEEP" = 1 ] || [ -z "$model" ] || rm -rf "$model"' EXIT
 for preset in "${PRESETS[@]}"; do
   model="$OUT/model-$preset" res="$OUT/$preset"
   mkdir -p "$res"
@@ -44,6 +51,7 @@ for preset in "${PRESETS[@]}"; do
   # process's own pages outside the plan.
   limit=$((bytes / RATIO)) memory=$((bytes / RATIO * 9 / 10))
   echo "$preset: slice $bytes bytes, cgroup $limit, --memory $memory, $CGROUP" | tee "$res/setup.txt"
+  printf '%s\n' "${LABEL:-$preset}" > "$res/label.txt"
   common=(--model "$model" --memory "$memory" --json --prompt-len "$PROMPT_LEN"
           --max-new "$MAX_NEW" --runs "$RUNS" --probe-bytes "$PROBE" --config default=)
   [ "$NOPREFETCH" = 1 ] && common+=(--config noprefetch=--no-prefetch)

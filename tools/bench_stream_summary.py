@@ -19,7 +19,27 @@ FIGS = [
     ("prefill_read_amplification", "prefill bytes read / distinct", 4),
     ("hit_rate", "cache hit rate", 3),
     ("prefetch_recall", "prefetch recall", 3),
+    ("prefetch_issued", "prefetch reads issued", 0),
+    ("prefetch_used", "prefetch reads used", 0),
+    ("prefetch_wasted_bytes", "prefetch bytes wasted", 0),
+    ("expert_reads", "expert reads", 0),
+    ("requests_per_expert_read", "disk requests per expert read", 2),
 ]
+
+# The one-line-per-configuration table (before / after rows of separate runs line up).
+ROW = [
+    ("s_per_pass", 3),
+    ("decode_ratio", 2),
+    ("decode_read_gbps", 2),
+    ("prefill_read_amplification", 4),
+    ("requests_per_expert_read", 2),
+    ("prefetch_issued", 0),
+    ("prefetch_used", 0),
+    ("prefetch_wasted_bytes", 0),
+]
+ROW_HEAD = ("| run | phase | config | slice ÷ cgroup | decode s/pass | ratio to bound | reads GB/s "
+            "while busy | prefill read ÷ distinct | requests per expert | prefetch issued | used | "
+            "wasted bytes |")
 
 
 def cell(m, key, digits):
@@ -27,6 +47,47 @@ def cell(m, key, digits):
         return "—"
     v = m[key]
     return f"{v['median']:.{digits}f} ({v['min']:.{digits}f}–{v['max']:.{digits}f})"
+
+
+def short(m, key, digits):
+    if key not in m or m[key]["median"] is None:
+        return "—"
+    v = m[key]
+    if v["min"] == v["max"]:
+        return f"{v['median']:.{digits}f}"
+    return f"{v['median']:.{digits}f} ({v['min']:.{digits}f}–{v['max']:.{digits}f})"
+
+
+def slice_ratio(out, v):
+    """Slice bytes ÷ cgroup bytes from the setup line tools/bench_stream_v2.sh and
+    tools/bench_deepseek.sh write, or "—"."""
+    p = os.path.join(out, "setup.txt")
+    if not os.path.exists(p):
+        return "—"
+    words = open(p).read().split()
+    try:
+        sl = int(words[words.index("slice") + 1])
+        cg = int(words[words.index("cgroup") + 1].rstrip(","))
+    except (ValueError, IndexError):
+        return "—"
+    return f"{sl / cg:.2f}×"
+
+
+def rows(out, label=None):
+    """The one-line-per-configuration table of OUT (medians, min–max of the runs)."""
+    if label is None:
+        p = os.path.join(out, "label.txt")
+        label = open(p).read().strip() if os.path.exists(p) else os.path.basename(out.rstrip("/"))
+    lines = []
+    for part in sorted(os.listdir(out)):
+        if not (part.startswith("decode-") and part.endswith(".json")):
+            continue
+        v = json.load(open(os.path.join(out, part)))
+        for c in v["summary"]:
+            cells = [short(c["metrics"], k, d) for k, d in ROW]
+            lines.append(f"| {label} | {part[7:-5]} | {c['config']} | {slice_ratio(out, v)} | "
+                         + " | ".join(cells) + " |")
+    return lines
 
 
 def main(out):
@@ -67,7 +128,23 @@ def main(out):
                     print(f"| {r['config']} | {phase.split('_')[0]} | {l['layer']} | {f(amp, 4)} | {f(rec)} | "
                           f"{f(gp)} | {l['issued']} / {l['gated']} |")
         print()
+    table = rows(out)
+    if table:
+        print("One row per configuration (medians, min–max over the runs; paste next to another "
+              "run's rows):\n")
+        print(ROW_HEAD)
+        print("|" + "---|" * (ROW_HEAD.count("|") - 1))
+        print("\n".join(table))
+        print()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    # Several OUT directories (a before and an after run): each one's tables, then all rows in
+    # one table.
+    for d in sys.argv[1:]:
+        main(d)
+    if len(sys.argv) > 2:
+        print(ROW_HEAD)
+        print("|" + "---|" * (ROW_HEAD.count("|") - 1))
+        for d in sys.argv[1:]:
+            print("\n".join(rows(d)))

@@ -52,7 +52,11 @@ pub const METRICS: &[(&str, &str)] = &[
     ("other_bytes_read", "other bytes read (spine...)"),
     ("hit_rate", "cache hit rate"),
     ("prefetch_recall", "prefetch recall"),
+    ("prefetch_issued", "prefetch reads issued"),
+    ("prefetch_used", "prefetch reads used"),
     ("prefetch_wasted_bytes", "prefetch wasted bytes"),
+    ("expert_reads", "expert reads"),
+    ("requests_per_expert_read", "disk requests per expert read"),
     ("decode_io_wait_s_per_pass", "decode io wait s/pass"),
     ("decode_compute_s_per_pass", "decode other s/pass"),
     ("s_per_pass_per_moe_layer", "decode s/pass per MoE layer"),
@@ -196,6 +200,11 @@ pub fn derive(r: &RunRecord, gbps: f64) -> Value {
         st["generated_tokens"].as_u64().filter(|&n| n > 0).map(|n| w as f64 / n as f64)
     });
     d["written_bytes_per_token"] = json!(per_token);
+    // Disk requests per expert read (1 where an expert's parts coalesce into one read).
+    d["requests_per_expert_read"] = json!(ratio(f(st, "expert_span_reads"), f(st, "expert_reads")));
+    d["expert_reads"] = st["expert_reads"].clone();
+    d["prefetch_issued"] = st["prefetch_issued"].clone();
+    d["prefetch_used"] = st["prefetch_used"].clone();
     d
 }
 

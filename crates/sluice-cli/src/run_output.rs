@@ -180,8 +180,9 @@ pub fn print_stats(opened: &Opened, out: &Generation, machine: &Telemetry) {
         "stats: load {:.3}s, prompt {} tokens, prefill {:.3}s, generated {} tokens, {:.4} s/token, \
          {} passes, {:.2} tokens/pass, draft {} ({} drafted, {} accepted, acceptance {:.3}, widths {:?}, \
          {:.3}s drafting), experts {} requests / {} bytes served / {} bytes read ({:.0} served, \
-         {:.0} read per token), spine {:.0} bytes per token, hit rate {:.3}, \
-         prefetch {} issued / {} used (recall {:.3}), io wait {:.3}s, read {:.3}s, \
+         {:.0} read per token; {} expert reads in {} disk requests), spine {:.0} bytes per token, \
+         hit rate {:.3}, prefetch {} issued / {} used / {} bytes wasted (recall {:.3}), \
+         io wait {:.3}s, read {:.3}s, \
          spine {} bytes read ({:.0} per pass, wait {:.3}s), state {} bytes, \
          peak rss {} bytes, finish {}",
         opened.load_s,
@@ -202,10 +203,13 @@ pub fn print_stats(opened: &Opened, out: &Generation, machine: &Telemetry) {
         s.expert_bytes_read,
         s.expert_bytes_per_token,
         s.expert_bytes_read_per_token,
+        s.expert_reads,
+        s.expert_span_reads,
         s.spine_bytes_per_token,
         s.hit_rate,
         s.prefetch_issued,
         s.prefetch_used,
+        s.prefetch_wasted_bytes,
         s.prefetch_recall,
         s.io_wait_s,
         s.read_s,

@@ -158,6 +158,11 @@ pub struct Stats {
     /// reads that failed before a pass took them: dropped, and read again by a pass that needed
     /// the expert (a failure a pass waits on fails the request).
     pub expert_read_errors: u64,
+    /// Expert reads completed (one per expert read from storage, prefetches included).
+    pub expert_reads: u64,
+    /// Disk requests those reads made (one per span: `expert_span_reads / expert_reads` is the
+    /// requests per expert, 1 where an expert's parts coalesce into one read).
+    pub expert_span_reads: u64,
     /// Expert bytes handed to the model per generated token (decode passes only).
     pub expert_bytes_per_token: f64,
     /// Expert bytes read from storage per generated token (decode passes only).
@@ -490,6 +495,8 @@ pub fn generate(
     stats.expert_bytes = s1.bytes_served - store0.bytes_served;
     stats.expert_bytes_read = s1.bytes_read - store0.bytes_read;
     stats.expert_read_errors = s1.read_errors - store0.read_errors;
+    stats.expert_reads = s1.expert_reads - store0.expert_reads;
+    stats.expert_span_reads = s1.span_reads - store0.span_reads;
     let spine2 = model.spine_stats();
     stats.spine_bytes_read = spine2.bytes_read - spine0.bytes_read;
     #[allow(clippy::cast_precision_loss)]

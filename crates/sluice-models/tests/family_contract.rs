@@ -93,9 +93,7 @@ fn streamed_with_two_slots_equals_mapped_for_every_family() {
 
 #[test]
 fn streamed_with_next_layer_prefetch_equals_mapped_for_every_family() {
-    // DeepSeek-V3 does not guess its next layer's experts yet (docs/ARCHITECTURE.md); its
-    // streamed = mapped property is checked without prefetch above.
-    for (family, name) in FIXTURES.into_iter().filter(|(f, _)| *f != "deepseek_v3") {
+    for (family, name) in FIXTURES {
         let (ckpt, mut m) = open(family, name);
         let want = prefill_and_decode(&m, 5);
         let routed = m.routed_experts().expect("an MoE family describes its experts");

@@ -224,13 +224,27 @@ impl CacheState {
     /// fresh ticket. A prefetch never evicts another unused prefetch. `None`: every slot is
     /// pinned, reading, or (for a prefetch) an unused prefetch.
     pub(crate) fn acquire(&mut self, key: Key, prefetch: bool) -> Option<(usize, u64)> {
+        self.acquire_sparing(key, prefetch, &|_| false)
+    }
+
+    /// [`Self::acquire`], never evicting a slot whose key `spare` holds (`None` when only such
+    /// slots could be evicted).
+    pub(crate) fn acquire_sparing(
+        &mut self,
+        key: Key,
+        prefetch: bool,
+        spare: &dyn Fn(Key) -> bool,
+    ) -> Option<(usize, u64)> {
         let i = match self.free.pop() {
             Some(i) => i,
             None => {
                 let slots = &self.slots;
                 let i = self.policy.victim(&mut |i| {
                     let s = &slots[i];
-                    s.state == SlotState::Ready && s.pins == 0 && !(prefetch && s.prefetched)
+                    s.state == SlotState::Ready
+                        && s.pins == 0
+                        && !(prefetch && s.prefetched)
+                        && !spare(s.key)
                 })?;
                 let old = self.slots[i].key;
                 self.map.remove(&old);

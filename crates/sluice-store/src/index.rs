@@ -2,12 +2,14 @@
 //!
 //! An expert is the list of parts its family's [`ExpertLayout`] gives: byte ranges of checkpoint
 //! tensors (Kimi K3: six MXFP4 tensors; Qwen3-MoE: three bf16 matrices; GPT-OSS: its slice of
-//! each stacked `[E, ...]` tensor). Where parts are adjacent in one shard, in any order (all of a
-//! K3 expert, in the published shards), one read fetches them; otherwise there is one span per
-//! run of adjacent parts (GPT-OSS: one per stacked tensor). The index also fixes the **slot
-//! layout**: each span's 4096-aligned superset gets its own aligned region of the slot buffer,
-//! so the same layout serves O_DIRECT reads (aligned offset, length and buffer) and buffered
-//! ones, and an [`ExpertView`] is the parts sliced out of the slot.
+//! each stacked `[E, ...]` tensor). Where parts lie close together in one shard, in any order,
+//! one read fetches them ([`coalesce`]): all of a K3 expert, and a Kimi K2 expert's three
+//! `weight_packed` and three `weight_scale` tensors, whose runs the published name order
+//! separates only by tiny `weight_shape` tensors. Parts far apart are separate spans (GPT-OSS:
+//! one per stacked tensor). The index also fixes the **slot layout**: each span's 4096-aligned
+//! superset gets its own aligned region of the slot buffer, so the same layout serves O_DIRECT
+//! reads (aligned offset, length and buffer) and buffered ones, and an [`ExpertView`] is the
+//! parts sliced out of the slot.
 
 use crate::layout::{resolve, ExpertLayout, MAX_PARTS};
 use crate::{ExpertView, StoreError};
@@ -67,6 +69,72 @@ pub struct Part {
     pub len: u64,
 }
 
+/// Largest gap between two parts of an expert that one read bridges. Gap bytes are read and
+/// thrown away, so a bridge is worth it when the gap costs less than a second request: on the
+/// disks sluice targets a request costs ~100 µs of queueing and latency, which is ~100 KiB
+/// of transfer at 1–2 GB/s. The gaps this is for are a few bytes (`weight_shape` tensors)
+/// to a few KiB (alignment padding); a stacked tensor's other experts are megabytes away.
+pub const COALESCE_MAX_GAP: u64 = 64 * 1024;
+
+/// Of an expert's bytes, the share that bridged gaps may add at most (1/32), or one
+/// [`ALIGN`] page if that is more: keeps the bytes read per expert within ~3% of its parts'
+/// bytes whatever the gaps, so prefill still reads each routed expert ~once (read ÷ distinct
+/// ≤ 1.05 with the alignment padding). A page is always allowed because aligned reads of two
+/// spans less than a page apart read the page between them anyway.
+pub const COALESCE_GAP_SHARE: u64 = 32;
+
+/// The read rule: merges an expert's parts `(shard, offset, len)` into the spans to read.
+/// Parts of one shard that overlap or touch are one span; a gap between two runs of one shard
+/// is bridged when it is at most [`COALESCE_MAX_GAP`] bytes, smallest gaps first, while the
+/// bridged bytes stay within max(1/[`COALESCE_GAP_SHARE`] of the parts' bytes, [`ALIGN`]).
+/// Parts of different shards are never merged. Returns the spans `(shard, offset, len)` in
+/// disk order and, per part, the index of the span holding it.
+pub fn coalesce(parts: &[(usize, u64, u64)]) -> (Vec<(usize, u64, u64)>, Vec<usize>) {
+    let mut order: Vec<usize> = (0..parts.len()).collect();
+    order.sort_by_key(|&k| (parts[k].0, parts[k].1, parts[k].2));
+    // Runs of overlapping or touching parts, in disk order: (shard, start, end).
+    let mut runs: Vec<(usize, u64, u64)> = Vec::new();
+    let mut run_of = vec![0usize; parts.len()];
+    for &k in &order {
+        let (file, off, len) = parts[k];
+        let end = off.saturating_add(len);
+        match runs.last_mut() {
+            Some(r) if r.0 == file && off <= r.2 => r.2 = r.2.max(end),
+            _ => runs.push((file, off, end)),
+        }
+        run_of[k] = runs.len() - 1;
+    }
+    // Gaps between neighbouring runs of one shard that may be bridged, smallest first.
+    let mut gaps: Vec<(u64, usize)> = runs
+        .windows(2)
+        .enumerate()
+        .filter(|(_, w)| w[0].0 == w[1].0 && w[1].1 - w[0].2 <= COALESCE_MAX_GAP)
+        .map(|(i, w)| (w[1].1 - w[0].2, i))
+        .collect();
+    gaps.sort_unstable();
+    let total: u64 = parts.iter().map(|p| p.2).sum();
+    let mut budget = (total / COALESCE_GAP_SHARE).max(ALIGN);
+    let mut bridged = vec![false; runs.len()];
+    for (gap, i) in gaps {
+        if gap > budget {
+            break;
+        }
+        budget -= gap;
+        bridged[i] = true;
+    }
+    // Run i joins the span of run i - 1 when the gap between them is bridged.
+    let mut spans: Vec<(usize, u64, u64)> = Vec::with_capacity(runs.len());
+    let mut span_of_run = vec![0usize; runs.len()];
+    for (i, &(file, start, end)) in runs.iter().enumerate() {
+        match spans.last_mut() {
+            Some(s) if i > 0 && bridged[i - 1] => s.2 = end - s.1,
+            _ => spans.push((file, start, end - start)),
+        }
+        span_of_run[i] = spans.len() - 1;
+    }
+    (spans, run_of.iter().map(|&r| span_of_run[r]).collect())
+}
+
 /// One expert's spans and the position of its parts in a slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExpertLoc {
@@ -97,32 +165,30 @@ impl ExpertLoc {
                 });
             }
         }
-        // Disk order; runs of adjacent tensors merge into one span.
         if entries.len() > MAX_PARTS {
             return Err(StoreError::Config(format!(
                 "an expert of {} parts; at most {MAX_PARTS} are supported",
                 entries.len()
             )));
         }
-        let mut order: Vec<usize> = (0..entries.len()).collect();
-        order.sort_by_key(|&k| (entries[k].shard, entries[k].offset));
-        let mut spans: Vec<Span> = Vec::with_capacity(1);
-        let mut parts = vec![Part { start: 0, len: 0 }; entries.len()];
+        let ranges: Vec<(usize, u64, u64)> =
+            entries.iter().map(|t| (t.shard, t.offset, t.len)).collect();
+        let (runs, of_part) = coalesce(&ranges);
+        let mut spans: Vec<Span> = Vec::with_capacity(runs.len());
         let mut cursor = 0u64;
-        for &k in &order {
-            let t = &entries[k];
-            let extends =
-                spans.last().is_some_and(|s| s.file == t.shard && s.offset + s.len == t.offset);
-            if !extends {
-                if let Some(prev) = spans.last() {
-                    cursor += prev.region_len();
-                }
-                spans.push(Span { file: t.shard, offset: t.offset, len: 0, region: cursor });
-            }
-            let s = spans.last_mut().expect("invariant: a span was pushed above");
-            parts[k] = Part { start: s.region + s.lead() + (t.offset - s.offset), len: t.len };
-            s.len = t.offset + t.len - s.offset;
+        for &(file, offset, len) in &runs {
+            let s = Span { file, offset, len, region: cursor };
+            cursor += s.region_len();
+            spans.push(s);
         }
+        let parts = entries
+            .iter()
+            .zip(&of_part)
+            .map(|(t, &k)| {
+                let s = &spans[k];
+                Part { start: s.region + s.lead() + (t.offset - s.offset), len: t.len }
+            })
+            .collect();
         let buffer_len = spans.last().map_or(0, |s| s.region + s.region_len());
         let bytes = entries.iter().map(|t| t.len).sum();
         Ok(Self { spans, parts, bytes, buffer_len })
@@ -314,6 +380,87 @@ mod tests {
         assert_eq!(starts, vec![100, 110, 8192 + 904, 4096 + 808, 8192 + 914, 8192 + 924]);
         assert_eq!(loc.buffer_len(), 3 * 4096);
         assert_eq!(loc.bytes(), 45);
+    }
+
+    #[test]
+    fn adjacent_parts_coalesce_into_one_span_in_any_order() {
+        let (spans, of) = coalesce(&[(0, 300, 100), (0, 100, 200), (0, 400, 50)]);
+        assert_eq!(spans, vec![(0, 100, 350)]);
+        assert_eq!(of, vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn small_gaps_are_bridged_and_large_ones_are_not() {
+        // Kimi K2's published order: packed, scale, then an 8-byte `weight_shape` before the
+        // next projection: three runs, two 8-byte gaps, one read.
+        let (p, sc) = (7_340_032u64, 917_504u64);
+        let k2 = [(0, 1000, p), (0, 1000 + p, sc), (0, 1008 + p + sc, p)];
+        let (spans, of) = coalesce(&k2);
+        assert_eq!(spans, vec![(0, 1000, 2 * p + sc + 8)]);
+        assert_eq!(of, vec![0, 0, 0]);
+        // A gap over COALESCE_MAX_GAP stays a gap, however large the expert.
+        let far = 1000 + p + COALESCE_MAX_GAP + 1;
+        let (spans, of) = coalesce(&[(0, 1000, p), (0, far, p)]);
+        assert_eq!(spans, vec![(0, 1000, p), (0, far, p)]);
+        assert_eq!(of, vec![0, 1]);
+        // Exactly COALESCE_MAX_GAP is bridged.
+        let (spans, _) = coalesce(&[(0, 0, p), (0, p + COALESCE_MAX_GAP, p)]);
+        assert_eq!(spans, vec![(0, 0, 2 * p + COALESCE_MAX_GAP)]);
+    }
+
+    #[test]
+    fn bridged_gaps_stay_within_a_share_of_the_expert() {
+        // 640,000 bytes of parts allow 20,000 bytes of gaps: the 8,000- and 12,000-byte gaps
+        // are bridged (smallest first), the 16,000-byte one no longer fits.
+        let parts = [(0, 0, 160_000), (0, 172_000, 160_000), (0, 348_000, 160_000)];
+        let parts = [parts[0], parts[1], parts[2], (0, 516_000, 160_000)];
+        let (spans, of) = coalesce(&parts);
+        assert_eq!(spans, vec![(0, 0, 332_000), (0, 348_000, 328_000)]);
+        assert_eq!(of, vec![0, 0, 1, 1]);
+        let gaps: u64 = spans.iter().map(|s| s.2).sum::<u64>() - 640_000;
+        assert!(gaps <= 640_000 / COALESCE_GAP_SHARE);
+        // A small expert may always bridge up to a page of gaps.
+        let (spans, _) = coalesce(&[(0, 0, 100), (0, 2100, 100), (0, 4700, 100)]);
+        assert_eq!(spans, vec![(0, 0, 2200), (0, 4700, 100)]);
+    }
+
+    #[test]
+    fn parts_in_different_shards_are_never_merged() {
+        let (spans, of) = coalesce(&[(1, 0, 100), (0, 100, 100), (1, 100, 100), (0, 0, 100)]);
+        assert_eq!(spans, vec![(0, 0, 200), (1, 0, 200)]);
+        assert_eq!(of, vec![1, 0, 1, 0]);
+    }
+
+    #[test]
+    fn overlapping_parts_share_one_span() {
+        // A part inside another, and one that overlaps its end.
+        let (spans, of) = coalesce(&[(0, 100, 400), (0, 200, 50), (0, 450, 100)]);
+        assert_eq!(spans, vec![(0, 100, 450)]);
+        assert_eq!(of, vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn a_coalesced_expert_hands_out_its_parts_across_the_gap() {
+        // down.packed, down.scale, down.shape (gap), gate.packed, gate.scale: one span whose
+        // region holds the gap, each part at its own place in the slot.
+        let arr = [
+            entry("gate.packed", 0, 5024, 4000),
+            entry("gate.scale", 0, 9024, 500),
+            entry("down.packed", 0, 500, 4000),
+            entry("down.scale", 0, 4500, 500),
+        ];
+        let loc = ExpertLoc::locate(&arr, &[PathBuf::from("a")], &[20_000]).expect("locates");
+        assert!(loc.is_contiguous());
+        let s = loc.spans()[0];
+        assert_eq!((s.offset, s.len, s.read_offset()), (500, 9024, 0));
+        let starts: Vec<u64> = loc.parts().iter().map(|p| p.start).collect();
+        assert_eq!(starts, vec![5024, 9024, 500, 4500]);
+        assert_eq!(loc.bytes(), 9000, "the gap is read, not served");
+        assert_eq!(loc.read_bytes(), 3 * 4096);
+        let buf: Vec<u8> =
+            (0..loc.buffer_len()).map(|i| u8::try_from(i % 251).expect("small")).collect();
+        let v = loc.view(&buf).expect("fits");
+        assert_eq!(v.part(1), &buf[9024..9524]);
     }
 
     #[test]

@@ -199,6 +199,12 @@ pub struct StoreStats {
     /// Bytes read from storage (0 when mapped and already resident). With aligned (O_DIRECT)
     /// reads this includes the alignment padding around each span.
     pub bytes_read: u64,
+    /// Expert reads that completed (demand, read-ahead and prefetch): one per expert read.
+    pub expert_reads: u64,
+    /// Read requests those expert reads made to the disk: one per span (an expert whose parts
+    /// [`index::coalesce`] merges into one span is one request; GPT-OSS's stacked tensors make
+    /// four). `span_reads / expert_reads` is the requests per expert.
+    pub span_reads: u64,
     /// Requested experts that were already ready in the cache.
     pub hits: u64,
     /// Requested experts that were not ready (absent, or still being read).

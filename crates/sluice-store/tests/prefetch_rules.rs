@@ -173,3 +173,32 @@ fn a_shut_gate_reads_nothing_even_when_part_of_the_guess_is_cached() {
     assert_eq!(lb.gated, 8, "two scored guesses per pass: {lb:?}");
     store.check_consistency(true).expect("consistent");
 }
+
+/// Read-ahead took slots by plain eviction, so with fewer slots than the layer's experts it
+/// evicted an expert of the same layer: a hit the demand was about to take, or a read-ahead
+/// read that had already finished. That expert was then read twice (a DeepSeek-V3 prefill read
+/// 1.10× its distinct expert bytes, and its decode hit rate fell to 0).
+#[test]
+fn a_read_ahead_evicted_an_expert_of_its_own_layer() {
+    let fx = Fixture::open("tiny-a");
+    let want = reference(&fx);
+    let a = fx.moe_layers[0];
+    let store = fx.streaming(&StreamingConfig {
+        cache: CacheSize::Slots(2),
+        readers: 2,
+        max_prefetch_slots: Some(0),
+        ..Default::default()
+    });
+    serve(&store, a, &[0], None);
+    let one = store.stats().bytes_read;
+    // Expert 0 is cached (ready, unpinned), one slot is free: expert 1 takes the free slot, and
+    // expert 2 must not take expert 0's.
+    store.read_ahead(a, &[0, 1, 2]);
+    let got = serve(&store, a, &[0, 1, 2], None);
+    assert_same(&want, a, &got, "after read-ahead");
+    let s = store.stats();
+    assert_eq!(s.hits, 1, "expert 0 stayed cached: {s:?}");
+    assert_eq!(s.expert_reads, 3, "each expert read once: {s:?}");
+    assert!(s.bytes_read <= 3 * one, "{s:?}");
+    store.check_consistency(true).expect("consistent");
+}

@@ -313,3 +313,68 @@ fn experts_scattered_over_several_shards_are_read_span_by_span() {
         }
     }
 }
+
+#[test]
+fn experts_whose_parts_are_separated_by_small_gaps_are_one_read_each() {
+    let fx = Fixture::open("tiny-a");
+    let paths = fx.ckpt.shard_paths().to_vec();
+    let lens: Vec<u64> = paths.iter().map(|p| std::fs::metadata(p).expect("shard").len()).collect();
+    let prefix = fx.ckpt.name_prefix().to_string();
+    let l = fx.moe_layers[0];
+    // Each part is its tensor less its last 16 bytes, so the parts of an expert are separated
+    // by 16-byte gaps (as Kimi K2's are by its `weight_shape` tensors).
+    let mut want = Vec::new();
+    let locs: Vec<ExpertLoc> = (0..fx.experts)
+        .map(|e| {
+            let ents: Vec<TensorEntry> = common::k3_names(&prefix, l, e)
+                .iter()
+                .map(|n| {
+                    let mut t = fx.ckpt.get(n).expect("tensor").clone();
+                    t.len -= 16;
+                    t
+                })
+                .collect();
+            want.push(
+                ents.iter()
+                    .flat_map(|t| {
+                        let whole = fx.ckpt.get(&t.name).expect("tensor");
+                        fx.ckpt.bytes(whole)[..usize::try_from(t.len).expect("small")].to_vec()
+                    })
+                    .collect::<Vec<u8>>(),
+            );
+            ExpertLoc::locate(&ents, &paths, &lens).expect("locates")
+        })
+        .collect();
+    assert!(locs.iter().all(ExpertLoc::is_contiguous), "16-byte gaps are bridged");
+    let mut layers = vec![Vec::new(); fx.num_layers];
+    layers[l] = locs.clone();
+    let index = ExpertIndex::from_layers(layers, paths.clone());
+    for io in [IoMode::Direct, IoMode::Buffered] {
+        for backend in IoBackend::usable() {
+            let files = ShardFiles::open(&paths, io).expect("opens");
+            let cfg = StreamingConfig {
+                cache: CacheSize::Slots(2),
+                readers: 3,
+                backend,
+                max_prefetch_slots: Some(0),
+                ..Default::default()
+            };
+            let budget = MemoryBudget::unlimited();
+            let store = StreamingExperts::new(index.clone(), Arc::new(files), &cfg, &budget)
+                .expect("store");
+            let ids: Vec<u32> = (0..n32(fx.experts)).collect();
+            for (id, bytes) in collect(&store, l, &ids).expect("reads") {
+                assert!(bytes == want[id as usize], "{io:?} {backend:?}: expert {id}");
+            }
+            let s = store.stats();
+            assert_eq!(s.expert_reads, u64::from(n32(fx.experts)), "{io:?} {backend:?}");
+            assert_eq!(s.span_reads, s.expert_reads, "one disk request per expert");
+            // The gaps are read (and counted), never served; a region may stop at the end
+            // of its file.
+            let region: u64 = locs.iter().map(ExpertLoc::read_bytes).sum();
+            let needed: u64 = locs.iter().flat_map(ExpertLoc::spans).map(|s| s.needed()).sum();
+            assert!((needed..=region).contains(&s.bytes_read), "{io:?} {backend:?}: {s:?}");
+            assert!(s.bytes_served + 16 * 5 * u64::from(n32(fx.experts)) <= needed);
+        }
+    }
+}

@@ -45,6 +45,9 @@ impl FamilyModel for DeepseekV3 {
     fn set_experts(&mut self, store: Arc<dyn ExpertStore>) {
         DeepseekV3::set_experts(self, store);
     }
+    fn set_prefetch(&mut self, on: bool) {
+        DeepseekV3::set_prefetch(self, on);
+    }
     fn experts(&self) -> Option<&Arc<dyn ExpertStore>> {
         Some(DeepseekV3::experts(self))
     }

@@ -32,6 +32,7 @@ pub mod weights;
 use crate::family::{add_into, moe_step, put, MemoryNeeds, RoutedExperts};
 use crate::kimi_k3::state::{K3State, LayerShape, LayerState};
 use crate::kimi_k3::Trace;
+use crate::qwen3_moe::moe::At;
 use crate::spine::{head_piece, layer_piece, Spine, TensorBytes};
 use crate::{LogitRows, ModelError};
 use config::DeepseekV3Config;
@@ -42,7 +43,7 @@ use sluice_kernels::matmul;
 use sluice_kernels::ops::rms_norm;
 use sluice_store::{ExpertStore, SpineIndex, SpineStats, SpineStore};
 use std::sync::Arc;
-use weights::{DeepseekV3Weights, Ffn};
+use weights::{DeepseekV3Weights, Ffn, MoeWeights};
 
 /// `x [t, cols] → [t, rows]` through a weight whose bytes `src` holds (the mapped checkpoint or
 /// the layer's placed spine piece).
@@ -121,6 +122,8 @@ pub struct DeepseekV3 {
     experts: Arc<dyn ExpertStore>,
     /// Where a pass reads its spine weights: mapped, or placed by a spine store.
     spine: Spine,
+    /// Guess the next MoE layer's experts for the store to prefetch (see [`Self::set_prefetch`]).
+    prefetch: bool,
 }
 
 impl std::fmt::Debug for DeepseekV3 {
@@ -147,7 +150,7 @@ impl DeepseekV3 {
             hidden: cfg.hidden_size as u64,
         };
         let experts = Arc::new(Self::routed(&cfg, layout).mapped(ckpt.clone())?);
-        Ok(Self { cfg, ckpt, weights, rope, layout, experts, spine: Spine::Mapped })
+        Ok(Self { cfg, ckpt, weights, rope, layout, experts, spine: Spine::Mapped, prefetch: false })
     }
 
     /// Loads the model with its routed experts served by `experts` from the start: for a
@@ -177,7 +180,7 @@ impl DeepseekV3 {
             )));
         }
         let rope = Rope::new(&cfg);
-        Ok(Self { cfg, ckpt, weights, rope, layout, experts, spine: Spine::Mapped })
+        Ok(Self { cfg, ckpt, weights, rope, layout, experts, spine: Spine::Mapped, prefetch: false })
     }
 
     /// Where the routed experts of a checkpoint with config `text` (its text config) are, from
@@ -241,6 +244,14 @@ impl DeepseekV3 {
     /// Takes routed experts from `experts` from now on.
     pub fn set_experts(&mut self, experts: Arc<dyn ExpertStore>) {
         self.experts = experts;
+    }
+
+    /// Turns next-layer expert prefetch on or off (worth it when experts stream): each MoE layer
+    /// guesses the next one's experts with that layer's router (sigmoid, correction bias and
+    /// group-limited top-k, as it routes) on its own input, and the first MoE layer's are
+    /// guessed before its attention runs.
+    pub fn set_prefetch(&mut self, on: bool) {
+        self.prefetch = on;
     }
 
     /// The expert store in use.
@@ -350,7 +361,20 @@ impl DeepseekV3 {
         self.spine.embed(&self.ckpt, &self.weights.embed, tokens, &mut h)?;
         put(&mut trace, || "embed".into(), &h);
         state.begin(t);
-        for (i, lw) in self.weights.layers.iter().enumerate() {
+        let layers = &self.weights.layers;
+        let moe_of = |j: usize| match layers.get(j).map(|l| &l.ffn) {
+            Some(Ffn::Moe(w)) => Some(w),
+            _ => None,
+        };
+        let next_moe = |i: usize| (i + 1..layers.len()).find_map(|j| moe_of(j).map(|w| (j, w)));
+        let first_moe = (0..layers.len()).find(|&j| moe_of(j).is_some());
+        // A guess of the experts MoE weights `w` (read from `src`) route `x [t, d]` to.
+        let guess_with = |src: &dyn TensorBytes, w: &MoeWeights, x: &[f32]| {
+            let mut logits = vec![0.0f32; t * c.n_routed_experts];
+            matmul(&w.router.get(src), x, t, &mut logits);
+            moe::guess(&logits, &w.bias, c)
+        };
+        for (i, lw) in layers.iter().enumerate() {
             // This layer's spine piece: mapped, resident, or its stream buffer (read during the
             // previous layer); every weight of the layer is read from it.
             let piece = match self.spine.piece(&self.ckpt, layer_piece(i)) {
@@ -364,6 +388,12 @@ impl DeepseekV3 {
             let LayerState::Mla(cache) = &mut state.layers[i] else {
                 return Err(ModelError::Config("invariant: checked by fits".into()));
             };
+            // The first MoE layer has no MoE layer before it to guess its experts: guess them
+            // from its input (normed as its block will norm it) while its attention computes.
+            if let (true, Some(w)) = (self.prefetch && first_moe == Some(i), moe_of(i)) {
+                let g = self.norm_rows(&h, &lw.post_norm);
+                self.experts.prefetch(i, &guess_with(src, w, &g));
+            }
             let a_in = self.norm_rows(&h, &lw.input_norm);
             put(&mut trace, || format!("layer{i}.attn_in"), &a_in);
             let a = mla::forward(src, &lw.attn, c, &self.rope, cache, &a_in, t);
@@ -375,8 +405,17 @@ impl DeepseekV3 {
                 Ffn::Dense(w) => moe::mlp(src, w, &m_in, t),
                 Ffn::Moe(w) => {
                     let store = self.experts.as_ref();
+                    let next = if self.prefetch { next_moe(i) } else { None };
+                    // The next layer's router is in its own piece: guessed only when that piece
+                    // is at hand (mapped, resident, or already read), never waited for.
+                    let guess = || {
+                        let (j, nw) = next?;
+                        let nsrc = self.spine.peek(&self.ckpt, layer_piece(j))?;
+                        Some((j, guess_with(&nsrc, nw, &m_in)))
+                    };
+                    let at = At { layer: i, guess: &guess };
                     moe_step(state, &mut trace, i, || {
-                        moe::forward(src, w, c, store, &self.layout, i, &m_in, t)
+                        moe::forward(src, w, c, store, &self.layout, at, &m_in, t)
                     })?
                 }
             };

@@ -22,7 +22,7 @@ use super::experts::DeepseekV3ExpertLayout;
 use super::mm;
 use super::weights::{Mlp, MoeWeights};
 use crate::kimi_k3::Route;
-use crate::qwen3_moe::moe::BlockOut;
+use crate::qwen3_moe::moe::{At, BlockOut};
 use crate::spine::TensorBytes;
 use crate::ModelError;
 use sluice_kernels::matmul;
@@ -78,6 +78,28 @@ pub(crate) fn route(logits: &[f32], bias: &[f32], c: &DeepseekV3Config) -> Route
     Route { ids, weights }
 }
 
+/// The experts the rows of router `logits [t, E]` would choose under this family's routing
+/// (sigmoid, `e_score_correction_bias`, group-limited top-k: [`route`]), as one list, likeliest
+/// first (every row's first choice, then every second, ...), each once. A prefetch guess from
+/// a layer's router on another layer's input, never a route: a wrong guess costs bandwidth,
+/// never output, and the store's precision gate stops reading guesses that do not pay.
+pub(crate) fn guess(logits: &[f32], bias: &[f32], c: &DeepseekV3Config) -> Vec<u32> {
+    let e = c.n_routed_experts;
+    let mut ranked: Vec<(usize, u32)> = Vec::new();
+    for row in logits.chunks_exact(e) {
+        ranked.extend(route(row, bias, c).ids.into_iter().enumerate());
+    }
+    ranked.sort_unstable();
+    let mut seen = vec![false; e];
+    ranked
+        .into_iter()
+        .filter_map(|(_, id)| {
+            let s = seen.get_mut(id as usize)?;
+            (!std::mem::replace(s, true)).then_some(id)
+        })
+        .collect()
+}
+
 /// `DeepseekV3MLP` on `x [t, d]`: `down(silu(gate x) · up x)`.
 pub(crate) fn mlp(src: &dyn TensorBytes, w: &Mlp, x: &[f32], t: usize) -> Vec<f32> {
     let gate = mm(src, &w.gate, x, t);
@@ -87,9 +109,9 @@ pub(crate) fn mlp(src: &dyn TensorBytes, w: &Mlp, x: &[f32], t: usize) -> Vec<f3
     mm(src, &w.down, &act, t)
 }
 
-/// Runs the MoE block of `layer` on `x [t, d]`, its routed experts served by `store` in the
-/// layout `layout`; returns its output `[t, d]`, the router logits `[t, E]` and each row's
-/// route.
+/// Runs the MoE block of `at.layer` on `x [t, d]`, its routed experts served by `store` in the
+/// layout `layout` (and `at.guess` handed to the store to prefetch for the next MoE layer);
+/// returns its output `[t, d]`, the router logits `[t, E]` and each row's route.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     src: &dyn TensorBytes,
@@ -97,10 +119,11 @@ pub(crate) fn forward(
     c: &DeepseekV3Config,
     store: &dyn ExpertStore,
     layout: &DeepseekV3ExpertLayout,
-    layer: usize,
+    at: At<'_>,
     x: &[f32],
     t: usize,
 ) -> Result<BlockOut, ModelError> {
+    let layer = at.layer;
     let (d, e, k) = (c.hidden_size, c.n_routed_experts, c.num_experts_per_tok);
     let mut logits = vec![0.0f32; t * e];
     matmul(&w.router.get(src), x, t, &mut logits);
@@ -114,11 +137,18 @@ pub(crate) fn forward(
     }
     let ids: Vec<u32> =
         (0..e).filter(|&i| !users[i].is_empty()).filter_map(|i| u32::try_from(i).ok()).collect();
+    // The misses start reading now; the shared experts and the next layer's guess compute
+    // while they are in flight, and the store reads the guess once this layer's experts hold
+    // their slots.
+    store.read_ahead(layer, &ids);
+    let sh = mlp(src, &w.shared, x, t);
+    let guess = (at.guess)();
+    let next = guess.as_ref().map(|(l, g)| (*l, g.as_slice()));
     // Each expert once, on all of its rows, in the order the store delivers them; outputs land
     // at [row, slot], so the order changes nothing.
     let mut outs = vec![0.0f32; t * k * d];
     let mut xs = Vec::new();
-    store.for_each(layer, &ids, &mut |id, v| {
+    store.for_each_then_prefetch(layer, &ids, next, &mut |id, v| {
         let [gate_w, up_w, down_w] = layout.matrices(layer, id, &v)?;
         let us = &users[id as usize];
         let n = us.len();
@@ -141,7 +171,6 @@ pub(crate) fn forward(
         }
         Ok(())
     })?;
-    let sh = mlp(src, &w.shared, x, t);
     let mut out = vec![0.0f32; t * d];
     let mut slots: Vec<usize> = Vec::with_capacity(k);
     for (row, r) in routes.iter().enumerate() {
@@ -192,6 +221,23 @@ mod tests {
         assert!(ids.iter().all(|&i| i < 4), "chose {ids:?} outside the kept groups");
         assert_eq!(r.ids[0], 0);
         assert!((r.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_guess_is_the_union_of_the_rows_routes_likeliest_first() {
+        // Two groups of two kept out of four: row 0 routes [0, 2], row 1 routes [5, 4]; the
+        // guess lists first choices first.
+        let rows = [
+            [3.0, -1.0, 2.0, -1.0, -9.0, -9.0, -9.0, -9.0],
+            [-9.0, -9.0, -9.0, -9.0, 1.0, 2.0, -9.0, -9.0],
+        ];
+        let c = cfg(4, 2, 2);
+        let logits: Vec<f32> = rows.iter().flatten().copied().collect();
+        assert_eq!(guess(&logits, &[0.0; 8], &c), [0, 5, 2, 4]);
+        for r in &rows {
+            let ids = route(r, &[0.0; 8], &c).ids;
+            assert!(ids.iter().all(|i| guess(&logits, &[0.0; 8], &c).contains(i)));
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use super::shared::{add, Guess, Locked};
 use super::StreamingExperts;
 use crate::cache::SlotState;
-use crate::policy::key;
+use crate::policy::{key, Key};
 use crate::reader::Priority;
 
 impl StreamingExperts {
@@ -17,19 +17,27 @@ impl StreamingExperts {
     }
 
     /// [`crate::ExpertStore::read_ahead`]: demand reads of `layer`'s uncached `ids` into free or
-    /// evictable slots (never a pinned or reading one), submitted at once. Not for a stream
-    /// install, whose misses must first be fetched to local disk inside the demanding call.
+    /// evictable slots (never a pinned or reading one, nor one holding an expert of `ids`),
+    /// submitted at once. Not for a stream install, whose misses must first be fetched to local
+    /// disk inside the demanding call.
     pub(super) fn read_now(&self, layer: usize, ids: &[u32]) {
         let sh = &*self.shared;
         if sh.disk.is_some() {
             return;
         }
+        // The demand that follows pins `ids`' slots only when it runs: until then a slot
+        // holding one of them (a hit, or a read this call started that already finished) is
+        // evictable, and taking it would read an expert this very layer needs twice.
+        let wanted: Vec<Key> = ids.iter().map(|&id| key(layer, id)).collect();
+        let spare = |k: Key| wanted.contains(&k);
         let mut st = sh.lock();
         for &id in ids {
             if !self.uncached(&st, layer, id) {
                 continue;
             }
-            let Some((i, ticket)) = st.cache.acquire(key(layer, id), false) else { break };
+            let Some((i, ticket)) = st.cache.acquire_sparing(key(layer, id), false, &spare) else {
+                break;
+            };
             self.submit(&mut st, i, ticket, (layer, id), Priority::Demand, None);
             if let Some(a) = st.ahead.get_mut(layer) {
                 a.push(Guess { id, slot: i, ticket });

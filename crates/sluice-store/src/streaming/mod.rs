@@ -273,6 +273,7 @@ impl StreamingExperts {
             disk_pin,
             early: None,
             started: None,
+            spans: 0,
         };
         let handle = self.pool.submit(p, Box::new(job));
         st.cache.slot_mut(slot).job = Some((handle, p));
@@ -520,6 +521,8 @@ impl ExpertStore for StreamingExperts {
             requests: g(&c.requests),
             bytes_served: g(&c.bytes_served),
             bytes_read: g(&c.bytes_read),
+            expert_reads: g(&c.expert_reads),
+            span_reads: g(&c.span_reads),
             hits: g(&c.hits),
             misses: g(&c.misses),
             prefetch_issued: g(&c.prefetch_issued),

@@ -43,6 +43,8 @@ pub(super) struct Counters {
     pub(super) requests: AtomicU64,
     pub(super) bytes_served: AtomicU64,
     pub(super) bytes_read: AtomicU64,
+    pub(super) expert_reads: AtomicU64,
+    pub(super) span_reads: AtomicU64,
     pub(super) hits: AtomicU64,
     pub(super) misses: AtomicU64,
     pub(super) prefetch_issued: AtomicU64,
@@ -129,12 +131,11 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records the end of a read and wakes every waiter.
+    /// Records the end of a read of `spans` spans and wakes every waiter.
     pub(super) fn finish(
         &self,
-        layer: usize,
-        slot: usize,
-        ticket: u64,
+        (layer, slot, ticket): (usize, usize, u64),
+        spans: u64,
         result: Result<u64, ReadFailure>,
     ) {
         let mut st = self.lock();
@@ -145,6 +146,10 @@ impl Shared {
             // already failed (kept for its waiters) or free.
             add(&self.counters.read_errors, u64::from(failed));
             add(&self.counters.bytes_read, bytes);
+            if !failed {
+                add(&self.counters.expert_reads, 1);
+                add(&self.counters.span_reads, spans);
+            }
             crate::telemetry::count_expert_read(bytes);
             if let Some(l) = st.layers.get_mut(layer) {
                 l.bytes_read += bytes;
@@ -183,6 +188,8 @@ pub(super) struct ReadJob {
     /// A failure found before any read (the expert is not in the index or overruns its slot).
     pub(super) early: Option<ReadFailure>,
     pub(super) started: Option<Instant>,
+    /// Spans this job reads (set when it starts).
+    pub(super) spans: u64,
 }
 
 // SAFETY: `start` hands out regions of slot `slot` only while that slot is *reading* under this
@@ -223,6 +230,7 @@ unsafe impl ReadTask for ReadJob {
             };
             targets.push(SpanTarget { span: *span, buf: region.as_mut_ptr(), len: region.len() });
         }
+        self.spans = targets.len() as u64;
         targets
     }
 
@@ -242,7 +250,7 @@ unsafe impl ReadTask for ReadJob {
         }
         // Unpinned before waiters wake, so a waiter that needs disk room finds it.
         drop(self.disk_pin.take());
-        self.shared.finish(self.layer, self.slot, self.ticket, result);
+        self.shared.finish((self.layer, self.slot, self.ticket), self.spans, result);
     }
 }
 
@@ -259,7 +267,8 @@ impl Drop for ReadJob {
         if !self.done {
             drop(self.disk_pin.take());
             let e = std::io::Error::other("read job ended without completing");
-            self.shared.finish(self.layer, self.slot, self.ticket, Err(failure(0, 0, 0, e)));
+            let at = (self.layer, self.slot, self.ticket);
+            self.shared.finish(at, 0, Err(failure(0, 0, 0, e)));
         }
     }
 }
