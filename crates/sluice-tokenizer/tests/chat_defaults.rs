@@ -52,8 +52,9 @@ fn templates_were_rendered_in_thinking_mode_when_the_request_did_not_ask() {
 /// what a request that sets no thinking switch renders.
 #[test]
 fn a_request_without_a_thinking_switch_renders_the_golden_of_no_keyword_arguments() {
-    for family in ["qwen3_moe/tiny-a", "gpt_oss/tiny-a", "deepseek_v3/tiny-a", "deepseek_v3/tiny-b"]
-    {
+    // gpt-oss's template writes today's date, so its goldens are compared in family_chat.rs
+    // with the date fixed; it reads no thinking variable.
+    for family in ["qwen3_moe/tiny-a", "deepseek_v3/tiny-a", "deepseek_v3/tiny-b"] {
         let dir = fixture(family);
         let fmt = PromptFormat::from_dir(&dir).unwrap().unwrap();
         let golden: Value =
