@@ -79,7 +79,9 @@ impl Grammars {
         let env = self
             .env
             .get_or_init(|| {
-                GrammarEnv::new(fmt.shared_tokenizer(), eos).map(Arc::new).map_err(|e| e.to_string())
+                GrammarEnv::new(fmt.shared_tokenizer(), eos)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
             })
             .as_ref()
             .map_err(|e| ApiError::Internal(e.clone()))?;

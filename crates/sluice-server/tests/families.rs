@@ -193,7 +193,6 @@ fn every_family_is_served_through_its_own_chat_format() {
             completion_ids(&server, &awant.ids, 6),
             "{family}: Anthropic prompt ids"
         );
-
     }
 }
 

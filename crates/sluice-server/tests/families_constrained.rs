@@ -130,7 +130,8 @@ fn constrained_replies_parse_in_every_family_and_drafts_change_nothing() {
         drafted += same["sluice"]["drafted"].as_u64().unwrap();
         if finished(&body, family) {
             let content = body["choices"][0]["message"]["content"].as_str().unwrap();
-            let v: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{family}: {e}: {body}"));
+            let v: Value =
+                serde_json::from_str(content).unwrap_or_else(|e| panic!("{family}: {e}: {body}"));
             assert!(jsonschema::is_valid(&schema(), &v), "{family}: {content}");
             assert_eq!(body["choices"][0]["finish_reason"], "stop", "{family}");
         }
@@ -186,7 +187,8 @@ fn constrained_replies_parse_in_every_family_and_drafts_change_nothing() {
         if body["stop_reason"] != "max_tokens" {
             let text = body["content"].as_array().unwrap().iter().find(|b| b["type"] == "text");
             let text = text.unwrap_or_else(|| panic!("{family}: {body}"))["text"].as_str().unwrap();
-            let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{family}: {e}: {body}"));
+            let v: Value =
+                serde_json::from_str(text).unwrap_or_else(|e| panic!("{family}: {e}: {body}"));
             assert!(jsonschema::is_valid(&schema(), &v), "{family}: {text}");
         }
         let anthropic_tools = json!([{"name": "count", "description": "Count.",

@@ -354,7 +354,8 @@ impl TextMachine {
             (State::Header, "<|message|>") => {
                 let header = std::mem::take(&mut self.buf);
                 let (channel, recipient) = harmony_header(&header);
-                let call = recipient.and_then(|r| r.strip_prefix("functions.")).filter(|_| self.tools);
+                let call =
+                    recipient.and_then(|r| r.strip_prefix("functions.")).filter(|_| self.tools);
                 self.state = match call {
                     Some(name) => State::Body(Body::Call(name.to_owned())),
                     None if channel == "analysis" => State::Body(Body::Reasoning),

@@ -109,9 +109,9 @@ pub fn xtml_reply(c: ReplyConstraint<'_>, reasoning: Reasoning) -> String {
         )
     }));
     match c {
-        ReplyConstraint::Json(_) => g.push_str(&format!(
-            "start: {head}body <|close|> \"response\" <|sep|> {tail}\n"
-        )),
+        ReplyConstraint::Json(_) => {
+            g.push_str(&format!("start: {head}body <|close|> \"response\" <|sep|> {tail}\n"))
+        }
         ReplyConstraint::Tools { parallel, .. } => {
             let calls = if parallel { "call+" } else { "call" };
             g.push_str(&format!(
@@ -150,7 +150,15 @@ fn lit(s: &str) -> String {
 /// either Lark's `/…/` or the regex dialect to get wrong), other characters as themselves.
 fn rx_lit(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_ascii_punctuation() { format!("\\x{:02X}", u32::from(c)) } else { c.into() })
+        .map(
+            |c| {
+                if c.is_ascii_punctuation() {
+                    format!("\\x{:02X}", u32::from(c))
+                } else {
+                    c.into()
+                }
+            },
+        )
         .collect()
 }
 
@@ -179,7 +187,11 @@ fn answer(c: ReplyConstraint<'_>, each: impl Fn(usize, &str) -> String) -> Strin
             let alts: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
             let mut g = format!("call: {}\n", alts.join(" | "));
             for (i, (name, params)) in tools.iter().enumerate() {
-                g.push_str(&format!("call_{i}: {}\nargs_{i}: %json {}\n", each(i, name), compact(params)));
+                g.push_str(&format!(
+                    "call_{i}: {}\nargs_{i}: %json {}\n",
+                    each(i, name),
+                    compact(params)
+                ));
             }
             g
         }
@@ -318,11 +330,8 @@ const KIMI_K2_MARKERS: &[&str] = &[
 /// <|tool_call_argument_begin|>ARGS<|tool_call_end|>`.
 fn kimi_k2(m: &Markers<'_>, c: ReplyConstraint<'_>, r: Reasoning) -> String {
     let mut g = think_head(m, "<think>", "</think>", KIMI_K2_MARKERS, r);
-    let (begin, args, end) = (
-        m.m("<|tool_call_begin|>"),
-        m.m("<|tool_call_argument_begin|>"),
-        m.m("<|tool_call_end|>"),
-    );
+    let (begin, args, end) =
+        (m.m("<|tool_call_begin|>"), m.m("<|tool_call_argument_begin|>"), m.m("<|tool_call_end|>"));
     g.push_str(&answer(c, |i, name| {
         let id = format!("functions.{name}:");
         format!("{begin} {} INDEX {args} args_{i} {end}", lit(&id))

@@ -21,10 +21,12 @@ fn v31_dir() -> tempfile::TempDir {
         dir.path().join("tokenizer.json"),
     )
     .unwrap();
-    let template = "{% for m in messages %}{% if m['role'] == 'user' %}<｜User｜>{{ m['content'] }}\
+    let template =
+        "{% for m in messages %}{% if m['role'] == 'user' %}<｜User｜>{{ m['content'] }}\
         {% endif %}{% endfor %}{% if add_generation_prompt %}<｜Assistant｜>{% if thinking is \
         defined and thinking %}<think>{% else %}</think>{% endif %}{% endif %}";
-    let config = serde_json::json!({"eos_token": "<｜end▁of▁sentence｜>", "chat_template": template});
+    let config =
+        serde_json::json!({"eos_token": "<｜end▁of▁sentence｜>", "chat_template": template});
     std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
     dir
 }
@@ -67,7 +69,8 @@ fn a_request_without_a_thinking_switch_renders_the_golden_of_no_keyword_argument
                     && m["content"].is_string()
                     && m.as_object().unwrap().len() == 2
             });
-            if kwargs.len() != 1 || kwargs.get("add_generation_prompt") != Some(&Value::Bool(true))
+            if kwargs.len() != 1
+                || kwargs.get("add_generation_prompt") != Some(&Value::Bool(true))
                 || !case["tools"].is_null()
                 || !plain_user
             {
@@ -115,7 +118,8 @@ fn tool_call_markup_was_parsed_as_calls_when_the_request_declared_no_tools() {
     let qwen = "Sure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
     let k2 = "Sure.<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0\
               <|tool_call_argument_begin|>{\"a\": 1}<|tool_call_end|><|tool_calls_section_end|>";
-    let harmony = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": 1}<|call|>";
+    let harmony =
+        "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": 1}<|call|>";
     for (family, text) in
         [("qwen3_moe/tiny-a", qwen), ("deepseek_v3/tiny-b", k2), ("gpt_oss/tiny-a", harmony)]
     {
