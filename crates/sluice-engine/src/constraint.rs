@@ -9,25 +9,25 @@
 //! never with drafts, so a rejected draft needs no rollback and constrained output is identical
 //! with and without drafts.
 //!
-//! **Vocabulary.** [`GrammarEnv`] builds llguidance's token trie from the tokenizer's own token
-//! bytes once per process; added (special) tokens are entered with llguidance's `0xFF` marker so a
-//! Lark grammar names them as `<|open|>`. Ordinary text in a grammar is tokenized with the
-//! tokenizer's own ordinary encoding. The end-of-message token is the grammar's end: once the
-//! grammar is complete only it is allowed, and generation stops on it.
+//! **Vocabulary.** [`GrammarEnv`] builds llguidance's token trie from any family's tokenizer
+//! once per process ([`AnyTokenizer::vocab_entries`]: K3's tiktoken ranks, or a `tokenizer.json`
+//! decoded from its byte-level BPE spelling); added tokens (special or not) are entered with
+//! llguidance's `0xFF` marker, so a Lark grammar names them as `<|open|>` or by id as `<[483]>`
+//! and free text never holds one. Ordinary text in a grammar is tokenized with the tokenizer's
+//! plain encoding. The reply's end token (the chat format's end of turn) is the grammar's end:
+//! once the grammar is complete only it is allowed, and generation stops on it. Ids past the
+//! tokenizer (a model that pads its embedding) are never allowed.
 
 use crate::sample::Sampling;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
-use sluice_tokenizer::Tokenizer;
+use sluice_tokenizer::AnyTokenizer;
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Why a grammar could not be prepared.
 #[derive(Debug, thiserror::Error)]
 pub enum ConstraintError {
-    /// The tokenizer lacks what the grammar engine needs (its stop token).
-    #[error("constrained output needs the tokenizer's end-of-message token: {0}")]
-    Tokenizer(#[from] sluice_tokenizer::Error),
     /// The grammar engine refused the vocabulary.
     #[error("the grammar engine could not index the vocabulary: {0}")]
     Vocabulary(String),
@@ -50,7 +50,7 @@ pub enum Grammar {
 /// The tokenizer as llguidance sees it.
 struct Env {
     trie: TokTrie,
-    tok: Arc<Tokenizer>,
+    tok: Arc<AnyTokenizer>,
 }
 
 impl TokenizerEnv for Env {
@@ -59,8 +59,9 @@ impl TokenizerEnv for Env {
     }
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
-        // Grammar literals are text; invalid UTF-8 cannot come from a grammar string.
-        self.tok.encode_ordinary(&String::from_utf8_lossy(s))
+        // Grammar literals are text; invalid UTF-8 cannot come from a grammar string. A text the
+        // tokenizer cannot encode gets no tokens: llguidance then matches it byte by byte.
+        self.tok.encode_plain(&String::from_utf8_lossy(s)).unwrap_or_default()
     }
 }
 
@@ -68,6 +69,7 @@ impl TokenizerEnv for Env {
 pub struct GrammarEnv {
     factory: ParserFactory,
     eos: u32,
+    vocab: usize,
 }
 
 impl std::fmt::Debug for GrammarEnv {
@@ -77,23 +79,28 @@ impl std::fmt::Debug for GrammarEnv {
 }
 
 impl GrammarEnv {
-    /// Indexes `tok`'s vocabulary (once per process: a trie over every token's bytes).
-    pub fn new(tok: Arc<Tokenizer>) -> Result<Self, ConstraintError> {
-        let eos = sluice_tokenizer::k3_stop_id(&tok)?;
-        let n = tok.vocab_size();
-        let mut words = Vec::with_capacity(n);
-        for id in 0..n {
-            let id32 = u32::try_from(id).map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
-            let bytes = match tok.added_token(id32) {
-                Some(t) => {
+    /// Indexes `tok`'s vocabulary (once per process: a trie over every token's bytes); `eos`
+    /// ends every grammar (the chat format's end of turn, a stop id).
+    pub fn new(tok: Arc<AnyTokenizer>, eos: u32) -> Result<Self, ConstraintError> {
+        let words: Vec<Vec<u8>> = tok
+            .vocab_entries()
+            .into_iter()
+            .map(|(bytes, added)| {
+                if added {
                     let mut b = vec![TokTrie::SPECIAL_TOKEN_MARKER];
-                    b.extend_from_slice(t.content.as_bytes());
+                    b.extend_from_slice(&bytes);
                     b
+                } else {
+                    // Ids in the gaps between added tokens have no bytes: never allowed.
+                    bytes
                 }
-                // Ids in the gaps between added tokens have no bytes: they are never allowed.
-                None => tok.token_bytes(id32).map(<[u8]>::to_vec).unwrap_or_default(),
-            };
-            words.push(bytes);
+            })
+            .collect();
+        let n = words.len();
+        if usize::try_from(eos).map_or(true, |e| e >= n) {
+            return Err(ConstraintError::Vocabulary(format!(
+                "the end token {eos} is outside the tokenizer's {n} ids"
+            )));
         }
         let vocab = u32::try_from(n).map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
         let trie = TokTrie::from(&TokRxInfo::new(vocab, eos), &words);
@@ -102,7 +109,7 @@ impl GrammarEnv {
             .map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
         // Warnings go into the error a request gets, not onto the server's stderr.
         factory.set_stderr_log_level(0);
-        Ok(Self { factory, eos })
+        Ok(Self { factory, eos, vocab: n })
     }
 
     /// The token that ends a complete grammar (and generation).
@@ -123,7 +130,7 @@ impl GrammarEnv {
         if let Some(e) = matcher.get_error() {
             return Err(ConstraintError::Compile(e));
         }
-        Ok(Constraint { matcher, eos: self.eos, error: None })
+        Ok(Constraint { matcher, eos: self.eos, vocab: self.vocab, error: None })
     }
 }
 
@@ -131,6 +138,8 @@ impl GrammarEnv {
 pub struct Constraint {
     matcher: Matcher,
     eos: u32,
+    /// Ids below this are the tokenizer's; the rest of the logits row is never allowed.
+    vocab: usize,
     error: Option<String>,
 }
 
@@ -154,6 +163,7 @@ impl Constraint {
         };
         for (id, l) in logits.iter_mut().enumerate() {
             let ok = match (&allowed, u32::try_from(id)) {
+                _ if id >= self.vocab => false,
                 (Some(m), Ok(i)) => m.is_allowed(i),
                 (None, Ok(i)) => i == self.eos,
                 (_, Err(_)) => false,

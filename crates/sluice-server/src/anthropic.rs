@@ -97,6 +97,8 @@ pub fn parse_messages(body: &Value, limits: &Limits) -> Result<ValidMessages, Ap
     let parse_tools = tools.is_some() && tool_choice.as_deref() != Some("none");
     let options = ChatOptions {
         thinking,
+        // The Messages API's thinking is off unless enabled: the request always says.
+        thinking_explicit: true,
         effort: if thinking { effort } else { None },
         tools,
         tool_choice,

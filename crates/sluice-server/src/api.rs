@@ -370,7 +370,7 @@ pub(crate) async fn render_chat(
         let rendered = fmt.render_chat(&messages, &options).map_err(render_error)?;
         let boundaries = message_boundaries(fmt, &messages, &options, &rendered.ids);
         let c = match constraint {
-            Some(c) => Some(shared.grammars.compile(fmt, &c, rendered.reasoning_open)?),
+            Some(c) => Some(shared.grammars.compile(fmt, &c, rendered.reasoning)?),
             None => None,
         };
         Ok(RenderedRequest {

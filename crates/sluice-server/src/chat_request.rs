@@ -57,7 +57,7 @@ pub fn parse_chat(body: &Value, limits: &Limits) -> Result<ValidChat, ApiError> 
         ));
     }
     let constraint = tool_constraint.or(json_constraint);
-    let (thinking, effort) = parse_thinking(&mut o)?;
+    let (thinking, thinking_explicit, effort) = parse_thinking(&mut o)?;
     if let Some(v) = o.value("modalities") {
         if v != &serde_json::json!(["text"]) {
             return Err(ApiError::unsupported("modalities", "only [\"text\"] output is supported"));
@@ -75,6 +75,7 @@ pub fn parse_chat(body: &Value, limits: &Limits) -> Result<ValidChat, ApiError> 
     let parse_tools = tools.is_some() && tool_choice.as_deref() != Some("none");
     let options = ChatOptions {
         thinking,
+        thinking_explicit,
         effort,
         tools,
         tool_choice,
@@ -84,8 +85,10 @@ pub fn parse_chat(body: &Value, limits: &Limits) -> Result<ValidChat, ApiError> 
     Ok(ValidChat { common, messages, options, parse_tools, logprobs, constraint })
 }
 
-/// `reasoning_effort` and `chat_template_kwargs.thinking` / `enable_thinking`.
-fn parse_thinking(o: &mut Obj<'_>) -> Result<(bool, Option<String>), ApiError> {
+/// `reasoning_effort` and `chat_template_kwargs.thinking` / `enable_thinking`: whether to
+/// think (K3's default: yes), whether the request said so (an effort other than `none` says
+/// yes; a template is told only then, else it follows its own default), and the effort.
+fn parse_thinking(o: &mut Obj<'_>) -> Result<(bool, bool, Option<String>), ApiError> {
     let mut thinking: Option<bool> = None;
     if let Some(mut kw) = o.obj("chat_template_kwargs")? {
         for key in ["thinking", "enable_thinking"] {
@@ -120,7 +123,8 @@ fn parse_thinking(o: &mut Obj<'_>) -> Result<(bool, Option<String>), ApiError> {
             ))
         }
     };
-    Ok((thinking.unwrap_or(true), effort))
+    let explicit = thinking.is_some() || effort.is_some();
+    Ok((thinking.unwrap_or(true), explicit, effort))
 }
 
 /// `tools`: function declarations, passed to the template as given.

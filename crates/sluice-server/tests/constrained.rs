@@ -1,8 +1,9 @@
 //! Constrained output on the tiny K3 fixture through `run_turn`, with the grammars the server
 //! builds ([`sluice_server::constrain`]): the reply always parses — JSON content valid against
-//! its schema (a property test over generated schemas, checked with the `jsonschema` crate), or
-//! tool calls to the declared tools — and speculative decoding changes nothing: with n-gram
-//! drafts the constrained tokens are identical to plain decoding's, greedy and sampled.
+//! its schema (a property test over generated schemas, checked with the `jsonschema` crate, on
+//! K3 and on the Qwen3-MoE template family), or tool calls to the declared tools — and
+//! speculative decoding changes nothing: with n-gram drafts the constrained tokens are
+//! identical to plain decoding's, greedy and sampled.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use proptest::prelude::*;
@@ -14,7 +15,9 @@ use sluice_engine::{Drafter, NgramDrafter, Sampling};
 use sluice_models::Model;
 use sluice_server::constrain::{Grammars, OutputConstraint};
 use sluice_tokenizer::k3_output::{K3OutputParser, OutputEvent};
-use sluice_tokenizer::{render_k3, ChatMessage, ChatOptions, PromptFormat, Role, Tokenizer};
+use sluice_tokenizer::{
+    render_k3, ChatMessage, ChatOptions, PromptFormat, Reasoning, Role, Tokenizer,
+};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
@@ -46,7 +49,8 @@ fn prompt(f: &Fixture, thinking: bool) -> Vec<u32> {
 /// One constrained turn; the reply's ids.
 fn generate(c: &OutputConstraint, thinking: bool, sampling: Sampling, ngram: bool) -> Turn {
     let f = fixture();
-    let constraint: SharedConstraint = f.grammars.compile(&f.fmt, c, thinking).unwrap();
+    let reasoning = if thinking { Reasoning::Open } else { Reasoning::Off };
+    let constraint: SharedConstraint = f.grammars.compile(&f.fmt, c, reasoning).unwrap();
     let opts = TurnOptions {
         max_new: 400,
         stop_ids: vec![sluice_tokenizer::k3_stop_id(&f.tok).unwrap()],
@@ -144,11 +148,59 @@ fn a_thinking_reply_reasons_then_answers_in_the_schema() {
 fn a_schema_the_engine_cannot_compile_is_refused_naming_the_construct() {
     let f = fixture();
     let c = json_constraint(json!({"type": "object", "properties": {"a": {"$ref": "#/nope"}}}));
-    let e = f.grammars.compile(&f.fmt, &c, false).expect_err("dangling $ref");
+    let e = f.grammars.compile(&f.fmt, &c, Reasoning::Off).expect_err("dangling $ref");
     let body = e.body();
     assert_eq!(body["error"]["param"], json!("response_format"));
     let msg = body["error"]["message"].as_str().unwrap();
     assert!(msg.contains("nope"), "{msg}");
+}
+
+/// The Qwen3-MoE fixture: a template family, parsed on decoded text.
+struct Template {
+    model: Model,
+    fmt: PromptFormat,
+    grammars: Grammars,
+}
+
+fn qwen3() -> &'static Template {
+    static F: OnceLock<Template> = OnceLock::new();
+    F.get_or_init(|| {
+        let dir =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_moe/tiny-a");
+        let model = sluice_models::load(Arc::new(Checkpoint::open(&dir).unwrap())).unwrap();
+        let fmt = PromptFormat::from_dir(&dir).unwrap().unwrap();
+        Template { model, fmt, grammars: Grammars::default() }
+    })
+}
+
+/// One constrained Qwen3-MoE turn with thinking off: the reply's finish reason and content,
+/// parsed by the format's own parser.
+fn qwen3_json(schema: &Value, sampling: Sampling) -> (String, String) {
+    let f = qwen3();
+    let msgs = [ChatMessage::new(Role::User, "Reply with the record, please.".to_owned())];
+    let opts = ChatOptions { thinking: false, thinking_explicit: true, ..ChatOptions::default() };
+    let r = f.fmt.render_chat(&msgs, &opts).unwrap();
+    let c = f.grammars.compile(&f.fmt, &json_constraint(schema.clone()), r.reasoning).unwrap();
+    let opts = TurnOptions {
+        max_new: 400,
+        stop_ids: f.fmt.stop_ids().to_vec(),
+        sampling,
+        draft_max: 4,
+        per_token_logits: false,
+        prefill_chunk: 0,
+        on_prefill: None,
+        boundaries: Vec::new(),
+        constraint: Some(c),
+    };
+    let t = run_turn(&f.model, None, &r.ids, &opts, None, &|| false, &mut |_, _| true).unwrap();
+    let mut p = f.fmt.output_parser(r.reasoning_open, false).unwrap();
+    let mut content = String::new();
+    for e in p.parse_all(&t.tokens) {
+        if let OutputEvent::Content(c) = e {
+            content.push_str(&c);
+        }
+    }
+    (t.stats.finish_reason, content)
 }
 
 /// A JSON schema of bounded size: objects of scalar, enum, bounded-string, bounded-array and
@@ -188,6 +240,15 @@ proptest! {
         let t = generate(&json_constraint(schema.clone()), false, sampling, false);
         prop_assert_eq!(t.stats.finish_reason.as_str(), "stop");
         let (content, _) = parse(&t.tokens, false, false);
+        let v: Value = serde_json::from_str(&content).map_err(|e| TestCaseError::fail(format!("{e}: {content}")))?;
+        prop_assert!(jsonschema::is_valid(&schema, &v), "{} does not validate against {}", content, schema);
+    }
+
+    #[test]
+    fn qwen3_constrained_output_always_parses_and_validates(schema in schema_strategy(), seed in any::<u64>()) {
+        let sampling = Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, seed };
+        let (finish, content) = qwen3_json(&schema, sampling);
+        prop_assert_eq!(finish.as_str(), "stop");
         let v: Value = serde_json::from_str(&content).map_err(|e| TestCaseError::fail(format!("{e}: {content}")))?;
         prop_assert!(jsonschema::is_valid(&schema, &v), "{} does not validate against {}", content, schema);
     }

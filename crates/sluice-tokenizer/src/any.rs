@@ -127,6 +127,49 @@ impl AnyTokenizer {
         AnyStreamDecoder { tok: self, pending: Vec::new() }
     }
 
+    /// Every id's entry for a grammar engine's vocabulary index, `(bytes, added)`: a BPE token's
+    /// bytes, or an added token's spelling flagged `added` (a grammar names those as markers and
+    /// keeps them out of free text); an id with no token (a gap between added tokens) has no
+    /// bytes.
+    pub fn vocab_entries(&self) -> Vec<(Vec<u8>, bool)> {
+        match self {
+            Self::Tiktoken(t) => (0..t.vocab_size())
+                .map(|id| {
+                    let id = u32::try_from(id).unwrap_or(u32::MAX);
+                    match t.added_token(id) {
+                        Some(a) => (a.content.as_bytes().to_vec(), true),
+                        None => (t.token_bytes(id).map(<[u8]>::to_vec).unwrap_or_default(), false),
+                    }
+                })
+                .collect(),
+            Self::Hf(t) => (0..t.vocab_size())
+                .map(|id| {
+                    let id = u32::try_from(id).unwrap_or(u32::MAX);
+                    (t.token_bytes(id).unwrap_or_default(), t.is_added(id))
+                })
+                .collect(),
+        }
+    }
+
+    /// Encodes text as ordinary text, adding nothing (the literals of a grammar): K3's
+    /// ordinary encoding; a `tokenizer.json` without its post-processor's additions.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, AnyError> {
+        match self {
+            Self::Tiktoken(t) => Ok(t.encode_ordinary(text)),
+            Self::Hf(t) => Ok(t.encode(text, false)?),
+        }
+    }
+
+    /// The id of the added token spelled exactly `spelling`, if there is one (a chat format's
+    /// markers are added tokens in the published tokenizers; a tiny test tokenizer may spell
+    /// some as text).
+    pub fn added_id(&self, spelling: &str) -> Option<u32> {
+        match self {
+            Self::Tiktoken(t) => t.special_id(spelling),
+            Self::Hf(t) => t.token_to_id(spelling).filter(|&id| t.is_added(id)),
+        }
+    }
+
     /// The id of the token spelled exactly `spelling` (an added token, or a whole vocabulary
     /// entry for `tokenizer.json`).
     pub fn token_id(&self, spelling: &str) -> Option<u32> {

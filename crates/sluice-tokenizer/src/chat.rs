@@ -138,6 +138,11 @@ pub struct ChatOptions {
     /// with `<|open|>think<|sep|>`. When false, the prompt ends with `<|open|>response<|sep|>`
     /// and no thinking-effort message is written.
     pub thinking: bool,
+    /// Whether the request set `thinking` (a Jinja template is given `enable_thinking` and
+    /// `thinking` only then, and otherwise follows its own default, as transformers'
+    /// `apply_chat_template` does without those keyword arguments; K3's renderer uses
+    /// `thinking` either way). Default false.
+    pub thinking_explicit: bool,
     /// Thinking effort: `low`, `high` or `max` (the default when `None`). Checked only when
     /// thinking; anything else is [`Error::UnsupportedEffort`] (the template rejects `medium`
     /// although its preamble lists it).
@@ -159,6 +164,7 @@ impl Default for ChatOptions {
     fn default() -> Self {
         Self {
             thinking: true,
+            thinking_explicit: false,
             effort: None,
             tools: None,
             tool_choice: None,

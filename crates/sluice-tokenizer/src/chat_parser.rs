@@ -36,6 +36,13 @@ impl<'t> TextOutputParser<'t> {
         }
     }
 
+    /// Whether tool-call markup is parsed as calls (the default); `false` when the request
+    /// declared no tools, so the markup stays content.
+    pub fn with_tools(mut self, tools: bool) -> Self {
+        self.machine = self.machine.with_tools(tools);
+        self
+    }
+
     /// Feeds one generated token; returns the events it completed.
     pub fn push(&mut self, id: u32) -> Vec<OutputEvent> {
         if self.stop_ids.contains(&id) {

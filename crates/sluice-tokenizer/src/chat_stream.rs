@@ -129,6 +129,8 @@ pub struct TextMachine {
     reasoning: Emit,
     content: Emit,
     calls: usize,
+    /// Tool-call markup is parsed as calls (else it stays content).
+    tools: bool,
     out: Vec<OutputEvent>,
 }
 
@@ -159,8 +161,17 @@ impl TextMachine {
             reasoning: Emit::new(trim, false),
             content: Emit::new(trim, true),
             calls: 0,
+            tools: true,
             out: Vec::new(),
         }
+    }
+
+    /// Whether tool-call markup is parsed as calls (the default). Without declared tools a
+    /// reply's `<tool_call>`, call section or harmony message to `functions.NAME` is not a
+    /// call: the markup stays content (a harmony message keeps its channel's meaning).
+    pub fn with_tools(mut self, tools: bool) -> Self {
+        self.tools = tools;
+        self
     }
 
     /// Whether text now would be reasoning (for counting reasoning tokens).
@@ -308,7 +319,7 @@ impl TextMachine {
                 self.emit_content(&buf);
                 self.marker(m);
             }
-            (State::Content, "<tool_call>") if s.is_none() => {
+            (State::Content, "<tool_call>") if s.is_none() && self.tools => {
                 self.buf.clear();
                 self.state = State::Call;
             }
@@ -316,7 +327,7 @@ impl TextMachine {
                 self.qwen3_call_done();
                 self.state = State::Content;
             }
-            (State::Content, b) if s.is_some_and(|s| s.section_begin == b) => {
+            (State::Content, b) if self.tools && s.is_some_and(|s| s.section_begin == b) => {
                 self.state = State::Section;
             }
             (State::Section, b) if s.is_some_and(|s| s.call_begin == b) => {
@@ -343,7 +354,9 @@ impl TextMachine {
             (State::Header, "<|message|>") => {
                 let header = std::mem::take(&mut self.buf);
                 let (channel, recipient) = harmony_header(&header);
-                self.state = match recipient.and_then(|r| r.strip_prefix("functions.")) {
+                let call =
+                    recipient.and_then(|r| r.strip_prefix("functions.")).filter(|_| self.tools);
+                self.state = match call {
                     Some(name) => State::Body(Body::Call(name.to_owned())),
                     None if channel == "analysis" => State::Body(Body::Reasoning),
                     None => State::Body(Body::Content),

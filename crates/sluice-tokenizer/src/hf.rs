@@ -159,6 +159,11 @@ impl HfTokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// Whether `id` is an added token (special or not: Qwen3's `<think>` is not special).
+    pub fn is_added(&self, id: u32) -> bool {
+        self.added.contains_key(&id)
+    }
+
     /// Whether `id` is an added token marked `special` (skipped by
     /// `decode(_, skip_special_tokens = true)`).
     pub fn is_special(&self, id: u32) -> bool {

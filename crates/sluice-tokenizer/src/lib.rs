@@ -14,7 +14,8 @@
 //! - [`PromptFormat`] is the one chat seam front ends use: it renders a request in the
 //!   checkpoint's format ([`PromptFormat::render_chat`]) and hands out the incremental parser of
 //!   its replies ([`PromptFormat::output_parser`]: K3's, or [`chat_stream`]'s for the text
-//!   formats of [`OutputFormat`]).
+//!   formats of [`OutputFormat`]), and the grammar of a constrained reply in that format
+//!   ([`PromptFormat::reply_grammar`], written per format in [`reply_grammar`]).
 //!
 //! Goldens in `tests/fixtures/tokenizer` come from Python tiktoken
 //! (`tools/gen_tokenizer_goldens.py`) and from the llama.cpp `Kimi-K3.jinja` template rendered by
@@ -33,6 +34,7 @@ pub mod output;
 pub mod pretokenize;
 mod prompt;
 pub mod pyjson;
+pub mod reply_grammar;
 mod stream;
 pub mod template;
 mod tokenizer;
@@ -51,6 +53,7 @@ pub use hf::{HfError, HfTokenizer};
 pub use load::AddedToken;
 pub use output::{OutputFormat, ParsedOutput, ParsedToolCall};
 pub use prompt::{PromptError, PromptFormat, RenderedChat};
+pub use reply_grammar::{GrammarError, Reasoning, ReplyConstraint};
 pub use stream::StreamDecoder;
 pub use template::{ChatTemplate, TemplateError, TemplateInputs};
 pub use tokenizer::{Tokenizer, CONFIG_FILE, RANK_FILE};

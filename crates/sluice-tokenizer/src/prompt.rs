@@ -13,6 +13,7 @@ use crate::chat_parser::{ChatOutputParser, TextOutputParser};
 use crate::k3_output::K3OutputParser;
 use crate::output::OutputFormat;
 use crate::pyjson::PyValue;
+use crate::reply_grammar::{self, GrammarError, Reasoning, ReplyConstraint};
 use crate::template::{ChatTemplate, TemplateError, TemplateInputs};
 use crate::tokenizer::Tokenizer;
 
@@ -42,7 +43,7 @@ pub enum PromptError {
 /// A checkpoint's tokenizer and chat conventions.
 #[derive(Debug)]
 pub struct PromptFormat {
-    tokenizer: AnyTokenizer,
+    tokenizer: Arc<AnyTokenizer>,
     template: Option<ChatTemplate>,
     stop_ids: Vec<u32>,
     output: OutputFormat,
@@ -67,12 +68,18 @@ impl PromptFormat {
         let output =
             template.as_ref().map_or(OutputFormat::Plain, |t| OutputFormat::detect(t.source()));
         let stop_ids = tokenizer.stop_ids(dir)?;
+        let tokenizer = Arc::new(tokenizer);
         Ok(Some(Self { tokenizer, template, stop_ids, output, dir: dir.to_path_buf() }))
     }
 
     /// The tokenizer.
     pub fn tokenizer(&self) -> &AnyTokenizer {
         &self.tokenizer
+    }
+
+    /// The tokenizer, shared (a grammar engine keeps it to encode its literals).
+    pub fn shared_tokenizer(&self) -> Arc<AnyTokenizer> {
+        Arc::clone(&self.tokenizer)
     }
 
     /// The ids generation stops at.
@@ -126,7 +133,12 @@ impl PromptFormat {
         tools: Option<&serde_json::Value>,
         thinking: bool,
     ) -> Result<Vec<u32>, PromptError> {
-        let opts = ChatOptions { thinking, tools: tools.cloned(), ..ChatOptions::default() };
+        let opts = ChatOptions {
+            thinking,
+            thinking_explicit: true,
+            tools: tools.cloned(),
+            ..ChatOptions::default()
+        };
         Ok(self.render_chat(messages, &opts)?.ids)
     }
 
@@ -149,7 +161,8 @@ impl PromptFormat {
         if let Some(k3) = self.xtml_tokenizer() {
             let ids = render_k3(k3, messages, options)?;
             let reasoning_open = options.thinking && options.add_generation_prompt;
-            return Ok(RenderedChat { ids, reasoning_open });
+            let reasoning = if reasoning_open { Reasoning::Open } else { Reasoning::Off };
+            return Ok(RenderedChat { ids, reasoning_open, reasoning });
         }
         let template = self
             .template
@@ -161,10 +174,13 @@ impl PromptFormat {
         let openai: Vec<serde_json::Value> =
             messages.iter().map(|m| openai_message(m, text_args)).collect();
         let py = |v: &serde_json::Value| PyValue::parse(&v.to_string());
-        let mut extra = vec![
-            ("enable_thinking".into(), PyValue::Bool(options.thinking)),
-            ("thinking".into(), PyValue::Bool(options.thinking)),
-        ];
+        // Only a thinking switch the request set reaches the template: without it the template
+        // follows its own default (Qwen3 thinks, DeepSeek V3.1 does not), as in transformers.
+        let mut extra = Vec::new();
+        if options.thinking_explicit {
+            extra.push(("enable_thinking".into(), PyValue::Bool(options.thinking)));
+            extra.push(("thinking".into(), PyValue::Bool(options.thinking)));
+        }
         if let Some(e) = &options.effort {
             extra.push(("reasoning_effort".into(), PyValue::Str(e.clone())));
         }
@@ -177,14 +193,28 @@ impl PromptFormat {
         let msgs = py(&serde_json::Value::Array(openai)).unwrap_or(PyValue::List(Vec::new()));
         let rendered = template.render(&msgs, &inputs)?;
         // The template opened the think block the reply continues (R1, Qwen3 thinking models).
-        let reasoning_open =
-            options.add_generation_prompt && rendered.trim_end().ends_with("<think>");
-        Ok(RenderedChat { ids: self.tokenizer.encode_rendered(&rendered)?, reasoning_open })
+        let end = rendered.trim_end();
+        let reasoning_open = options.add_generation_prompt && end.ends_with("<think>");
+        let reasoning = if reasoning_open {
+            Reasoning::Open
+        } else if !options.add_generation_prompt
+            || end.ends_with("</think>")
+            || (options.thinking_explicit && !options.thinking)
+        {
+            // The template closed the think block (Qwen3 with thinking off, V3.1's
+            // non-thinking mode), or the request turned thinking off.
+            Reasoning::Off
+        } else {
+            Reasoning::Optional
+        };
+        let ids = self.tokenizer.encode_rendered(&rendered)?;
+        Ok(RenderedChat { ids, reasoning_open, reasoning })
     }
 
     /// The incremental parser of a reply to a prompt [`Self::render_chat`] rendered
-    /// (`reasoning_open` from it); `tools`: whether the request declared tools (K3 parses its
-    /// tools channel only then; the text formats always parse their tool-call markup).
+    /// (`reasoning_open` from it); `tools`: whether the request declared tools (and did not
+    /// say `tool_choice: none`): only then is tool-call markup parsed as calls; otherwise it
+    /// stays content, in every format.
     pub fn output_parser(
         &self,
         reasoning_open: bool,
@@ -194,8 +224,33 @@ impl PromptFormat {
             let p = K3OutputParser::new(k3, reasoning_open, tools)?;
             return Ok(ChatOutputParser::Xtml(Box::new(p)));
         }
-        let p = TextOutputParser::new(&self.tokenizer, self.output, &self.stop_ids, reasoning_open);
+        let p = TextOutputParser::new(&self.tokenizer, self.output, &self.stop_ids, reasoning_open)
+            .with_tools(tools);
         Ok(ChatOutputParser::Text(Box::new(p)))
+    }
+
+    /// The token a constrained reply ends with: the format's end of turn when generation stops
+    /// at it, else the first stop id; `None` without stop ids (nothing would end the reply).
+    pub fn reply_end(&self) -> Option<u32> {
+        let end = match self.xtml_tokenizer() {
+            Some(k3) => crate::chat::k3_stop_id(k3).ok(),
+            None => reply_grammar::end_marker(self.output).and_then(|m| self.tokenizer.added_id(m)),
+        };
+        end.filter(|id| self.stop_ids.contains(id)).or_else(|| self.stop_ids.first().copied())
+    }
+
+    /// The grammar (llguidance's Lark dialect) of a whole reply in this checkpoint's chat
+    /// format constrained to `c`, after a prompt whose reasoning is `reasoning`
+    /// ([`RenderedChat::reasoning`]); the grammar engine ends it with [`Self::reply_end`].
+    pub fn reply_grammar(
+        &self,
+        c: ReplyConstraint<'_>,
+        reasoning: Reasoning,
+    ) -> Result<String, GrammarError> {
+        if self.xtml_tokenizer().is_some() {
+            return Ok(reply_grammar::xtml_reply(c, reasoning));
+        }
+        reply_grammar::text_reply(self.output, &self.tokenizer, c, reasoning)
     }
 
     /// Decodes ids with special tokens spelled out (U+FFFD for invalid UTF-8).
@@ -211,6 +266,9 @@ pub struct RenderedChat {
     pub ids: Vec<u32>,
     /// The prompt ends inside an opened think block: the reply starts with reasoning.
     pub reasoning_open: bool,
+    /// Whether the reply reasons first: the prompt opened it, the prompt (or the request)
+    /// closed it, or the model decides.
+    pub reasoning: Reasoning,
 }
 
 fn is_empty_list(v: &serde_json::Value) -> bool {
