@@ -18,8 +18,13 @@
 //! [`StateSnapshot::decode`] (in `codec`) give it a byte form for the engine's on-disk cache.
 
 mod codec;
+mod synthetic;
 
-pub use codec::{SnapshotCodecError, StateShape, SNAPSHOT_FORMAT_VERSION};
+pub use codec::{
+    from_le_in_place, le_bytes, SnapshotCodecError, SnapshotLayout, StateShape,
+    SNAPSHOT_FORMAT_VERSION,
+};
+pub use synthetic::reference_state;
 
 use crate::kimi_k3::state::{K3State, KdaLayer, KdaState, LayerState, MlaLayer};
 use crate::qwen3::state::{KvCache, Qwen3State};
@@ -189,6 +194,9 @@ impl FamilyState for K3State {
     fn shape(&self, family: &'static str) -> StateShape {
         codec::k3_shape(self, family)
     }
+    fn fill_synthetic(&mut self, positions: usize, seed: u64) {
+        synthetic::fill_k3(self, positions, seed);
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -222,6 +230,9 @@ impl FamilyState for Qwen3State {
     fn shape(&self, family: &'static str) -> StateShape {
         codec::kv_shape(self, family)
     }
+    fn fill_synthetic(&mut self, positions: usize, seed: u64) {
+        synthetic::fill_kv(self, positions, seed);
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -241,14 +252,14 @@ impl StateSnapshot {
         self.len == 0
     }
 
-    /// A live state equal to the one this snapshot was taken from (no pass staged).
+    /// A live state equal to the one this snapshot was taken from (no pass staged). Its
+    /// layers are copied in parallel on the current kernel pool: a Kimi K3 state is 0.5–1.4 GB
+    /// of copies, which one core does no faster than a fast disk reads them.
     pub fn restore(&self) -> State {
         match self.family {
             Family::KimiK3 => {
-                let layers = self
-                    .layers
-                    .iter()
-                    .filter_map(|l| match l {
+                let layers =
+                    sluice_kernels::pool::map(self.layers.len(), |i| match &self.layers[i] {
                         SnapLayer::Kda { s, conv, heads, dim } => {
                             let st = KdaState { s: s.to_vec(), conv: conv.to_vec() };
                             Some(LayerState::Kda(KdaLayer {
@@ -268,22 +279,24 @@ impl StateSnapshot {
                             }))
                         }
                         SnapLayer::Kv { .. } => None,
-                    })
-                    .collect();
-                State::new(self.owner, K3State::restored(layers, self.len))
+                    });
+                State::new(
+                    self.owner,
+                    K3State::restored(layers.into_iter().flatten().collect(), self.len),
+                )
             }
             Family::Qwen3 => {
-                let layers = self
-                    .layers
-                    .iter()
-                    .filter_map(|l| match l {
+                let layers =
+                    sluice_kernels::pool::map(self.layers.len(), |i| match &self.layers[i] {
                         SnapLayer::Kv { k, v, width } => {
                             Some(KvCache { k: k.restore(), v: v.restore(), width: *width })
                         }
                         _ => None,
-                    })
-                    .collect();
-                State::new(self.owner, Qwen3State::restored(layers, self.len))
+                    });
+                State::new(
+                    self.owner,
+                    Qwen3State::restored(layers.into_iter().flatten().collect(), self.len),
+                )
             }
         }
     }
