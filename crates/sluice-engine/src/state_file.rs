@@ -383,6 +383,97 @@ fn read_u64(r: &mut impl Read) -> Result<u64, Refusal> {
     Ok(u64::from_le_bytes(b))
 }
 
+/// The body's parts before the state's arrays, read and checked against what the read must find.
+struct Preamble {
+    ids: Vec<u8>,
+    v8: [u8; 8],
+    logits: Option<Vec<f32>>,
+    m: u64,
+    layout: Vec<u8>,
+    plan: sluice_models::SnapshotLayout,
+}
+
+/// Reads the preamble from `file` (positioned at the body's start).
+fn read_preamble(
+    file: &mut std::fs::File,
+    h: &Header,
+    want: &Expect<'_>,
+) -> Result<Preamble, Refusal> {
+    let mut left = Budget(h.body);
+    let n = left.take(4 * h.tokens)?;
+    let mut ids = vec![0u8; usize::try_from(n).map_err(|_| Refusal::Truncated)?];
+    file.read_exact(&mut ids)?;
+    if ids != u32_bytes(want.tokens) {
+        return Err(Refusal::OtherPrefix);
+    }
+    let mut v8 = [0u8; 8];
+    let mut logits = None;
+    if h.logits {
+        left.take(8)?;
+        file.read_exact(&mut v8)?;
+        let v = u64::from_le_bytes(v8);
+        if v != want.vocab as u64 {
+            return Err(Refusal::Logits { got: v, want: want.vocab });
+        }
+        left.take(4 * v)?;
+        let mut l = vec![0f32; want.vocab];
+        file.read_exact(bytemuck::cast_slice_mut(&mut l))?;
+        logits = Some(l);
+    }
+    left.take(8)?;
+    let m = read_u64(file)?;
+    if m > MAX_LAYOUT {
+        return Err(Refusal::Codec(SnapshotCodecError::Mismatch(format!(
+            "a snapshot layout of {m} bytes"
+        ))));
+    }
+    let mut layout = vec![0u8; usize::try_from(left.take(m)?).map_err(|_| Refusal::Truncated)?];
+    file.read_exact(&mut layout)?;
+    let mut rest = &layout[..];
+    let plan = StateSnapshot::read_layout(&mut rest, want.shape, m + left.0)?;
+    if !rest.is_empty() {
+        return Err(Refusal::Codec(SnapshotCodecError::Mismatch(format!(
+            "{} bytes after the snapshot layout",
+            rest.len()
+        ))));
+    }
+    if plan.positions() != want.tokens.len() {
+        return Err(Refusal::OtherPrefix);
+    }
+    // A layout that does not describe the rest of the body exactly is refused.
+    match plan.array_bytes().cmp(&left.0) {
+        std::cmp::Ordering::Less => return Err(Refusal::Trailing(left.0 - plan.array_bytes())),
+        std::cmp::Ordering::Greater => return Err(Refusal::Truncated),
+        std::cmp::Ordering::Equal => {}
+    }
+    Ok(Preamble { ids, v8, logits, m, layout, plan })
+}
+
+/// After the preamble was refused: the first of the chunks it was read from that fails its
+/// checksum, as the refusal to give instead (a damaged file is named as such, by chunk, rather
+/// than as a file of another prefix or shape).
+fn bad_chunk_before(file: &mut std::fs::File, h: &Header, table: &[ChunkHash]) -> Option<Refusal> {
+    let read = file.stream_position().ok()?.checked_sub(HEADER_LEN as u64)?;
+    let c = h.chunk as u64;
+    let mut buf = Vec::new();
+    for (k, want) in (0..).zip(table.iter().take(usize::try_from(read / c + 1).ok()?)) {
+        let len = usize::try_from(c.min(h.body - k * c)).ok()?;
+        buf.resize(len, 0);
+        file.seek(SeekFrom::Start(HEADER_LEN as u64 + k * c)).ok()?;
+        file.read_exact(&mut buf).ok()?;
+        if Sha256::digest(&buf)[..] != want[..] {
+            let chunks = table.len() as u64;
+            return Some(Refusal::Checksum {
+                chunk: k,
+                chunks,
+                start: k * c,
+                end: (k * c + c).min(h.body),
+            });
+        }
+    }
+    None
+}
+
 /// Reads the file at `path`, refusing it unless every check passes: header, fingerprint,
 /// prefix (key and ids), size, the trailer over header and chunk table, state shape, and every
 /// chunk's checksum (checked on the current kernel pool while the body is read).
@@ -428,53 +519,11 @@ pub(crate) fn read_file(path: &Path, want: &Expect<'_>) -> Result<Contents, Refu
         .map(|c| c.try_into().expect("invariant: chunks_exact(32)"))
         .collect();
     file.seek(SeekFrom::Start(HEADER_LEN as u64))?;
-    let mut left = Budget(h.body);
-    let n = left.take(4 * h.tokens)?;
-    let mut ids = vec![0u8; usize::try_from(n).map_err(|_| Refusal::Truncated)?];
-    file.read_exact(&mut ids)?;
-    if ids != u32_bytes(want.tokens) {
-        return Err(Refusal::OtherPrefix);
-    }
-    let mut v8 = [0u8; 8];
-    let mut logits = None;
-    if h.logits {
-        left.take(8)?;
-        file.read_exact(&mut v8)?;
-        let v = u64::from_le_bytes(v8);
-        if v != want.vocab as u64 {
-            return Err(Refusal::Logits { got: v, want: want.vocab });
-        }
-        left.take(4 * v)?;
-        let mut l = vec![0f32; want.vocab];
-        file.read_exact(bytemuck::cast_slice_mut(&mut l))?;
-        logits = Some(l);
-    }
-    left.take(8)?;
-    let m = read_u64(&mut file)?;
-    if m > MAX_LAYOUT {
-        return Err(Refusal::Codec(SnapshotCodecError::Mismatch(format!(
-            "a snapshot layout of {m} bytes"
-        ))));
-    }
-    let mut layout = vec![0u8; usize::try_from(left.take(m)?).map_err(|_| Refusal::Truncated)?];
-    file.read_exact(&mut layout)?;
-    let mut rest = &layout[..];
-    let plan = StateSnapshot::read_layout(&mut rest, want.shape, m + left.0)?;
-    if !rest.is_empty() {
-        return Err(Refusal::Codec(SnapshotCodecError::Mismatch(format!(
-            "{} bytes after the snapshot layout",
-            rest.len()
-        ))));
-    }
-    if plan.positions() != want.tokens.len() {
-        return Err(Refusal::OtherPrefix);
-    }
-    // A layout that does not describe the rest of the body exactly is refused.
-    match plan.array_bytes().cmp(&left.0) {
-        std::cmp::Ordering::Less => return Err(Refusal::Trailing(left.0 - plan.array_bytes())),
-        std::cmp::Ordering::Greater => return Err(Refusal::Truncated),
-        std::cmp::Ordering::Equal => {}
-    }
+    let Preamble { ids, v8, mut logits, m, layout, plan } = match read_preamble(&mut file, &h, want)
+    {
+        Ok(p) => p,
+        Err(why) => return Err(bad_chunk_before(&mut file, &h, &table).unwrap_or(why)),
+    };
     let mut arrays = plan.alloc();
     {
         let m8 = m.to_le_bytes();
