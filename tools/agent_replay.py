@@ -13,6 +13,14 @@ Conditions (each starts its own servers on a free port, with a fresh state-cache
   restart  a new server process for every turn on the same `--state-cache` directory: turn k
            resumes from the state turn k-1's server wrote to disk and prefills the same rest.
 The ratio restart / warm of each turn's TTFT is what a restart costs (target <= 1.1).
+`--conditions warm,restart` runs a subset; `--serve-arg --state-cache-every --serve-arg N` sets
+the snapshot interval under test.
+
+With --k3-bytes, each turn also reports the state files it wrote (prefix length of each, read
+from the file's header) and what the same files would weigh for the full Kimi K3 (69 KDA layers
+of fixed state, 24 MLA layers of 576 f32 per position, a 163,840-entry logits row at prompt ends;
+the state-file layout of crates/sluice-engine/src/state_file.rs), so the interval's disk cost
+on K3 is read off a replay of the small model.
 
 Figures come from each response's `sluice` object (engine-side TTFT from the start of the job,
 restore included). Greedy, so every condition must generate the same tokens (checked). Medians
@@ -69,6 +77,25 @@ class Server:
         self.p.wait()
 
 
+def state_files(cache):
+    """{name: (prefix tokens, has logits)} of the complete state files in `cache`."""
+    out = {}
+    for name in os.listdir(cache):
+        if name.endswith(".state"):
+            with open(os.path.join(cache, name), "rb") as f:
+                h = f.read(88)
+            if len(h) == 88:
+                out[name] = (int.from_bytes(h[44:52], "little"), int.from_bytes(h[84:88], "little") & 1)
+    return out
+
+
+def k3_file_bytes(n, logits):
+    """Bytes of a state file of n positions of the full Kimi K3 (state file version 2)."""
+    snap = 13 + 69 * (25 + 4 * (96 * 128 * 128 + 3 * 3 * 12288)) + 24 * (9 + 4 * 576 * n)
+    body = 4 * n + (8 + 4 * 163840 if logits else 0) + 8 + snap
+    return 100 + body + 32 * -(-body // (4 << 20)) + 32
+
+
 def replay(a, session, condition):
     cache = tempfile.mkdtemp(prefix="sluice-agent-")
     disk = ["--state-cache", cache]
@@ -81,11 +108,15 @@ def replay(a, session, condition):
         else:
             extra, per_turn = disk, True
         srv = None if per_turn else Server(a, extra)
+        seen = {}
         for k in range(len(session["turns"])):
             s = Server(a, extra) if per_turn else srv
             x = s.chat(session, k, a.max_tokens)
             if per_turn:
                 s.stop()  # SIGTERM: queued state writes finish before the process ends
+            files = state_files(cache) if condition != "none" else {}
+            new = sorted(v for f, v in files.items() if f not in seen)
+            seen = files
             rows.append({
                 "turn": k + 1,
                 "ttft_s": x["ttft_s"],
@@ -96,6 +127,8 @@ def replay(a, session, condition):
                 "expert_bytes_read": x["expert_bytes_read"],
                 "state_bytes_written": x["state_cache_bytes_written"],
                 "generated_ids": x["generated_ids"],
+                "state_files": new,
+                "k3_state_bytes": sum(k3_file_bytes(n, l) for n, l in new),
             })
         if srv:
             srv.stop()
@@ -114,32 +147,46 @@ def main():
     ap.add_argument("--runs", type=int, default=3, help="repetitions of the whole replay (medians)")
     ap.add_argument("--serve-arg", action="append", default=[], help="extra `sluice serve` argument (repeatable)")
     ap.add_argument("--json", help="write every row here")
+    ap.add_argument("--conditions", default="none,warm,restart", help="comma-separated subset")
+    ap.add_argument("--k3-bytes", action="store_true", help="also print the files each turn wrote")
     a = ap.parse_args()
     session = json.load(open(a.session))
-    runs = {c: [] for c in ("none", "warm", "restart")}
+    runs = {c: [] for c in a.conditions.split(",")}
     for _ in range(a.runs):
         for c in runs:  # interleaved, so drift in the machine hits every condition alike
             runs[c].append(replay(a, session, c))
-    ids = [r["generated_ids"] for rows in runs["none"] for r in rows]
+    first = next(iter(runs))
+    ids = [r["generated_ids"] for rows in runs[first] for r in rows]
     for c, reps in runs.items():
         got = [r["generated_ids"] for rows in reps for r in rows]
         if got != ids[:len(got)] or len(got) != len(ids):
             sys.exit(f"condition {c} generated different tokens: not exact")
     med = lambda c, t, key: statistics.median(rows[t][key] for rows in runs[c])
-    print("| turn | prompt tokens | TTFT none (s) | TTFT warm (s) | TTFT restart (s) | restart / warm "
-          "| prefilled none / warm / restart | restored warm (mem+disk) / restart (disk) "
-          "| expert bytes read none / warm / restart | state bytes written warm / restart |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for t in range(len(session["turns"])):
-        r0 = runs["none"][0][t]
-        w, s = runs["warm"][0][t], runs["restart"][0][t]
-        tw, ts = med("warm", t, "ttft_s"), med("restart", t, "ttft_s")
-        print(f"| {t + 1} | {r0['prompt_tokens']} | {med('none', t, 'ttft_s'):.3f} | {tw:.3f} | {ts:.3f} "
-              f"| {ts / tw:.2f} | {r0['prefilled']} / {w['prefilled']} / {s['prefilled']} "
-              f"| {w['restored_memory']}+{w['restored_disk']} / {s['restored_disk']} "
-              f"| {med('none', t, 'expert_bytes_read'):.0f} / {med('warm', t, 'expert_bytes_read'):.0f} / "
-              f"{med('restart', t, 'expert_bytes_read'):.0f} "
-              f"| {w['state_bytes_written']} / {s['state_bytes_written']} |")
+    if set(runs) == {"none", "warm", "restart"}:
+        print("| turn | prompt tokens | TTFT none (s) | TTFT warm (s) | TTFT restart (s) | restart / warm "
+              "| prefilled none / warm / restart | restored warm (mem+disk) / restart (disk) "
+              "| expert bytes read none / warm / restart | state bytes written warm / restart |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for t in range(len(session["turns"])):
+            r0 = runs["none"][0][t]
+            w, s = runs["warm"][0][t], runs["restart"][0][t]
+            tw, ts = med("warm", t, "ttft_s"), med("restart", t, "ttft_s")
+            print(f"| {t + 1} | {r0['prompt_tokens']} | {med('none', t, 'ttft_s'):.3f} | {tw:.3f} | {ts:.3f} "
+                  f"| {ts / tw:.2f} | {r0['prefilled']} / {w['prefilled']} / {s['prefilled']} "
+                  f"| {w['restored_memory']}+{w['restored_disk']} / {s['restored_disk']} "
+                  f"| {med('none', t, 'expert_bytes_read'):.0f} / {med('warm', t, 'expert_bytes_read'):.0f} / "
+                  f"{med('restart', t, 'expert_bytes_read'):.0f} "
+                  f"| {w['state_bytes_written']} / {s['state_bytes_written']} |")
+    else:
+        for c in runs:
+            print(f"{c}: turn | prompt tokens | TTFT s (median) [runs] | prefilled | restored (mem+disk) "
+                  f"| state bytes written | files written (prefix tokens) | full-K3 bytes of those files")
+            for t in range(len(session["turns"])):
+                r = runs[c][0][t]
+                print(f"{c}: {t + 1} | {r['prompt_tokens']} | {med(c, t, 'ttft_s'):.3f} "
+                      f"{[round(rows[t]['ttft_s'], 3) for rows in runs[c]]} | {r['prefilled']} "
+                      f"| {r['restored_memory']}+{r['restored_disk']} | {r['state_bytes_written']} "
+                      f"| {[n for n, _ in r['state_files']]} | {r['k3_state_bytes']} ")
     if a.json:
         json.dump(runs, open(a.json, "w"), indent=1)
 

@@ -87,10 +87,11 @@ pub struct BenchArgs {
     /// Print one JSON object with every run and the summary.
     #[arg(long)]
     json: bool,
-    /// Instead of model runs: write and restore Kimi K3 prompt states at the published
-    /// dimensions through the on-disk state cache in DIR, against the disk's bandwidth measured
-    /// in the same run (no model needed; see docs/PERFORMANCE.md).
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["model", "workload", "configs"])]
+    /// Instead of model runs: write and restore prompt states of drawn values through the
+    /// on-disk state cache in DIR, against the disk's bandwidth measured in the same run: Kimi
+    /// K3's at the published dimensions (no model needed), or with --model that model's
+    /// (see docs/PERFORMANCE.md).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["workload", "configs"])]
     snapshot_io: Option<PathBuf>,
     /// Prompt lengths of the states --snapshot-io writes.
     #[arg(
@@ -214,7 +215,13 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         bail!("--runs must be at least 1");
     }
     if let Some(dir) = &a.snapshot_io {
-        return crate::snapshot_io::run(dir, &a.snapshot_tokens, a.runs, a.json);
+        return crate::snapshot_io::run(
+            dir,
+            a.model.as_deref(),
+            &a.snapshot_tokens,
+            a.runs,
+            a.json,
+        );
     }
     let configs = parse_configs(&a.configs, a.workload.is_some())?;
     let workload = a.workload.as_deref().map(workload::load).transpose()?;

@@ -1,32 +1,47 @@
-//! `sluice bench --snapshot-io DIR`: what one Kimi K3 prompt state costs to keep on disk, at
-//! the published configuration (93 layers: 69 KDA with 96 heads of 128 and a conv window of
-//! 3 × 3 × 12,288, 24 MLA with a 512 + 64 latent per position, vocabulary 163,840), without the
-//! model: a state of N positions is built with those shapes and drawn values
-//! ([`K3State::synthetic`]), handed to the real on-disk state cache ([`StateCache`]: encode,
-//! temp file, fsync, rename, directory fsync), its pages dropped, and restored through the
-//! cache's lookup (read, checksum, decode) into a live state. In the same run, and interleaved
-//! with it, the disk's own bandwidth is measured on a plain file of the same size written the
-//! same way (1 MiB buffered writes, fsync) and read back cold, so each figure is reported as a
-//! ratio to what the disk did at that moment.
+//! `sluice bench --snapshot-io DIR`: what one prompt state costs to keep on disk. A state of N
+//! positions is built with drawn values — by default Kimi K3's at its published dimensions
+//! (93 layers, 69 KDA + 24 MLA, vocabulary 163,840; [`sluice_models::snapshot::reference_state`]),
+//! with `--model DIR` that model's own state ([`sluice_models::State::fill_synthetic`]) — handed
+//! to the real on-disk state cache ([`StateCache`]: chunked checksums, temp file, fsync, rename,
+//! directory fsync), its pages dropped, and restored through the cache's lookup (read, chunk
+//! checksums, into the arrays) into a live state. In the same run, and interleaved with it, the
+//! disk's own bandwidth is measured on a plain file of the same size written the same way
+//! (1 MiB buffered writes, fsync) and read back cold, so each figure is reported as a ratio to
+//! what the disk did at that moment. Nothing here names a family: the state comes through the
+//! model boundary.
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
+use sluice_checkpoint::Checkpoint;
 use sluice_engine::state_cache::{StateCache, StateCacheConfig};
-use sluice_models::kimi_k3::config::K3Config;
-use sluice_models::kimi_k3::state::K3State;
-use sluice_models::kimi_k3::synth::K3Dims;
-use sluice_models::State;
+use sluice_models::{Model, State};
 use sluice_store::platform::advice;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Kimi K3's published vocabulary (the logits row kept with a prompt-end state).
-const K3_VOCAB: usize = 163_840;
-/// Kimi K3's decoder layers; [`K3Dims::k3_slice`] makes every fourth and the last MLA, which
-/// gives the published 69 KDA and 24 MLA layers.
-const K3_LAYERS: usize = 93;
+/// Where the measured states come from.
+enum Source {
+    /// The reference state (Kimi K3 at its published dimensions).
+    Reference,
+    /// A loaded model's own state.
+    Model(Model),
+}
+
+impl Source {
+    /// A state of `n` drawn positions and its model's vocabulary.
+    fn state(&self, n: usize, seed: u64) -> Result<(State, usize)> {
+        match self {
+            Source::Reference => Ok(sluice_models::snapshot::reference_state(n, seed)?),
+            Source::Model(m) => {
+                let mut s = m.new_state();
+                s.fill_synthetic(n, seed);
+                Ok((s, m.vocab_size()))
+            }
+        }
+    }
+}
 
 /// One size's measurements.
 #[derive(Debug, Default)]
@@ -40,19 +55,32 @@ struct Size {
 
 /// Runs the benchmark in `dir` (created; its files are removed afterwards) for each prompt
 /// length in `tokens`, `runs` times each, and prints a table (or one JSON object).
-pub fn run(dir: &Path, tokens: &[usize], runs: usize, json_out: bool) -> Result<()> {
+pub fn run(
+    dir: &Path,
+    model: Option<&Path>,
+    tokens: &[usize],
+    runs: usize,
+    json_out: bool,
+) -> Result<()> {
     if tokens.is_empty() || tokens.contains(&0) {
         bail!("--snapshot-tokens needs one or more lengths of at least 1 token");
     }
+    let source = match model {
+        None => Source::Reference,
+        Some(m) => {
+            let ckpt = Checkpoint::open(m).with_context(|| format!("opening {}", m.display()))?;
+            let model = sluice_models::load(Arc::new(ckpt))
+                .with_context(|| format!("loading {}", m.display()))?;
+            Source::Model(model)
+        }
+    };
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let text = K3Dims::k3_slice(K3_LAYERS, 896, K3_VOCAB).text_config();
-    let cfg = K3Config::from_json(&text).context("the published K3 dimensions")?;
     let mut sizes: Vec<Size> = tokens.iter().map(|_| Size::default()).collect();
     // Runs outermost, sizes inside: drift of a shared machine hits every size alike.
     for run in 0..runs {
         for (i, &n) in tokens.iter().enumerate() {
             let s = &mut sizes[i];
-            let (write, restore, bytes) = state_round(dir, &cfg, n, run as u64)?;
+            let (write, restore, bytes) = state_round(dir, &source, n, run as u64)?;
             let (dw, dr) = disk_round(dir, bytes)?;
             s.bytes = bytes;
             s.write.push(write);
@@ -74,18 +102,19 @@ pub fn run(dir: &Path, tokens: &[usize], runs: usize, json_out: bool) -> Result<
 }
 
 /// Writes and restores one state of `n` positions; returns (write s, restore s, file bytes).
-fn state_round(dir: &Path, cfg: &K3Config, n: usize, seed: u64) -> Result<(f64, f64, u64)> {
+fn state_round(dir: &Path, source: &Source, n: usize, seed: u64) -> Result<(f64, f64, u64)> {
     let states = dir.join("states");
     let _ = std::fs::remove_dir_all(&states);
-    let state = State::new("kimi_k3", K3State::synthetic(cfg, n, seed));
+    let (state, vocab) = source.state(n, seed)?;
     let shape = state.shape();
     let snap = Arc::new(state.snapshot(None));
     drop(state);
     #[allow(clippy::cast_precision_loss)]
-    let logits: Arc<[f32]> = (0..K3_VOCAB).map(|i| (i % 1000) as f32 * 1e-3).collect();
-    let ids: Vec<u32> = (0..n).map(|i| u32::try_from(i * 7 % K3_VOCAB).unwrap_or(0)).collect();
+    let logits: Arc<[f32]> = (0..vocab).map(|i| (i % 1000) as f32 * 1e-3).collect();
+    let top = u32::try_from(vocab).unwrap_or(u32::MAX).max(1);
+    let ids: Vec<u32> = (0..n).map(|i| u32::try_from(i * 7).unwrap_or(0) % top).collect();
     let c = StateCacheConfig { dir: states.clone(), max_bytes: u64::MAX, every: 0 };
-    let cache = StateCache::open(c, [0x4b; 32], shape, K3_VOCAB)
+    let cache = StateCache::open(c, [0x4b; 32], shape, vocab)
         .with_context(|| format!("opening a state cache in {}", states.display()))?;
     let t0 = Instant::now();
     cache.submit(&ids, snap, Some(logits));
@@ -102,7 +131,7 @@ fn state_round(dir: &Path, cfg: &K3Config, n: usize, seed: u64) -> Result<(f64, 
     let restored = cache.lookup(&ids, 0).context("the state just written was not restored")?;
     let live = restored.snapshot.restore();
     let restore = t1.elapsed().as_secs_f64();
-    if live.len() != n || restored.logits.as_ref().map(Vec::len) != Some(K3_VOCAB) {
+    if live.len() != n || restored.logits.as_ref().map(Vec::len) != Some(vocab) {
         bail!("the restored state has {} positions, {n} expected", live.len());
     }
     Ok((write, restore, st.bytes_written))

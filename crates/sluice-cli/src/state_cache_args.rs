@@ -24,11 +24,29 @@ pub struct StateCacheArgs {
     #[arg(long, value_parser = values::size, allow_hyphen_values = true, default_value = "16G",
           requires = "state_cache")]
     state_cache_size: u64,
-    /// Write the state to --state-cache every N prompt tokens, besides the end of each prompt
-    /// and generation (0: only there).
+    /// Write the state to --state-cache every N prompt tokens, besides message boundaries and
+    /// the end of each prompt and generation (0: only there). Default: 0 for a model whose
+    /// state has a fixed-size part (Kimi K3's KDA layers: every file carries it), 512 otherwise.
     #[arg(long, value_parser = values::count, allow_negative_numbers = true,
-          default_value_t = 512, requires = "state_cache")]
-    state_cache_every: usize,
+          requires = "state_cache")]
+    state_cache_every: Option<usize>,
+}
+
+/// The snapshot interval when `--state-cache-every` is not given, from what one file of the
+/// model's state holds (docs/PERFORMANCE.md, "The state-cache interval"). A state with a
+/// fixed-size part (`fixed_bytes`: Kimi K3's KDA recurrent and conv states, 465 MB) writes
+/// that part again in every file, so each interval file costs about as much as the prompt-end
+/// file that is written anyway: on the agent replay an interval of 512 made the files of a new
+/// 3k-token K3 prompt 5.9 GB instead of 2.5 GB (the whole six-turn replay 19.4 GB instead of
+/// 13.2 GB) and restored no token that the message boundaries and prompt ends did not. A state
+/// of append-only caches (keys and values, MLA latents) costs only its positions per file; it
+/// keeps 512 (not measured on a replay yet).
+pub fn default_every(fixed_bytes: usize) -> usize {
+    if fixed_bytes > 0 {
+        0
+    } else {
+        512
+    }
 }
 
 impl StateCacheArgs {
@@ -58,14 +76,15 @@ impl StateCacheArgs {
         }
         let fingerprint = model_fingerprint(&target.dir, &numerics)
             .with_context(|| format!("fingerprinting {}", target.dir.display()))?;
+        let fresh = model.new_state();
         let cfg = StateCacheConfig {
             dir: dir.clone(),
             max_bytes: self.state_cache_size,
-            every: self.state_cache_every,
+            // A fresh state's snapshot holds exactly the part that does not grow with positions.
+            every: self.state_cache_every.unwrap_or_else(|| default_every(fresh.snapshot_bytes())),
         };
-        let cache =
-            StateCache::open(cfg, fingerprint, model.new_state().shape(), model.vocab_size())
-                .with_context(|| format!("--state-cache {}", dir.display()))?;
+        let cache = StateCache::open(cfg, fingerprint, fresh.shape(), model.vocab_size())
+            .with_context(|| format!("--state-cache {}", dir.display()))?;
         Ok(Some(Arc::new(cache)))
     }
 }

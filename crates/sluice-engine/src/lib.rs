@@ -23,6 +23,7 @@ pub mod sample;
 pub mod session;
 pub mod spine;
 pub mod state_cache;
+pub(crate) mod state_chunks;
 pub mod state_file;
 pub mod stop;
 pub mod turn;

@@ -6,7 +6,8 @@
 //! `every`-token boundary of a prompt, at message boundaries the caller names, at the end of a
 //! prompt (with the logits predicting the next position, so an identical prompt needs no pass)
 //! and at the end of a generation. A background thread encodes and writes it
-//! ([`crate::state_file`]): temp file, fsync, rename, directory fsync. The token path only
+//! ([`crate::state_file`]: its chunks hash on the writer's own thread pool while the body is
+//! written): temp file, fsync, rename, directory fsync. The token path only
 //! queues the snapshot; the queue holds at most [`QUEUE`] snapshots, so a writer that falls
 //! behind the disk makes the engine wait rather than hold unbounded memory.
 //!
@@ -330,11 +331,7 @@ impl StateCache {
                 }
             }
         }
-        let bytes = 32
-            + state_file::HEADER_LEN as u64
-            + 4 * tokens.len() as u64
-            + logits.as_ref().map_or(0, |l| 8 + 4 * l.len() as u64)
-            + snap.encoded_len() as u64;
+        let bytes = state_file::file_len(tokens.len(), logits.as_ref().map(|l| l.len()), &snap);
         let tx = self.tx.lock().unwrap_or_else(PoisonError::into_inner).clone();
         if let Some(tx) = tx {
             *self.pending.0.lock().unwrap_or_else(PoisonError::into_inner) += 1;
@@ -484,9 +481,16 @@ impl Inner {
 /// The writer thread: one job at a time until the cache is dropped.
 fn writer(inner: &Inner, rx: &Receiver<Job>, pending: &(Mutex<u64>, std::sync::Condvar)) {
     let mut paused = std::env::var_os("SLUICE_STATE_CACHE_PAUSE").map(PathBuf::from);
+    // The writer hashes on a pool of its own: a write runs while the engine's passes use the
+    // process-wide pool, and a call into a busy pool would run on one thread (the writer's,
+    // or worse the engine's, had the writer taken the pool first).
+    let pool = sluice_kernels::pool::Pool::new(sluice_kernels::pool::global().threads()).ok();
     for job in rx {
         let t0 = std::time::Instant::now();
-        let res = inner.write(&job, &mut paused);
+        let res = match &pool {
+            Some(p) => p.install(|| inner.write(&job, &mut paused)),
+            None => inner.write(&job, &mut paused),
+        };
         let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
         inner.counters.write_ns.fetch_add(ns, Ordering::Relaxed);
         match res {

@@ -3,13 +3,24 @@
 //! prompt needs.
 //!
 //! ```text
-//! header (88 bytes):  "SLUICEST" · u32 file version · [32] model fingerprint
+//! header (100 bytes): "SLUICEST" · u32 file version · [32] model fingerprint
 //!                     · u64 token count n · [32] prefix key · u32 flags (bit 0: logits)
-//! body:               u32[n] the prefix's token ids
+//!                     · u32 chunk bytes C · u64 body bytes B
+//! body (B bytes):     u32[n] the prefix's token ids
 //!                     · (with logits) u64 v · f32[v] logits predicting position n
-//!                     · the state snapshot (`StateSnapshot::encode`)
-//! trailer:            [32] SHA-256 of every byte before it
+//!                     · u64 m · the snapshot's layout [m bytes] · the snapshot's arrays
+//!                       (`StateSnapshot::layout_bytes`, `StateSnapshot::array_pieces`)
+//! chunk table:        [32] SHA-256 of each C-byte chunk of the body, ⌈B / C⌉ of them
+//! trailer:            [32] SHA-256 of the header and the chunk table
 //! ```
+//!
+//! The chunks are what lets a state move at disk speed ([`crate::state_chunks`]): they are
+//! hashed on every thread of the kernel pool while the body is written, and checked on every
+//! thread while it is read straight into the restored state's arrays. A file is used only when
+//! its header and table match the trailer and every chunk matches its entry; a chunk that does
+//! not is named in the refusal. Version 1 (one SHA-256 over the whole file, the snapshot's
+//! layout interleaved with its arrays) is refused by its version, and a version-1 file's
+//! fingerprint differs too, so it is never even looked up.
 //!
 //! The **prefix key** is SHA-256 over a domain tag, the fingerprint and the prefix's ids
 //! (little-endian u32): a running hash, so the keys of every prefix length of a prompt come from
@@ -24,17 +35,24 @@
 //! model (1.45 TB for Kimi K3) at every start; names, sizes and times change whenever a file is
 //! replaced or rewritten, and a false change only costs a recomputation.
 
+use crate::state_chunks::{self, chunk_count, ChunkError, ChunkHash, Piece, CHUNK_BYTES};
 use sha2::{Digest, Sha256};
+use sluice_models::snapshot::{from_le_in_place, le_bytes};
 use sluice_models::{SnapshotCodecError, StateShape, StateSnapshot, SNAPSHOT_FORMAT_VERSION};
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::borrow::Cow;
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 /// The first bytes of every state file.
 const MAGIC: [u8; 8] = *b"SLUICEST";
 /// Version of the file layout above; a file of another version is refused.
-pub const STATE_FILE_VERSION: u32 = 1;
+pub const STATE_FILE_VERSION: u32 = 2;
 /// Bytes of the header.
-pub(crate) const HEADER_LEN: usize = 8 + 4 + 32 + 8 + 32 + 4;
+pub(crate) const HEADER_LEN: usize = 8 + 4 + 32 + 8 + 32 + 4 + 4 + 8;
+/// Smallest and largest chunk a file may declare (this sluice writes [`CHUNK_BYTES`]).
+const CHUNK_RANGE: std::ops::RangeInclusive<usize> = 4096..=(1 << 30);
+/// Most bytes of snapshot layout a file may declare (Kimi K3's 93 layers take 2 KB).
+const MAX_LAYOUT: u64 = 1 << 20;
 /// Header flag: the file holds the logits predicting the next position.
 const HAS_LOGITS: u32 = 1;
 
@@ -56,6 +74,10 @@ pub(crate) struct Header {
     pub(crate) tokens: u64,
     pub(crate) key: Key,
     pub(crate) logits: bool,
+    /// Bytes of each chunk of the body.
+    pub(crate) chunk: usize,
+    /// Bytes of the body.
+    pub(crate) body: u64,
 }
 
 /// Why a state file was not used.
@@ -79,9 +101,27 @@ pub enum Refusal {
     /// Longer than its contents say.
     #[error("the file has {0} bytes past its checksum")]
     Trailing(u64),
-    /// The checksum does not match.
-    #[error("checksum mismatch (the file is corrupt)")]
-    Checksum,
+    /// The header or the chunk table does not match the trailer.
+    #[error("the header or chunk table fails its checksum (the file is corrupt)")]
+    TableChecksum,
+    /// A chunk of the body does not match its checksum.
+    #[error(
+        "chunk {chunk} of {chunks} (body bytes {start}..{end}) fails its checksum (the file is \
+         corrupt)"
+    )]
+    Checksum {
+        /// The first chunk that differs (from 0).
+        chunk: u64,
+        /// Chunks in the file.
+        chunks: u64,
+        /// Where it starts in the body.
+        start: u64,
+        /// Where it ends in the body.
+        end: u64,
+    },
+    /// The header declares a chunk size this sluice does not read.
+    #[error("the file declares chunks of {0} bytes")]
+    ChunkSize(u64),
     /// The logits are not the model's vocabulary's width.
     #[error("the file's logits have {got} values, the model's vocabulary {want}")]
     Logits {
@@ -200,41 +240,21 @@ pub fn model_fingerprint(dir: &Path, numerics: &str) -> std::io::Result<[u8; 32]
     Ok(h.finalize().into())
 }
 
-/// A writer that hashes what passes through it.
-struct Hashing<W> {
-    inner: W,
-    hash: Sha256,
-    bytes: u64,
+/// `v`'s little-endian bytes.
+fn u32_bytes(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|t| t.to_le_bytes()).collect()
 }
 
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hash.update(&buf[..n]);
-        self.bytes += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-/// A reader that hashes what passes through it.
-struct HashingRead<R> {
-    inner: R,
-    hash: Sha256,
-}
-
-impl<R: Read> Read for HashingRead<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hash.update(&buf[..n]);
-        Ok(n)
-    }
+/// Bytes of the file [`write_file`] writes for `tokens`, `logits` and `snap`.
+pub(crate) fn file_len(tokens: usize, logits: Option<usize>, snap: &StateSnapshot) -> u64 {
+    let body =
+        4 * tokens as u64 + logits.map_or(0, |v| 8 + 4 * v as u64) + 8 + snap.encoded_len() as u64;
+    HEADER_LEN as u64 + body + 32 * chunk_count(body, CHUNK_BYTES) + 32
 }
 
 /// Writes a complete state file to `path` (a temporary name: the caller renames it) and
-/// fsyncs it; returns the bytes written.
+/// fsyncs it; returns the bytes written. The body goes out in large sequential writes straight
+/// from the snapshot's arrays while its chunks hash on the current kernel pool.
 pub(crate) fn write_file(
     path: &Path,
     fingerprint: &[u8; 32],
@@ -242,32 +262,53 @@ pub(crate) fn write_file(
     logits: Option<&[f32]>,
     snap: &StateSnapshot,
 ) -> std::io::Result<u64> {
-    let file = std::fs::File::create(path)?;
-    let mut w =
-        Hashing { inner: BufWriter::with_capacity(1 << 20, file), hash: Sha256::new(), bytes: 0 };
-    w.write_all(&MAGIC)?;
-    w.write_all(&STATE_FILE_VERSION.to_le_bytes())?;
-    w.write_all(fingerprint)?;
-    w.write_all(&(tokens.len() as u64).to_le_bytes())?;
-    w.write_all(&prefix_key(fingerprint, tokens).0)?;
-    w.write_all(&(if logits.is_some() { HAS_LOGITS } else { 0 }).to_le_bytes())?;
-    for t in tokens {
-        w.write_all(&t.to_le_bytes())?;
-    }
+    write_chunked(path, fingerprint, tokens, logits, snap, CHUNK_BYTES)
+}
+
+/// [`write_file`] with chunks of `chunk` bytes.
+pub(crate) fn write_chunked(
+    path: &Path,
+    fingerprint: &[u8; 32],
+    tokens: &[u32],
+    logits: Option<&[f32]>,
+    snap: &StateSnapshot,
+    chunk: usize,
+) -> std::io::Result<u64> {
+    let ids = u32_bytes(tokens);
+    let layout = snap.layout_bytes()?;
+    let (v8, m8) = (logits.map_or(0, <[f32]>::len) as u64, layout.len() as u64);
+    let (v8, m8) = (v8.to_le_bytes(), m8.to_le_bytes());
+    let mut pieces: Vec<Cow<'_, [u8]>> = vec![Cow::Borrowed(&ids)];
     if let Some(l) = logits {
-        w.write_all(&(l.len() as u64).to_le_bytes())?;
-        for x in l {
-            w.write_all(&x.to_bits().to_le_bytes())?;
-        }
+        pieces.extend([Cow::Borrowed(&v8[..]), le_bytes(l)]);
     }
-    snap.encode(&mut w)?;
-    let sum: [u8; 32] = w.hash.clone().finalize().into();
-    let bytes = w.bytes + 32;
-    let mut inner = w.inner;
-    inner.write_all(&sum)?;
-    let file = inner.into_inner().map_err(std::io::IntoInnerError::into_error)?;
+    pieces.extend([Cow::Borrowed(&m8[..]), Cow::Borrowed(&layout[..])]);
+    pieces.extend(snap.array_pieces().into_iter().map(le_bytes));
+    let pieces: Vec<&[u8]> = pieces.iter().map(|p| &**p).collect();
+    let body: u64 = pieces.iter().map(|p| p.len() as u64).sum();
+    let mut header = Vec::with_capacity(HEADER_LEN);
+    header.extend_from_slice(&MAGIC);
+    header.extend_from_slice(&STATE_FILE_VERSION.to_le_bytes());
+    header.extend_from_slice(fingerprint);
+    header.extend_from_slice(&(tokens.len() as u64).to_le_bytes());
+    header.extend_from_slice(&prefix_key(fingerprint, tokens).0);
+    header.extend_from_slice(&(if logits.is_some() { HAS_LOGITS } else { 0 }).to_le_bytes());
+    let chunk32 = u32::try_from(chunk).map_err(|_| std::io::Error::other("chunk over u32"))?;
+    header.extend_from_slice(&chunk32.to_le_bytes());
+    header.extend_from_slice(&body.to_le_bytes());
+    let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    w.write_all(&header)?;
+    let table = state_chunks::write_hashed(&mut w, &pieces, chunk)?;
+    let mut sum = Sha256::new();
+    sum.update(&header);
+    for h in &table {
+        w.write_all(h)?;
+        sum.update(h);
+    }
+    w.write_all(&sum.finalize())?;
+    let file = w.into_inner().map_err(std::io::IntoInnerError::into_error)?;
     file.sync_all()?;
-    Ok(bytes)
+    Ok(HEADER_LEN as u64 + body + 32 * table.len() as u64 + 32)
 }
 
 /// Parses a header.
@@ -276,21 +317,30 @@ fn parse_header(b: &[u8; HEADER_LEN]) -> Result<Header, Refusal> {
         return Err(Refusal::Magic);
     }
     let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    let u64_at = |i: usize| {
+        let mut v = [0u8; 8];
+        v.copy_from_slice(&b[i..i + 8]);
+        u64::from_le_bytes(v)
+    };
     let version = u32_at(8);
     if version != STATE_FILE_VERSION {
         return Err(Refusal::Version(version));
     }
     let mut fingerprint = [0u8; 32];
     fingerprint.copy_from_slice(&b[12..44]);
-    let mut n = [0u8; 8];
-    n.copy_from_slice(&b[44..52]);
     let mut key = [0u8; 32];
     key.copy_from_slice(&b[52..84]);
+    let chunk = u32_at(88) as usize;
+    if !CHUNK_RANGE.contains(&chunk) {
+        return Err(Refusal::ChunkSize(u64::from(u32_at(88))));
+    }
     Ok(Header {
         fingerprint,
-        tokens: u64::from_le_bytes(n),
+        tokens: u64_at(44),
         key: Key(key),
         logits: u32_at(84) & HAS_LOGITS != 0,
+        chunk,
+        body: u64_at(92),
     })
 }
 
@@ -317,14 +367,121 @@ pub(crate) struct Contents {
     pub(crate) bytes: u64,
 }
 
+/// Counts down the body bytes a read may still take: nothing is allocated past them.
+struct Budget(u64);
+
+impl Budget {
+    fn take(&mut self, n: u64) -> Result<u64, Refusal> {
+        self.0 = self.0.checked_sub(n).ok_or(Refusal::Truncated)?;
+        Ok(n)
+    }
+}
+
+fn read_u64(r: &mut impl Read) -> Result<u64, Refusal> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+/// The body's parts before the state's arrays, read and checked against what the read must find.
+struct Preamble {
+    ids: Vec<u8>,
+    v8: [u8; 8],
+    logits: Option<Vec<f32>>,
+    m: u64,
+    layout: Vec<u8>,
+    plan: sluice_models::SnapshotLayout,
+}
+
+/// Reads the preamble from `file` (positioned at the body's start).
+fn read_preamble(
+    file: &mut std::fs::File,
+    h: &Header,
+    want: &Expect<'_>,
+) -> Result<Preamble, Refusal> {
+    let mut left = Budget(h.body);
+    let n = left.take(4 * h.tokens)?;
+    let mut ids = vec![0u8; usize::try_from(n).map_err(|_| Refusal::Truncated)?];
+    file.read_exact(&mut ids)?;
+    if ids != u32_bytes(want.tokens) {
+        return Err(Refusal::OtherPrefix);
+    }
+    let mut v8 = [0u8; 8];
+    let mut logits = None;
+    if h.logits {
+        left.take(8)?;
+        file.read_exact(&mut v8)?;
+        let v = u64::from_le_bytes(v8);
+        if v != want.vocab as u64 {
+            return Err(Refusal::Logits { got: v, want: want.vocab });
+        }
+        left.take(4 * v)?;
+        let mut l = vec![0f32; want.vocab];
+        file.read_exact(bytemuck::cast_slice_mut(&mut l))?;
+        logits = Some(l);
+    }
+    left.take(8)?;
+    let m = read_u64(file)?;
+    if m > MAX_LAYOUT {
+        return Err(Refusal::Codec(SnapshotCodecError::Mismatch(format!(
+            "a snapshot layout of {m} bytes"
+        ))));
+    }
+    let mut layout = vec![0u8; usize::try_from(left.take(m)?).map_err(|_| Refusal::Truncated)?];
+    file.read_exact(&mut layout)?;
+    let mut rest = &layout[..];
+    let plan = StateSnapshot::read_layout(&mut rest, want.shape, m + left.0)?;
+    if !rest.is_empty() {
+        return Err(Refusal::Codec(SnapshotCodecError::Mismatch(format!(
+            "{} bytes after the snapshot layout",
+            rest.len()
+        ))));
+    }
+    if plan.positions() != want.tokens.len() {
+        return Err(Refusal::OtherPrefix);
+    }
+    // A layout that does not describe the rest of the body exactly is refused.
+    match plan.array_bytes().cmp(&left.0) {
+        std::cmp::Ordering::Less => return Err(Refusal::Trailing(left.0 - plan.array_bytes())),
+        std::cmp::Ordering::Greater => return Err(Refusal::Truncated),
+        std::cmp::Ordering::Equal => {}
+    }
+    Ok(Preamble { ids, v8, logits, m, layout, plan })
+}
+
+/// After the preamble was refused: the first of the chunks it was read from that fails its
+/// checksum, as the refusal to give instead (a damaged file is named as such, by chunk, rather
+/// than as a file of another prefix or shape).
+fn bad_chunk_before(file: &mut std::fs::File, h: &Header, table: &[ChunkHash]) -> Option<Refusal> {
+    let read = file.stream_position().ok()?.checked_sub(HEADER_LEN as u64)?;
+    let c = h.chunk as u64;
+    let mut buf = Vec::new();
+    for (k, want) in (0..).zip(table.iter().take(usize::try_from(read / c + 1).ok()?)) {
+        let len = usize::try_from(c.min(h.body - k * c)).ok()?;
+        buf.resize(len, 0);
+        file.seek(SeekFrom::Start(HEADER_LEN as u64 + k * c)).ok()?;
+        file.read_exact(&mut buf).ok()?;
+        if Sha256::digest(&buf)[..] != want[..] {
+            let chunks = table.len() as u64;
+            return Some(Refusal::Checksum {
+                chunk: k,
+                chunks,
+                start: k * c,
+                end: (k * c + c).min(h.body),
+            });
+        }
+    }
+    None
+}
+
 /// Reads the file at `path`, refusing it unless every check passes: header, fingerprint,
-/// prefix (key and ids), state shape, length, and the checksum over the whole file.
+/// prefix (key and ids), size, the trailer over header and chunk table, state shape, and every
+/// chunk's checksum (checked on the current kernel pool while the body is read).
 pub(crate) fn read_file(path: &Path, want: &Expect<'_>) -> Result<Contents, Refusal> {
-    let file = std::fs::File::open(path)?;
+    let mut file = std::fs::File::open(path)?;
     let size = file.metadata()?.len();
-    let mut r = HashingRead { inner: BufReader::with_capacity(1 << 20, file), hash: Sha256::new() };
     let mut hb = [0u8; HEADER_LEN];
-    r.read_exact(&mut hb)?;
+    file.read_exact(&mut hb)?;
     let h = parse_header(&hb)?;
     if h.fingerprint != *want.fingerprint {
         return Err(Refusal::OtherModel);
@@ -332,51 +489,69 @@ pub(crate) fn read_file(path: &Path, want: &Expect<'_>) -> Result<Contents, Refu
     if h.key != want.key || h.tokens != want.tokens.len() as u64 {
         return Err(Refusal::OtherPrefix);
     }
-    // Nothing below allocates more than the file holds.
-    let mut left = size.checked_sub(HEADER_LEN as u64 + 32).ok_or(Refusal::Truncated)?;
-    let mut take = |n: u64| -> Result<(), Refusal> {
-        left = left.checked_sub(n).ok_or(Refusal::Truncated)?;
-        Ok(())
+    // The size the header implies, checked before anything is allocated from it.
+    let chunks = chunk_count(h.body, h.chunk);
+    let want_size = chunks
+        .checked_add(1)
+        .and_then(|c| c.checked_mul(32))
+        .and_then(|t| t.checked_add(h.body))
+        .and_then(|t| t.checked_add(HEADER_LEN as u64))
+        .ok_or(Refusal::Truncated)?;
+    if size < want_size {
+        return Err(Refusal::Truncated);
+    }
+    if size > want_size {
+        return Err(Refusal::Trailing(size - want_size));
+    }
+    let table_bytes = usize::try_from(32 * (chunks + 1)).map_err(|_| Refusal::Truncated)?;
+    let mut table = vec![0u8; table_bytes];
+    file.seek(SeekFrom::Start(HEADER_LEN as u64 + h.body))?;
+    file.read_exact(&mut table)?;
+    let (table, trailer) = table.split_at(table_bytes - 32);
+    let mut sum = Sha256::new();
+    sum.update(hb);
+    sum.update(table);
+    if sum.finalize()[..] != *trailer {
+        return Err(Refusal::TableChecksum);
+    }
+    let table: Vec<ChunkHash> = table
+        .chunks_exact(32)
+        .map(|c| c.try_into().expect("invariant: chunks_exact(32)"))
+        .collect();
+    file.seek(SeekFrom::Start(HEADER_LEN as u64))?;
+    let Preamble { ids, v8, mut logits, m, layout, plan } = match read_preamble(&mut file, &h, want)
+    {
+        Ok(p) => p,
+        Err(why) => return Err(bad_chunk_before(&mut file, &h, &table).unwrap_or(why)),
     };
-    take(4 * h.tokens)?;
-    let mut b4 = [0u8; 4];
-    for &t in want.tokens {
-        r.read_exact(&mut b4)?;
-        if u32::from_le_bytes(b4) != t {
-            return Err(Refusal::OtherPrefix);
+    let mut arrays = plan.alloc();
+    {
+        let m8 = m.to_le_bytes();
+        let mut pieces = vec![Piece::Done(&ids)];
+        if let Some(l) = &logits {
+            pieces.extend([Piece::Done(&v8), Piece::Done(bytemuck::cast_slice(l))]);
         }
-    }
-    let logits = if h.logits {
-        let mut b8 = [0u8; 8];
-        take(8)?;
-        r.read_exact(&mut b8)?;
-        let n = u64::from_le_bytes(b8);
-        if n != want.vocab as u64 {
-            return Err(Refusal::Logits { got: n, want: want.vocab });
+        pieces.extend([Piece::Done(&m8), Piece::Done(&layout)]);
+        for a in &mut arrays {
+            let v = std::sync::Arc::get_mut(a).expect("invariant: just allocated, not shared");
+            pieces.push(Piece::Fill(bytemuck::cast_slice_mut(v)));
         }
-        take(4 * n)?;
-        let mut l = Vec::with_capacity(want.vocab);
-        for _ in 0..n {
-            r.read_exact(&mut b4)?;
-            l.push(f32::from_bits(u32::from_le_bytes(b4)));
-        }
-        Some(l)
-    } else {
-        None
-    };
-    let snap = StateSnapshot::decode(&mut r, want.shape, left)?;
-    if snap.len() != want.tokens.len() {
-        return Err(Refusal::OtherPrefix);
+        state_chunks::read_checked(&mut file, pieces, h.chunk, &table).map_err(|e| match e {
+            ChunkError::Io(e) => e.into(),
+            ChunkError::Mismatch(k) => {
+                let k = k as u64;
+                let c = h.chunk as u64;
+                Refusal::Checksum { chunk: k, chunks, start: k * c, end: ((k + 1) * c).min(h.body) }
+            }
+        })?;
     }
-    let sum: [u8; 32] = r.hash.clone().finalize().into();
-    let mut stored = [0u8; 32];
-    r.inner.read_exact(&mut stored)?;
-    if stored != sum {
-        return Err(Refusal::Checksum);
+    if let Some(l) = &mut logits {
+        from_le_in_place(l);
     }
-    let trailing = std::io::copy(&mut r.inner.take(1 << 20), &mut std::io::sink())?;
-    if trailing > 0 {
-        return Err(Refusal::Trailing(trailing));
-    }
+    let snap = plan.assemble(arrays)?;
     Ok(Contents { snap, logits, bytes: size })
 }
+
+#[cfg(test)]
+#[path = "state_file_tests.rs"]
+mod tests;

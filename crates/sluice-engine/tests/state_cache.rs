@@ -292,3 +292,63 @@ fn a_synthetic_k3_state_has_the_models_shape_and_round_trips_through_a_file() {
     snap.encode(&mut y).unwrap();
     assert!(x == y, "the restored state is the one written");
 }
+
+#[test]
+fn a_version_1_state_file_is_refused_and_recomputed_never_misread() {
+    // Version 1 files (one SHA-256 over the whole file, the snapshot's layout interleaved with
+    // its arrays) are valid by their own rules; read with version 2's layout they would be
+    // misread. One left in the directory, under the very name of the prompt's key, is refused
+    // by its version when the cache opens, deleted, and the state recomputed.
+    use sha2::{Digest, Sha256};
+    let m = load("kimi_k3", "tiny-a");
+    let p = prompt();
+    let mut q = p.clone();
+    q.push(190);
+    let want = gen(&m, &q, None);
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = Vec::new();
+    b.extend_from_slice(b"SLUICEST");
+    b.extend_from_slice(&1u32.to_le_bytes());
+    b.extend_from_slice(&FP_A);
+    b.extend_from_slice(&(p.len() as u64).to_le_bytes());
+    b.extend_from_slice(&prefix_key(&FP_A, &p).0);
+    b.extend_from_slice(&0u32.to_le_bytes());
+    p.iter().for_each(|t| b.extend_from_slice(&t.to_le_bytes()));
+    b.extend((0..4096u32).map(|i| i.to_le_bytes()[0]));
+    let sum = Sha256::digest(&b);
+    b.extend_from_slice(&sum);
+    let f = file(dir.path(), &FP_A, &p);
+    std::fs::write(&f, &b).unwrap();
+    let c = open(dir.path(), &m, FP_A, 0, u64::MAX);
+    assert_eq!(c.stats().refused, 1, "refused when the cache opened");
+    assert!(!f.exists(), "and deleted");
+    let got = gen(&m, &q, Some(&c));
+    assert_eq!(got.stats.state_cache_tokens_restored, 0);
+    assert_same("kimi_k3/tiny-a", "after a version 1 file", &got, &want);
+    let again = gen(&m, &q, Some(&c));
+    assert_eq!(again.stats.state_cache_tokens_restored, 22, "recomputed and rewritten");
+    assert_same("kimi_k3/tiny-a", "restored from version 2", &again, &want);
+}
+
+#[test]
+fn a_filled_state_has_its_models_shape_and_file_size_for_every_family() {
+    // `sluice bench --snapshot-io --model` measures a model's own state filled with drawn
+    // values: it must be the state the model would write, byte for byte in size.
+    let p = prompt();
+    for (name, m) in models() {
+        let mut filled = m.new_state();
+        filled.fill_synthetic(9, 3);
+        assert_eq!(filled.shape(), m.new_state().shape(), "{name}");
+        assert_eq!(filled.len(), 9, "{name}");
+        let mut real = m.new_state();
+        m.forward(&mut real, &p[..9], sluice_models::LogitRows::Last, None).unwrap();
+        real.commit(9);
+        let (a, b) = (filled.snapshot(None), real.snapshot(None));
+        assert_eq!(a.encoded_len(), b.encoded_len(), "{name}: same bytes as a real state");
+        let tmp = tempfile::tempdir().unwrap();
+        let c = open(tmp.path(), &m, FP_A, 0, 1 << 30);
+        c.submit(&p[..9], Arc::new(a), None);
+        c.flush();
+        assert_eq!(c.lookup(&p[..10], 0).expect("restored").pos, 9, "{name}");
+    }
+}

@@ -27,7 +27,9 @@ pub mod working;
 pub use family::{
     Checked, Family, FamilyModel, MemoryNeeds, RoutedExperts, Shape, Trace, FAMILIES,
 };
-pub use snapshot::{SnapshotCodecError, StateShape, StateSnapshot, SNAPSHOT_FORMAT_VERSION};
+pub use snapshot::{
+    SnapshotCodecError, SnapshotLayout, StateShape, StateSnapshot, SNAPSHOT_FORMAT_VERSION,
+};
 pub use state::{FamilyState, State};
 
 use sluice_checkpoint::{Checkpoint, CheckpointError};

@@ -16,14 +16,23 @@
 //! [`StateSnapshot::restore`] rebuilds a state whose next pass is bit-identical to the next pass
 //! of the state it was taken from (tested in `tests/snapshot.rs`). [`StateSnapshot::encode`] and
 //! [`StateSnapshot::decode`] (in `codec`) give it a byte form for the engine's on-disk cache.
+//!
+//! [`reference_state`] and [`crate::State::fill_synthetic`] make states of drawn values, for
+//! benchmarks of what a state costs to store and restore (`sluice bench --snapshot-io`).
 
 mod codec;
 
-pub use codec::{SnapshotCodecError, StateShape, SNAPSHOT_FORMAT_VERSION};
+pub use codec::{
+    from_le_in_place, le_bytes, SnapshotCodecError, SnapshotLayout, StateShape,
+    SNAPSHOT_FORMAT_VERSION,
+};
 
+use crate::kimi_k3::config::K3Config;
 use crate::kimi_k3::state::{K3State, KdaLayer, KdaState, LayerState, MlaLayer};
+use crate::kimi_k3::synth::{K3Dims, SplitMix};
 use crate::qwen3::state::{KvCache, Qwen3State};
 use crate::state::{FamilyState, State};
+use crate::ModelError;
 use std::any::Any;
 use std::sync::Arc;
 
@@ -189,6 +198,9 @@ impl FamilyState for K3State {
     fn shape(&self, family: &'static str) -> StateShape {
         codec::k3_shape(self, family)
     }
+    fn fill_synthetic(&mut self, positions: usize, seed: u64) {
+        fill_k3(self, positions, seed);
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -222,6 +234,9 @@ impl FamilyState for Qwen3State {
     fn shape(&self, family: &'static str) -> StateShape {
         codec::kv_shape(self, family)
     }
+    fn fill_synthetic(&mut self, positions: usize, seed: u64) {
+        fill_kv(self, positions, seed);
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -241,14 +256,14 @@ impl StateSnapshot {
         self.len == 0
     }
 
-    /// A live state equal to the one this snapshot was taken from (no pass staged).
+    /// A live state equal to the one this snapshot was taken from (no pass staged). Its
+    /// layers are copied in parallel on the current kernel pool: a Kimi K3 state is 0.5–1.4 GB
+    /// of copies, which one core does no faster than a fast disk reads them.
     pub fn restore(&self) -> State {
         match self.family {
             Family::KimiK3 => {
-                let layers = self
-                    .layers
-                    .iter()
-                    .filter_map(|l| match l {
+                let layers =
+                    sluice_kernels::pool::map(self.layers.len(), |i| match &self.layers[i] {
                         SnapLayer::Kda { s, conv, heads, dim } => {
                             let st = KdaState { s: s.to_vec(), conv: conv.to_vec() };
                             Some(LayerState::Kda(KdaLayer {
@@ -268,22 +283,24 @@ impl StateSnapshot {
                             }))
                         }
                         SnapLayer::Kv { .. } => None,
-                    })
-                    .collect();
-                State::new(self.owner, K3State::restored(layers, self.len))
+                    });
+                State::new(
+                    self.owner,
+                    K3State::restored(layers.into_iter().flatten().collect(), self.len),
+                )
             }
             Family::Qwen3 => {
-                let layers = self
-                    .layers
-                    .iter()
-                    .filter_map(|l| match l {
+                let layers =
+                    sluice_kernels::pool::map(self.layers.len(), |i| match &self.layers[i] {
                         SnapLayer::Kv { k, v, width } => {
                             Some(KvCache { k: k.restore(), v: v.restore(), width: *width })
                         }
                         _ => None,
-                    })
-                    .collect();
-                State::new(self.owner, Qwen3State::restored(layers, self.len))
+                    });
+                State::new(
+                    self.owner,
+                    Qwen3State::restored(layers.into_iter().flatten().collect(), self.len),
+                )
             }
         }
     }
@@ -333,6 +350,64 @@ impl StateSnapshot {
         self.for_each_part(&mut |_, b| total += b);
         total
     }
+}
+
+// States of drawn values, for benchmarks of what a prompt state costs to store and restore
+// (`sluice bench --snapshot-io`) at sizes too large to compute here: never for generation. They
+// live behind the family boundary so that the benchmark never names a family.
+
+/// Kimi K3's published vocabulary.
+const K3_VOCAB: usize = 163_840;
+/// Kimi K3's decoder layers; [`K3Dims::k3_slice`] makes every fourth and the last MLA, which
+/// gives the published 69 KDA and 24 MLA layers.
+const K3_LAYERS: usize = 93;
+
+/// `n` values drawn from `rng`.
+fn draw(rng: &mut SplitMix, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.uniform()).collect()
+}
+
+/// A Kimi K3 state with `positions` drawn positions, in place of `s` (same layer shapes).
+fn fill_k3(s: &mut K3State, positions: usize, seed: u64) {
+    let mut rng = SplitMix::new(seed);
+    let mut layers = std::mem::take(&mut s.layers);
+    for l in &mut layers {
+        match l {
+            LayerState::Kda(k) => {
+                k.committed.s = draw(&mut rng, k.committed.s.len());
+                k.committed.conv = draw(&mut rng, k.committed.conv.len());
+                k.work.clone_from(&k.committed);
+                k.rows.clear();
+            }
+            LayerState::Mla(m) => {
+                m.lat = draw(&mut rng, positions * m.lat_dim);
+                m.pe = draw(&mut rng, positions * m.pe_dim);
+            }
+        }
+    }
+    *s = K3State::restored(layers, positions);
+}
+
+/// A Qwen3-style state with `positions` drawn positions, in place of `s` (same widths).
+fn fill_kv(s: &mut Qwen3State, positions: usize, seed: u64) {
+    let mut rng = SplitMix::new(seed);
+    let mut layers = std::mem::take(&mut s.layers);
+    for l in &mut layers {
+        l.k = draw(&mut rng, positions * l.width);
+        l.v = draw(&mut rng, positions * l.width);
+    }
+    *s = Qwen3State::restored(layers, positions);
+}
+
+/// The state `sluice bench --snapshot-io` measures without a model, and its model's
+/// vocabulary (the logits row a prompt-end state keeps): Kimi K3's at its published
+/// dimensions (93 layers: 69 KDA with 96 heads of 128 and a conv window of 3 × 3 × 12,288,
+/// 24 MLA with a 512 + 64 latent per position), the largest state of the families sluice
+/// runs, with `positions` drawn positions.
+pub fn reference_state(positions: usize, seed: u64) -> Result<(State, usize), ModelError> {
+    let text = K3Dims::k3_slice(K3_LAYERS, 896, K3_VOCAB).text_config();
+    let cfg = K3Config::from_json(&text)?;
+    Ok((State::new("kimi_k3", K3State::synthetic(&cfg, positions, seed)), K3_VOCAB))
 }
 
 #[cfg(test)]

@@ -40,6 +40,9 @@ pub trait FamilyState: Any + Send + Sync + std::fmt::Debug {
     fn snapshot_bytes(&self) -> usize;
     /// The shape snapshots of this state have (for [`StateSnapshot::decode`]).
     fn shape(&self, family: &'static str) -> StateShape;
+    /// Becomes a state of `positions` committed positions of values drawn from `seed`, with
+    /// the same shapes (see [`State::fill_synthetic`]).
+    fn fill_synthetic(&mut self, positions: usize, seed: u64);
     /// The state as `Any`, for [`State::family_ref`].
     fn as_any(&self) -> &dyn Any;
     /// The state as `Any`, for [`State::family_mut`].
@@ -111,6 +114,14 @@ impl State {
     /// The shape snapshots of this state have (for [`StateSnapshot::decode`]).
     pub fn shape(&self) -> StateShape {
         self.inner.shape(self.family)
+    }
+
+    /// Becomes a state of `positions` committed positions whose values are drawn from `seed`
+    /// instead of computed, with the shapes of the model that made it: what a state of that
+    /// length costs to store and restore, for benchmarks (`sluice bench --snapshot-io
+    /// --model`); never for generation.
+    pub fn fill_synthetic(&mut self, positions: usize, seed: u64) {
+        self.inner.fill_synthetic(positions, seed);
     }
 
     /// The concrete state of a model of `family`, or [`ModelError::StateMismatch`] naming
