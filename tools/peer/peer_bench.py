@@ -156,6 +156,8 @@ def sluice(a, ids, n_new, cgroup=None):
     env = dict(os.environ, SLUICE_THREADS=str(a.threads))
     cmd = [a.sluice, "run", "--model", a.model, "--json", "--no-warm-start",
            "--prompt-ids", ",".join(map(str, ids)), "--max-new", str(n_new)]
+    if cgroup:
+        cmd += ["--memory", f"{a.sluice_memory >> 20}M"]
     v, wall = run_json(cmd, env, cgroup)
     st = v["stats"]
     plan = [l for l in v["_stderr"].splitlines() if "plan" in l.lower() or "spine" in l.lower()]
@@ -207,6 +209,10 @@ def main():
     ap.add_argument("--cgroup-bytes", type=int,
                     help="cgroup limit (default: the non-expert bytes + the share of the expert "
                     f"bytes a 1/3-of-the-experts cgroup leaves the full K3, {K3_EXPERT_SHARE:.3f})")
+    ap.add_argument("--sluice-memory", type=int,
+                    help="sluice's --memory in the cgroup, bytes (default: the limit - 256 MiB; "
+                    "sluice's own default, 85%% of the limit - 512 MiB, is below the slice's "
+                    "minimum there)")
     ap.add_argument("--parts", default="decode,prefill,cgroup")
     ap.add_argument("--timeout", type=float, default=1800,
                     help="seconds one process may take before the benchmark fails")
@@ -225,6 +231,7 @@ def main():
     files = [os.path.join(a.model, f) for f in os.listdir(a.model) if f.endswith(".safetensors")]
     files.append(a.gguf)
     limit = a.cgroup_bytes or int(other + K3_EXPERT_SHARE * expert)
+    a.sluice_memory = a.sluice_memory or limit - (256 << 20)
     rule = ("--cgroup-bytes (given)" if a.cgroup_bytes else
             f"non-expert bytes + {K3_EXPERT_SHARE:.4f} x expert bytes (the full K3's 1/3-of-the-"
             f"experts cgroup holds its {K3_OTHER_BYTES / 1e9:.1f} GB spine and "
@@ -234,14 +241,14 @@ def main():
     res = {"threads": a.threads, "runs": a.runs, "expert_bytes": expert, "other_bytes": other,
            "gguf_bytes": os.path.getsize(a.gguf), "cgroup_bytes": limit, "cgroup_rule": rule,
            "tg": a.tg, "pp": a.pp, "cgroup_tg": a.cgroup_tg, "prompt_ids": short,
-           "rounds": [], "runs_raw": []}
+           "sluice_cgroup_memory": a.sluice_memory, "rounds": [], "runs_raw": []}
     print(f"peer_bench: experts {expert / 1e9:.3f} GB, other {other / 1e9:.3f} GB, gguf "
           f"{res['gguf_bytes'] / 1e9:.3f} GB, {a.threads} threads", file=sys.stderr)
     if "cgroup" in parts:
         print(f"peer_bench: cgroup limit {limit / 1e9:.3f} GB = {rule}; the literal 1/3 of the "
               f"slice's experts would be {expert / 3e9:.3f} GB, "
-              f"{'less' if expert / 3 < other else 'more'} than its {other / 1e9:.3f} GB spine",
-              file=sys.stderr)
+              f"{'less' if expert / 3 < other else 'more'} than its {other / 1e9:.3f} GB spine; "
+              f"sluice there: --memory {a.sluice_memory >> 20}M", file=sys.stderr)
 
     def record(rnd, part, engine, r):
         r.update(part=part, engine=engine, round=rnd)
@@ -334,7 +341,7 @@ def main():
         print(f"| {rr['round']} | {ld} | " + " | ".join(f"{rr['ratio'][p]:.2f}×" for p in cols)
               + f" | {div or '–'} |")
     if "cgroup" in out:
-        print(f"\ncgroup: {limit} bytes = {rule}")
+        print(f"\ncgroup: {limit} bytes = {rule}; sluice --memory {a.sluice_memory >> 20}M")
 
 
 if __name__ == "__main__":
