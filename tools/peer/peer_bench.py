@@ -1,20 +1,33 @@
 #!/usr/bin/env python3
 """sluice against llama.cpp on one `sluice synth` K3 slice (driven by tools/peer/peer_bench.sh).
 
-Every measurement is a fresh process, the two engines interleaved (sluice, llama.cpp, sluice, ...)
-so the drift of a shared machine hits both alike, each with the same kernel threads:
+Every measurement is a fresh process and the two engines alternate (sluice, llama.cpp, sluice, ...)
+within each of --runs ROUNDS, so the drift of a shared machine hits both alike; each round is:
 
-- tokens:  greedy ids of both from the same prompt ids; sluice is the exact reference, and the
-           first step where llama.cpp's id differs is reported.
-- decode:  a short prompt, then TG one-token passes, model in memory (page cache warm);
-- prefill: a PP-token prompt in one pass, model in memory;
-- cgroup:  decode, each run in a fresh memory cgroup (v1) of --cgroup-bytes with the model's
+- decode:  an 8-id prompt, then TG one-token passes, model in memory (page cache warm);
+- prefill: a PP-id prompt in one pass, model in memory;
+- cgroup:  decode (--cgroup-tg passes), each run in a fresh memory cgroup (v1) with the model's
            pages dropped first (posix_fadvise DONTNEED on every model file), so the process sees
            a machine on which the model does not fit, page cache included.
 
-Rates are tokens per second per pass; ratios are sluice / llama.cpp of the medians. Writes one
-JSON file (every run and the summary) and prints a markdown summary. Exits non-zero, printing
-why, when either engine fails: no number is reported without its peer.
+The cgroup rule ("a memory cgroup at 1/3 of the experts", issue 20): for the full Kimi K3 a
+cgroup of 1/3 of the expert bytes holds the whole non-expert part (the spine: 56.7 B bf16
+parameters, 113.4 GB, against 1,446.5 GB of MXFP4 experts) and leaves room for 1/3 - 113.4/1,446.5
+= 25.5% of the experts. A 2-layer slice has a spine larger than 1/3 of its experts (embedding,
+lm_head and two layers' attention and shared experts against 48 routed experts), so the literal
+rule would starve both engines of the spine, which the full model never does. The default limit
+is therefore what the rule means for the full model: the slice's non-expert bytes + 25.5% of its
+expert bytes (--cgroup-bytes overrides it). The script prints the rule and the numbers.
+
+Greedy ids: sluice is the exact reference (its goldens); every decode run's ids are compared, and
+the first step where llama.cpp's differ is reported per round (sluice's own ids must be the same
+in every run, in memory and in the cgroup, or the script fails).
+
+Rates are tokens per second of the timed passes; the ratio of a round is sluice / llama.cpp of
+that round, summarised as the median (min-max) over rounds. Each round records the load average
+before and after it. Writes one JSON file (every run, per-round ratios, the summary) and prints
+markdown tables. Exits non-zero, printing why, when either engine fails: no number is reported
+without its peer.
 """
 import argparse
 import json
@@ -25,6 +38,12 @@ import sys
 import time
 
 CGROUP_ROOT = "/sys/fs/cgroup/memory"
+# The full Kimi K3 (/work/shared/K3.md, section 1): 82,432 routed experts of 17,547,264 bytes, and
+# 56.7 B other parameters in bf16. A cgroup of 1/3 of its expert bytes holds the spine and this
+# share of the experts, which the slice's cgroup reproduces.
+K3_EXPERT_BYTES = 82_432 * 17_547_264
+K3_OTHER_BYTES = 113.4e9
+K3_EXPERT_SHARE = 1 / 3 - K3_OTHER_BYTES / K3_EXPERT_BYTES
 
 
 def fail(msg):
@@ -109,18 +128,26 @@ class Cgroup:
                 time.sleep(0.1)
 
 
+TIMEOUT_S = None  # --timeout: the most seconds one process may take
+
+
 def run_json(cmd, env=None, cgroup=None):
     """Runs one fresh process and returns (its last stdout line as JSON, wall seconds)."""
     t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                       preexec_fn=cgroup.join if cgroup else None)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT_S,
+                           preexec_fn=cgroup.join if cgroup else None)
+    except subprocess.TimeoutExpired:
+        fail(f"{os.path.basename(cmd[0])} ran past --timeout {TIMEOUT_S} s: {' '.join(cmd)[:400]}")
     wall = time.monotonic() - t0
     if p.returncode != 0:
         fail(f"{os.path.basename(cmd[0])} exited {p.returncode}: {p.stderr.strip()[-2000:]}\n"
              f"command: {' '.join(cmd)[:400]}")
     lines = [l for l in p.stdout.splitlines() if l.strip()]
     try:
-        return json.loads(lines[-1]), wall
+        v = json.loads(lines[-1])
+        v["_stderr"] = p.stderr
+        return v, wall
     except (IndexError, json.JSONDecodeError):
         fail(f"{os.path.basename(cmd[0])} printed no JSON line: {p.stdout[-500:]}")
 
@@ -129,17 +156,21 @@ def sluice(a, ids, n_new, cgroup=None):
     env = dict(os.environ, SLUICE_THREADS=str(a.threads))
     cmd = [a.sluice, "run", "--model", a.model, "--json", "--no-warm-start",
            "--prompt-ids", ",".join(map(str, ids)), "--max-new", str(n_new)]
+    if cgroup:
+        cmd += ["--memory", f"{a.sluice_memory >> 20}M"]
     v, wall = run_json(cmd, env, cgroup)
     st = v["stats"]
+    plan = [l for l in v["_stderr"].splitlines() if "plan" in l.lower() or "spine" in l.lower()]
     return {"generated_ids": v["generated_ids"], "prefill_s": st["prefill_s"],
             "decode_s": st["decode_s"], "decode_passes": st["passes"] - st["prefill_passes"],
-            "wall_s": wall, "load_s": v.get("load_s")}
+            "wall_s": wall, "load_s": v.get("load_s"), "plan": plan[:8]}
 
 
 def peer(a, ids, n_new, cgroup=None):
     cmd = [a.peer_run, a.gguf, str(a.threads), str(n_new), ",".join(map(str, ids))]
     v, wall = run_json(cmd, None, cgroup)
     v["wall_s"] = wall
+    del v["_stderr"]
     return v
 
 
@@ -155,6 +186,15 @@ def summary(values):
             "runs": values}
 
 
+def rate(part, r, pp):
+    """Tokens per second of a run's timed passes."""
+    return pp / r["prefill_s"] if part == "prefill" else r["decode_passes"] / r["decode_s"]
+
+
+def fmt_range(s, digits=2):
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sluice", required=True, help="release sluice binary")
@@ -162,105 +202,146 @@ def main():
     ap.add_argument("--gguf", required=True, help="the same checkpoint converted by llama.cpp")
     ap.add_argument("--peer-run", required=True, help="tools/peer/peer_run.cpp, built")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3, help="interleaved rounds")
     ap.add_argument("--tg", type=int, default=32, help="one-token passes timed in memory")
     ap.add_argument("--pp", type=int, default=256, help="prompt tokens of the prefill test")
     ap.add_argument("--cgroup-tg", type=int, default=8, help="one-token passes in the cgroup")
     ap.add_argument("--cgroup-bytes", type=int,
-                    help="cgroup limit (default: the non-expert bytes + 1/3 of the expert bytes)")
-    ap.add_argument("--compare-new", type=int, default=32, help="greedy ids compared")
-    ap.add_argument("--parts", default="tokens,memory,cgroup")
+                    help="cgroup limit (default: the non-expert bytes + the share of the expert "
+                    f"bytes a 1/3-of-the-experts cgroup leaves the full K3, {K3_EXPERT_SHARE:.3f})")
+    ap.add_argument("--sluice-memory", type=int,
+                    help="sluice's --memory in the cgroup, bytes (default: the limit - 256 MiB; "
+                    "sluice's own default, 85%% of the limit - 512 MiB, is below the slice's "
+                    "minimum there)")
+    ap.add_argument("--parts", default="decode,prefill,cgroup")
+    ap.add_argument("--timeout", type=float, default=1800,
+                    help="seconds one process may take before the benchmark fails")
     ap.add_argument("--out", required=True, help="JSON file written")
     a = ap.parse_args()
+    global TIMEOUT_S
+    TIMEOUT_S = a.timeout
     parts = a.parts.split(",")
+    for part in parts:
+        if part not in ("decode", "prefill", "cgroup"):
+            fail(f"unknown part {part!r} (decode, prefill, cgroup)")
 
     cfg = json.load(open(os.path.join(a.model, "config.json")))
     ranks = cfg["text_config"]["vocab_size"] - 256
     expert, other = safetensors_bytes(a.model)
     files = [os.path.join(a.model, f) for f in os.listdir(a.model) if f.endswith(".safetensors")]
     files.append(a.gguf)
-    limit = a.cgroup_bytes or other + expert // 3
+    limit = a.cgroup_bytes or int(other + K3_EXPERT_SHARE * expert)
+    a.sluice_memory = a.sluice_memory or limit - (256 << 20)
+    rule = ("--cgroup-bytes (given)" if a.cgroup_bytes else
+            f"non-expert bytes + {K3_EXPERT_SHARE:.4f} x expert bytes (the full K3's 1/3-of-the-"
+            f"experts cgroup holds its {K3_OTHER_BYTES / 1e9:.1f} GB spine and "
+            f"{100 * K3_EXPERT_SHARE:.1f}% of its {K3_EXPERT_BYTES / 1e9:.1f} GB of experts)")
     short = prompt_ids(8, ranks, 1)
     long = prompt_ids(a.pp, ranks, 2)
     res = {"threads": a.threads, "runs": a.runs, "expert_bytes": expert, "other_bytes": other,
-           "gguf_bytes": os.path.getsize(a.gguf), "cgroup_bytes": limit, "tg": a.tg, "pp": a.pp,
-           "cgroup_tg": a.cgroup_tg, "load": {"before": os.getloadavg()}, "runs_raw": []}
-    print(f"peer_bench: experts {expert / 1e9:.2f} GB, other {other / 1e9:.2f} GB, gguf "
-          f"{res['gguf_bytes'] / 1e9:.2f} GB, {a.threads} threads, load {os.getloadavg()}",
-          file=sys.stderr)
+           "gguf_bytes": os.path.getsize(a.gguf), "cgroup_bytes": limit, "cgroup_rule": rule,
+           "tg": a.tg, "pp": a.pp, "cgroup_tg": a.cgroup_tg, "prompt_ids": short,
+           "sluice_cgroup_memory": a.sluice_memory, "rounds": [], "runs_raw": []}
+    print(f"peer_bench: experts {expert / 1e9:.3f} GB, other {other / 1e9:.3f} GB, gguf "
+          f"{res['gguf_bytes'] / 1e9:.3f} GB, {a.threads} threads", file=sys.stderr)
+    if "cgroup" in parts:
+        print(f"peer_bench: cgroup limit {limit / 1e9:.3f} GB = {rule}; the literal 1/3 of the "
+              f"slice's experts would be {expert / 3e9:.3f} GB, "
+              f"{'less' if expert / 3 < other else 'more'} than its {other / 1e9:.3f} GB spine; "
+              f"sluice there: --memory {a.sluice_memory >> 20}M", file=sys.stderr)
 
-    def record(part, engine, r):
-        r.update(part=part, engine=engine)
+    def record(rnd, part, engine, r):
+        r.update(part=part, engine=engine, round=rnd)
         res["runs_raw"].append(r)
         with open(a.out + ".partial", "w") as f:  # what an interrupted run leaves
             json.dump(res, f, indent=1)
-        print(f"  {part:8s} {engine:9s} prefill {r['prefill_s']:.3f}s decode {r['decode_s']:.3f}s"
-              f"/{r['decode_passes']} passes", file=sys.stderr)
-
-    if "tokens" in parts:
-        warm_pages(files)
-        s = sluice(a, short, a.compare_new)
-        p = peer(a, short, a.compare_new)
-        d = first_divergence(s["generated_ids"], p["generated_ids"])
-        res["tokens"] = {"prompt_ids": short, "sluice": s["generated_ids"],
-                         "llama_cpp": p["generated_ids"], "first_divergence": d,
-                         "system_info": p.get("system_info")}
-        print(f"  tokens: llama.cpp {'matches sluice' if d is None else f'diverges at step {d}'}"
-              f"\n    sluice    {s['generated_ids']}\n    llama.cpp {p['generated_ids']}",
+        print(f"  round {rnd} {part:8s} {engine:9s} prefill {r['prefill_s']:.3f}s decode "
+              f"{r['decode_s']:.3f}s/{r['decode_passes']} passes, wall {r['wall_s']:.1f}s",
               file=sys.stderr)
 
-    if "memory" in parts:
-        warm_pages(files)
-        for _ in range(a.runs):
-            record("decode", "sluice", sluice(a, short, a.tg + 1))
-            record("decode", "llama.cpp", peer(a, short, a.tg + 1))
-            record("prefill", "sluice", sluice(a, long, 1))
-            record("prefill", "llama.cpp", peer(a, long, 1))
-
-    if "cgroup" in parts:
-        for i in range(a.runs):
+    reference = {}  # sluice's greedy ids per prompt: the same in every run, or the script fails
+    for rnd in range(a.runs):
+        load = {"before": os.getloadavg()}
+        print(f"peer_bench: round {rnd + 1}/{a.runs}, load average {load['before']}",
+              file=sys.stderr)
+        if "decode" in parts or "prefill" in parts:
+            warm_pages(files)
+        jobs = []
+        if "decode" in parts:
+            jobs.append(("decode", short, a.tg + 1, False))
+        if "prefill" in parts:
+            jobs.append(("prefill", long, 1, False))
+        if "cgroup" in parts:
+            jobs.append(("cgroup", short, a.cgroup_tg + 1, True))
+        rr = {"round": rnd + 1, "load": load, "ratio": {}, "divergence": {}}
+        for part, ids, n_new, limited in jobs:
+            got = {}
             for engine, fn in (("sluice", sluice), ("llama.cpp", peer)):
-                drop_pages(files)
-                cg = Cgroup(limit, f"{i}-{engine}")
+                cg = None
+                if limited:
+                    drop_pages(files)
+                    cg = Cgroup(limit, f"{rnd}-{engine}")
                 try:
-                    r = fn(a, short, a.cgroup_tg + 1, cg)
-                    r["cgroup_peak_bytes"] = cg.peak()
+                    r = fn(a, ids, n_new, cg)
+                    if cg:
+                        r["cgroup_peak_bytes"] = cg.peak()
                 finally:
-                    cg.remove()
-                record("cgroup", engine, r)
+                    if cg:
+                        cg.remove()
+                record(rnd + 1, part, engine, r)
+                got[engine] = r
+            s_ids, p_ids = got["sluice"]["generated_ids"], got["llama.cpp"]["generated_ids"]
+            key = "prefill" if part == "prefill" else "decode"  # the long and the short prompt
+            ref = reference.setdefault(key, s_ids)
+            n = min(len(ref), len(s_ids))
+            if s_ids[:n] != ref[:n]:
+                fail(f"sluice's greedy ids differ between runs (round {rnd + 1}, {part}): "
+                     f"{s_ids} vs {ref}")
+            rr["divergence"][part] = first_divergence(s_ids, p_ids)
+            rr.setdefault("llama_cpp_ids", {})[part] = p_ids
+            rr["ratio"][part] = rate(part, got["sluice"], a.pp) / rate(part, got["llama.cpp"], a.pp)
+        load["after"] = os.getloadavg()
+        res["rounds"].append(rr)
+        print(f"peer_bench: round {rnd + 1} ratios {rr['ratio']}, llama.cpp's first differing "
+              f"step {rr['divergence']}, load after {load['after']}", file=sys.stderr)
 
-    res["load"]["after"] = os.getloadavg()
+    res["sluice_ids"] = reference
     out = {}
-    for part, per in (("decode", "decode"), ("cgroup", "decode"), ("prefill", "prefill")):
-        rates = {}
-        for engine in ("sluice", "llama.cpp"):
-            rs = [r for r in res["runs_raw"] if r["part"] == part and r["engine"] == engine]
-            if not rs:
-                continue
-            if per == "decode":
-                rates[engine] = summary([r["decode_passes"] / r["decode_s"] for r in rs])
-            else:
-                rates[engine] = summary([a.pp / r["prefill_s"] for r in rs])
-        if len(rates) == 2:
-            rates["ratio"] = rates["sluice"]["median"] / rates["llama.cpp"]["median"]
-            out[part] = rates
+    for part in ("decode", "prefill", "cgroup"):
+        rs = {e: [rate(part, r, a.pp) for r in res["runs_raw"] if r["part"] == part and
+                  r["engine"] == e] for e in ("sluice", "llama.cpp")}
+        if rs["sluice"] and rs["llama.cpp"]:
+            out[part] = {e: summary(v) for e, v in rs.items()}
+            out[part]["ratio"] = summary([rr["ratio"][part] for rr in res["rounds"]])
     res["summary"] = out
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
-    print(f"| test | sluice tok/s | llama.cpp tok/s | sluice / llama.cpp |")
-    print(f"|---|---|---|---|")
+    try:
+        os.remove(a.out + ".partial")
+    except OSError:
+        pass
+
     names = {"decode": f"decode tg{a.tg}, in memory", "prefill": f"prefill pp{a.pp}, in memory",
-             "cgroup": f"decode tg{a.cgroup_tg}, cgroup {limit / 2**30:.2f} GiB"}
+             "cgroup": f"decode tg{a.cgroup_tg}, cgroup {limit / 1e9:.2f} GB"}
+    print(f"\n{a.runs} interleaved rounds, {a.threads} threads; tok/s and the per-round ratio, "
+          "median (min–max):\n")
+    print("| test | sluice tok/s | llama.cpp tok/s | sluice / llama.cpp |")
+    print("|---|---|---|---|")
     for part, r in out.items():
-        s, p = r["sluice"], r["llama.cpp"]
-        print(f"| {names[part]} | {s['median']:.3f} ({s['min']:.3f}–{s['max']:.3f}) | "
-              f"{p['median']:.3f} ({p['min']:.3f}–{p['max']:.3f}) | {r['ratio']:.2f}× |")
-    if "tokens" in res:
-        t = res["tokens"]
-        d = t["first_divergence"]
-        print(f"\ngreedy ids ({a.compare_new} steps): llama.cpp "
-              f"{'equals sluice' if d is None else f'first differs from sluice at step {d}'}")
-    print(f"\nload average before {res['load']['before']}, after {res['load']['after']}")
+        print(f"| {names[part]} | {fmt_range(r['sluice'], 3)} | {fmt_range(r['llama.cpp'], 3)} "
+              f"| **{fmt_range(r['ratio'])}×** |")
+    print("\nPer round (load average before → after; the first step, from 0, where llama.cpp's "
+          "greedy id differs from sluice's, per test in the order of the columns; none: equal):\n")
+    cols = [p for p in ("decode", "prefill", "cgroup") if p in out]
+    print("| round | load | " + " | ".join(f"{p} ratio" for p in cols) + " | first differing step |")
+    print("|---|---|" + "---|" * len(cols) + "---|")
+    for rr in res["rounds"]:
+        ld = f"{rr['load']['before'][0]:.1f} → {rr['load']['after'][0]:.1f}"
+        div = " / ".join("none" if d is None else str(d) for d in rr["divergence"].values())
+        print(f"| {rr['round']} | {ld} | " + " | ".join(f"{rr['ratio'][p]:.2f}×" for p in cols)
+              + f" | {div or '–'} |")
+    if "cgroup" in out:
+        print(f"\ncgroup: {limit} bytes = {rule}; sluice --memory {a.sluice_memory >> 20}M")
 
 
 if __name__ == "__main__":

@@ -2,17 +2,27 @@
 # The llama.cpp peer benchmark (issue 20 item 4; docs/PERFORMANCE.md, "sluice and llama.cpp"):
 # builds the llama.cpp that the PyPI source distribution llama-cpp-python==0.3.36 vendors (it
 # has Kimi K3), converts a `sluice synth` K3 slice with llama.cpp's own convert_hf_to_gguf.py,
-# and runs tools/peer/peer_bench.py on both: greedy ids, decode and prefill in memory, decode in
-# a memory cgroup. Everything fetched or built lives under WORK; nothing is written to the repo.
+# and runs tools/peer/peer_bench.py on both: --runs interleaved rounds of decode and prefill in
+# memory and decode in a memory cgroup, comparing greedy ids in every decode run; then the prefill
+# roofline (tools/peer/roofline.py) from `sluice probe --kernels` and tools/peer/dot_peak.c.
+# Everything fetched or built lives under WORK; nothing is written to the repo.
 #
 #   tools/peer/peer_bench.sh SLUICE_BINARY WORK [peer_bench.py flags...]
 #   tools/peer/peer_bench.sh target/release/sluice /tmp/peer-work --runs 3
 #
+# The cgroup rule: the issue's "memory cgroup at 1/3 of the experts" means, for the full Kimi K3,
+# a limit that holds the whole spine (113 GB of bf16 non-expert weights) and 1/3 - 113/1446 = 25.5%
+# of the 1,446 GB of experts. A 2-layer slice's spine is larger than 1/3 of its experts, so the
+# literal 1/3 would make both engines stream their spine, which the full model never does; the
+# limit is the slice's non-expert bytes + 25.5% of its expert bytes (peer_bench.py prints the
+# rule and the numbers; --cgroup-bytes N overrides it).
+#
 # Env: LAYERS (2), EXPERTS (48), RANKS (4096): the slice (K3's real per-layer dimensions);
-# THREADS (2); OUTTYPE (bf16: the converter's type for the non-expert tensors, as published;
+# THREADS (2); PROBE_SECONDS (20: `sluice probe --kernels --seconds`); ROOFLINE=0 skips step 6;
+# OUTTYPE (bf16: the converter's type for the non-expert tensors, as published;
 # the MXFP4 experts are repacked as MXFP4 by the converter whatever this is); KEEP=1 keeps the
 # slice and the GGUF (default: both deleted at the end); JOBS (nproc): build parallelism.
-# Needs: python3 (3.10+) with venv, a C++ compiler, PyPI. The llama.cpp build uses its own
+# Needs: python3 (3.10+) with venv, a C and C++ compiler, PyPI. The llama.cpp build uses its own
 # default flags (GGML_NATIVE=ON: -march=native); peer_run prints the ISA it was built with.
 # Fails (non-zero, with the reason) when the peer cannot be fetched, built or converted: it never
 # reports a sluice number without its llama.cpp counterpart.
@@ -92,6 +102,18 @@ fi
 # 5. Both engines, interleaved.
 python3 "$HERE/peer_bench.py" --sluice "$SLUICE" --model "$MODEL" --gguf "$GGUF" \
     --peer-run "$W/peer_run" --threads "$THREADS" --out "$W/peer-bench.json" "$@" \
-  || fail "the benchmark failed"
+  | tee "$W/peer-bench.md" || fail "the benchmark failed"
 echo "peer_bench.sh: every run in $W/peer-bench.json"
+
+# 6. The prefill roofline: sluice's FMA peak and T=256 kernel rates (its own probe), the f32,
+# bf16 and int8 dot-product peaks of the same core (dot_peak.c), the slice's FLOPs.
+if [ "${ROOFLINE:-1}" = 1 ]; then
+  cc -O2 -o "$W/dot_peak" "$HERE/dot_peak.c" -lpthread || fail "compiling tools/peer/dot_peak.c failed"
+  "$W/dot_peak" "$THREADS" 5 > "$W/dot-peak.json" || fail "dot_peak failed"
+  "$SLUICE" probe --model "$MODEL" --kernels --json --threads "$THREADS" \
+      --seconds "${PROBE_SECONDS:-20}" --bytes 256M > "$W/probe.json" || fail "sluice probe --kernels failed"
+  python3 "$HERE/roofline.py" --model "$MODEL" --bench "$W/peer-bench.json" \
+      --probe "$W/probe.json" --dot "$W/dot-peak.json" --out "$W/roofline.json" \
+    | tee -a "$W/peer-bench.md" || fail "roofline.py failed"
+fi
 if [ "${KEEP:-0}" != 1 ]; then rm -rf "$MODEL" "$GGUF"; fi
