@@ -73,7 +73,16 @@ const THREADS: [usize; 4] = [1, 2, 3, 16];
 /// rows to split by rows (so the pool splits activation rows).
 #[test]
 fn t_rows_equal_one_row_calls_at_any_t_and_thread_count() {
-    let shapes = [("bf16", 70, 300), ("int8", 70, 529), ("mxfp4", 70, 1056), ("bf16", 20, 300)];
+    // 70 rows: two full 32-row groups and one of 6 (packed tiles of 4 + 2 on AVX-512, row
+    // triples on AVX2); 33 rows: a group of one row, at 17 columns (one step and a partial
+    // one).
+    let shapes = [
+        ("bf16", 70, 300),
+        ("int8", 70, 529),
+        ("mxfp4", 70, 1056),
+        ("bf16", 20, 300),
+        ("f32", 33, 17),
+    ];
     let pools: Vec<Pool> = THREADS.iter().map(|&n| Pool::new(n).expect("kernel pool")).collect();
     let t_max = TS[TS.len() - 1];
     for (k, &(format, rows, cols)) in shapes.iter().enumerate() {
@@ -143,8 +152,9 @@ fn check(
     Ok(())
 }
 
-/// Dense widths: below one 16-column step, a step plus one, a chunk minus one, past a chunk.
-const DENSE_COLS: [usize; 6] = [1, 3, 17, 255, 513, 1023];
+/// Dense widths: below one 16-column step, a step plus one, a chunk minus one, past a chunk,
+/// and several chunks and a partial step.
+const DENSE_COLS: [usize; 7] = [1, 3, 17, 255, 513, 1023, 4097];
 /// MXFP4 widths: one block, a chunk plus a block, past a 1024-column span.
 const MXFP4_COLS: [usize; 3] = [32, 544, 1056];
 
