@@ -150,7 +150,16 @@ impl DeepseekV3 {
             hidden: cfg.hidden_size as u64,
         };
         let experts = Arc::new(Self::routed(&cfg, layout).mapped(ckpt.clone())?);
-        Ok(Self { cfg, ckpt, weights, rope, layout, experts, spine: Spine::Mapped, prefetch: false })
+        Ok(Self {
+            cfg,
+            ckpt,
+            weights,
+            rope,
+            layout,
+            experts,
+            spine: Spine::Mapped,
+            prefetch: false,
+        })
     }
 
     /// Loads the model with its routed experts served by `experts` from the start: for a
@@ -180,7 +189,16 @@ impl DeepseekV3 {
             )));
         }
         let rope = Rope::new(&cfg);
-        Ok(Self { cfg, ckpt, weights, rope, layout, experts, spine: Spine::Mapped, prefetch: false })
+        Ok(Self {
+            cfg,
+            ckpt,
+            weights,
+            rope,
+            layout,
+            experts,
+            spine: Spine::Mapped,
+            prefetch: false,
+        })
     }
 
     /// Where the routed experts of a checkpoint with config `text` (its text config) are, from
@@ -471,4 +489,3 @@ fn expert_format_of_config(text: &serde_json::Value) -> ExpertFormat {
         _ => ExpertFormat::Bf16,
     }
 }
-
