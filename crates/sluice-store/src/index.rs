@@ -135,10 +135,28 @@ pub fn coalesce(parts: &[(usize, u64, u64)]) -> (Vec<(usize, u64, u64)>, Vec<usi
     (spans, run_of.iter().map(|&r| span_of_run[r]).collect())
 }
 
+/// Runs of overlapping or touching parts `(shard, offset, len)`, in disk order, as spans.
+fn touching_runs(parts: &[(usize, u64, u64)]) -> Vec<Span> {
+    let mut sorted = parts.to_vec();
+    sorted.sort_unstable();
+    let mut runs: Vec<Span> = Vec::with_capacity(sorted.len());
+    for (file, offset, len) in sorted {
+        match runs.last_mut() {
+            Some(r) if r.file == file && offset <= r.offset + r.len => {
+                r.len = r.len.max(offset + len - r.offset);
+            }
+            _ => runs.push(Span { file, offset, len, region: 0 }),
+        }
+    }
+    runs
+}
+
 /// One expert's spans and the position of its parts in a slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExpertLoc {
     spans: Vec<Span>,
+    /// The expert's own bytes: runs of touching parts, no bridged gap ([`Self::stored_spans`]).
+    stored: Vec<Span>,
     parts: Vec<Part>,
     bytes: u64,
     buffer_len: u64,
@@ -174,6 +192,7 @@ impl ExpertLoc {
         let ranges: Vec<(usize, u64, u64)> =
             entries.iter().map(|t| (t.shard, t.offset, t.len)).collect();
         let (runs, of_part) = coalesce(&ranges);
+        let stored = touching_runs(&ranges);
         let mut spans: Vec<Span> = Vec::with_capacity(runs.len());
         let mut cursor = 0u64;
         for &(file, offset, len) in &runs {
@@ -191,12 +210,21 @@ impl ExpertLoc {
             .collect();
         let buffer_len = spans.last().map_or(0, |s| s.region + s.region_len());
         let bytes = entries.iter().map(|t| t.len).sum();
-        Ok(Self { spans, parts, bytes, buffer_len })
+        Ok(Self { spans, stored, parts, bytes, buffer_len })
     }
 
-    /// The byte spans to read, in disk order.
+    /// The byte spans to read, in disk order (gaps between parts may be bridged: their bytes
+    /// are read and thrown away).
     pub fn spans(&self) -> &[Span] {
         &self.spans
+    }
+
+    /// The expert's own bytes, in disk order: runs of touching parts, never a bridged gap (whose
+    /// bytes may be another tensor's, such as `weight_shape`). What a stream install fetches,
+    /// hashes and punches back: filling or punching a bridged read span there would write over
+    /// or drop the spine bytes in its gaps. `region` is 0 (these are not read into a slot).
+    pub fn stored_spans(&self) -> &[Span] {
+        &self.stored
     }
 
     /// Position of each part in the slot buffer (layout order).
@@ -461,6 +489,23 @@ mod tests {
             (0..loc.buffer_len()).map(|i| u8::try_from(i % 251).expect("small")).collect();
         let v = loc.view(&buf).expect("fits");
         assert_eq!(v.part(1), &buf[9024..9524]);
+    }
+
+    /// A stream install fetched, hashed and punched an expert's bridged read span, so the
+    /// spine bytes in its gaps (Kimi K2's `weight_shape` between an expert's parts) were
+    /// punched to zeros after a refused range: its stored spans are the parts only.
+    #[test]
+    fn stream_installs_punched_the_spine_bytes_between_an_experts_parts() {
+        let arr = [
+            entry("down.packed", 0, 500, 4000),
+            entry("down.scale", 0, 4500, 500),
+            entry("gate.packed", 0, 5024, 4000),
+        ];
+        let loc = ExpertLoc::locate(&arr, &[PathBuf::from("a")], &[20_000]).expect("locates");
+        assert!(loc.is_contiguous(), "the read bridges the 24-byte gap");
+        let stored: Vec<(u64, u64)> =
+            loc.stored_spans().iter().map(|s| (s.offset, s.len)).collect();
+        assert_eq!(stored, vec![(500, 4500), (5024, 4000)], "the gap is not the expert's");
     }
 
     #[test]

@@ -168,7 +168,7 @@ impl ExpertDiskCache {
                 let Some(loc) = u32::try_from(e).ok().and_then(|e| index.get(l, e)) else {
                     continue;
                 };
-                for s in loc.spans() {
+                for s in loc.stored_spans() {
                     if let Some(u) = used_files.get_mut(s.file) {
                         *u = true;
                     }
@@ -270,7 +270,7 @@ impl ExpertDiskCache {
     fn spans_of(&self, l: usize, e: u32) -> Option<Vec<LogSpan>> {
         let loc = self.index.get(l, e)?;
         Some(
-            loc.spans()
+            loc.stored_spans()
                 .iter()
                 .map(|s| LogSpan {
                     shard: self.names.get(s.file).cloned().unwrap_or_default(),

@@ -53,7 +53,7 @@ impl ExpertDiskCache {
     /// Punches the holes of expert `e` of layer `l` back (best effort; failures are counted).
     pub(super) fn punch_expert(&self, l: usize, e: u32) {
         let Some(loc) = self.index.get(l, e) else { return };
-        for s in loc.spans() {
+        for s in loc.stored_spans() {
             let ok = self
                 .files
                 .get(s.file)

@@ -24,7 +24,7 @@ impl ExpertDiskCache {
         let mut spans: Vec<(usize, u64, u64, u32)> = Vec::new();
         for &id in ids {
             if let Some(loc) = self.index.get(layer, id) {
-                spans.extend(loc.spans().iter().map(|s| (s.file, s.offset, s.len, id)));
+                spans.extend(loc.stored_spans().iter().map(|s| (s.file, s.offset, s.len, id)));
             }
         }
         spans.sort_unstable();
@@ -130,7 +130,7 @@ impl ExpertDiskCache {
         drop_cached(f, start, len);
         let mut out = Vec::with_capacity(g.len());
         for &(_, off, l, id) in g {
-            if self.index.get(layer, id).is_some_and(|loc| loc.spans().len() == 1) {
+            if self.index.get(layer, id).is_some_and(|loc| loc.stored_spans().len() == 1) {
                 let a = usize::try_from(off - start).unwrap_or(usize::MAX);
                 let b = a.saturating_add(usize::try_from(l).unwrap_or(usize::MAX));
                 let sha = buf.get(a..b).map(|s| hex(&Sha256::digest(s)));
@@ -151,7 +151,7 @@ impl ExpertDiskCache {
         let Some(loc) = self.index.get(layer, id) else {
             return Err(StoreError::Config(format!("expert {id} of layer {layer} not indexed")));
         };
-        for s in loc.spans() {
+        for s in loc.stored_spans() {
             let path = self.index.path(s.file).to_path_buf();
             let f = self
                 .files
