@@ -90,20 +90,7 @@ pub const COALESCE_GAP_SHARE: u64 = 32;
 /// Parts of different shards are never merged. Returns the spans `(shard, offset, len)` in
 /// disk order and, per part, the index of the span holding it.
 pub fn coalesce(parts: &[(usize, u64, u64)]) -> (Vec<(usize, u64, u64)>, Vec<usize>) {
-    let mut order: Vec<usize> = (0..parts.len()).collect();
-    order.sort_by_key(|&k| (parts[k].0, parts[k].1, parts[k].2));
-    // Runs of overlapping or touching parts, in disk order: (shard, start, end).
-    let mut runs: Vec<(usize, u64, u64)> = Vec::new();
-    let mut run_of = vec![0usize; parts.len()];
-    for &k in &order {
-        let (file, off, len) = parts[k];
-        let end = off.saturating_add(len);
-        match runs.last_mut() {
-            Some(r) if r.0 == file && off <= r.2 => r.2 = r.2.max(end),
-            _ => runs.push((file, off, end)),
-        }
-        run_of[k] = runs.len() - 1;
-    }
+    let (runs, run_of) = touching(parts);
     // Gaps between neighbouring runs of one shard that may be bridged, smallest first.
     let mut gaps: Vec<(u64, usize)> = runs
         .windows(2)
@@ -135,20 +122,31 @@ pub fn coalesce(parts: &[(usize, u64, u64)]) -> (Vec<(usize, u64, u64)>, Vec<usi
     (spans, run_of.iter().map(|&r| span_of_run[r]).collect())
 }
 
-/// Runs of overlapping or touching parts `(shard, offset, len)`, in disk order, as spans.
-fn touching_runs(parts: &[(usize, u64, u64)]) -> Vec<Span> {
-    let mut sorted = parts.to_vec();
-    sorted.sort_unstable();
-    let mut runs: Vec<Span> = Vec::with_capacity(sorted.len());
-    for (file, offset, len) in sorted {
+/// Runs of overlapping or touching parts `(shard, offset, len)`, in disk order, as
+/// `(shard, start, end)`, and per part the index of the run holding it.
+fn touching(parts: &[(usize, u64, u64)]) -> (Vec<(usize, u64, u64)>, Vec<usize>) {
+    let mut order: Vec<usize> = (0..parts.len()).collect();
+    order.sort_by_key(|&k| (parts[k].0, parts[k].1, parts[k].2));
+    let mut runs: Vec<(usize, u64, u64)> = Vec::new();
+    let mut run_of = vec![0usize; parts.len()];
+    for &k in &order {
+        let (file, off, len) = parts[k];
+        let end = off.saturating_add(len);
         match runs.last_mut() {
-            Some(r) if r.file == file && offset <= r.offset + r.len => {
-                r.len = r.len.max(offset + len - r.offset);
-            }
-            _ => runs.push(Span { file, offset, len, region: 0 }),
+            Some(r) if r.0 == file && off <= r.2 => r.2 = r.2.max(end),
+            _ => runs.push((file, off, end)),
         }
+        run_of[k] = runs.len() - 1;
     }
-    runs
+    (runs, run_of)
+}
+
+/// [`touching`]'s runs as spans: an expert's own bytes, no bridged gap.
+fn touching_runs(parts: &[(usize, u64, u64)]) -> Vec<Span> {
+    let (runs, _) = touching(parts);
+    runs.into_iter()
+        .map(|(file, start, end)| Span { file, offset: start, len: end - start, region: 0 })
+        .collect()
 }
 
 /// One expert's spans and the position of its parts in a slot.
