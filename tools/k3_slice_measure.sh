@@ -8,7 +8,8 @@
 #   replay  the agent replay (tools/agent_replay.py: no cache / warm in-process / after restart)
 # Usage: tools/k3_slice_measure.sh SLUICE OUT_DIR      (Linux, root: a writable v1 memory cgroup, or v2)
 # Env: LAYERS (2) EXPERTS (64) SKEW (1: --route-skew) PARTS ("warm suite replay") RUNS (3) NEW (32)
-#      WORKLOADS ("prose code long chat tools") MEMORY / CGROUP (default: a third of the slice).
+#      WORKLOADS ("prose code long chat tools") MEMORY / CGROUP (default: a third of the slice)
+#      CONDITIONS (the replay's conditions, "none,warm,restart"; a subset fits a shorter run).
 set -euo pipefail
 S=$(readlink -f "${1:?usage: k3_slice_measure.sh SLUICE OUT_DIR}")
 OUT=${2:?usage: k3_slice_measure.sh SLUICE OUT_DIR}
@@ -65,7 +66,7 @@ for part in $PARTS; do
   replay)
     log "replay: agent session, 3 conditions, $RUNS runs"
     "${V2[@]}" python3 "$HERE/agent_replay.py" --sluice "$S" --model "$M" --memory "$MEM" --runs "$RUNS" \
-      --max-tokens 4 --serve-arg=--experts --serve-arg=stream --json "$OUT/replay.json" > "$OUT/replay.txt"
+      --max-tokens 4 --conditions "${CONDITIONS:-none,warm,restart}" --serve-arg=--experts --serve-arg=stream --json "$OUT/replay.json" > "$OUT/replay.txt"
     ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
   esac
