@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{argmax, family_prefill_and_decode, open_family, FAMILY_PROMPT, MOE_FIXTURES};
+use common::{family_prefill_and_decode, open_family, FAMILY_PROMPT, MOE_FIXTURES};
 use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
 use sluice_models::{LogitRows, Model, ModelError};
