@@ -121,7 +121,7 @@ pub trait FamilyModel: Any + Send + Sync + std::fmt::Debug {
 /// the `;` are the family's own, written as in any impl: at least `shape` and
 /// `spine_bytes_per_pass`, and any default it replaces (DeepSeek-V3's `spine_format`).
 ///
-/// ```ignore
+/// ```text
 /// crate::family::family_model!(placed GptOss, "gpt_oss", Qwen3State;
 ///     fn shape(&self) -> Shape { ... }
 ///     fn spine_bytes_per_pass(&self) -> u64 { self.dense_weight_bytes() }
