@@ -358,7 +358,7 @@ impl DeepseekV3 {
         let c = &self.cfg;
         let t = tokens.len();
         crate::family::check_pass(
-            &c.model_type,
+            c.model_type,
             tokens,
             state.pending(),
             self.fits(state),
