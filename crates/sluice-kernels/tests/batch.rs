@@ -9,13 +9,11 @@
 #[allow(dead_code)]
 mod common;
 
-use common::{
-    bf16_bytes, bits, f32_bytes, int8_data, mode, mxfp4_data, tiers, values, Mode, Rng, Weights,
-};
+use common::{bits, mode, tiers, values, Mode, Rng, Weights};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use sluice_kernels::matmul::{matmul_scalar, Matrix};
-use sluice_kernels::{matmul_with, Isa, Pool};
+use sluice_kernels::matmul::matmul_scalar;
+use sluice_kernels::{matmul_with, Pool};
 
 /// Activation-row counts: small, around the 8-row and 64-row token blocks and the 6-row
 /// tiles, and prefill chunk sizes.

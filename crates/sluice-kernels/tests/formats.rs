@@ -14,13 +14,13 @@
 mod common;
 
 use common::{
-    assert_tiers_equal_scalar_nan_as_one, bf16_bytes, bits, bits_nan_as_one, f32_bytes, fp8_data,
-    int4_data, int8_data, mode, mxfp4_data, tiers, values, Mode, Rng, Weights,
+    assert_tiers_equal_scalar_nan_as_one, bf16_bytes, bits, f32_bytes, fp8_data, mode, tiers,
+    values, Mode, Rng, Weights,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use sluice_kernels::matmul::{matmul_scalar, Matrix, E2M1, E4M3};
-use sluice_kernels::{matmul_with, Isa, KernelError, Pool, WeightFormat};
+use sluice_kernels::{matmul_with, KernelError, Pool, WeightFormat};
 
 /// FP8 widths: the brief's 1, 3, 17, 4097, and a partial last 128-column block (200).
 const FP8_COLS: [usize; 5] = [1, 3, 17, 200, 4097];

@@ -9,13 +9,13 @@
 mod common;
 
 use common::{
-    assert_tiers_equal_scalar_nan_as_one, bf16_bytes, bits, bits_nan_as_one, f32_bytes, fp8_data,
-    int4_data, int8_data, mode, mxfp4_data, tiers, values, Mode, Rng, Weights,
+    assert_tiers_equal_scalar_nan_as_one, bits, bits_nan_as_one, f32_bytes, mode, tiers, values,
+    Mode, Rng, Weights,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use sluice_kernels::matmul::{matmul_scalar, Matrix};
-use sluice_kernels::{matmul, matmul_with, Isa};
+use sluice_kernels::{matmul, matmul_with};
 
 /// Dense widths: 1, below one chunk, one chunk plus one, several chunks with tails, large.
 const DENSE_COLS: [usize; 7] = [1, 3, 17, 33, 255, 1023, 4097];
