@@ -5,19 +5,14 @@
 //! the defect it guards.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
+use common::sluice;
 use sluice_checkpoint::{read_header, write_safetensors, TensorData};
 use sluice_core::DType;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn sluice(args: &[&str], cache: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
-        .env("SLUICE_CACHE", cache)
-        .output()
-        .expect("spawn sluice")
-}
 
 fn err(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()

@@ -9,24 +9,11 @@
     clippy::cast_possible_wrap
 )]
 
+mod common;
+
+use common::{k3_fixture, sluice};
 use std::path::PathBuf;
 use std::process::{Command, Output};
-
-fn sluice(args: &[&str], cache: &std::path::Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
-        .env("SLUICE_CACHE", cache)
-        .output()
-        .expect("spawn sluice")
-}
-
-fn fixture(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/kimi_k3")
-        .join(name)
-        .display()
-        .to_string()
-}
 
 fn json_out(o: &Output) -> serde_json::Value {
     assert!(o.status.success(), "sluice failed: {}", String::from_utf8_lossy(&o.stderr));
@@ -35,7 +22,7 @@ fn json_out(o: &Output) -> serde_json::Value {
 
 fn golden_greedy(name: &str) -> Vec<(Vec<u64>, Vec<u64>)> {
     let g: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(PathBuf::from(fixture(name)).join("golden.json")).unwrap(),
+        &std::fs::read(PathBuf::from(k3_fixture(name)).join("golden.json")).unwrap(),
     )
     .unwrap();
     g["greedy"]
@@ -61,7 +48,7 @@ fn run_json_reproduces_the_mlx_greedy_tokens() {
                 &[
                     "run",
                     "--model",
-                    &fixture(name),
+                    &k3_fixture(name),
                     "--prompt-ids",
                     &ids,
                     "--max-new",
@@ -92,7 +79,7 @@ fn dump_logits_writes_an_npy_of_steps_by_vocab() {
         &[
             "run",
             "--model",
-            &fixture("tiny-a"),
+            &k3_fixture("tiny-a"),
             "--prompt-ids",
             "60",
             "--max-new",
@@ -119,7 +106,7 @@ fn text_prompts_and_chat_use_the_checkpoint_tokenizer() {
         &[
             "run",
             "--model",
-            &fixture("tiny-a"),
+            &k3_fixture("tiny-a"),
             "--prompt",
             "the model",
             "--max-new",
@@ -133,7 +120,7 @@ fn text_prompts_and_chat_use_the_checkpoint_tokenizer() {
         &[
             "run",
             "--model",
-            &fixture("tiny-a"),
+            &k3_fixture("tiny-a"),
             "--prompt",
             "hi",
             "--chat",
@@ -209,7 +196,7 @@ fn builtin_draft_changes_no_output_token() {
     assert!(accepted > 0, "mini-draft's drafts are accepted (measured: 7 and 3 of 12 and 14)");
     // `auto` drafts nothing for another model either.
     let o = sluice(
-        &["run", "--model", &fixture("tiny-a"), "--prompt-ids", "1,2", "--json"],
+        &["run", "--model", &k3_fixture("tiny-a"), "--prompt-ids", "1,2", "--json"],
         cache.path(),
     );
     assert_eq!(json_out(&o)["stats"]["drafted"].as_u64().unwrap(), 0);
@@ -239,7 +226,7 @@ fn damaged_builtin_draft_in_the_cache_was_run() {
 #[test]
 fn bad_input_is_a_clear_error() {
     let cache = tempfile::tempdir().unwrap();
-    let fx = fixture("tiny-a");
+    let fx = k3_fixture("tiny-a");
     let cases: [(&[&str], &str); 5] = [
         (&["run", "--model", &fx, "--prompt-ids", "1,99999"], "out of vocabulary"),
         (&["run", "--model", &fx, "--prompt", ""], "empty prompt"),
@@ -365,7 +352,7 @@ fn run_output_was_lost_on_sigint() {
     // Greedy on tiny-a never emits the stop token: 100000 tokens would run for minutes, so
     // the output can only come from streaming, and the run only ends early by the signal.
     let cache = tempfile::tempdir().unwrap();
-    let fx = fixture("tiny-a");
+    let fx = k3_fixture("tiny-a");
     let args =
         ["run", "--model", &fx, "--prompt", "Hello", "--max-new", "100000", "--context", "100010"];
     let mut r = Running::start(&[&args[..], &["--stats"]].concat(), cache.path());
@@ -383,7 +370,7 @@ fn run_output_was_lost_on_sigint() {
 #[test]
 fn run_json_was_lost_on_sigterm() {
     let cache = tempfile::tempdir().unwrap();
-    let fx = fixture("tiny-a");
+    let fx = k3_fixture("tiny-a");
     let logits = cache.path().join("logits.npy");
     let mut r = Running::start(
         &[
@@ -442,7 +429,7 @@ fn loaded(stderr: &str) -> bool {
 #[test]
 fn run_ignored_its_context() {
     let cache = tempfile::tempdir().unwrap();
-    let fx = fixture("tiny-a");
+    let fx = k3_fixture("tiny-a");
     let o = sluice(
         &["run", "--model", &fx, "--prompt-ids", "1,2,3", "--max-new", "10", "--context", "8"],
         cache.path(),
@@ -466,7 +453,7 @@ fn run_ignored_its_context() {
 #[test]
 fn argument_errors_were_reported_after_loading() {
     let cache = tempfile::tempdir().unwrap();
-    let fx = fixture("tiny-a");
+    let fx = k3_fixture("tiny-a");
     let base = ["run", "--model", fx.as_str()];
     let cases: &[(&[&str], &str)] = &[
         (&["--prompt-ids", "1,99999"], "out of vocabulary"),
@@ -507,7 +494,7 @@ fn run_kept_generating_after_its_reader_left() {
     // `sluice run … | head -c 10`: once the reader is gone, generation stops at once and the run
     // ends quietly (100000 tokens would otherwise run for minutes).
     let cache = tempfile::tempdir().unwrap();
-    let fx = fixture("tiny-a");
+    let fx = k3_fixture("tiny-a");
     let args =
         ["run", "--model", &fx, "--prompt", "Hello", "--max-new", "100000", "--context", "100010"];
     let mut r = Running::start(&[&args[..], &["--stats"]].concat(), cache.path());

@@ -3,16 +3,10 @@
 //! refusals of corrupt sources and mismatched spine choices.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn sluice(args: &[&str], cache: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
-        .env("SLUICE_CACHE", cache)
-        .output()
-        .expect("spawn sluice")
-}
+use common::sluice;
+use std::path::{Path, PathBuf};
 
 /// A copy of K3 fixture `name` in `root/name`.
 fn copy_fixture(root: &Path, name: &str) -> PathBuf {

@@ -2,15 +2,10 @@
 //! stderr, and with `--json` stdout is exactly the one JSON object.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-fn tiny_a() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/kimi_k3/tiny-a")
-        .display()
-        .to_string()
-}
+use common::k3_fixture;
+use std::process::Command;
 
 /// A prompt of `n` ids of the tiny fixture's vocabulary.
 fn prompt(n: usize) -> String {
@@ -23,7 +18,7 @@ fn prefill_progress_reaches_stderr_and_never_stdout() {
     let ids = prompt(40);
     let run = |chunk: &str| {
         Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["run", "--model", &tiny_a(), "--prompt-ids", &ids, "--max-new", "4"])
+            .args(["run", "--model", &k3_fixture("tiny-a"), "--prompt-ids", &ids, "--max-new", "4"])
             .args(["--prefill-chunk", chunk, "--json"])
             .env("SLUICE_CACHE", cache.path())
             .output()

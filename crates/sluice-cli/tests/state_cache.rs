@@ -4,16 +4,12 @@
 //! the temporary file.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
+use common::k3_fixture;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-
-fn tiny_a() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/kimi_k3/tiny-a")
-        .display()
-        .to_string()
-}
 
 fn ids(v: &[u32]) -> String {
     v.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
@@ -25,8 +21,17 @@ fn prompt(n: u32) -> Vec<u32> {
 
 fn sluice(prompt: &[u32], cache: Option<&Path>, home: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    c.args(["run", "--model", &tiny_a(), "--prompt-ids", &ids(prompt), "--max-new", "4", "--json"])
-        .env("SLUICE_CACHE", home);
+    c.args([
+        "run",
+        "--model",
+        &k3_fixture("tiny-a"),
+        "--prompt-ids",
+        &ids(prompt),
+        "--max-new",
+        "4",
+        "--json",
+    ])
+    .env("SLUICE_CACHE", home);
     if let Some(d) = cache {
         c.arg("--state-cache").arg(d).args(["--state-cache-every", "8"]);
     }

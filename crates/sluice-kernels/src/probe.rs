@@ -13,7 +13,8 @@
 //! Rates are in GB/s (10^9 bytes per second) of weight bytes read, scales included: the
 //! figure to compare with storage and memory bandwidth; and in GFLOP/s (two per weight per
 //! activation row), the figure to compare with the FMA peak, which bounds the many-row calls.
-//! Each figure is the median of as many timed repetitions as fit the time budget.
+//! Each figure is the median of as many timed repetitions as fit the time budget. The machine's
+//! own bounds (memory read, FMA peak) and that timing rule are in `peaks`.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +25,10 @@ use serde::{Deserialize, Serialize};
 use crate::isa::isa;
 use crate::matmul::{matmul, Matrix, WeightFormat};
 use crate::pool::{Pool, PoolError};
+
+mod peaks;
+pub use peaks::fma_loop;
+use peaks::{fma_peak, median, memory_read, timed};
 
 /// Shape of the bf16 and int8 matrices measured (a large Kimi K3 spine projection,
 /// `[out, in]`: 117 MB in bf16).
@@ -345,100 +350,6 @@ fn rate(
     }
 }
 
-/// Rounds of the FMA loop per chunk: 12 vector FMAs each, a few milliseconds per chunk on
-/// any current core, so the pool's join is a negligible share of a timed call.
-const FMA_ROUNDS: u64 = 1 << 20;
-
-/// The FMA loop of the selected tier on every pool thread at once (one chunk per thread):
-/// the median rate of the whole call, GFLOP/s.
-fn fma_peak(pool: &Pool, budget: Duration) -> f64 {
-    let n = pool.threads();
-    let sinks: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
-    let isa = isa();
-    let rates = timed(budget, || {
-        let start = Instant::now();
-        pool.run(n, &|i| {
-            let sink = crate::arch::peak::fma_loop(isa, black_box(FMA_ROUNDS));
-            sinks[i].store(u64::from(sink.to_bits()), Ordering::Relaxed);
-        });
-        black_box(&sinks);
-        let flops = crate::arch::peak::fma_loop_flops(isa, FMA_ROUNDS) * n as f64;
-        flops / start.elapsed().as_secs_f64() / 1e9
-    });
-    median(&rates)
-}
-
-/// Runs `rounds` rounds of the FMA loop [`measure`] takes the peak from on the calling thread,
-/// on tier `isa`; returns the floating-point operations done (for tools that time it
-/// themselves, e.g. in on-CPU time on a shared machine).
-///
-/// # Panics
-/// If the running CPU does not support `isa`.
-pub fn fma_loop(isa: crate::Isa, rounds: u64) -> f64 {
-    black_box(crate::arch::peak::fma_loop(isa, black_box(rounds)));
-    crate::arch::peak::fma_loop_flops(isa, rounds)
-}
-
-/// Concurrent sequential streams per thread the memory read tries: one stream per core
-/// leaves bandwidth unused on many machines (a core's line-fill buffers and prefetchers track
-/// several streams, and the kernels read four to eight rows at once), so the probe reports the
-/// best of these, a bound the kernels are fairly compared with.
-const MEMORY_STREAMS: [usize; 3] = [1, 4, 8];
-
-/// Streaming read of `buf` split across the pool's threads, each part read as 1, 4 or 8
-/// interleaved sequential streams: the best median over repetitions, GB/s.
-fn memory_read(pool: &Pool, buf: &[u8], budget: Duration) -> f64 {
-    let parts = pool.threads();
-    let part = buf.len().div_ceil(parts).next_multiple_of(64);
-    let sums: Vec<AtomicU64> = (0..parts).map(|_| AtomicU64::new(0)).collect();
-    let per = budget / u32::try_from(MEMORY_STREAMS.len()).unwrap_or(1);
-    MEMORY_STREAMS
-        .iter()
-        .map(|&streams| {
-            let rates = timed(per, || {
-                let start = Instant::now();
-                pool.run(parts, &|i| {
-                    let bytes = &buf[(i * part).min(buf.len())..((i + 1) * part).min(buf.len())];
-                    sums[i].store(xor_streams(bytes, streams), Ordering::Relaxed);
-                });
-                black_box(&sums);
-                buf.len() as f64 / start.elapsed().as_secs_f64() / 1e9
-            });
-            median(&rates)
-        })
-        .fold(0.0, f64::max)
-}
-
-/// [`xor_fold`] of `bytes` read as `streams` equal sequential parts advanced together, 256
-/// bytes of each in turn.
-fn xor_streams(bytes: &[u8], streams: usize) -> u64 {
-    const STEP: usize = 256;
-    let len = bytes.len() / (streams * STEP) * STEP;
-    let parts: Vec<&[u8]> = (0..streams).map(|k| &bytes[k * len..(k + 1) * len]).collect();
-    let mut acc = 0u64;
-    for off in (0..len).step_by(STEP) {
-        for p in &parts {
-            acc ^= xor_fold(&p[off..off + STEP]);
-        }
-    }
-    acc ^ xor_fold(&bytes[streams * len..])
-}
-
-/// XOR of every 8-byte word (four independent chains, so the loads, not the XORs, limit it;
-/// the compiler turns it into 16-byte vector loads).
-#[inline]
-fn xor_fold(bytes: &[u8]) -> u64 {
-    let mut acc = [0u64; 4];
-    let mut chunks = bytes.chunks_exact(32);
-    for c in &mut chunks {
-        for (a, w) in acc.iter_mut().zip(c.chunks_exact(8)) {
-            *a ^= u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
-        }
-    }
-    let tail = chunks.remainder().iter().fold(0u64, |a, &b| a.rotate_left(8) ^ u64::from(b));
-    acc.iter().fold(tail, |a, &b| a ^ b)
-}
-
 /// A bf16 matrix of `rows × cols` with finite values.
 fn bf16_matrix_bytes(rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     random_bytes(2 * rows * cols, seed)
@@ -527,27 +438,6 @@ fn join(pool: &Pool, budget: Duration) -> (f64, f64) {
     (ns, late.min(calls) as f64 / calls as f64)
 }
 
-/// Runs `f` at least three times and until `budget` has passed; returns its results.
-fn timed(budget: Duration, mut f: impl FnMut() -> f64) -> Vec<f64> {
-    let start = Instant::now();
-    let mut out = Vec::new();
-    while out.len() < 3 || start.elapsed() < budget {
-        out.push(f());
-    }
-    out
-}
-
-/// Median of a non-empty list (the mean of the middle two for an even count).
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => s[n / 2],
-        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
-    }
-}
-
 /// Deterministic pseudo-random bytes (xorshift64, eight bytes per step): the weights and
 /// activations of the probe, and of the `matmul` bench, which measures the same shapes.
 pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
@@ -566,39 +456,6 @@ pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn median_and_fold() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
-        let bytes: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
-        let naive = bytes.chunks(8).fold(0u64, |a, c| {
-            if c.len() == 8 {
-                a ^ u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
-            } else {
-                a
-            }
-        });
-        // 1000 = 31 · 32 + 8: the last 8 bytes are the tail, folded differently.
-        let tail = bytes[992..].iter().fold(0u64, |a, &b| a.rotate_left(8) ^ u64::from(b));
-        let head = bytes[..992].chunks(8).fold(0u64, |a, c| {
-            a ^ u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
-        });
-        assert_eq!(xor_fold(&bytes), head ^ tail);
-        assert_ne!(naive, 0);
-    }
-
-    #[test]
-    fn streams_cover_every_byte() {
-        let bytes: Vec<u8> = (0..5000u32).map(|i| u8::try_from(i % 251).unwrap_or(0)).collect();
-        // XOR is order-free, so every stream count folds the same words; the tail past the
-        // whole 256-byte steps is folded by `xor_fold` itself in each case.
-        for streams in MEMORY_STREAMS {
-            let len = bytes.len() / (streams * 256) * 256;
-            let want = xor_fold(&bytes[..streams * len]) ^ xor_fold(&bytes[streams * len..]);
-            assert_eq!(xor_streams(&bytes, streams), want, "{streams} streams");
-        }
-    }
 
     #[test]
     fn zero_threads_refused() {

@@ -9,58 +9,11 @@
 #[allow(dead_code)]
 mod common;
 
-use common::{bf16_bytes, bits, f32_bytes, int8_data, mode, mxfp4_data, values, Mode, Rng};
+use common::{bits, mode, tiers, values, Mode, Rng, Weights};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use sluice_kernels::matmul::{matmul_scalar, Matrix};
-use sluice_kernels::{matmul_with, Isa, Pool};
-
-/// The tiers under test (see `tests/matmul.rs`).
-fn tiers() -> Vec<Isa> {
-    match std::env::var(sluice_kernels::isa::ISA_ENV).ok().filter(|v| !v.trim().is_empty()) {
-        Some(v) => {
-            let isa: Isa = v.parse().expect("SLUICE_ISA names a tier");
-            if isa.is_available() {
-                vec![isa]
-            } else {
-                eprintln!("note: {isa} forced but not supported here: skipped");
-                Vec::new()
-            }
-        }
-        None => Isa::available(),
-    }
-}
-
-/// Owned bytes of one matrix.
-struct Weights {
-    format: &'static str,
-    rows: usize,
-    cols: usize,
-    data: Vec<u8>,
-    scales: Vec<u8>,
-}
-
-impl Weights {
-    fn gen(format: &'static str, rows: usize, cols: usize, rng: &mut Rng, mode: Mode) -> Self {
-        let (data, scales) = match format {
-            "f32" => (f32_bytes(&values(rng, mode, rows * cols)), Vec::new()),
-            "bf16" => (bf16_bytes(&values(rng, mode, rows * cols)), Vec::new()),
-            "int8" => int8_data(rng, mode, rows, cols),
-            _ => mxfp4_data(rng, mode, rows, cols),
-        };
-        Self { format, rows, cols, data, scales }
-    }
-
-    fn matrix(&self) -> Matrix<'_> {
-        match self.format {
-            "f32" => Matrix::f32(self.rows, self.cols, &self.data),
-            "bf16" => Matrix::bf16(self.rows, self.cols, &self.data),
-            "int8" => Matrix::int8_row(self.rows, self.cols, &self.data, &self.scales),
-            _ => Matrix::mxfp4(self.rows, self.cols, &self.data, &self.scales),
-        }
-        .expect("generated buffers match the shape")
-    }
-}
+use sluice_kernels::matmul::matmul_scalar;
+use sluice_kernels::{matmul_with, Pool};
 
 /// Activation-row counts: small, around the 8-row and 64-row token blocks and the 6-row
 /// tiles, and prefill chunk sizes.

@@ -14,65 +14,13 @@
 mod common;
 
 use common::{
-    bf16_bytes, bits, bits_nan_as_one, f32_bytes, fp8_data, int4_data, int8_data, mode, mxfp4_data,
-    values, Mode, Rng,
+    assert_tiers_equal_scalar_nan_as_one, bf16_bytes, bits, f32_bytes, fp8_data, mode, tiers,
+    values, Mode, Rng, Weights,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use sluice_kernels::matmul::{matmul_scalar, Matrix, E2M1, E4M3};
-use sluice_kernels::{matmul_with, Isa, KernelError, Pool, WeightFormat};
-
-/// The tiers under test (see `tests/matmul.rs`).
-fn tiers() -> Vec<Isa> {
-    match std::env::var(sluice_kernels::isa::ISA_ENV).ok().filter(|v| !v.trim().is_empty()) {
-        Some(v) => {
-            let isa: Isa = v.parse().expect("SLUICE_ISA names a tier");
-            if isa.is_available() {
-                vec![isa]
-            } else {
-                eprintln!("note: {isa} forced but not supported here: skipped");
-                Vec::new()
-            }
-        }
-        None => Isa::available(),
-    }
-}
-
-/// Owned bytes of one matrix.
-struct Weights {
-    format: &'static str,
-    rows: usize,
-    cols: usize,
-    data: Vec<u8>,
-    scales: Vec<u8>,
-}
-
-impl Weights {
-    fn gen(format: &'static str, rows: usize, cols: usize, rng: &mut Rng, mode: Mode) -> Self {
-        let (data, scales) = match format {
-            "f32" => (f32_bytes(&values(rng, mode, rows * cols)), Vec::new()),
-            "bf16" => (bf16_bytes(&values(rng, mode, rows * cols)), Vec::new()),
-            "int8" => int8_data(rng, mode, rows, cols),
-            "mxfp4" => mxfp4_data(rng, mode, rows, cols),
-            "fp8" => fp8_data(rng, mode, rows, cols),
-            _ => int4_data(rng, mode, rows, cols),
-        };
-        Self { format, rows, cols, data, scales }
-    }
-
-    fn matrix(&self) -> Matrix<'_> {
-        let (r, c, d, s) = (self.rows, self.cols, &self.data[..], &self.scales[..]);
-        match self.format {
-            "f32" => Matrix::f32(r, c, d),
-            "bf16" => Matrix::bf16(r, c, d),
-            "int8" => Matrix::int8_row(r, c, d, s),
-            "mxfp4" => Matrix::mxfp4(r, c, d, s),
-            "fp8" => Matrix::fp8_block(r, c, d, s),
-            _ => Matrix::int4_group(r, c, d, s),
-        }
-        .expect("generated buffers match the shape")
-    }
-}
+use sluice_kernels::{matmul_with, KernelError, Pool, WeightFormat};
 
 /// FP8 widths: the brief's 1, 3, 17, 4097, and a partial last 128-column block (200).
 const FP8_COLS: [usize; 5] = [1, 3, 17, 200, 4097];
@@ -412,13 +360,7 @@ fn fp8_extreme_scales() {
         let m = Matrix::fp8_block(rows, cols, &codes, &scales).expect("shape");
         for t in [1, 3, 9] {
             let x = values(&mut rng, Mode::Normal, t * cols);
-            let mut want = vec![0.0f32; t * rows];
-            matmul_scalar(&m, &x, t, &mut want);
-            for isa in tiers() {
-                let mut got = vec![0.0f32; t * rows];
-                matmul_with(isa, &m, &x, t, &mut got);
-                assert_eq!(bits_nan_as_one(&got), bits_nan_as_one(&want), "{isa} s={s} t={t}");
-            }
+            assert_tiers_equal_scalar_nan_as_one(&m, &x, t, &format!("s={s} t={t}"));
         }
     }
 }

@@ -9,13 +9,13 @@
 mod common;
 
 use common::{
-    bf16_bytes, bits, bits_nan_as_one, f32_bytes, fp8_data, int4_data, int8_data, mode, mxfp4_data,
-    values, Mode, Rng,
+    assert_tiers_equal_scalar_nan_as_one, bits, bits_nan_as_one, f32_bytes, mode, tiers, values,
+    Mode, Rng, Weights,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use sluice_kernels::matmul::{matmul_scalar, Matrix};
-use sluice_kernels::{matmul, matmul_with, Isa};
+use sluice_kernels::{matmul, matmul_with};
 
 /// Dense widths: 1, below one chunk, one chunk plus one, several chunks with tails, large.
 const DENSE_COLS: [usize; 7] = [1, 3, 17, 33, 255, 1023, 4097];
@@ -24,65 +24,6 @@ const DENSE_COLS: [usize; 7] = [1, 3, 17, 33, 255, 1023, 4097];
 const MXFP4_COLS: [usize; 6] = [32, 64, 96, 1056, 3584, 4128];
 /// Row counts: 1, a few, just past the parallel threshold, several parallel chunks.
 const ROWS: [usize; 4] = [1, 5, 67, 300];
-
-/// Owned weight bytes for one matrix.
-struct Weights {
-    format: &'static str,
-    rows: usize,
-    cols: usize,
-    data: Vec<u8>,
-    scales: Vec<u8>,
-}
-
-impl Weights {
-    fn gen(format: &'static str, rows: usize, cols: usize, rng: &mut Rng, mode: Mode) -> Self {
-        let (data, scales) = match format {
-            "f32" => (f32_bytes(&values(rng, mode, rows * cols)), Vec::new()),
-            "bf16" => (bf16_bytes(&values(rng, mode, rows * cols)), Vec::new()),
-            "int8" => int8_data(rng, mode, rows, cols),
-            "fp8" => fp8_data(rng, mode, rows, cols),
-            "int4" => int4_data(rng, mode, rows, cols),
-            _ => mxfp4_data(rng, mode, rows, cols),
-        };
-        Self { format, rows, cols, data, scales }
-    }
-
-    fn matrix(&self) -> Matrix<'_> {
-        match self.format {
-            "f32" => Matrix::f32(self.rows, self.cols, &self.data),
-            "bf16" => Matrix::bf16(self.rows, self.cols, &self.data),
-            "int8" => Matrix::int8_row(self.rows, self.cols, &self.data, &self.scales),
-            "fp8" => Matrix::fp8_block(self.rows, self.cols, &self.data, &self.scales),
-            "int4" => Matrix::int4_group(self.rows, self.cols, &self.data, &self.scales),
-            _ => Matrix::mxfp4(self.rows, self.cols, &self.data, &self.scales),
-        }
-        .expect("generated buffers match the shape")
-    }
-}
-
-/// The tiers under test: the one `SLUICE_ISA` forces (none, with a note, if this CPU lacks
-/// it), else every tier this CPU supports (with a note naming the others).
-fn tiers() -> Vec<Isa> {
-    use std::sync::Once;
-    static NOTE: Once = Once::new();
-    let forced = std::env::var(sluice_kernels::isa::ISA_ENV).ok().filter(|v| !v.trim().is_empty());
-    let (run, note) = match forced.map(|v| v.parse::<Isa>()) {
-        Some(Ok(isa)) if isa.is_available() => (vec![isa], None),
-        Some(Ok(isa)) => {
-            (Vec::new(), Some(format!("{isa} forced but not supported here: skipped")))
-        }
-        Some(Err(e)) => panic!("{e}"),
-        None => {
-            let missing: Vec<&str> =
-                Isa::ALL.iter().filter(|i| !i.is_available()).map(|i| i.name()).collect();
-            (Isa::available(), Some(format!("tiers this CPU lacks, skipped: {missing:?}")))
-        }
-    };
-    if let Some(n) = note {
-        NOTE.call_once(|| eprintln!("note: {n}"));
-    }
-    run
-}
 
 /// `matmul_with` on every tier under test equals `matmul_scalar` bit for bit.
 fn check_tiers(m: &Matrix<'_>, x: &[f32], t: usize) -> Result<(), TestCaseError> {
@@ -298,13 +239,7 @@ fn mxfp4_edge_scales() {
         let m = Matrix::mxfp4(rows, cols, &packed, &scales).expect("shape");
         for t in [1, 2, 3, 8] {
             let x = values(&mut rng, Mode::Normal, t * cols);
-            let mut want = vec![0.0f32; t * rows];
-            matmul_scalar(&m, &x, t, &mut want);
-            for isa in tiers() {
-                let mut got = vec![0.0f32; t * rows];
-                matmul_with(isa, &m, &x, t, &mut got);
-                assert_eq!(bits_nan_as_one(&got), bits_nan_as_one(&want), "{isa} s={edge} t={t}");
-            }
+            assert_tiers_equal_scalar_nan_as_one(&m, &x, t, &format!("s={edge} t={t}"));
         }
     }
 }
@@ -367,13 +302,7 @@ fn int8_non_finite_scales() {
         [0x7C00u16, 0xFC00, 0x7E00].iter().flat_map(|s| s.to_le_bytes()).collect();
     let m = Matrix::int8_row(rows, cols, &values, &scales).expect("shape");
     let x = vec![1.0f32; cols];
-    let mut want = vec![0.0f32; rows];
-    matmul_scalar(&m, &x, 1, &mut want);
-    for isa in tiers() {
-        let mut got = vec![0.0f32; rows];
-        matmul_with(isa, &m, &x, 1, &mut got);
-        assert_eq!(bits_nan_as_one(&got), bits_nan_as_one(&want), "{isa}");
-    }
+    assert_tiers_equal_scalar_nan_as_one(&m, &x, 1, "");
 }
 
 /// Zero rows of activations writes nothing and does not panic.

@@ -10,8 +10,10 @@
 //!
 //! - [`FamilyModel`]: what a loaded model of a family does (new state, forward over T rows,
 //!   shape, routed experts, memory needs, attaching a store, its spine pieces). Each family
-//!   implements it in its folder, delegating to its inherent methods; [`crate::Model`] holds one
-//!   boxed and dispatches once per call (a pass is one call, never one per row).
+//!   implements it in its folder's `boundary.rs` with [`family_model!`], which forwards what
+//!   every family forwards to its inherent methods, so the family writes only what is its own;
+//!   [`crate::Model`] holds one boxed and dispatches once per call (a pass is one call, never
+//!   one per row).
 //! - [`Checked`]: what [`crate::check`] found, through the table line's `check`.
 //! - The pieces every family's forward pass shares: the trace recorder and the MoE-layer step
 //!   (route, run the experts, roll the state back when the store fails, record the routing).
@@ -106,6 +108,99 @@ pub trait FamilyModel: Any + Send + Sync + std::fmt::Debug {
     /// The model as `Any`, for [`crate::Model::into_family`].
     fn into_any(self: Box<Self>) -> Box<dyn Any>;
 }
+
+/// Writes a family's `impl FamilyModel`, so that its `boundary.rs` holds only what is its own.
+///
+/// Every family forwards the same methods to its inherent methods of the same names, and those
+/// are written here once: `family` (the table name), `new_state` (wrapped with that name),
+/// `forward` (the family's concrete state taken with [`State::family_mut`], so that another
+/// family's state is refused), `memory_needs`, and the three `Any` casts. A family with routed
+/// experts and a spine placed piece by piece (`placed`) also forwards `routed_experts`,
+/// `set_experts`, `set_prefetch`, `experts`, `spine_index`, `spine_small_bytes`, `set_spine`
+/// and `spine_stats`; a `dense` family keeps the trait's defaults for those. The methods after
+/// the `;` are the family's own, written as in any impl: at least `shape` and
+/// `spine_bytes_per_pass`, and any default it replaces (DeepSeek-V3's `spine_format`).
+///
+/// ```text
+/// crate::family::family_model!(placed GptOss, "gpt_oss", Qwen3State;
+///     fn shape(&self) -> Shape { ... }
+///     fn spine_bytes_per_pass(&self) -> u64 { self.dense_weight_bytes() }
+/// );
+/// ```
+macro_rules! family_model {
+    (dense $model:ident, $name:expr, $state:ty; $($own:tt)*) => {
+        impl $crate::family::FamilyModel for $model {
+            $crate::family::family_model!(@every $model, $name, $state);
+            $($own)*
+        }
+    };
+    (placed $model:ident, $name:expr, $state:ty; $($own:tt)*) => {
+        impl $crate::family::FamilyModel for $model {
+            $crate::family::family_model!(@every $model, $name, $state);
+            $crate::family::family_model!(@placed $model);
+            $($own)*
+        }
+    };
+    (@every $model:ident, $name:expr, $state:ty) => {
+        fn family(&self) -> &'static str {
+            $name
+        }
+        fn new_state(&self) -> $crate::State {
+            $crate::State::new($name, $model::new_state(self))
+        }
+        fn forward(
+            &self,
+            state: &mut $crate::State,
+            tokens: &[u32],
+            rows: $crate::LogitRows,
+            trace: Option<&mut $crate::family::Trace>,
+        ) -> Result<Vec<f32>, $crate::ModelError> {
+            $model::forward(self, state.family_mut::<$state>($name)?, tokens, rows, trace)
+        }
+        fn memory_needs(&self) -> Option<$crate::family::MemoryNeeds> {
+            Some($model::memory_needs(self))
+        }
+        fn as_any(&self) -> &dyn ::std::any::Any {
+            self
+        }
+        fn as_any_mut(&mut self) -> &mut dyn ::std::any::Any {
+            self
+        }
+        fn into_any(self: Box<Self>) -> Box<dyn ::std::any::Any> {
+            self
+        }
+    };
+    (@placed $model:ident) => {
+        fn routed_experts(&self) -> Option<$crate::family::RoutedExperts> {
+            Some($model::routed_experts(self))
+        }
+        fn set_experts(&mut self, store: ::std::sync::Arc<dyn ::sluice_store::ExpertStore>) {
+            $model::set_experts(self, store);
+        }
+        fn set_prefetch(&mut self, on: bool) {
+            $model::set_prefetch(self, on);
+        }
+        fn experts(&self) -> Option<&::std::sync::Arc<dyn ::sluice_store::ExpertStore>> {
+            Some($model::experts(self))
+        }
+        fn spine_index(&self) -> Result<Option<::sluice_store::SpineIndex>, $crate::ModelError> {
+            $model::spine_index(self).map(Some)
+        }
+        fn spine_small_bytes(&self) -> u64 {
+            $model::spine_small_bytes(self)
+        }
+        fn set_spine(
+            &mut self,
+            store: ::std::sync::Arc<::sluice_store::SpineStore>,
+        ) -> Result<(), $crate::ModelError> {
+            $model::set_spine(self, store)
+        }
+        fn spine_stats(&self) -> ::sluice_store::SpineStats {
+            $model::spine_stats(self)
+        }
+    };
+}
+pub(crate) use family_model;
 
 /// What [`crate::check`] found in a checkpoint whose every tensor the model needs is present
 /// with the dtype and shape its config implies.
@@ -395,6 +490,34 @@ pub(crate) fn add_into(dst: &mut [f32], src: &[f32]) {
     for (a, b) in dst.iter_mut().zip(src) {
         *a += b;
     }
+}
+
+/// The checks every family's forward makes before it computes anything, in this order: a pass
+/// of at least one token, no pass still staged in the state (`pending`), a state made for a
+/// model of this shape (`fits`), every id inside the vocabulary of `vocab` tokens. `family`
+/// names the model in the shape error.
+pub(crate) fn check_pass(
+    family: &str,
+    tokens: &[u32],
+    pending: Option<usize>,
+    fits: bool,
+    vocab: usize,
+) -> Result<(), ModelError> {
+    if tokens.is_empty() {
+        return Err(ModelError::EmptyInput);
+    }
+    if let Some(p) = pending {
+        return Err(ModelError::PendingPass(p));
+    }
+    if !fits {
+        return Err(ModelError::Config(format!(
+            "the state passed to the {family} model was made for a model of another shape"
+        )));
+    }
+    if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
+        return Err(ModelError::TokenOutOfRange { id, vocab });
+    }
+    Ok(())
 }
 
 /// The step a template family's forward pass takes on a MoE layer, written once: `block` routes

@@ -18,17 +18,14 @@
 
 mod common;
 
-use common::golden::Suite;
+use common::golden::{moe_golden_tests, Suite};
 use sluice_models::deepseek_v3::DeepseekV3;
 
 const ROPE_ABS_TOL: f32 = 2.4e-7;
 
 const SUITE: Suite = Suite::transformers("deepseek_v3", &["tiny-a", "tiny-b"], true);
 
-#[test]
-fn stages_routing_and_logits_match_transformers() {
-    SUITE.stages_match();
-}
+moe_golden_tests!(SUITE, rollback: "tiny-b", draft: "tiny-a");
 
 #[test]
 fn the_fixtures_hold_moe_and_dense_layers() {
@@ -65,29 +62,4 @@ fn softmax_scale_matches_transformers() {
         let want = SUITE.golden(name).json["checks"]["softmax_scale"].as_f64().unwrap() as f32;
         assert_eq!(m.config().softmax_scale(), want, "{name}");
     }
-}
-
-#[test]
-fn prefill_then_decode_matches_transformers() {
-    SUITE.decode_matches();
-}
-
-#[test]
-fn greedy_generation_matches_transformers() {
-    SUITE.greedy_matches();
-}
-
-#[test]
-fn a_t_row_pass_is_bit_identical_to_t_single_rows() {
-    SUITE.t_rows_are_bit_identical();
-}
-
-#[test]
-fn rolled_back_rows_leave_no_trace_and_snapshots_restore_exactly() {
-    SUITE.rollback_leaves_no_trace("tiny-b");
-}
-
-#[test]
-fn a_verified_draft_with_a_wrong_tail_continues_exactly_as_plain_decoding() {
-    SUITE.verified_draft_continues_as_plain("tiny-a");
 }

@@ -13,58 +13,18 @@
 
 mod common;
 
-use common::argmax;
+use common::{family_prefill_and_decode, open_family, FAMILY_PROMPT, MOE_FIXTURES};
 use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
 use sluice_models::{LogitRows, Model, ModelError};
 use sluice_store::{CacheSize, ExpertStore, IoBackend, IoMode, StreamingConfig};
 use std::sync::Arc;
 
-/// Every MoE family's fixtures (family folder, fixture).
-const FIXTURES: [(&str, &str); 7] = [
-    ("kimi_k3", "tiny-a"),
-    ("qwen3_moe", "tiny-a"),
-    ("qwen3_moe", "tiny-b"),
-    ("gpt_oss", "tiny-a"),
-    ("gpt_oss", "tiny-b"),
-    ("deepseek_v3", "tiny-a"),
-    ("deepseek_v3", "tiny-b"),
-];
-
-const PROMPT: [u32; 9] = [1, 5, 9, 2, 7, 3, 11, 4, 6];
-
-fn open(family: &str, name: &str) -> (Arc<Checkpoint>, Model) {
-    let dir = common::fixture_of(family, name);
-    let ckpt = Arc::new(Checkpoint::open(&dir).expect("fixture opens"));
-    let model = sluice_models::load(ckpt.clone()).expect("fixture loads");
-    assert_eq!(model.family(), family, "the family table picked the fixture's family");
-    (ckpt, model)
-}
-
-/// Logits bits of a 9-token prefill (all rows) and `steps` greedy single-token decode steps.
-fn prefill_and_decode(m: &Model, steps: usize) -> Vec<u32> {
-    let vocab = m.vocab_size() as u32;
-    let prompt: Vec<u32> = PROMPT.iter().map(|t| t % vocab).collect();
-    let mut st = m.new_state();
-    let mut out = Vec::new();
-    let l = m.forward(&mut st, &prompt, LogitRows::All, None).unwrap();
-    st.commit(prompt.len());
-    out.extend(l.iter().map(|x| x.to_bits()));
-    let mut tok = 3 % vocab;
-    for _ in 0..steps {
-        let l = m.forward(&mut st, &[tok], LogitRows::All, None).unwrap();
-        st.commit(1);
-        tok = argmax(&l);
-        out.extend(l.iter().map(|x| x.to_bits()));
-    }
-    out
-}
-
 #[test]
 fn streamed_with_two_slots_equals_mapped_for_every_family() {
-    for (family, name) in FIXTURES {
-        let (ckpt, mut m) = open(family, name);
-        let want = prefill_and_decode(&m, 5);
+    for (family, name) in MOE_FIXTURES {
+        let (ckpt, mut m) = open_family(family, name);
+        let want = family_prefill_and_decode(&m, 5);
         let routed = m.routed_experts().expect("an MoE family describes its experts");
         for io in [IoMode::Direct, IoMode::Buffered] {
             for backend in IoBackend::usable() {
@@ -80,7 +40,7 @@ fn streamed_with_two_slots_equals_mapped_for_every_family() {
                     routed.streaming(&ckpt, &config, &MemoryBudget::unlimited()).expect("opens"),
                 );
                 m.set_experts(store.clone());
-                let got = prefill_and_decode(&m, 5);
+                let got = family_prefill_and_decode(&m, 5);
                 assert!(got == want, "{family}/{name}: streamed {io:?} {backend:?} changed logits");
                 let s = store.stats();
                 assert!(s.bytes_read > 0, "{family}/{name}: the experts were read from the shards");
@@ -93,9 +53,9 @@ fn streamed_with_two_slots_equals_mapped_for_every_family() {
 
 #[test]
 fn streamed_with_next_layer_prefetch_equals_mapped_for_every_family() {
-    for (family, name) in FIXTURES {
-        let (ckpt, mut m) = open(family, name);
-        let want = prefill_and_decode(&m, 5);
+    for (family, name) in MOE_FIXTURES {
+        let (ckpt, mut m) = open_family(family, name);
+        let want = family_prefill_and_decode(&m, 5);
         let routed = m.routed_experts().expect("an MoE family describes its experts");
         // Every guess passes the gate, and the cache has room to read guesses beside a pass's
         // own experts, so guesses really are read (and some evict, or are wrong).
@@ -109,7 +69,7 @@ fn streamed_with_next_layer_prefetch_equals_mapped_for_every_family() {
             Arc::new(routed.streaming(&ckpt, &config, &MemoryBudget::unlimited()).expect("opens"));
         m.set_experts(store.clone());
         sluice_models::family::set_prefetch(&mut m, true);
-        let got = prefill_and_decode(&m, 5);
+        let got = family_prefill_and_decode(&m, 5);
         assert!(got == want, "{family}/{name}: streamed with prefetch changed logits");
         let s = store.stats();
         assert!(s.prefetch_issued > 0, "{family}/{name}: no guess was read: {s:?}");
@@ -119,10 +79,10 @@ fn streamed_with_next_layer_prefetch_equals_mapped_for_every_family() {
 
 #[test]
 fn a_t_row_pass_equals_t_single_rows_for_every_family() {
-    for (family, name) in FIXTURES {
-        let (_, m) = open(family, name);
+    for (family, name) in MOE_FIXTURES {
+        let (_, m) = open_family(family, name);
         let vocab = m.vocab_size();
-        let prompt: Vec<u32> = PROMPT.iter().map(|&t| t % vocab as u32).collect();
+        let prompt: Vec<u32> = FAMILY_PROMPT.iter().map(|&t| t % vocab as u32).collect();
         let mut st = m.new_state();
         let all = m.forward(&mut st, &prompt, LogitRows::All, None).unwrap();
         st.commit(prompt.len());
@@ -142,10 +102,10 @@ fn a_t_row_pass_equals_t_single_rows_for_every_family() {
 
 #[test]
 fn committing_part_of_a_pass_equals_running_only_that_part_for_every_family() {
-    for (family, name) in FIXTURES {
-        let (_, m) = open(family, name);
+    for (family, name) in MOE_FIXTURES {
+        let (_, m) = open_family(family, name);
         let vocab = m.vocab_size() as u32;
-        let prompt: Vec<u32> = PROMPT.iter().map(|t| t % vocab).collect();
+        let prompt: Vec<u32> = FAMILY_PROMPT.iter().map(|t| t % vocab).collect();
         // Run all 9 rows, keep 4 (a verifier accepting 3 drafts), then decode one token.
         let mut st = m.new_state();
         m.forward(&mut st, &prompt, LogitRows::All, None).unwrap();
@@ -174,8 +134,8 @@ fn committing_part_of_a_pass_equals_running_only_that_part_for_every_family() {
 /// every pass. One recorder (`family::put`) now serves every template family.
 #[test]
 fn a_routes_only_trace_copied_every_activation() {
-    for (family, name) in FIXTURES {
-        let (_, m) = open(family, name);
+    for (family, name) in MOE_FIXTURES {
+        let (_, m) = open_family(family, name);
         let mut tr = sluice_models::Trace::routes_only();
         let mut st = m.new_state();
         m.forward(&mut st, &[1, 2, 3], LogitRows::Last, Some(&mut tr)).unwrap();
@@ -223,7 +183,7 @@ fn a_state_of_another_family_sharing_its_type_was_accepted() {
         ("gpt_oss", "tiny-a"),
     ]
     .iter()
-    .map(|&(family, name)| open(family, name).1)
+    .map(|&(family, name)| open_family(family, name).1)
     .collect();
     for maker in &models {
         let mut st = maker.new_state();

@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::argmax;
+use common::{family_prefill_and_decode, open_family, FAMILY_PROMPT, MOE_FIXTURES};
 use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
 use sluice_models::{LogitRows, Model};
@@ -21,48 +21,19 @@ use sluice_store::fault::{Fault, When};
 use sluice_store::{FaultyReader, IoMode, Placement, ReadAt, ShardFiles, SpineStore};
 use std::sync::Arc;
 
-/// Every MoE family's fixtures (family folder, fixture).
-const FIXTURES: [(&str, &str); 7] = [
-    ("kimi_k3", "tiny-a"),
-    ("qwen3_moe", "tiny-a"),
-    ("qwen3_moe", "tiny-b"),
-    ("gpt_oss", "tiny-a"),
-    ("gpt_oss", "tiny-b"),
-    ("deepseek_v3", "tiny-a"),
-    ("deepseek_v3", "tiny-b"),
-];
-
-const PROMPT: [u32; 9] = [1, 5, 9, 2, 7, 3, 11, 4, 6];
-
 /// `EIO` on Linux.
 const EIO: i32 = 5;
 
+/// A fixture through the family table, whose line must place its spine.
 fn open(family: &str, name: &str) -> (Arc<Checkpoint>, Model) {
-    let dir = common::fixture_of(family, name);
-    let ckpt = Arc::new(Checkpoint::open(&dir).expect("fixture opens"));
-    let model = sluice_models::load(ckpt.clone()).expect("fixture loads");
-    assert_eq!(model.family(), family);
+    let (ckpt, model) = open_family(family, name);
     assert!(model.family_entry().places_spine, "{family}: its table line places its spine");
     (ckpt, model)
 }
 
-/// Logits bits of a 9-token prefill (all rows) and 4 greedy single-token decode steps.
+/// Logits bits of a prefill and 4 greedy single-token decode steps.
 fn run(m: &Model) -> Vec<u32> {
-    let vocab = m.vocab_size() as u32;
-    let prompt: Vec<u32> = PROMPT.iter().map(|t| t % vocab).collect();
-    let mut st = m.new_state();
-    let mut out = Vec::new();
-    let l = m.forward(&mut st, &prompt, LogitRows::All, None).unwrap();
-    st.commit(prompt.len());
-    out.extend(l.iter().map(|x| x.to_bits()));
-    let mut tok = 3 % vocab;
-    for _ in 0..4 {
-        let l = m.forward(&mut st, &[tok], LogitRows::All, None).unwrap();
-        st.commit(1);
-        tok = argmax(&l);
-        out.extend(l.iter().map(|x| x.to_bits()));
-    }
-    out
+    family_prefill_and_decode(m, 4)
 }
 
 /// Embedding, `k` resident layers (a prefix) and the rest streamed, head.
@@ -93,7 +64,7 @@ fn files(ckpt: &Checkpoint, io: IoMode) -> Arc<ShardFiles> {
 #[test]
 fn logits_are_bit_identical_for_every_spine_placement_of_every_family() {
     use Placement::{Resident as R, Rows as W, Streamed as S};
-    for (family, name) in FIXTURES {
+    for (family, name) in MOE_FIXTURES {
         let (ckpt, mapped) = open(family, name);
         let want = run(&mapped);
         let n = mapped.shape().layers;
@@ -121,7 +92,10 @@ fn logits_are_bit_identical_for_every_spine_placement_of_every_family() {
                     assert!(s.piece_reads >= 5 * streamed, "{family}/{name}: {s:?}");
                 }
                 if placements[0] == W {
-                    assert!(s.row_reads >= PROMPT.len() as u64 + 4, "{family}/{name}: {s:?}");
+                    assert!(
+                        s.row_reads >= FAMILY_PROMPT.len() as u64 + 4,
+                        "{family}/{name}: {s:?}"
+                    );
                 }
             }
         }
@@ -130,7 +104,7 @@ fn logits_are_bit_identical_for_every_spine_placement_of_every_family() {
 
 #[test]
 fn a_spine_read_fault_fails_the_pass_cleanly_and_the_next_pass_is_exact() {
-    for (family, name) in FIXTURES {
+    for (family, name) in MOE_FIXTURES {
         let (ckpt, mapped) = open(family, name);
         let want = run(&mapped);
         let n = mapped.shape().layers;
@@ -147,7 +121,7 @@ fn a_spine_read_fault_fails_the_pass_cleanly_and_the_next_pass_is_exact() {
             None,
         );
         let vocab = m.vocab_size() as u32;
-        let prompt: Vec<u32> = PROMPT.iter().map(|t| t % vocab).collect();
+        let prompt: Vec<u32> = FAMILY_PROMPT.iter().map(|t| t % vocab).collect();
         let err = m.forward(&mut st, &prompt, LogitRows::All, None).expect_err("unreadable");
         let msg = err.to_string();
         // The piece is named (a neighbour's aligned read may overlap the broken span first).

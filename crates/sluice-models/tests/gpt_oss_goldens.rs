@@ -16,17 +16,14 @@
 
 mod common;
 
-use common::golden::Suite;
+use common::golden::{moe_golden_tests, Suite};
 use sluice_models::gpt_oss::GptOss;
 
 const ROPE_ABS_TOL: f32 = 4.8e-7;
 
 const SUITE: Suite = Suite::transformers("gpt_oss", &["tiny-a", "tiny-b"], true);
 
-#[test]
-fn stages_routing_and_logits_match_transformers() {
-    SUITE.stages_match();
-}
+moe_golden_tests!(SUITE, rollback: "tiny-a", draft: "tiny-b");
 
 #[test]
 fn rope_matches_rotary_emb() {
@@ -41,11 +38,6 @@ fn rope_matches_rotary_emb() {
 }
 
 #[test]
-fn prefill_then_decode_matches_transformers() {
-    SUITE.decode_matches();
-}
-
-#[test]
 fn the_decode_goldens_pass_the_sliding_window() {
     for name in SUITE.fixtures {
         let m = SUITE.family_model::<GptOss>(name);
@@ -53,24 +45,4 @@ fn the_decode_goldens_pass_the_sliding_window() {
         let n = g.ids("decode.prompt").len() + g.ids("decode.tokens").len();
         assert!(n > m.config().sliding_window, "{name}: the decode scenario must pass the window");
     }
-}
-
-#[test]
-fn greedy_generation_matches_transformers() {
-    SUITE.greedy_matches();
-}
-
-#[test]
-fn a_t_row_pass_is_bit_identical_to_t_single_rows() {
-    SUITE.t_rows_are_bit_identical();
-}
-
-#[test]
-fn rolled_back_rows_leave_no_trace_and_snapshots_restore_exactly() {
-    SUITE.rollback_leaves_no_trace("tiny-a");
-}
-
-#[test]
-fn a_verified_draft_with_a_wrong_tail_continues_exactly_as_plain_decoding() {
-    SUITE.verified_draft_continues_as_plain("tiny-b");
 }

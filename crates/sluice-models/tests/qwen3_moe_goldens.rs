@@ -14,17 +14,14 @@
 
 mod common;
 
-use common::golden::Suite;
+use common::golden::{moe_golden_tests, Suite};
 use sluice_models::qwen3_moe::Qwen3Moe;
 
 const ROPE_ABS_TOL: f32 = 2.4e-7;
 
 const SUITE: Suite = Suite::transformers("qwen3_moe", &["tiny-a", "tiny-b"], true);
 
-#[test]
-fn stages_routing_and_logits_match_transformers() {
-    SUITE.stages_match();
-}
+moe_golden_tests!(SUITE, rollback: "tiny-a", draft: "tiny-b");
 
 #[test]
 fn the_fixtures_hold_moe_and_dense_layers() {
@@ -41,29 +38,4 @@ fn rope_matches_rotary_emb() {
             (r.cos, r.sin)
         });
     }
-}
-
-#[test]
-fn prefill_then_decode_matches_transformers() {
-    SUITE.decode_matches();
-}
-
-#[test]
-fn greedy_generation_matches_transformers() {
-    SUITE.greedy_matches();
-}
-
-#[test]
-fn a_t_row_pass_is_bit_identical_to_t_single_rows() {
-    SUITE.t_rows_are_bit_identical();
-}
-
-#[test]
-fn rolled_back_rows_leave_no_trace_and_snapshots_restore_exactly() {
-    SUITE.rollback_leaves_no_trace("tiny-a");
-}
-
-#[test]
-fn a_verified_draft_with_a_wrong_tail_continues_exactly_as_plain_decoding() {
-    SUITE.verified_draft_continues_as_plain("tiny-b");
 }

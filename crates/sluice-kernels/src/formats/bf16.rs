@@ -24,6 +24,14 @@ impl<'a> Matrix<'a> {
     }
 }
 
+/// The scalar decode of `out.len()` little-endian bf16 patterns in `w` (`2 * out.len()` bytes):
+/// the reference, and the tail every SIMD decode leaves.
+fn bf16s_scalar(w: &[u8], out: &mut [f32]) {
+    for (o, b) in out.iter_mut().zip(w.chunks_exact(2)) {
+        *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+    }
+}
+
 impl Format for Bf16 {
     /// `2 * cols` bytes.
     type Row<'a> = &'a [u8];
@@ -34,10 +42,7 @@ impl Format for Bf16 {
     }
 
     fn widen(w: &[u8], c0: usize, out: &mut [f32]) {
-        let n = out.len();
-        for (o, b) in out.iter_mut().zip(w[2 * c0..2 * (c0 + n)].chunks_exact(2)) {
-            *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-        }
+        bf16s_scalar(&w[2 * c0..2 * (c0 + out.len())], out);
     }
 
     fn row_bytes(w: &[u8]) -> usize {
@@ -96,7 +101,6 @@ mod x86 {
     use crate::arch::prefetch_line;
     use crate::tiled::Lanes;
     use core::arch::x86_64::*;
-    use sluice_core::bf16_to_f32;
 
     /// Byte-shuffle indices that turn eight bf16 (the same 16 bytes in both lanes) into eight
     /// f32: dword `d` takes bytes `2d`, `2d + 1` in its high half and zeros in its low half.
@@ -124,9 +128,7 @@ mod x86 {
                 _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_castsi256_ps(v));
             }
         }
-        for (o, b) in out[full..].iter_mut().zip(w[2 * full..].chunks_exact(2)) {
-            *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-        }
+        super::bf16s_scalar(&w[2 * full..], &mut out[full..]);
     }
 
     /// Sixteen bf16 → f32 by zero-extending to 32 bits and shifting into the high half.
@@ -148,9 +150,7 @@ mod x86 {
                 _mm512_storeu_ps(out.as_mut_ptr().add(i), widen_512(raw));
             }
         }
-        for (o, b) in out[full..].iter_mut().zip(w[2 * full..].chunks_exact(2)) {
-            *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-        }
+        super::bf16s_scalar(&w[2 * full..], &mut out[full..]);
     }
 
     /// bf16 rows against one activation row: each eight weights are one 16-byte broadcast
@@ -228,7 +228,6 @@ mod x86 {
 mod neon {
     use crate::arch::aarch64::{store4, widen_bf16};
     use core::arch::aarch64::*;
-    use sluice_core::bf16_to_f32;
 
     /// bf16 weights, sixteen at a time.
     #[target_feature(enable = "neon")]
@@ -245,8 +244,6 @@ mod neon {
                 store4(out.as_mut_ptr().add(i), [a, b, c, d]);
             }
         }
-        for (o, b) in out[full..].iter_mut().zip(w[2 * full..].chunks_exact(2)) {
-            *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-        }
+        super::bf16s_scalar(&w[2 * full..], &mut out[full..]);
     }
 }

@@ -21,6 +21,14 @@ impl<'a> Matrix<'a> {
     }
 }
 
+/// The scalar decode of `out.len()` little-endian f32 values in `w` (`4 * out.len()` bytes):
+/// the reference, and the tail every SIMD decode leaves.
+fn f32s_scalar(w: &[u8], out: &mut [f32]) {
+    for (o, b) in out.iter_mut().zip(w.chunks_exact(4)) {
+        *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+}
+
 impl Format for F32 {
     /// `4 * cols` bytes.
     type Row<'a> = &'a [u8];
@@ -31,10 +39,7 @@ impl Format for F32 {
     }
 
     fn widen(w: &[u8], c0: usize, out: &mut [f32]) {
-        let n = out.len();
-        for (o, b) in out.iter_mut().zip(w[4 * c0..4 * (c0 + n)].chunks_exact(4)) {
-            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
+        f32s_scalar(&w[4 * c0..4 * (c0 + out.len())], out);
     }
 
     fn row_bytes(w: &[u8]) -> usize {
@@ -102,9 +107,7 @@ mod x86 {
                 _mm256_storeu_ps(out.as_mut_ptr().add(i), v);
             }
         }
-        for (o, b) in out[full..].iter_mut().zip(w[4 * full..].chunks_exact(4)) {
-            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
+        super::f32s_scalar(&w[4 * full..], &mut out[full..]);
     }
 
     /// f32 weights: a copy, sixteen lanes at a time.
@@ -119,9 +122,7 @@ mod x86 {
                 _mm512_storeu_ps(out.as_mut_ptr().add(i), v);
             }
         }
-        for (o, b) in out[full..].iter_mut().zip(w[4 * full..].chunks_exact(4)) {
-            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
+        super::f32s_scalar(&w[4 * full..], &mut out[full..]);
     }
 
     /// f32 rows against one activation row (AVX2).

@@ -1,8 +1,12 @@
 //! Test-data generation shared by the matmul tests: proptest picks the shape, a seed and the
 //! kind of values; a small deterministic generator then fills matrices of up to a million
-//! elements quickly (a proptest `vec` strategy of that size would be far too slow).
+//! elements quickly (a proptest `vec` strategy of that size would be far too slow). Also the
+//! owned matrix of any format ([`Weights`]) and the tiers under test ([`tiers`]), which every
+//! matmul test file shares.
 
 use proptest::prelude::*;
+use sluice_kernels::matmul::Matrix;
+use sluice_kernels::Isa;
 
 /// splitmix64: tiny, fast and good enough for test data.
 pub struct Rng(u64);
@@ -201,4 +205,87 @@ pub fn int4_data(rng: &mut Rng, mode: Mode, rows: usize, cols: usize) -> (Vec<u8
         })
         .collect();
     (packed, bf16_bytes(&scales))
+}
+
+/// Owned bytes of one matrix of a named format (`f32`, `bf16`, `int8`, `mxfp4`, `fp8`, `int4`)
+/// and the values [`Mode`] asks for.
+pub struct Weights {
+    /// The format's name in the tests.
+    pub format: &'static str,
+    /// Output rows.
+    pub rows: usize,
+    /// Columns (the activation width).
+    pub cols: usize,
+    /// The weight bytes.
+    pub data: Vec<u8>,
+    /// The scale bytes (empty for f32 and bf16).
+    pub scales: Vec<u8>,
+}
+
+impl Weights {
+    /// A `rows × cols` matrix of `format` drawn from `rng`.
+    pub fn gen(format: &'static str, rows: usize, cols: usize, rng: &mut Rng, mode: Mode) -> Self {
+        let (data, scales) = match format {
+            "f32" => (f32_bytes(&values(rng, mode, rows * cols)), Vec::new()),
+            "bf16" => (bf16_bytes(&values(rng, mode, rows * cols)), Vec::new()),
+            "int8" => int8_data(rng, mode, rows, cols),
+            "mxfp4" => mxfp4_data(rng, mode, rows, cols),
+            "fp8" => fp8_data(rng, mode, rows, cols),
+            "int4" => int4_data(rng, mode, rows, cols),
+            other => panic!("no test format {other}"),
+        };
+        Self { format, rows, cols, data, scales }
+    }
+
+    /// The matrix over these bytes.
+    pub fn matrix(&self) -> Matrix<'_> {
+        let (r, c, d, s) = (self.rows, self.cols, &self.data[..], &self.scales[..]);
+        match self.format {
+            "f32" => Matrix::f32(r, c, d),
+            "bf16" => Matrix::bf16(r, c, d),
+            "int8" => Matrix::int8_row(r, c, d, s),
+            "mxfp4" => Matrix::mxfp4(r, c, d, s),
+            "fp8" => Matrix::fp8_block(r, c, d, s),
+            "int4" => Matrix::int4_group(r, c, d, s),
+            other => panic!("no test format {other}"),
+        }
+        .expect("generated buffers match the shape")
+    }
+}
+
+/// The tiers under test: the one `SLUICE_ISA` forces (none, with a note, if this CPU lacks
+/// it), else every tier this CPU supports (with a note naming the others).
+pub fn tiers() -> Vec<Isa> {
+    use std::sync::Once;
+    static NOTE: Once = Once::new();
+    let forced = std::env::var(sluice_kernels::isa::ISA_ENV).ok().filter(|v| !v.trim().is_empty());
+    let (run, note) = match forced.map(|v| v.parse::<Isa>()) {
+        Some(Ok(isa)) if isa.is_available() => (vec![isa], None),
+        Some(Ok(isa)) => {
+            (Vec::new(), Some(format!("{isa} forced but not supported here: skipped")))
+        }
+        Some(Err(e)) => panic!("{e}"),
+        None => {
+            let missing: Vec<&str> =
+                Isa::ALL.iter().filter(|i| !i.is_available()).map(|i| i.name()).collect();
+            (Isa::available(), Some(format!("tiers this CPU lacks, skipped: {missing:?}")))
+        }
+    };
+    if let Some(n) = note {
+        NOTE.call_once(|| eprintln!("note: {n}"));
+    }
+    run
+}
+
+/// `matmul_with` on every tier under test equals `matmul_scalar` over `m`, `x` (`t` rows), NaNs
+/// compared as NaN ([`bits_nan_as_one`]: IEEE 754 leaves a NaN's sign and payload open); a
+/// failure names the tier and `what`.
+pub fn assert_tiers_equal_scalar_nan_as_one(m: &Matrix<'_>, x: &[f32], t: usize, what: &str) {
+    let mut want = vec![0.0f32; t * m.rows()];
+    sluice_kernels::matmul::matmul_scalar(m, x, t, &mut want);
+    for isa in tiers() {
+        let mut got = vec![0.0f32; t * m.rows()];
+        sluice_kernels::matmul_with(isa, m, x, t, &mut got);
+        assert_eq!(bits_nan_as_one(&got), bits_nan_as_one(&want), "{isa} {what}");
+    }
 }

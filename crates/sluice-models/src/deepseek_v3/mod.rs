@@ -357,21 +357,13 @@ impl DeepseekV3 {
     ) -> Result<Vec<f32>, ModelError> {
         let c = &self.cfg;
         let t = tokens.len();
-        if t == 0 {
-            return Err(ModelError::EmptyInput);
-        }
-        if let Some(p) = state.pending() {
-            return Err(ModelError::PendingPass(p));
-        }
-        if !self.fits(state) {
-            return Err(ModelError::Config(format!(
-                "the state passed to the {} model was made for a model of another shape",
-                c.model_type
-            )));
-        }
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab_size) {
-            return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
-        }
+        crate::family::check_pass(
+            c.model_type,
+            tokens,
+            state.pending(),
+            self.fits(state),
+            c.vocab_size,
+        )?;
         let d = c.hidden_size;
         // One pass at a time through streamed spine pieces; held until the logits are out.
         let _pass = self.spine.begin_pass();

@@ -1,32 +1,12 @@
-//! GPT-OSS behind the family boundary: [`FamilyModel`] by delegation to the inherent methods.
+//! GPT-OSS behind the family boundary: [`crate::family::FamilyModel`] through
+//! [`crate::family::family_model`], which forwards to the inherent methods; what is GPT-OSS's
+//! own is its shape and the bytes a pass reads.
 
 use super::GptOss;
-use crate::family::{FamilyModel, MemoryNeeds, RoutedExperts, Shape, Trace};
+use crate::family::{family_model, Shape};
 use crate::qwen3::Qwen3State;
-use crate::{LogitRows, ModelError, State};
-use sluice_store::{ExpertStore, SpineIndex, SpineStats, SpineStore};
-use std::any::Any;
-use std::sync::Arc;
 
-/// The family table's name of GPT-OSS.
-const NAME: &str = "gpt_oss";
-
-impl FamilyModel for GptOss {
-    fn family(&self) -> &'static str {
-        NAME
-    }
-    fn new_state(&self) -> State {
-        State::new(NAME, GptOss::new_state(self))
-    }
-    fn forward(
-        &self,
-        state: &mut State,
-        tokens: &[u32],
-        rows: LogitRows,
-        trace: Option<&mut Trace>,
-    ) -> Result<Vec<f32>, ModelError> {
-        GptOss::forward(self, state.family_mut::<Qwen3State>(NAME)?, tokens, rows, trace)
-    }
+family_model!(placed GptOss, "gpt_oss", Qwen3State;
     fn shape(&self) -> Shape {
         let c = self.config();
         Shape {
@@ -38,43 +18,7 @@ impl FamilyModel for GptOss {
             experts_per_token: c.num_experts_per_tok,
         }
     }
-    fn routed_experts(&self) -> Option<RoutedExperts> {
-        Some(GptOss::routed_experts(self))
-    }
-    fn set_experts(&mut self, store: Arc<dyn ExpertStore>) {
-        GptOss::set_experts(self, store);
-    }
-    fn set_prefetch(&mut self, on: bool) {
-        GptOss::set_prefetch(self, on);
-    }
-    fn experts(&self) -> Option<&Arc<dyn ExpertStore>> {
-        Some(GptOss::experts(self))
-    }
-    fn memory_needs(&self) -> Option<MemoryNeeds> {
-        Some(GptOss::memory_needs(self))
-    }
-    fn spine_index(&self) -> Result<Option<SpineIndex>, ModelError> {
-        GptOss::spine_index(self).map(Some)
-    }
-    fn spine_small_bytes(&self) -> u64 {
-        GptOss::spine_small_bytes(self)
-    }
-    fn set_spine(&mut self, store: Arc<SpineStore>) -> Result<(), ModelError> {
-        GptOss::set_spine(self, store)
-    }
-    fn spine_stats(&self) -> SpineStats {
-        GptOss::spine_stats(self)
-    }
     fn spine_bytes_per_pass(&self) -> u64 {
         self.dense_weight_bytes()
     }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-    fn into_any(self: Box<Self>) -> Box<dyn Any> {
-        self
-    }
-}
+);

@@ -253,12 +253,12 @@ impl KimiK3 {
         self.prefetch = on;
     }
 
-    /// The next MoE layer after `i` and its weights.
     /// The first MoE layer, if any.
     fn first_moe(&self) -> Option<usize> {
         self.weights.layers.iter().position(|l| matches!(l.ffn, Ffn::Moe(_)))
     }
 
+    /// The next MoE layer after `i` and its weights.
     fn next_moe(&self, i: usize) -> Option<(usize, &weights::MoeWeights)> {
         self.weights.layers.iter().enumerate().skip(i + 1).find_map(|(j, l)| match &l.ffn {
             Ffn::Moe(w) => Some((j, &**w)),
@@ -314,17 +314,7 @@ impl KimiK3 {
     ) -> Result<Vec<f32>, ModelError> {
         let c = &self.cfg;
         let t = tokens.len();
-        if t == 0 {
-            return Err(ModelError::EmptyInput);
-        }
-        if let Some(p) = state.pending() {
-            return Err(ModelError::PendingPass(p));
-        }
-        for &id in tokens {
-            if id as usize >= c.vocab_size {
-                return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
-            }
-        }
+        crate::family::check_pass("kimi_k3", tokens, state.pending(), true, c.vocab_size)?;
         let d = c.hidden_size;
         // One pass at a time through streamed pieces; held until the logits are out.
         let _pass = self.spine.begin_pass();

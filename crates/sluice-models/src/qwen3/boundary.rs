@@ -1,30 +1,13 @@
-//! Qwen3 (dense) behind the family boundary: [`FamilyModel`] by delegation to the inherent methods.
+//! Qwen3 (dense) behind the family boundary: [`crate::family::FamilyModel`] through
+//! [`crate::family::family_model`], which forwards to the inherent methods and keeps the
+//! trait's defaults for routed experts and a placed spine (it has neither); what is Qwen3's own
+//! is its shape and the bytes a pass reads.
 
 use super::Qwen3;
-use crate::family::{FamilyModel, MemoryNeeds, Shape, Trace};
+use crate::family::{family_model, Shape};
 use crate::qwen3::Qwen3State;
-use crate::{LogitRows, ModelError, State};
-use std::any::Any;
 
-/// The family table's name of Qwen3 (dense).
-const NAME: &str = "qwen3";
-
-impl FamilyModel for Qwen3 {
-    fn family(&self) -> &'static str {
-        NAME
-    }
-    fn new_state(&self) -> State {
-        State::new(NAME, Qwen3::new_state(self))
-    }
-    fn forward(
-        &self,
-        state: &mut State,
-        tokens: &[u32],
-        rows: LogitRows,
-        trace: Option<&mut Trace>,
-    ) -> Result<Vec<f32>, ModelError> {
-        Qwen3::forward(self, state.family_mut::<Qwen3State>(NAME)?, tokens, rows, trace)
-    }
+family_model!(dense Qwen3, "qwen3", Qwen3State;
     fn shape(&self) -> Shape {
         let c = self.config();
         Shape {
@@ -36,19 +19,7 @@ impl FamilyModel for Qwen3 {
             experts_per_token: 0,
         }
     }
-    fn memory_needs(&self) -> Option<MemoryNeeds> {
-        Some(Qwen3::memory_needs(self))
-    }
     fn spine_bytes_per_pass(&self) -> u64 {
         self.weight_bytes()
     }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-    fn into_any(self: Box<Self>) -> Box<dyn Any> {
-        self
-    }
-}
+);

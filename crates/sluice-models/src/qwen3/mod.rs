@@ -127,20 +127,13 @@ impl Qwen3 {
     ) -> Result<Vec<f32>, ModelError> {
         let c = &self.cfg;
         let t = tokens.len();
-        if t == 0 {
-            return Err(ModelError::EmptyInput);
-        }
-        if let Some(p) = state.pending() {
-            return Err(ModelError::PendingPass(p));
-        }
-        if !state.fits(c.num_hidden_layers, c.kv_width()) {
-            return Err(ModelError::Config(
-                "the qwen3 state passed to forward was made for a model of another shape".into(),
-            ));
-        }
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab_size) {
-            return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
-        }
+        crate::family::check_pass(
+            "qwen3",
+            tokens,
+            state.pending(),
+            state.fits(c.num_hidden_layers, c.kv_width()),
+            c.vocab_size,
+        )?;
         let d = c.hidden_size;
         let ctx = Ctx { src: &self.ckpt };
         // inputs_embeds = self.embed_tokens(input_ids)

@@ -1,32 +1,12 @@
-//! Qwen3-MoE behind the family boundary: [`FamilyModel`] by delegation to the inherent methods.
+//! Qwen3-MoE behind the family boundary: [`crate::family::FamilyModel`] through
+//! [`crate::family::family_model`], which forwards to the inherent methods; what is Qwen3-MoE's
+//! own is its shape and the bytes a pass reads.
 
 use super::Qwen3Moe;
-use crate::family::{FamilyModel, MemoryNeeds, RoutedExperts, Shape, Trace};
+use crate::family::{family_model, Shape};
 use crate::qwen3::Qwen3State;
-use crate::{LogitRows, ModelError, State};
-use sluice_store::{ExpertStore, SpineIndex, SpineStats, SpineStore};
-use std::any::Any;
-use std::sync::Arc;
 
-/// The family table's name of Qwen3-MoE.
-const NAME: &str = "qwen3_moe";
-
-impl FamilyModel for Qwen3Moe {
-    fn family(&self) -> &'static str {
-        NAME
-    }
-    fn new_state(&self) -> State {
-        State::new(NAME, Qwen3Moe::new_state(self))
-    }
-    fn forward(
-        &self,
-        state: &mut State,
-        tokens: &[u32],
-        rows: LogitRows,
-        trace: Option<&mut Trace>,
-    ) -> Result<Vec<f32>, ModelError> {
-        Qwen3Moe::forward(self, state.family_mut::<Qwen3State>(NAME)?, tokens, rows, trace)
-    }
+family_model!(placed Qwen3Moe, "qwen3_moe", Qwen3State;
     fn shape(&self) -> Shape {
         let c = self.config();
         Shape {
@@ -38,43 +18,7 @@ impl FamilyModel for Qwen3Moe {
             experts_per_token: c.num_experts_per_tok,
         }
     }
-    fn routed_experts(&self) -> Option<RoutedExperts> {
-        Some(Qwen3Moe::routed_experts(self))
-    }
-    fn set_experts(&mut self, store: Arc<dyn ExpertStore>) {
-        Qwen3Moe::set_experts(self, store);
-    }
-    fn set_prefetch(&mut self, on: bool) {
-        Qwen3Moe::set_prefetch(self, on);
-    }
-    fn experts(&self) -> Option<&Arc<dyn ExpertStore>> {
-        Some(Qwen3Moe::experts(self))
-    }
-    fn memory_needs(&self) -> Option<MemoryNeeds> {
-        Some(Qwen3Moe::memory_needs(self))
-    }
-    fn spine_index(&self) -> Result<Option<SpineIndex>, ModelError> {
-        Qwen3Moe::spine_index(self).map(Some)
-    }
-    fn spine_small_bytes(&self) -> u64 {
-        Qwen3Moe::spine_small_bytes(self)
-    }
-    fn set_spine(&mut self, store: Arc<SpineStore>) -> Result<(), ModelError> {
-        Qwen3Moe::set_spine(self, store)
-    }
-    fn spine_stats(&self) -> SpineStats {
-        Qwen3Moe::spine_stats(self)
-    }
     fn spine_bytes_per_pass(&self) -> u64 {
         self.dense_weight_bytes()
     }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-    fn into_any(self: Box<Self>) -> Box<dyn Any> {
-        self
-    }
-}
+);

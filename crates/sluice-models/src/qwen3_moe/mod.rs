@@ -60,11 +60,10 @@ impl Qwen3Moe {
     /// every tensor once. Experts are served in place from the mapped shards until
     /// [`Self::set_experts`] gives the model another store.
     pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self, ModelError> {
-        let cfg = Qwen3MoeConfig::from_json(ckpt.config().text_config())?;
-        let weights = Qwen3MoeWeights::load(&ckpt, &cfg)?;
-        let rope = Rope::new(cfg.base.head_dim, cfg.base.rope_theta);
-        let experts = Arc::new(Self::routed(&cfg).mapped(ckpt.clone())?);
-        Ok(Self { cfg, ckpt, weights, rope, experts, prefetch: false, spine: Spine::Mapped })
+        Self::assemble(ckpt, |cfg, ckpt| {
+            let mapped: Arc<dyn ExpertStore> = Arc::new(Self::routed(cfg).mapped(ckpt.clone())?);
+            Ok(mapped)
+        })
     }
 
     /// Loads the model with its routed experts served by `experts` from the start: for a
@@ -74,9 +73,22 @@ impl Qwen3Moe {
         ckpt: Arc<Checkpoint>,
         experts: Arc<dyn ExpertStore>,
     ) -> Result<Self, ModelError> {
+        Self::assemble(ckpt, |_, _| Ok(experts))
+    }
+
+    /// What [`Self::load`] and [`Self::with_store`] share: the config parsed, every tensor
+    /// resolved and checked, the rotary tables built, then the routed experts `experts` serves.
+    fn assemble(
+        ckpt: Arc<Checkpoint>,
+        experts: impl FnOnce(
+            &Qwen3MoeConfig,
+            &Arc<Checkpoint>,
+        ) -> Result<Arc<dyn ExpertStore>, ModelError>,
+    ) -> Result<Self, ModelError> {
         let cfg = Qwen3MoeConfig::from_json(ckpt.config().text_config())?;
         let weights = Qwen3MoeWeights::load(&ckpt, &cfg)?;
         let rope = Rope::new(cfg.base.head_dim, cfg.base.rope_theta);
+        let experts = experts(&cfg, &ckpt)?;
         Ok(Self { cfg, ckpt, weights, rope, experts, prefetch: false, spine: Spine::Mapped })
     }
 
@@ -201,21 +213,13 @@ impl Qwen3Moe {
     ) -> Result<Vec<f32>, ModelError> {
         let c = &self.cfg.base;
         let t = tokens.len();
-        if t == 0 {
-            return Err(ModelError::EmptyInput);
-        }
-        if let Some(p) = state.pending() {
-            return Err(ModelError::PendingPass(p));
-        }
-        if !state.fits(c.num_hidden_layers, c.kv_width()) {
-            return Err(ModelError::Config(
-                "the state passed to the qwen3_moe model was made for a model of another shape"
-                    .into(),
-            ));
-        }
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab_size) {
-            return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
-        }
+        crate::family::check_pass(
+            "qwen3_moe",
+            tokens,
+            state.pending(),
+            state.fits(c.num_hidden_layers, c.kv_width()),
+            c.vocab_size,
+        )?;
         let d = c.hidden_size;
         // One pass at a time through streamed spine pieces; held until the logits are out.
         let _pass = self.spine.begin_pass();

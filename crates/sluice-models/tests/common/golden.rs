@@ -25,6 +25,48 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// The checks every `transformers` MoE family owes its goldens, one `#[test]` each, over the
+/// suite `$suite` (a `const` [`Suite`]): every stage with the routing, prefill then decode,
+/// greedy generation, a T-row pass against T single rows, rollback (and snapshots) on fixture
+/// `$rollback`, a verified draft with a wrong tail on fixture `$draft`. A family's test file
+/// adds only what is its own (its rotary rows, config facts its goldens pin).
+#[allow(unused_macros)]
+macro_rules! moe_golden_tests {
+    ($suite:ident, rollback: $rollback:literal, draft: $draft:literal) => {
+        #[test]
+        fn stages_routing_and_logits_match_transformers() {
+            $suite.stages_match();
+        }
+
+        #[test]
+        fn prefill_then_decode_matches_transformers() {
+            $suite.decode_matches();
+        }
+
+        #[test]
+        fn greedy_generation_matches_transformers() {
+            $suite.greedy_matches();
+        }
+
+        #[test]
+        fn a_t_row_pass_is_bit_identical_to_t_single_rows() {
+            $suite.t_rows_are_bit_identical();
+        }
+
+        #[test]
+        fn rolled_back_rows_leave_no_trace_and_snapshots_restore_exactly() {
+            $suite.rollback_leaves_no_trace($rollback);
+        }
+
+        #[test]
+        fn a_verified_draft_with_a_wrong_tail_continues_exactly_as_plain_decoding() {
+            $suite.verified_draft_continues_as_plain($draft);
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use moe_golden_tests;
+
 /// Relative L2 bound of every stage, the router logits and the logits.
 pub const STAGE_TOL: f64 = 1e-4;
 /// Absolute bound of the cached-decode logits, per step.

@@ -2,7 +2,7 @@
 //! goldens the generators in `tools/` wrote next to each tiny checkpoint, and the checks every
 //! family's golden test runs against them), broken fixture copies for the bad-input tests
 //! ([`edit`]); the prompt, run and streamed-model setup of the streaming and spine-placement
-//! tests.
+//! tests; the MoE fixtures, loading and run the family contract and family spine tests share.
 // Fixture ids, shapes and lengths are small; casts between them cannot truncate.
 #![allow(
     dead_code,
@@ -20,7 +20,7 @@ use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
 use sluice_models::kimi_k3::config::K3Config;
 use sluice_models::kimi_k3::KimiK3;
-use sluice_models::LogitRows;
+use sluice_models::{LogitRows, Model};
 use sluice_store::{StreamingConfig, StreamingExperts};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -88,4 +88,50 @@ pub fn streamed_with(
     let mut m = KimiK3::with_store(ckpt, store.clone()).unwrap();
     m.set_prefetch(prefetch);
     (m, store)
+}
+
+/// Every MoE family's fixtures (family folder, fixture): what the family contract and the
+/// spine-placement tests run, each through the family boundary only.
+pub const MOE_FIXTURES: [(&str, &str); 7] = [
+    ("kimi_k3", "tiny-a"),
+    ("qwen3_moe", "tiny-a"),
+    ("qwen3_moe", "tiny-b"),
+    ("gpt_oss", "tiny-a"),
+    ("gpt_oss", "tiny-b"),
+    ("deepseek_v3", "tiny-a"),
+    ("deepseek_v3", "tiny-b"),
+];
+
+/// The prompt of the family contract and spine-placement tests (each id taken modulo the
+/// fixture's vocabulary).
+pub const FAMILY_PROMPT: [u32; 9] = [1, 5, 9, 2, 7, 3, 11, 4, 6];
+
+/// A family's fixture opened and loaded through the family table, which must pick `family`.
+pub fn open_family(family: &str, name: &str) -> (Arc<Checkpoint>, Model) {
+    let dir = fixture_of(family, name);
+    let ckpt = Arc::new(Checkpoint::open(&dir).expect("fixture opens"));
+    let model = sluice_models::load(ckpt.clone()).expect("fixture loads");
+    assert_eq!(model.family(), family, "the family table picked the fixture's family");
+    (ckpt, model)
+}
+
+/// Logits (as bits) of a prefill of [`FAMILY_PROMPT`] (all rows) and `steps` greedy
+/// single-token decode steps (the first one fed token 3), through [`Model`], each pass
+/// committed.
+pub fn family_prefill_and_decode(m: &Model, steps: usize) -> Vec<u32> {
+    let vocab = m.vocab_size() as u32;
+    let prompt: Vec<u32> = FAMILY_PROMPT.iter().map(|t| t % vocab).collect();
+    let mut st = m.new_state();
+    let mut out = Vec::new();
+    let l = m.forward(&mut st, &prompt, LogitRows::All, None).unwrap();
+    st.commit(prompt.len());
+    out.extend(l.iter().map(|x| x.to_bits()));
+    let mut tok = 3 % vocab;
+    for _ in 0..steps {
+        let l = m.forward(&mut st, &[tok], LogitRows::All, None).unwrap();
+        st.commit(1);
+        tok = argmax(&l);
+        out.extend(l.iter().map(|x| x.to_bits()));
+    }
+    out
 }
