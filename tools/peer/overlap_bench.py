@@ -5,7 +5,8 @@ For one `sluice synth` K3 slice, each of --runs interleaved rounds runs, every o
 
 - mapped:  decode with every expert resident (`--experts mapped`, files in the page cache): the
            compute-only time of a pass;
-- cgroup:  for each --sluice binary (e.g. before and after a change), decode in a fresh v1 memory
+- cgroup:  for each --sluice binary (e.g. before and after a change; their order alternates from
+           round to round), decode in a fresh v1 memory
            cgroup with the model's pages dropped first (the rule of tools/peer/peer_bench.py:
            the slice's non-expert bytes + 25.5% of its expert bytes; sluice at the limit - 256 MiB);
 - probe:   `sluice probe --model` (storage read bandwidth at the engine's block size and queue
@@ -124,7 +125,8 @@ def main():
         warm_pages(files)
         rnd["mapped"] = decode(bins[0][1], a, ids, extra=("--experts", "mapped"))
         ref = ref or rnd["mapped"]["ids"]
-        for name, path in bins:
+        # Alternate the binaries' order from round to round, so drift favours neither.
+        for name, path in (bins if r % 2 == 0 else bins[::-1]):
             drop_pages(files)
             cg = Cgroup(limit, f"overlap-{r}-{name}")
             try:
@@ -160,12 +162,13 @@ def main():
     print(f"\nmapped (compute only): {f(summary['mapped_s_per_pass'])} s/pass; probe "
           f"{f(summary['probe_gb_per_s'], 2)} GB/s; load "
           f"{min(x['load_before'] for x in rounds):.1f}–{max(x['load_after'] for x in rounds):.1f}\n")
-    print("| binary | cgroup s/pass | I/O wait s/pass | MB read/pass | I/O bound s/pass | "
-          "s/pass ÷ max(compute, I/O) | process CPU s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| binary | cgroup s/pass | I/O wait s/pass | reads in flight s/pass | MB read/pass | "
+          "I/O bound s/pass | s/pass ÷ max(compute, I/O) | process CPU s |")
+    print("|---|---|---|---|---|---|---|---|")
     for n, _ in bins:
         s = lambda k: summary[f"{n}_{k}"]  # noqa: E731
         print(f"| {n} | {f(s('s_per_pass'))} | {f(s('io_wait_per_pass'))} | "
+              f"{f(s('read_busy_per_pass'))} | "
               f"{s('bytes_read_per_pass')['median'] / 1e6:.0f} | {f(s('io_bound_per_pass'))} | "
               f"**{f(s('ratio'), 2)}** | {f(s('cpu_s'), 1)} |")
 
