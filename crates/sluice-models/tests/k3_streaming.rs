@@ -145,7 +145,10 @@ fn streamed_logits_equal_mapped_when_reads_finish_out_of_order() {
                     .unwrap(),
             );
             let m = KimiK3::with_store(ckpt.clone(), store.clone()).unwrap();
-            assert!(run(&m) == want, "{name}: {slots} slots, out-of-order reads changed the logits");
+            assert!(
+                run(&m) == want,
+                "{name}: {slots} slots, out-of-order reads changed the logits"
+            );
             assert!(faulty.faults() > 0, "{name}: no read was stalled");
             store.check_consistency(true).unwrap();
         }

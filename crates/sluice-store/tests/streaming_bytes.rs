@@ -241,9 +241,8 @@ fn the_disk_idled_while_ready_experts_were_folded() {
             .for_each(l, &[0, 1, 2, 3], &mut |id, v| {
                 if got.len() == 1 {
                     // Expert 0's slot must already be reading expert 2: wait for that read.
-                    refilled.push(
-                        store.wait_until(Duration::from_secs(30), |s| s.expert_reads >= 3),
-                    );
+                    refilled
+                        .push(store.wait_until(Duration::from_secs(30), |s| s.expert_reads >= 3));
                 }
                 got.insert(id, flat(&v));
                 Ok(())
