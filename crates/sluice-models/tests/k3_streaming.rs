@@ -14,10 +14,18 @@
 
 mod common;
 
-use common::{load, prefill_and_decode_bits, streamed_with};
+use common::{fixture, load, prefill_and_decode_bits, streamed_with};
+use sluice_checkpoint::Checkpoint;
+use sluice_core::MemoryBudget;
+use sluice_models::kimi_k3::config::K3Config;
 use sluice_models::kimi_k3::KimiK3;
-use sluice_store::{CacheSize, ExpertStore, IoBackend, IoMode, StreamingConfig, StreamingExperts};
+use sluice_store::fault::{Fault, When};
+use sluice_store::{
+    CacheSize, ExpertIndex, ExpertStore, FaultyReader, IoBackend, IoMode, ShardFiles,
+    StreamingConfig, StreamingExperts,
+};
 use std::sync::Arc;
+use std::time::Duration;
 
 fn streamed(
     name: &str,
@@ -99,5 +107,50 @@ fn prefetch_is_used_when_the_cache_is_large() {
         let s = store.stats();
         assert!(s.prefetch_issued > 0);
         assert!(s.prefetch_used > 0, "some prefetched experts must be demanded: {s:?}");
+    }
+}
+
+/// Every third expert read stalls, so reads finish out of order and the store hands experts to
+/// the MoE in completion order, refilling each freed slot before the next one computes. Each
+/// expert's output has its own place and the places are summed in router order, so the
+/// logits stay bit-identical to the mapped experts'.
+#[test]
+fn streamed_logits_equal_mapped_when_reads_finish_out_of_order() {
+    for name in ["tiny-a", "tiny-b"] {
+        let want = run(&load(name));
+        let ckpt = Arc::new(Checkpoint::open(&fixture(name)).unwrap());
+        let cfg = K3Config::from_json(ckpt.config().text_config()).unwrap();
+        for slots in [2usize, 3, 5] {
+            let index = ExpertIndex::build(
+                &ckpt,
+                cfg.num_hidden_layers,
+                &KimiK3::moe_layers(&cfg),
+                cfg.num_experts,
+                &KimiK3::expert_layout(&cfg),
+            )
+            .unwrap();
+            let files = ShardFiles::open(index.paths(), IoMode::Direct).unwrap();
+            let faulty = Arc::new(FaultyReader::new(files));
+            for n in (1..400).step_by(3) {
+                faulty.inject(When::Nth(n), Fault::Stall(Duration::from_millis(2)), Some(1));
+            }
+            let config = StreamingConfig {
+                cache: CacheSize::Slots(slots),
+                readers: 4,
+                max_prefetch_slots: Some(0),
+                ..StreamingConfig::default()
+            };
+            let store = Arc::new(
+                StreamingExperts::new(index, faulty.clone(), &config, &MemoryBudget::unlimited())
+                    .unwrap(),
+            );
+            let m = KimiK3::with_store(ckpt.clone(), store.clone()).unwrap();
+            assert!(
+                run(&m) == want,
+                "{name}: {slots} slots, out-of-order reads changed the logits"
+            );
+            assert!(faulty.faults() > 0, "{name}: no read was stalled");
+            store.check_consistency(true).unwrap();
+        }
     }
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_same, collect, n32, reference, Fixture};
+use common::{assert_same, collect, flat, n32, reference, Fixture};
 use sluice_checkpoint::TensorEntry;
 use sluice_core::MemoryBudget;
 use sluice_store::fault::{Fault, When};
@@ -13,6 +13,7 @@ use sluice_store::{
     CacheSize, ExpertIndex, ExpertLoc, ExpertStore, FaultyReader, IoBackend, IoMode, ShardFiles,
     StreamingConfig, StreamingExperts,
 };
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -211,6 +212,47 @@ fn hits_are_handed_over_before_misses() {
     assert_eq!(&order[..2], &[2, 3], "cached experts first, in request order");
     let s = store.stats();
     assert_eq!((s.hits, s.misses), (2, 6));
+}
+
+/// With fewer slots than misses, experts whose reads had finished together were all handed to
+/// the consumer before any slot they freed went to the next miss: the disk idled while they
+/// computed, and a streamed pass took compute + I/O instead of about the larger of the two
+/// (issue 20, the cgroup decode). Now each slot handed back is refilled before the next ready
+/// expert is handed over.
+#[test]
+fn the_disk_idled_while_ready_experts_were_folded() {
+    let fx = Fixture::open("tiny-a");
+    let want = reference(&fx);
+    let l = fx.moe_layers[0];
+    for backend in IoBackend::usable() {
+        let store = fx.streaming(&StreamingConfig {
+            cache: CacheSize::Slots(2),
+            readers: 2,
+            backend,
+            max_prefetch_slots: Some(0),
+            ..Default::default()
+        });
+        // Both slots read ahead and finished: the call finds two ready experts and two misses.
+        store.read_ahead(l, &[0, 1]);
+        assert!(store.wait_reads_done(Duration::from_secs(30)), "read-ahead never finished");
+        let mut got = BTreeMap::new();
+        let mut refilled = Vec::new();
+        store
+            .for_each(l, &[0, 1, 2, 3], &mut |id, v| {
+                if got.len() == 1 {
+                    // Expert 0's slot must already be reading expert 2: wait for that read.
+                    refilled
+                        .push(store.wait_until(Duration::from_secs(30), |s| s.expert_reads >= 3));
+                }
+                got.insert(id, flat(&v));
+                Ok(())
+            })
+            .expect("served");
+        assert_eq!(refilled, [true], "{backend:?}: no read started while a ready expert waited");
+        assert_eq!(got.len(), 4);
+        assert_same(&want, l, &got, "refilled slots");
+        store.check_consistency(true).expect("consistent");
+    }
 }
 
 #[test]

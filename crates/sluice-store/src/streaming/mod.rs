@@ -4,7 +4,11 @@
 //! takes slots for the rest (evicting per the policy) and submits all those reads to the reader
 //! pool at once, then hands cache hits to `f` while the reads run, and every miss as soon as its
 //! read completes. With fewer free slots than misses it works in waves: each expert handed back
-//! frees a slot for the next read. `prefetch(layer, ids)` starts low-priority reads for a guess;
+//! frees a slot, and the next miss's read is submitted into it before the next expert is handed
+//! over (one expert per round), so the disk does not idle while a backlog of finished reads is
+//! computed. The order in which experts reach `f` is the order their reads finish; a caller
+//! that needs a fixed result keeps each expert's output apart and combines them in its own
+//! order (the models sum in router order). `prefetch(layer, ids)` starts low-priority reads for a guess;
 //! when `layer` is demanded, the guess is settled: right guesses count towards recall, wrong
 //! ones are cancelled if not yet started and their bytes counted as wasted if they were read.
 
@@ -467,24 +471,29 @@ impl StreamingExperts {
                 continue;
             }
             drop(st);
-            for (id, i) in ready.drain(..) {
-                let loc = sh.index.get(layer, id).ok_or(StoreError::NoSuchExpert {
-                    layer,
-                    expert: id,
-                    experts,
-                })?;
-                // SAFETY: slot `i` is ready and pinned by this call, so the cache neither
-                // evicts nor rewrites it until `pins.release(i)` below; the arena lives in
-                // `shared`, which outlives this borrow.
-                let buf = unsafe { sh.cache.arena().slot(i) };
-                let view = loc.view(buf).ok_or_else(|| {
-                    StoreError::Config(format!("expert {id} of layer {layer} overruns its slot"))
-                })?;
-                add(&c.requests, 1);
-                add(&c.bytes_served, loc.bytes());
-                f(id, view)?;
-                pins.release(i);
-            }
+            // One expert per round: the slot it frees goes to the next miss (at the top of the
+            // loop) before the next ready expert computes, so the disk never idles while a
+            // backlog of ready experts is folded (with fewer slots than misses, reads that
+            // complete together would otherwise leave the disk without work until all of them
+            // had been computed). The consumer's result does not depend on the order.
+            // `ready` is not empty here (an empty one waited above).
+            let (id, i) = ready.remove(0);
+            let loc = sh.index.get(layer, id).ok_or(StoreError::NoSuchExpert {
+                layer,
+                expert: id,
+                experts,
+            })?;
+            // SAFETY: slot `i` is ready and pinned by this call, so the cache neither
+            // evicts nor rewrites it until `pins.release(i)` below; the arena lives in
+            // `shared`, which outlives this borrow.
+            let buf = unsafe { sh.cache.arena().slot(i) };
+            let view = loc.view(buf).ok_or_else(|| {
+                StoreError::Config(format!("expert {id} of layer {layer} overruns its slot"))
+            })?;
+            add(&c.requests, 1);
+            add(&c.bytes_served, loc.bytes());
+            f(id, view)?;
+            pins.release(i);
             st = sh.lock();
         }
     }
