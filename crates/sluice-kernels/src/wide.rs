@@ -13,6 +13,10 @@
 //! - **Column chunks** of [`CHUNK`] within a group: the group's chunk is widened to f32 once
 //!   into a panel (64 KiB, in L2), and every (row, activation row) pair's 16-lane accumulator
 //!   lives in a buffer (the group × block accumulators: up to 128 KiB, in L2) between chunks.
+//! - **No allocation per call**: the panel, accumulators and activation tails are one
+//!   thread-local [`Scratch`] per thread, sized for the largest call ([`WIDE_SCRATCH_BYTES`])
+//!   when the thread first makes such a call, and never zeroed again (every value a call reads
+//!   it has written first).
 //! - **Register tiles** within a chunk: tokens in groups of 6 (3 on tiers of 16 registers), each
 //!   group's chunk of activations (12 KiB) held in L1 while the tile sweeps the group's rows 4
 //!   (2) at a time; a tile is nothing but R + N loads per R · N FMAs per 16-column step.
@@ -36,17 +40,17 @@ pub(crate) const WIDE_TOKEN_BLOCK: usize = 64;
 pub(crate) const GROUP: usize = 32;
 
 /// The most bytes one thread's calls of more than eight activation rows keep for themselves
-/// (two f32 weight panels, accumulators and padded activation tails), whatever the row count:
+/// (its f32 weight panel, accumulators and padded activation tails), whatever the row count:
 /// allocated by the first such call on a thread and reused by every later one for the
 /// thread's life, a fixed cost per kernel thread that a memory plan's headroom must cover.
 pub const WIDE_SCRATCH_BYTES: usize =
-    (2 * GROUP * CHUNK + GROUP * WIDE_TOKEN_BLOCK * 16 + WIDE_TOKEN_BLOCK * 16) * 4;
+    (GROUP * CHUNK + GROUP * WIDE_TOKEN_BLOCK * 16 + WIDE_TOKEN_BLOCK * 16) * 4;
 
 /// One thread's buffers for the wide nest, sized for the largest call, so that no call
-/// allocates or zeroes them again: the panel being folded, the one being decoded meanwhile,
-/// the accumulators of a row group × token block, and the activations' partial 16-column tails.
+/// allocates or zeroes them again: the weight panel, the accumulators of a row group × token
+/// block, and the activations' partial 16-column tails.
 struct Scratch {
-    panels: Vec<f32>,
+    panel: Vec<f32>,
     acc: Vec<Lanes>,
     xpad: Vec<Lanes>,
 }
@@ -54,7 +58,7 @@ struct Scratch {
 impl Scratch {
     fn new() -> Self {
         Self {
-            panels: vec![0.0; 2 * GROUP * CHUNK],
+            panel: vec![0.0; GROUP * CHUNK],
             acc: vec![[0.0; 16]; GROUP * WIDE_TOKEN_BLOCK],
             xpad: vec![[0.0; 16]; WIDE_TOKEN_BLOCK],
         }
@@ -107,53 +111,7 @@ pub(crate) unsafe fn run<K: Kernel, F: Format>(
     }
 }
 
-/// The panels of one token block in the order they are folded: panel `k` is chunk
-/// `k % chunks` of row group `k / chunks`.
-#[derive(Clone, Copy)]
-struct Panels {
-    rows: usize,
-    end: usize,
-    cols: usize,
-    chunks: usize,
-}
-
-impl Panels {
-    /// Panel `k`'s first row, row count, first column and column count.
-    fn get(self, k: usize) -> (usize, usize, usize, usize) {
-        let g0 = self.rows + (k / self.chunks) * GROUP;
-        let c0 = (k % self.chunks) * CHUNK;
-        (g0, GROUP.min(self.end - g0), c0, CHUNK.min(self.cols - c0))
-    }
-}
-
-/// Decodes rows `from..to` of panel `(g0, c0, len)` into `p` (one [`CHUNK`] per row), each
-/// padded with zeros to a whole 16-column step.
-///
-/// # Safety
-/// The running CPU supports the tier `K`; the panel comes from [`Panels::get`].
-unsafe fn decode_rows<K: Kernel, F: Format>(
-    m: &Matrix<'_>,
-    (g0, c0, len): (usize, usize, usize),
-    rows: Range<usize>,
-    p: &mut [f32],
-) {
-    for i in rows {
-        let p = &mut p[i * CHUNK..][..CHUNK];
-        // SAFETY: the caller guarantees the tier; the span `c0..c0 + len` lies in the row, `c0`
-        // is a multiple of `CHUNK` (so of every format's block) and `len` either `CHUNK` or
-        // the rest of the row.
-        unsafe { K::decode::<F>(F::row(m, g0 + i), c0, &mut p[..len]) };
-        p[len..len.next_multiple_of(16)].fill(0.0);
-    }
-}
-
 /// [`run`] in the buffers `s`, for `t > 0` and non-empty `rows`.
-///
-/// Panels are software-pipelined: while panel k is folded, panel k + 1 (the next chunk of the
-/// group, or the next group's first, or the next token block's first) is decoded into the
-/// other buffer a few rows after each token group, so the decode's loads, which wait on memory
-/// (the rows of a group are a whole row apart), overlap with the fold's multiply-adds instead
-/// of stalling it. Which panel is decoded where changes no folded value.
 ///
 /// # Safety
 /// The running CPU supports the tier `K`.
@@ -169,57 +127,39 @@ unsafe fn run_in<K: Kernel, F: Format>(
     // Blocks of equal size, so that none is left with a lone activation row.
     let size = t.div_ceil(t.div_ceil(WIDE_TOKEN_BLOCK));
     let main_cols = cols - cols % 16;
-    let panels = Panels { rows: rows.start, end: rows.end, cols, chunks: cols.div_ceil(CHUNK) };
-    let per_block = rows.len().div_ceil(GROUP) * panels.chunks;
-    let total = t.div_ceil(size) * per_block;
-    let (mut cur, mut next) = s.panels.split_at_mut(GROUP * CHUNK);
-    {
-        let (g0, gr, c0, len) = panels.get(0);
-        // SAFETY: the caller guarantees the tier; the panel comes from `Panels::get`.
-        unsafe { decode_rows::<K, F>(m, (g0, c0, len), 0..gr, cur) };
-    }
-    for k in 0..total {
-        let t0 = (k / per_block) * size;
+    for t0 in (0..t).step_by(size) {
         let n = size.min(t - t0);
-        let (g0, gr, c0, len) = panels.get(k % per_block);
-        if k % per_block == 0 {
-            for (j, p) in s.xpad[..n].iter_mut().enumerate() {
-                *p = [0.0; 16];
-                p[..cols - main_cols]
-                    .copy_from_slice(&x[(t0 + j) * cols + main_cols..][..cols - main_cols]);
-            }
+        for (j, p) in s.xpad[..n].iter_mut().enumerate() {
+            *p = [0.0; 16];
+            p[..cols - main_cols]
+                .copy_from_slice(&x[(t0 + j) * cols + main_cols..][..cols - main_cols]);
         }
-        let acc = &mut s.acc[..gr * n];
-        if c0 == 0 {
+        for g0 in rows.clone().step_by(GROUP) {
+            let gr = GROUP.min(rows.end - g0);
+            let acc = &mut s.acc[..gr * n];
             acc.fill([0.0; 16]);
-        }
-        let main = len - len % 16;
-        // The next panel's rows are decoded in step with the tokens folded: after the token
-        // group ending at token `j`, its first `j · rows / n` rows are done.
-        let following = (k + 1 < total).then(|| panels.get((k + 1) % per_block));
-        let next_rows = following.map_or(0, |(_, r, _, _)| r);
-        let mut decoded = 0;
-        let mut side = |j: usize| {
-            if let Some((h0, _, d0, dlen)) = following {
-                let to = (j * next_rows).div_ceil(n).min(next_rows);
-                // SAFETY: the caller guarantees the tier; the panel comes from `Panels::get`.
-                unsafe { decode_rows::<K, F>(m, (h0, d0, dlen), decoded..to, next) };
-                decoded = decoded.max(to);
+            for c0 in (0..cols).step_by(CHUNK) {
+                let len = CHUNK.min(cols - c0);
+                let main = len - len % 16;
+                for (i, p) in s.panel.chunks_exact_mut(CHUNK).take(gr).enumerate() {
+                    // SAFETY: the caller guarantees the tier; the span `c0..c0 + len` lies in
+                    // the row, `c0` is a multiple of `CHUNK` (so of every format's block) and
+                    // `len` either `CHUNK` or the rest of the row.
+                    unsafe { K::decode::<F>(F::row(m, g0 + i), c0, &mut p[..len]) };
+                    p[len..len.next_multiple_of(16)].fill(0.0);
+                }
+                let panel = &s.panel;
+                let w = |r: usize| &panel[r * CHUNK..][..main];
+                let xs = |j: usize| &x[(t0 + j) * cols + c0..][..main];
+                // SAFETY: the caller guarantees the tier.
+                unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs) };
+                if main < len {
+                    let w = |r: usize| &panel[r * CHUNK + main..][..16];
+                    let xs = |j: usize| &s.xpad[j][..];
+                    // SAFETY: the caller guarantees the tier.
+                    unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs) };
+                }
             }
-        };
-        let cur_ref: &[f32] = cur;
-        let w = |r: usize| &cur_ref[r * CHUNK..][..main];
-        let xs = |j: usize| &x[(t0 + j) * cols + c0..][..main];
-        // SAFETY: the caller guarantees the tier.
-        unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, &mut side) };
-        side(n);
-        if main < len {
-            let w = |r: usize| &cur_ref[r * CHUNK + main..][..16];
-            let xs = |j: usize| &s.xpad[j][..];
-            // SAFETY: the caller guarantees the tier.
-            unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, &mut |_| {}) };
-        }
-        if c0 + len == cols {
             for (i, a) in acc.chunks_exact(n).enumerate() {
                 let row = F::row(m, g0 + i);
                 for (j, lanes) in a.iter().enumerate() {
@@ -227,7 +167,6 @@ unsafe fn run_in<K: Kernel, F: Format>(
                 }
             }
         }
-        std::mem::swap(&mut cur, &mut next);
     }
 }
 
@@ -235,8 +174,7 @@ unsafe fn run_in<K: Kernel, F: Format>(
 /// activation rows in register tiles: `w(r)` is row `r`'s span, `x(j)` activation row `j`'s
 /// (all the same length, a multiple of 16), and `acc[r * stride + j]` is the pair's
 /// accumulator. Token groups go outermost, so a group's activations stay in L1 while its tile
-/// sweeps the rows; `side(j)` runs after each token group, `j` being the tokens folded so far
-/// (the wide nest decodes its next panel there).
+/// sweeps the rows.
 ///
 /// # Safety
 /// The running CPU supports the tier `K`.
@@ -250,7 +188,6 @@ pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
     acc: &mut [Lanes],
     stride: usize,
     x: &impl Fn(usize) -> &'x [f32],
-    side: &mut impl FnMut(usize),
 ) {
     assert!(stride >= tb && acc.len() >= rb * stride, "fold_tiles: accumulators");
     let mut j = 0;
@@ -297,7 +234,6 @@ pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
             };
         }
         j += n;
-        side(j);
     }
 }
 

@@ -120,7 +120,7 @@ fn t_rows_equal_one_row_calls_at_any_t_and_thread_count() {
     }
 }
 
-/// Calls of more than eight rows reuse their thread's scratch (two weight panels, accumulators,
+/// Calls of more than eight rows reuse their thread's scratch (the weight panel, accumulators,
 /// padded activation tails): a call after a larger or differently shaped one on the same
 /// thread still equals the scalar reference, whatever the earlier call left in the buffers,
 /// including a row group, chunk or token block smaller than the last one's and a partial
