@@ -13,6 +13,10 @@
 //! - **Column chunks** of [`CHUNK`] within a group: the group's chunk is widened to f32 once
 //!   into a panel (64 KiB, in L2), and every (row, activation row) pair's 16-lane accumulator
 //!   lives in a buffer (the group × block accumulators: up to 128 KiB, in L2) between chunks.
+//! - **No allocation per call**: the panel, accumulators and activation tails are one
+//!   thread-local [`Scratch`] per thread, sized for the largest call ([`WIDE_SCRATCH_BYTES`])
+//!   when the thread first makes such a call, and never zeroed again (every value a call reads
+//!   it has written first).
 //! - **Register tiles** within a chunk: tokens in groups of 6 (3 on tiers of 16 registers), each
 //!   group's chunk of activations (12 KiB) held in L1 while the tile sweeps the group's rows 4
 //!   (2) at a time; a tile is nothing but R + N loads per R · N FMAs per 16-column step.
@@ -23,6 +27,7 @@
 //! step folds zero-padded weights against zero-padded activations (`fma(0, 0, acc) = acc`).
 //! So every result is the canonical reduction of [`crate::matmul`], whatever the blocking.
 
+use std::cell::RefCell;
 use std::ops::Range;
 
 use crate::formats::Format;
@@ -34,14 +39,43 @@ pub(crate) const WIDE_TOKEN_BLOCK: usize = 64;
 /// Weight rows per row group.
 pub(crate) const GROUP: usize = 32;
 
-/// The most bytes one thread's call of more than eight activation rows allocates for itself
+/// The most bytes one thread's calls of more than eight activation rows keep for themselves
 /// (its f32 weight panel, accumulators and padded activation tails), whatever the row count:
-/// a fixed cost per kernel thread that a memory plan's headroom must cover.
+/// allocated by the first such call on a thread and reused by every later one for the
+/// thread's life, a fixed cost per kernel thread that a memory plan's headroom must cover.
 pub const WIDE_SCRATCH_BYTES: usize =
     (GROUP * CHUNK + GROUP * WIDE_TOKEN_BLOCK * 16 + WIDE_TOKEN_BLOCK * 16) * 4;
 
+/// One thread's buffers for the wide nest, sized for the largest call, so that no call
+/// allocates or zeroes them again: the weight panel, the accumulators of a row group × token
+/// block, and the activations' partial 16-column tails.
+struct Scratch {
+    panel: Vec<f32>,
+    acc: Vec<Lanes>,
+    xpad: Vec<Lanes>,
+}
+
+impl Scratch {
+    fn new() -> Self {
+        Self {
+            panel: vec![0.0; GROUP * CHUNK],
+            acc: vec![[0.0; 16]; GROUP * WIDE_TOKEN_BLOCK],
+            xpad: vec![[0.0; 16]; WIDE_TOKEN_BLOCK],
+        }
+    }
+}
+
+const _: () = assert!(size_of::<Scratch>() < 128, "the buffers live on the heap");
+
+thread_local! {
+    /// This thread's [`Scratch`], made by its first wide call.
+    static SCRATCH: RefCell<Option<Scratch>> = const { RefCell::new(None) };
+}
+
 /// `emit(ti, r, Σ_c W[r, c] · x[ti, c])` for every `r` in `rows` and `ti < t`, each sum in the
 /// canonical order, on the tier `K`, for any `t` (meant for `t` > [`crate::tiled::TOKEN_BLOCK`]).
+/// Runs in this thread's reusable [`Scratch`] (a fresh one if this thread is already inside a
+/// call, which only an `emit` that calls back into the kernels would cause).
 ///
 /// # Safety
 /// The running CPU supports the tier `K`.
@@ -53,48 +87,75 @@ pub(crate) unsafe fn run<K: Kernel, F: Format>(
     x: &[f32],
     t: usize,
     rows: Range<usize>,
-    mut emit: impl FnMut(usize, usize, f32),
+    emit: impl FnMut(usize, usize, f32),
 ) {
-    let cols = m.cols();
-    assert_eq!(x.len(), t * cols, "matmul: x length");
+    assert_eq!(x.len(), t * m.cols(), "matmul: x length");
     assert!(rows.end <= m.rows(), "matmul: row range");
     if t == 0 || rows.is_empty() {
         return;
     }
+    let mut emit = Some(emit);
+    let mut go = |s: &mut Scratch| {
+        if let Some(emit) = emit.take() {
+            // SAFETY: guaranteed by the caller.
+            unsafe { run_in::<K, F>(s, m, x, t, rows.clone(), emit) };
+        }
+    };
+    // A thread that is being torn down has no scratch left to lend: it gets a fresh one too.
+    let lent = SCRATCH.try_with(|cell| match cell.try_borrow_mut() {
+        Ok(mut slot) => go(slot.get_or_insert_with(Scratch::new)),
+        Err(_) => go(&mut Scratch::new()),
+    });
+    if lent.is_err() {
+        go(&mut Scratch::new());
+    }
+}
+
+/// [`run`] in the buffers `s`, for `t > 0` and non-empty `rows`.
+///
+/// # Safety
+/// The running CPU supports the tier `K`.
+unsafe fn run_in<K: Kernel, F: Format>(
+    s: &mut Scratch,
+    m: &Matrix<'_>,
+    x: &[f32],
+    t: usize,
+    rows: Range<usize>,
+    mut emit: impl FnMut(usize, usize, f32),
+) {
+    let cols = m.cols();
     // Blocks of equal size, so that none is left with a lone activation row.
     let size = t.div_ceil(t.div_ceil(WIDE_TOKEN_BLOCK));
     let main_cols = cols - cols % 16;
-    let mut panel = vec![0.0f32; GROUP * CHUNK];
-    let mut acc = vec![[0.0f32; 16]; GROUP * size];
-    let mut xpad = vec![[0.0f32; 16]; size];
     for t0 in (0..t).step_by(size) {
         let n = size.min(t - t0);
-        for (j, p) in xpad[..n].iter_mut().enumerate() {
+        for (j, p) in s.xpad[..n].iter_mut().enumerate() {
             *p = [0.0; 16];
             p[..cols - main_cols]
                 .copy_from_slice(&x[(t0 + j) * cols + main_cols..][..cols - main_cols]);
         }
         for g0 in rows.clone().step_by(GROUP) {
             let gr = GROUP.min(rows.end - g0);
-            let acc = &mut acc[..gr * n];
+            let acc = &mut s.acc[..gr * n];
             acc.fill([0.0; 16]);
             for c0 in (0..cols).step_by(CHUNK) {
                 let len = CHUNK.min(cols - c0);
                 let main = len - len % 16;
-                for (i, p) in panel.chunks_exact_mut(CHUNK).take(gr).enumerate() {
+                for (i, p) in s.panel.chunks_exact_mut(CHUNK).take(gr).enumerate() {
                     // SAFETY: the caller guarantees the tier; the span `c0..c0 + len` lies in
                     // the row, `c0` is a multiple of `CHUNK` (so of every format's block) and
                     // `len` either `CHUNK` or the rest of the row.
                     unsafe { K::decode::<F>(F::row(m, g0 + i), c0, &mut p[..len]) };
                     p[len..len.next_multiple_of(16)].fill(0.0);
                 }
+                let panel = &s.panel;
                 let w = |r: usize| &panel[r * CHUNK..][..main];
                 let xs = |j: usize| &x[(t0 + j) * cols + c0..][..main];
                 // SAFETY: the caller guarantees the tier.
                 unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs) };
                 if main < len {
                     let w = |r: usize| &panel[r * CHUNK + main..][..16];
-                    let xs = |j: usize| &xpad[j][..];
+                    let xs = |j: usize| &s.xpad[j][..];
                     // SAFETY: the caller guarantees the tier.
                     unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs) };
                 }

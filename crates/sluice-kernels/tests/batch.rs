@@ -73,6 +73,39 @@ fn t_rows_equal_one_row_calls_at_any_t_and_thread_count() {
     }
 }
 
+/// Calls of more than eight rows reuse their thread's scratch (the weight panel, accumulators,
+/// padded activation tails): a call after a larger or differently shaped one on the same
+/// thread still equals the scalar reference, whatever the earlier call left in the buffers,
+/// including a row group, chunk or token block smaller than the last one's and a partial
+/// 16-column tail after full ones.
+#[test]
+fn wide_scratch_reused_across_calls_of_different_t_and_shape() {
+    let calls = [
+        ("mxfp4", 70, 1056, 256),
+        ("f32", 33, 17, 9),
+        ("bf16", 5, 3, 130),
+        ("int8", 40, 529, 65),
+        ("bf16", 70, 300, 512),
+        ("f32", 1, 1, 10),
+        ("mxfp4", 3, 544, 64),
+        ("f32", 33, 17, 9),
+    ];
+    let pool = Pool::new(1).expect("kernel pool");
+    for isa in tiers() {
+        for (k, &(format, rows, cols, t)) in calls.iter().enumerate() {
+            let mut rng = Rng::new(0x5C2A_7C00 + u64::try_from(k).expect("small"));
+            let w = Weights::gen(format, rows, cols, &mut rng, Mode::Normal);
+            let m = w.matrix();
+            let x = values(&mut rng, Mode::Normal, t * cols);
+            let mut want = vec![0.0f32; t * rows];
+            matmul_scalar(&m, &x, t, &mut want);
+            let mut got = vec![f32::NAN; t * rows];
+            pool.install(|| matmul_with(isa, &m, &x, t, &mut got));
+            assert_eq!(bits(&got), bits(&want), "{isa} call {k}: {format} {rows}x{cols} t={t}");
+        }
+    }
+}
+
 /// `matmul_with` on every tier equals `matmul_scalar` bit for bit.
 fn check(
     format: &'static str,
