@@ -13,7 +13,7 @@ mod common;
 use common::load;
 use sluice_checkpoint::Checkpoint;
 use sluice_models::kimi_k3::synth::{release_config, write_checkpoint, K3Dims};
-use sluice_models::kimi_k3::working::pass_bytes_per_row;
+use sluice_models::kimi_k3::working::{pass_bytes_per_row, prefill_bytes_per_row};
 use sluice_models::kimi_k3::KimiK3;
 use sluice_models::LogitRows;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -130,5 +130,23 @@ fn the_plan_charged_no_working_memory_for_a_prompt_pass() {
                 "{name} {rows:?}: {b} > {long} × {row:.0} + {scratch} of kernel scratch"
             );
         }
+        // A prompt chunk (committed whole) is charged `prefill_bytes_per_row` per row past its
+        // first ROW_BLOCK rows, which are charged at the full row: the plan's
+        // `chunk × prefill + min(chunk, ROW_BLOCK) × row`.
+        let pre = prefill_bytes_per_row(m.config()) as f64;
+        let block = sluice_models::ROW_BLOCK as f64;
+        let (short, long) = (128, 1024);
+        let a = pass_peak(m, short, LogitRows::Prefill);
+        let b = pass_peak(m, long, LogitRows::Prefill);
+        let per_row = (b - a) as f64 / (long - short) as f64;
+        eprintln!(
+            "{name} Prefill: {a} bytes at {short} rows, {b} at {long}: {per_row:.0} per row; \
+             charged {pre:.0} per row ({row:.0} for the first {block} rows)"
+        );
+        assert!(per_row <= pre, "{name} Prefill: {per_row:.0} bytes per row held, {pre:.0} charged");
+        assert!(per_row >= pre / 3.0, "{name} Prefill: {pre:.0} charged, over 3× the {per_row:.0} held");
+        let scratch = sluice_kernels::pool::global().threads() * sluice_kernels::WIDE_SCRATCH_BYTES;
+        let charged = long as f64 * pre + block * row + scratch as f64;
+        assert!((b as f64) <= charged, "{name} Prefill: {b} > {charged:.0} charged");
     }
 }
