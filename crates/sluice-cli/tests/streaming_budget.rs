@@ -224,19 +224,24 @@ fn a_long_prefill_under_a_tight_budget_reread_every_expert_per_chunk() {
     assert!(o.status.success(), "synth: {}", String::from_utf8_lossy(&o.stderr));
     let budget: u64 = 160 << 20;
     let size = dir_bytes(&model);
-    assert!(size >= 5 * (budget - (64 << 20)), "the model ({size} bytes) is 5× what the budget leaves past its I/O headroom");
+    assert!(
+        size >= 5 * (budget - (64 << 20)),
+        "the model ({size} bytes) is 5× what the budget leaves past its I/O headroom"
+    );
     let len = 1500;
     let ids: Vec<String> = (0..len).map(|i| ((i * 131 + 7) % 700).to_string()).collect();
     let ids = ids.join(",");
     let trace = tmp.path().join("routes.jsonl");
     let t = trace.to_str().unwrap();
     let common = ["run", "--model", m, "--prompt-ids", &ids, "--max-new", "2", "--json"];
-    let streamed =
-        sluice(&[&common[..], &["--memory", "160M", "--context", "4096", "--trace-routes", t]].concat());
+    let streamed = sluice(
+        &[&common[..], &["--memory", "160M", "--context", "4096", "--trace-routes", t]].concat(),
+    );
     assert_eq!(streamed["experts"], "stream");
     let stats = &streamed["stats"];
     let read = stats["prefill_expert_bytes_read"].as_u64().unwrap();
-    let expert = stats["expert_bytes"].as_u64().unwrap() / stats["expert_requests"].as_u64().unwrap();
+    let expert =
+        stats["expert_bytes"].as_u64().unwrap() / stats["expert_requests"].as_u64().unwrap();
     let distinct = distinct_prefill_experts(&trace) * expert;
     let passes = stats["prefill_passes"].as_u64().unwrap();
     let peak = stats["peak_rss_bytes"].as_u64().unwrap();
@@ -248,7 +253,10 @@ fn a_long_prefill_under_a_tight_budget_reread_every_expert_per_chunk() {
         streamed["plan"]["chunk"], streamed["plan"]
     );
     assert!(ratio <= 1.05, "prefill read {read} B for {distinct} B of distinct experts: ×{ratio:.3} in {passes} passes");
-    assert!(peak <= budget + PREFILL_SLACK, "peak RSS {peak} B over the {budget}-byte budget + {PREFILL_SLACK}");
+    assert!(
+        peak <= budget + PREFILL_SLACK,
+        "peak RSS {peak} B over the {budget}-byte budget + {PREFILL_SLACK}"
+    );
     let mapped = sluice(&[&common[..], &["--experts", "mapped"]].concat());
     assert_eq!(streamed["generated_ids"], mapped["generated_ids"]);
 }

@@ -424,7 +424,8 @@ impl Plan {
             let full_cache = needs.experts.saturating_sub(needs.min_slots) * needs.slot;
             let layer_experts = needs.experts / (needs.pieces.layers.len().max(1) as u64);
             let small_cache = (spare - spare / 2) / needs.slot.max(1) < layer_experts;
-            let room = if small_cache { spare } else { spare.saturating_sub(full_cache).max(spare / 2) };
+            let room =
+                if small_cache { spare } else { spare.saturating_sub(full_cache).max(spare / 2) };
             rows_in(&needs, room).min(needs.max_rows).max(floor)
         };
         let work = work(&needs, chunk);

@@ -147,8 +147,14 @@ fn the_plan_charged_no_working_memory_for_a_prompt_pass() {
             "{name} Prefill: {a} bytes at {short} rows, {b} at {long}: {per_row:.0} per row; \
              charged {pre:.0} per row ({row:.0} for the first {block} rows)"
         );
-        assert!(per_row <= pre, "{name} Prefill: {per_row:.0} bytes per row held, {pre:.0} charged");
-        assert!(per_row >= pre / 3.0, "{name} Prefill: {pre:.0} charged, over 3× the {per_row:.0} held");
+        assert!(
+            per_row <= pre,
+            "{name} Prefill: {per_row:.0} bytes per row held, {pre:.0} charged"
+        );
+        assert!(
+            per_row >= pre / 3.0,
+            "{name} Prefill: {pre:.0} charged, over 3× the {per_row:.0} held"
+        );
         let scratch = sluice_kernels::pool::global().threads() * sluice_kernels::WIDE_SCRATCH_BYTES;
         let charged = long as f64 * pre + block * row + scratch as f64;
         assert!((b as f64) <= charged, "{name} Prefill: {b} > {charged:.0} charged");
