@@ -338,7 +338,7 @@ pub fn generate(
         if let Some(every) = disk.map(StateCache::every).filter(|&e| e > 0) {
             end = end.min((done / every + 1) * every);
         }
-        logits = model.forward(state, &prompt[done..end], LogitRows::Last, trace.as_mut())?;
+        logits = model.forward(state, &prompt[done..end], LogitRows::Prefill, trace.as_mut())?;
         state.commit(end - done);
         if let (Some(tap), Some(tr)) = (&opts.route_tap, trace.as_mut()) {
             let n = end - done;
@@ -378,8 +378,10 @@ pub fn generate(
     while !em.done && !em.interrupted() {
         let mut want = policy.width().min(opts.max_new.saturating_sub(em.out.tokens.len()));
         if opts.prefill_chunk > 0 {
-            // The pending token and its drafts are one pass: no more rows than charged.
-            want = want.min(opts.prefill_chunk - 1);
+            // The pending token and its drafts are one pass: no more rows than charged (the
+            // plan charges a pass's first `ROW_BLOCK` rows at the full row, with replay rows
+            // and logits; see `Plan::work`).
+            want = want.min(opts.prefill_chunk.min(sluice_models::ROW_BLOCK) - 1);
         }
         let drafts = match (&mut drafter, want) {
             (Some(d), w) if w > 0 => {

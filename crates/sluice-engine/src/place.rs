@@ -139,6 +139,7 @@ pub(crate) fn place(
         headroom: HEADROOM + extra,
         draft: opts.draft_bytes,
         pass_row: mem.pass_per_row,
+        prefill_row: mem.prefill_per_row,
         prefill_chunk: opts.prefill_chunk as u64,
         max_rows: opts.context as u64,
     };
@@ -300,6 +301,7 @@ pub(crate) fn open_mapped_spine(
         headroom: HEADROOM + remote.as_ref().map_or(0, |r| r.headroom),
         draft: opts.draft_bytes,
         pass_row: mem.pass_per_row,
+        prefill_row: mem.prefill_per_row,
         prefill_chunk: opts.prefill_chunk as u64,
         max_rows: opts.context as u64,
     };

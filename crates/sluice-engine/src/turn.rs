@@ -231,7 +231,7 @@ pub fn run_turn(
             chunk => end.min(pos + chunk),
         };
         let tp = Instant::now();
-        let l = model.forward(&mut state, &prompt[pos..end], LogitRows::Last, None)?;
+        let l = model.forward(&mut state, &prompt[pos..end], LogitRows::Prefill, None)?;
         state.commit(end - pos);
         stats.prefill_s += tp.elapsed().as_secs_f64();
         stats.prefill_passes += 1;

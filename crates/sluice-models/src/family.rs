@@ -356,6 +356,10 @@ pub struct MemoryNeeds {
     pub state_per_position: u64,
     /// Working memory of a pass per row (activations, a logits row).
     pub pass_per_row: u64,
+    /// Working memory per row of a prompt chunk (`LogitRows::Prefill`) past its first
+    /// [`crate::ROW_BLOCK`] rows, which are charged at `pass_per_row`: no logits row, no replay
+    /// rows, no buffer a layer fills a block of rows at a time.
+    pub prefill_per_row: u64,
 }
 
 impl MemoryNeeds {

@@ -270,6 +270,7 @@ impl StateSnapshot {
                                 committed: st.clone(),
                                 work: st,
                                 rows: Vec::new(),
+                                keep_rows: true,
                                 heads: *heads,
                                 dim: *dim,
                             }))

@@ -5,7 +5,7 @@
 use super::config::K3Config;
 use super::inventory::inventory;
 use super::state::K3State;
-use super::working::pass_bytes_per_row;
+use super::working::{pass_bytes_per_row, prefill_bytes_per_row};
 use super::{weights::K3Weights, KimiK3, Trace};
 use crate::family::{self, Checked, FamilyModel, MemoryNeeds, RoutedExperts, Shape};
 use crate::{LogitRows, ModelError, State};
@@ -76,6 +76,7 @@ impl FamilyModel for KimiK3 {
             state_fixed: inv.kda_state_bytes,
             state_per_position: inv.mla_bytes_per_token,
             pass_per_row: pass_bytes_per_row(self.config()),
+            prefill_per_row: prefill_bytes_per_row(self.config()),
         })
     }
     fn spine_index(&self) -> Result<Option<SpineIndex>, ModelError> {

@@ -338,7 +338,7 @@ impl KimiK3 {
             });
         }
         Trace::put(&mut trace, || "embed".into(), &h);
-        state.begin(t);
+        state.begin(t, rows == LogitRows::Prefill);
         match self.layers_and_head(state, h, t, rows, &mut trace) {
             Ok(logits) => Ok(logits),
             Err(e) => {
@@ -363,7 +363,7 @@ impl KimiK3 {
         Trace::put(trace, || "final_hidden".into(), &hidden);
         let sel: Vec<usize> = match rows {
             LogitRows::All => (0..t).collect(),
-            LogitRows::Last => vec![t - 1],
+            LogitRows::Last | LogitRows::Prefill => vec![t - 1],
         };
         let mut normed = vec![0.0f32; sel.len() * d];
         for (j, &ti) in sel.iter().enumerate() {
