@@ -126,7 +126,10 @@ pub(crate) fn place(
         state: mem.state(opts.context),
         sessions: opts.session_memory,
         state_cache: if opts.state_cache {
-            held_bytes(mem.state_fixed, mem.state_per_position, opts.context, model.vocab_size())
+            // A snapshot holds the committed state only: not the live state's working
+            // copies (`state_fixed` counts Kimi K3's KDA states twice) nor per-thread scratch.
+            let fixed = model.state_shape().fixed_bytes() as u64;
+            held_bytes(fixed, mem.state_per_position, opts.context, model.vocab_size())
         } else {
             0
         },
@@ -291,7 +294,10 @@ pub(crate) fn open_mapped_spine(
         state: mem.state(opts.context),
         sessions: opts.session_memory,
         state_cache: if opts.state_cache {
-            held_bytes(mem.state_fixed, mem.state_per_position, opts.context, model.vocab_size())
+            // A snapshot holds the committed state only: not the live state's working
+            // copies (`state_fixed` counts Kimi K3's KDA states twice) nor per-thread scratch.
+            let fixed = model.state_shape().fixed_bytes() as u64;
+            held_bytes(fixed, mem.state_per_position, opts.context, model.vocab_size())
         } else {
             0
         },

@@ -209,6 +209,12 @@ impl Model {
         self.inner.new_state()
     }
 
+    /// The shape of this model's state snapshots, equal to `new_state().shape()` but without
+    /// building a state where the family can derive it (see [`FamilyModel::state_shape`]).
+    pub fn state_shape(&self) -> StateShape {
+        self.inner.state_shape()
+    }
+
     /// The family table's line for this model.
     pub fn family_entry(&self) -> &'static Family {
         self.family

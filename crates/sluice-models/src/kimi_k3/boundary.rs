@@ -4,11 +4,11 @@
 
 use super::config::K3Config;
 use super::inventory::inventory;
-use super::state::K3State;
+use super::state::{K3State, LayerShape};
 use super::working::{pass_bytes_per_row, prefill_bytes_per_row};
 use super::{weights::K3Weights, KimiK3, Trace};
 use crate::family::{self, Checked, FamilyModel, MemoryNeeds, RoutedExperts, Shape};
-use crate::{LogitRows, ModelError, State};
+use crate::{LogitRows, ModelError, State, StateShape};
 use sluice_checkpoint::Checkpoint;
 use sluice_store::{ExpertStore, SpineIndex, SpineStats, SpineStore};
 use std::any::Any;
@@ -34,6 +34,9 @@ impl FamilyModel for KimiK3 {
     }
     fn new_state(&self) -> State {
         State::new(NAME, KimiK3::new_state(self))
+    }
+    fn state_shape(&self) -> StateShape {
+        crate::snapshot::k3_shape_of(&LayerShape::of_config(self.config()), NAME)
     }
     fn forward(
         &self,

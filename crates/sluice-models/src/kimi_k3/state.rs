@@ -37,6 +37,15 @@ pub(crate) struct KdaState {
     pub(crate) conv: Vec<f32>,
 }
 
+impl KdaState {
+    /// A zero state of `s` recurrent and `conv` window values. Zeroed allocations come from
+    /// the allocator's zeroed pages (`vec![0.0; n]`), which are not touched until written,
+    /// where `clone` of a zero state would write every byte.
+    fn zeroed(s: usize, conv: usize) -> Self {
+        Self { s: vec![0.0; s], conv: vec![0.0; conv] }
+    }
+}
+
 /// A KDA layer's committed state and the staged pass.
 #[derive(Debug, Clone)]
 pub(crate) struct KdaLayer {
@@ -51,8 +60,24 @@ pub(crate) struct KdaLayer {
 
 impl KdaLayer {
     fn new(heads: usize, dim: usize, conv_len: usize) -> Self {
-        let st = KdaState { s: vec![0.0; heads * dim * dim], conv: vec![0.0; conv_len] };
-        Self { committed: st.clone(), work: st, rows: Vec::new(), keep_rows: true, heads, dim }
+        let committed = KdaState::zeroed(heads * dim * dim, conv_len);
+        Self {
+            committed,
+            work: KdaState::zeroed(heads * dim * dim, conv_len),
+            rows: Vec::new(),
+            keep_rows: true,
+            heads,
+            dim,
+        }
+    }
+
+    /// A layer whose committed state is `committed` (restored from a snapshot). The working
+    /// copy is only allocated: [`KdaLayer::begin`] overwrites it from the committed state
+    /// before every pass, so copying the committed state into it here would be a second copy
+    /// of the largest part of a Kimi K3 state (434 MB) for nothing.
+    pub(crate) fn restored(committed: KdaState, heads: usize, dim: usize) -> Self {
+        let work = KdaState::zeroed(committed.s.len(), committed.conv.len());
+        Self { committed, work, rows: Vec::new(), keep_rows: true, heads, dim }
     }
 
     /// Starts a pass: the working state begins as the committed state; `keep_rows` says
@@ -137,6 +162,25 @@ pub struct K3State {
 pub(crate) enum LayerShape {
     Kda { heads: usize, dim: usize, conv_len: usize },
     Mla { lat_dim: usize, pe_dim: usize },
+}
+
+impl LayerShape {
+    /// The layer shapes of the states of a Kimi K3 model of `cfg` (its KDA and MLA layers).
+    pub(crate) fn of_config(cfg: &K3Config) -> Vec<LayerShape> {
+        let la = &cfg.linear_attn_config;
+        (0..cfg.num_hidden_layers)
+            .map(|i| match cfg.attn_kind(i) {
+                AttnKind::Kda => LayerShape::Kda {
+                    heads: la.num_heads,
+                    dim: la.head_dim,
+                    conv_len: (la.short_conv_kernel_size - 1) * 3 * cfg.kda_proj(),
+                },
+                AttnKind::Mla => {
+                    LayerShape::Mla { lat_dim: cfg.kv_lora_rank, pe_dim: cfg.qk_rope_head_dim }
+                }
+            })
+            .collect()
+    }
 }
 
 impl K3State {
@@ -237,20 +281,7 @@ impl K3State {
     /// of computed by a model. For benchmarks of what a state costs to store and restore at a
     /// configuration too large to run here (the full K3 at 16k tokens): never for generation.
     pub fn synthetic(cfg: &K3Config, positions: usize, seed: u64) -> Self {
-        let la = &cfg.linear_attn_config;
-        let shapes: Vec<LayerShape> = (0..cfg.num_hidden_layers)
-            .map(|i| match cfg.attn_kind(i) {
-                AttnKind::Kda => LayerShape::Kda {
-                    heads: la.num_heads,
-                    dim: la.head_dim,
-                    conv_len: (la.short_conv_kernel_size - 1) * 3 * cfg.kda_proj(),
-                },
-                AttnKind::Mla => {
-                    LayerShape::Mla { lat_dim: cfg.kv_lora_rank, pe_dim: cfg.qk_rope_head_dim }
-                }
-            })
-            .collect();
-        let mut st = Self::new(&shapes);
+        let mut st = Self::new(&LayerShape::of_config(cfg));
         let mut rng = SplitMix::new(seed);
         let mut fill = |v: &mut Vec<f32>, n: usize| {
             v.clear();
