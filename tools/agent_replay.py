@@ -14,7 +14,8 @@ Conditions (each starts its own servers on a free port, with a fresh state-cache
            resumes from the state turn k-1's server wrote to disk and prefills the same rest.
 The ratio restart / warm of each turn's TTFT is what a restart costs (target <= 1.1).
 `--conditions warm,restart` runs a subset; `--serve-arg --state-cache-every --serve-arg N` sets
-the snapshot interval under test.
+the snapshot interval under test; `--request '{"tool_choice": "required"}'` adds fields to every
+request (a trailing tool-choice message: the prompt's end is then no prefix of the next turn).
 
 With --k3-bytes, each turn also reports the state files it wrote (prefix length of each, read
 from the file's header) and what the same files would weigh for the full Kimi K3 (69 KDA layers
@@ -61,12 +62,12 @@ class Server:
             raise SystemExit("sluice serve exited:\n" + "".join(self.log))
         self.model = json.loads(urllib.request.urlopen(self.url + "/models").read())["data"][0]["id"]
 
-    def chat(self, session, k, max_tokens):
+    def chat(self, session, k, max_tokens, extra=None):
         messages = [{"role": "system", "content": session["system"]}]
         for t in session["turns"][:k + 1]:
             messages += t["append"]
         body = {"model": self.model, "messages": messages, "tools": session["tools"],
-                "max_tokens": max_tokens, "temperature": 0}
+                "max_tokens": max_tokens, "temperature": 0, **(extra or {})}
         req = urllib.request.Request(self.url + "/chat/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         r = json.loads(urllib.request.urlopen(req, timeout=3600).read())
@@ -111,7 +112,7 @@ def replay(a, session, condition):
         seen = {}
         for k in range(len(session["turns"])):
             s = Server(a, extra) if per_turn else srv
-            x = s.chat(session, k, a.max_tokens)
+            x = s.chat(session, k, a.max_tokens, json.loads(a.request))
             if per_turn:
                 s.stop()  # SIGTERM: queued state writes finish before the process ends
             files = state_files(cache) if condition != "none" else {}
@@ -147,6 +148,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3, help="repetitions of the whole replay (medians)")
     ap.add_argument("--serve-arg", action="append", default=[], help="extra `sluice serve` argument (repeatable)")
     ap.add_argument("--json", help="write every row here")
+    ap.add_argument("--request", default="{}", help="JSON object of fields added to every request")
     ap.add_argument("--conditions", default="none,warm,restart", help="comma-separated subset")
     ap.add_argument("--k3-bytes", action="store_true", help="also print the files each turn wrote")
     a = ap.parse_args()

@@ -21,6 +21,7 @@ use crate::warm_start;
 use anyhow::{bail, Context, Result};
 use clap::{ArgGroup, Args};
 use sluice_engine::route_trace::{RouteTap, RouteTraceWriter};
+use sluice_engine::turn::FollowUp;
 use sluice_engine::{
     generate, Drafter, GenerateOptions, ModelDrafter, NgramDrafter, OnToken, Sampling,
 };
@@ -197,6 +198,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
         on_prefill: Some(prefill_progress::hook()),
         route_tap: tap.clone(),
         state_cache: state_cache.clone(),
+        // A `--chat` prompt is a conversation of one user turn: no later prompt of `run`
+        // continues its reply, so the state after generation is not written (for Kimi K3,
+        // 0.6 GB). A raw prompt's follow-up may continue it as generated.
+        follow_up: a.chat.then(FollowUp::none),
         constraint: None,
     };
     eprintln!("sluice: generating (Ctrl-C stops after the current pass and keeps the output)");

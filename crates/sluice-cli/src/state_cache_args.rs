@@ -76,14 +76,15 @@ impl StateCacheArgs {
         }
         let fingerprint = model_fingerprint(&target.dir, &numerics)
             .with_context(|| format!("fingerprinting {}", target.dir.display()))?;
-        let fresh = model.new_state();
+        // The shape comes from the configuration: building a state to ask it would allocate a
+        // Kimi K3 state's 0.9 GB at start-up for nothing.
+        let shape = model.state_shape();
         let cfg = StateCacheConfig {
             dir: dir.clone(),
             max_bytes: self.state_cache_size,
-            // A fresh state's snapshot holds exactly the part that does not grow with positions.
-            every: self.state_cache_every.unwrap_or_else(|| default_every(fresh.snapshot_bytes())),
+            every: self.state_cache_every.unwrap_or_else(|| default_every(shape.fixed_bytes())),
         };
-        let cache = StateCache::open(cfg, fingerprint, fresh.shape(), model.vocab_size())
+        let cache = StateCache::open(cfg, fingerprint, shape, model.vocab_size())
             .with_context(|| format!("--state-cache {}", dir.display()))?;
         Ok(Some(Arc::new(cache)))
     }

@@ -183,3 +183,80 @@ fn a_long_prompt_pass_exceeded_the_memory_budget() {
         "{err}"
     );
 }
+
+/// Expert bytes a run's prefill routed to, each distinct (layer, expert) once over all its
+/// passes, from its route trace: what reading each routed expert once per layer costs.
+fn distinct_prefill_experts(trace: &Path) -> u64 {
+    let text = std::fs::read_to_string(trace).unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for line in text.lines().skip(1) {
+        let pass: serde_json::Value = serde_json::from_str(line).unwrap();
+        if pass["phase"] != "prefill" {
+            continue;
+        }
+        for layer in pass["layers"].as_array().unwrap() {
+            let l = layer["layer"].as_u64().unwrap();
+            for row in layer["ids"].as_array().unwrap() {
+                seen.extend(row.as_array().unwrap().iter().map(|id| (l, id.as_u64().unwrap())));
+            }
+        }
+    }
+    seen.len() as u64
+}
+
+/// Issue 19/20 (session 9): under a budget whose expert cache cannot hold the model, the plan
+/// gave a long prompt chunks of ~150 rows (half the memory left after the spine, at the full
+/// per-row charge of a verification pass), and every chunk routed to nearly every expert of
+/// every layer, so a 3k-token prompt read the experts ~20 times. Counted in bytes: the prefill
+/// of a 1,500-token prompt under a budget a fifth of the model reads each routed expert about
+/// once (read ÷ distinct over the whole prefill ≤ 1.05), within the budget, and its tokens
+/// are those of a run that maps every expert.
+#[test]
+fn a_long_prefill_under_a_tight_budget_reread_every_expert_per_chunk() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    let m = model.to_str().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["synth", "--preset", "many-experts", "--layers", "4", "--experts", "256"])
+        .args(["--seed", "11", "--out", m])
+        .output()
+        .expect("spawn synth");
+    assert!(o.status.success(), "synth: {}", String::from_utf8_lossy(&o.stderr));
+    let budget: u64 = 160 << 20;
+    let size = dir_bytes(&model);
+    assert!(
+        size >= 5 * (budget - (64 << 20)),
+        "the model ({size} bytes) is 5× what the budget leaves past its I/O headroom"
+    );
+    let len = 1500;
+    let ids: Vec<String> = (0..len).map(|i| ((i * 131 + 7) % 700).to_string()).collect();
+    let ids = ids.join(",");
+    let trace = tmp.path().join("routes.jsonl");
+    let t = trace.to_str().unwrap();
+    let common = ["run", "--model", m, "--prompt-ids", &ids, "--max-new", "2", "--json"];
+    let streamed = sluice(
+        &[&common[..], &["--memory", "160M", "--context", "4096", "--trace-routes", t]].concat(),
+    );
+    assert_eq!(streamed["experts"], "stream");
+    let stats = &streamed["stats"];
+    let read = stats["prefill_expert_bytes_read"].as_u64().unwrap();
+    let expert =
+        stats["expert_bytes"].as_u64().unwrap() / stats["expert_requests"].as_u64().unwrap();
+    let distinct = distinct_prefill_experts(&trace) * expert;
+    let passes = stats["prefill_passes"].as_u64().unwrap();
+    let peak = stats["peak_rss_bytes"].as_u64().unwrap();
+    #[allow(clippy::cast_precision_loss)]
+    let ratio = read as f64 / distinct as f64;
+    eprintln!(
+        "{len} tokens: chunk {}, {passes} passes, read {read} B for {distinct} B of distinct \
+         routed experts (×{ratio:.3}), peak RSS {peak} B, plan: {}",
+        streamed["plan"]["chunk"], streamed["plan"]
+    );
+    assert!(ratio <= 1.05, "prefill read {read} B for {distinct} B of distinct experts: ×{ratio:.3} in {passes} passes");
+    assert!(
+        peak <= budget + PREFILL_SLACK,
+        "peak RSS {peak} B over the {budget}-byte budget + {PREFILL_SLACK}"
+    );
+    let mapped = sluice(&[&common[..], &["--experts", "mapped"]].concat());
+    assert_eq!(streamed["generated_ids"], mapped["generated_ids"]);
+}

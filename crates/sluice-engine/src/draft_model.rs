@@ -257,7 +257,7 @@ impl ModelDrafter {
     fn pass(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
         let mut logits = Vec::new();
         for chunk in tokens.chunks(FEED_CHUNK) {
-            logits = self.draft.model.forward(&mut self.state, chunk, LogitRows::Last, None)?;
+            logits = self.draft.model.forward(&mut self.state, chunk, LogitRows::Prefill, None)?;
             self.state.commit(chunk.len());
             self.counters.passes += 1;
             self.counters.positions += chunk.len();

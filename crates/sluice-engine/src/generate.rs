@@ -18,6 +18,7 @@ use crate::progress::{PrefillHook, Reporter};
 use crate::route_trace::{RouteTap, TracePass};
 use crate::sample::Sampling;
 use crate::state_cache::StateCache;
+use crate::turn::{end_state_resumable, FollowUp};
 use crate::EngineError;
 use serde::Serialize;
 use sluice_models::kimi_k3::Trace;
@@ -57,8 +58,13 @@ pub struct GenerateOptions {
     pub route_tap: Option<RouteTap>,
     /// The on-disk prompt-state cache: a fresh `state` starts from the longest cached prefix of
     /// the prompt, and the state is queued for writing every `every` prompt tokens, at the end
-    /// of the prompt and at the end of generation ([`crate::state_cache`]).
+    /// of the prompt and at the end of generation ([`crate::state_cache`]) when a follow-up
+    /// can restore it (`follow_up`).
     pub state_cache: Option<Arc<StateCache>>,
+    /// What a follow-up request starts with, which decides whether the state after generation
+    /// is written to the state cache ([`crate::turn::FollowUp`]); `None`: a follow-up sends
+    /// the prompt and the generated ids back as they are.
+    pub follow_up: Option<FollowUp>,
     /// Restricts every chosen token to what a grammar allows (drafts included: the verifier
     /// masks each row; see [`crate::constraint`]).
     pub constraint: Option<SharedConstraint>,
@@ -78,6 +84,7 @@ impl Default for GenerateOptions {
             on_prefill: None,
             route_tap: None,
             state_cache: None,
+            follow_up: None,
             constraint: None,
         }
     }
@@ -338,7 +345,7 @@ pub fn generate(
         if let Some(every) = disk.map(StateCache::every).filter(|&e| e > 0) {
             end = end.min((done / every + 1) * every);
         }
-        logits = model.forward(state, &prompt[done..end], LogitRows::Last, trace.as_mut())?;
+        logits = model.forward(state, &prompt[done..end], LogitRows::Prefill, trace.as_mut())?;
         state.commit(end - done);
         if let (Some(tap), Some(tr)) = (&opts.route_tap, trace.as_mut()) {
             let n = end - done;
@@ -378,8 +385,10 @@ pub fn generate(
     while !em.done && !em.interrupted() {
         let mut want = policy.width().min(opts.max_new.saturating_sub(em.out.tokens.len()));
         if opts.prefill_chunk > 0 {
-            // The pending token and its drafts are one pass: no more rows than charged.
-            want = want.min(opts.prefill_chunk - 1);
+            // The pending token and its drafts are one pass: no more rows than charged (the
+            // plan charges a pass's first `ROW_BLOCK` rows at the full row, with replay rows
+            // and logits; see `Plan::work`).
+            want = want.min(opts.prefill_chunk.min(sluice_models::ROW_BLOCK) - 1);
         }
         let drafts = match (&mut drafter, want) {
             (Some(d), w) if w > 0 => {
@@ -511,11 +520,14 @@ pub fn generate(
     // The state after generation (every emitted token but the last is in it): a later prompt
     // that continues this conversation resumes from it.
     if let (Some(d), Some(gen)) = (disk, em.out.tokens.len().checked_sub(1)) {
-        if state.len() == prompt.len() + gen && gen > 0 {
-            let mut all = prompt.to_vec();
-            all.extend_from_slice(&em.out.tokens[..gen]);
+        let mut held = prompt.to_vec();
+        held.extend_from_slice(&em.out.tokens[..gen]);
+        let follow_up = opts.follow_up.as_ref();
+        if state.len() == held.len()
+            && end_state_resumable(follow_up, prompt.len(), &held, &em.out.tokens)
+        {
             let snap = Arc::new(state.snapshot(base.as_deref()));
-            stats.state_cache_bytes_written += d.submit(&all, snap, None);
+            stats.state_cache_bytes_written += d.submit(&held, snap, None);
         }
     }
     em.out.stats = stats;

@@ -126,7 +126,10 @@ pub(crate) fn place(
         state: mem.state(opts.context),
         sessions: opts.session_memory,
         state_cache: if opts.state_cache {
-            held_bytes(mem.state_fixed, mem.state_per_position, opts.context, model.vocab_size())
+            // A snapshot holds the committed state only: not the live state's working
+            // copies (`state_fixed` counts Kimi K3's KDA states twice) nor per-thread scratch.
+            let fixed = model.state_shape().fixed_bytes() as u64;
+            held_bytes(fixed, mem.state_per_position, opts.context, model.vocab_size())
         } else {
             0
         },
@@ -139,6 +142,7 @@ pub(crate) fn place(
         headroom: HEADROOM + extra,
         draft: opts.draft_bytes,
         pass_row: mem.pass_per_row,
+        prefill_row: mem.prefill_per_row,
         prefill_chunk: opts.prefill_chunk as u64,
         max_rows: opts.context as u64,
     };
@@ -290,7 +294,10 @@ pub(crate) fn open_mapped_spine(
         state: mem.state(opts.context),
         sessions: opts.session_memory,
         state_cache: if opts.state_cache {
-            held_bytes(mem.state_fixed, mem.state_per_position, opts.context, model.vocab_size())
+            // A snapshot holds the committed state only: not the live state's working
+            // copies (`state_fixed` counts Kimi K3's KDA states twice) nor per-thread scratch.
+            let fixed = model.state_shape().fixed_bytes() as u64;
+            held_bytes(fixed, mem.state_per_position, opts.context, model.vocab_size())
         } else {
             0
         },
@@ -300,6 +307,7 @@ pub(crate) fn open_mapped_spine(
         headroom: HEADROOM + remote.as_ref().map_or(0, |r| r.headroom),
         draft: opts.draft_bytes,
         pass_row: mem.pass_per_row,
+        prefill_row: mem.prefill_per_row,
         prefill_chunk: opts.prefill_chunk as u64,
         max_rows: opts.context as u64,
     };

@@ -11,9 +11,16 @@
 //! What is left becomes the prefill chunk and cache slots: an explicit chunk
 //! (`--prefill-chunk N`) is charged as asked, or refused with the numbers; the automatic one
 //! takes what a cache holding every expert would not need, or half of what is left when the
-//! cache cannot hold them all, at least [`AUTO_CHUNK_FLOOR`] rows when they fit (reserved before
-//! the spine is placed), at most the planned context. When even an all-streamed spine, one row
-//! and `min_slots` slots do not fit, the refusal says how much more memory the run needs.
+//! cache cannot hold them all — or all of it when that half would hold fewer slots than one
+//! layer has experts (see [`Plan::compute`]) — at least [`AUTO_CHUNK_FLOOR`] rows when they fit
+//! (reserved before the spine is placed), at most the planned context. When even an
+//! all-streamed spine, one row and `min_slots` slots do not fit, the refusal says how much
+//! more memory the run needs.
+//!
+//! A pass of `c` rows is charged `c × prefill_row + min(c, ROW_BLOCK) × pass_row` ([`work`]):
+//! a prompt chunk holds `prefill_row` per row, plus for one block of rows the buffers a layer
+//! fills a block at a time, the replay rows and the logits a verification pass holds per row;
+//! a decode pass verifies at most `ROW_BLOCK` rows (`sluice_models::ROW_BLOCK`).
 
 use serde::Serialize;
 use sluice_store::Placement;
@@ -86,9 +93,12 @@ pub struct Needs {
     #[serde(default)]
     pub draft: u64,
     /// Working memory of a pass per row (activations, a logits row; see
-    /// `sluice_models::kimi_k3::working`).
+    /// `sluice_models::kimi_k3::working`), charged for a pass's first `ROW_BLOCK` rows.
     #[serde(default)]
     pub pass_row: u64,
+    /// Working memory per row of a prompt chunk (`LogitRows::Prefill`), charged for every row.
+    #[serde(default)]
+    pub prefill_row: u64,
     /// Rows one pass may take as asked (`--prefill-chunk`; 0: chosen by the plan).
     #[serde(default)]
     pub prefill_chunk: u64,
@@ -101,6 +111,30 @@ pub struct Needs {
 /// resident spine byte saves a read on every pass, but a chunk of one row makes a prompt as many
 /// passes as tokens, each reading every routed expert it needs again.
 pub const AUTO_CHUNK_FLOOR: u64 = 64;
+
+/// Working memory charged for a pass of `rows` rows: `rows × prefill_row` and, for its first
+/// `ROW_BLOCK` rows, `pass_row` more (see the module docs). Saturating.
+pub fn work(needs: &Needs, rows: u64) -> u64 {
+    let block = rows.min(sluice_models::ROW_BLOCK as u64);
+    rows.saturating_mul(needs.prefill_row).saturating_add(block.saturating_mul(needs.pass_row))
+}
+
+/// The most rows whose [`work`] fits in `room` bytes (`u64::MAX` when rows cost nothing).
+fn rows_in(needs: &Needs, room: u64) -> u64 {
+    let block = sluice_models::ROW_BLOCK as u64;
+    let both = needs.prefill_row.saturating_add(needs.pass_row);
+    if both == 0 {
+        return u64::MAX;
+    }
+    let first = block.saturating_mul(both);
+    if room < first {
+        return room / both;
+    }
+    match needs.prefill_row {
+        0 => u64::MAX,
+        p => block.saturating_add((room - first) / p),
+    }
+}
 
 /// The spine's pieces as buffer bytes (aligned spans), in pass order.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -244,7 +278,7 @@ pub struct Plan {
     /// Rows one pass may take: prompt tokens per prefill pass, and the most rows (the pending
     /// token and its drafts) a decode pass verifies.
     pub chunk: u64,
-    /// Working memory charged for a pass of `chunk` rows.
+    /// Working memory charged for a pass of `chunk` rows ([`work`]).
     pub work: u64,
 }
 
@@ -254,7 +288,7 @@ pub struct Plan {
     "memory budget of {budget} bytes is too small: the spine needs at least {spine} (layers \
      streamed through two buffers; its largest piece is {largest_piece} bytes), sequence state \
      {state}, stored conversation state {sessions}, prompt-state cache snapshots {state_cache}, headroom {headroom}, the draft model {draft}, \
-     the working memory of a pass of {chunk} prompt rows {work} ({pass_row} per row), and at least {min_slots} expert slots of {slot} bytes; \
+     the working memory of a pass of {chunk} prompt rows {work} ({prefill_row} per row, {pass_row} more for each of the first 64), and at least {min_slots} expert slots of {slot} bytes; \
      the minimum is {minimum} bytes ({short} more). Raise --memory or use a smaller context \
      (or a smaller --session-memory or --prefill-chunk, or no --state-cache)."
 )]
@@ -279,8 +313,10 @@ pub struct PlanError {
     pub chunk: u64,
     /// Working memory of that pass.
     pub work: u64,
-    /// Working memory per row.
+    /// Working memory per row of a pass's first rows.
     pub pass_row: u64,
+    /// Working memory per row of a prompt chunk.
+    pub prefill_row: u64,
     /// Minimum slots.
     pub min_slots: u64,
     /// Slot bytes.
@@ -316,7 +352,7 @@ impl Plan {
     ) -> Result<Self, PlanError> {
         let sp = &needs.pieces;
         let min_cache = needs.min_slots * needs.slot;
-        let least_work = floor.saturating_mul(needs.pass_row);
+        let least_work = work(&needs, floor);
         // Saturating: an absurd --prefill-chunk is refused with its numbers, never an overflow.
         let others = [
             needs.state,
@@ -360,6 +396,7 @@ impl Plan {
                 chunk: floor,
                 work: least_work,
                 pass_row: needs.pass_row,
+                prefill_row: needs.prefill_row,
                 min_slots: needs.min_slots,
                 slot: needs.slot,
                 minimum,
@@ -376,13 +413,22 @@ impl Plan {
             floor
         } else {
             // What is left past the minimum cache: the surplus over a cache of every expert,
-            // or half of it when the cache cannot hold them all (the other half is cache).
+            // or half of it when the cache cannot hold them all (the other half is cache) —
+            // unless that half holds fewer slots than one layer has experts: each prompt chunk
+            // routes to nearly every expert of every layer, so such a cache gets no prefill
+            // hits (the chunks sweep the whole model through it) and in decode hits at most
+            // its share of the experts, while every row it would give the chunk shortens the
+            // sweeps. Then the chunk takes it all (up to the planned context; the rest is
+            // cache).
             let spare = budget - fixed - min_cache;
             let full_cache = needs.experts.saturating_sub(needs.min_slots) * needs.slot;
-            let room = spare.saturating_sub(full_cache).max(spare / 2);
-            (room / needs.pass_row.max(1)).min(needs.max_rows).max(floor)
+            let layer_experts = needs.experts / (needs.pieces.layers.len().max(1) as u64);
+            let small_cache = (spare - spare / 2) / needs.slot.max(1) < layer_experts;
+            let room =
+                if small_cache { spare } else { spare.saturating_sub(full_cache).max(spare / 2) };
+            rows_in(&needs, room).min(needs.max_rows).max(floor)
         };
-        let work = chunk.saturating_mul(needs.pass_row);
+        let work = work(&needs, chunk);
         let slots =
             ((budget - fixed - work) / needs.slot.max(1)).min(needs.experts.max(needs.min_slots));
         let all_experts_resident = slots >= needs.experts;

@@ -30,6 +30,7 @@ fn needs(layers: Vec<u64>) -> Needs {
         min_slots: 4,
         headroom: 0,
         pass_row: 0,
+        prefill_row: 0,
         prefill_chunk: 0,
         max_rows: 0,
     }
@@ -85,7 +86,7 @@ fn state_cache_restore_was_not_charged_to_the_plan() {
 #[test]
 fn the_plan_charged_no_working_memory_for_a_prompt_pass() {
     // Fixed parts: spine 910, state 100; 4 slots of 50 at least; 64 experts; 10 per row.
-    let n = Needs { pass_row: 10, max_rows: 4096, ..needs(vec![100; 4]) };
+    let n = Needs { prefill_row: 10, max_rows: 4096, ..needs(vec![100; 4]) };
     // Explicit: charged as asked, the rest is cache.
     let e = Needs { prefill_chunk: 30, ..n.clone() };
     let p = Plan::compute(2000, e.clone(), SpineMode::Auto).expect("fits");
@@ -100,7 +101,7 @@ fn the_plan_charged_no_working_memory_for_a_prompt_pass() {
     let err = Plan::compute(2000, big, SpineMode::Layers(4)).expect_err("10000 bytes");
     assert_eq!((err.chunk, err.work, err.minimum), (1000, 10_000, 910 + 100 + 200 + 10_000));
     let msg = err.to_string();
-    assert!(msg.contains("a pass of 1000 prompt rows 10000 (10 per row)"), "{msg}");
+    assert!(msg.contains("a pass of 1000 prompt rows 10000 (10 per row, 0 more"), "{msg}");
     assert!(msg.contains("--prefill-chunk"), "{msg}");
     // Auto, short of a full cache (64 × 50): half of what is past the minimum cache.
     let p = Plan::compute(3000, n.clone(), SpineMode::Auto).expect("fits");
@@ -164,4 +165,40 @@ fn the_largest_resident_prefix_that_fits_is_kept_and_the_rest_streams() {
     assert_eq!(z.spine.placements().iter().filter(|&&p| p == Placement::Resident).count(), 0);
     let a = Plan::compute(1_000_000, n, SpineMode::Layers(99)).expect("fits");
     assert!(a.spine.placements().iter().all(|&p| p == Placement::Resident));
+}
+
+#[test]
+fn a_pass_is_charged_its_prompt_rows_and_one_block_of_full_rows() {
+    let block = sluice_models::ROW_BLOCK as u64;
+    let n = Needs { prefill_row: 10, pass_row: 100, max_rows: 4096, ..needs(vec![100; 4]) };
+    assert_eq!(work(&n, 1), 110);
+    assert_eq!(work(&n, block), block * 110);
+    assert_eq!(work(&n, 1000), 1000 * 10 + block * 100);
+    assert_eq!(work(&n, u64::MAX), u64::MAX, "saturates");
+    for room in [0, 109, 110, 5000, block * 110 - 1, block * 110, block * 110 + 9, 100_000] {
+        let rows = rows_in(&n, room);
+        assert!(work(&n, rows) <= room, "{rows} rows in {room}");
+        assert!(work(&n, rows + 1) > room, "{} rows fit in {room}", rows + 1);
+    }
+    let e = Needs { prefill_chunk: 1000, ..n.clone() };
+    let p = Plan::compute(1 << 20, e, SpineMode::Auto).expect("fits");
+    assert_eq!((p.chunk, p.work), (1000, 1000 * 10 + block * 100));
+}
+
+#[test]
+fn the_chunk_got_half_of_a_budget_whose_cache_could_not_hold_a_layer() {
+    // 4 layers of 16 experts (64 slots of 50); fixed 910 + 100 and 4 slots (200) at least.
+    let n = Needs { prefill_row: 1, max_rows: 1 << 20, ..needs(vec![100; 4]) };
+    // Half of a spare of 1000 is 10 slots, fewer than a layer's 16: the chunk takes it all.
+    let spare = 1000;
+    let p = Plan::compute(910 + 100 + 200 + spare, n.clone(), SpineMode::Auto).expect("fits");
+    assert_eq!((p.chunk, p.slots), (spare, 4), "{p}");
+    // Half of a spare of 1600 is 16 slots, a layer's worth: half each, as before.
+    let spare = 1600;
+    let p = Plan::compute(910 + 100 + 200 + spare, n.clone(), SpineMode::Auto).expect("fits");
+    assert_eq!((p.chunk, p.slots), (spare / 2, 4 + 16), "{p}");
+    // At most the planned context: the rest is cache.
+    let short = Needs { max_rows: 300, ..n };
+    let p = Plan::compute(910 + 100 + 200 + 1000, short, SpineMode::Auto).expect("fits");
+    assert_eq!((p.chunk, p.slots), (300, 4 + 700 / 50), "{p}");
 }

@@ -41,13 +41,15 @@ pub const QUEUE: usize = 4;
 /// The most memory a state cache makes a generation hold besides its live state, for the
 /// memory plan: the restored snapshot (kept while the prefill runs, since later snapshots share
 /// its rows), the snapshot the writer is encoding and [`QUEUE`] queued ones. Each holds its own
-/// copy of the fixed-size state (`state_fixed`: recurrent and conv states) and a logits row
-/// (`vocab` f32); the per-position rows (MLA latents) of snapshots along one prompt are shared
-/// segments, so together they hold at most one copy of the planned `context`.
-pub fn held_bytes(state_fixed: u64, per_position: u64, context: usize, vocab: usize) -> u64 {
+/// copy of the fixed-size part of a snapshot (`snapshot_fixed`, [`sluice_models::StateShape::fixed_bytes`]:
+/// the committed recurrent and conv states, half of what the live state holds, which keeps a
+/// working copy of each) and a logits row (`vocab` f32); the per-position rows (MLA latents)
+/// of snapshots along one prompt are shared segments, so together they hold at most one copy
+/// of the planned `context`.
+pub fn held_bytes(snapshot_fixed: u64, per_position: u64, context: usize, vocab: usize) -> u64 {
     let copies = QUEUE as u64 + 2;
     copies
-        .saturating_mul(state_fixed.saturating_add(4 * vocab as u64))
+        .saturating_mul(snapshot_fixed.saturating_add(4 * vocab as u64))
         .saturating_add(per_position.saturating_mul(context as u64))
 }
 /// Extension of a complete state file.

@@ -6,7 +6,9 @@
 //! The prompt's prefill runs here rather than inside [`generate`] so that the state can be
 //! snapshotted at checkpoint boundaries and at the end of the prompt — the point a follow-up chat
 //! turn resumes from whether or not the reply re-tokenizes to the ids the model produced.
-//! Decoding then continues with [`generate`] from the first token.
+//! Decoding then continues with [`generate`] from the first token. The state after generation
+//! is kept too, but only when a follow-up request can start with it ([`FollowUp`]): often it
+//! cannot, and for Kimi K3 each kept state costs 0.6 GB.
 //!
 //! **Sampling positions.** Token 0 is drawn from the prefill logits with `(seed, 0)`. The
 //! continuation is a new [`generate`] call whose positions restart at 0, so it samples with a
@@ -52,6 +54,63 @@ pub struct TurnOptions {
     pub boundaries: Vec<usize>,
     /// Restricts every generated token to what a grammar allows (see [`crate::constraint`]).
     pub constraint: Option<SharedConstraint>,
+    /// What a follow-up request of this conversation starts with, which decides whether the
+    /// state after generation is kept (see [`FollowUp`]); `None`: a follow-up sends the
+    /// generated ids back as they are.
+    pub follow_up: Option<FollowUp>,
+}
+
+/// What a follow-up request starts with, given every id this turn generated: the prompt of the
+/// next request of the conversation up to the end of this reply (the conversation with the
+/// reply appended as the client sends it back, rendered through the chat format), or `None`
+/// when no follow-up can start with this turn's tokens.
+///
+/// The state after generation holds the prompt and every generated id but the last. It is
+/// kept (in the session cache and in the on-disk state cache) only when it is a prefix of
+/// what the follow-up starts with: a chat client sends the reply back as text, and the chat
+/// format renders it again (a history turn may drop the reasoning, a tool call's arguments
+/// are re-serialized, a trailing `tool_choice` message moves past the new messages, the text
+/// may tokenize otherwise), so the generated ids are often not what the next prompt holds.
+/// A state no follow-up can restore would cost a Kimi K3 turn 0.6 GB of disk writes (and as
+/// much session memory) for nothing.
+#[derive(Clone)]
+pub struct FollowUp(Arc<dyn Fn(&[u32]) -> Option<Vec<u32>> + Send + Sync>);
+
+impl FollowUp {
+    /// A follow-up computed by `f` from the generated ids.
+    pub fn new(f: impl Fn(&[u32]) -> Option<Vec<u32>> + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+
+    /// No follow-up request starts with this turn's tokens (e.g. every request renders a
+    /// conversation of one turn).
+    pub fn none() -> Self {
+        Self::new(|_| None)
+    }
+
+    /// Whether a follow-up of a turn that generated `generated` starts with `held`, the
+    /// ids of the state after generation.
+    pub fn resumes(&self, held: &[u32], generated: &[u32]) -> bool {
+        (self.0)(generated).is_some_and(|ids| ids.starts_with(held))
+    }
+}
+
+impl std::fmt::Debug for FollowUp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FollowUp(..)")
+    }
+}
+
+/// Whether the state after generation, holding `held` (the prompt and every generated id but
+/// the last), is worth keeping: it holds more than the prompt (whose end state is kept
+/// already) and a follow-up request can start with it.
+pub fn end_state_resumable(
+    follow_up: Option<&FollowUp>,
+    prompt_len: usize,
+    held: &[u32],
+    generated: &[u32],
+) -> bool {
+    held.len() > prompt_len && follow_up.is_none_or(|f| f.resumes(held, generated))
 }
 
 /// Statistics of one turn.
@@ -231,7 +290,7 @@ pub fn run_turn(
             chunk => end.min(pos + chunk),
         };
         let tp = Instant::now();
-        let l = model.forward(&mut state, &prompt[pos..end], LogitRows::Last, None)?;
+        let l = model.forward(&mut state, &prompt[pos..end], LogitRows::Prefill, None)?;
         state.commit(end - pos);
         stats.prefill_s += tp.elapsed().as_secs_f64();
         stats.prefill_passes += 1;
@@ -341,17 +400,18 @@ pub fn run_turn(
     if let Some(c) = cache {
         let mut all = prompt.to_vec();
         all.extend_from_slice(&tokens);
-        let to_memory = c.fits(state.snapshot_bytes());
-        if to_memory || disk.is_some() {
-            let snap = take_snapshot(&state, &mut base, &mut stats);
-            if let Some(d) = &disk {
-                // The state holds every generated token but the last (never fed).
-                if let Some(held) = all.get(..state.len()) {
+        // The state holds every generated token but the last (never fed).
+        let held = all.get(..state.len()).unwrap_or_default();
+        if end_state_resumable(opts.follow_up.as_ref(), prompt.len(), held, &tokens) {
+            let to_memory = c.fits(state.snapshot_bytes());
+            if to_memory || disk.is_some() {
+                let snap = take_snapshot(&state, &mut base, &mut stats);
+                if let Some(d) = &disk {
                     stats.state_cache_bytes_written += d.submit(held, Arc::clone(&snap), None);
                 }
-            }
-            if to_memory {
-                snaps.push(Snapshot::shared(snap, None));
+                if to_memory {
+                    snaps.push(Snapshot::shared(snap, None));
+                }
             }
         }
         c.store(chain, snaps, all);

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs, clippy::cast_possible_truncation)]
 
 use sluice_engine::load::{self, ExpertMode, LoadOptions};
+use sluice_engine::state_cache::held_bytes;
 use sluice_engine::{generate, Drafter, GenerateOptions, Generation, NgramDrafter, ScriptDrafter};
 use sluice_models::Model;
 use std::path::PathBuf;
@@ -177,6 +178,36 @@ fn spine_placed_under_a_tight_budget_equals_mapped_for_every_family() {
                 placed.budget.used() <= placed.budget.limit(),
                 "{family}/{name}: {k} resident layers under {tight} bytes"
             );
+        }
+    }
+}
+
+#[test]
+fn the_state_cache_charge_counted_each_snapshot_at_the_live_states_size() {
+    // Each snapshot the state cache holds (restored, being written, queued) keeps the
+    // committed fixed-size state only: Kimi K3's live state also keeps a working copy of every
+    // KDA state, and DeepSeek-V3 per-thread scratch, which the plan's `state_fixed` counts and
+    // no snapshot holds. The charge used `state_fixed`, twice a K3 snapshot's size.
+    for (family, name) in
+        [("kimi_k3", "tiny-a"), ("deepseek_v3", "tiny-a"), ("qwen3_moe", "tiny-a")]
+    {
+        let opts = LoadOptions {
+            memory: Some(1 << 30),
+            experts: ExpertMode::Stream,
+            readers: 3,
+            state_cache: true,
+            ..LoadOptions::default()
+        };
+        let l = load::open(&dir(family, name), &opts).unwrap();
+        let m = &l.model;
+        let mem = m.memory_needs().expect("planned");
+        let fixed = m.state_shape().fixed_bytes() as u64;
+        assert_eq!(fixed, m.new_state().snapshot_bytes() as u64, "{family}");
+        let want = held_bytes(fixed, mem.state_per_position, opts.context, m.vocab_size());
+        let plan = l.plan.as_ref().expect("an MoE model is planned");
+        assert_eq!(plan.needs.state_cache, want, "{family}/{name}");
+        if family == "kimi_k3" {
+            assert_eq!(mem.state_fixed, 2 * fixed, "the live state keeps a working copy");
         }
     }
 }

@@ -68,6 +68,7 @@ fn run_turn_counts_resumed_positions_as_done() {
         on_prefill: Some(hook),
         boundaries: Vec::new(),
         constraint: None,
+        follow_up: None,
     };
     let mut cb = |_: u32, _: Option<&[f32]>| true;
     run_turn(&m, Some(&mut cache), &prompt, &opts, None, &|| false, &mut cb).unwrap();

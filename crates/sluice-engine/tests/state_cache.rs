@@ -125,6 +125,7 @@ fn turn(
         on_prefill: None,
         boundaries,
         constraint: None,
+        follow_up: None,
     };
     let mut logits = Vec::new();
     let mut cb = |_t: u32, l: Option<&[f32]>| {

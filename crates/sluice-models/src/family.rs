@@ -21,7 +21,7 @@
 //! The sequence state's side of the boundary is [`crate::state`].
 
 use crate::kimi_k3::Route;
-use crate::{FamilyState, LogitRows, Model, ModelError, State};
+use crate::{FamilyState, LogitRows, Model, ModelError, State, StateShape};
 use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
 use sluice_store::{
@@ -45,6 +45,12 @@ pub trait FamilyModel: Any + Send + Sync + std::fmt::Debug {
     fn family(&self) -> &'static str;
     /// A fresh sequence state, wrapped for this family (`State::new(self.family(), ...)`).
     fn new_state(&self) -> State;
+    /// The shape of this model's state snapshots (what the on-disk state cache checks files
+    /// against). The default builds a fresh state to ask it; a family whose fresh state is
+    /// large (Kimi K3: 0.9 GB of KDA states) derives it from its configuration instead.
+    fn state_shape(&self) -> StateShape {
+        self.new_state().shape()
+    }
     /// Runs one pass of `tokens` after `state`'s committed positions, staging the state until
     /// `commit(n)` / `rollback()`; the family takes its concrete state with
     /// [`State::family_mut`].
@@ -451,6 +457,10 @@ pub struct MemoryNeeds {
     pub state_per_position: u64,
     /// Working memory of a pass per row (activations, a logits row).
     pub pass_per_row: u64,
+    /// Working memory per row of a prompt chunk (`LogitRows::Prefill`) past its first
+    /// [`crate::ROW_BLOCK`] rows, which are charged at `pass_per_row`: no logits row, no replay
+    /// rows, no buffer a layer fills a block of rows at a time.
+    pub prefill_per_row: u64,
 }
 
 impl MemoryNeeds {

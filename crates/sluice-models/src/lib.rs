@@ -35,13 +35,26 @@ pub use state::{FamilyState, State};
 use sluice_checkpoint::{Checkpoint, CheckpointError};
 use std::sync::Arc;
 
+/// Rows a model runs through a layer's row-local work at a time where splitting the rows
+/// changes no result (Kimi K3's KDA layers, a routed expert's batch): a long prompt pass then
+/// holds those buffers for one block of rows, not for all of them. The memory plan charges a
+/// pass's first `ROW_BLOCK` rows at the full per-row working memory for this, and a decode
+/// pass verifies at most `ROW_BLOCK` rows.
+pub const ROW_BLOCK: usize = 64;
+
 /// Which rows of a pass need logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogitRows {
     /// Every row (verification passes).
     All,
-    /// Only the last row (prefill, plain decoding).
+    /// Only the last row (plain decoding, or a pass the caller may commit in part).
     Last,
+    /// Only the last row, of a pass the caller commits whole or rolls back (a prompt chunk):
+    /// a model may then keep no per-row data for a partial commit (Kimi K3's KDA layers keep
+    /// no replay rows), so a prompt row costs less working memory (see
+    /// [`family::MemoryNeeds::prefill_per_row`]). `commit(n)` of such a pass with n < T
+    /// publishes nothing (as `rollback`).
+    Prefill,
 }
 
 impl LogitRows {
@@ -49,7 +62,7 @@ impl LogitRows {
     pub fn range(self, t: usize) -> std::ops::Range<usize> {
         match self {
             Self::All => 0..t,
-            Self::Last => t - 1..t,
+            Self::Last | Self::Prefill => t - 1..t,
         }
     }
 }
@@ -194,6 +207,12 @@ impl Model {
     /// A fresh sequence state.
     pub fn new_state(&self) -> State {
         self.inner.new_state()
+    }
+
+    /// The shape of this model's state snapshots, equal to `new_state().shape()` but without
+    /// building a state where the family can derive it (see [`FamilyModel::state_shape`]).
+    pub fn state_shape(&self) -> StateShape {
+        self.inner.state_shape()
     }
 
     /// The family table's line for this model.

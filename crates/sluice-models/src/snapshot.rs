@@ -22,6 +22,7 @@
 
 mod codec;
 
+pub(crate) use codec::k3_shape_of;
 pub use codec::{
     from_le_in_place, le_bytes, SnapshotCodecError, SnapshotLayout, StateShape,
     SNAPSHOT_FORMAT_VERSION,
@@ -265,14 +266,10 @@ impl StateSnapshot {
                 let layers =
                     sluice_kernels::pool::map(self.layers.len(), |i| match &self.layers[i] {
                         SnapLayer::Kda { s, conv, heads, dim } => {
+                            // One copy: the snapshot stays shared (a session's chain, the base
+                            // of the next snapshot), and the working copy is only allocated.
                             let st = KdaState { s: s.to_vec(), conv: conv.to_vec() };
-                            Some(LayerState::Kda(KdaLayer {
-                                committed: st.clone(),
-                                work: st,
-                                rows: Vec::new(),
-                                heads: *heads,
-                                dim: *dim,
-                            }))
+                            Some(LayerState::Kda(KdaLayer::restored(st, *heads, *dim)))
                         }
                         SnapLayer::Mla { lat, pe, lat_dim, pe_dim } => {
                             Some(LayerState::Mla(MlaLayer {
@@ -413,6 +410,30 @@ pub fn reference_state(positions: usize, seed: u64) -> Result<(State, usize), Mo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kimi_k3::state::LayerShape;
+
+    #[test]
+    fn restore_copied_the_kda_state_twice() {
+        let shapes = [
+            LayerShape::Kda { heads: 2, dim: 4, conv_len: 6 },
+            LayerShape::Mla { lat_dim: 3, pe_dim: 2 },
+        ];
+        let mut live = K3State::new(&shapes);
+        fill_k3(&mut live, 5, 7);
+        let snap = snapshot_k3(&live, None, "kimi_k3");
+        let restored = snap.restore();
+        let r = restored.family_ref::<K3State>("kimi_k3").expect("a K3 state");
+        assert_eq!(r.len(), 5);
+        let LayerState::Kda(k) = &r.layers[0] else { panic!("layer 0 is KDA") };
+        let LayerState::Kda(want) = &live.layers[0] else { panic!("layer 0 is KDA") };
+        assert!(same_bits(&k.committed.s, &want.committed.s));
+        assert!(same_bits(&k.committed.conv, &want.committed.conv));
+        // The working copy has its size but was not copied into: `begin` fills it per pass.
+        assert_eq!((k.work.s.len(), k.work.conv.len()), (8 * 4, 6));
+        assert!(k.work.s.iter().chain(&k.work.conv).all(|&x| x == 0.0), "copied twice");
+        let LayerState::Mla(m) = &r.layers[1] else { panic!("layer 1 is MLA") };
+        assert_eq!((m.lat.len(), m.pe.len()), (5 * 3, 5 * 2));
+    }
 
     #[test]
     fn rows_share_a_verified_prefix_and_copy_the_rest() {

@@ -13,7 +13,7 @@ mod common;
 use common::load;
 use sluice_checkpoint::Checkpoint;
 use sluice_models::kimi_k3::synth::{release_config, write_checkpoint, K3Dims};
-use sluice_models::kimi_k3::working::pass_bytes_per_row;
+use sluice_models::kimi_k3::working::{pass_bytes_per_row, prefill_bytes_per_row};
 use sluice_models::kimi_k3::KimiK3;
 use sluice_models::LogitRows;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -103,22 +103,27 @@ fn the_plan_charged_no_working_memory_for_a_prompt_pass() {
     let models = [("tiny-a", load("tiny-a")), ("tiny-b", load("tiny-b"))];
     let wide = ("wide experts", wide_experts(tmp.path()));
     for (name, m) in models.iter().chain(std::iter::once(&wide)) {
+        // The plan charges a pass of T rows `T × pre + min(T, ROW_BLOCK) × row`.
         let row = pass_bytes_per_row(m.config()) as f64;
+        let pre = prefill_bytes_per_row(m.config()) as f64;
         // Warm the kernels' thread pool and any lazily built tables first.
         pass_peak(m, 4, LogitRows::All);
+        // Passes the caller may commit in part: verification, at most ROW_BLOCK rows, each
+        // charged `row + pre` (past them a layer's block buffers stop growing).
+        let full = row + pre;
         for rows in [LogitRows::Last, LogitRows::All] {
-            let (short, long) = (64, 512);
+            let (short, long) = (16, sluice_models::ROW_BLOCK);
             let a = pass_peak(m, short, rows);
             let b = pass_peak(m, long, rows);
             let per_row = (b - a) as f64 / (long - short) as f64;
             eprintln!(
                 "{name} {rows:?}: {a} bytes at {short} rows, {b} at {long}: {per_row:.0} per \
-                 row; charged {row:.0} per row"
+                 row; charged {full:.0} per row"
             );
-            assert!(per_row <= row, "{name} {rows:?}: a pass holds {per_row:.0} bytes per row, more than the {row:.0} charged");
+            assert!(per_row <= full, "{name} {rows:?}: a pass holds {per_row:.0} bytes per row, more than the {full:.0} charged");
             assert!(
-                per_row >= row / 3.0,
-                "{name} {rows:?}: {row:.0} bytes charged per row, over 3× the {per_row:.0} held"
+                per_row >= full / 3.0,
+                "{name} {rows:?}: {full:.0} bytes charged per row, over 3× the {per_row:.0} held"
             );
             // The charge covers the whole pass, constants included, from a few rows on — but
             // for the kernels' fixed scratch per thread in calls of more than eight rows, which
@@ -126,9 +131,32 @@ fn the_plan_charged_no_working_memory_for_a_prompt_pass() {
             let scratch =
                 sluice_kernels::pool::global().threads() * sluice_kernels::WIDE_SCRATCH_BYTES;
             assert!(
-                (b as f64) <= long as f64 * row + scratch as f64,
-                "{name} {rows:?}: {b} > {long} × {row:.0} + {scratch} of kernel scratch"
+                (b as f64) <= long as f64 * full + scratch as f64,
+                "{name} {rows:?}: {b} > {long} × {full:.0} + {scratch} of kernel scratch"
             );
         }
+        // A prompt chunk (committed whole) is charged `prefill_bytes_per_row` per row past its
+        // first ROW_BLOCK rows, which are charged at the full row: the plan's
+        // `chunk × prefill + min(chunk, ROW_BLOCK) × row`.
+        let block = sluice_models::ROW_BLOCK as f64;
+        let (short, long) = (128, 1024);
+        let a = pass_peak(m, short, LogitRows::Prefill);
+        let b = pass_peak(m, long, LogitRows::Prefill);
+        let per_row = (b - a) as f64 / (long - short) as f64;
+        eprintln!(
+            "{name} Prefill: {a} bytes at {short} rows, {b} at {long}: {per_row:.0} per row; \
+             charged {pre:.0} per row ({row:.0} for the first {block} rows)"
+        );
+        assert!(
+            per_row <= pre,
+            "{name} Prefill: {per_row:.0} bytes per row held, {pre:.0} charged"
+        );
+        assert!(
+            per_row >= pre / 3.0,
+            "{name} Prefill: {pre:.0} charged, over 3× the {per_row:.0} held"
+        );
+        let scratch = sluice_kernels::pool::global().threads() * sluice_kernels::WIDE_SCRATCH_BYTES;
+        let charged = long as f64 * pre + block * row + scratch as f64;
+        assert!((b as f64) <= charged, "{name} Prefill: {b} > {charged:.0} charged");
     }
 }

@@ -7,6 +7,7 @@
 use crate::anthropic::parse_messages;
 use crate::api::{budget, read_json, render_chat, submit, App};
 use crate::error::{ApiError, RETRY_AFTER_S};
+use crate::follow_up::ToolIds;
 use crate::output::{Delta, OutputKind};
 use crate::response::collect;
 use crate::scheduler::JobHandle;
@@ -97,16 +98,17 @@ pub async fn messages(
     drop(v);
     let reservation = app.sched.reserve()?;
     let chat = render_chat(&app, req.messages, req.options.clone(), req.constraint.clone()).await?;
-    let (prompt, constraint) = (chat.prompt, chat.constraint);
-    let max_new = budget(&app.limits, prompt.ids.len(), Some(req.max_tokens), "max_tokens")?;
+    let input_tokens = chat.prompt.ids.len();
+    let max_new = budget(&app.limits, input_tokens, Some(req.max_tokens), "max_tokens")?;
     let n = app.next_id.fetch_add(1, Ordering::Relaxed);
     let mix = (app.started ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).rotate_left(17);
     let meta = Meta {
         id: format!("msg_{mix:016x}{n:08x}"),
         model: app.limits.model_id.clone(),
-        input_tokens: prompt.ids.len(),
+        input_tokens,
     };
     let output = OutputKind::Chat { reasoning_open: chat.reasoning_open, tools: req.parse_tools };
+    let (prompt, constraint) = chat.into_prompt(ToolIds::Anthropic { message: meta.id.clone() });
     let (mut rx, handle) = submit(
         &app,
         reservation,
@@ -146,13 +148,14 @@ fn usage(s: &Summary) -> Value {
     })
 }
 
-fn tool_id(meta: &Meta, c: &ParsedToolCall) -> String {
-    format!("toolu_{}_{}", meta.id.trim_start_matches("msg_"), c.index)
+/// The id of tool call `c` in message `message` (`msg_…`).
+pub(crate) fn tool_id(message: &str, c: &ParsedToolCall) -> String {
+    format!("toolu_{}_{}", message.trim_start_matches("msg_"), c.index)
 }
 
 /// A call's arguments as the `input` object; text that is not a JSON object is kept whole under
 /// `_raw` (the model wrote it; unconstrained output can be malformed).
-fn input_of(c: &ParsedToolCall) -> Value {
+pub(crate) fn input_of(c: &ParsedToolCall) -> Value {
     match serde_json::from_str::<Value>(&c.arguments) {
         Ok(v @ Value::Object(_)) => v,
         _ => json!({"_raw": c.arguments}),
@@ -177,7 +180,7 @@ fn message_body(meta: &Meta, d: &Delta, s: &Summary) -> Value {
     }
     for c in &d.tool_calls {
         content.push(
-            json!({"type": "tool_use", "id": tool_id(meta, c), "name": c.name, "input": input_of(c)}),
+            json!({"type": "tool_use", "id": tool_id(&meta.id, c), "name": c.name, "input": input_of(c)}),
         );
     }
     json!({
@@ -268,7 +271,7 @@ impl Streamer {
             self.close();
             let index = self.next_index;
             self.next_index += 1;
-            let id = tool_id(&self.meta, c);
+            let id = tool_id(&self.meta.id, c);
             let block = json!({"type": "tool_use", "id": id, "name": c.name, "input": {}});
             self.emit(
                 "content_block_start",

@@ -6,6 +6,7 @@ use crate::anthropic_response::AnthropicError;
 use crate::chat_request::parse_chat;
 use crate::constrain::{Grammars, OutputConstraint};
 use crate::error::ApiError;
+use crate::follow_up::{ChatEcho, ToolIds};
 use crate::metrics::Metrics;
 use crate::output::OutputKind;
 use crate::request::{parse_completion, Common, Limits, PromptInput};
@@ -269,6 +270,7 @@ pub(crate) fn submit(
         id: app.next_id.fetch_add(1, Ordering::Relaxed),
         prompt: prompt.ids,
         boundaries: prompt.boundaries,
+        echo: prompt.echo,
         max_new,
         sampling,
         stop,
@@ -342,7 +344,7 @@ async fn chat(
     let max_new = budget(&app.limits, chat.prompt.ids.len(), req.common.max_tokens, "messages")?;
     let output = OutputKind::Chat { reasoning_open: chat.reasoning_open, tools: req.parse_tools };
     let meta = meta(&app, Endpoint::Chat, req.logprobs.is_some());
-    let (prompt, constraint) = (chat.prompt, chat.constraint);
+    let (prompt, constraint) = chat.into_prompt(ToolIds::OpenAi { response: meta.id.clone() });
     run(&app, reservation, meta, prompt, &req.common, max_new, req.logprobs, output, constraint)
         .await
 }
@@ -355,6 +357,17 @@ pub(crate) struct RenderedRequest {
     pub(crate) reasoning_open: bool,
     /// The compiled output constraint.
     pub(crate) constraint: Option<SharedConstraint>,
+    /// The messages and options it was rendered from (for [`RenderedRequest::echo`]).
+    pub(crate) conversation: (Vec<ChatMessage>, ChatOptions),
+}
+
+impl RenderedRequest {
+    /// The prompt, with its follow-up for a response that names tool calls as `ids` do.
+    pub(crate) fn into_prompt(self, ids: ToolIds) -> (Prompt, Option<SharedConstraint>) {
+        let (messages, options) = self.conversation;
+        let prompt = Prompt { echo: Some(ChatEcho { messages, options, ids }), ..self.prompt };
+        (prompt, self.constraint)
+    }
 }
 
 /// Renders a chat request through the checkpoint's chat format on the blocking pool, finds its
@@ -374,9 +387,10 @@ pub(crate) async fn render_chat(
             None => None,
         };
         Ok(RenderedRequest {
-            prompt: Prompt { ids: rendered.ids, boundaries },
+            prompt: Prompt { ids: rendered.ids, boundaries, echo: None },
             reasoning_open: rendered.reasoning_open,
             constraint: c,
+            conversation: (messages, options),
         })
     })
     .await
@@ -399,16 +413,23 @@ fn render_error(e: sluice_tokenizer::PromptError) -> ApiError {
 /// (the system prompt and tool declarations that conversations of one agent share) and after
 /// the last message, before the assistant turn the model completes. The state cache writes
 /// the state at these positions. Each cut is rendered through the same chat format without
-/// the generation prompt; a cut whose rendering is not a prefix of the prompt (the format
-/// wrote something at the end, such as a tool-choice message, or renders a history turn
-/// differently once it is not the last) is left out.
+/// the generation prompt and without what a format writes after the last message for
+/// `tool_choice` and `response_format` (a next request writes those after its own messages,
+/// so a cut that included them would be a prefix of nothing but this prompt); a cut whose
+/// rendering is not a prefix of the prompt (a history turn rendered differently once it is not
+/// the last) is left out.
 pub(crate) fn message_boundaries(
     fmt: &PromptFormat,
     messages: &[ChatMessage],
     options: &ChatOptions,
     prompt: &[u32],
 ) -> Vec<usize> {
-    let opts = ChatOptions { add_generation_prompt: false, ..options.clone() };
+    let opts = ChatOptions {
+        add_generation_prompt: false,
+        tool_choice: None,
+        response_format: None,
+        ..options.clone()
+    };
     let leading = messages.iter().take_while(|m| m.role == sluice_tokenizer::Role::System).count();
     let mut out = Vec::new();
     for cut in [leading, messages.len()] {
@@ -432,6 +453,8 @@ pub(crate) struct Prompt {
     pub(crate) ids: Vec<u32>,
     /// Positions that end a message (see [`message_boundaries`]).
     pub(crate) boundaries: Vec<usize>,
+    /// A chat prompt's conversation, for what a follow-up request starts with ([`Job::echo`]).
+    pub(crate) echo: Option<ChatEcho>,
 }
 
 async fn completions(
@@ -461,7 +484,7 @@ async fn completions(
     }
     let max_new = budget(&app.limits, prompt.len(), req.common.max_tokens.or(Some(16)), "prompt")?;
     let meta = meta(&app, Endpoint::Completion, req.logprobs.is_some());
-    let prompt = Prompt { ids: prompt, boundaries: Vec::new() };
+    let prompt = Prompt { ids: prompt, boundaries: Vec::new(), echo: None };
     let text = OutputKind::Text;
     run(&app, reservation, meta, prompt, &req.common, max_new, req.logprobs, text, None).await
 }

@@ -22,6 +22,7 @@ pub mod constrain;
 mod deadline;
 pub mod error;
 pub mod fields;
+mod follow_up;
 pub mod machine_metrics;
 pub mod metrics;
 pub mod output;

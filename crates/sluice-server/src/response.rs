@@ -97,13 +97,18 @@ pub fn extension(s: &Summary) -> Value {
     })
 }
 
+/// The id of call `index` of response `response` (`chatcmpl-…`).
+pub(crate) fn tool_call_id(response: &str, index: usize) -> String {
+    format!("call_{}_{}", response.rsplit('-').next().unwrap_or_default(), index)
+}
+
 fn tool_calls(meta: &Meta, calls: &[ParsedToolCall], with_index: bool) -> Value {
     Value::Array(
         calls
             .iter()
             .map(|c| {
                 let mut v = json!({
-                    "id": format!("call_{}_{}", meta.id.rsplit('-').next().unwrap_or_default(), c.index),
+                    "id": tool_call_id(&meta.id, c.index),
                     "type": "function",
                     "function": {"name": c.name, "arguments": c.arguments},
                 });

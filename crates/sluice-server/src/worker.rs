@@ -6,6 +6,7 @@
 //! that a slow client never stalls the engine; it holds at most one event per generated token.
 //! A closed channel (the handler is gone) cancels the job at the next pass boundary.
 
+use crate::follow_up::ChatEcho;
 use crate::machine_metrics::MachineWatch;
 use crate::metrics::Metrics;
 use crate::output::{Delta, Output, OutputKind};
@@ -36,6 +37,10 @@ pub struct Job {
     pub prompt: Vec<u32>,
     /// Prompt positions where a message ends (the state cache writes the state there).
     pub boundaries: Vec<usize>,
+    /// A chat prompt's conversation: what a follow-up request starts with, which decides
+    /// whether the state after the reply is kept (`None`: completions, whose follow-up sends
+    /// the ids back as they are).
+    pub(crate) echo: Option<ChatEcho>,
     /// Most new tokens.
     pub max_new: usize,
     /// Sampling.
@@ -229,6 +234,10 @@ impl Worker {
             on_prefill: Some(prefill_hook(job.id, Arc::clone(&self.metrics))),
             boundaries: job.boundaries.clone(),
             constraint: job.constraint.clone(),
+            follow_up: job
+                .echo
+                .clone()
+                .map(|e| e.follow_up(Arc::clone(&self.fmt), job.output, job.stop.clone())),
         };
         // The client leaving and the server stopping both end the job at the next pass.
         let cancel = || job.cancel.load(Ordering::Acquire) || self.sched.stopping();
@@ -332,6 +341,7 @@ pub(crate) mod tests {
             id,
             prompt: vec![1],
             boundaries: Vec::new(),
+            echo: None,
             max_new: 1,
             sampling: Sampling::greedy(),
             stop: Vec::new(),

@@ -61,6 +61,7 @@ fn generate(c: &OutputConstraint, thinking: bool, sampling: Sampling, ngram: boo
         on_prefill: None,
         boundaries: Vec::new(),
         constraint: Some(constraint),
+        follow_up: None,
     };
     let mut d = NgramDrafter::default();
     let drafter: Option<&mut dyn Drafter> = if ngram { Some(&mut d) } else { None };
@@ -191,6 +192,7 @@ fn qwen3_json(schema: &Value, sampling: Sampling) -> (String, String) {
         on_prefill: None,
         boundaries: Vec::new(),
         constraint: Some(c),
+        follow_up: None,
     };
     let t = run_turn(&f.model, None, &r.ids, &opts, None, &|| false, &mut |_, _| true).unwrap();
     let mut p = f.fmt.output_parser(r.reasoning_open, false).unwrap();

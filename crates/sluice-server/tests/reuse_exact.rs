@@ -36,6 +36,7 @@ fn turn(
         on_prefill: None,
         boundaries: Vec::new(),
         constraint: None,
+        follow_up: None,
     };
     let mut rows = Vec::new();
     let mut d = NgramDrafter::default();

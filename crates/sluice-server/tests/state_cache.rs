@@ -56,3 +56,63 @@ fn a_restarted_server_restores_the_prompt_and_the_shared_system_prompt_from_disk
     assert_eq!(second.metric("sluice_state_cache_refused_total"), 0.0);
     assert!(second.metric("sluice_state_cache_tokens_restored_total") >= restored as f64);
 }
+
+/// The prefix length of every state file in `dir`, with its size (the header's token count).
+fn files(dir: &std::path::Path) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "state"))
+        .map(|p| {
+            let b = std::fs::read(&p).unwrap();
+            (u64::from_le_bytes(b[44..52].try_into().unwrap()), b.len() as u64)
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+fn chat_messages(server: &Server, messages: &Value) -> Value {
+    let body = json!({"model": "tiny-a", "messages": messages, "tool_choice": "none",
+        "max_tokens": 4, "temperature": 0});
+    let r = post(server.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json()
+}
+
+#[test]
+fn a_trailing_tool_choice_message_left_only_states_no_follow_up_restores() {
+    // With `tool_choice` the format writes a tool-choice message after the last message, and
+    // a next request writes it after its own: the prompt's end and the reply's state are no
+    // prefix of any follow-up. The message boundaries included that message (so the system
+    // prompt's was dropped and the last message's was useless) and the reply's state was
+    // written anyway; a restarted server restored nothing of the conversation.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let args = ["--model", &tiny_a(), "--state-cache", d, "--state-cache-every", "0"];
+    let system = "You are a careful assistant who answers in one short sentence. ".repeat(6);
+    let mut messages = json!([{"role": "system", "content": system},
+                              {"role": "user", "content": "What is a cache?"}]);
+    let first = Server::start(&args);
+    let a = chat_messages(&first, &messages);
+    let p1 = a["usage"]["prompt_tokens"].as_u64().unwrap();
+    wait_written(&first, 3.0);
+    let written = files(dir.path());
+    drop(first);
+    // The system prompt's end, the user message's end, the prompt's end; nothing past it.
+    assert_eq!(written.len(), 3, "{written:?}");
+    assert!(written.iter().all(|&(n, _)| n <= p1), "a state past the prompt: {written:?}");
+    let bytes: u64 = written.iter().map(|&(_, b)| b).sum();
+    assert_eq!(a["sluice"]["state_cache_bytes_written"].as_u64(), Some(bytes), "{written:?}");
+    // The follow-up: the reply as returned, then a new user message.
+    let reply = a["choices"][0]["message"].clone();
+    let list = messages.as_array_mut().unwrap();
+    list.extend([reply, json!({"role": "user", "content": "And a register?"})]);
+    let second = Server::start(&args);
+    let b = chat_messages(&second, &messages);
+    let restored = b["sluice"]["state_cache_tokens_restored"].as_u64().unwrap();
+    assert_eq!(restored, written[1].0, "the user message's end, before the tool-choice message");
+    let plain = Server::start(&["--model", &tiny_a(), "--session-memory", "0"]);
+    let want = chat_messages(&plain, &messages);
+    assert_eq!(b["sluice"]["generated_ids"], want["sluice"]["generated_ids"]);
+}

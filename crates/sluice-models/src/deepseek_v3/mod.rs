@@ -302,6 +302,14 @@ impl DeepseekV3 {
                 c.moe_intermediate_size.max(c.intermediate_size),
                 c.vocab_size,
             ),
+            prefill_per_row: crate::working::prefill_bytes_per_row(
+                c.hidden_size,
+                attn,
+                c.n_routed_experts,
+                c.num_experts_per_tok,
+                c.moe_intermediate_size.max(c.intermediate_size),
+                c.vocab_size,
+            ),
         }
     }
 
@@ -370,7 +378,8 @@ impl DeepseekV3 {
         let mut h = vec![0.0f32; t * d];
         self.spine.embed(&self.ckpt, &self.weights.embed, tokens, &mut h)?;
         put(&mut trace, || "embed".into(), &h);
-        state.begin(t);
+        // MLA layers only: a partial commit truncates, so every pass may keep it possible.
+        state.begin(t, false);
         let layers = &self.weights.layers;
         let moe_of = |j: usize| match layers.get(j).map(|l| &l.ffn) {
             Some(Ffn::Moe(w)) => Some(w),

@@ -172,6 +172,14 @@ impl GptOss {
                 2 * c.intermediate_size,
                 c.vocab_size,
             ),
+            prefill_per_row: crate::working::prefill_bytes_per_row(
+                c.hidden_size,
+                c.q_width() + 2 * c.kv_width(),
+                c.num_local_experts,
+                c.num_experts_per_tok,
+                2 * c.intermediate_size,
+                c.vocab_size,
+            ),
         }
     }
 

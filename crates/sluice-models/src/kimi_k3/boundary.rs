@@ -5,11 +5,11 @@
 
 use super::config::K3Config;
 use super::inventory::inventory;
-use super::state::K3State;
-use super::working::pass_bytes_per_row;
+use super::state::{K3State, LayerShape};
+use super::working::{pass_bytes_per_row, prefill_bytes_per_row};
 use super::{weights::K3Weights, KimiK3};
 use crate::family::{self, family_model, Checked, MemoryNeeds, Shape};
-use crate::ModelError;
+use crate::{ModelError, StateShape};
 use sluice_checkpoint::Checkpoint;
 
 /// Kimi K3's line of [`crate::check`]: config, the routed experts' index and the spine, in the
@@ -33,6 +33,7 @@ impl KimiK3 {
             state_fixed: inv.kda_state_bytes,
             state_per_position: inv.mla_bytes_per_token,
             pass_per_row: pass_bytes_per_row(self.config()),
+            prefill_per_row: prefill_bytes_per_row(self.config()),
         }
     }
 }
@@ -48,6 +49,9 @@ family_model!(placed KimiK3, "kimi_k3", K3State;
             kv_heads: c.num_attention_heads,
             experts_per_token: c.num_experts_per_token,
         }
+    }
+    fn state_shape(&self) -> StateShape {
+        crate::snapshot::k3_shape_of(&LayerShape::of_config(self.config()), "kimi_k3")
     }
     fn spine_bytes_per_pass(&self) -> u64 {
         KimiK3::spine_bytes_per_pass(self)

@@ -13,8 +13,34 @@ use super::weights::KdaWeights;
 use super::Ctx;
 use sluice_kernels::ops::{causal_conv_silu_step, kda_step, l2_norm_inplace, rms_norm, sigmoid};
 
-/// Runs the layer on `x [T, d]` (already `input_layernorm`-ed), staging state changes in `st`.
+/// Runs the layer on `x [T, d]` (already `input_layernorm`-ed), staging state changes in `st`,
+/// in blocks of at most [`crate::ROW_BLOCK`] rows: the projections, the recurrence inputs and
+/// the head outputs of a block are all that is live besides the layer's output, so a long
+/// prompt pass holds them for one block, not for every row. Rows are independent in every
+/// kernel and the recurrence runs row by row in order either way, so the result is
+/// bit-identical to one block of T rows.
 pub(crate) fn forward(
+    ctx: &Ctx<'_>,
+    w: &KdaWeights,
+    c: &K3Config,
+    st: &mut KdaLayer,
+    x: &[f32],
+    t: usize,
+) -> Vec<f32> {
+    let d = c.hidden_size;
+    let mut out = Vec::with_capacity(t * d);
+    let mut start = 0;
+    while start < t {
+        let n = crate::ROW_BLOCK.min(t - start);
+        out.extend(block(ctx, w, c, st, &x[start * d..(start + n) * d], n));
+        start += n;
+    }
+    out
+}
+
+/// One block of `t` rows of [`forward`]; its rows' recurrence inputs are kept in `st` when the
+/// pass keeps them for a partial commit.
+fn block(
     ctx: &Ctx<'_>,
     w: &KdaWeights,
     c: &K3Config,
@@ -110,7 +136,11 @@ pub(crate) fn forward(
                 .copy_from_slice(&out[ti * dd..(ti + 1) * dd]);
         }
     }
-    st.rows = rows;
+    if st.keep_rows {
+        st.rows.extend(rows);
+    } else {
+        drop(rows);
+    }
 
     // o = RMSNorm(o_norm) per head, then × σ(gate) (FusedRMSNormGated order).
     let mut normed = vec![0.0f32; t * p];

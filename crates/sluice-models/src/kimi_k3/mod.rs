@@ -19,7 +19,7 @@ pub mod weights;
 pub mod working;
 
 use crate::{LogitRows, ModelError};
-use config::{AttnKind, K3Config};
+use config::K3Config;
 use sluice_checkpoint::Checkpoint;
 use sluice_core::DType;
 use sluice_core::MemoryBudget;
@@ -286,20 +286,7 @@ impl KimiK3 {
 
     /// A fresh, empty sequence state.
     pub fn new_state(&self) -> K3State {
-        let c = &self.cfg;
-        let shapes: Vec<LayerShape> = (0..c.num_hidden_layers)
-            .map(|i| match c.attn_kind(i) {
-                AttnKind::Kda => LayerShape::Kda {
-                    heads: c.linear_attn_config.num_heads,
-                    dim: c.linear_attn_config.head_dim,
-                    conv_len: (c.linear_attn_config.short_conv_kernel_size - 1) * 3 * c.kda_proj(),
-                },
-                AttnKind::Mla => {
-                    LayerShape::Mla { lat_dim: c.kv_lora_rank, pe_dim: c.qk_rope_head_dim }
-                }
-            })
-            .collect();
-        K3State::new(&shapes)
+        K3State::new(&LayerShape::of_config(&self.cfg))
     }
 
     /// Runs `tokens` (T ≥ 1 positions after the state's committed ones) through the model,
@@ -328,7 +315,7 @@ impl KimiK3 {
             });
         }
         Trace::put(&mut trace, || "embed".into(), &h);
-        state.begin(t);
+        state.begin(t, rows == LogitRows::Prefill);
         match self.layers_and_head(state, h, t, rows, &mut trace) {
             Ok(logits) => Ok(logits),
             Err(e) => {
@@ -353,7 +340,7 @@ impl KimiK3 {
         Trace::put(trace, || "final_hidden".into(), &hidden);
         let sel: Vec<usize> = match rows {
             LogitRows::All => (0..t).collect(),
-            LogitRows::Last => vec![t - 1],
+            LogitRows::Last | LogitRows::Prefill => vec![t - 1],
         };
         let mut normed = vec![0.0f32; sel.len() * d];
         for (j, &ti) in sel.iter().enumerate() {

@@ -46,13 +46,20 @@ pub(crate) fn route(logits: &[f32], bias: &[f32], c: &K3Config) -> Route {
     Route { ids: order, weights: w }
 }
 
-/// Dense SiTU-GLU MLP on `x [T, d_in]`.
+/// Dense SiTU-GLU MLP on `x [T, d_in]`, [`crate::ROW_BLOCK`] rows at a time (its gate, up and
+/// activation rows are the widest buffers of a dense layer; rows are independent, so the
+/// result is bit-identical to one call over T rows).
 pub(crate) fn mlp(ctx: &Ctx<'_>, w: &MlpWeights, c: &K3Config, x: &[f32], t: usize) -> Vec<f32> {
-    let g = ctx.mm(&w.gate, x, t);
-    let u = ctx.mm(&w.up, x, t);
-    let mut a = vec![0.0f32; g.len()];
-    situ_glu(&g, &u, c.situ_beta(), c.activation_situ_linear_beta, &mut a);
-    ctx.mm(&w.down, &a, t)
+    let d_in = x.len() / t.max(1);
+    let mut out = Vec::with_capacity(t * w.down.rows());
+    for (xb, n) in x.chunks(crate::ROW_BLOCK * d_in.max(1)).map(|b| (b, b.len() / d_in.max(1))) {
+        let g = ctx.mm(&w.gate, xb, n);
+        let u = ctx.mm(&w.up, xb, n);
+        let mut a = vec![0.0f32; g.len()];
+        situ_glu(&g, &u, c.situ_beta(), c.activation_situ_linear_beta, &mut a);
+        out.extend(ctx.mm(&w.down, &a, n));
+    }
+    out
 }
 
 /// The experts the router `logits [T, E]` pick for any row, distinct, most confident first:
@@ -151,12 +158,6 @@ pub(crate) fn forward(
     let mut y = Vec::new();
     let next = guess.as_ref().map(|(l, g)| (*l, g.as_slice()));
     ctx.experts.for_each_then_prefetch(layer, &ids, next, &mut |id, v: ExpertView<'_>| {
-        let rows = &users[id as usize];
-        let n = rows.len();
-        xin.clear();
-        for &(ti, _) in rows {
-            xin.extend_from_slice(&z[ti * lat_w..(ti + 1) * lat_w]);
-        }
         // Parts in the order of `K3ExpertLayout`: w1, w2, w3, each packed then scales.
         let m1 = Matrix::mxfp4(inter, lat_w, v.part(0), v.part(1));
         let m3 = Matrix::mxfp4(inter, lat_w, v.part(4), v.part(5));
@@ -166,17 +167,26 @@ pub(crate) fn forward(
                 "expert {id} of layer {layer} has byte lengths that do not match its shape"
             )));
         };
-        gate.resize(n * inter, 0.0);
-        up.resize(n * inter, 0.0);
-        act.resize(n * inter, 0.0);
-        y.resize(n * lat_w, 0.0);
-        matmul(&m1, &xin, n, &mut gate);
-        matmul(&m3, &xin, n, &mut up);
-        situ_glu(&gate, &up, c.situ_beta(), c.activation_situ_linear_beta, &mut act);
-        matmul(&m2, &act, n, &mut y);
-        for (j, &(ti, slot)) in rows.iter().enumerate() {
-            let dst = (ti * k + slot) * lat_w;
-            outs[dst..dst + lat_w].copy_from_slice(&y[j * lat_w..(j + 1) * lat_w]);
+        // The rows that chose this expert, a block at a time (the batch buffers then hold one
+        // block however many prompt rows chose it; rows are independent in the kernels).
+        for rows in users[id as usize].chunks(crate::ROW_BLOCK) {
+            let n = rows.len();
+            xin.clear();
+            for &(ti, _) in rows {
+                xin.extend_from_slice(&z[ti * lat_w..(ti + 1) * lat_w]);
+            }
+            gate.resize(n * inter, 0.0);
+            up.resize(n * inter, 0.0);
+            act.resize(n * inter, 0.0);
+            y.resize(n * lat_w, 0.0);
+            matmul(&m1, &xin, n, &mut gate);
+            matmul(&m3, &xin, n, &mut up);
+            situ_glu(&gate, &up, c.situ_beta(), c.activation_situ_linear_beta, &mut act);
+            matmul(&m2, &act, n, &mut y);
+            for (j, &(ti, slot)) in rows.iter().enumerate() {
+                let dst = (ti * k + slot) * lat_w;
+                outs[dst..dst + lat_w].copy_from_slice(&y[j * lat_w..(j + 1) * lat_w]);
+            }
         }
         Ok(())
     })?;

@@ -5,7 +5,10 @@
 //! [`K3State::commit`]`(n)` publishes exactly the first n rows — the working state as is when
 //! n = T, otherwise the committed state advanced by replaying the n rows' recurrence (the same
 //! `kda_step` calls in the same order, so bit-identical to having run n rows) — and
-//! [`K3State::rollback`] discards the pass. Nothing in the state depends on position except the
+//! [`K3State::rollback`] discards the pass. A pass begun whole (a prompt chunk,
+//! `LogitRows::Prefill`) keeps no replay rows: at K3's widths they are 345 KB per row per KDA
+//! layer (24 MB per row over 69 layers), most of a prompt row's working memory; its `commit(n)`
+//! publishes all T rows or, for n < T, nothing. Nothing in the state depends on position except the
 //! order of updates (K3 is NoPE and has no rotary embedding).
 
 use super::config::{AttnKind, K3Config};
@@ -34,31 +37,63 @@ pub(crate) struct KdaState {
     pub(crate) conv: Vec<f32>,
 }
 
+impl KdaState {
+    /// A zero state of `s` recurrent and `conv` window values. Zeroed allocations come from
+    /// the allocator's zeroed pages (`vec![0.0; n]`), which are not touched until written,
+    /// where `clone` of a zero state would write every byte.
+    fn zeroed(s: usize, conv: usize) -> Self {
+        Self { s: vec![0.0; s], conv: vec![0.0; conv] }
+    }
+}
+
 /// A KDA layer's committed state and the staged pass.
 #[derive(Debug, Clone)]
 pub(crate) struct KdaLayer {
     pub(crate) committed: KdaState,
     pub(crate) work: KdaState,
     pub(crate) rows: Vec<KdaRow>,
+    /// Whether the staged pass keeps its rows for a partial commit (false in a whole pass).
+    pub(crate) keep_rows: bool,
     pub(crate) heads: usize,
     pub(crate) dim: usize,
 }
 
 impl KdaLayer {
     fn new(heads: usize, dim: usize, conv_len: usize) -> Self {
-        let st = KdaState { s: vec![0.0; heads * dim * dim], conv: vec![0.0; conv_len] };
-        Self { committed: st.clone(), work: st, rows: Vec::new(), heads, dim }
+        let committed = KdaState::zeroed(heads * dim * dim, conv_len);
+        Self {
+            committed,
+            work: KdaState::zeroed(heads * dim * dim, conv_len),
+            rows: Vec::new(),
+            keep_rows: true,
+            heads,
+            dim,
+        }
     }
 
-    /// Starts a pass: the working state begins as the committed state.
-    pub(crate) fn begin(&mut self) {
+    /// A layer whose committed state is `committed` (restored from a snapshot). The working
+    /// copy is only allocated: [`KdaLayer::begin`] overwrites it from the committed state
+    /// before every pass, so copying the committed state into it here would be a second copy
+    /// of the largest part of a Kimi K3 state (434 MB) for nothing.
+    pub(crate) fn restored(committed: KdaState, heads: usize, dim: usize) -> Self {
+        let work = KdaState::zeroed(committed.s.len(), committed.conv.len());
+        Self { committed, work, rows: Vec::new(), keep_rows: true, heads, dim }
+    }
+
+    /// Starts a pass: the working state begins as the committed state; `keep_rows` says
+    /// whether the pass keeps its rows' recurrence inputs for a partial commit.
+    pub(crate) fn begin(&mut self, keep_rows: bool) {
         self.work.s.copy_from_slice(&self.committed.s);
         self.work.conv.copy_from_slice(&self.committed.conv);
         self.rows.clear();
+        self.keep_rows = keep_rows;
     }
 
-    fn commit(&mut self, n: usize) {
-        if n == self.rows.len() {
+    /// Publishes the first `n` of the `t` staged rows (`n` ≤ `t`): the working state when
+    /// n = t, else the committed state advanced by replaying the kept rows (none in a whole
+    /// pass, whose partial commit the caller turned into nothing).
+    fn commit(&mut self, n: usize, t: usize) {
+        if n == t {
             std::mem::swap(&mut self.committed, &mut self.work);
         } else if n > 0 {
             let (h, d) = (self.heads, self.dim);
@@ -118,6 +153,8 @@ pub struct K3State {
     pub(crate) layers: Vec<LayerState>,
     committed: usize,
     pending: Option<usize>,
+    /// Whether the pending pass was begun whole (keeps no replay rows).
+    whole: bool,
 }
 
 /// Shapes needed to build an empty state.
@@ -125,6 +162,25 @@ pub struct K3State {
 pub(crate) enum LayerShape {
     Kda { heads: usize, dim: usize, conv_len: usize },
     Mla { lat_dim: usize, pe_dim: usize },
+}
+
+impl LayerShape {
+    /// The layer shapes of the states of a Kimi K3 model of `cfg` (its KDA and MLA layers).
+    pub(crate) fn of_config(cfg: &K3Config) -> Vec<LayerShape> {
+        let la = &cfg.linear_attn_config;
+        (0..cfg.num_hidden_layers)
+            .map(|i| match cfg.attn_kind(i) {
+                AttnKind::Kda => LayerShape::Kda {
+                    heads: la.num_heads,
+                    dim: la.head_dim,
+                    conv_len: (la.short_conv_kernel_size - 1) * 3 * cfg.kda_proj(),
+                },
+                AttnKind::Mla => {
+                    LayerShape::Mla { lat_dim: cfg.kv_lora_rank, pe_dim: cfg.qk_rope_head_dim }
+                }
+            })
+            .collect()
+    }
 }
 
 impl K3State {
@@ -140,12 +196,12 @@ impl K3State {
                 }
             })
             .collect();
-        Self { layers, committed: 0, pending: None }
+        Self { layers, committed: 0, pending: None, whole: false }
     }
 
     /// A state of `committed` positions made of `layers` (restored from a snapshot).
     pub(crate) fn restored(layers: Vec<LayerState>, committed: usize) -> Self {
-        Self { layers, committed, pending: None }
+        Self { layers, committed, pending: None, whole: false }
     }
 
     /// Committed positions.
@@ -163,23 +219,31 @@ impl K3State {
         self.pending
     }
 
-    pub(crate) fn begin(&mut self, t: usize) {
+    /// Starts a pass of `t` rows; a `whole` pass keeps no rows for a partial commit.
+    pub(crate) fn begin(&mut self, t: usize, whole: bool) {
         self.pending = Some(t);
+        self.whole = whole;
         for l in &mut self.layers {
             if let LayerState::Kda(k) = l {
-                k.begin();
+                k.begin(!whole);
             }
         }
     }
 
-    /// Publishes the first `n` rows of the staged pass (clamped to the rows staged).
+    /// Publishes the first `n` rows of the staged pass (clamped to the rows staged). A whole
+    /// pass (`LogitRows::Prefill`) kept nothing to replay part of it: n < T publishes nothing.
     pub fn commit(&mut self, n: usize) {
         let Some(t) = self.pending.take() else { return };
         let n = n.min(t);
+        if self.whole && n < t {
+            self.pending = Some(t);
+            self.rollback();
+            return;
+        }
         self.committed += n;
         for l in &mut self.layers {
             match l {
-                LayerState::Kda(k) => k.commit(n),
+                LayerState::Kda(k) => k.commit(n, t),
                 LayerState::Mla(m) => m.truncate(self.committed),
             }
         }
@@ -217,20 +281,7 @@ impl K3State {
     /// of computed by a model. For benchmarks of what a state costs to store and restore at a
     /// configuration too large to run here (the full K3 at 16k tokens): never for generation.
     pub fn synthetic(cfg: &K3Config, positions: usize, seed: u64) -> Self {
-        let la = &cfg.linear_attn_config;
-        let shapes: Vec<LayerShape> = (0..cfg.num_hidden_layers)
-            .map(|i| match cfg.attn_kind(i) {
-                AttnKind::Kda => LayerShape::Kda {
-                    heads: la.num_heads,
-                    dim: la.head_dim,
-                    conv_len: (la.short_conv_kernel_size - 1) * 3 * cfg.kda_proj(),
-                },
-                AttnKind::Mla => {
-                    LayerShape::Mla { lat_dim: cfg.kv_lora_rank, pe_dim: cfg.qk_rope_head_dim }
-                }
-            })
-            .collect();
-        let mut st = Self::new(&shapes);
+        let mut st = Self::new(&LayerShape::of_config(cfg));
         let mut rng = SplitMix::new(seed);
         let mut fill = |v: &mut Vec<f32>, n: usize| {
             v.clear();

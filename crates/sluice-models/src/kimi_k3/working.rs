@@ -18,6 +18,16 @@
 //! live heap bytes of passes of several lengths with a counting allocator and checks that this
 //! count covers it without charging far more. The sequence state (KDA matrices, MLA cache rows)
 //! is charged separately, for the planned context.
+//!
+//! A prompt chunk (`LogitRows::Prefill`, committed whole) holds less per row
+//! ([`prefill_bytes_per_row`]): no KDA replay rows, and no buffer that a layer fills
+//! [`crate::ROW_BLOCK`] rows at a time (KDA projections and recurrence inputs, the dense and
+//! shared MLPs' intermediates, a routed expert's batch) nor a logits row: the plan charges
+//! those for the first `ROW_BLOCK` rows of a pass at [`pass_bytes_per_row`]. What is left per
+//! row is the residual stream, the AttnRes anchors, the MLA buffers and the MoE block's routing
+//! and each row's k latent expert outputs (at K3's widths 229 KB of a row's ~0.5 MB: the
+//! outputs wait until every expert of the layer has run, because each row combines them in
+//! router order).
 
 use super::config::{AttnKind, K3Config};
 
@@ -47,16 +57,7 @@ pub fn pass_bytes_per_row(c: &K3Config) -> u64 {
     let la = &c.linear_attn_config;
     let (p, h) = ((la.num_heads * la.head_dim) as u64, la.num_heads as u64);
     let kda = if has_kda { (8 * p + h + la.head_dim as u64 + d) * F } else { 0 };
-    let mla = if has_mla {
-        let heads = c.num_attention_heads as u64;
-        let (ql, kl, rope) =
-            (c.q_lora_rank as u64, c.kv_lora_rank as u64, c.qk_rope_head_dim as u64);
-        let qd = c.mla_qk_dim() as u64;
-        let vd = c.v_head_dim as u64;
-        (2 * ql + heads * qd + kl + rope + 3 * heads * vd + d) * F
-    } else {
-        0
-    };
+    let mla = if has_mla { mla_row(c) } else { 0 };
     let dense = if has_dense { (3 * c.intermediate_size as u64 + d) * F } else { 0 };
     let moe = if has_moe { moe_row(c) } else { 0 };
     // During attention: input, mixed input, normed input (3d) besides the attention's own;
@@ -67,6 +68,56 @@ pub fn pass_bytes_per_row(c: &K3Config) -> u64 {
     // a logits row.
     let head = (3 * d + c.vocab_size as u64) * F + 3 * HEADER;
     kept + layer.max(head) + 4 * HEADER
+}
+
+/// Heap bytes a whole prompt pass (`LogitRows::Prefill`) holds per row beyond its first
+/// [`crate::ROW_BLOCK`] rows, which the plan charges at [`pass_bytes_per_row`] (see the module
+/// docs).
+pub fn prefill_bytes_per_row(c: &K3Config) -> u64 {
+    let d = c.hidden_size as u64;
+    let layers = c.num_hidden_layers;
+    let anchors =
+        c.attn_res_block_size.map_or(0, |b| (0..layers).filter(|i| i % b.max(1) == 0).count());
+    let has_kda = (0..layers).any(|i| c.attn_kind(i) == AttnKind::Kda);
+    let has_mla = (0..layers).any(|i| c.attn_kind(i) == AttnKind::Mla);
+    let has_moe = (0..layers).any(|i| c.is_moe(i));
+    let has_dense = (0..layers).any(|i| !c.is_moe(i));
+    let kept = anchors as u64 * d * F;
+    // KDA: the layer's output rows (its block buffers are per block).
+    let kda = if has_kda { d * F } else { 0 };
+    let mla = if has_mla { mla_row(c) } else { 0 };
+    // A dense MLP: its output rows.
+    let dense = if has_dense { d * F } else { 0 };
+    let moe = if has_moe { moe_row_whole(c) } else { 0 };
+    let layer = (3 * d * F + kda.max(mla)).max(6 * d * F + dense.max(moe));
+    // The end: the final hidden rows and their AttnRes mix (the norm and logits are one row).
+    let head = 2 * d * F + 3 * HEADER;
+    kept + layer.max(head) + 4 * HEADER
+}
+
+/// The MLA layer's buffers per row: q and kv projections, per-head q and outputs.
+fn mla_row(c: &K3Config) -> u64 {
+    let d = c.hidden_size as u64;
+    let heads = c.num_attention_heads as u64;
+    let (ql, kl, rope) = (c.q_lora_rank as u64, c.kv_lora_rank as u64, c.qk_rope_head_dim as u64);
+    let qd = c.mla_qk_dim() as u64;
+    let vd = c.v_head_dim as u64;
+    (2 * ql + heads * qd + kl + rope + 3 * heads * vd + d) * F
+}
+
+/// [`moe_row`] in a whole pass: the expert batch buffers and the shared experts' intermediates
+/// are per block; each row's k latent outputs, its routing and the combination are per row.
+fn moe_row_whole(c: &K3Config) -> u64 {
+    let d = c.hidden_size as u64;
+    let e = c.num_experts as u64;
+    let k = c.num_experts_per_token as u64;
+    let lat = c.expert_width() as u64;
+    let routing = e * F + (e + k) * F + 2 * (VEC + HEADER) + 3 * k * 16;
+    let guess = e * F + 2 * k * 16;
+    let z = if c.routed_expert_hidden_size.is_some() { lat * F } else { 0 };
+    let combine = (2 * lat).max(lat + d) * F + d * F;
+    // The shared output (d) next to the routed outputs (k latent rows).
+    routing + guess + z + d * F + k * lat * F + combine
 }
 
 /// What one KDA layer keeps per row until commit: `KdaRow` (pre-conv 3P, q, k, v, g of P,

@@ -104,6 +104,14 @@ impl Qwen3 {
                 c.intermediate_size,
                 c.vocab_size,
             ),
+            prefill_per_row: crate::working::prefill_bytes_per_row(
+                c.hidden_size,
+                c.q_width() + 2 * c.kv_width(),
+                0,
+                0,
+                c.intermediate_size,
+                c.vocab_size,
+            ),
         }
     }
 

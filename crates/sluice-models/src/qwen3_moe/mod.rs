@@ -146,6 +146,14 @@ impl Qwen3Moe {
                 c.moe_intermediate_size.max(b.intermediate_size),
                 b.vocab_size,
             ),
+            prefill_per_row: crate::working::prefill_bytes_per_row(
+                b.hidden_size,
+                b.q_width() + 2 * b.kv_width(),
+                c.num_experts,
+                c.num_experts_per_tok,
+                c.moe_intermediate_size.max(b.intermediate_size),
+                b.vocab_size,
+            ),
         }
     }
 

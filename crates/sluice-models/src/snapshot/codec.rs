@@ -89,6 +89,39 @@ pub(super) fn k3_shape(s: &K3State, owner: &'static str) -> StateShape {
     }
 }
 
+/// The shape of the states of a Kimi K3-state model of `owner` whose layers have `shapes`,
+/// without a state ([`crate::Model::state_shape`]); equal to [`k3_shape`] of its fresh state.
+pub(crate) fn k3_shape_of(
+    shapes: &[crate::kimi_k3::state::LayerShape],
+    owner: &'static str,
+) -> StateShape {
+    use crate::kimi_k3::state::LayerShape as L;
+    let layers = shapes
+        .iter()
+        .map(|l| match *l {
+            L::Kda { heads, dim, conv_len } => {
+                LayerShape::Kda { heads, dim, s_len: heads * dim * dim, conv_len }
+            }
+            L::Mla { lat_dim, pe_dim } => LayerShape::Mla { lat_dim, pe_dim },
+        })
+        .collect();
+    StateShape { family: Family::KimiK3, owner, layers }
+}
+
+impl StateShape {
+    /// Bytes of the part of a snapshot of this shape that does not grow with positions (Kimi
+    /// K3's committed KDA recurrent and conv states; 0 for states of append-only caches).
+    pub fn fixed_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerShape::Kda { s_len, conv_len, .. } => 4 * (s_len + conv_len),
+                LayerShape::Mla { .. } | LayerShape::Kv { .. } => 0,
+            })
+            .sum()
+    }
+}
+
 /// The shape of Qwen3-style states (keys and values) of a model of `owner`.
 pub(super) fn kv_shape(s: &Qwen3State, owner: &'static str) -> StateShape {
     StateShape {
