@@ -117,7 +117,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let target = Target::find(a.model.as_deref(), a.load.spine(), "using")?;
     // Loading counts: it reads the spine and maps the shards.
     let machine0 = Sample::now(Some(&target.read_dir));
-    let prompt_ids = prompt_ids(a, &target)?;
+    let (prompt_ids, reasoning_open) = prompt_ids(a, &target)?;
     let needed = prompt_ids.len() + a.max_new;
     // Without --context the state is planned for what this run can use (at least
     // DEFAULT_CONTEXT), up to what the checkpoint allows.
@@ -240,7 +240,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let mut machine = Telemetry::since(&machine0).with_page_cache(&model_files(&target.read_dir));
     machine.budget_bytes = opened.loaded.plan.as_ref().map(|p| p.budget);
     if a.json {
-        let v = run_output::json(&target, &opened, &prompt_ids, &out, a.chat, &machine)?;
+        let chat = a.chat.then_some(reasoning_open);
+        let v = run_output::json(&target, &opened, &prompt_ids, &out, chat, &machine)?;
         // Not println!, which panics on a closed stdout.
         writeln!(std::io::stdout(), "{v}").context("writing the JSON to stdout")?;
     }
@@ -295,16 +296,19 @@ fn tokens(n: usize) -> String {
 }
 
 /// The prompt's ids: `--prompt-ids` as given, or `--prompt` through the tokenizer (as a chat
-/// turn with `--chat`); refused when empty or out of the model's vocabulary.
-fn prompt_ids(a: &RunArgs, target: &Target) -> Result<Vec<u32>> {
-    let ids = match (&a.prompt, &a.prompt_ids) {
-        (_, Some(ids)) => ids.clone(),
+/// turn with `--chat`); refused when empty or out of the model's vocabulary. With them, whether
+/// the chat prompt opened the think block the reply starts in.
+fn prompt_ids(a: &RunArgs, target: &Target) -> Result<(Vec<u32>, bool)> {
+    let (ids, reasoning_open) = match (&a.prompt, &a.prompt_ids) {
+        (_, Some(ids)) => (ids.clone(), false),
         (Some(text), None) => {
             let f = target.format("pass --prompt-ids")?;
             if a.chat {
-                f.encode_user_turn(text, !a.no_think).context("rendering the chat prompt")?
+                let r =
+                    f.render_user_turn(text, !a.no_think).context("rendering the chat prompt")?;
+                (r.ids, r.reasoning_open)
             } else {
-                f.encode_text(text)?
+                (f.encode_text(text)?, false)
             }
         }
         // clap requires one of the two.
@@ -318,7 +322,7 @@ fn prompt_ids(a: &RunArgs, target: &Target) -> Result<Vec<u32>> {
             bail!("prompt token id {id} is out of vocabulary (the model has {vocab} tokens)");
         }
     }
-    Ok(ids)
+    Ok((ids, reasoning_open))
 }
 
 /// Refuses a `--dump-logits` path that cannot be written, before anything is loaded: the file

@@ -13,7 +13,7 @@ use anyhow::Result;
 use serde_json::{json, Value};
 use sluice_engine::{layer_stats, Generation};
 use sluice_store::Telemetry;
-use sluice_tokenizer::{PromptFormat, StreamDecoder};
+use sluice_tokenizer::{ParsedOutput, PromptFormat, StreamDecoder};
 use std::io::{StdoutLock, Write};
 
 /// Generated tokens written to stdout as they are committed: text through the incremental
@@ -125,29 +125,20 @@ pub fn text(fmt: &PromptFormat, ids: &[u32]) -> String {
     s
 }
 
-/// The `--json` object.
-/// With `chat` on a family with its own template, `message` splits the completion into
-/// reasoning, answer and tool calls.
+/// The `--json` object. `chat`: the run rendered a chat prompt, and whether it opened the think
+/// block; `message` then splits the reply into reasoning, answer and tool calls.
 pub fn json(
     target: &Target,
     opened: &Opened,
     prompt_ids: &[u32],
     out: &Generation,
-    chat: bool,
+    chat: Option<bool>,
     machine: &Telemetry,
 ) -> Result<Value> {
     let loaded = &opened.loaded;
     let text = target.fmt.as_ref().map(|f| text(f, &out.tokens));
-    let message = match (&target.fmt, &text) {
-        // K3's tiktoken output is parsed by the engine's K3 module; Kimi K2's (tiktoken too)
-        // has a template-driven output format like the tokenizer.json families.
-        (Some(f), Some(t))
-            if chat
-                && (f.tokenizer().tiktoken().is_none()
-                    || f.output_format() != sluice_tokenizer::OutputFormat::Plain) =>
-        {
-            Some(f.output_format().parse(t))
-        }
+    let message = match (&target.fmt, chat) {
+        (Some(f), Some(reasoning_open)) => Some(message(f, &out.tokens, reasoning_open)?),
         _ => None,
     };
     Ok(json!({
@@ -167,6 +158,12 @@ pub fn json(
         "machine": machine,
         "remote": remote_stats(opened).map(serde_json::to_value).transpose()?,
     }))
+}
+
+/// A `run --chat` reply split as the server splits it ([`PromptFormat::parse_reply`]). `run`
+/// declares no tools, so tool-call markup in the reply is answer text, never a call.
+pub fn message(fmt: &PromptFormat, ids: &[u32], reasoning_open: bool) -> Result<ParsedOutput> {
+    Ok(fmt.parse_reply(ids, reasoning_open, false)?)
 }
 
 fn remote_stats(opened: &Opened) -> Option<sluice_store::RemoteStats> {
@@ -250,5 +247,33 @@ pub fn print_stats(opened: &Opened, out: &Generation, machine: &Telemetry) {
             r.evicted_bytes,
             r.prefetch_skipped
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::message;
+    use sluice_tokenizer::PromptFormat;
+
+    #[test]
+    fn run_chat_parsed_tool_markup_as_calls_when_no_tools_were_declared() {
+        let qwen = "Sure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+        let k2 = "Sure.<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0\
+                  <|tool_call_argument_begin|>{\"a\": 1}<|tool_call_end|><|tool_calls_section_end|>";
+        let harmony =
+            "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": 1}<|call|>";
+        let fixtures =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        for (family, text) in
+            [("qwen3_moe/tiny-a", qwen), ("deepseek_v3/tiny-b", k2), ("gpt_oss/tiny-a", harmony)]
+        {
+            let fmt = PromptFormat::from_dir(&fixtures.join(family)).unwrap().unwrap();
+            let ids = fmt.tokenizer().encode_rendered(text).unwrap();
+            let m = message(&fmt, &ids, false).unwrap();
+            assert!(m.tool_calls.is_empty(), "{family}: `run` declares no tools: {m:?}");
+            assert!(m.content.contains("{\"a\": 1}"), "{family}: the markup stays text: {m:?}");
+        }
     }
 }

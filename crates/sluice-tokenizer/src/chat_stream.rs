@@ -4,15 +4,22 @@
 //! chunking; [`TextOutputParser`] feeds it token ids. Streaming and whole-reply parsing in the
 //! server are this same code, so the concatenated deltas always equal the collected reply.
 //!
-//! The machine follows [`OutputFormat::parse`] (the whole-text parser `sluice run --chat` uses)
-//! and agrees with it on well-formed replies, with these differences, all from not being able to
-//! take text back once it is sent: a reply whose prompt opened the think block (R1, Qwen3
-//! thinking templates) starts in the reasoning, so a think block cut off by the token limit is
-//! reasoning; a `</think>` after content has been sent ends nothing (the content stays content);
-//! trailing newlines of a cut-off think block are dropped. Text that could be the start of a
-//! marker (`<tool_c…`) and trailing whitespace of the answer are held back until the next text
+//! [`OutputFormat::parse`] (a whole reply's text) is this machine fed once, so every path —
+//! streamed SSE deltas, a collected reply, `sluice run --chat --json` — splits a reply the same
+//! way. A reply whose prompt opened the think block (R1, Qwen3 thinking templates) starts in the
+//! reasoning, so a think block cut off by the token limit is reasoning; once the answer has begun,
+//! `<think>` and `</think>` are its text (a code block or a JSON string in the answer may spell
+//! them); trailing newlines of a cut-off think block are dropped. Text that could be the start of
+//! a marker (`<tool_c…`) and trailing whitespace of the answer are held back until the next text
 //! shows what they are. Tool calls are released once their closing marker arrives (or at the end
 //! of generation, if they parse then).
+//!
+//! A call's body is JSON text (Qwen3's `{"name": …, "arguments": …}`, the arguments of the other
+//! formats, whose name and fence before them hold no quote), and a marker counts there only
+//! outside a JSON string: an argument value may spell `</tool_call>`, `<|tool_call_end|>`,
+//! `<|call|>` or an end of turn, which would otherwise cut the call short. A string still open at
+//! the end of generation means the body was not JSON: the call is then read again with markers
+//! counted everywhere, as a model that wrote a stray quote meant it.
 
 use crate::output::{qwen3_call, OutputFormat, Sections, DEEPSEEK, KIMI_K2};
 
@@ -131,7 +138,40 @@ pub struct TextMachine {
     calls: usize,
     /// Tool-call markup is parsed as calls (else it stays content).
     tools: bool,
+    /// Where the call body read so far stands in its JSON text.
+    json: JsonLex,
+    /// Markers count inside strings too (a call re-read at the end because a string never
+    /// closed).
+    lenient: bool,
     out: Vec<OutputEvent>,
+}
+
+/// A JSON lexer reduced to what finding markers needs: whether the text so far ends inside a
+/// string, and whether its last character escapes the next one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct JsonLex {
+    in_string: bool,
+    escaped: bool,
+}
+
+impl JsonLex {
+    fn step(&mut self, c: char) {
+        if self.escaped {
+            self.escaped = false;
+        } else if self.in_string {
+            match c {
+                '\\' => self.escaped = true,
+                '"' => self.in_string = false,
+                _ => {}
+            }
+        } else if c == '"' {
+            self.in_string = true;
+        }
+    }
+
+    fn feed(&mut self, text: &str) {
+        text.chars().for_each(|c| self.step(c));
+    }
 }
 
 impl TextMachine {
@@ -162,6 +202,8 @@ impl TextMachine {
             content: Emit::new(trim, true),
             calls: 0,
             tools: true,
+            json: JsonLex::default(),
+            lenient: false,
             out: Vec::new(),
         }
     }
@@ -188,21 +230,21 @@ impl TextMachine {
     pub fn push_text(&mut self, text: &str) -> Vec<OutputEvent> {
         self.pending.push_str(text);
         loop {
-            let hit = self
-                .markers
-                .iter()
-                .filter_map(|m| self.pending.find(m).map(|i| (i, std::cmp::Reverse(m.len()), *m)))
-                .min();
-            match hit {
-                Some((i, _, marker)) => {
+            match self.next_marker() {
+                Some((i, marker)) => {
                     let before = self.pending[..i].to_owned();
                     self.pending.drain(..i + marker.len());
                     self.text(&before);
                     self.marker(marker);
                 }
                 None => {
-                    let cut = self.pending.len() - partial_marker_len(&self.pending, self.markers);
-                    let text: String = self.pending.drain(..cut).collect();
+                    // Inside a call's JSON string no marker can start: nothing is held back.
+                    let held = if self.in_call() && self.json_at_end().in_string {
+                        0
+                    } else {
+                        partial_marker_len(&self.pending, self.markers)
+                    };
+                    let text: String = self.pending.drain(..self.pending.len() - held).collect();
                     self.text(&text);
                     break;
                 }
@@ -211,11 +253,60 @@ impl TextMachine {
         std::mem::take(&mut self.out)
     }
 
+    /// Whether the machine is reading a call's body as JSON text.
+    fn in_call(&self) -> bool {
+        !self.lenient
+            && matches!(self.state, State::Call | State::SectionCall | State::Body(Body::Call(_)))
+    }
+
+    /// The call body's JSON state after the pending text.
+    fn json_at_end(&self) -> JsonLex {
+        let mut json = self.json;
+        json.feed(&self.pending);
+        json
+    }
+
+    /// The first marker in the pending text that counts where it stands (the longest, where
+    /// several start there): anywhere, or in a call's body only outside JSON strings.
+    fn next_marker(&self) -> Option<(usize, &'static str)> {
+        let at = |i: usize| {
+            let rest = &self.pending[i..];
+            self.markers.iter().filter(|m| rest.starts_with(**m)).max_by_key(|m| m.len()).copied()
+        };
+        if !self.in_call() {
+            let first = self.markers.iter().filter_map(|m| self.pending.find(m)).min()?;
+            return at(first).map(|m| (first, m));
+        }
+        let mut json = self.json;
+        for (i, c) in self.pending.char_indices() {
+            if !json.in_string {
+                if let Some(m) = at(i) {
+                    return Some((i, m));
+                }
+            }
+            json.step(c);
+        }
+        None
+    }
+
     /// Ends the reply: releases held text; completes a call whose end marker never came (the
     /// stop token, which ends it, is not text) when it parses.
     pub fn finish(&mut self) -> Vec<OutputEvent> {
         let rest = std::mem::take(&mut self.pending);
         self.text(&rest);
+        if self.in_call() && self.json.in_string {
+            // The body was not JSON: read it again with markers counted everywhere.
+            let body = std::mem::take(&mut self.buf);
+            self.json = JsonLex::default();
+            self.lenient = true;
+            let mut out = std::mem::take(&mut self.out);
+            for e in self.push_text(&body) {
+                push_event(&mut out, e);
+            }
+            self.out = out;
+            let rest = std::mem::take(&mut self.pending);
+            self.text(&rest);
+        }
         match std::mem::replace(&mut self.state, State::Done) {
             State::Start => {
                 let buf = std::mem::take(&mut self.buf);
@@ -277,9 +368,11 @@ impl TextMachine {
             }
             State::Reasoning | State::Body(Body::Reasoning) => self.emit_reasoning(text),
             State::Content | State::Body(Body::Content) => self.emit_content(text),
-            State::Call | State::SectionCall | State::Header | State::Body(Body::Call(_)) => {
+            State::Call | State::SectionCall | State::Body(Body::Call(_)) => {
                 self.buf.push_str(text);
+                self.json.feed(text);
             }
+            State::Header => self.buf.push_str(text),
             // Whitespace between calls, and anything after the turn, carry nothing.
             State::Section | State::Done => {}
         }
@@ -310,8 +403,6 @@ impl TextMachine {
                 self.buf.clear();
                 self.state = State::Content;
             }
-            // A `</think>` after the answer began cannot take the answer back: it ends nothing.
-            (State::Content, "</think>") => {}
             (State::Start, _) => {
                 // Anything else starts the answer.
                 self.state = State::Content;
@@ -321,6 +412,7 @@ impl TextMachine {
             }
             (State::Content, "<tool_call>") if s.is_none() && self.tools => {
                 self.buf.clear();
+                self.json = JsonLex::default();
                 self.state = State::Call;
             }
             (State::Call, "</tool_call>") => {
@@ -332,6 +424,7 @@ impl TextMachine {
             }
             (State::Section, b) if s.is_some_and(|s| s.call_begin == b) => {
                 self.buf.clear();
+                self.json = JsonLex::default();
                 self.state = State::SectionCall;
             }
             (State::SectionCall, e) if s.is_some_and(|s| s.call_end == e) => {
@@ -356,6 +449,7 @@ impl TextMachine {
                 let (channel, recipient) = harmony_header(&header);
                 let call =
                     recipient.and_then(|r| r.strip_prefix("functions.")).filter(|_| self.tools);
+                self.json = JsonLex::default();
                 self.state = match call {
                     Some(name) => State::Body(Body::Call(name.to_owned())),
                     None if channel == "analysis" => State::Body(Body::Reasoning),

@@ -1,7 +1,8 @@
-//! Splitting a completion into reasoning, answer and tool calls, for the chat formats of the
-//! families that render with their own Jinja template. Family-neutral: the format is chosen once
+//! The chat formats of the families that render with their own Jinja template, and how their
+//! replies split into reasoning, answer and tool calls. Family-neutral: the format is chosen once
 //! from the checkpoint ([`OutputFormat::detect`]) and the parser only sees decoded text with
-//! special tokens spelled out.
+//! special tokens spelled out. The parsing itself is [`crate::chat_stream`]'s incremental
+//! machine; [`OutputFormat::parse`] feeds it a whole reply.
 //!
 //! - [`OutputFormat::Qwen3`]: `<think>…</think>` reasoning (the opening tag may be absent: the
 //!   prompt can end inside the think block), then the answer, with tool calls as
@@ -24,10 +25,11 @@
 //! - [`OutputFormat::Plain`]: everything is the answer.
 //!
 //! A completion cut off by the token limit parses as far as it goes: an unclosed think block or
-//! message still yields its text.
+//! message still yields its text. Within a call's JSON a marker inside a string is text.
 
 use serde::Serialize;
 
+use crate::chat_stream::{OutputEvent, TextMachine};
 use crate::pyjson::{self, PyValue};
 
 /// A chat format's output conventions.
@@ -69,6 +71,25 @@ pub struct ParsedOutput {
     pub tool_calls: Vec<ParsedToolCall>,
 }
 
+impl ParsedOutput {
+    /// A reply's events collected: the texts of each channel concatenated, the calls in order.
+    pub fn from_events(events: impl IntoIterator<Item = OutputEvent>) -> Self {
+        let mut out = Self::default();
+        for e in events {
+            match e {
+                OutputEvent::Reasoning(t) => {
+                    out.reasoning.get_or_insert_with(String::new).push_str(&t);
+                }
+                OutputEvent::Content(t) => out.content.push_str(&t),
+                OutputEvent::ToolCall(c) => {
+                    out.tool_calls.push(ParsedToolCall { name: c.name, arguments: c.arguments });
+                }
+            }
+        }
+        out
+    }
+}
+
 impl OutputFormat {
     /// The format of a checkpoint from its chat template's text: harmony markers, or Qwen3's
     /// `<tool_call>` / `<think>` conventions.
@@ -100,57 +121,15 @@ impl OutputFormat {
         }
     }
 
-    /// Splits `text` (decoded with special tokens spelled out).
-    pub fn parse(self, text: &str) -> ParsedOutput {
-        match self {
-            Self::Plain => ParsedOutput { content: text.to_owned(), ..ParsedOutput::default() },
-            Self::Qwen3 => parse_qwen3(text),
-            Self::Harmony => parse_harmony(text),
-            Self::DeepSeek => parse_sections(text, &DEEPSEEK),
-            Self::KimiK2 => parse_sections(text, &KIMI_K2),
-        }
+    /// Splits a whole reply's `text` (decoded with special tokens spelled out) as the
+    /// incremental parser does ([`TextMachine`] fed once): `reasoning_open`, the prompt opened
+    /// the think block; `tools`, the request declared tools (else call markup is content).
+    pub fn parse(self, text: &str, reasoning_open: bool, tools: bool) -> ParsedOutput {
+        let mut m = TextMachine::new(self, reasoning_open).with_tools(tools);
+        let mut events = m.push_text(text);
+        events.extend(m.finish());
+        ParsedOutput::from_events(events)
     }
-}
-
-/// The Qwen3 format: end markers removed, then the think block, then tool calls.
-fn parse_qwen3(text: &str) -> ParsedOutput {
-    let text = text.split("<|im_end|>").next().unwrap_or_default();
-    let text = text.split("<|endoftext|>").next().unwrap_or_default();
-    let mut out = ParsedOutput::default();
-    let rest = match text.find("</think>") {
-        Some(end) => {
-            let reasoning = &text[..end];
-            let reasoning = reasoning.split_once("<think>").map_or(reasoning, |(_, r)| r);
-            out.reasoning = Some(reasoning.trim_matches('\n').to_owned());
-            &text[end + "</think>".len()..]
-        }
-        // An open think block that never closed (cut off): all of it is reasoning.
-        None if text.trim_start().starts_with("<think>") => {
-            let reasoning = text.trim_start().trim_start_matches("<think>");
-            out.reasoning = Some(reasoning.trim_start_matches('\n').to_owned());
-            return out;
-        }
-        None => text,
-    };
-    let mut content = String::new();
-    let mut rest = rest;
-    while let Some(start) = rest.find("<tool_call>") {
-        content.push_str(&rest[..start]);
-        let body_start = start + "<tool_call>".len();
-        let (body, next) = match rest[body_start..].find("</tool_call>") {
-            Some(end) => (&rest[body_start..body_start + end], &rest[body_start + end + 12..]),
-            None => (&rest[body_start..], ""),
-        };
-        match qwen3_call(body) {
-            Some(call) => out.tool_calls.push(call),
-            // Not a valid call: keep the text, as the model wrote it.
-            None => content.push_str(&rest[start..rest.len() - next.len()]),
-        }
-        rest = next;
-    }
-    content.push_str(rest);
-    out.content = content.trim_start_matches('\n').trim_end().to_owned();
-    out
 }
 
 /// The markers of a format whose tool calls sit in a section after the answer.
@@ -203,42 +182,6 @@ fn kimi_call(body: &str) -> Option<(String, String)> {
     Some((name.to_owned(), args.trim().to_owned()))
 }
 
-/// Reasoning up to `</think>` (an opening `<think>` optional: the prompt may open it), the
-/// answer, and the tool-call section.
-fn parse_sections(text: &str, f: &Sections) -> ParsedOutput {
-    let text = f.ends.iter().fold(text, |t, e| t.split(e).next().unwrap_or_default());
-    let mut out = ParsedOutput::default();
-    let rest = match text.find("</think>") {
-        Some(end) => {
-            let reasoning = &text[..end];
-            let reasoning = reasoning.split_once("<think>").map_or(reasoning, |(_, r)| r);
-            out.reasoning = Some(reasoning.trim_matches('\n').to_owned());
-            &text[end + "</think>".len()..]
-        }
-        None if text.trim_start().starts_with("<think>") => {
-            let reasoning = text.trim_start().trim_start_matches("<think>");
-            out.reasoning = Some(reasoning.trim_start_matches('\n').to_owned());
-            return out;
-        }
-        None => text,
-    };
-    let (content, section) = match rest.split_once(f.section_begin) {
-        Some((c, s)) => (c, s.split(f.section_end).next().unwrap_or_default()),
-        None => (rest, ""),
-    };
-    let mut calls = section;
-    while let Some(start) = calls.find(f.call_begin) {
-        let body = &calls[start + f.call_begin.len()..];
-        let (body, next) = body.split_once(f.call_end).unwrap_or((body, ""));
-        if let Some((name, arguments)) = (f.call)(body) {
-            out.tool_calls.push(ParsedToolCall { name, arguments });
-        }
-        calls = next;
-    }
-    out.content = content.trim_start_matches('\n').trim_end().to_owned();
-    out
-}
-
 /// One `{"name": …, "arguments": …}` object.
 pub(crate) fn qwen3_call(body: &str) -> Option<ParsedToolCall> {
     let PyValue::Dict(entries) = PyValue::parse(body.trim())? else { return None };
@@ -252,58 +195,14 @@ pub(crate) fn qwen3_call(body: &str) -> Option<ParsedToolCall> {
     Some(ParsedToolCall { name: name.clone(), arguments })
 }
 
-/// The harmony format: a sequence of messages.
-fn parse_harmony(text: &str) -> ParsedOutput {
-    let mut out = ParsedOutput::default();
-    let mut reasoning: Vec<&str> = Vec::new();
-    let mut finals: Vec<&str> = Vec::new();
-    let mut rest = text;
-    while !rest.is_empty() {
-        let Some(msg_at) = rest.find("<|message|>") else {
-            // Header without a body (cut off), or stray text: text with no header is the answer.
-            if !rest.contains("<|channel|>") && !rest.contains("<|start|>") {
-                finals.push(rest);
-            }
-            break;
-        };
-        let header = &rest[..msg_at];
-        let body_start = msg_at + "<|message|>".len();
-        let ends = ["<|end|>", "<|return|>", "<|call|>"];
-        let (body, next) = ends
-            .iter()
-            .filter_map(|e| rest[body_start..].find(e).map(|i| (i, e.len())))
-            .min()
-            .map_or((&rest[body_start..], ""), |(i, len)| {
-                (&rest[body_start..body_start + i], &rest[body_start + i + len..])
-            });
-        let channel = header
-            .split_once("<|channel|>")
-            .map(|(_, c)| c.split(|ch: char| ch.is_whitespace() || ch == '<').next().unwrap_or(""))
-            .unwrap_or("");
-        let recipient = header
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("to="))
-            .map(|r| r.split("<|").next().unwrap_or(r));
-        match recipient {
-            Some(to) if to.starts_with("functions.") => out.tool_calls.push(ParsedToolCall {
-                name: to["functions.".len()..].to_owned(),
-                arguments: body.trim().to_owned(),
-            }),
-            _ if channel == "analysis" => reasoning.push(body),
-            _ => finals.push(body),
-        }
-        rest = next;
-    }
-    if !reasoning.is_empty() {
-        out.reasoning = Some(reasoning.concat());
-    }
-    out.content = finals.concat();
-    out
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{OutputFormat, ParsedToolCall};
+    use super::{OutputFormat, ParsedOutput, ParsedToolCall};
+
+    /// A whole reply to a request that declared tools; `open`: the prompt opened the think block.
+    fn parse(format: OutputFormat, open: bool, text: &str) -> ParsedOutput {
+        format.parse(text, open, true)
+    }
 
     fn call(name: &str, arguments: &str) -> ParsedToolCall {
         ParsedToolCall { name: name.into(), arguments: arguments.into() }
@@ -311,7 +210,9 @@ mod tests {
 
     #[test]
     fn qwen3_reasoning_answer_and_tool_calls() {
-        let out = OutputFormat::Qwen3.parse(
+        let out = parse(
+            OutputFormat::Qwen3,
+            false,
             "<think>\nThe user wants weather.\n</think>\n\nLet me check.\n<tool_call>\n\
              {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\", \"days\": 2}}\n\
              </tool_call>\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}\n\
@@ -331,22 +232,22 @@ mod tests {
     #[test]
     fn qwen3_prompt_opened_think_and_cut_off_outputs() {
         // The prompt ended with `<think>\n`: the completion holds only the closing tag.
-        let out = OutputFormat::Qwen3.parse("Two plus two.\n</think>\n\nIt is 4.<|im_end|>");
+        let out = parse(OutputFormat::Qwen3, true, "Two plus two.\n</think>\n\nIt is 4.<|im_end|>");
         assert_eq!(out.reasoning.as_deref(), Some("Two plus two."));
         assert_eq!(out.content, "It is 4.");
-        let cut = OutputFormat::Qwen3.parse("<think>\nStill thinking about");
+        let cut = parse(OutputFormat::Qwen3, false, "<think>\nStill thinking about");
         assert_eq!(cut.reasoning.as_deref(), Some("Still thinking about"));
         assert_eq!(cut.content, "");
-        let plain = OutputFormat::Qwen3.parse("No reasoning here.<|im_end|>");
+        let plain = parse(OutputFormat::Qwen3, false, "No reasoning here.<|im_end|>");
         assert_eq!((plain.reasoning, plain.content.as_str()), (None, "No reasoning here."));
         // A malformed call stays in the answer rather than vanishing.
-        let bad = OutputFormat::Qwen3.parse("<tool_call>\nnot json\n</tool_call>");
+        let bad = parse(OutputFormat::Qwen3, false, "<tool_call>\nnot json\n</tool_call>");
         assert!(bad.tool_calls.is_empty() && bad.content.contains("not json"), "{bad:?}");
     }
 
     #[test]
     fn harmony_channels_and_calls() {
-        let out = OutputFormat::Harmony.parse(
+        let out = parse(OutputFormat::Harmony, false,
             "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>\
              commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>",
         );
@@ -354,16 +255,20 @@ mod tests {
         assert_eq!(out.tool_calls, [call("get_weather", r#"{"city": "Paris"}"#)]);
         assert_eq!(out.content, "");
         // The recipient may also stand before the channel, as the template renders history.
-        let out = OutputFormat::Harmony.parse(
+        let out = parse(
+            OutputFormat::Harmony,
+            false,
             " to=functions.search<|channel|>commentary json<|message|>{\"query\": \"q\"}<|call|>",
         );
         assert_eq!(out.tool_calls, [call("search", r#"{"query": "q"}"#)]);
-        let out = OutputFormat::Harmony.parse(
+        let out = parse(
+            OutputFormat::Harmony,
+            false,
             "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final\
              <|message|>Paris.<|return|>",
         );
         assert_eq!((out.reasoning.as_deref(), out.content.as_str()), (Some("Easy."), "Paris."));
-        let cut = OutputFormat::Harmony.parse("<|channel|>final<|message|>Par");
+        let cut = parse(OutputFormat::Harmony, false, "<|channel|>final<|message|>Par");
         assert_eq!(cut.content, "Par");
     }
 
@@ -390,7 +295,7 @@ mod tests {
     #[test]
     fn deepseek_r1_reasoning_answer_and_tool_calls() {
         // R1's prompt ends with `<｜Assistant｜><think>\n`: the completion closes the block.
-        let out = OutputFormat::DeepSeek.parse(
+        let out = parse(OutputFormat::DeepSeek, true,
             "The user wants weather.\n</think>\n\nLet me check.<｜tool▁calls▁begin｜>\
              <｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Zürich\"}\n```\
              <｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n\
@@ -402,8 +307,11 @@ mod tests {
             out.tool_calls,
             [call("get_weather", r#"{"city": "Zürich"}"#), call("search", r#"{"query": "x"}"#)]
         );
-        let plain =
-            OutputFormat::DeepSeek.parse("Short.\n</think>\n\nIt is 4.<｜end▁of▁sentence｜>x");
+        let plain = parse(
+            OutputFormat::DeepSeek,
+            true,
+            "Short.\n</think>\n\nIt is 4.<｜end▁of▁sentence｜>x",
+        );
         assert_eq!(
             (plain.reasoning.as_deref(), plain.content.as_str()),
             (Some("Short."), "It is 4.")
@@ -412,7 +320,7 @@ mod tests {
 
     #[test]
     fn kimi_k2_reasoning_answer_and_sectioned_tool_calls() {
-        let out = OutputFormat::KimiK2.parse(
+        let out = parse(OutputFormat::KimiK2, false,
             "<think>Need the weather.</think>Checking.<|tool_calls_section_begin|>\
              <|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Zürich\"}\
              <|tool_call_end|><|tool_call_begin|>functions.search:1<|tool_call_argument_begin|>\
@@ -424,7 +332,7 @@ mod tests {
             out.tool_calls,
             [call("get_weather", r#"{"city": "Zürich"}"#), call("search", r#"{"query": "x"}"#)]
         );
-        let cut = OutputFormat::KimiK2.parse("<think>Still thinking");
+        let cut = parse(OutputFormat::KimiK2, false, "<think>Still thinking");
         assert_eq!((cut.reasoning.as_deref(), cut.content.as_str()), (Some("Still thinking"), ""));
     }
 }

@@ -11,7 +11,7 @@ use crate::any::{AnyError, AnyTokenizer};
 use crate::chat::{render_k3, ChatMessage, ChatOptions, Role};
 use crate::chat_parser::{ChatOutputParser, TextOutputParser};
 use crate::k3_output::K3OutputParser;
-use crate::output::OutputFormat;
+use crate::output::{OutputFormat, ParsedOutput};
 use crate::pyjson::PyValue;
 use crate::reply_grammar::{self, GrammarError, Reasoning, ReplyConstraint};
 use crate::template::{ChatTemplate, TemplateError, TemplateInputs};
@@ -102,10 +102,22 @@ impl PromptFormat {
     /// assistant turn opened. `thinking` is K3's thinking mode and the template variable
     /// `enable_thinking` (Qwen3); templates that do not read it ignore it.
     pub fn encode_user_turn(&self, text: &str, thinking: bool) -> Result<Vec<u32>, PromptError> {
+        Ok(self.render_user_turn(text, thinking)?.ids)
+    }
+
+    /// [`Self::encode_user_turn`] with whether the prompt opened the think block the reply
+    /// starts in (what [`Self::output_parser`] needs).
+    pub fn render_user_turn(
+        &self,
+        text: &str,
+        thinking: bool,
+    ) -> Result<RenderedChat, PromptError> {
         if let Some(k3) = self.tokenizer.tiktoken().filter(|_| self.template.is_none()) {
             let msgs = [ChatMessage::new(Role::User, text)];
             let opts = ChatOptions { thinking, ..ChatOptions::default() };
-            return Ok(render_k3(k3, &msgs, &opts)?);
+            let reasoning = if thinking { Reasoning::Open } else { Reasoning::Off };
+            let ids = render_k3(k3, &msgs, &opts)?;
+            return Ok(RenderedChat { ids, reasoning_open: thinking, reasoning });
         }
         let template = self
             .template
@@ -121,7 +133,9 @@ impl PromptFormat {
             ..TemplateInputs::default()
         };
         let rendered = template.render(&PyValue::List(vec![message]), &inputs)?;
-        Ok(self.tokenizer.encode_rendered(&rendered)?)
+        let (reasoning_open, reasoning) = opened_reasoning(&rendered, true, Some(thinking));
+        let ids = self.tokenizer.encode_rendered(&rendered)?;
+        Ok(RenderedChat { ids, reasoning_open, reasoning })
     }
 
     /// Prompt ids for a whole conversation (history turns, tool calls and tool results) with
@@ -192,21 +206,9 @@ impl PromptFormat {
         };
         let msgs = py(&serde_json::Value::Array(openai)).unwrap_or(PyValue::List(Vec::new()));
         let rendered = template.render(&msgs, &inputs)?;
-        // The template opened the think block the reply continues (R1, Qwen3 thinking models).
-        let end = rendered.trim_end();
-        let reasoning_open = options.add_generation_prompt && end.ends_with("<think>");
-        let reasoning = if reasoning_open {
-            Reasoning::Open
-        } else if !options.add_generation_prompt
-            || end.ends_with("</think>")
-            || (options.thinking_explicit && !options.thinking)
-        {
-            // The template closed the think block (Qwen3 with thinking off, V3.1's
-            // non-thinking mode), or the request turned thinking off.
-            Reasoning::Off
-        } else {
-            Reasoning::Optional
-        };
+        let asked = options.thinking_explicit.then_some(options.thinking);
+        let (reasoning_open, reasoning) =
+            opened_reasoning(&rendered, options.add_generation_prompt, asked);
         let ids = self.tokenizer.encode_rendered(&rendered)?;
         Ok(RenderedChat { ids, reasoning_open, reasoning })
     }
@@ -227,6 +229,18 @@ impl PromptFormat {
         let p = TextOutputParser::new(&self.tokenizer, self.output, &self.stop_ids, reasoning_open)
             .with_tools(tools);
         Ok(ChatOutputParser::Text(Box::new(p)))
+    }
+
+    /// A whole reply's ids split into reasoning, answer and tool calls exactly as
+    /// [`Self::output_parser`] streams them (what `sluice run --chat --json` reports).
+    pub fn parse_reply(
+        &self,
+        ids: &[u32],
+        reasoning_open: bool,
+        tools: bool,
+    ) -> Result<ParsedOutput, PromptError> {
+        let mut p = self.output_parser(reasoning_open, tools)?;
+        Ok(ParsedOutput::from_events(p.parse_all(ids)))
     }
 
     /// The token a constrained reply ends with: the format's end of turn when generation stops
@@ -269,6 +283,27 @@ pub struct RenderedChat {
     /// Whether the reply reasons first: the prompt opened it, the prompt (or the request)
     /// closed it, or the model decides.
     pub reasoning: Reasoning,
+}
+
+/// Whether a rendered prompt opened the think block the reply continues (R1, Qwen3 thinking
+/// models), and how the reply reasons; `asked`: the thinking switch the request set.
+fn opened_reasoning(
+    rendered: &str,
+    generation_prompt: bool,
+    asked: Option<bool>,
+) -> (bool, Reasoning) {
+    let end = rendered.trim_end();
+    let open = generation_prompt && end.ends_with("<think>");
+    let reasoning = if open {
+        Reasoning::Open
+    } else if !generation_prompt || end.ends_with("</think>") || asked == Some(false) {
+        // The template closed the think block (Qwen3 with thinking off, V3.1's
+        // non-thinking mode), or the request turned thinking off.
+        Reasoning::Off
+    } else {
+        Reasoning::Optional
+    };
+    (open, reasoning)
 }
 
 fn is_empty_list(v: &serde_json::Value) -> bool {

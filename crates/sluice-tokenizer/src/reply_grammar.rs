@@ -10,6 +10,8 @@
 //! ordinary text (a tiny test tokenizer without `<tool_call>`) is a literal. Free text
 //! (reasoning) also excludes the *spelled* markers of its format, since the text parsers read
 //! decoded text and would take a spelled `</think>` for the marker.
+//! A call's arguments are `%json`, whose strings may spell any marker (`{"s": "</tool_call>"}`):
+//! the parsers read a call's body as JSON and count a marker only outside its strings.
 //!
 //! The end of a reply is the format's end-of-turn token ([`end_marker`]); the grammar stops
 //! before it and the grammar engine allows only it once the grammar is complete. Harmony's tool

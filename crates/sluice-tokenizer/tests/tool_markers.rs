@@ -1,0 +1,62 @@
+//! A tool call whose argument string spells markers, through each template family's real tiny
+//! tokenizer: encoded (the markup's markers as their added tokens, and the argument's marker
+//! text too where the tokenizer reads it so), then parsed on ids as the server and `run --chat`
+//! parse replies. The call comes back whole, and the whole-text parse of the decoded reply
+//! agrees.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use serde_json::{json, Value};
+use sluice_tokenizer::PromptFormat;
+use std::path::PathBuf;
+
+fn fixture(family: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(family)
+}
+
+#[test]
+fn a_marker_inside_a_json_string_of_the_arguments_cut_the_call_short_on_ids() {
+    let args = json!({"s": "a</tool_call>b<|tool_call_end|>c<|tool_calls_section_end|>\
+                      d<｜tool▁call▁end｜>e<|call|>f<|im_end|>g\"h\\i<｜end▁of▁sentence｜>"});
+    let a = args.to_string();
+    let replies = [
+        (
+            "qwen3_moe/tiny-a",
+            "Sure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": ",
+            "}\n</tool_call>",
+        ),
+        (
+            "gpt_oss/tiny-a",
+            "<|channel|>commentary to=functions.f <|constrain|>json<|message|>",
+            "<|call|>",
+        ),
+        (
+            "deepseek_v3/tiny-a",
+            "Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n",
+            "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        ),
+        (
+            "deepseek_v3/tiny-b",
+            "Sure.<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0\
+             <|tool_call_argument_begin|>",
+            "<|tool_call_end|><|tool_calls_section_end|>",
+        ),
+    ];
+    for (family, head, tail) in replies {
+        let fmt = PromptFormat::from_dir(&fixture(family)).unwrap().unwrap();
+        let tok = fmt.tokenizer();
+        // The markup's markers as their ids; the arguments one character at a time, as ordinary
+        // tokens (a grammar-constrained model spells a string's marker text so).
+        let mut ids = tok.encode_rendered(head).unwrap();
+        for c in a.chars() {
+            ids.extend(tok.encode_plain(&c.to_string()).unwrap());
+        }
+        ids.extend(tok.encode_rendered(tail).unwrap());
+        let out = fmt.parse_reply(&ids, false, true).unwrap();
+        assert_eq!(out.tool_calls.len(), 1, "{family}: {out:?}");
+        assert_eq!(out.tool_calls[0].name, "f", "{family}");
+        let got: Value = serde_json::from_str(&out.tool_calls[0].arguments).unwrap();
+        assert_eq!(got, args, "{family}");
+        let text = fmt.decode_lossy(&ids).unwrap();
+        assert_eq!(fmt.output_format().parse(&text, false, true), out, "{family}: whole text");
+    }
+}
