@@ -90,6 +90,12 @@ pub enum EngineError {
     },
 }
 
+impl From<Box<plan::PlanError>> for EngineError {
+    fn from(e: Box<plan::PlanError>) -> Self {
+        EngineError::Plan(e)
+    }
+}
+
 impl From<plan::PlanError> for EngineError {
     fn from(e: plan::PlanError) -> Self {
         Self::Plan(Box::new(e))

@@ -332,7 +332,7 @@ impl Plan {
     /// after the state, the minimum expert cache and the working memory of the least chunk,
     /// the rest streamed), then the prefill chunk, then every byte left becomes expert-cache
     /// slots (see the module docs).
-    pub fn compute(budget: u64, needs: Needs, mode: SpineMode) -> Result<Self, PlanError> {
+    pub fn compute(budget: u64, needs: Needs, mode: SpineMode) -> Result<Self, Box<PlanError>> {
         if needs.prefill_chunk > 0 {
             return Self::with_floor(budget, needs.clone(), mode, needs.prefill_chunk);
         }
@@ -349,7 +349,7 @@ impl Plan {
         needs: Needs,
         mode: SpineMode,
         floor: u64,
-    ) -> Result<Self, PlanError> {
+    ) -> Result<Self, Box<PlanError>> {
         let sp = &needs.pieces;
         let min_cache = needs.min_slots * needs.slot;
         let least_work = work(&needs, floor);
@@ -384,7 +384,7 @@ impl Plan {
         let spine_min = spine.as_ref().map_or(least.charged, |s| s.charged);
         let minimum = spine_min.saturating_add(others);
         let Some(spine) = spine.filter(|_| budget >= minimum) else {
-            return Err(PlanError {
+            return Err(Box::new(PlanError {
                 budget,
                 spine: spine_min,
                 largest_piece: sp.layers.iter().copied().chain([sp.head]).max().unwrap_or(0),
@@ -401,7 +401,7 @@ impl Plan {
                 slot: needs.slot,
                 minimum,
                 short: minimum.saturating_sub(budget),
-            });
+            }));
         };
         let fixed = spine.charged
             + needs.state

@@ -74,7 +74,10 @@ pub struct TurnOptions {
 /// A state no follow-up can restore would cost a Kimi K3 turn 0.6 GB of disk writes (and as
 /// much session memory) for nothing.
 #[derive(Clone)]
-pub struct FollowUp(Arc<dyn Fn(&[u32]) -> Option<Vec<u32>> + Send + Sync>);
+pub struct FollowUp(Arc<FollowUpFn>);
+
+/// The follow-up test: the prompt ids a next request starts with, given this generation's ids.
+type FollowUpFn = dyn Fn(&[u32]) -> Option<Vec<u32>> + Send + Sync;
 
 impl FollowUp {
     /// A follow-up computed by `f` from the generated ids.
