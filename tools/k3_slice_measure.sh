@@ -9,7 +9,9 @@
 # Usage: tools/k3_slice_measure.sh SLUICE OUT_DIR      (Linux, root: a writable v1 memory cgroup, or v2)
 # Env: LAYERS (2) EXPERTS (64) SKEW (1: --route-skew) PARTS ("warm suite replay") RUNS (3) NEW (32)
 #      WORKLOADS ("prose code long chat tools") MEMORY / CGROUP (default: a third of the slice)
-#      CONDITIONS (the replay's conditions, "none,warm,restart"; a subset fits a shorter run).
+#      CONDITIONS (the replay's conditions, "none,warm,restart"; a subset fits a shorter run)
+#      SESSION_MEMORY (the replay server's --session-memory, 512M: the default 1 GiB does not fit
+#      next to the spine in a third of a 2 x 256-expert slice).
 set -euo pipefail
 S=$(readlink -f "${1:?usage: k3_slice_measure.sh SLUICE OUT_DIR}")
 OUT=${2:?usage: k3_slice_measure.sh SLUICE OUT_DIR}
@@ -66,7 +68,7 @@ for part in $PARTS; do
   replay)
     log "replay: agent session, 3 conditions, $RUNS runs"
     "${V2[@]}" python3 "$HERE/agent_replay.py" --sluice "$S" --model "$M" --memory "$MEM" --runs "$RUNS" \
-      --max-tokens 4 --conditions "${CONDITIONS:-none,warm,restart}" --serve-arg=--experts --serve-arg=stream --json "$OUT/replay.json" > "$OUT/replay.txt"
+      --max-tokens 4 --conditions "${CONDITIONS:-none,warm,restart}" --serve-arg=--experts --serve-arg=stream --serve-arg=--session-memory --serve-arg="${SESSION_MEMORY:-512M}" --json "$OUT/replay.json" > "$OUT/replay.txt"
     ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
   esac
