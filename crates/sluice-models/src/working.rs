@@ -30,17 +30,19 @@ pub fn pass_bytes_per_row(
     2 * (layer + vocab) * F
 }
 
-/// [`pass_bytes_per_row`] of a prompt chunk (`LogitRows::Prefill`): the same layer buffers
-/// without a logits row (one row's logits is charged with the pass's first rows).
-pub fn prefill_bytes_per_row(
+/// The two per-row charges of a family's [`crate::MemoryNeeds`], from the arguments of
+/// [`pass_bytes_per_row`]: a pass row's, and a prompt chunk's (`LogitRows::Prefill`: the same
+/// layer buffers without a logits row; one row's logits is charged with the pass's first rows).
+pub fn row_charges(
     d: usize,
     qkv: usize,
     experts: usize,
     k: usize,
     inter: usize,
     vocab: usize,
-) -> u64 {
-    pass_bytes_per_row(d, qkv, experts, k, inter, vocab) - 2 * vocab as u64 * F
+) -> (u64, u64) {
+    let pass = pass_bytes_per_row(d, qkv, experts, k, inter, vocab);
+    (pass, pass - 2 * vocab as u64 * F)
 }
 
 #[cfg(test)]

@@ -290,26 +290,20 @@ impl DeepseekV3 {
         let attn = c.q_lora_rank.unwrap_or(0) + h * c.qk_head_dim() + (kl + rd) + 2 * h * vd;
         let threads =
             sluice_kernels::pool::with_current(sluice_kernels::pool::Pool::threads) as u64;
+        let (pass_per_row, prefill_per_row) = crate::working::row_charges(
+            c.hidden_size,
+            attn,
+            c.n_routed_experts,
+            c.num_experts_per_tok,
+            c.moe_intermediate_size.max(c.intermediate_size),
+            c.vocab_size,
+        );
         MemoryNeeds {
             spine: self.dense_weight_bytes(),
             state_fixed: threads * ((c.qk_nope_head_dim + vd) * kl * 4) as u64,
             state_per_position: (c.num_hidden_layers * (kl + rd) * 4) as u64,
-            pass_per_row: crate::working::pass_bytes_per_row(
-                c.hidden_size,
-                attn,
-                c.n_routed_experts,
-                c.num_experts_per_tok,
-                c.moe_intermediate_size.max(c.intermediate_size),
-                c.vocab_size,
-            ),
-            prefill_per_row: crate::working::prefill_bytes_per_row(
-                c.hidden_size,
-                attn,
-                c.n_routed_experts,
-                c.num_experts_per_tok,
-                c.moe_intermediate_size.max(c.intermediate_size),
-                c.vocab_size,
-            ),
+            pass_per_row,
+            prefill_per_row,
         }
     }
 

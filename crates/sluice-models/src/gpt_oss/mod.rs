@@ -160,26 +160,20 @@ impl GptOss {
     /// (f32) per position, and a pass's activations per row (see [`crate::working`]).
     pub fn memory_needs(&self) -> MemoryNeeds {
         let c = &self.cfg;
+        let (pass_per_row, prefill_per_row) = crate::working::row_charges(
+            c.hidden_size,
+            c.q_width() + 2 * c.kv_width(),
+            c.num_local_experts,
+            c.num_experts_per_tok,
+            2 * c.intermediate_size,
+            c.vocab_size,
+        );
         MemoryNeeds {
             spine: self.dense_weight_bytes(),
             state_fixed: 0,
             state_per_position: (c.num_hidden_layers * c.kv_width() * 2 * 4) as u64,
-            pass_per_row: crate::working::pass_bytes_per_row(
-                c.hidden_size,
-                c.q_width() + 2 * c.kv_width(),
-                c.num_local_experts,
-                c.num_experts_per_tok,
-                2 * c.intermediate_size,
-                c.vocab_size,
-            ),
-            prefill_per_row: crate::working::prefill_bytes_per_row(
-                c.hidden_size,
-                c.q_width() + 2 * c.kv_width(),
-                c.num_local_experts,
-                c.num_experts_per_tok,
-                2 * c.intermediate_size,
-                c.vocab_size,
-            ),
+            pass_per_row,
+            prefill_per_row,
         }
     }
 

@@ -92,26 +92,20 @@ impl Qwen3 {
     /// position and the working memory of a pass row.
     pub fn memory_needs(&self) -> crate::MemoryNeeds {
         let c = self.config();
+        let (pass_per_row, prefill_per_row) = crate::working::row_charges(
+            c.hidden_size,
+            c.q_width() + 2 * c.kv_width(),
+            0,
+            0,
+            c.intermediate_size,
+            c.vocab_size,
+        );
         crate::MemoryNeeds {
             spine: self.weight_bytes(),
             state_fixed: 0,
             state_per_position: (c.num_hidden_layers * c.kv_width() * 2 * 4) as u64,
-            pass_per_row: crate::working::pass_bytes_per_row(
-                c.hidden_size,
-                c.q_width() + 2 * c.kv_width(),
-                0,
-                0,
-                c.intermediate_size,
-                c.vocab_size,
-            ),
-            prefill_per_row: crate::working::prefill_bytes_per_row(
-                c.hidden_size,
-                c.q_width() + 2 * c.kv_width(),
-                0,
-                0,
-                c.intermediate_size,
-                c.vocab_size,
-            ),
+            pass_per_row,
+            prefill_per_row,
         }
     }
 

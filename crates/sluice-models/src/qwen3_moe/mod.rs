@@ -134,26 +134,20 @@ impl Qwen3Moe {
     pub fn memory_needs(&self) -> MemoryNeeds {
         let c = &self.cfg;
         let b = &c.base;
+        let (pass_per_row, prefill_per_row) = crate::working::row_charges(
+            b.hidden_size,
+            b.q_width() + 2 * b.kv_width(),
+            c.num_experts,
+            c.num_experts_per_tok,
+            c.moe_intermediate_size.max(b.intermediate_size),
+            b.vocab_size,
+        );
         MemoryNeeds {
             spine: self.dense_weight_bytes(),
             state_fixed: 0,
             state_per_position: (b.num_hidden_layers * b.kv_width() * 2 * 4) as u64,
-            pass_per_row: crate::working::pass_bytes_per_row(
-                b.hidden_size,
-                b.q_width() + 2 * b.kv_width(),
-                c.num_experts,
-                c.num_experts_per_tok,
-                c.moe_intermediate_size.max(b.intermediate_size),
-                b.vocab_size,
-            ),
-            prefill_per_row: crate::working::prefill_bytes_per_row(
-                b.hidden_size,
-                b.q_width() + 2 * b.kv_width(),
-                c.num_experts,
-                c.num_experts_per_tok,
-                c.moe_intermediate_size.max(b.intermediate_size),
-                b.vocab_size,
-            ),
+            pass_per_row,
+            prefill_per_row,
         }
     }
 
