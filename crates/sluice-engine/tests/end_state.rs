@@ -6,7 +6,6 @@
 //! of a full prefill, bit for bit.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use sluice_checkpoint::Checkpoint;
 use sluice_engine::session::{SessionCache, SessionConfig};
 use sluice_engine::state_cache::{StateCache, StateCacheConfig};
 use sluice_engine::state_file::prefix_key;
@@ -18,13 +17,8 @@ use std::sync::Arc;
 
 const FP: [u8; 32] = [0xE; 32];
 
-fn load(family: &str, name: &str) -> Model {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(family)
-        .join(name);
-    sluice_models::load(Arc::new(Checkpoint::open(&dir).unwrap())).unwrap()
-}
+mod common;
+use common::load;
 
 fn open(dir: &Path, m: &Model) -> Arc<StateCache> {
     let cfg = StateCacheConfig { dir: dir.to_path_buf(), max_bytes: u64::MAX, every: 0 };

@@ -5,7 +5,6 @@
 //! bound holds.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use sluice_checkpoint::Checkpoint;
 use sluice_engine::session::{SessionCache, SessionConfig};
 use sluice_engine::state_cache::{StateCache, StateCacheConfig};
 use sluice_engine::state_file::prefix_key;
@@ -15,13 +14,8 @@ use sluice_models::Model;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-fn load(family: &str, name: &str) -> Model {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(family)
-        .join(name);
-    sluice_models::load(Arc::new(Checkpoint::open(&dir).unwrap())).unwrap()
-}
+mod common;
+use common::load;
 
 fn models() -> Vec<(String, Model)> {
     [
