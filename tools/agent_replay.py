@@ -13,7 +13,8 @@ Conditions (each starts its own servers on a free port, with a fresh state-cache
   restart  a new server process for every turn on the same `--state-cache` directory: turn k
            resumes from the state turn k-1's server wrote to disk and prefills the same rest.
 The ratio restart / warm of each turn's TTFT is what a restart costs (target <= 1.1).
-`--conditions warm,restart` runs a subset; `--serve-arg --state-cache-every --serve-arg N` sets
+`--conditions warm,restart` runs a subset and `--turns N` the first N turns (each finished turn
+is also printed to stderr as it ends, so a run cut short keeps what it measured); `--serve-arg --state-cache-every --serve-arg N` sets
 the snapshot interval under test; `--request '{"tool_choice": "required"}'` adds fields to every
 request (a trailing tool-choice message: the prompt's end is then no prefix of the next turn).
 
@@ -131,6 +132,13 @@ def replay(a, session, condition):
                 "state_files": new,
                 "k3_state_bytes": sum(k3_file_bytes(n, l) for n, l in new),
             })
+            r = rows[-1]
+            # One line per turn as it finishes, so a run cut short by a time limit keeps its turns.
+            print(f"[{condition}] turn {r['turn']}: prompt {r['prompt_tokens']} tokens, TTFT "
+                  f"{r['ttft_s']:.3f} s, prefilled {r['prefilled']}, restored "
+                  f"{r['restored_memory']}+{r['restored_disk']}, expert bytes read "
+                  f"{r['expert_bytes_read']}, state bytes written {r['state_bytes_written']}",
+                  file=sys.stderr, flush=True)
         if srv:
             srv.stop()
     finally:
@@ -150,9 +158,12 @@ def main():
     ap.add_argument("--json", help="write every row here")
     ap.add_argument("--request", default="{}", help="JSON object of fields added to every request")
     ap.add_argument("--conditions", default="none,warm,restart", help="comma-separated subset")
+    ap.add_argument("--turns", type=int, help="replay only the session's first N turns")
     ap.add_argument("--k3-bytes", action="store_true", help="also print the files each turn wrote")
     a = ap.parse_args()
     session = json.load(open(a.session))
+    if a.turns:
+        session["turns"] = session["turns"][:a.turns]
     runs = {c: [] for c in a.conditions.split(",")}
     for _ in range(a.runs):
         for c in runs:  # interleaved, so drift in the machine hits every condition alike

@@ -10,6 +10,8 @@
 # Env: LAYERS (2) EXPERTS (64) SKEW (1: --route-skew) PARTS ("warm suite replay") RUNS (3) NEW (32)
 #      WORKLOADS ("prose code long chat tools") MEMORY / CGROUP (default: a third of the slice)
 #      CONDITIONS (the replay's conditions, "none,warm,restart"; a subset fits a shorter run)
+#      TURNS (the replay's first N turns; default all)
+#      CONFIGS ("plain ngram": the suite's configurations; "plain" alone halves a long run)
 #      SESSION_MEMORY (the replay server's --session-memory, 512M: the default 1 GiB does not fit
 #      next to the spine in a third of a 2 x 256-expert slice).
 set -euo pipefail
@@ -60,15 +62,22 @@ for part in $PARTS; do
     for w in $WORKLOADS; do
       R=$RUNS; [ "$w" = long ] && R=1
       log "suite: $w ($R runs per configuration)"
+      CF=()
+      for c in ${CONFIGS:-plain ngram}; do
+        case $c in
+        plain) CF+=(--config plain="--experts stream --memory $MEM") ;;
+        ngram) CF+=(--config ngram="--experts stream --memory $MEM --draft ngram") ;;
+        *) echo "unknown configuration $c" >&2; exit 2 ;;
+        esac
+      done
       "${V2[@]}" "$S" bench "${COMMON[@]}" --workload "$w" --max-new "$NEW" --runs "$R" \
-        --config plain="--experts stream --memory $MEM" \
-        --config ngram="--experts stream --memory $MEM --draft ngram" > "$OUT/suite-$w.json"
+        "${CF[@]}" > "$OUT/suite-$w.json"
     done
     ;;
   replay)
     log "replay: agent session, 3 conditions, $RUNS runs"
     "${V2[@]}" python3 "$HERE/agent_replay.py" --sluice "$S" --model "$M" --memory "$MEM" --runs "$RUNS" \
-      --max-tokens 4 --conditions "${CONDITIONS:-none,warm,restart}" --serve-arg=--experts --serve-arg=stream --serve-arg=--session-memory --serve-arg="${SESSION_MEMORY:-512M}" --json "$OUT/replay.json" > "$OUT/replay.txt"
+      --max-tokens 4 ${TURNS:+--turns "$TURNS"} --conditions "${CONDITIONS:-none,warm,restart}" --serve-arg=--experts --serve-arg=stream --serve-arg=--session-memory --serve-arg="${SESSION_MEMORY:-512M}" --json "$OUT/replay.json" > "$OUT/replay.txt"
     ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
   esac
