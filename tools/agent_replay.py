@@ -30,6 +30,7 @@ over --runs repetitions of the whole replay. Only the standard library is used.
 """
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -38,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import urllib.request
 
 
@@ -50,7 +52,14 @@ class Server:
             cmd += ["--model", a.model]
         if a.memory:
             cmd += ["--memory", a.memory]
-        cmd += a.serve_arg + extra
+        base = list(a.serve_arg)
+        # A condition's own flag replaces the same flag among --serve-arg (the `none` condition's
+        # `--session-memory 0`): sluice refuses a flag given twice.
+        for flag in extra[::2]:
+            while flag in base:
+                i = base.index(flag)
+                del base[i:i + 2]
+        cmd += base + extra
         self.p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         self.log = []
         for line in self.p.stderr:
@@ -61,6 +70,10 @@ class Server:
                 break
         else:
             raise SystemExit("sluice serve exited:\n" + "".join(self.log))
+        # Keep reading the server's log (its last lines kept): a pipe nobody reads fills up and
+        # blocks the server at its next log line (prefill progress is logged while it runs).
+        self.log = collections.deque(self.log, maxlen=200)
+        threading.Thread(target=lambda: self.log.extend(self.p.stderr), daemon=True).start()
         self.model = json.loads(urllib.request.urlopen(self.url + "/models").read())["data"][0]["id"]
 
     def chat(self, session, k, max_tokens, extra=None):

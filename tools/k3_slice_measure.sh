@@ -12,8 +12,8 @@
 #      CONDITIONS (the replay's conditions, "none,warm,restart"; a subset fits a shorter run)
 #      TURNS (the replay's first N turns; default all)
 #      CONFIGS ("plain ngram": the suite's configurations; "plain" alone halves a long run)
-#      SESSION_MEMORY (the replay server's --session-memory, 512M: the default 1 GiB does not fit
-#      next to the spine in a third of a 2 x 256-expert slice).
+#      SESSION_MEMORY (the replay server's --session-memory, 160M: in a third of a 2 x 256-expert
+#      slice, 512M makes the plan stream the spine in 88-token chunks, and 1 GiB does not fit).
 set -euo pipefail
 S=$(readlink -f "${1:?usage: k3_slice_measure.sh SLUICE OUT_DIR}")
 OUT=${2:?usage: k3_slice_measure.sh SLUICE OUT_DIR}
@@ -77,7 +77,7 @@ for part in $PARTS; do
   replay)
     log "replay: agent session, 3 conditions, $RUNS runs"
     "${V2[@]}" python3 "$HERE/agent_replay.py" --sluice "$S" --model "$M" --memory "$MEM" --runs "$RUNS" \
-      --max-tokens 4 ${TURNS:+--turns "$TURNS"} --conditions "${CONDITIONS:-none,warm,restart}" --serve-arg=--experts --serve-arg=stream --serve-arg=--session-memory --serve-arg="${SESSION_MEMORY:-512M}" --json "$OUT/replay.json" > "$OUT/replay.txt"
+      --max-tokens 4 ${TURNS:+--turns "$TURNS"} --conditions "${CONDITIONS:-none,warm,restart}" --serve-arg=--experts --serve-arg=stream --serve-arg=--session-memory --serve-arg="${SESSION_MEMORY:-160M}" --json "$OUT/replay.json" > "$OUT/replay.txt"
     ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
   esac
