@@ -38,6 +38,10 @@ use crate::tiled::{Kernel, Lanes, CHUNK};
 pub(crate) const WIDE_TOKEN_BLOCK: usize = 64;
 /// Weight rows per row group.
 pub(crate) const GROUP: usize = 32;
+/// Weight rows whose widened chunk a token group's tiles sweep before the next token group:
+/// 8 rows × [`CHUNK`] f32 are 16 KiB, which stay in L1 next to a token group's activations
+/// (up to 6 × 2 KiB) while every token group of the block folds them.
+pub(crate) const SUB_ROWS: usize = 8;
 
 /// The most bytes one thread's calls of more than eight activation rows keep for themselves
 /// (its f32 weight panel, accumulators and padded activation tails), whatever the row count:
@@ -190,6 +194,27 @@ pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
     x: &impl Fn(usize) -> &'x [f32],
 ) {
     assert!(stride >= tb && acc.len() >= rb * stride, "fold_tiles: accumulators");
+    for r0 in (0..rb).step_by(SUB_ROWS) {
+        let r1 = rb.min(r0 + SUB_ROWS);
+        // SAFETY: guaranteed by the caller.
+        unsafe { fold_rows::<K>(w, r0..r1, tb, acc, stride, x) };
+    }
+}
+
+/// [`fold_tiles`] for the rows `rows` only: token groups outermost, each group's tiles
+/// sweeping these rows.
+///
+/// # Safety
+/// The running CPU supports the tier `K`.
+unsafe fn fold_rows<'w, 'x, K: Kernel>(
+    w: &impl Fn(usize) -> &'w [f32],
+    rows: Range<usize>,
+    tb: usize,
+    acc: &mut [Lanes],
+    stride: usize,
+    x: &impl Fn(usize) -> &'x [f32],
+) {
+    let rb = rows.end;
     let mut j = 0;
     while j < tb {
         // 32 registers: groups of 6 tokens against rows 4 at a time (24 accumulators). 16:
@@ -203,7 +228,7 @@ pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
                 _ => 3,
             }
         };
-        let mut r = 0;
+        let mut r = rows.start;
         while r < rb {
             let four = K::WIDE && rb - r >= 4;
             let two = rb - r >= 2;
