@@ -30,6 +30,7 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
+use crate::arch::prefetch;
 use crate::formats::Format;
 use crate::matmul::{reduce16, Matrix};
 use crate::tiled::{Kernel, Lanes, CHUNK};
@@ -145,12 +146,31 @@ unsafe fn run_in<K: Kernel, F: Format>(
             for c0 in (0..cols).step_by(CHUNK) {
                 let len = CHUNK.min(cols - c0);
                 let main = len - len % 16;
+                // The span each row of the panel holds next (this row's next chunk, or the
+                // same row of the next group, or of the block's first group for the next
+                // token block), named to the prefetcher now, a whole chunk's fold ahead.
+                let (pr0, pc0) = if c0 + CHUNK < cols {
+                    (g0, c0 + CHUNK)
+                } else if g0 + GROUP < rows.end {
+                    (g0 + GROUP, 0)
+                } else {
+                    (rows.start, 0)
+                };
+                let pn = GROUP.min(rows.end - pr0);
                 for (i, p) in s.panel.chunks_exact_mut(CHUNK).take(gr).enumerate() {
+                    // Row by row, a share at a time: a burst of them would queue this
+                    // decode's own loads behind them.
+                    if i < pn {
+                        prefetch_span(m, pr0 + i, pc0);
+                    }
                     // SAFETY: the caller guarantees the tier; the span `c0..c0 + len` lies in
                     // the row, `c0` is a multiple of `CHUNK` (so of every format's block) and
                     // `len` either `CHUNK` or the rest of the row.
                     unsafe { K::decode::<F>(F::row(m, g0 + i), c0, &mut p[..len]) };
                     p[len..len.next_multiple_of(16)].fill(0.0);
+                }
+                for i in gr..pn {
+                    prefetch_span(m, pr0 + i, pc0);
                 }
                 let panel = &s.panel;
                 let w = |r: usize| &panel[r * CHUNK..][..main];
@@ -171,6 +191,18 @@ unsafe fn run_in<K: Kernel, F: Format>(
                 }
             }
         }
+    }
+}
+
+/// Names to the prefetcher the stored bytes of columns `c0 .. c0 + CHUNK` (clamped to the
+/// row) of row `r`: its weights, and its share of the scales. Every format stores a whole
+/// number of bytes per 32 columns, row after row (FP8's scales, which serve 128 rows, give
+/// an approximate span: a prefetch is only a hint).
+fn prefetch_span(m: &Matrix<'_>, r: usize, c0: usize) {
+    let cols = m.cols().max(1);
+    for buf in m.rows_bytes(r..r + 1) {
+        let (a, b) = (buf.len() * c0 / cols, buf.len() * (c0 + CHUNK).min(cols) / cols);
+        prefetch(buf.get(a..b).unwrap_or_default());
     }
 }
 
