@@ -27,9 +27,10 @@
 //!   thread-local [`Scratch`] per thread, sized for the largest call ([`WIDE_SCRATCH_BYTES`])
 //!   when the thread first makes such a call, and never zeroed again (every value a call reads
 //!   it has written first).
-//! - **Register tiles** within a chunk: tokens in groups of 6 (3 on tiers of 16 registers), each
-//!   group's chunk of activations (up to 24 KiB) held in L1 while the tile sweeps the group's rows 4
-//!   (2) at a time; a tile is nothing but R + N loads per R · N FMAs per 16-column step.
+//! - **Register tiles** within a chunk: tokens in groups of 6 (3 on tiers of 16 registers),
+//!   each group's chunk of activations (up to 24 KiB) held in L1 while the tile sweeps the
+//!   group's rows 4 (2) at a time; a tile is nothing but R + N loads per R · N FMAs per
+//!   16-column step.
 //!
 //! **Exactness** is the few-row nest's ([`crate::tiled`]): accumulators start at +0.0, are
 //! stored and reloaded bit-unchanged between chunks, every span starts at a multiple of 16
