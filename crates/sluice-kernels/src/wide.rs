@@ -10,16 +10,27 @@
 //! - **Row groups** of [`GROUP`] weight rows within a block: the block's activations are read
 //!   from L3 once per group, so an activation value serves 32 weight rows (row blocks of 8, as
 //!   the few-row nest uses, made the activations' L3 traffic the bound).
-//! - **Column chunks** of [`CHUNK`] within a group: the group's chunk is widened to f32 once
-//!   into a panel (64 KiB, in L2), and every (row, activation row) pair's 16-lane accumulator
-//!   lives in a buffer (the group × block accumulators: up to 128 KiB, in L2) between chunks.
+//! - **Column chunks** of [`WIDE_CHUNK`] within a group: the group's chunk is widened to f32
+//!   once into a panel (128 KiB, in L2), and every (row, activation row) pair's 16-lane
+//!   accumulator lives in a buffer (the group × block accumulators: up to 128 KiB, in L2)
+//!   between chunks. The chunk is twice the few-row nest's [`CHUNK`], so that a register
+//!   tile runs 64 steps of 16 columns per call instead of 32: the per-tile costs (the call,
+//!   its accumulators loaded and stored, the loop's exit) are paid half as often, while a
+//!   token group's activations (up to 6 × 4 KiB) and a tile's weight rows still fit in L1
+//!   (2048 columns did not: measured in docs/PERFORMANCE.md, issue 20, session 11).
+//! - **The next span prefetched a whole chunk ahead**: while row `i` of the panel is decoded,
+//!   the bytes it will decode next (the same row's next chunk, or row `i` of the next group)
+//!   are named to the prefetcher, one row at a time rather than in a burst that would queue
+//!   the decode's own loads behind it. A group's rows lie a whole row apart, a pattern the
+//!   hardware prefetchers follow poorly, so without this the decode waited on memory.
 //! - **No allocation per call**: the panel, accumulators and activation tails are one
 //!   thread-local [`Scratch`] per thread, sized for the largest call ([`WIDE_SCRATCH_BYTES`])
 //!   when the thread first makes such a call, and never zeroed again (every value a call reads
 //!   it has written first).
-//! - **Register tiles** within a chunk: tokens in groups of 6 (3 on tiers of 16 registers), each
-//!   group's chunk of activations (12 KiB) held in L1 while the tile sweeps the group's rows 4
-//!   (2) at a time; a tile is nothing but R + N loads per R · N FMAs per 16-column step.
+//! - **Register tiles** within a chunk: tokens in groups of 6 (3 on tiers of 16 registers),
+//!   each group's chunk of activations (up to 24 KiB) held in L1 while the tile sweeps the
+//!   group's rows 4 (2) at a time; a tile is nothing but R + N loads per R · N FMAs per
+//!   16-column step.
 //!
 //! **Exactness** is the few-row nest's ([`crate::tiled`]): accumulators start at +0.0, are
 //! stored and reloaded bit-unchanged between chunks, every span starts at a multiple of 16
@@ -30,12 +41,15 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
+use crate::arch::prefetch;
 use crate::formats::Format;
 use crate::matmul::{reduce16, Matrix};
 use crate::tiled::{Kernel, Lanes, CHUNK};
 
 /// Most activation rows per token block.
 pub(crate) const WIDE_TOKEN_BLOCK: usize = 64;
+/// Columns per chunk of the wide nest: a multiple of [`CHUNK`] (so of every format's block).
+pub(crate) const WIDE_CHUNK: usize = 2 * CHUNK;
 /// Weight rows per row group.
 pub(crate) const GROUP: usize = 32;
 
@@ -44,7 +58,7 @@ pub(crate) const GROUP: usize = 32;
 /// allocated by the first such call on a thread and reused by every later one for the
 /// thread's life, a fixed cost per kernel thread that a memory plan's headroom must cover.
 pub const WIDE_SCRATCH_BYTES: usize =
-    (GROUP * CHUNK + GROUP * WIDE_TOKEN_BLOCK * 16 + WIDE_TOKEN_BLOCK * 16) * 4;
+    (GROUP * WIDE_CHUNK + GROUP * WIDE_TOKEN_BLOCK * 16 + WIDE_TOKEN_BLOCK * 16) * 4;
 
 /// One thread's buffers for the wide nest, sized for the largest call, so that no call
 /// allocates or zeroes them again: the weight panel, the accumulators of a row group × token
@@ -58,7 +72,7 @@ struct Scratch {
 impl Scratch {
     fn new() -> Self {
         Self {
-            panel: vec![0.0; GROUP * CHUNK],
+            panel: vec![0.0; GROUP * WIDE_CHUNK],
             acc: vec![[0.0; 16]; GROUP * WIDE_TOKEN_BLOCK],
             xpad: vec![[0.0; 16]; WIDE_TOKEN_BLOCK],
         }
@@ -66,6 +80,7 @@ impl Scratch {
 }
 
 const _: () = assert!(size_of::<Scratch>() < 128, "the buffers live on the heap");
+const _: () = assert!(WIDE_CHUNK.is_multiple_of(CHUNK));
 
 thread_local! {
     /// This thread's [`Scratch`], made by its first wide call.
@@ -138,23 +153,39 @@ unsafe fn run_in<K: Kernel, F: Format>(
             let gr = GROUP.min(rows.end - g0);
             let acc = &mut s.acc[..gr * n];
             acc.fill([0.0; 16]);
-            for c0 in (0..cols).step_by(CHUNK) {
-                let len = CHUNK.min(cols - c0);
+            for c0 in (0..cols).step_by(WIDE_CHUNK) {
+                let len = WIDE_CHUNK.min(cols - c0);
                 let main = len - len % 16;
-                for (i, p) in s.panel.chunks_exact_mut(CHUNK).take(gr).enumerate() {
+                // Where each panel row's next span lies (this row's next chunk, the same row
+                // of the next group, or of the first group again for the next token block).
+                let (pr0, pc0) = if c0 + WIDE_CHUNK < cols {
+                    (g0, c0 + WIDE_CHUNK)
+                } else if g0 + GROUP < rows.end {
+                    (g0 + GROUP, 0)
+                } else {
+                    (rows.start, 0)
+                };
+                let pn = GROUP.min(rows.end - pr0);
+                for (i, p) in s.panel.chunks_exact_mut(WIDE_CHUNK).take(gr).enumerate() {
+                    if i < pn {
+                        prefetch_span(m, pr0 + i, pc0);
+                    }
                     // SAFETY: the caller guarantees the tier; the span `c0..c0 + len` lies in
-                    // the row, `c0` is a multiple of `CHUNK` (so of every format's block) and
-                    // `len` either `CHUNK` or the rest of the row.
+                    // the row, `c0` is a multiple of `WIDE_CHUNK` (so of every format's block)
+                    // and `len` either `WIDE_CHUNK` or the rest of the row.
                     unsafe { K::decode::<F>(F::row(m, g0 + i), c0, &mut p[..len]) };
                     p[len..len.next_multiple_of(16)].fill(0.0);
                 }
+                for i in gr..pn {
+                    prefetch_span(m, pr0 + i, pc0);
+                }
                 let panel = &s.panel;
-                let w = |r: usize| &panel[r * CHUNK..][..main];
+                let w = |r: usize| &panel[r * WIDE_CHUNK..][..main];
                 let xs = |j: usize| &x[(t0 + j) * cols + c0..][..main];
                 // SAFETY: the caller guarantees the tier.
                 unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs) };
                 if main < len {
-                    let w = |r: usize| &panel[r * CHUNK + main..][..16];
+                    let w = |r: usize| &panel[r * WIDE_CHUNK + main..][..16];
                     let xs = |j: usize| &s.xpad[j][..];
                     // SAFETY: the caller guarantees the tier.
                     unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs) };
@@ -167,6 +198,18 @@ unsafe fn run_in<K: Kernel, F: Format>(
                 }
             }
         }
+    }
+}
+
+/// Names to the prefetcher the stored bytes of columns `c0 .. c0 + WIDE_CHUNK` (clamped to
+/// the row) of row `r`: its weights and its share of the scales. Every format stores the same
+/// number of bytes per 32 columns of a row, row after row; FP8's scales, which serve 128 rows,
+/// give an approximate span, which is harmless: a prefetch changes no result.
+fn prefetch_span(m: &Matrix<'_>, r: usize, c0: usize) {
+    let cols = m.cols().max(1);
+    for buf in m.rows_bytes(r..r + 1) {
+        let (a, b) = (buf.len() * c0 / cols, buf.len() * (c0 + WIDE_CHUNK).min(cols) / cols);
+        prefetch(buf.get(a..b).unwrap_or_default());
     }
 }
 

@@ -139,8 +139,8 @@ fn check(
 }
 
 /// Dense widths: below one 16-column step, a step plus one, a chunk minus one, past a chunk,
-/// and several chunks and a partial step.
-const DENSE_COLS: [usize; 7] = [1, 3, 17, 255, 513, 1023, 4097];
+/// exactly two of the wide nest's chunks, and several chunks and a partial step.
+const DENSE_COLS: [usize; 8] = [1, 3, 17, 255, 513, 1023, 2048, 4097];
 /// MXFP4 widths: one block, a chunk plus a block, past a 1024-column span.
 const MXFP4_COLS: [usize; 3] = [32, 544, 1056];
 
