@@ -15,8 +15,13 @@ use std::sync::Arc;
 
 /// Every tokenizer kind the fixtures have: byte-level BPE `tokenizer.json` (Qwen3-MoE, GPT-OSS,
 /// DeepSeek R1) and tiktoken ranks (Kimi K2's, K3's).
-const FIXTURES: [&str; 5] =
-    ["qwen3_moe/tiny-a", "gpt_oss/tiny-a", "deepseek_v3/tiny-a", "deepseek_v3/tiny-b", "kimi_k3/tiny-a"];
+const FIXTURES: [&str; 5] = [
+    "qwen3_moe/tiny-a",
+    "gpt_oss/tiny-a",
+    "deepseek_v3/tiny-a",
+    "deepseek_v3/tiny-b",
+    "kimi_k3/tiny-a",
+];
 
 /// A string with multi-byte characters (`｜` is EF BD 9C) and every family's markers spelled.
 const MARKED: &str = "a｜b<｜tool▁call▁end｜>c</tool_call>d<|im_end|>e<|call|>f<|return|>\

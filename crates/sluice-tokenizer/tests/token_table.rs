@@ -12,8 +12,13 @@ use sluice_tokenizer::AnyTokenizer;
 use std::path::PathBuf;
 
 /// Every tokenizer kind the fixtures have.
-const FIXTURES: [&str; 5] =
-    ["qwen3_moe/tiny-a", "gpt_oss/tiny-a", "deepseek_v3/tiny-a", "deepseek_v3/tiny-b", "kimi_k3/tiny-a"];
+const FIXTURES: [&str; 5] = [
+    "qwen3_moe/tiny-a",
+    "gpt_oss/tiny-a",
+    "deepseek_v3/tiny-a",
+    "deepseek_v3/tiny-b",
+    "kimi_k3/tiny-a",
+];
 
 /// Every family's markers, spelled.
 const MARKERS: [&str; 12] = [
@@ -85,7 +90,11 @@ fn every_token_spells_what_its_tokenizer_decodes_and_markers_are_flagged() {
                     continue;
                 }
                 let ids = [a, u32::try_from(b).unwrap()];
-                assert_eq!(lossy(&spelled(&table, &ids)), lossy(&reference(&tok, &ids)), "{family}");
+                assert_eq!(
+                    lossy(&spelled(&table, &ids)),
+                    lossy(&reference(&tok, &ids)),
+                    "{family}"
+                );
             }
         }
         // Every byte is one token's whole spelling, so any bytes can be spelled exactly.

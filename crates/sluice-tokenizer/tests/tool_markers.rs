@@ -69,9 +69,12 @@ fn a_spelled_end_of_turn_in_a_json_answer_was_read_as_the_marker() {
     let answer = json!({"s": "a<|im_end|>b<|endoftext|>c<｜end▁of▁sentence｜>d<|return|>e<|end|>\
                         f[EOS]g<|tool_calls_section_begin|>h<tool_call>i</think>j"})
     .to_string();
-    let heads =
-        [("qwen3_moe/tiny-a", ""), ("gpt_oss/tiny-a", "<|channel|>final<|message|>"),
-         ("deepseek_v3/tiny-a", ""), ("deepseek_v3/tiny-b", "")];
+    let heads = [
+        ("qwen3_moe/tiny-a", ""),
+        ("gpt_oss/tiny-a", "<|channel|>final<|message|>"),
+        ("deepseek_v3/tiny-a", ""),
+        ("deepseek_v3/tiny-b", ""),
+    ];
     for (family, head) in heads {
         let fmt = PromptFormat::from_dir(&fixture(family)).unwrap().unwrap();
         let tok = fmt.tokenizer();
