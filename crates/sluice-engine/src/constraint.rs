@@ -13,8 +13,10 @@
 //! once per process ([`AnyTokenizer::vocab_entries`]: K3's tiktoken ranks, or a `tokenizer.json`
 //! decoded from its byte-level BPE spelling); added tokens (special or not) are entered with
 //! llguidance's `0xFF` marker, so a Lark grammar names them as `<|open|>` or by id as `<[483]>`
-//! and free text never holds one. Ordinary text in a grammar is tokenized with the tokenizer's
-//! plain encoding. The reply's end token (the chat format's end of turn) is the grammar's end:
+//! and free text never holds one. Text the grammar forces (a `const`, the markup's fixed text) is
+//! handed to the model in the tokenizer's ordinary encoding, matching no added token, and
+//! spelled byte for byte even where it starts or ends inside a UTF-8 character
+//! (`exact_tokens`). The reply's end token (the chat format's end of turn) is the grammar's end:
 //! once the grammar is complete only it is allowed, and generation stops on it. Ids past the
 //! tokenizer (a model that pads its embedding) are never allowed.
 
@@ -59,10 +61,41 @@ impl TokenizerEnv for Env {
     }
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
-        // Grammar literals are text; invalid UTF-8 cannot come from a grammar string. A text the
-        // tokenizer cannot encode gets no tokens: llguidance then matches it byte by byte.
-        self.tok.encode_plain(&String::from_utf8_lossy(s)).unwrap_or_default()
+        exact_tokens(&self.trie, s, |text| self.tok.encode_plain(text).ok())
     }
+}
+
+/// Tokens whose bytes are exactly `s`, never an added token. llguidance tokenizes the bytes a
+/// grammar forces with this and makes the next token the first of them, so the tokens must
+/// spell `s` byte for byte: `s` often starts or ends inside a UTF-8 character (it begins with
+/// the bytes of the last token emitted, which may be the first half of a `｜`), and it may spell
+/// a marker as text. Each valid UTF-8 run is `encode` (ordinary text, as the model writes it)
+/// when those tokens spell it exactly; anything else (a partial character, a text the
+/// tokenizer normalizes into other bytes) is the longest vocabulary tokens that spell it,
+/// from the trie.
+fn exact_tokens(trie: &TokTrie, s: &[u8], encode: impl Fn(&str) -> Option<Vec<u32>>) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut rest = s;
+    while !rest.is_empty() {
+        let (text, bad) = match std::str::from_utf8(rest) {
+            Ok(t) => (t, 0),
+            Err(e) => {
+                let (ok, tail) = rest.split_at(e.valid_up_to());
+                let text = std::str::from_utf8(ok).unwrap_or_default();
+                (text, e.error_len().unwrap_or(tail.len()))
+            }
+        };
+        let ids = encode(text).filter(|ids| {
+            let known = |t: u32| usize::try_from(t).is_ok_and(|t| t < trie.vocab_size());
+            ids.iter().all(|&t| known(t) && !trie.is_special_token(t))
+                && trie.decode_raw(ids) == text.as_bytes()
+        });
+        out.extend(ids.unwrap_or_else(|| trie.greedy_tokenize(text.as_bytes())));
+        let (broken, tail) = rest[text.len()..].split_at(bad);
+        out.extend(trie.greedy_tokenize(broken));
+        rest = tail;
+    }
+    out
 }
 
 /// The compiled vocabulary, shared by every request of a process.

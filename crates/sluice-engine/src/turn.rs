@@ -52,6 +52,12 @@ pub struct TurnOptions {
     /// Prompt positions that end a message (e.g. the system prompt's end): prefill passes end
     /// there and, with an on-disk state cache, the state there is written to it.
     pub boundaries: Vec<usize>,
+    /// Write the state at the prompt's end to the on-disk state cache (a repeated prompt, or a
+    /// follow-up that extends it, restores it). `false` when no later prompt can start with
+    /// this one: a chat format that writes a `tool_choice` or `response_format` message after
+    /// the last message writes it after the next request's messages instead, and a Kimi K3
+    /// state no request restores is 0.6 GB written for nothing.
+    pub keep_prompt_end: bool,
     /// Restricts every generated token to what a grammar allows (see [`crate::constraint`]).
     pub constraint: Option<SharedConstraint>,
     /// What a follow-up request of this conversation starts with, which decides whether the
@@ -301,7 +307,7 @@ pub fn run_turn(
         pos = end;
         progress.report(pos);
         let to_disk = disk.as_ref().filter(|_| {
-            end == prompt.len()
+            (end == prompt.len() && opts.keep_prompt_end)
                 || (disk_every > 0 && end % disk_every == 0)
                 || opts.boundaries.contains(&end)
         });

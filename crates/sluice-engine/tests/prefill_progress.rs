@@ -67,6 +67,7 @@ fn run_turn_counts_resumed_positions_as_done() {
         prefill_chunk: 0,
         on_prefill: Some(hook),
         boundaries: Vec::new(),
+        keep_prompt_end: true,
         constraint: None,
         follow_up: None,
     };

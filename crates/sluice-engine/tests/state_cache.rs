@@ -118,6 +118,7 @@ fn turn(
         prefill_chunk: 0,
         on_prefill: None,
         boundaries,
+        keep_prompt_end: true,
         constraint: None,
         follow_up: None,
     };

@@ -270,6 +270,7 @@ pub(crate) fn submit(
         id: app.next_id.fetch_add(1, Ordering::Relaxed),
         prompt: prompt.ids,
         boundaries: prompt.boundaries,
+        keep_prompt_end: prompt.keep_end,
         echo: prompt.echo,
         max_new,
         sampling,
@@ -381,13 +382,13 @@ pub(crate) async fn render_chat(
     let shared = Arc::clone(app);
     on_blocking(app, move |fmt| {
         let rendered = fmt.render_chat(&messages, &options).map_err(render_error)?;
-        let boundaries = message_boundaries(fmt, &messages, &options, &rendered.ids);
+        let (boundaries, keep_end) = message_boundaries(fmt, &messages, &options, &rendered.ids);
         let c = match constraint {
             Some(c) => Some(shared.grammars.compile(fmt, &c, rendered.reasoning)?),
             None => None,
         };
         Ok(RenderedRequest {
-            prompt: Prompt { ids: rendered.ids, boundaries, echo: None },
+            prompt: Prompt { ids: rendered.ids, boundaries, keep_end, echo: None },
             reasoning_open: rendered.reasoning_open,
             constraint: c,
             conversation: (messages, options),
@@ -409,30 +410,46 @@ fn render_error(e: sluice_tokenizer::PromptError) -> ApiError {
     }
 }
 
-/// Where the conversation's messages end inside `prompt`: after the leading system messages
-/// (the system prompt and tool declarations that conversations of one agent share) and after
-/// the last message, before the assistant turn the model completes. The state cache writes
-/// the state at these positions. Each cut is rendered through the same chat format without
-/// the generation prompt and without what a format writes after the last message for
-/// `tool_choice` and `response_format` (a next request writes those after its own messages,
-/// so a cut that included them would be a prefix of nothing but this prompt); a cut whose
+/// Where the conversation's messages end inside `prompt`, and whether a later prompt can start
+/// with all of it: the positions the state cache writes the state at.
+///
+/// The cuts are after the leading system messages (the system prompt and tool declarations
+/// that conversations of one agent share) and after the last message, before the assistant
+/// turn the model completes. Each is rendered through the same chat format without the
+/// generation prompt and without what a format writes after the last message for
+/// `tool_choice` and `response_format` (a next request writes those after its own messages, so
+/// a cut that included them would be a prefix of nothing but this prompt); a cut whose
 /// rendering is not a prefix of the prompt (a history turn rendered differently once it is not
 /// the last) is left out.
+///
+/// The prompt's end is kept when a follow-up starts with it: the conversation with a reply
+/// and a next user message appended, rendered without the generation prompt, begins with the
+/// whole prompt (no trailing `tool_choice` or `response_format` message sits before the
+/// reply, and the format renders a history reply after the same header the generation prompt
+/// wrote). Then the last message's cut is dropped: every follow-up that starts with it starts
+/// with the prompt's end too, and a second state a few tokens shorter would double the bytes
+/// written (0.6 GB each for Kimi K3). Otherwise the prompt's end is not written and the last
+/// message's cut is where a follow-up resumes.
 pub(crate) fn message_boundaries(
     fmt: &PromptFormat,
     messages: &[ChatMessage],
     options: &ChatOptions,
     prompt: &[u32],
-) -> Vec<usize> {
+) -> (Vec<usize>, bool) {
     let opts = ChatOptions {
         add_generation_prompt: false,
         tool_choice: None,
         response_format: None,
         ..options.clone()
     };
+    let mut follow = messages.to_vec();
+    follow.push(ChatMessage::new(sluice_tokenizer::Role::Assistant, "Done.".to_owned()));
+    follow.push(ChatMessage::new(sluice_tokenizer::Role::User, "Next.".to_owned()));
+    let keep_end = fmt.render_chat(&follow, &opts).is_ok_and(|r| r.ids.starts_with(prompt));
     let leading = messages.iter().take_while(|m| m.role == sluice_tokenizer::Role::System).count();
+    let last = if keep_end { None } else { Some(messages.len()) };
     let mut out = Vec::new();
-    for cut in [leading, messages.len()] {
+    for cut in [Some(leading), last].into_iter().flatten() {
         if cut == 0 {
             continue;
         }
@@ -444,7 +461,7 @@ pub(crate) fn message_boundaries(
         }
     }
     out.dedup();
-    out
+    (out, keep_end)
 }
 
 /// A prompt's ids and its message boundaries ([`Job::boundaries`]).
@@ -453,6 +470,8 @@ pub(crate) struct Prompt {
     pub(crate) ids: Vec<u32>,
     /// Positions that end a message (see [`message_boundaries`]).
     pub(crate) boundaries: Vec<usize>,
+    /// Whether the state at the prompt's end is written (see [`message_boundaries`]).
+    pub(crate) keep_end: bool,
     /// A chat prompt's conversation, for what a follow-up request starts with ([`Job::echo`]).
     pub(crate) echo: Option<ChatEcho>,
 }
@@ -484,7 +503,7 @@ async fn completions(
     }
     let max_new = budget(&app.limits, prompt.len(), req.common.max_tokens.or(Some(16)), "prompt")?;
     let meta = meta(&app, Endpoint::Completion, req.logprobs.is_some());
-    let prompt = Prompt { ids: prompt, boundaries: Vec::new(), echo: None };
+    let prompt = Prompt { ids: prompt, boundaries: Vec::new(), keep_end: true, echo: None };
     let text = OutputKind::Text;
     run(&app, reservation, meta, prompt, &req.common, max_new, req.logprobs, text, None).await
 }

@@ -37,6 +37,9 @@ pub struct Job {
     pub prompt: Vec<u32>,
     /// Prompt positions where a message ends (the state cache writes the state there).
     pub boundaries: Vec<usize>,
+    /// Write the state at the prompt's end to the state cache (`false`: no later prompt can
+    /// start with this one: see `message_boundaries` in the API handlers).
+    pub keep_prompt_end: bool,
     /// A chat prompt's conversation: what a follow-up request starts with, which decides
     /// whether the state after the reply is kept (`None`: completions, whose follow-up sends
     /// the ids back as they are).
@@ -233,6 +236,7 @@ impl Worker {
             prefill_chunk: self.prefill_chunk,
             on_prefill: Some(prefill_hook(job.id, Arc::clone(&self.metrics))),
             boundaries: job.boundaries.clone(),
+            keep_prompt_end: job.keep_prompt_end,
             constraint: job.constraint.clone(),
             follow_up: job
                 .echo
@@ -341,6 +345,7 @@ pub(crate) mod tests {
             id,
             prompt: vec![1],
             boundaries: Vec::new(),
+            keep_prompt_end: true,
             echo: None,
             max_new: 1,
             sampling: Sampling::greedy(),

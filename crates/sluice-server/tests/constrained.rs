@@ -1,7 +1,8 @@
 //! Constrained output on the tiny K3 fixture through `run_turn`, with the grammars the server
 //! builds ([`sluice_server::constrain`]): the reply always parses — JSON content valid against
 //! its schema (a property test over generated schemas, checked with the `jsonschema` crate, on
-//! K3 and on the Qwen3-MoE template family), or tool calls to the declared tools — and
+//! K3 and on the Qwen3-MoE template family; their strings hold multi-byte characters and spelled
+//! markers), or tool calls to the declared tools — and
 //! speculative decoding changes nothing: with n-gram drafts the constrained tokens are
 //! identical to plain decoding's, greedy and sampled.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -60,6 +61,7 @@ fn generate(c: &OutputConstraint, thinking: bool, sampling: Sampling, ngram: boo
         prefill_chunk: 0,
         on_prefill: None,
         boundaries: Vec::new(),
+        keep_prompt_end: true,
         constraint: Some(constraint),
         follow_up: None,
     };
@@ -191,6 +193,7 @@ fn qwen3_json(schema: &Value, sampling: Sampling) -> (String, String) {
         prefill_chunk: 0,
         on_prefill: None,
         boundaries: Vec::new(),
+        keep_prompt_end: true,
         constraint: Some(c),
         follow_up: None,
     };
@@ -215,7 +218,8 @@ fn schema_strategy() -> impl Strategy<Value = Value> {
             .prop_map(|(lo, hi)| json!({"type": "integer", "minimum": lo, "maximum": hi})),
         (0usize..3, 3usize..8)
             .prop_map(|(lo, hi)| json!({"type": "string", "minLength": lo, "maxLength": hi})),
-        prop::collection::vec("[a-z]{1,5}", 1..4).prop_map(|v| json!({"enum": v})),
+        prop::collection::vec(text(), 1..4).prop_map(|v| json!({"enum": v})),
+        text().prop_map(|s| json!({"const": s})),
         Just(json!({"type": "null"})),
     ];
     let value = leaf.prop_recursive(2, 8, 3, |inner| {
@@ -226,6 +230,29 @@ fn schema_strategy() -> impl Strategy<Value = Value> {
         ]
     });
     prop::collection::btree_map("[a-z]{1,6}", value, 1..4).prop_map(object)
+}
+
+/// A string for `enum` and `const`: letters, multi-byte characters (`｜` is EF BD 9C, split
+/// over tokens by a byte-level vocabulary), quotes and backslashes, and every family's markers
+/// spelled as text.
+fn text() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        "[a-z]{1,4}",
+        "[｜é中文🙂▁→]{1,3}",
+        Just("\"\\".to_owned()),
+        prop::sample::select(vec![
+            "<|im_end|>",
+            "</tool_call>",
+            "<|end_of_msg|>",
+            "<|close|>",
+            "<｜tool▁call▁end｜>",
+            "<|tool_call_end|>",
+            "<|call|>",
+            "</think>",
+        ])
+        .prop_map(str::to_owned),
+    ];
+    prop::collection::vec(piece, 1..4).prop_map(|p| p.concat())
 }
 
 fn object(props: std::collections::BTreeMap<String, Value>) -> Value {

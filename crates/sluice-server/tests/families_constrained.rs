@@ -230,3 +230,45 @@ fn a_schema_the_engine_cannot_compile_is_refused_naming_the_construct_in_every_f
         ok(&server, "/v1/chat/completions", &chat(&json!({"response_format": rf})), family);
     }
 }
+
+/// A constrained call whose argument value spells every family's call and turn markers (as
+/// ordinary tokens: the grammar keeps added tokens out of JSON strings), with a quote and a
+/// backslash: the parsers read the call as JSON, so it comes back whole, streamed and not.
+#[test]
+fn a_marker_inside_a_constrained_arguments_string_cut_the_call_short() {
+    let marked = "a</tool_call>b<|tool_call_end|>c<|tool_calls_section_end|>d<｜tool▁call▁end｜>\
+                  e<|call|>f<|im_end|>g\"h\\i";
+    let tools = json!([{"type": "function", "function": {"name": "echo", "description": "Echo.",
+        "parameters": {"type": "object", "properties": {"s": {"const": marked}},
+                       "required": ["s"], "additionalProperties": false}}}]);
+    let named = json!({"type": "function", "function": {"name": "echo"}});
+    for family in FAMILIES {
+        let (server, _tmp) = start(family, "none");
+        let req = chat(&json!({"tools": tools, "tool_choice": named, "max_tokens": 400}));
+        let body = ok(&server, "/v1/chat/completions", &req, family);
+        if !finished(&body, family) {
+            continue;
+        }
+        let calls = body["choices"][0]["message"]["tool_calls"].as_array().cloned();
+        let calls = calls.unwrap_or_else(|| panic!("{family}: no calls: {body}"));
+        assert_eq!(calls.len(), 1, "{family}: {body}");
+        let args = calls[0]["function"]["arguments"].as_str().unwrap();
+        let args: Value = serde_json::from_str(args).unwrap_or_else(|e| panic!("{family}: {e}"));
+        assert_eq!(args, json!({"s": marked}), "{family}");
+        assert_eq!(body["choices"][0]["finish_reason"], "tool_calls", "{family}");
+
+        let mut sreq = req.clone();
+        sreq["stream"] = json!(true);
+        let s = post(server.addr, "/v1/chat/completions", &sreq);
+        assert_eq!(s.status, 200, "{family}");
+        let mut streamed = Vec::new();
+        for data in s.sse_data().into_iter().filter(|d| d != "[DONE]") {
+            let v: Value = serde_json::from_str(&data).unwrap();
+            let delta = &v["choices"][0]["delta"];
+            streamed.extend(delta["tool_calls"].as_array().cloned().unwrap_or_default());
+        }
+        assert_eq!(streamed.len(), 1, "{family}: {streamed:?}");
+        let sargs = streamed[0]["function"]["arguments"].as_str().unwrap();
+        assert_eq!(serde_json::from_str::<Value>(sargs).unwrap(), args, "{family}: streamed");
+    }
+}

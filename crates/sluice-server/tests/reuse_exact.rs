@@ -35,6 +35,7 @@ fn turn(
         prefill_chunk: 0,
         on_prefill: None,
         boundaries: Vec::new(),
+        keep_prompt_end: true,
         constraint: None,
         follow_up: None,
     };

@@ -151,12 +151,15 @@ impl AnyTokenizer {
         }
     }
 
-    /// Encodes text as ordinary text, adding nothing (the literals of a grammar): K3's
-    /// ordinary encoding; a `tokenizer.json` without its post-processor's additions.
+    /// Encodes text as ordinary text, adding nothing and matching no added token (the literals
+    /// of a grammar, text a grammar forces): K3's ordinary encoding; a `tokenizer.json`'s
+    /// pipeline without its added vocabulary or post-processor
+    /// ([`HfTokenizer::encode_ordinary`]). A spelled marker is its characters' tokens, never the
+    /// marker's id.
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, AnyError> {
         match self {
             Self::Tiktoken(t) => Ok(t.encode_ordinary(text)),
-            Self::Hf(t) => Ok(t.encode(text, false)?),
+            Self::Hf(t) => Ok(t.encode_ordinary(text)?),
         }
     }
 

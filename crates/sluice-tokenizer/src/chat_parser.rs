@@ -8,7 +8,8 @@ use crate::chat_stream::{OutputEvent, TextMachine};
 use crate::k3_output::K3OutputParser;
 use crate::output::OutputFormat;
 
-/// A reply in a text chat format, fed token ids.
+/// A reply in a text chat format, fed token ids: a marker that is an added token counts only
+/// as its id, never as text spelling it.
 #[derive(Debug)]
 pub struct TextOutputParser<'t> {
     decoder: AnyStreamDecoder<'t>,
@@ -16,6 +17,8 @@ pub struct TextOutputParser<'t> {
     /// generation completes its call at [`Self::finish`]).
     stop_ids: Vec<u32>,
     machine: TextMachine,
+    /// The format's markers that are added tokens, by id: they count only as these ids.
+    marker_ids: Vec<(u32, &'static str)>,
     reasoning_tokens: usize,
 }
 
@@ -28,10 +31,15 @@ impl<'t> TextOutputParser<'t> {
         stop_ids: &[u32],
         reasoning_open: bool,
     ) -> Self {
+        let machine = TextMachine::new(format, reasoning_open);
+        let marker_ids: Vec<(u32, &'static str)> =
+            machine.markers().iter().filter_map(|&m| Some((tok.added_id(m)?, m))).collect();
+        let machine = machine.with_token_markers(|m| marker_ids.iter().any(|&(_, t)| t == m));
         Self {
             decoder: tok.stream_decoder(),
             stop_ids: stop_ids.to_vec(),
-            machine: TextMachine::new(format, reasoning_open),
+            machine,
+            marker_ids,
             reasoning_tokens: 0,
         }
     }
@@ -50,6 +58,14 @@ impl<'t> TextOutputParser<'t> {
         }
         if self.machine.in_reasoning() {
             self.reasoning_tokens += 1;
+        }
+        if let Some(&(_, marker)) = self.marker_ids.iter().find(|&&(m, _)| m == id) {
+            let rest = self.decoder.finish();
+            let mut out = self.machine.push_text(&rest);
+            for e in self.machine.push_marker(marker) {
+                crate::chat_stream::push_event(&mut out, e);
+            }
+            return out;
         }
         let text = self.decoder.push(id);
         self.machine.push_text(&text)

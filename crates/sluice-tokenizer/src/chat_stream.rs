@@ -14,6 +14,11 @@
 //! shows what they are. Tool calls are released once their closing marker arrives (or at the end
 //! of generation, if they parse then).
 //!
+//! Fed token ids ([`crate::TextOutputParser`]), a marker that is an added token of the
+//! tokenizer counts only when it arrives as that token; its spelling in text (several ordinary
+//! tokens, as a grammar writes `"<|im_end|>"` inside a JSON string) is text, so the split
+//! between answer, calls and end of turn follows the ids where the ids tell it.
+//!
 //! A call's body is JSON text (Qwen3's `{"name": …, "arguments": …}`, the arguments of the other
 //! formats, whose name and fence before them hold no quote), and a marker counts there only
 //! outside a JSON string: an argument value may spell `</tool_call>`, `<|tool_call_end|>`,
@@ -128,6 +133,9 @@ impl Emit {
 pub struct TextMachine {
     format: OutputFormat,
     markers: &'static [&'static str],
+    /// The markers looked for in text: all of them, less those that arrive only as their token
+    /// ([`Self::with_token_markers`]).
+    spelled: Vec<&'static str>,
     sections: Option<&'static Sections>,
     /// Received text not yet scanned: a possible marker prefix.
     pending: String,
@@ -194,6 +202,7 @@ impl TextMachine {
         Self {
             format,
             markers,
+            spelled: markers.to_vec(),
             sections,
             pending: String::new(),
             state,
@@ -214,6 +223,29 @@ impl TextMachine {
     pub fn with_tools(mut self, tools: bool) -> Self {
         self.tools = tools;
         self
+    }
+
+    /// The markers for which `is_token` holds arrive only as their token
+    /// ([`Self::push_marker`]): their spelling in text is text (a JSON answer's string may
+    /// spell `<|im_end|>`). The others are still found in text (a tokenizer that spells
+    /// `<tool_call>` as ordinary tokens).
+    pub fn with_token_markers(mut self, is_token: impl Fn(&str) -> bool) -> Self {
+        self.spelled = self.markers.iter().copied().filter(|m| !is_token(m)).collect();
+        self
+    }
+
+    /// The markers of this format, as [`Self::push_marker`] takes them.
+    pub fn markers(&self) -> &'static [&'static str] {
+        self.markers
+    }
+
+    /// A marker that arrived as its token: text held back as a possible marker start is text,
+    /// and the marker counts wherever it stands (a grammar never puts one inside a string).
+    pub fn push_marker(&mut self, marker: &'static str) -> Vec<OutputEvent> {
+        let held = std::mem::take(&mut self.pending);
+        self.text(&held);
+        self.marker(marker);
+        std::mem::take(&mut self.out)
     }
 
     /// Whether text now would be reasoning (for counting reasoning tokens).
@@ -242,7 +274,7 @@ impl TextMachine {
                     let held = if self.in_call() && self.json_at_end().in_string {
                         0
                     } else {
-                        partial_marker_len(&self.pending, self.markers)
+                        partial_marker_len(&self.pending, &self.spelled)
                     };
                     let text: String = self.pending.drain(..self.pending.len() - held).collect();
                     self.text(&text);
@@ -271,10 +303,10 @@ impl TextMachine {
     fn next_marker(&self) -> Option<(usize, &'static str)> {
         let at = |i: usize| {
             let rest = &self.pending[i..];
-            self.markers.iter().filter(|m| rest.starts_with(**m)).max_by_key(|m| m.len()).copied()
+            self.spelled.iter().filter(|m| rest.starts_with(**m)).max_by_key(|m| m.len()).copied()
         };
         if !self.in_call() {
-            let first = self.markers.iter().filter_map(|m| self.pending.find(m)).min()?;
+            let first = self.spelled.iter().filter_map(|m| self.pending.find(m)).min()?;
             return at(first).map(|m| (first, m));
         }
         let mut json = self.json;

@@ -137,6 +137,31 @@ impl HfTokenizer {
             .map_err(|source| HfError::Encode { len: text.len(), source })
     }
 
+    /// Encodes `text` as ordinary text: the normalizer, pre-tokenizer and model of the file, with
+    /// no added token matched (a spelled `<|im_end|>` is the BPE tokens of its characters, as
+    /// a model writes it inside a string) and nothing added. Grammar literals and forced text are
+    /// encoded so: the ids of an added token would be a marker, not the text.
+    pub fn encode_ordinary(&self, text: &str) -> Result<Vec<u32>, HfError> {
+        use tokenizers::{Model, Normalizer, PreTokenizer};
+        let err = |source| HfError::Encode { len: text.len(), source };
+        let mut normalized = tokenizers::NormalizedString::from(text);
+        if let Some(n) = self.inner.get_normalizer() {
+            n.normalize(&mut normalized).map_err(err)?;
+        }
+        let mut pre = tokenizers::PreTokenizedString::from(normalized);
+        if let Some(p) = self.inner.get_pre_tokenizer() {
+            p.pre_tokenize(&mut pre).map_err(err)?;
+        }
+        let mut ids = Vec::new();
+        let splits =
+            pre.get_splits(tokenizers::OffsetReferential::Normalized, tokenizers::OffsetType::Byte);
+        for (piece, _, _) in splits {
+            let tokens = self.inner.get_model().tokenize(piece).map_err(err)?;
+            ids.extend(tokens.iter().map(|t| t.id));
+        }
+        Ok(ids)
+    }
+
     /// Decodes `ids` as Python's `Tokenizer.decode(ids, skip_special_tokens=...)` does. Unlike
     /// the `tokenizers` crate, which drops unknown ids silently, an id outside the vocabulary is
     /// an error: it would mean a model emitted a padding row of its embedding.

@@ -60,3 +60,43 @@ fn a_marker_inside_a_json_string_of_the_arguments_cut_the_call_short_on_ids() {
         assert_eq!(fmt.output_format().parse(&text, false, true), out, "{family}: whole text");
     }
 }
+
+/// A JSON answer whose string spells every family's end of turn and markers (as ordinary
+/// tokens, which is how a grammar writes them): parsed on ids, the spellings are text, so the
+/// answer comes back whole, streamed and not.
+#[test]
+fn a_spelled_end_of_turn_in_a_json_answer_was_read_as_the_marker() {
+    let answer = json!({"s": "a<|im_end|>b<|endoftext|>c<｜end▁of▁sentence｜>d<|return|>e<|end|>\
+                        f[EOS]g<|tool_calls_section_begin|>h<tool_call>i</think>j"})
+    .to_string();
+    let heads = [
+        ("qwen3_moe/tiny-a", ""),
+        ("gpt_oss/tiny-a", "<|channel|>final<|message|>"),
+        ("deepseek_v3/tiny-a", ""),
+        ("deepseek_v3/tiny-b", ""),
+    ];
+    for (family, head) in heads {
+        let fmt = PromptFormat::from_dir(&fixture(family)).unwrap().unwrap();
+        let tok = fmt.tokenizer();
+        let mut ids = tok.encode_rendered(head).unwrap();
+        ids.extend(tok.encode_plain(&answer).unwrap());
+        let out = fmt.parse_reply(&ids, false, false).unwrap();
+        assert_eq!(out.content, answer, "{family}: {out:?}");
+        // One token at a time, as the server streams it.
+        let mut p = fmt.output_parser(false, false).unwrap();
+        let mut streamed = String::new();
+        for &id in &ids {
+            for e in p.push(id) {
+                if let sluice_tokenizer::OutputEvent::Content(t) = e {
+                    streamed.push_str(&t);
+                }
+            }
+        }
+        for e in p.finish() {
+            if let sluice_tokenizer::OutputEvent::Content(t) = e {
+                streamed.push_str(&t);
+            }
+        }
+        assert_eq!(streamed, answer, "{family}: streamed");
+    }
+}
