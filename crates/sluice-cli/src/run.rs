@@ -152,7 +152,11 @@ pub fn run(a: &RunArgs) -> Result<()> {
     // The largest pass this run takes: its prompt in one chunk, or the pending token and its
     // drafts. The plan charges the automatic chunk's working memory for no more rows than this
     // (it would charge up to the context), and the rest becomes expert-cache slots.
-    let verify = if matches!(draft, DraftArg::None | DraftArg::Auto) { 1 } else { a.draft_max + 1 };
+    let verify = if matches!(draft, DraftArg::None | DraftArg::Auto) {
+        1
+    } else {
+        a.draft_max.saturating_add(1)
+    };
     load_opts.largest_pass = prompt_ids.len().max(verify);
     if matches!(draft, DraftArg::Model(_)) {
         target.tokenizer("--draft DIR needs them to re-encode draft text")?;
