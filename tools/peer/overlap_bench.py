@@ -8,13 +8,15 @@ For one `sluice synth` K3 slice, each of --runs interleaved rounds runs, every o
 - cgroup:  for each --sluice binary (e.g. before and after a change; their order alternates from
            round to round), decode in a fresh v1 memory
            cgroup with the model's pages dropped first (the rule of tools/peer/peer_bench.py:
-           the slice's non-expert bytes + 25.5% of its expert bytes; sluice at the limit - 256 MiB);
+           the slice's non-expert bytes + 25.5% of its expert bytes; sluice at the limit - 256 MiB,
+           or the --memory given with the binary as NAME=BINARY@MEMORY);
 - probe:   `sluice probe --model` (storage read bandwidth at the engine's block size and queue
            depth), so the I/O bound is measured in the same round.
 
 Per run: decode s/pass, the time the pass waited on expert reads (`decode_io_wait_s`), expert
 bytes read per pass, hit rate, per-layer reads, and the process's CPU seconds (user + system,
-from wait4). The I/O bound of a pass is its expert bytes read / the probed bandwidth; the figure
+from wait4), the plan's slots and chunk, the peak RSS, and the cgroup's peak charge, how often it
+hit the limit (memory.failcnt: reclaim ran) and its OOM kills. The I/O bound of a pass is its expert bytes read / the probed bandwidth; the figure
 of a cgroup run is `s/pass / max(mapped s/pass, I/O bound)` with the mapped run and the probe of
 the same round (1.0 = reads fully overlapped with compute). Medians (min-max) over rounds; the
 load average is recorded around every round. Every run's greedy ids must equal the mapped run's
@@ -75,7 +77,8 @@ def decode(binary, a, ids, cgroup=None, extra=()):
             "io_wait_per_pass": st["decode_io_wait_s"] / passes,
             "read_busy_per_pass": st["decode_read_busy_s"] / passes,
             "bytes_read_per_pass": st["decode_expert_bytes_read"] / passes,
-            "hit_rate": st["hit_rate"], "slots": v["plan"]["slots"], "cpu_s": cpu,
+            "hit_rate": st["hit_rate"], "slots": v["plan"]["slots"], "chunk": v["plan"]["chunk"],
+            "peak_rss_bytes": st.get("peak_rss_bytes"), "cpu_s": cpu,
             "wall_s": wall, "io_backend": v.get("io_backend"), "layers": layers}
 
 
@@ -95,8 +98,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--sluice", action="append", required=True,
-                    help="NAME=BINARY, once per binary measured in the cgroup (the first one "
-                    "also runs the mapped pass and the probe)")
+                    help="NAME=BINARY[@MEMORY], once per configuration measured in the cgroup "
+                    "(the first one also runs the mapped pass and the probe); MEMORY is its "
+                    "--memory (default: the limit - 256 MiB)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--tg", type=int, default=8, help="timed one-token passes")
     ap.add_argument("--threads", type=int, default=2)
@@ -104,19 +108,23 @@ def main():
     ap.add_argument("--cgroup-bytes", type=int, help="limit (default: the peer_bench rule)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    bins = []
+    bins, mem_of = [], {}
     for s in a.sluice:
         name, _, path = s.partition("=")
+        path, _, mem_of[name] = path.partition("@")
         if not path or not os.access(path, os.X_OK):
-            fail(f"--sluice {s!r}: expected NAME=EXECUTABLE")
+            fail(f"--sluice {s!r}: expected NAME=EXECUTABLE[@MEMORY]")
         bins.append((name, path))
     cfg = json.load(open(os.path.join(a.model, "config.json")))
     ids = prompt_ids(8, cfg["text_config"]["vocab_size"] - 256, 1)
     expert, other = safetensors_bytes(a.model)
     limit = a.cgroup_bytes or int(other + K3_EXPERT_SHARE * expert)
     memory = f"{(limit - (256 << 20)) >> 20}M"
+    for name in mem_of:
+        mem_of[name] = mem_of[name] or memory
     files = [os.path.join(a.model, f) for f in os.listdir(a.model) if f.endswith(".safetensors")]
-    print(f"overlap_bench: cgroup {limit / 1e9:.3f} GB, sluice --memory {memory}", file=sys.stderr)
+    print(f"overlap_bench: cgroup {limit / 1e9:.3f} GB, sluice --memory "
+          f"{', '.join(f'{n} {m}' for n, m in mem_of.items())}", file=sys.stderr)
     rounds, ref = [], None
     for r in range(a.runs):
         rnd = {"load_before": os.getloadavg()[0]}
@@ -130,8 +138,9 @@ def main():
             drop_pages(files)
             cg = Cgroup(limit, f"overlap-{r}-{name}")
             try:
-                res = decode(path, a, ids, cg, extra=("--memory", memory))
+                res = decode(path, a, ids, cg, extra=("--memory", mem_of[name]))
                 res["cgroup_peak_bytes"] = cg.peak()
+                res["cgroup_failcnt"], res["cgroup_oom_kills"] = cg.pressure()
             finally:
                 cg.remove()
             io_bound = res["bytes_read_per_pass"] / bw
@@ -155,7 +164,7 @@ def main():
         for k in ("s_per_pass", "io_wait_per_pass", "read_busy_per_pass", "bytes_read_per_pass",
                   "io_bound_per_pass", "ratio", "cpu_s", "hit_rate"):
             summary[f"{n}_{k}"] = med([x[n][k] for x in rounds])
-    json.dump({"model": a.model, "cgroup_bytes": limit, "sluice_memory": memory,
+    json.dump({"model": a.model, "cgroup_bytes": limit, "sluice_memory": mem_of,
                "binaries": dict(bins), "tg": a.tg, "threads": a.threads, "rounds": rounds,
                "summary": summary}, open(a.out, "w"), indent=1)
     f = lambda s, d=3: f"{s['median']:.{d}f} ({s['min']:.{d}f}–{s['max']:.{d}f})"  # noqa: E731
@@ -163,14 +172,20 @@ def main():
           f"{f(summary['probe_gb_per_s'], 2)} GB/s; load "
           f"{min(x['load_before'] for x in rounds):.1f}–{max(x['load_after'] for x in rounds):.1f}\n")
     print("| binary | cgroup s/pass | I/O wait s/pass | reads in flight s/pass | MB read/pass | "
-          "I/O bound s/pass | s/pass ÷ max(compute, I/O) | process CPU s |")
-    print("|---|---|---|---|---|---|---|---|")
+          "I/O bound s/pass | s/pass ÷ max(compute, I/O) | process CPU s | --memory | "
+          "slots | hit rate | peak RSS GB | cgroup peak GB | limit hits | OOM kills |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n, _ in bins:
         s = lambda k: summary[f"{n}_{k}"]  # noqa: E731
         print(f"| {n} | {f(s('s_per_pass'))} | {f(s('io_wait_per_pass'))} | "
               f"{f(s('read_busy_per_pass'))} | "
               f"{s('bytes_read_per_pass')['median'] / 1e6:.0f} | {f(s('io_bound_per_pass'))} | "
-              f"**{f(s('ratio'), 2)}** | {f(s('cpu_s'), 1)} |")
+              f"**{f(s('ratio'), 2)}** | {f(s('cpu_s'), 1)} | {mem_of[n]} | "
+              f"{rounds[0][n]['slots']} | {f(s('hit_rate'))} | "
+              f"{max(x[n]['peak_rss_bytes'] or 0 for x in rounds) / 1e9:.3f} | "
+              f"{max(x[n]['cgroup_peak_bytes'] for x in rounds) / 1e9:.3f} | "
+              f"{sum(x[n]['cgroup_failcnt'] for x in rounds)} | "
+              f"{sum(x[n]['cgroup_oom_kills'] for x in rounds)} |")
 
 
 if __name__ == "__main__":

@@ -119,6 +119,21 @@ class Cgroup:
         with open(os.path.join(self.dir, "memory.max_usage_in_bytes")) as f:
             return int(f.read())
 
+    def pressure(self):
+        """(times the charge hit the limit, OOM kills): memory.failcnt and oom_control's
+        oom_kill (0 where the kernel does not report it)."""
+        with open(os.path.join(self.dir, "memory.failcnt")) as f:
+            failcnt = int(f.read())
+        kills = 0
+        try:
+            with open(os.path.join(self.dir, "memory.oom_control")) as f:
+                for line in f:
+                    if line.startswith("oom_kill "):
+                        kills = int(line.split()[1])
+        except OSError:
+            pass
+        return failcnt, kills
+
     def remove(self):
         for _ in range(50):
             try:

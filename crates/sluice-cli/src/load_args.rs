@@ -151,6 +151,7 @@ impl LoadArgs {
             disk_cache: self.disk_cache,
             draft_bytes: 0,
             prefill_chunk: 0,
+            largest_pass: 0,
         }
     }
 

@@ -149,6 +149,15 @@ pub fn run(a: &RunArgs) -> Result<()> {
     load_opts.prefill_chunk = a.prefill_chunk;
     load_opts.state_cache = a.state_cache.enabled();
     let draft = target.resolve_draft(&a.draft)?;
+    // The largest pass this run takes: its prompt in one chunk, or the pending token and its
+    // drafts. The plan charges the automatic chunk's working memory for no more rows than this
+    // (it would charge up to the context), and the rest becomes expert-cache slots.
+    let verify = if matches!(draft, DraftArg::None | DraftArg::Auto) {
+        1
+    } else {
+        a.draft_max.saturating_add(1)
+    };
+    load_opts.largest_pass = prompt_ids.len().max(verify);
     if matches!(draft, DraftArg::Model(_)) {
         target.tokenizer("--draft DIR needs them to re-encode draft text")?;
     }

@@ -52,6 +52,55 @@ fn peak_rss_stays_under_a_budget_a_third_of_the_model_and_tokens_are_unchanged()
     assert_eq!(streamed["generated_ids"].as_array().unwrap().len(), 16);
 }
 
+/// `sluice run` knows its prompt: a 6-id prompt under a budget a third of the model was planned a
+/// prefill chunk of 1,170 rows (the automatic chunk takes all the spare when the cache cannot hold
+/// a layer's experts, up to the 4,096-token context) whose working memory no pass ever used, and
+/// the expert cache got the minimum of 2 slots. The chunk is now planned for the run's largest
+/// pass (its prompt), the rest of the budget becomes slots, and the peak RSS stays under it.
+#[test]
+fn a_short_prompt_run_charged_a_prefill_chunk_for_the_whole_context() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    let m = model.to_str().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["synth", "--preset", "many-experts", "--layers", "6", "--experts", "256"])
+        .args(["--seed", "5", "--out", m])
+        .output()
+        .expect("spawn synth");
+    assert!(o.status.success(), "synth: {}", String::from_utf8_lossy(&o.stderr));
+    let budget: u64 = 96 << 20;
+    let run = |ids: &str| {
+        let args = ["run", "--model", m, "--prompt-ids", ids, "--max-new", "16"];
+        sluice(&[&args[..], &["--memory", "96M", "--json"]].concat())
+    };
+    let short = run("3,14,15,92,65,35");
+    let long_ids = (0..200).map(|i| (i % 97 + 3).to_string()).collect::<Vec<_>>().join(",");
+    let long = run(&long_ids);
+    let (p, pl) = (&short["plan"], &long["plan"]);
+    let u = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+    let needs = &p["needs"];
+    assert_eq!(u(needs, "max_rows"), 6, "the chunk is planned for the 6-row prompt");
+    assert_eq!(u(p, "chunk"), 6);
+    assert_eq!(u(p, "work"), 6 * (u(needs, "prefill_row") + u(needs, "pass_row")));
+    assert_eq!(u(&pl["needs"], "max_rows"), 200, "a 200-id prompt plans 200 rows");
+    let fixed = ["state", "sessions", "state_cache", "draft", "headroom"]
+        .iter()
+        .fold(u(&p["spine"], "charged"), |acc, k| acc + u(needs, k));
+    let slots = ((budget - fixed - u(p, "work")) / u(needs, "slot")).min(u(needs, "experts"));
+    assert_eq!(u(p, "slots"), slots, "every byte past the 6-row chunk is cache");
+    assert!(
+        u(p, "slots") > u(pl, "slots") && u(pl, "slots") >= 2,
+        "the short prompt's cache ({} slots) is larger than the long one's ({})",
+        u(p, "slots"),
+        u(pl, "slots")
+    );
+    let peak = u(&short["stats"], "peak_rss_bytes");
+    assert!(peak <= budget + SLACK, "peak RSS {peak} bytes exceeds {budget} + {SLACK} bytes");
+    let common = ["run", "--model", m, "--prompt-ids", "3,14,15,92,65,35", "--max-new", "16"];
+    let mapped = sluice(&[&common[..], &["--experts", "mapped", "--json"]].concat());
+    assert_eq!(short["generated_ids"], mapped["generated_ids"]);
+}
+
 /// Memory the budget does not charge in a prompt pass test: as [`SLACK`], plus the glibc
 /// allocator's per-thread arenas and the pages freed memory leaves behind between passes
 /// (measured: see docs/PERFORMANCE.md, "Memory budget during prefill").

@@ -67,6 +67,12 @@ pub struct LoadOptions {
     /// Prompt rows per pass (`--prefill-chunk`): charged as asked, or 0 to let the plan choose
     /// the largest chunk that fits (see [`crate::plan`]); [`Plan::chunk`] is what to run with.
     pub prefill_chunk: usize,
+    /// Most rows any pass of this load will take, where the caller knows it (`sluice run`: its
+    /// prompt's length, or the pending token and its drafts if more), or 0 for the context (a
+    /// server's prompts are not known in advance). The automatic prefill chunk is planned for no
+    /// more rows than this: working memory charged for rows no pass takes would be bytes the
+    /// expert cache never gets.
+    pub largest_pass: usize,
 }
 
 impl Default for LoadOptions {
@@ -88,7 +94,20 @@ impl Default for LoadOptions {
             spine_placement: SpineMode::Auto,
             draft_bytes: 0,
             prefill_chunk: 0,
+            largest_pass: 0,
         }
+    }
+}
+
+impl LoadOptions {
+    /// Rows the memory plan sizes the automatic prefill chunk for: [`Self::largest_pass`]
+    /// when given, never above the context.
+    pub fn planned_rows(&self) -> u64 {
+        let rows = match self.largest_pass {
+            0 => self.context,
+            n => n.min(self.context),
+        };
+        rows as u64
     }
 }
 

@@ -144,7 +144,7 @@ pub(crate) fn place(
         pass_row: mem.pass_per_row,
         prefill_row: mem.prefill_per_row,
         prefill_chunk: opts.prefill_chunk as u64,
-        max_rows: opts.context as u64,
+        max_rows: opts.planned_rows(),
     };
     let plan = Plan::compute(budget.limit(), needs, opts.spine_placement)?;
     let io = if opts.direct_io { IoMode::Direct } else { IoMode::BufferedDropCache };
@@ -309,7 +309,7 @@ pub(crate) fn open_mapped_spine(
         pass_row: mem.pass_per_row,
         prefill_row: mem.prefill_per_row,
         prefill_chunk: opts.prefill_chunk as u64,
-        max_rows: opts.context as u64,
+        max_rows: opts.planned_rows(),
     };
     let mut plan = Plan::compute(budget.limit(), needs, crate::plan::SpineMode::Mapped)?;
     let what = if remote.is_some() {

@@ -13,7 +13,8 @@
 //! takes what a cache holding every expert would not need, or half of what is left when the
 //! cache cannot hold them all — or all of it when that half would hold fewer slots than one
 //! layer has experts (see [`Plan::compute`]) — at least [`AUTO_CHUNK_FLOOR`] rows when they fit
-//! (reserved before the spine is placed), at most the planned context. When even an
+//! (reserved before the spine is placed), at most [`Needs::max_rows`] (the planned context, or
+//! the largest pass of a run that knows its prompt). When even an
 //! all-streamed spine, one row and `min_slots` slots do not fit, the refusal says how much
 //! more memory the run needs.
 //!
@@ -102,7 +103,8 @@ pub struct Needs {
     /// Rows one pass may take as asked (`--prefill-chunk`; 0: chosen by the plan).
     #[serde(default)]
     pub prefill_chunk: u64,
-    /// Most rows the automatic chunk takes: the planned context.
+    /// Most rows the automatic chunk takes: the planned context, or fewer where the caller knows
+    /// its largest pass (`LoadOptions::largest_pass`: `sluice run`'s prompt).
     #[serde(default)]
     pub max_rows: u64,
 }
