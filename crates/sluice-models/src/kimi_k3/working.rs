@@ -178,4 +178,19 @@ mod tests {
         // Roughly 24 MiB of KDA rows and a few MiB of layer buffers.
         assert!((20 << 20..40 << 20).contains(&row), "{row}");
     }
+
+    #[test]
+    fn a_k3_prompt_row_held_its_sixteen_expert_outputs_and_the_mla_buffers() {
+        // The brief's slice (`synth --preset k3-slice --layers 2 --experts 192 --ranks 4096`):
+        // a prompt row was charged 548,560 bytes, 229,376 of them its 16 latent expert outputs
+        // and ~264 KB MLA buffers (session 10). A row now keeps one running sum and MLA runs in
+        // row blocks.
+        let c = K3Config::from_json(&K3Dims::k3_slice(2, 192, 4096 + 256).text_config())
+            .expect("config");
+        let pre = prefill_bytes_per_row(&c);
+        let lat = c.expert_width() as u64 * F;
+        eprintln!("K3 slice: prompt row {pre} bytes, pass row {}", pass_bytes_per_row(&c));
+        assert!(pre < 548_560 / 2, "{pre}");
+        assert!(pre < c.num_experts_per_token as u64 * lat, "{pre}: no k expert outputs");
+    }
 }
