@@ -309,3 +309,69 @@ fn a_long_prefill_under_a_tight_budget_reread_every_expert_per_chunk() {
     let mapped = sluice(&[&common[..], &["--experts", "mapped"]].concat());
     assert_eq!(streamed["generated_ids"], mapped["generated_ids"]);
 }
+
+/// Issues 19/20 (session 10): a prompt row's working memory was dominated by its k routed
+/// expert outputs, kept until the layer's last expert arrived because a row combined its experts
+/// in router order, and by MLA's projections held for every row; so the chunk stayed a few
+/// thousand rows on this model (a few hundred at K3's widths), and each chunk read nearly every
+/// routed expert again. Now a row adds its experts into one running sum in ascending id as they
+/// come and MLA runs in row blocks: a 4,000-token prompt under the same budget as above (its
+/// chunk was 3,439 rows: 2 passes) is one pass that reads each routed expert about once.
+#[test]
+fn a_long_prompt_under_a_tight_budget_took_a_pass_per_chunk_because_rows_held_every_expert_output()
+{
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    let m = model.to_str().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["synth", "--preset", "many-experts", "--layers", "4", "--experts", "256"])
+        .args(["--seed", "11", "--out", m])
+        .output()
+        .expect("spawn synth");
+    assert!(o.status.success(), "synth: {}", String::from_utf8_lossy(&o.stderr));
+    let budget: u64 = 160 << 20;
+    let len = 4000;
+    let ids: Vec<String> = (0..len).map(|i| ((i * 131 + 7) % 700).to_string()).collect();
+    let ids = ids.join(",");
+    let trace = tmp.path().join("routes.jsonl");
+    let t = trace.to_str().unwrap();
+    let streamed = sluice(&[
+        "run",
+        "--model",
+        m,
+        "--prompt-ids",
+        &ids,
+        "--max-new",
+        "1",
+        "--json",
+        "--memory",
+        "160M",
+        "--context",
+        "4096",
+        "--trace-routes",
+        t,
+    ]);
+    let stats = &streamed["stats"];
+    let read = stats["prefill_expert_bytes_read"].as_u64().unwrap();
+    let expert =
+        stats["expert_bytes"].as_u64().unwrap() / stats["expert_requests"].as_u64().unwrap();
+    let distinct = distinct_prefill_experts(&trace) * expert;
+    let passes = stats["prefill_passes"].as_u64().unwrap();
+    let peak = stats["peak_rss_bytes"].as_u64().unwrap();
+    #[allow(clippy::cast_precision_loss)]
+    let ratio = read as f64 / distinct as f64;
+    eprintln!(
+        "{len} tokens: chunk {}, {passes} passes, read {read} B for {distinct} B of distinct \
+         routed experts (×{ratio:.3}), peak RSS {peak} B",
+        streamed["plan"]["chunk"]
+    );
+    assert_eq!(passes, 1, "a {len}-token prompt took {passes} passes: plan {}", streamed["plan"]);
+    assert!(
+        ratio <= 1.05,
+        "prefill read {read} B for {distinct} B of distinct experts: ×{ratio:.3}"
+    );
+    assert!(
+        peak <= budget + PREFILL_SLACK,
+        "peak RSS {peak} B over the {budget}-byte budget + {PREFILL_SLACK}"
+    );
+}

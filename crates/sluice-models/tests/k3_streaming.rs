@@ -110,10 +110,10 @@ fn prefetch_is_used_when_the_cache_is_large() {
     }
 }
 
-/// Every third expert read stalls, so reads finish out of order and the store hands experts to
-/// the MoE in completion order, refilling each freed slot before the next one computes. Each
-/// expert's output has its own place and the places are summed in router order, so the
-/// logits stay bit-identical to the mapped experts'.
+/// Every third expert read stalls, so reads finish out of order; the store still hands experts
+/// to the MoE in ascending id order (one that finished early keeps its slot until its turn),
+/// refilling each freed slot before the next one computes, and each is added into its rows'
+/// running sums as it comes, so the logits stay bit-identical to the mapped experts'.
 #[test]
 fn streamed_logits_equal_mapped_when_reads_finish_out_of_order() {
     for name in ["tiny-a", "tiny-b"] {

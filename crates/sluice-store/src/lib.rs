@@ -2,9 +2,10 @@
 //! [`ExpertStore`]; how the bytes arrive (mapped in place from the published shards, read from
 //! SSD into a cache, fetched over HTTP) is this crate's business, not the model's.
 //!
-//! The callback form of [`ExpertStore::for_each`] lets a store hand over experts in whatever order
-//! they become ready (cache hits first, misses as their reads complete); the model combines the
-//! results per row in router order afterwards, so arrival order never changes a result.
+//! The callback form of [`ExpertStore::for_each`] hands experts over in ascending id order while
+//! their reads run (a hit or a finished read waits, in its pinned slot, for the lower ids before
+//! it): the model adds each expert's output into one running sum per row as it comes, so its
+//! rounding is fixed by the row's routing and read completion order never changes a result.
 //!
 //! Two stores exist: [`MappedExperts`] maps every expert in place (the page cache decides what
 //! is resident), and [`StreamingExperts`] reads the experts a layer needs from the shards into
@@ -232,8 +233,10 @@ pub struct StoreStats {
 
 /// A source of routed experts.
 pub trait ExpertStore: Send + Sync {
-    /// Calls `f(id, view)` once for every expert id in `ids` (distinct ids of one layer), in an
-    /// order of the store's choosing. Stops at the first error.
+    /// Calls `f(id, view)` once for every expert id in `ids` (distinct ids of one layer), in
+    /// ascending id order whatever order `ids` lists them in or their reads finish in (the
+    /// models add each expert's output into a running sum per row, whose rounding this order
+    /// fixes). Stops at the first error.
     fn for_each(
         &self,
         layer: usize,

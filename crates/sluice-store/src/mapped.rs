@@ -57,7 +57,9 @@ impl ExpertStore for MappedExperts {
         f: &mut dyn FnMut(u32, ExpertView<'_>) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let experts = self.layers.get(layer).map_or(0, Vec::len);
-        for &id in ids {
+        let mut order = ids.to_vec();
+        order.sort_unstable();
+        for id in order {
             let Some(t) = self.layers.get(layer).and_then(|v| v.get(id as usize)) else {
                 return Err(StoreError::NoSuchExpert { layer, expert: id, experts });
             };

@@ -192,7 +192,7 @@ fn reads_are_exact_on_tmpfs() {
 }
 
 #[test]
-fn hits_are_handed_over_before_misses() {
+fn experts_are_handed_over_in_ascending_id_order() {
     let fx = Fixture::open("tiny-a");
     let store = fx.streaming(&StreamingConfig {
         cache: CacheSize::Slots(8),
@@ -201,17 +201,52 @@ fn hits_are_handed_over_before_misses() {
         ..Default::default()
     });
     let l = fx.moe_layers[2];
-    collect(&store, l, &[0, 1, 2, 3]).expect("warm");
+    collect(&store, l, &[3, 6]).expect("warm");
     let mut order = Vec::new();
     store
-        .for_each(l, &[6, 2, 7, 3], &mut |id, _| {
+        .for_each(l, &[7, 6, 1, 3], &mut |id, _| {
             order.push(id);
             Ok(())
         })
         .expect("served");
-    assert_eq!(&order[..2], &[2, 3], "cached experts first, in request order");
+    assert_eq!(order, [1, 3, 6, 7], "hits wait for their turn behind lower misses");
     let s = store.stats();
-    assert_eq!((s.hits, s.misses), (2, 6));
+    assert_eq!((s.hits, s.misses), (2, 4));
+}
+
+/// Every slot pinned by this call's hits of later ids, the lowest id had no slot to be read
+/// into: handing experts in id order must not wait forever. The hit whose turn is furthest
+/// gives its slot back and is read again in its turn.
+#[test]
+fn a_cache_full_of_later_hits_gave_a_slot_to_the_next_id() {
+    let fx = Fixture::open("tiny-a");
+    let want = reference(&fx);
+    let l = fx.moe_layers[1];
+    for backend in IoBackend::usable() {
+        let store = fx.streaming(&StreamingConfig {
+            cache: CacheSize::Slots(2),
+            readers: 2,
+            backend,
+            max_prefetch_slots: Some(0),
+            ..Default::default()
+        });
+        collect(&store, l, &[2, 3]).expect("warm");
+        let mut order = Vec::new();
+        let mut got = BTreeMap::new();
+        store
+            .for_each(l, &[3, 2, 1, 0], &mut |id, v| {
+                order.push(id);
+                got.insert(id, flat(&v));
+                Ok(())
+            })
+            .expect("served");
+        assert_eq!(order, [0, 1, 2, 3], "{backend:?}");
+        assert_same(&want, l, &got, "a slot given back");
+        let s = store.stats();
+        assert_eq!((s.hits, s.misses), (2, 4), "{backend:?}: each request counted once");
+        assert_eq!(s.expert_reads, 5, "{backend:?}: expert 3 gave its slot up and was read again");
+        store.check_consistency(true).expect("consistent");
+    }
 }
 
 /// With fewer slots than misses, experts whose reads had finished together were all handed to

@@ -11,7 +11,10 @@
 //! p · lat`, then `o_proj`. That is transformers' expanded form (`k_nope = W_UK · lat`, `v = W_UV ·
 //! lat`) regrouped; the goldens hold it to relative L2 1e-4. Using one form for every T is what
 //! makes a T-row pass bit-identical to T single rows: each row reads only positions up to its own,
-//! and every reduction runs per (row, head) in position order.
+//! and every reduction runs per (row, head) in position order. A pass runs [`crate::ROW_BLOCK`]
+//! rows at a time, each block appending its rows to the cache before the next block reads them,
+//! so the projections and per-head outputs are held for one block however long the prompt
+//! (bit-identical for the same reason; `kv_b_proj` is widened once per block).
 //!
 //! RoPE: `rope_interleave` (the default and DeepSeek's layout) rotates pairs `(x₂ⱼ, x₂ⱼ₊₁)` and
 //! writes them de-interleaved (`cat(x₁c − x₂s, x₂c + x₁s)`, transformers
@@ -46,8 +49,26 @@ fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], interleave: bool) {
 }
 
 /// Runs the layer on `x [t, d]` (the `input_layernorm` output) at positions `past .. past + t`,
-/// appending t rows to the cache (staged until commit).
+/// appending t rows to the cache (staged until commit), a block of rows at a time.
 pub(crate) fn forward(
+    src: &dyn TensorBytes,
+    w: &AttnWeights,
+    c: &DeepseekV3Config,
+    rope: &Rope,
+    st: &mut MlaLayer,
+    x: &[f32],
+    t: usize,
+) -> Vec<f32> {
+    let d = (x.len() / t.max(1)).max(1);
+    let mut out = Vec::with_capacity(x.len());
+    for xb in x.chunks(crate::ROW_BLOCK * d) {
+        out.extend(block(src, w, c, rope, st, xb, xb.len() / d));
+    }
+    out
+}
+
+/// [`forward`] on one block `x [t, d]` of rows, after the rows the cache already holds.
+fn block(
     src: &dyn TensorBytes,
     w: &AttnWeights,
     c: &DeepseekV3Config,

@@ -297,6 +297,7 @@ impl DeepseekV3 {
             c.num_experts_per_tok,
             c.moe_intermediate_size.max(c.intermediate_size),
             c.vocab_size,
+            true,
         );
         MemoryNeeds {
             spine: self.dense_weight_bytes(),

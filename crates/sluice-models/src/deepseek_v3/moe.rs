@@ -12,8 +12,10 @@
 //! `norm_topk_prob`, times `routed_scaling_factor`.
 //!
 //! Combination, per row: `Σ expert_out · weight` over the row's experts in ascending expert id
-//! from zero (the order of transformers' `index_add_` loop over `expert_hit`), then `+ shared(x)`.
-//! Each expert runs once on all rows that chose it through the batch-invariant matmul, so a row's
+//! from zero (the order of transformers' `index_add_` loop over `expert_hit`), added into one
+//! running sum per row as each expert finishes (the store hands experts over in ascending id
+//! order; see [`crate::combine`]), then `+ shared(x)`. Each expert runs once on all rows that
+//! chose it ([`crate::ROW_BLOCK`] at a time) through the batch-invariant matmul, so a row's
 //! output never depends on the other rows. Routed experts come from the expert store (mapped or
 //! streamed, the same published bytes either way; see [`super::experts`]).
 
@@ -21,6 +23,7 @@ use super::config::DeepseekV3Config;
 use super::experts::DeepseekV3ExpertLayout;
 use super::mm;
 use super::weights::{Mlp, MoeWeights};
+use crate::combine::{add_weighted, IdOrder};
 use crate::kimi_k3::Route;
 use crate::qwen3_moe::moe::{At, BlockOut};
 use crate::spine::TensorBytes;
@@ -100,13 +103,21 @@ pub(crate) fn guess(logits: &[f32], bias: &[f32], c: &DeepseekV3Config) -> Vec<u
         .collect()
 }
 
-/// `DeepseekV3MLP` on `x [t, d]`: `down(silu(gate x) · up x)`.
+/// `DeepseekV3MLP` on `x [t, d]`: `down(silu(gate x) · up x)`, [`crate::ROW_BLOCK`] rows at a
+/// time (its gate, up and activation rows are the widest buffers; rows are independent, so the
+/// result is bit-identical to one call over all rows).
 pub(crate) fn mlp(src: &dyn TensorBytes, w: &Mlp, x: &[f32], t: usize) -> Vec<f32> {
-    let gate = mm(src, &w.gate, x, t);
-    let up = mm(src, &w.up, x, t);
-    let mut act = vec![0.0f32; gate.len()];
-    silu_glu(&gate, &up, &mut act);
-    mm(src, &w.down, &act, t)
+    let d_in = (x.len() / t.max(1)).max(1);
+    let mut out = Vec::new();
+    for xb in x.chunks(crate::ROW_BLOCK * d_in) {
+        let n = xb.len() / d_in;
+        let gate = mm(src, &w.gate, xb, n);
+        let up = mm(src, &w.up, xb, n);
+        let mut act = vec![0.0f32; gate.len()];
+        silu_glu(&gate, &up, &mut act);
+        out.extend(mm(src, &w.down, &act, n));
+    }
+    out
 }
 
 /// Runs the MoE block of `at.layer` on `x [t, d]`, its routed experts served by `store` in the
@@ -124,7 +135,7 @@ pub(crate) fn forward(
     t: usize,
 ) -> Result<BlockOut, ModelError> {
     let layer = at.layer;
-    let (d, e, k) = (c.hidden_size, c.n_routed_experts, c.num_experts_per_tok);
+    let (d, e) = (c.hidden_size, c.n_routed_experts);
     let mut logits = vec![0.0f32; t * e];
     matmul(&w.router.get(src), x, t, &mut logits);
     let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, &w.bias, c)).collect();
@@ -144,50 +155,42 @@ pub(crate) fn forward(
     let sh = mlp(src, &w.shared, x, t);
     let guess = (at.guess)();
     let next = guess.as_ref().map(|(l, g)| (*l, g.as_slice()));
-    // Each expert once, on all of its rows, in the order the store delivers them; outputs land
-    // at [row, slot], so the order changes nothing.
-    let mut outs = vec![0.0f32; t * k * d];
-    let mut xs = Vec::new();
+    // Each expert once, on all of its rows, in ascending id as the store delivers them, added
+    // into the rows' running sums.
+    let mut out = vec![0.0f32; t * d];
+    let mut order = IdOrder::new(layer);
+    let (mut xs, mut gate, mut up, mut act, mut y) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     store.for_each_then_prefetch(layer, &ids, next, &mut |id, v| {
+        order.next(id)?;
         let [gate_w, up_w, down_w] = layout.matrices(layer, id, &v)?;
-        let us = &users[id as usize];
-        let n = us.len();
-        xs.clear();
-        for &(row, _) in us {
-            xs.extend_from_slice(&x[row * d..(row + 1) * d]);
-        }
-        // DeepseekV3MLP: down(silu(gate x) · up x)
-        let mut gate = vec![0.0f32; n * gate_w.rows()];
-        let mut up = vec![0.0f32; n * up_w.rows()];
-        matmul(&gate_w, &xs, n, &mut gate);
-        matmul(&up_w, &xs, n, &mut up);
-        let mut act = vec![0.0f32; gate.len()];
-        silu_glu(&gate, &up, &mut act);
-        let mut y = vec![0.0f32; n * d];
-        matmul(&down_w, &act, n, &mut y);
-        for (j, &(row, slot)) in us.iter().enumerate() {
-            outs[(row * k + slot) * d..(row * k + slot + 1) * d]
-                .copy_from_slice(&y[j * d..(j + 1) * d]);
+        // A block of rows at a time: the batch buffers hold one block however many prompt
+        // rows chose the expert (rows are independent in the kernels).
+        for us in users[id as usize].chunks(crate::ROW_BLOCK) {
+            let n = us.len();
+            xs.clear();
+            for &(row, _) in us {
+                xs.extend_from_slice(&x[row * d..(row + 1) * d]);
+            }
+            // DeepseekV3MLP: down(silu(gate x) · up x)
+            gate.resize(n * gate_w.rows(), 0.0);
+            up.resize(n * up_w.rows(), 0.0);
+            act.resize(n * gate_w.rows(), 0.0);
+            y.resize(n * d, 0.0);
+            matmul(&gate_w, &xs, n, &mut gate);
+            matmul(&up_w, &xs, n, &mut up);
+            silu_glu(&gate, &up, &mut act);
+            matmul(&down_w, &act, n, &mut y);
+            for (j, &(row, slot)) in us.iter().enumerate() {
+                let o = &mut out[row * d..(row + 1) * d];
+                add_weighted(o, &y[j * d..(j + 1) * d], routes[row].weights[slot]);
+            }
         }
         Ok(())
     })?;
-    let mut out = vec![0.0f32; t * d];
-    let mut slots: Vec<usize> = Vec::with_capacity(k);
-    for (row, r) in routes.iter().enumerate() {
-        slots.clear();
-        slots.extend(0..r.ids.len());
-        slots.sort_by_key(|&s| r.ids[s]);
-        let o = &mut out[row * d..(row + 1) * d];
-        for &s in &slots {
-            let wt = r.weights[s];
-            for (a, &v) in o.iter_mut().zip(&outs[(row * k + s) * d..(row * k + s + 1) * d]) {
-                *a += v * wt;
-            }
-        }
-        // hidden_states = experts(...) + shared_experts(residuals)
-        for (a, &v) in o.iter_mut().zip(&sh[row * d..(row + 1) * d]) {
-            *a += v;
-        }
+    // hidden_states = experts(...) + shared_experts(residuals)
+    for (a, &v) in out.iter_mut().zip(&sh) {
+        *a += v;
     }
     Ok((out, logits, routes))
 }

@@ -167,6 +167,7 @@ impl GptOss {
             c.num_experts_per_tok,
             2 * c.intermediate_size,
             c.vocab_size,
+            false,
         );
         MemoryNeeds {
             spine: self.dense_weight_bytes(),

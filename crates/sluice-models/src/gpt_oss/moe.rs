@@ -12,12 +12,15 @@
 //!
 //! with the MXFP4 experts served by the expert store (see [`super::weights`]). A row's output is the sum of
 //! `expert_out · weight` over its experts in ascending expert id from zero, the order of HF's
-//! `index_add_` loop. The union of experts over the pass runs each expert once on all its rows
-//! through the batch-invariant matmul; the combination is per row, so rows never interact.
+//! `index_add_` loop, added into one running sum per row as each expert finishes (the store
+//! hands experts over in ascending id order; see [`crate::combine`]). The union of experts over
+//! the pass runs each expert once on all its rows ([`crate::ROW_BLOCK`] at a time) through the
+//! batch-invariant matmul; the combination is per row, so rows never interact.
 
 use super::attention::add_bias;
 use super::config::{GptOssConfig, SWIGLU_ALPHA};
 use super::weights::MoeWeights;
+use crate::combine::{add_weighted, IdOrder};
 use crate::kimi_k3::Route;
 use crate::qwen3::Ctx;
 use crate::qwen3_moe::moe::{At, BlockOut};
@@ -79,9 +82,11 @@ pub(crate) fn forward(
     store.read_ahead(layer, &ids);
     let guess = (at.guess)();
     let next = guess.as_ref().map(|(l, g)| (*l, g.as_slice()));
-    let mut outs = vec![0.0f32; t * k * d];
-    let mut xs = Vec::new();
+    let mut out = vec![0.0f32; t * d];
+    let mut order = IdOrder::new(layer);
+    let (mut xs, mut gu, mut act, mut y) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     store.for_each_then_prefetch(layer, &ids, next, &mut |id, v| {
+        order.next(id)?;
         // Parts in the order of `GptOssExpertLayout`: gate_up blocks, scales; down blocks, scales.
         let (Ok(gate_up), Ok(down)) = (
             Matrix::mxfp4(2 * inter, d, v.part(0), v.part(1)),
@@ -92,42 +97,32 @@ pub(crate) fn forward(
             )));
         };
         let id = id as usize;
-        let us = &users[id];
-        let n = us.len();
-        xs.clear();
-        for &(row, _) in us {
-            xs.extend_from_slice(&x[row * d..(row + 1) * d]);
-        }
-        let mut gu = vec![0.0f32; n * 2 * inter];
-        matmul(&gate_up, &xs, n, &mut gu);
-        add_bias(&mut gu, &w.gate_up_bias[id * 2 * inter..(id + 1) * 2 * inter]);
-        let mut act = vec![0.0f32; n * inter];
-        for (a, g) in act.chunks_exact_mut(inter).zip(gu.chunks_exact(2 * inter)) {
-            clamped_swiglu(g, c.swiglu_limit, a);
-        }
-        let mut y = vec![0.0f32; n * d];
-        matmul(&down, &act, n, &mut y);
-        add_bias(&mut y, &w.down_bias[id * d..(id + 1) * d]);
-        for (j, &(row, slot)) in us.iter().enumerate() {
-            outs[(row * k + slot) * d..(row * k + slot + 1) * d]
-                .copy_from_slice(&y[j * d..(j + 1) * d]);
+        // A block of rows at a time: the batch buffers hold one block however many prompt
+        // rows chose the expert (rows are independent in the kernels).
+        for us in users[id].chunks(crate::ROW_BLOCK) {
+            let n = us.len();
+            xs.clear();
+            for &(row, _) in us {
+                xs.extend_from_slice(&x[row * d..(row + 1) * d]);
+            }
+            gu.resize(n * 2 * inter, 0.0);
+            act.resize(n * inter, 0.0);
+            y.resize(n * d, 0.0);
+            matmul(&gate_up, &xs, n, &mut gu);
+            add_bias(&mut gu, &w.gate_up_bias[id * 2 * inter..(id + 1) * 2 * inter]);
+            for (a, g) in act.chunks_exact_mut(inter).zip(gu.chunks_exact(2 * inter)) {
+                clamped_swiglu(g, c.swiglu_limit, a);
+            }
+            matmul(&down, &act, n, &mut y);
+            add_bias(&mut y, &w.down_bias[id * d..(id + 1) * d]);
+            // index_add_(expert_out * weight), experts ascending, into the running sums.
+            for (j, &(row, slot)) in us.iter().enumerate() {
+                let o = &mut out[row * d..(row + 1) * d];
+                add_weighted(o, &y[j * d..(j + 1) * d], routes[row].weights[slot]);
+            }
         }
         Ok(())
     })?;
-    let mut out = vec![0.0f32; t * d];
-    let mut slots: Vec<usize> = Vec::with_capacity(k);
-    for (row, r) in routes.iter().enumerate() {
-        slots.clear();
-        slots.extend(0..r.ids.len());
-        slots.sort_by_key(|&s| r.ids[s]);
-        let o = &mut out[row * d..(row + 1) * d];
-        for &s in &slots {
-            let wt = r.weights[s];
-            for (a, &v) in o.iter_mut().zip(&outs[(row * k + s) * d..(row * k + s + 1) * d]) {
-                *a += v * wt;
-            }
-        }
-    }
     Ok((out, logits, routes))
 }
 

@@ -7,6 +7,10 @@
 //! `(q_lat·lat + q_pe·k_pe) / √(nope + rope)`, `out[h] = W_UV[h] · Σ p·lat`, then the sigmoid
 //! output gate and `o_proj`. Each row only reads positions up to its own (causal), and every
 //! reduction runs per (row, head) in position order, so a row's output never depends on T.
+//! A pass runs [`crate::ROW_BLOCK`] rows at a time, each block appending its rows to the cache
+//! before the next block reads them, so the projections, per-head outputs and gate are held
+//! for one block however long the prompt (bit-identical to one call over all rows, for the
+//! same reason).
 
 use super::config::K3Config;
 use super::state::MlaLayer;
@@ -15,8 +19,26 @@ use super::Ctx;
 use sluice_kernels::ops::{dot_f64, rms_norm, sigmoid, softmax_inplace};
 use sluice_kernels::{matmul, Matrix, WeightFormat};
 
-/// Runs the layer on `x [T, d]`, appending T rows to the cache (staged until commit).
+/// Runs the layer on `x [T, d]`, appending T rows to the cache (staged until commit), a block
+/// of rows at a time.
 pub(crate) fn forward(
+    ctx: &Ctx<'_>,
+    w: &MlaWeights,
+    c: &K3Config,
+    st: &mut MlaLayer,
+    x: &[f32],
+    t: usize,
+) -> Vec<f32> {
+    let d = (x.len() / t.max(1)).max(1);
+    let mut out = Vec::with_capacity(x.len());
+    for xb in x.chunks(crate::ROW_BLOCK * d) {
+        out.extend(block(ctx, w, c, st, xb, xb.len() / d));
+    }
+    out
+}
+
+/// [`forward`] on one block `x [t, d]` of rows, after the rows the cache already holds.
+fn block(
     ctx: &Ctx<'_>,
     w: &MlaWeights,
     c: &K3Config,

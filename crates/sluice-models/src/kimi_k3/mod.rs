@@ -447,6 +447,9 @@ impl KimiK3 {
                 moe::guess_first(ctx, w, c, i, &norm_rows(&mixed, &lw.post_norm), t);
             }
             let a_in = norm_rows(&mixed, &lw.input_norm);
+            // Each residual-stream buffer is dropped once used, not at the end of the layer:
+            // a long prompt pass holds a few hidden rows per prompt row, not six.
+            drop(mixed);
             Trace::put(trace, || format!("layer{i}.attn_in"), &a_in);
             let a = match (&lw.attn, &mut state.layers[i]) {
                 (Attn::Kda(w), LayerState::Kda(s)) => kda::forward(ctx, w, c, s, &a_in, t),
@@ -457,6 +460,7 @@ impl KimiK3 {
                     )))
                 }
             };
+            drop(a_in);
             Trace::put(trace, || format!("layer{i}.attn_out"), &a);
             // Without AttnRes `partial` is the layer input, so this is the plain residual.
             let mut p = match partial {
@@ -466,11 +470,10 @@ impl KimiK3 {
                 }
                 None => a,
             };
-            let mixed = match &lw.mlp_res {
-                Some(wr) => attn_res(&anchors, &p, wr, d, eps),
-                None => p.clone(),
+            let m_in = match &lw.mlp_res {
+                Some(wr) => norm_rows(&attn_res(&anchors, &p, wr, d, eps), &lw.post_norm),
+                None => norm_rows(&p, &lw.post_norm),
             };
-            let m_in = norm_rows(&mixed, &lw.post_norm);
             Trace::put(trace, || format!("layer{i}.mlp_in"), &m_in);
             let m = match &lw.ffn {
                 Ffn::Dense(w) => moe::mlp(ctx, w, c, &m_in, t),

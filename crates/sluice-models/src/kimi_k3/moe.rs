@@ -4,14 +4,18 @@
 //! Router: `σ(x · gateᵀ)` in f32; `+ e_score_correction_bias` for **selection only**; top-k;
 //! weights are the unbiased scores renormalised (`/ (Σ + 1e-20)`) then × `routed_scaling_factor`
 //! (before the latent norm, as vLLM and mlx-lm apply it). Experts run in the latent width on
-//! `routed_expert_down_proj x`; the weighted sum is combined per row in router order (score
-//! descending, ties by lower id), RMSNorm'd, projected up, and the shared experts (on the full
-//! hidden `x`, unweighted) are added. The union of experts over the T rows is requested from
-//! the store once per pass; each expert runs on all its rows in one batch-invariant matmul.
+//! `routed_expert_down_proj x`; the weighted sum is added per row in **ascending expert id**
+//! into one running sum as each expert's batch finishes (mlx-lm sums over the router's top-k
+//! axis instead; see [`crate::combine`] for why the order is fixed by id, and what it changes),
+//! RMSNorm'd, projected up, and the shared experts (on the full hidden `x`, unweighted) are
+//! added. The union of experts over the T rows is requested from the store once per pass, which
+//! hands them over in ascending id order; each expert runs on all its rows, a block of rows at
+//! a time, in one batch-invariant matmul.
 
 use super::config::K3Config;
 use super::weights::{MlpWeights, MoeWeights};
 use super::{Ctx, Trace};
+use crate::combine::{add_weighted, IdOrder};
 use crate::ModelError;
 use sluice_kernels::ops::{rms_norm, sigmoid, situ_glu};
 use sluice_kernels::{matmul, Matrix};
@@ -119,7 +123,6 @@ pub(crate) fn forward(
     let e = c.num_experts;
     let lat_w = c.expert_width();
     let inter = c.moe_intermediate_size;
-    let k = c.num_experts_per_token;
 
     let logits = ctx.mm(&w.router, x, t);
     let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, &w.bias, c)).collect();
@@ -149,8 +152,9 @@ pub(crate) fn forward(
         None => x.to_vec(),
     };
     let shared = w.shared.as_ref().map(|sh| mlp(ctx, sh, c, x, t));
-    // out[ti][slot] = E_id(z_ti); combined after all experts arrive, in router order.
-    let mut outs = vec![0.0f32; t * k * lat_w];
+    // comb[ti] = Σ w · E_id(z_ti) over the row's experts, added in ascending id as they come.
+    let mut comb = vec![0.0f32; t * lat_w];
+    let mut order = IdOrder::new(layer);
     let mut xin = Vec::new();
     let mut gate = Vec::new();
     let mut up = Vec::new();
@@ -158,6 +162,7 @@ pub(crate) fn forward(
     let mut y = Vec::new();
     let next = guess.as_ref().map(|(l, g)| (*l, g.as_slice()));
     ctx.experts.for_each_then_prefetch(layer, &ids, next, &mut |id, v: ExpertView<'_>| {
+        order.next(id)?;
         // Parts in the order of `K3ExpertLayout`: w1, w2, w3, each packed then scales.
         let m1 = Matrix::mxfp4(inter, lat_w, v.part(0), v.part(1));
         let m3 = Matrix::mxfp4(inter, lat_w, v.part(4), v.part(5));
@@ -184,23 +189,13 @@ pub(crate) fn forward(
             situ_glu(&gate, &up, c.situ_beta(), c.activation_situ_linear_beta, &mut act);
             matmul(&m2, &act, n, &mut y);
             for (j, &(ti, slot)) in rows.iter().enumerate() {
-                let dst = (ti * k + slot) * lat_w;
-                outs[dst..dst + lat_w].copy_from_slice(&y[j * lat_w..(j + 1) * lat_w]);
+                let acc = &mut comb[ti * lat_w..(ti + 1) * lat_w];
+                add_weighted(acc, &y[j * lat_w..(j + 1) * lat_w], routes[ti].weights[slot]);
             }
         }
         Ok(())
     })?;
 
-    let mut comb = vec![0.0f32; t * lat_w];
-    for (ti, r) in routes.iter().enumerate() {
-        let acc = &mut comb[ti * lat_w..(ti + 1) * lat_w];
-        for (slot, &wt) in r.weights.iter().enumerate() {
-            let src = &outs[(ti * k + slot) * lat_w..(ti * k + slot + 1) * lat_w];
-            for (a, &s) in acc.iter_mut().zip(src) {
-                *a += wt * s;
-            }
-        }
-    }
     if let Some(nw) = &w.norm {
         let mut normed = vec![0.0f32; comb.len()];
         for (i, o) in comb.chunks_exact(lat_w).zip(normed.chunks_exact_mut(lat_w)) {

@@ -6,10 +6,11 @@
 //! (one hidden row per block started) and, for every KDA layer, the row's recurrence inputs
 //! (`KdaRow`: pre-conv q/k/v, q, k, v, decay, β), kept until `commit` so that `commit(n < T)`
 //! can replay them. On top of that, one layer at a time: the residual-stream rows a layer keeps
-//! (its input, the mixed input, the normed input, the attention output, the MLP input), and
-//! the largest of the attention's and the MLP's own buffers (KDA projections and recurrence
-//! output; MLA q/kv projections and per-head outputs; router logits, routes, each row's k
-//! latent expert outputs, the expert batch buffers, the shared experts). At the end: a hidden
+//! (two at a time: the input and its normed copy during attention, the residual sum and the MLP
+//! input during the MLP; the rest is dropped once used), and the largest of the attention's and
+//! the MLP's own buffers (KDA projections and recurrence
+//! output; MLA q/kv projections and per-head outputs; router logits, routes, the row's running
+//! sum of its experts' latent outputs, the expert batch buffers, the shared experts). At the end: a hidden
 //! row and a logits row (the engine asks for every row's logits when it verifies drafts).
 //!
 //! The count follows the code in `mod.rs`, `kda.rs`, `mla.rs` and `moe.rs` (capacities, not
@@ -21,13 +22,14 @@
 //!
 //! A prompt chunk (`LogitRows::Prefill`, committed whole) holds less per row
 //! ([`prefill_bytes_per_row`]): no KDA replay rows, and no buffer that a layer fills
-//! [`crate::ROW_BLOCK`] rows at a time (KDA projections and recurrence inputs, the dense and
-//! shared MLPs' intermediates, a routed expert's batch) nor a logits row: the plan charges
-//! those for the first `ROW_BLOCK` rows of a pass at [`pass_bytes_per_row`]. What is left per
-//! row is the residual stream, the AttnRes anchors, the MLA buffers and the MoE block's routing
-//! and each row's k latent expert outputs (at K3's widths 229 KB of a row's ~0.5 MB: the
-//! outputs wait until every expert of the layer has run, because each row combines them in
-//! router order).
+//! [`crate::ROW_BLOCK`] rows at a time (KDA projections and recurrence inputs, MLA projections
+//! and per-head outputs, the dense and shared MLPs' intermediates, a routed expert's batch) nor
+//! a logits row: the plan charges those for the first `ROW_BLOCK` rows of a pass at
+//! [`pass_bytes_per_row`]. What is left per row is the residual stream, the AttnRes anchors,
+//! the attention's output rows and the MoE block's routing, latent input, running sum and
+//! output. A row keeps no k latent expert outputs (229 KB per row at K3's widths before
+//! session 11): experts come in ascending id order and each is added into its rows' running
+//! sums as it finishes ([`crate::combine`]).
 
 use super::config::{AttnKind, K3Config};
 
@@ -60,9 +62,10 @@ pub fn pass_bytes_per_row(c: &K3Config) -> u64 {
     let mla = if has_mla { mla_row(c) } else { 0 };
     let dense = if has_dense { (3 * c.intermediate_size as u64 + d) * F } else { 0 };
     let moe = if has_moe { moe_row(c) } else { 0 };
-    // During attention: input, mixed input, normed input (3d) besides the attention's own;
-    // during the MLP: those, the attention output and the mixed and normed MLP input (6d).
-    let layer = (3 * d * F + kda.max(mla)).max(6 * d * F + dense.max(moe));
+    // Two residual rows besides the attention's or the MLP's own buffers (its output
+    // included): during attention the layer input and its normed copy, during the MLP the
+    // residual sum and the MLP input; three rows for a moment while a mix is normed.
+    let layer = (3 * d * F).max(2 * d * F + kda.max(mla).max(dense).max(moe));
 
     // The end of the pass: the final hidden row (and its AttnRes mix), its normed copy and
     // a logits row.
@@ -85,11 +88,12 @@ pub fn prefill_bytes_per_row(c: &K3Config) -> u64 {
     let kept = anchors as u64 * d * F;
     // KDA: the layer's output rows (its block buffers are per block).
     let kda = if has_kda { d * F } else { 0 };
-    let mla = if has_mla { mla_row(c) } else { 0 };
+    // MLA: the layer's output rows (its projections and head outputs are per block).
+    let mla = if has_mla { d * F } else { 0 };
     // A dense MLP: its output rows.
     let dense = if has_dense { d * F } else { 0 };
     let moe = if has_moe { moe_row_whole(c) } else { 0 };
-    let layer = (3 * d * F + kda.max(mla)).max(6 * d * F + dense.max(moe));
+    let layer = (3 * d * F).max(2 * d * F + kda.max(mla).max(dense).max(moe));
     // The end: the final hidden rows and their AttnRes mix (the norm and logits are one row).
     let head = 2 * d * F + 3 * HEADER;
     kept + layer.max(head) + 4 * HEADER
@@ -106,7 +110,7 @@ fn mla_row(c: &K3Config) -> u64 {
 }
 
 /// [`moe_row`] in a whole pass: the expert batch buffers and the shared experts' intermediates
-/// are per block; each row's k latent outputs, its routing and the combination are per row.
+/// are per block; each row's routing, running sum and the combination are per row.
 fn moe_row_whole(c: &K3Config) -> u64 {
     let d = c.hidden_size as u64;
     let e = c.num_experts as u64;
@@ -115,9 +119,10 @@ fn moe_row_whole(c: &K3Config) -> u64 {
     let routing = e * F + (e + k) * F + 2 * (VEC + HEADER) + 3 * k * 16;
     let guess = e * F + 2 * k * 16;
     let z = if c.routed_expert_hidden_size.is_some() { lat * F } else { 0 };
+    // The running sum (live from the first expert), its norm and the up projection, next to
+    // the shared output.
     let combine = (2 * lat).max(lat + d) * F + d * F;
-    // The shared output (d) next to the routed outputs (k latent rows).
-    routing + guess + z + d * F + k * lat * F + combine
+    routing + guess + z + d * F + combine
 }
 
 /// What one KDA layer keeps per row until commit: `KdaRow` (pre-conv 3P, q, k, v, g of P,
@@ -146,10 +151,10 @@ fn moe_row(c: &K3Config) -> u64 {
     // The next layer's guess: its router logits and the ranked (rank, id) pairs.
     let guess = e * F + 2 * k * 16;
     let z = if c.routed_expert_hidden_size.is_some() { lat * F } else { 0 };
-    // Each row's k expert outputs; the batch buffers of an expert all rows chose (input and
-    // output of the latent width, gate, up and activation of the expert width).
-    let experts = k * lat * F + (2 * lat + 3 * inter) * F;
-    // The combination, its norm and the up projection, next to the shared output.
+    // The batch buffers of an expert all rows chose (input and output of the latent width,
+    // gate, up and activation of the expert width).
+    let experts = (2 * lat + 3 * inter) * F;
+    // The running sum, its norm and the up projection, next to the shared output.
     let combine = (2 * lat).max(lat + d) * F + d * F;
     let with_shared_running = routing + guess + z + (3 * shared + d) * F;
     let at_end = routing + guess + z + experts + combine;
@@ -172,5 +177,20 @@ mod tests {
         assert!(kda > row / 2, "KDA rows {kda} of {row}");
         // Roughly 24 MiB of KDA rows and a few MiB of layer buffers.
         assert!((20 << 20..40 << 20).contains(&row), "{row}");
+    }
+
+    #[test]
+    fn a_k3_prompt_row_held_its_sixteen_expert_outputs_and_the_mla_buffers() {
+        // The brief's slice (`synth --preset k3-slice --layers 2 --experts 192 --ranks 4096`):
+        // a prompt row was charged 548,560 bytes, 229,376 of them its 16 latent expert outputs
+        // and ~264 KB MLA buffers (session 10). A row now keeps one running sum and MLA runs in
+        // row blocks.
+        let c = K3Config::from_json(&K3Dims::k3_slice(2, 192, 4096 + 256).text_config())
+            .expect("config");
+        let pre = prefill_bytes_per_row(&c);
+        let lat = c.expert_width() as u64 * F;
+        eprintln!("K3 slice: prompt row {pre} bytes, pass row {}", pass_bytes_per_row(&c));
+        assert!(pre < 548_560 / 2, "{pre}");
+        assert!(pre < c.num_experts_per_token as u64 * lat, "{pre}: no k expert outputs");
     }
 }

@@ -99,6 +99,7 @@ impl Qwen3 {
             0,
             c.intermediate_size,
             c.vocab_size,
+            false,
         );
         crate::MemoryNeeds {
             spine: self.weight_bytes(),
@@ -189,11 +190,19 @@ impl Qwen3 {
     }
 }
 
-/// Qwen3MLP: `down_proj(silu(gate_proj(x)) * up_proj(x))`.
+/// Qwen3MLP: `down_proj(silu(gate_proj(x)) * up_proj(x))`, [`crate::ROW_BLOCK`] rows at a time
+/// (its gate, up and activation rows are the widest buffers; rows are independent, so the
+/// result is bit-identical to one call over all rows).
 fn mlp(ctx: &Ctx<'_>, w: &LayerWeights, x: &[f32], t: usize) -> Vec<f32> {
-    let gate = ctx.mm(&w.gate, x, t);
-    let up = ctx.mm(&w.up, x, t);
-    let mut act = vec![0.0f32; gate.len()];
-    silu_glu(&gate, &up, &mut act);
-    ctx.mm(&w.down, &act, t)
+    let d_in = (x.len() / t.max(1)).max(1);
+    let mut out = Vec::new();
+    for xb in x.chunks(crate::ROW_BLOCK * d_in) {
+        let n = xb.len() / d_in;
+        let gate = ctx.mm(&w.gate, xb, n);
+        let up = ctx.mm(&w.up, xb, n);
+        let mut act = vec![0.0f32; gate.len()];
+        silu_glu(&gate, &up, &mut act);
+        out.extend(ctx.mm(&w.down, &act, n));
+    }
+    out
 }

@@ -141,6 +141,7 @@ impl Qwen3Moe {
             c.num_experts_per_tok,
             c.moe_intermediate_size.max(b.intermediate_size),
             b.vocab_size,
+            false,
         );
         MemoryNeeds {
             spine: self.dense_weight_bytes(),

@@ -9,13 +9,16 @@
 //! `index_add_` loop over `expert_hit` adds them.
 //!
 //! Batch invariance: the union of experts over the T rows runs each expert once on all the rows
-//! that chose it, through the batch-invariant matmul, and the combination is per row in an order
-//! fixed by that row's own routing, so a row's output never depends on the other rows. The
-//! experts come from the expert store (mapped or streamed; the same bytes either way), in the
-//! order the store chooses; outputs land per (row, slot), so arrival order changes nothing.
+//! that chose it ([`crate::ROW_BLOCK`] rows at a time), through the batch-invariant matmul, and
+//! the combination is per row in an order fixed by that row's own routing, so a row's output
+//! never depends on the other rows. The experts come from the expert store (mapped or streamed;
+//! the same bytes either way) in ascending id order, whatever order their reads finish in, and
+//! each is added into its rows' running sums as its batch finishes ([`crate::combine`]): no row
+//! keeps its k expert outputs.
 
 use super::config::Qwen3MoeConfig;
 use super::weights::Expert;
+use crate::combine::{add_weighted, IdOrder};
 use crate::kimi_k3::Route;
 use crate::qwen3::weights::Linear;
 use crate::qwen3::Ctx;
@@ -81,13 +84,21 @@ pub(crate) fn route(logits: &[f32], c: &Qwen3MoeConfig) -> Route {
     Route { ids: order, weights }
 }
 
-/// `Qwen3MoeMLP` on `x [t, d]`: `down(silu(gate x) · up x)`.
+/// `Qwen3MoeMLP` on `x [t, d]`: `down(silu(gate x) · up x)`, [`crate::ROW_BLOCK`] rows at a
+/// time (its gate, up and activation rows are the widest buffers; rows are independent, so the
+/// result is bit-identical to one call over all rows).
 pub(crate) fn mlp(ctx: &Ctx<'_>, w: &Expert, x: &[f32], t: usize) -> Vec<f32> {
-    let gate = ctx.mm(&w.gate, x, t);
-    let up = ctx.mm(&w.up, x, t);
-    let mut act = vec![0.0f32; gate.len()];
-    silu_glu(&gate, &up, &mut act);
-    ctx.mm(&w.down, &act, t)
+    let d_in = (x.len() / t.max(1)).max(1);
+    let mut out = Vec::new();
+    for xb in x.chunks(crate::ROW_BLOCK * d_in) {
+        let n = xb.len() / d_in;
+        let gate = ctx.mm(&w.gate, xb, n);
+        let up = ctx.mm(&w.up, xb, n);
+        let mut act = vec![0.0f32; gate.len()];
+        silu_glu(&gate, &up, &mut act);
+        out.extend(ctx.mm(&w.down, &act, n));
+    }
+    out
 }
 
 /// Runs the sparse block of `layer` on `x [t, d]` (the `post_attention_layernorm` output), its
@@ -103,8 +114,7 @@ pub(crate) fn forward(
     t: usize,
 ) -> Result<BlockOut, ModelError> {
     let layer = at.layer;
-    let (d, e, k, inter) =
-        (c.base.hidden_size, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size);
+    let (d, e, inter) = (c.base.hidden_size, c.num_experts, c.moe_intermediate_size);
     let logits = ctx.mm(router, x, t);
     let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, c)).collect();
 
@@ -117,15 +127,19 @@ pub(crate) fn forward(
     }
     let ids: Vec<u32> =
         (0..e).filter(|&i| !users[i].is_empty()).filter_map(|i| u32::try_from(i).ok()).collect();
-    // Each expert once, on all of its rows; outputs land at [row, slot].
     // The misses start reading now; the next layer's guess is computed while they are in flight
     // and handed to the store, which reads it once this layer's experts hold their slots.
     store.read_ahead(layer, &ids);
     let guess = (at.guess)();
     let next = guess.as_ref().map(|(l, g)| (*l, g.as_slice()));
-    let mut outs = vec![0.0f32; t * k * d];
-    let mut xs = Vec::new();
+    // final_hidden_states.index_add_(0, token_idx, expert_out * weight), experts ascending:
+    // each expert once, on all of its rows, added into their running sums as it finishes.
+    let mut out = vec![0.0f32; t * d];
+    let mut order = IdOrder::new(layer);
+    let (mut xs, mut gate, mut up, mut act, mut y) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     store.for_each_then_prefetch(layer, &ids, next, &mut |id, v| {
+        order.next(id)?;
         // Parts in the order of `Qwen3MoeExpertLayout`: gate, up, down.
         let (Ok(gate_w), Ok(up_w), Ok(down_w)) = (
             Matrix::bf16(inter, d, v.part(0)),
@@ -136,43 +150,30 @@ pub(crate) fn forward(
                 "expert {id} of layer {layer} has byte lengths that do not match its shape"
             )));
         };
-        let us = &users[id as usize];
-        let n = us.len();
-        xs.clear();
-        for &(row, _) in us {
-            xs.extend_from_slice(&x[row * d..(row + 1) * d]);
-        }
-        // Qwen3MoeMLP: down(silu(gate x) · up x)
-        let mut gate = vec![0.0f32; n * inter];
-        let mut up = vec![0.0f32; n * inter];
-        matmul(&gate_w, &xs, n, &mut gate);
-        matmul(&up_w, &xs, n, &mut up);
-        let mut act = vec![0.0f32; n * inter];
-        silu_glu(&gate, &up, &mut act);
-        let mut y = vec![0.0f32; n * d];
-        matmul(&down_w, &act, n, &mut y);
-        for (j, &(row, slot)) in us.iter().enumerate() {
-            outs[(row * k + slot) * d..(row * k + slot + 1) * d]
-                .copy_from_slice(&y[j * d..(j + 1) * d]);
+        // A block of rows at a time: the batch buffers hold one block however many prompt
+        // rows chose the expert (rows are independent in the kernels).
+        for us in users[id as usize].chunks(crate::ROW_BLOCK) {
+            let n = us.len();
+            xs.clear();
+            for &(row, _) in us {
+                xs.extend_from_slice(&x[row * d..(row + 1) * d]);
+            }
+            // Qwen3MoeMLP: down(silu(gate x) · up x)
+            gate.resize(n * inter, 0.0);
+            up.resize(n * inter, 0.0);
+            act.resize(n * inter, 0.0);
+            y.resize(n * d, 0.0);
+            matmul(&gate_w, &xs, n, &mut gate);
+            matmul(&up_w, &xs, n, &mut up);
+            silu_glu(&gate, &up, &mut act);
+            matmul(&down_w, &act, n, &mut y);
+            for (j, &(row, slot)) in us.iter().enumerate() {
+                let o = &mut out[row * d..(row + 1) * d];
+                add_weighted(o, &y[j * d..(j + 1) * d], routes[row].weights[slot]);
+            }
         }
         Ok(())
     })?;
-    // final_hidden_states.index_add_(0, token_idx, expert_out * weight), experts ascending.
-    let mut out = vec![0.0f32; t * d];
-    let mut slots: Vec<usize> = Vec::with_capacity(k);
-    for (row, r) in routes.iter().enumerate() {
-        slots.clear();
-        slots.extend(0..r.ids.len());
-        slots.sort_by_key(|&s| r.ids[s]);
-        let o = &mut out[row * d..(row + 1) * d];
-        for &s in &slots {
-            let w = r.weights[s];
-            let y = &outs[(row * k + s) * d..(row * k + s + 1) * d];
-            for (a, &v) in o.iter_mut().zip(y) {
-                *a += v * w;
-            }
-        }
-    }
     Ok((out, logits, routes))
 }
 

@@ -6,9 +6,12 @@
 //! read completes. With fewer free slots than misses it works in waves: each expert handed back
 //! frees a slot, and the next miss's read is submitted into it before the next expert is handed
 //! over (one expert per round), so the disk does not idle while a backlog of finished reads is
-//! computed. The order in which experts reach `f` is the order their reads finish; a caller
-//! that needs a fixed result keeps each expert's output apart and combines them in its own
-//! order (the models sum in router order). `prefetch(layer, ids)` starts low-priority reads for a guess;
+//! computed. Experts reach `f` in ascending id order, whatever order their reads finish in
+//! (misses are submitted in that order; an expert whose read finishes early keeps its pinned
+//! slot until its turn), so a model can add each expert's output into one running sum per row
+//! and still get a result that depends only on each row's own routing. When the next id finds
+//! every slot pinned, some by this call's later experts, the furthest of those gives its slot
+//! back (and is read again in its turn if it was evicted meanwhile). `prefetch(layer, ids)` starts low-priority reads for a guess;
 //! when `layer` is demanded, the guess is settled: right guesses count towards recall, wrong
 //! ones are cancelled if not yet started and their bytes counted as wasted if they were read.
 
@@ -289,18 +292,24 @@ impl StreamingExperts {
         let Some(i) = st.cache.lookup(key(rq.layer, id)) else { return false };
         st.cache.pin(i);
         rq.pins.held.push(i);
-        // A prefetched or read-ahead expert's first use is its insertion, not a re-use.
+        // A prefetched or read-ahead expert's first use is its insertion, not a re-use; an
+        // expert this call gave back and takes again was counted when first taken.
         let ahead = rq.ahead.binary_search(&id).is_ok();
-        if !ahead && rq.fresh.binary_search(&id).is_err() {
+        let again = rq.released.contains(&id);
+        if !ahead && !again && rq.fresh.binary_search(&id).is_err() {
             st.cache.touch(i);
         }
         let c = &self.shared.counters;
         if st.cache.slot(i).state == SlotState::Ready {
-            add(if ahead { &c.misses } else { &c.hits }, 1);
+            if !again {
+                add(if ahead { &c.misses } else { &c.hits }, 1);
+            }
             rq.ready.push((id, i));
             return true;
         }
-        add(&c.misses, 1);
+        if !again {
+            add(&c.misses, 1);
+        }
         rq.pending.push((id, i));
         let queued_prefetch = matches!(&st.cache.slot(i).job,
             Some((h, Priority::Prefetch)) if h.state() == JobState::Queued);
@@ -351,7 +360,11 @@ impl StreamingExperts {
             }
         }
         let c = &sh.counters;
-        let mut todo: VecDeque<u32> = ids.iter().copied().collect();
+        // Experts reach `f` in ascending id order, and their reads are issued in that order.
+        let mut order = ids.to_vec();
+        order.sort_unstable();
+        let mut served = 0;
+        let mut todo: VecDeque<u32> = order.iter().copied().collect();
         let mut rq = Request {
             layer,
             fresh: Vec::new(),
@@ -359,6 +372,7 @@ impl StreamingExperts {
             pins: Pins { shared: sh, held: Vec::with_capacity(ids.len()) },
             pending: Vec::new(),
             ready: Vec::new(),
+            released: Vec::new(),
         };
         // Disk pins of misses made local but not yet handed to a read job.
         let mut localized: Vec<(u32, DiskPin)> = Vec::new();
@@ -371,8 +385,9 @@ impl StreamingExperts {
         rq.ahead = self.take_ahead(&mut st, layer);
         loop {
             // Pin everything cached or in flight first (so no miss evicts a hit of this call),
-            // then take slots for the misses and submit all their reads at once.
-            todo.retain(|&id| !self.take_cached(&mut st, &mut rq, id));
+            // then take slots for the misses and submit all their reads at once. An expert
+            // this call gave back for a lower id is taken again only in its turn below.
+            todo.retain(|&id| rq.released.contains(&id) || !self.take_cached(&mut st, &mut rq, id));
             if let Some(disk) = &sh.disk {
                 // Stream install: the misses must be on local disk (and stay there) before
                 // they are read. Missing ones are fetched now, coalesced, in one call.
@@ -392,6 +407,8 @@ impl StreamingExperts {
                 }
             }
             let mut waiting = VecDeque::new();
+            // Whether a miss found every slot pinned or being read.
+            let mut blocked = false;
             while let Some(id) = todo.pop_front() {
                 if self.take_cached(&mut st, &mut rq, id) {
                     continue;
@@ -413,11 +430,14 @@ impl StreamingExperts {
                         localized.push((id, p));
                     }
                     waiting.push_back(id);
+                    blocked = true;
                     break;
                 };
                 st.cache.pin(i);
                 rq.pins.held.push(i);
-                add(&c.misses, 1);
+                if !rq.released.contains(&id) {
+                    add(&c.misses, 1);
+                }
                 self.submit(&mut st, i, ticket, (layer, id), Priority::Demand, pin);
                 rq.pending.push((id, i));
             }
@@ -438,7 +458,7 @@ impl StreamingExperts {
             // Everything this round queued (demand misses, then guesses) goes out as one batch.
             self.pool.kick();
             let mut failed = None;
-            let Request { pending, ready, pins, .. } = &mut rq;
+            let Request { pending, ready, pins, released, .. } = &mut rq;
             pending.retain(|&(id, i)| match st.cache.slot(i).state {
                 SlotState::Reading => true,
                 SlotState::Ready => {
@@ -453,10 +473,27 @@ impl StreamingExperts {
             if let Some(i) = failed {
                 return Err(sh.read_error(&st, i));
             }
-            if ready.is_empty() {
-                if pending.is_empty() && todo.is_empty() {
-                    return Ok(());
+            let Some(&want) = order.get(served) else { return Ok(()) };
+            let Some(at) = ready.iter().position(|&(id, _)| id == want) else {
+                if blocked && todo.front() == Some(&want) {
+                    // The next id waits for a slot, and every slot is pinned or being read:
+                    // if this call holds ready experts of later ids, the one whose turn is
+                    // furthest gives its slot back (it is read again in its turn if evicted
+                    // by then). Without this, a cache whose slots all hold this call's later
+                    // hits would wait forever for the next id.
+                    if let Some(p) = (0..ready.len()).max_by_key(|&p| ready[p].0) {
+                        let (id, i) = ready.swap_remove(p);
+                        if pins.release_locked(&mut st, i) {
+                            sh.cv.notify_all();
+                        }
+                        released.push(id);
+                        let at = todo.partition_point(|&t| t < id);
+                        todo.insert(at, id);
+                        continue;
+                    }
                 }
+                // The next id is being read (or waits for a slot that a read in flight, or
+                // another request, will free).
                 let t0 = Instant::now();
                 st = if pending.is_empty() && sh.disk.is_some() {
                     // Waiting for disk-cache room held by reads of other requests, whose
@@ -469,15 +506,16 @@ impl StreamingExperts {
                 };
                 add(&c.stall_ns, nanos(t0));
                 continue;
-            }
+            };
             drop(st);
             // One expert per round: the slot it frees goes to the next miss (at the top of the
             // loop) before the next ready expert computes, so the disk never idles while a
             // backlog of ready experts is folded (with fewer slots than misses, reads that
             // complete together would otherwise leave the disk without work until all of them
-            // had been computed). The consumer's result does not depend on the order.
-            // `ready` is not empty here (an empty one waited above).
-            let (id, i) = ready.remove(0);
+            // had been computed). Experts reach `f` in ascending id order whatever order their
+            // reads finish in: one that finishes early keeps its slot until its turn.
+            let (id, i) = ready.swap_remove(at);
+            served += 1;
             let loc = sh.index.get(layer, id).ok_or(StoreError::NoSuchExpert {
                 layer,
                 expert: id,

@@ -280,6 +280,17 @@ pub(super) struct Pins<'a> {
 }
 
 impl Pins<'_> {
+    /// Unpins `slot` under the lock the caller holds; returns whether waiters should be woken.
+    pub(super) fn release_locked(&mut self, st: &mut Locked, slot: usize) -> bool {
+        match self.held.iter().position(|&s| s == slot) {
+            Some(p) => {
+                self.held.swap_remove(p);
+                st.cache.unpin(slot)
+            }
+            None => false,
+        }
+    }
+
     pub(super) fn release(&mut self, slot: usize) {
         if let Some(p) = self.held.iter().position(|&s| s == slot) {
             self.held.swap_remove(p);
@@ -315,6 +326,9 @@ pub(super) struct Request<'a> {
     pub(super) pins: Pins<'a>,
     /// Pinned, still being read.
     pub(super) pending: Vec<(u32, usize)>,
-    /// Pinned and ready, to hand to the consumer.
+    /// Pinned and ready, to hand to the consumer when its id's turn comes.
     pub(super) ready: Vec<(u32, usize)>,
+    /// Ids whose ready slot this call gave back so that an expert of lower id could be read
+    /// (counted once already: taking them again counts no second hit or miss).
+    pub(super) released: Vec<u32>,
 }
