@@ -106,8 +106,12 @@ fn the_plan_charged_no_working_memory_for_a_prompt_pass() {
         // The plan charges a pass of T rows `T × pre + min(T, ROW_BLOCK) × row`.
         let row = pass_bytes_per_row(m.config()) as f64;
         let pre = prefill_bytes_per_row(m.config()) as f64;
-        // Warm the kernels' thread pool and any lazily built tables first.
+        // Warm the kernels' thread pool and any lazily built tables first, and the wide nest's
+        // per-thread scratch, which its first call of more than eight rows makes (a warm-up of
+        // four rows left it to the 16-row pass below, whose peak then hid 260 KiB of it from
+        // the per-row difference).
         pass_peak(m, 4, LogitRows::All);
+        pass_peak(m, 16, LogitRows::All);
         // Passes the caller may commit in part: verification, at most ROW_BLOCK rows, each
         // charged `row + pre` (past them a layer's block buffers stop growing).
         let full = row + pre;
