@@ -15,6 +15,7 @@
 //! (transformers' `index_add_` loop over `expert_hit`); Kimi K3's reference (mlx-lm) sums over
 //! the router's top-k axis, which this order matches to within the goldens' tolerances.
 
+use sluice_kernels::{matmul, Matrix};
 use sluice_store::StoreError;
 
 /// Checks that the experts of one MoE block reach the combination in ascending id order (the
@@ -42,6 +43,55 @@ impl IdOrder {
         }
         self.last = Some(id);
         Ok(())
+    }
+}
+
+/// The batch buffers of a gated expert (`down(glu(gate x, up x))`), reused from expert to expert.
+#[derive(Default)]
+pub(crate) struct GluExpert {
+    xs: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    act: Vec<f32>,
+    y: Vec<f32>,
+}
+
+impl GluExpert {
+    /// Runs one expert on the `(row, slot)` pairs that chose it, [`crate::ROW_BLOCK`] rows at a
+    /// time (the buffers hold one block however many prompt rows chose it; rows are
+    /// independent in the kernels), reading each row's input from `x [T, d_in]` and adding
+    /// `weight(row, slot) · y` into that row's running sum in `out [T, d_out]`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run(
+        &mut self,
+        [gate_w, up_w, down_w]: [&Matrix<'_>; 3],
+        glu: impl Fn(&[f32], &[f32], &mut [f32]),
+        users: &[(usize, usize)],
+        x: &[f32],
+        weight: impl Fn(usize, usize) -> f32,
+        out: &mut [f32],
+    ) {
+        let (d_in, inter, d_out) = (gate_w.cols(), gate_w.rows(), down_w.rows());
+        let Self { xs, gate, up, act, y } = self;
+        for us in users.chunks(crate::ROW_BLOCK) {
+            let n = us.len();
+            xs.clear();
+            for &(row, _) in us {
+                xs.extend_from_slice(&x[row * d_in..(row + 1) * d_in]);
+            }
+            gate.resize(n * inter, 0.0);
+            up.resize(n * inter, 0.0);
+            act.resize(n * inter, 0.0);
+            y.resize(n * d_out, 0.0);
+            matmul(gate_w, xs, n, gate);
+            matmul(up_w, xs, n, up);
+            glu(gate, up, act);
+            matmul(down_w, act, n, y);
+            for (j, &(row, slot)) in us.iter().enumerate() {
+                let acc = &mut out[row * d_out..(row + 1) * d_out];
+                add_weighted(acc, &y[j * d_out..(j + 1) * d_out], weight(row, slot));
+            }
+        }
     }
 }
 

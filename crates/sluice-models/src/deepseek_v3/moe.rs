@@ -23,7 +23,7 @@ use super::config::DeepseekV3Config;
 use super::experts::DeepseekV3ExpertLayout;
 use super::mm;
 use super::weights::{Mlp, MoeWeights};
-use crate::combine::{add_weighted, IdOrder};
+use crate::combine::{GluExpert, IdOrder};
 use crate::kimi_k3::Route;
 use crate::qwen3_moe::moe::{At, BlockOut};
 use crate::spine::TensorBytes;
@@ -159,33 +159,19 @@ pub(crate) fn forward(
     // into the rows' running sums.
     let mut out = vec![0.0f32; t * d];
     let mut order = IdOrder::new(layer);
-    let (mut xs, mut gate, mut up, mut act, mut y) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut batch = GluExpert::default();
     store.for_each_then_prefetch(layer, &ids, next, &mut |id, v| {
         order.next(id)?;
         let [gate_w, up_w, down_w] = layout.matrices(layer, id, &v)?;
-        // A block of rows at a time: the batch buffers hold one block however many prompt
-        // rows chose the expert (rows are independent in the kernels).
-        for us in users[id as usize].chunks(crate::ROW_BLOCK) {
-            let n = us.len();
-            xs.clear();
-            for &(row, _) in us {
-                xs.extend_from_slice(&x[row * d..(row + 1) * d]);
-            }
-            // DeepseekV3MLP: down(silu(gate x) · up x)
-            gate.resize(n * gate_w.rows(), 0.0);
-            up.resize(n * up_w.rows(), 0.0);
-            act.resize(n * gate_w.rows(), 0.0);
-            y.resize(n * d, 0.0);
-            matmul(&gate_w, &xs, n, &mut gate);
-            matmul(&up_w, &xs, n, &mut up);
-            silu_glu(&gate, &up, &mut act);
-            matmul(&down_w, &act, n, &mut y);
-            for (j, &(row, slot)) in us.iter().enumerate() {
-                let o = &mut out[row * d..(row + 1) * d];
-                add_weighted(o, &y[j * d..(j + 1) * d], routes[row].weights[slot]);
-            }
-        }
+        // DeepseekV3MLP: down(silu(gate x) · up x)
+        batch.run(
+            [&gate_w, &up_w, &down_w],
+            silu_glu,
+            &users[id as usize],
+            x,
+            |row, slot| routes[row].weights[slot],
+            &mut out,
+        );
         Ok(())
     })?;
     // hidden_states = experts(...) + shared_experts(residuals)

@@ -15,10 +15,10 @@
 use super::config::K3Config;
 use super::weights::{MlpWeights, MoeWeights};
 use super::{Ctx, Trace};
-use crate::combine::{add_weighted, IdOrder};
+use crate::combine::{GluExpert, IdOrder};
 use crate::ModelError;
 use sluice_kernels::ops::{rms_norm, sigmoid, situ_glu};
-use sluice_kernels::{matmul, Matrix};
+use sluice_kernels::Matrix;
 use sluice_store::ExpertView;
 
 /// One row's routing: expert ids and weights in router order.
@@ -155,11 +155,7 @@ pub(crate) fn forward(
     // comb[ti] = Σ w · E_id(z_ti) over the row's experts, added in ascending id as they come.
     let mut comb = vec![0.0f32; t * lat_w];
     let mut order = IdOrder::new(layer);
-    let mut xin = Vec::new();
-    let mut gate = Vec::new();
-    let mut up = Vec::new();
-    let mut act = Vec::new();
-    let mut y = Vec::new();
+    let mut batch = GluExpert::default();
     let next = guess.as_ref().map(|(l, g)| (*l, g.as_slice()));
     ctx.experts.for_each_then_prefetch(layer, &ids, next, &mut |id, v: ExpertView<'_>| {
         order.next(id)?;
@@ -172,27 +168,17 @@ pub(crate) fn forward(
                 "expert {id} of layer {layer} has byte lengths that do not match its shape"
             )));
         };
-        // The rows that chose this expert, a block at a time (the batch buffers then hold one
-        // block however many prompt rows chose it; rows are independent in the kernels).
-        for rows in users[id as usize].chunks(crate::ROW_BLOCK) {
-            let n = rows.len();
-            xin.clear();
-            for &(ti, _) in rows {
-                xin.extend_from_slice(&z[ti * lat_w..(ti + 1) * lat_w]);
-            }
-            gate.resize(n * inter, 0.0);
-            up.resize(n * inter, 0.0);
-            act.resize(n * inter, 0.0);
-            y.resize(n * lat_w, 0.0);
-            matmul(&m1, &xin, n, &mut gate);
-            matmul(&m3, &xin, n, &mut up);
-            situ_glu(&gate, &up, c.situ_beta(), c.activation_situ_linear_beta, &mut act);
-            matmul(&m2, &act, n, &mut y);
-            for (j, &(ti, slot)) in rows.iter().enumerate() {
-                let acc = &mut comb[ti * lat_w..(ti + 1) * lat_w];
-                add_weighted(acc, &y[j * lat_w..(j + 1) * lat_w], routes[ti].weights[slot]);
-            }
-        }
+        let glu = |g: &[f32], u: &[f32], a: &mut [f32]| {
+            situ_glu(g, u, c.situ_beta(), c.activation_situ_linear_beta, a);
+        };
+        batch.run(
+            [&m1, &m3, &m2],
+            glu,
+            &users[id as usize],
+            &z,
+            |ti, slot| routes[ti].weights[slot],
+            &mut comb,
+        );
         Ok(())
     })?;
 

@@ -18,13 +18,13 @@
 
 use super::config::Qwen3MoeConfig;
 use super::weights::Expert;
-use crate::combine::{add_weighted, IdOrder};
+use crate::combine::{GluExpert, IdOrder};
 use crate::kimi_k3::Route;
 use crate::qwen3::weights::Linear;
 use crate::qwen3::Ctx;
 use crate::ModelError;
 use sluice_kernels::ops::{silu_glu, softmax_inplace};
-use sluice_kernels::{matmul, Matrix};
+use sluice_kernels::Matrix;
 use sluice_store::{ExpertStore, StoreError};
 
 /// What a sparse block returns: its output `[t, d]`, the router logits `[t, E]` and each
@@ -136,8 +136,7 @@ pub(crate) fn forward(
     // each expert once, on all of its rows, added into their running sums as it finishes.
     let mut out = vec![0.0f32; t * d];
     let mut order = IdOrder::new(layer);
-    let (mut xs, mut gate, mut up, mut act, mut y) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut batch = GluExpert::default();
     store.for_each_then_prefetch(layer, &ids, next, &mut |id, v| {
         order.next(id)?;
         // Parts in the order of `Qwen3MoeExpertLayout`: gate, up, down.
@@ -150,28 +149,15 @@ pub(crate) fn forward(
                 "expert {id} of layer {layer} has byte lengths that do not match its shape"
             )));
         };
-        // A block of rows at a time: the batch buffers hold one block however many prompt
-        // rows chose the expert (rows are independent in the kernels).
-        for us in users[id as usize].chunks(crate::ROW_BLOCK) {
-            let n = us.len();
-            xs.clear();
-            for &(row, _) in us {
-                xs.extend_from_slice(&x[row * d..(row + 1) * d]);
-            }
-            // Qwen3MoeMLP: down(silu(gate x) · up x)
-            gate.resize(n * inter, 0.0);
-            up.resize(n * inter, 0.0);
-            act.resize(n * inter, 0.0);
-            y.resize(n * d, 0.0);
-            matmul(&gate_w, &xs, n, &mut gate);
-            matmul(&up_w, &xs, n, &mut up);
-            silu_glu(&gate, &up, &mut act);
-            matmul(&down_w, &act, n, &mut y);
-            for (j, &(row, slot)) in us.iter().enumerate() {
-                let o = &mut out[row * d..(row + 1) * d];
-                add_weighted(o, &y[j * d..(j + 1) * d], routes[row].weights[slot]);
-            }
-        }
+        // Qwen3MoeMLP: down(silu(gate x) · up x)
+        batch.run(
+            [&gate_w, &up_w, &down_w],
+            silu_glu,
+            &users[id as usize],
+            x,
+            |row, slot| routes[row].weights[slot],
+            &mut out,
+        );
         Ok(())
     })?;
     Ok((out, logits, routes))
