@@ -25,7 +25,7 @@ use sluice_checkpoint::Checkpoint;
 use sluice_kernels::matmul;
 use sluice_kernels::ops::{rms_norm, silu_glu};
 use std::sync::Arc;
-use weights::{LayerWeights, Linear, Qwen3Weights};
+use weights::{Linear, Qwen3Weights};
 
 pub use crate::kimi_k3::Trace;
 pub use state::Qwen3State;
@@ -158,7 +158,7 @@ impl Qwen3 {
             add_into(&mut h, &a);
             let m_in = self.norm_rows(&h, &lw.post_norm);
             put(&mut trace, || format!("layer{i}.mlp_in"), &m_in);
-            let m = mlp(&ctx, lw, &m_in, t);
+            let m = mlp(&ctx, [&lw.gate, &lw.up, &lw.down], &m_in, t);
             put(&mut trace, || format!("layer{i}.mlp_out"), &m);
             add_into(&mut h, &m);
             put(&mut trace, || format!("layer{i}.out"), &h);
@@ -193,16 +193,22 @@ impl Qwen3 {
 /// Qwen3MLP: `down_proj(silu(gate_proj(x)) * up_proj(x))`, [`crate::ROW_BLOCK`] rows at a time
 /// (its gate, up and activation rows are the widest buffers; rows are independent, so the
 /// result is bit-identical to one call over all rows).
-fn mlp(ctx: &Ctx<'_>, w: &LayerWeights, x: &[f32], t: usize) -> Vec<f32> {
+/// Qwen3-MoE's dense layers run the same MLP.
+pub(crate) fn mlp(
+    ctx: &Ctx<'_>,
+    [w_gate, w_up, w_down]: [&Linear; 3],
+    x: &[f32],
+    t: usize,
+) -> Vec<f32> {
     let d_in = (x.len() / t.max(1)).max(1);
     let mut out = Vec::new();
     for xb in x.chunks(crate::ROW_BLOCK * d_in) {
         let n = xb.len() / d_in;
-        let gate = ctx.mm(&w.gate, xb, n);
-        let up = ctx.mm(&w.up, xb, n);
+        let gate = ctx.mm(w_gate, xb, n);
+        let up = ctx.mm(w_up, xb, n);
         let mut act = vec![0.0f32; gate.len()];
         silu_glu(&gate, &up, &mut act);
-        out.extend(ctx.mm(&w.down, &act, n));
+        out.extend(ctx.mm(w_down, &act, n));
     }
     out
 }

@@ -266,7 +266,7 @@ impl Qwen3Moe {
             let m_in = self.norm_rows(&h, &lw.post_norm);
             put(&mut trace, || format!("layer{i}.mlp_in"), &m_in);
             let m = match &lw.ffn {
-                Ffn::Dense(w) => moe::mlp(&ctx, w, &m_in, t),
+                Ffn::Dense(w) => crate::qwen3::mlp(&ctx, [&w.gate, &w.up, &w.down], &m_in, t),
                 Ffn::Moe { router } => {
                     let store = self.experts.as_ref();
                     let next = if self.prefetch { next_moe(i) } else { None };

@@ -17,7 +17,6 @@
 //! keeps its k expert outputs.
 
 use super::config::Qwen3MoeConfig;
-use super::weights::Expert;
 use crate::combine::{GluExpert, IdOrder};
 use crate::kimi_k3::Route;
 use crate::qwen3::weights::Linear;
@@ -82,23 +81,6 @@ pub(crate) fn route(logits: &[f32], c: &Qwen3MoeConfig) -> Route {
         }
     }
     Route { ids: order, weights }
-}
-
-/// `Qwen3MoeMLP` on `x [t, d]`: `down(silu(gate x) · up x)`, [`crate::ROW_BLOCK`] rows at a
-/// time (its gate, up and activation rows are the widest buffers; rows are independent, so the
-/// result is bit-identical to one call over all rows).
-pub(crate) fn mlp(ctx: &Ctx<'_>, w: &Expert, x: &[f32], t: usize) -> Vec<f32> {
-    let d_in = (x.len() / t.max(1)).max(1);
-    let mut out = Vec::new();
-    for xb in x.chunks(crate::ROW_BLOCK * d_in) {
-        let n = xb.len() / d_in;
-        let gate = ctx.mm(&w.gate, xb, n);
-        let up = ctx.mm(&w.up, xb, n);
-        let mut act = vec![0.0f32; gate.len()];
-        silu_glu(&gate, &up, &mut act);
-        out.extend(ctx.mm(&w.down, &act, n));
-    }
-    out
 }
 
 /// Runs the sparse block of `layer` on `x [t, d]` (the `post_attention_layernorm` output), its
