@@ -29,9 +29,11 @@
 //! **Exactness.** Accumulators start at +0.0 and are stored and reloaded bit-unchanged between
 //! chunks; every span starts at a multiple of 16 columns, so local index `i` lands in lane
 //! `(c0 + i) % 16 = i % 16`; spans are folded in increasing column order; and the final
-//! partial 16-column step folds zero-padded weights against zero-padded activations, where
-//! `fma(0, 0, acc) = acc` exactly (an accumulator that starts at +0.0 never becomes −0.0: an
-//! exact-zero sum rounds to +0.0 unless both addends are −0.0). So each (row, token) result is
+//! partial 16-column step folds +0.0-padded weights against −0.0-padded activations, where
+//! `fma(+0, −0, acc) = acc + (−0) = acc` exactly for every `acc`, ±0.0 included. (An
+//! accumulator can be −0.0: `fma(−a, b, +0)` with a product too small for a subnormal rounds to
+//! −0.0. Padding both with +0.0 added +0.0, which turned such a −0.0 into +0.0 on the SIMD
+//! tiers only.) So each (row, token) result is
 //! the canonical reduction of [`crate::matmul`], whatever the block sizes, tile shapes, number
 //! of activation rows or tier.
 
@@ -218,7 +220,7 @@ unsafe fn run_blocks<K: Kernel, F: Format, const TB: usize>(
             }
             for (j, p) in xpad[..tb].iter_mut().enumerate() {
                 let xr = &x[(t0 + j) * cols..(t0 + j + 1) * cols];
-                *p = [0.0; 16];
+                *p = [-0.0; 16];
                 p[..cols - main_cols].copy_from_slice(&xr[main_cols..]);
             }
             let next = if t0 == 0 && tb == 1 { next } else { [&[][..]; 2] };

@@ -35,7 +35,8 @@
 //! **Exactness** is the few-row nest's ([`crate::tiled`]): accumulators start at +0.0, are
 //! stored and reloaded bit-unchanged between chunks, every span starts at a multiple of 16
 //! columns and spans are folded in increasing column order, and the final partial 16-column
-//! step folds zero-padded weights against zero-padded activations (`fma(0, 0, acc) = acc`).
+//! step folds +0.0-padded weights against −0.0-padded activations (`fma(+0, −0, acc) = acc`,
+//! −0.0 accumulators included).
 //! So every result is the canonical reduction of [`crate::matmul`], whatever the blocking.
 
 use std::cell::RefCell;
@@ -145,7 +146,7 @@ unsafe fn run_in<K: Kernel, F: Format>(
     for t0 in (0..t).step_by(size) {
         let n = size.min(t - t0);
         for (j, p) in s.xpad[..n].iter_mut().enumerate() {
-            *p = [0.0; 16];
+            *p = [-0.0; 16];
             p[..cols - main_cols]
                 .copy_from_slice(&x[(t0 + j) * cols + main_cols..][..cols - main_cols]);
         }

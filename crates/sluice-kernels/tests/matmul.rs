@@ -293,6 +293,33 @@ fn signed_zero_weights() {
     }
 }
 
+/// Products too small for a subnormal round to −0.0 (`fma(−a, b, +0) = −0.0`), so from 16
+/// columns on, a row's canonical sum is −0.0. The SIMD tiers folded their partial last 16-column step
+/// as `fma(+0, +0, acc)`, which turned a −0.0 lane into +0.0 (CI's FP8 proptest found it at 17
+/// columns): the widths here leave every size of last step, at one activation row, a few, and
+/// as many as the wide nest takes.
+#[test]
+fn a_negative_zero_sum_came_back_positive_after_the_padded_last_step() {
+    for cols in [1usize, 15, 17, 31, 33, 1041] {
+        let rows = 5;
+        // Row r: weights −1e-30 · (r + 1), so every product with a 1e-30 activation is −0.0.
+        let w: Vec<f32> = (0..rows * cols).map(|i| -1e-30 * (1 + i / cols) as f32).collect();
+        let bytes = f32_bytes(&w);
+        let m = Matrix::f32(rows, cols, &bytes).expect("shape");
+        for t in [1usize, 3, 70, 256] {
+            let x = vec![1e-30f32; t * cols];
+            let mut want = vec![0.0f32; t * rows];
+            matmul_scalar(&m, &x, t, &mut want);
+            // Below 16 columns some lanes stay at +0.0, and so does the sum.
+            let sign = if cols >= 16 { 0x8000_0000 } else { 0 };
+            assert!(want.iter().all(|v| v.to_bits() == sign), "the reference's zero at {cols}");
+            if let Err(e) = check_tiers(&m, &x, t) {
+                panic!("{e}");
+            }
+        }
+    }
+}
+
 /// Int8 rows whose f16 scale is ±∞ or NaN give ±∞ or NaN in every tier, as the reference does.
 #[test]
 fn int8_non_finite_scales() {
