@@ -12,6 +12,9 @@
 #      CONDITIONS (the replay's conditions, "none,warm,restart"; a subset fits a shorter run)
 #      TURNS (the replay's first N turns; default all)
 #      CONFIGS ("plain ngram": the suite's configurations; "plain" alone halves a long run)
+#      TOKENIZER (trained: synth --tokenizer trained, mini-K3's ranks, so the workloads keep their
+#      sizes in mini-K3 tokens: the agent session 3,120 tokens, `long` about 8k; `synthetic` gives
+#      7,637 and far more)
 #      SESSION_MEMORY (the replay server's --session-memory, 160M: in a third of a 2 x 256-expert
 #      slice, 512M makes the plan stream the spine in 88-token chunks, and 1 GiB does not fit).
 set -euo pipefail
@@ -27,7 +30,8 @@ log() { echo "[$(date -u +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 if [ ! -f "$M/config.json" ]; then
   SK=(); [ "$SKEW" = 1 ] && SK=(--route-skew)
   log "synth k3-slice --layers $LAYERS --experts $EXPERTS ${SK[*]}"
-  "$S" synth --preset k3-slice --layers "$LAYERS" --experts "$EXPERTS" --seed 7 "${SK[@]}" --out "$M" 2>> "$OUT/log.txt"
+  "$S" synth --preset k3-slice --layers "$LAYERS" --experts "$EXPERTS" --seed 7 "${SK[@]}" \
+    --tokenizer "${TOKENIZER:-trained}" --out "$M" 2>> "$OUT/log.txt"
 fi
 SIZE=$(du -sb "$M" | cut -f1)
 # A cgroup a third of the slice (issue 19's "3x smaller"); sluice's own budget 512 MiB under it.

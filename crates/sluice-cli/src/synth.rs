@@ -78,12 +78,41 @@ pub struct SynthArgs {
     /// built-in mini-K3, so that caches and warm starts have something to gain.
     #[arg(long)]
     route_skew: bool,
+    /// k3-slice, deepseek-v3-slice, kimi-k2-slice: which tokenizer ranks to write. `synthetic`
+    /// (512 merges learned over a short text, then fillers) or `trained` (the built-in
+    /// mini-K3's 8,192 ranks trained on 64 MB of docs and code, then fillers), with which
+    /// text tokenizes as the workload suite's prompts are sized ("8k mini-K3 tokens").
+    #[arg(long, value_enum, default_value = "synthetic")]
+    tokenizer: SynthTokenizer,
+}
+
+/// The tokenizer ranks `sluice synth` writes.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SynthTokenizer {
+    /// 512 merges learned over a short built-in text, then filler tokens.
+    Synthetic,
+    /// mini-K3's 8,192 trained ranks, then filler tokens.
+    Trained,
+}
+
+/// Writes the tokenizer `a.tokenizer` names, `ranks` ranks and K3's 256 specials, into `a.out`.
+fn write_tokenizer(a: &SynthArgs, ranks: usize) -> Result<()> {
+    match a.tokenizer {
+        SynthTokenizer::Synthetic => sluice_engine::demo::write_tokenizer_files(&a.out, ranks),
+        SynthTokenizer::Trained => sluice_engine::demo::write_trained_tokenizer_files(&a.out, ranks),
+    }
+    .with_context(|| format!("writing the tokenizer of {}", a.out.display()))
 }
 
 /// Runs the command.
 pub fn run(a: &SynthArgs) -> Result<()> {
     if a.route_skew && !matches!(a.preset, Preset::K3Slice) {
         bail!("--route-skew applies to --preset k3-slice only");
+    }
+    if matches!(a.tokenizer, SynthTokenizer::Trained)
+        && matches!(a.preset, Preset::Qwen3MoeSlice | Preset::GptOssSlice)
+    {
+        bail!("--tokenizer applies to the presets that write a tokenizer; {} writes none", a.preset.name());
     }
     let reuse = a.out.join(MARKER).is_file();
     if !reuse && a.out.exists() && a.out.read_dir().map(|mut d| d.next().is_some()).unwrap_or(true)
@@ -154,8 +183,7 @@ pub fn run(a: &SynthArgs) -> Result<()> {
             100.0 * top
         );
     }
-    sluice_engine::demo::write_tokenizer_files(&a.out, ranks)
-        .with_context(|| format!("writing the tokenizer of {}", a.out.display()))?;
+    write_tokenizer(a, ranks)?;
     println!(
         "wrote {} ({} of tensors, {total} bytes, seed {})",
         a.out.display(),
@@ -225,8 +253,7 @@ fn family_slice(a: &SynthArgs, reuse: bool) -> Result<()> {
         .with_context(|| format!("writing {}", a.out.display()))?;
     bar.finish_and_clear();
     if deepseek.is_some() {
-        sluice_engine::demo::write_tokenizer_files(&a.out, a.ranks)
-            .with_context(|| format!("writing the tokenizer of {}", a.out.display()))?;
+        write_tokenizer(a, a.ranks)?;
         println!(
             "wrote {} ({} of tensors, {total} bytes, seed {})",
             a.out.display(),
