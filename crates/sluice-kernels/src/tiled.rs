@@ -21,7 +21,8 @@
 //!   [`ROW_BLOCK`] weight rows of the block before the next chunk is touched; without this a
 //!   T-row call streams all T activation rows from L2 once per weight row.
 //! - **Independent FMA chains.** A tile of R × N accumulators gives R · N independent
-//!   dependency chains (four rows at T = 1, 2 × 3 beyond, 4 × 6 on AVX-512's 32 registers),
+//!   dependency chains (four rows at T = 1, 2 × 3 beyond, 4 × 6 on AVX-512's 32 registers,
+//!   3 × 4 in AVX2's half tiles of the prefill nest, [`Kernel::fold_half`]),
 //!   enough to hide FMA latency; a single row's lanes alone would leave the FMA units idle
 //!   most of the time. A tile loads its R weight vectors once per 16-column step and each of
 //!   its N activation vectors once, R + N loads per R · N FMAs.
@@ -63,12 +64,14 @@ pub(crate) trait Kernel {
     /// Whether the tier has 32 vector registers that each hold a 16-lane accumulator
     /// (AVX-512): its `fold` then takes tiles of 4 weight rows × up to 6 activation rows
     /// (24 accumulators, 4 weight registers, 1 activation register), which keeps the FMA units
-    /// busy with 10 loads per 24 FMAs. Otherwise tiles are at most 2 × 3 (12 of AVX2's 16
-    /// registers as accumulators).
+    /// busy with 10 loads per 24 FMAs. Otherwise tiles of whole accumulators are at most
+    /// 2 × 3 (12 of AVX2's 16 registers as accumulators).
     const WIDE: bool = false;
 
-    /// Whether the tier's registers hold half a 16-lane accumulator (AVX2), so that its
-    /// several-row tiles fold one 8-lane half at a time ([`Kernel::fold_half`]).
+    /// Whether the tier's registers hold half a 16-lane accumulator (AVX2), so that the
+    /// prefill nest ([`crate::wide`]) folds one 8-lane half at a time
+    /// ([`Kernel::fold_half`]) in tiles of 3 weight rows × 4 activation rows, on a weight
+    /// panel stored half-split.
     const HALVES: bool = false;
 
     /// Widens elements `c0 .. c0 + out.len()` of `row` to the f32 values the matmul folds

@@ -263,7 +263,6 @@ fn prefetch_span(m: &Matrix<'_>, r: usize, c0: usize) {
 /// # Panics
 /// If `acc` is shorter than `rb` rows of `stride ≥ tb` accumulators, or `halves` is asked of
 /// a tier without [`Kernel::HALVES`].
-#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
     w: &impl Fn(usize) -> &'w [f32],
     rb: usize,
@@ -404,7 +403,7 @@ mod tests {
                 s ^= s >> 17;
                 s ^= s << 5;
                 let v = f32::from(u16::try_from(s >> 16).unwrap_or(0)) / 4096.0 - 8.0;
-                if s % 11 == 0 {
+                if s.is_multiple_of(11) {
                     0.0
                 } else {
                     v * f32::from(u8::try_from(s % 7).unwrap_or(0) + 1).powi(3)
@@ -412,6 +411,9 @@ mod tests {
             })
             .collect()
     }
+
+    /// One 3 × 4 tile's fold on some tier and order.
+    type TileFold = dyn Fn([&[f32]; 3], [&[f32]; 4], [&mut [Lanes; 4]; 3]);
 
     /// Folds a 3 × 4 tile of `len` columns in column order on the portable tier, and in the
     /// split order through `fold_half` on the portable tier and (where the CPU has it) AVX2:
@@ -433,7 +435,7 @@ mod tests {
                 std::array::from_fn(|l| v[l])
             })
         });
-        let fold = |ws: &[Vec<f32>], f: &dyn Fn([&[f32]; 3], [&[f32]; 4], [&mut [Lanes; 4]; 3])| {
+        let fold = |ws: &[Vec<f32>], f: &TileFold| {
             let mut acc = start;
             let [a, b, c] = &mut acc;
             f(std::array::from_fn(|r| &ws[r][..]), std::array::from_fn(|j| &x[j][..]), [a, b, c]);

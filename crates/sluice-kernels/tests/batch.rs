@@ -127,7 +127,7 @@ fn half_tiles_equal_the_scalar_reference_at_every_edge() {
                     continue;
                 }
                 let format = ["f32", "bf16", "int8"][usize::try_from(k % 3).expect("small")];
-                let (wm, xm) = if k % 2 == 0 {
+                let (wm, xm) = if k.is_multiple_of(2) {
                     (Mode::Mixed, Mode::Normal)
                 } else {
                     (Mode::Normal, Mode::Mixed)

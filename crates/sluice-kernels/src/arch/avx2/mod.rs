@@ -1,6 +1,7 @@
 //! AVX2+FMA pieces of the matmul loop nest ([`crate::tiled`]) that every weight format shares:
 //! a 16-lane accumulator is two 8-lane registers (lanes 0–7, 8–15); a 2 × 3 tile's twelve
-//! accumulator registers leave four of the sixteen for operands.
+//! accumulator registers leave four of the sixteen for operands (`fold`), unless the tile
+//! folds one half at a time (`fold_half`, below).
 //!
 //! **One activation row** (`fold_one`, the decode path) is each format's hook
 //! (`Format::avx2_fold_one`, in `crate::formats`): the formats keep widened weights in
