@@ -278,8 +278,8 @@ pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
     while j < tb {
         let left = tb - j;
         // 32 registers: groups of 6 tokens against rows 4 at a time (24 accumulators). 16 in
-        // halves: groups of 4 (two groups of 3 or 2 rather than one of 4 and a lone token)
-        // against row triples (12 registers). 16 in whole accumulators: groups of 3 (2 when
+        // halves: groups of 4 (5 to 7 tokens left: two groups of about half, rather than 4 and
+        // a rest of 1 to 3) against row triples (12 registers). 16 in whole accumulators: groups of 3 (2 when
         // that leaves no group of 1) against row pairs (12 registers).
         let n = if K::WIDE {
             left.min(6)
