@@ -21,7 +21,8 @@
 //!   [`ROW_BLOCK`] weight rows of the block before the next chunk is touched; without this a
 //!   T-row call streams all T activation rows from L2 once per weight row.
 //! - **Independent FMA chains.** A tile of R × N accumulators gives R · N independent
-//!   dependency chains (four rows at T = 1, 2 × 3 beyond, 4 × 6 on AVX-512's 32 registers),
+//!   dependency chains (four rows at T = 1, 2 × 3 beyond, 4 × 6 on AVX-512's 32 registers,
+//!   3 × 4 in AVX2's half tiles of the prefill nest, [`Kernel::fold_half`]),
 //!   enough to hide FMA latency; a single row's lanes alone would leave the FMA units idle
 //!   most of the time. A tile loads its R weight vectors once per 16-column step and each of
 //!   its N activation vectors once, R + N loads per R · N FMAs.
@@ -63,9 +64,15 @@ pub(crate) trait Kernel {
     /// Whether the tier has 32 vector registers that each hold a 16-lane accumulator
     /// (AVX-512): its `fold` then takes tiles of 4 weight rows × up to 6 activation rows
     /// (24 accumulators, 4 weight registers, 1 activation register), which keeps the FMA units
-    /// busy with 10 loads per 24 FMAs. Otherwise tiles are at most 2 × 3 (12 of AVX2's 16
-    /// registers as accumulators).
+    /// busy with 10 loads per 24 FMAs. Otherwise tiles of whole accumulators are at most
+    /// 2 × 3 (12 of AVX2's 16 registers as accumulators).
     const WIDE: bool = false;
+
+    /// Whether the tier's registers hold half a 16-lane accumulator (AVX2), so that the
+    /// prefill nest ([`crate::wide`]) folds one 8-lane half at a time
+    /// ([`Kernel::fold_half`]) in tiles of 3 weight rows × 4 activation rows, on a weight
+    /// panel stored half-split.
+    const HALVES: bool = false;
 
     /// Widens elements `c0 .. c0 + out.len()` of `row` to the f32 values the matmul folds
     /// (`Format::fold_values`: [`Matrix::get`]'s, except an int8 row's integers, whose row scale
@@ -90,6 +97,35 @@ pub(crate) trait Kernel {
         x: [&[f32]; N],
         acc: [&mut [Lanes; N]; R],
     );
+
+    /// [`Kernel::fold`] one 8-lane half at a time (lanes 0–7 over the whole span, then lanes
+    /// 8–15), so that an accumulator is one 8-lane register, on weights stored **half-split**:
+    /// each `w[r]` holds lanes 0–7 of every 16-column step (`8k + l` is column `16k + l`),
+    /// then lanes 8–15 (`len / 2 + 8k + l` is column `16k + 8 + l`); activations stay in
+    /// column order. Every lane takes the same FMAs in the same order as in `fold`, hence the
+    /// same bits. Only tiers with [`Kernel::HALVES`] are given split weights; the default is
+    /// the element-by-element reference of the split order.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier.
+    unsafe fn fold_half<const R: usize, const N: usize>(
+        w: [&[f32]; R],
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+    ) {
+        for (wr, ar) in w.iter().zip(acc) {
+            let half = wr.len() / 2;
+            for (xj, lanes) in x.iter().zip(ar.iter_mut()) {
+                assert!(wr.len() == xj.len() && wr.len().is_multiple_of(16), "fold lengths");
+                for (k, xc) in xj.chunks_exact(16).enumerate() {
+                    for (l, (a, &xl)) in lanes.iter_mut().zip(xc).enumerate() {
+                        let wl = wr[(l / 8) * half + 8 * k + l % 8];
+                        *a = wl.mul_add(xl, *a);
+                    }
+                }
+            }
+        }
+    }
 
     /// The one-activation-row case fused: for every `r < R` and `i` in increasing order,
     /// `acc[r][i % 16] = fma(W_r[c0 + i], x[i], acc[r][i % 16])`, where `W_r` is row `r`
@@ -393,6 +429,8 @@ impl<const W: usize, const TB: usize> Span<'_, W, TB> {
         }
         let w = |r: usize| &self.w[r][cols.clone()];
         // SAFETY: the caller guarantees the tier.
-        unsafe { fold_tiles::<K>(&w, self.rb, self.tb, self.acc.as_flattened_mut(), TB, &x) };
+        unsafe {
+            fold_tiles::<K>(&w, self.rb, self.tb, self.acc.as_flattened_mut(), TB, &x, false)
+        };
     }
 }

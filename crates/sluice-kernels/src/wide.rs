@@ -27,12 +27,20 @@
 //!   thread-local [`Scratch`] per thread, sized for the largest call ([`WIDE_SCRATCH_BYTES`])
 //!   when the thread first makes such a call, and never zeroed again (every value a call reads
 //!   it has written first).
-//! - **Register tiles** within a chunk: tokens in groups of 6 (3 on tiers of 16 registers),
-//!   each group's chunk of activations (up to 24 KiB) held in L1 while the tile sweeps the
-//!   group's rows 4 (2) at a time; a tile is nothing but R + N loads per R · N FMAs per
-//!   16-column step.
+//! - **Register tiles** within a chunk: tokens in groups of 6 (4 on AVX2), each group's chunk
+//!   of activations (up to 24 KiB) held in L1 while the tile sweeps the group's rows 4 (3 on
+//!   AVX2) at a time; a tile is nothing but R + N loads per R · N FMAs per 16-column step.
+//! - **Halves on AVX2** ([`Kernel::HALVES`]): a 16-lane accumulator takes two of its sixteen
+//!   registers, so tiles fold lanes 0–7 over the whole span and then lanes 8–15
+//!   ([`Kernel::fold_half`]), one register per accumulator: 3 × 4 tiles, 7 loads per 12 FMAs
+//!   (whole accumulators allowed 2 × 3, 10 loads per 12 FMAs). Each panel row is stored
+//!   half-split (every step's low 8 lanes, then every step's high 8; `split_halves`), so each
+//!   half's pass reads its weights contiguously, half the cache lines of a column-ordered
+//!   panel (measured in docs/PERFORMANCE.md, issue 20, session 12).
 //!
-//! **Exactness** is the few-row nest's ([`crate::tiled`]): accumulators start at +0.0, are
+//! **Exactness** is the few-row nest's ([`crate::tiled`]): lanes are independent, so folding
+//! one half before the other, or reading weights in the split order, changes no lane's
+//! sequence of FMAs; accumulators start at +0.0, are
 //! stored and reloaded bit-unchanged between chunks, every span starts at a multiple of 16
 //! columns and spans are folded in increasing column order, and the final partial 16-column
 //! step folds +0.0-padded weights against −0.0-padded activations (`fma(+0, −0, acc) = acc`,
@@ -143,6 +151,8 @@ unsafe fn run_in<K: Kernel, F: Format>(
     // Blocks of equal size, so that none is left with a lone activation row.
     let size = t.div_ceil(t.div_ceil(WIDE_TOKEN_BLOCK));
     let main_cols = cols - cols % 16;
+    // One panel row in column order, before `split_halves` (tiers that fold in halves).
+    let mut line = [0.0f32; WIDE_CHUNK];
     for t0 in (0..t).step_by(size) {
         let n = size.min(t - t0);
         for (j, p) in s.xpad[..n].iter_mut().enumerate() {
@@ -171,10 +181,18 @@ unsafe fn run_in<K: Kernel, F: Format>(
                     if i < pn {
                         prefetch_span(m, pr0 + i, pc0);
                     }
+                    let row = F::row(m, g0 + i);
                     // SAFETY: the caller guarantees the tier; the span `c0..c0 + len` lies in
                     // the row, `c0` is a multiple of `WIDE_CHUNK` (so of every format's block)
                     // and `len` either `WIDE_CHUNK` or the rest of the row.
-                    unsafe { K::decode::<F>(F::row(m, g0 + i), c0, &mut p[..len]) };
+                    unsafe {
+                        if K::HALVES {
+                            K::decode::<F>(row, c0, &mut line[..len]);
+                            split_halves(&line[..len], &mut p[..len]);
+                        } else {
+                            K::decode::<F>(row, c0, &mut p[..len]);
+                        }
+                    }
                     p[len..len.next_multiple_of(16)].fill(0.0);
                 }
                 for i in gr..pn {
@@ -184,12 +202,12 @@ unsafe fn run_in<K: Kernel, F: Format>(
                 let w = |r: usize| &panel[r * WIDE_CHUNK..][..main];
                 let xs = |j: usize| &x[(t0 + j) * cols + c0..][..main];
                 // SAFETY: the caller guarantees the tier.
-                unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs) };
+                unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, K::HALVES) };
                 if main < len {
                     let w = |r: usize| &panel[r * WIDE_CHUNK + main..][..16];
                     let xs = |j: usize| &s.xpad[j][..];
                     // SAFETY: the caller guarantees the tier.
-                    unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs) };
+                    unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, false) };
                 }
             }
             for (i, a) in acc.chunks_exact(n).enumerate() {
@@ -200,6 +218,22 @@ unsafe fn run_in<K: Kernel, F: Format>(
             }
         }
     }
+}
+
+/// Copies a widened span `line` (column order) into `out` in the split order of
+/// [`Kernel::fold_half`] over its whole 16-column steps: lanes 0–7 of every step, then lanes
+/// 8–15 of every step; a final partial step stays in column order after them.
+fn split_halves(line: &[f32], out: &mut [f32]) {
+    let main = line.len() - line.len() % 16;
+    let (lo, rest) = out.split_at_mut(main / 2);
+    let (hi, tail) = rest.split_at_mut(main / 2);
+    for ((step, l), h) in
+        line.chunks_exact(16).zip(lo.chunks_exact_mut(8)).zip(hi.chunks_exact_mut(8))
+    {
+        l.copy_from_slice(&step[..8]);
+        h.copy_from_slice(&step[8..]);
+    }
+    tail.copy_from_slice(&line[main..]);
 }
 
 /// Names to the prefetcher the stored bytes of columns `c0 .. c0 + WIDE_CHUNK` (clamped to
@@ -220,11 +254,15 @@ fn prefetch_span(m: &Matrix<'_>, r: usize, c0: usize) {
 /// accumulator. Token groups go outermost, so a group's activations stay in L1 while its tile
 /// sweeps the rows.
 ///
+/// With `halves` (only on a tier with [`Kernel::HALVES`]), each `w(r)` is in the split order
+/// of [`Kernel::fold_half`] and the tiles fold one 8-lane half at a time.
+///
 /// # Safety
 /// The running CPU supports the tier `K`.
 ///
 /// # Panics
-/// If `acc` is shorter than `rb` rows of `stride ≥ tb` accumulators.
+/// If `acc` is shorter than `rb` rows of `stride ≥ tb` accumulators, or `halves` is asked of
+/// a tier without [`Kernel::HALVES`].
 pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
     w: &impl Fn(usize) -> &'w [f32],
     rb: usize,
@@ -232,52 +270,92 @@ pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
     acc: &mut [Lanes],
     stride: usize,
     x: &impl Fn(usize) -> &'x [f32],
+    halves: bool,
 ) {
     assert!(stride >= tb && acc.len() >= rb * stride, "fold_tiles: accumulators");
+    assert!(K::HALVES || !halves, "fold_tiles: halves on a tier of whole accumulators");
     let mut j = 0;
     while j < tb {
-        // 32 registers: groups of 6 tokens against rows 4 at a time (24 accumulators). 16:
-        // groups of 3 (2 when that leaves no group of 1) against row pairs (12 registers).
+        let left = tb - j;
+        // 32 registers: groups of 6 tokens against rows 4 at a time (24 accumulators). 16 in
+        // halves: groups of 4 (5 to 7 tokens left: two groups of about half, rather than 4 and
+        // a rest of 1 to 3) against row triples (12 registers). 16 in whole accumulators: groups of 3 (2 when
+        // that leaves no group of 1) against row pairs (12 registers).
         let n = if K::WIDE {
-            (tb - j).min(6)
+            left.min(6)
+        } else if halves {
+            if left > 4 && left < 8 {
+                left.div_ceil(2)
+            } else {
+                left.min(4)
+            }
         } else {
-            match tb - j {
+            match left {
                 1 => 1,
                 2 | 4 => 2,
                 _ => 3,
             }
         };
+        let s = Sweep { rb, stride, j, halves };
+        // SAFETY: the caller guarantees the tier (every arm).
+        unsafe {
+            match n {
+                6 => s.run::<K, 6>(w, acc, x),
+                5 => s.run::<K, 5>(w, acc, x),
+                4 => s.run::<K, 4>(w, acc, x),
+                3 => s.run::<K, 3>(w, acc, x),
+                2 => s.run::<K, 2>(w, acc, x),
+                _ => s.run::<K, 1>(w, acc, x),
+            }
+        }
+        j += n;
+    }
+}
+
+/// One token group's sweep over a span's rows: the arguments of [`fold_tiles`] that its
+/// tiles share.
+struct Sweep {
+    rb: usize,
+    stride: usize,
+    j: usize,
+    halves: bool,
+}
+
+impl Sweep {
+    /// Sweeps rows `0..rb` for tokens `j..j + N` in tiles of as many rows as the registers
+    /// hold: 4 on 32-register tiers and for a lone token; in halves, as many as leave one
+    /// register for an activation and one per row for its weights (`R · N + R + 1 ≤ 16`);
+    /// otherwise 2.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier `K`.
+    unsafe fn run<'w, 'x, K: Kernel, const N: usize>(
+        &self,
+        w: &impl Fn(usize) -> &'w [f32],
+        acc: &mut [Lanes],
+        x: &impl Fn(usize) -> &'x [f32],
+    ) {
+        let most = if K::WIDE || N == 1 {
+            4
+        } else if self.halves {
+            (15 / (N + 1)).min(4)
+        } else {
+            2
+        };
+        let (stride, j, halves) = (self.stride, self.j, self.halves);
         let mut r = 0;
-        while r < rb {
-            let four = K::WIDE && rb - r >= 4;
-            let two = rb - r >= 2;
+        while r < self.rb {
             let a = &mut *acc;
-            // SAFETY: the caller guarantees the tier (for every arm).
+            // SAFETY: the caller guarantees the tier (every arm).
             r += unsafe {
-                match (n, four, two) {
-                    (6, true, _) => tile::<K, 4, 6>(w, a, stride, r, j, x),
-                    (6, _, true) => tile::<K, 2, 6>(w, a, stride, r, j, x),
-                    (6, _, _) => tile::<K, 1, 6>(w, a, stride, r, j, x),
-                    (5, true, _) => tile::<K, 4, 5>(w, a, stride, r, j, x),
-                    (5, _, true) => tile::<K, 2, 5>(w, a, stride, r, j, x),
-                    (5, _, _) => tile::<K, 1, 5>(w, a, stride, r, j, x),
-                    (4, true, _) => tile::<K, 4, 4>(w, a, stride, r, j, x),
-                    (4, _, true) => tile::<K, 2, 4>(w, a, stride, r, j, x),
-                    (4, _, _) => tile::<K, 1, 4>(w, a, stride, r, j, x),
-                    (3, true, _) => tile::<K, 4, 3>(w, a, stride, r, j, x),
-                    (3, _, true) => tile::<K, 2, 3>(w, a, stride, r, j, x),
-                    (3, _, _) => tile::<K, 1, 3>(w, a, stride, r, j, x),
-                    (2, true, _) => tile::<K, 4, 2>(w, a, stride, r, j, x),
-                    (2, _, true) => tile::<K, 2, 2>(w, a, stride, r, j, x),
-                    (2, _, _) => tile::<K, 1, 2>(w, a, stride, r, j, x),
-                    // A lone token takes rows four at a time on every tier (4 × 2 registers).
-                    (_, _, _) if rb - r >= 4 => tile::<K, 4, 1>(w, a, stride, r, j, x),
-                    (_, _, true) => tile::<K, 2, 1>(w, a, stride, r, j, x),
-                    (_, _, _) => tile::<K, 1, 1>(w, a, stride, r, j, x),
+                match most.min(self.rb - r) {
+                    4 => tile::<K, 4, N>(w, a, stride, r, j, x, halves),
+                    3 => tile::<K, 3, N>(w, a, stride, r, j, x, halves),
+                    2 => tile::<K, 2, N>(w, a, stride, r, j, x, halves),
+                    _ => tile::<K, 1, N>(w, a, stride, r, j, x, halves),
                 }
             };
         }
-        j += n;
     }
 }
 
@@ -292,6 +370,7 @@ unsafe fn tile<'w, 'x, K: Kernel, const R: usize, const N: usize>(
     r: usize,
     j: usize,
     x: &impl Fn(usize) -> &'x [f32],
+    halves: bool,
 ) -> usize {
     let ws: [&[f32]; R] = std::array::from_fn(|i| w(r + i));
     let xs: [&[f32]; N] = std::array::from_fn(|i| x(j + i));
@@ -300,7 +379,98 @@ unsafe fn tile<'w, 'x, K: Kernel, const R: usize, const N: usize>(
         let row = rows.next().expect("invariant: R rows of accumulators (asserted)");
         (&mut row[j..j + N]).try_into().expect("invariant: N tokens were sliced")
     });
-    // SAFETY: the caller guarantees the tier; `fold` checks the slice lengths.
-    unsafe { K::fold(ws, xs, a) };
+    if halves {
+        // SAFETY: the caller guarantees the tier; `fold_half` checks the slice lengths.
+        unsafe { K::fold_half(ws, xs, a) };
+    } else {
+        // SAFETY: the caller guarantees the tier; `fold` checks the slice lengths.
+        unsafe { K::fold(ws, xs, a) };
+    }
     R
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::Portable;
+
+    /// Deterministic values with both signs, some zeros and a wide range of magnitudes.
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                let v = f32::from(u16::try_from(s >> 16).unwrap_or(0)) / 4096.0 - 8.0;
+                if s.is_multiple_of(11) {
+                    0.0
+                } else {
+                    v * f32::from(u8::try_from(s % 7).unwrap_or(0) + 1).powi(3)
+                }
+            })
+            .collect()
+    }
+
+    /// One 3 × 4 tile's fold on some tier and order.
+    type TileFold = dyn Fn([&[f32]; 3], [&[f32]; 4], [&mut [Lanes; 4]; 3]);
+
+    /// Folds a 3 × 4 tile of `len` columns in column order on the portable tier, and in the
+    /// split order through `fold_half` on the portable tier and (where the CPU has it) AVX2:
+    /// every accumulator's bits agree, starting from accumulators that are not zero.
+    fn split_fold_case(len: usize) {
+        let w: Vec<Vec<f32>> = (0..3).map(|r| values(len, 10 + r)).collect();
+        let x: Vec<Vec<f32>> = (0..4).map(|j| values(len, 20 + j)).collect();
+        let split: Vec<Vec<f32>> = w
+            .iter()
+            .map(|row| {
+                let mut out = vec![f32::NAN; len];
+                split_halves(row, &mut out);
+                out
+            })
+            .collect();
+        let start: [[Lanes; 4]; 3] = std::array::from_fn(|r| {
+            std::array::from_fn(|j| {
+                let v = values(16, u32::try_from(100 + 4 * r + j).unwrap_or(0));
+                std::array::from_fn(|l| v[l])
+            })
+        });
+        let fold = |ws: &[Vec<f32>], f: &TileFold| {
+            let mut acc = start;
+            let [a, b, c] = &mut acc;
+            f(std::array::from_fn(|r| &ws[r][..]), std::array::from_fn(|j| &x[j][..]), [a, b, c]);
+            acc.map(|row| row.map(|lanes| lanes.map(f32::to_bits)))
+        };
+        // SAFETY: the portable tier runs on any CPU.
+        let want = fold(&w, &|w, x, a| unsafe { Portable::fold(w, x, a) });
+        // SAFETY: as above.
+        let got = fold(&split, &|w, x, a| unsafe { Portable::fold_half(w, x, a) });
+        assert_eq!(got, want, "portable fold_half, {len} columns");
+        #[cfg(target_arch = "x86_64")]
+        if crate::isa::Isa::Avx2.is_available() {
+            use crate::arch::avx2::Avx2;
+            // SAFETY: the CPU supports AVX2 and FMA (checked).
+            let got = fold(&split, &|w, x, a| unsafe { Avx2::fold_half(w, x, a) });
+            assert_eq!(got, want, "AVX2 fold_half, {len} columns");
+        }
+    }
+
+    #[test]
+    fn fold_half_on_split_weights_equals_fold_in_column_order() {
+        for len in [16, 32, 48, 1024] {
+            split_fold_case(len);
+        }
+    }
+
+    #[test]
+    fn split_halves_keeps_a_partial_last_step_in_column_order() {
+        let line: Vec<f32> = (0..41u8).map(f32::from).collect();
+        let mut out = vec![f32::NAN; 41];
+        split_halves(&line, &mut out);
+        let lo: Vec<f32> = (0u8..8).chain(16..24).map(f32::from).collect();
+        let hi: Vec<f32> = (8u8..16).chain(24..32).map(f32::from).collect();
+        assert_eq!(out[..16], lo[..]);
+        assert_eq!(out[16..32], hi[..]);
+        assert_eq!(out[32..], line[32..]);
+    }
 }

@@ -1,7 +1,7 @@
 //! Prefill-sized calls (many activation rows): a T-row call equals T one-row calls bit for bit
 //! at T up to 512 and in pools of 1 to 16 threads, on every tier; and the wide register tiles
-//! equal the scalar reference at awkward shapes (every remainder of the 4-row × 6-token tiles
-//! and of the 64-row token blocks).
+//! equal the scalar reference at awkward shapes (every remainder of the 4-row × 6-token tiles,
+//! AVX2's 3-row × 4-token half tiles, and the 64-row token blocks).
 //!
 //! Tiers as in `tests/matmul.rs`: every tier the CPU supports, or the one `SLUICE_ISA` forces.
 
@@ -102,6 +102,55 @@ fn wide_scratch_reused_across_calls_of_different_t_and_shape() {
             let mut got = vec![f32::NAN; t * rows];
             pool.install(|| matmul_with(isa, &m, &x, t, &mut got));
             assert_eq!(bits(&got), bits(&want), "{isa} call {k}: {format} {rows}x{cols} t={t}");
+        }
+    }
+}
+
+/// The edges of AVX2's half tiles (3 weight rows × 4 activation rows, each 8-lane half folded
+/// over the whole span from a half-split panel) equal the scalar reference on every tier:
+/// widths 1–17 (no whole step, one step, a step and a partial one), 33, a chunk plus a
+/// partial step (1041) and two chunks plus a step (2064); row counts around the 3-row tiles;
+/// T around the 4-row token groups (just past the few-row nest, and 64-row blocks split in
+/// two), with mixed values (±0.0, subnormal and large products) in either operand.
+#[test]
+fn half_tiles_equal_the_scalar_reference_at_every_edge() {
+    let widths: Vec<usize> = (1..=17).chain([33, 1041, 2064]).collect();
+    let rows = [1, 2, 3, 4, 5, 7, 35];
+    let ts = [9, 10, 11, 12, 13, 16, 65, 68, 71];
+    let mut k = 0u64;
+    for &cols in &widths {
+        for (i, &r) in rows.iter().enumerate() {
+            // Long rows with every T; short ones cycle through the formats and modes.
+            for &t in &ts {
+                k += 1;
+                if cols > 64 && (i + t) % 3 != 0 {
+                    continue;
+                }
+                let format = ["f32", "bf16", "int8"][usize::try_from(k % 3).expect("small")];
+                let (wm, xm) = if k.is_multiple_of(2) {
+                    (Mode::Mixed, Mode::Normal)
+                } else {
+                    (Mode::Normal, Mode::Mixed)
+                };
+                if let Err(e) = check(format, r, cols, t, 0x4A1F_0000 + k, wm, xm) {
+                    panic!("{e}");
+                }
+            }
+        }
+    }
+    for cols in [32, 1056, 2080] {
+        for (k, t) in [9u64, 12, 65, 71].into_iter().enumerate() {
+            if let Err(e) = check(
+                "mxfp4",
+                35,
+                cols,
+                usize::try_from(t).expect("small"),
+                0x4A1F_8000 + t,
+                Mode::Mixed,
+                Mode::Mixed,
+            ) {
+                panic!("mxfp4 case {k}: {e}");
+            }
         }
     }
 }

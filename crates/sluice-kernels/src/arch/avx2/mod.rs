@@ -1,13 +1,21 @@
 //! AVX2+FMA pieces of the matmul loop nest ([`crate::tiled`]) that every weight format shares:
 //! a 16-lane accumulator is two 8-lane registers (lanes 0–7, 8–15); a 2 × 3 tile's twelve
-//! accumulator registers leave four of the sixteen for operands.
+//! accumulator registers leave four of the sixteen for operands (`fold`), unless the tile
+//! folds one half at a time (`fold_half`, below).
 //!
 //! **One activation row** (`fold_one`, the decode path) is each format's hook
 //! (`Format::avx2_fold_one`, in `crate::formats`): the formats keep widened weights in
 //! registers and fold them at once, with [`load2`] / [`store2`] moving the accumulators.
 //!
 //! **Several activation rows** (`decode` + `fold`) widen a chunk into a buffer once through
-//! the format's `avx2_decode` and fold it here in register tiles.
+//! the format's `avx2_decode` and fold it here in register tiles. The prefill nest
+//! (`crate::wide`) folds in halves (`fold_half`): lanes 0–7 over the whole span, then lanes
+//! 8–15, so that an accumulator is one register and a tile of 3 weight rows × 4 activation
+//! rows fits (12 accumulators, 3 weights, 1 activation: 7 loads per 12 FMAs, where the 2 × 3
+//! tile of whole accumulators needs 10). Its weight panel is stored half-split (every step's
+//! low 8 lanes, then every step's high 8), so each pass reads its weights contiguously: a
+//! pass over column-ordered weights pulled every cache line of the tile's rows from L2 for
+//! half its bytes.
 //!
 //! [`NibbleDecoder`] is the 4-bit decode MXFP4 and INT4 share: a `vpshufb` lookup of each
 //! nibble in a 16-entry signed-byte table, interleaved into column order and spread into the
@@ -24,6 +32,8 @@ use core::arch::x86_64::*;
 pub(crate) struct Avx2;
 
 impl Kernel for Avx2 {
+    const HALVES: bool = true;
+
     #[target_feature(enable = "avx2,fma")]
     unsafe fn decode<F: Format>(row: F::Row<'_>, c0: usize, out: &mut [f32]) {
         // SAFETY: the caller guarantees AVX2 and FMA.
@@ -73,6 +83,54 @@ impl Kernel for Avx2 {
                 unsafe {
                     _mm256_storeu_ps(lanes.as_mut_ptr(), *lo);
                     _mm256_storeu_ps(lanes.as_mut_ptr().add(8), *hi);
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fold_half<const R: usize, const N: usize>(
+        w: [&[f32]; R],
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+    ) {
+        let len = w.first().map_or(0, |s| s.len());
+        assert!(len.is_multiple_of(16), "fold span");
+        assert!(w.iter().all(|s| s.len() == len) && x.iter().all(|s| s.len() == len));
+        let wp: [*const f32; R] = std::array::from_fn(|r| w[r].as_ptr());
+        let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
+        let mut acc = acc;
+        // Half `h` (lanes `h .. h + 8`) of step `k`: activations at `16k + h`, weights (in the
+        // split order) at `8k`, or `len / 2 + 8k` for the high half.
+        for (h, wh) in [(0, 0), (8, len / 2)] {
+            let mut a = [[_mm256_setzero_ps(); N]; R];
+            for (ar, lanes_r) in a.iter_mut().zip(acc.iter()) {
+                for (aj, lanes) in ar.iter_mut().zip(lanes_r.iter()) {
+                    // SAFETY: `lanes` holds 16 f32 and `h` is 0 or 8.
+                    *aj = unsafe { _mm256_loadu_ps(lanes.as_ptr().add(h)) };
+                }
+            }
+            let (mut c, mut cw) = (h, wh);
+            while c < len {
+                // SAFETY: `c + 8 <= len` (`c % 16` is `h`, `len` a multiple of 16) and every
+                // slice is `len` long (asserted above); `cw = wh + (c - h) / 2`, so
+                // `cw + 8 <= wh + len / 2 <= len`.
+                let wv: [__m256; R] =
+                    std::array::from_fn(|r| unsafe { _mm256_loadu_ps(wp[r].add(cw)) });
+                for (j, &xj) in xp.iter().enumerate() {
+                    // SAFETY: as for the weights.
+                    let xv = unsafe { _mm256_loadu_ps(xj.add(c)) };
+                    for (v, ar) in wv.iter().zip(a.iter_mut()) {
+                        ar[j] = _mm256_fmadd_ps(*v, xv, ar[j]);
+                    }
+                }
+                c += 16;
+                cw += 8;
+            }
+            for (ar, lanes_r) in a.iter().zip(acc.iter_mut()) {
+                for (v, lanes) in ar.iter().zip(lanes_r.iter_mut()) {
+                    // SAFETY: `lanes` holds 16 f32 and `h` is 0 or 8.
+                    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr().add(h), *v) };
                 }
             }
         }
