@@ -110,8 +110,12 @@ fn the_plan_charged_no_working_memory_for_a_prompt_pass() {
         // per-thread scratch, which its first call of more than eight rows makes (a warm-up of
         // four rows left it to the 16-row pass below, whose peak then hid 260 KiB of it from
         // the per-row difference).
+        // A warm-up at the longest pass measured too: its row chunks reach pool threads that a
+        // 16-row pass left idle, and each of those builds its scratch on its first wide call
+        // (CI saw tiny-a's All pass at 20,667 bytes per row against 19,760 charged).
         pass_peak(m, 4, LogitRows::All);
         pass_peak(m, 16, LogitRows::All);
+        pass_peak(m, sluice_models::ROW_BLOCK, LogitRows::All);
         // Passes the caller may commit in part: verification, at most ROW_BLOCK rows, each
         // charged `row + pre` (past them a layer's block buffers stop growing).
         let full = row + pre;
