@@ -92,6 +92,15 @@ pub enum Event {
     Done(Box<Summary>),
     /// Generation failed.
     Failed(String),
+    /// The grammar engine failed mid-reply ([`sluice_engine::constraint::Constraint::error`]):
+    /// from then on its mask allowed only the end token, so the reply ended early and does not
+    /// match the requested format. The cause and how many tokens were generated.
+    GrammarFailed {
+        /// The grammar engine's message.
+        cause: String,
+        /// Tokens generated (the last is the forced end token).
+        generated: usize,
+    },
     /// The server stopped before the job started (answered 503).
     ShuttingDown,
 }
@@ -205,7 +214,9 @@ impl Worker {
             }
             self.sched.done();
             // A job cancelled before it started was counted as cancelled, not failed.
-            if matches!(&event, Event::Failed(why) if why != CANCELLED_BEFORE_START) {
+            if matches!(&event, Event::Failed(why) if why != CANCELLED_BEFORE_START)
+                || matches!(event, Event::GrammarFailed { .. })
+            {
                 self.metrics.failed();
             }
             let _ = job.events.send(event);
@@ -293,6 +304,19 @@ impl Worker {
         self.metrics.record_turn(&turn.stats);
         if let Some(w) = self.metrics.machine() {
             w.request_done(&machine0);
+        }
+        // A grammar engine failure ends the reply with the end token as if it were complete:
+        // the client is told, not handed a truncated reply as a finished one.
+        let grammar_failure =
+            job.constraint.as_ref().and_then(|c| c.with(|c| c.error().map(str::to_owned)));
+        if let Some(cause) = grammar_failure {
+            let generated = turn.tokens.len();
+            eprintln!(
+                "sluice: job {}: the grammar engine failed after {generated} generated tokens, \
+                 the reply was cut short: {cause}",
+                job.id
+            );
+            return Event::GrammarFailed { cause, generated };
         }
         Event::Done(Box::new(Summary {
             finish_reason,
