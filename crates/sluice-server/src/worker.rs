@@ -9,7 +9,7 @@
 use crate::follow_up::ChatEcho;
 use crate::machine_metrics::MachineWatch;
 use crate::metrics::Metrics;
-use crate::output::{Delta, Output, OutputKind};
+use crate::output::{Delta, Output, OutputKind, Reply};
 use crate::scheduler::Scheduler;
 use sluice_engine::constraint::SharedConstraint;
 use sluice_engine::progress::LineThrottle;
@@ -234,8 +234,8 @@ impl Worker {
             self.metrics.cancelled();
             return Event::ShuttingDown;
         }
-        let mut out = match Output::new(&self.fmt, &job.output, &job.stop) {
-            Ok(o) => o,
+        let reply = match Output::new(&self.fmt, &job.output, &job.stop) {
+            Ok(o) => Reply::shared(o),
             Err(e) => return Event::Failed(e.to_string()),
         };
         let opts = TurnOptions {
@@ -252,20 +252,20 @@ impl Worker {
             follow_up: job
                 .echo
                 .clone()
-                .map(|e| e.follow_up(Arc::clone(&self.fmt), job.output, job.stop.clone())),
+                .map(|e| e.follow_up(Arc::clone(&self.fmt), Arc::clone(&reply))),
         };
         // The client leaving and the server stopping both end the job at the next pass.
         let cancel = || job.cancel.load(Ordering::Acquire) || self.sched.stopping();
         let fmt = &self.fmt;
         let mut on_token = |id: u32, logits: Option<&[f32]>| -> bool {
-            let mut d = out.push(id);
+            let (mut d, stopped) = Reply::with(&reply, |r| (r.push(id), r.output().stopped()));
             if let (Some(n), Some(l)) = (job.logprobs, logits) {
                 d.add_logprobs(fmt, l, id, n);
             }
             if !d.is_empty() && job.events.send(Event::Delta(d)).is_err() {
                 job.cancel.store(true, Ordering::Release);
             }
-            !out.stopped()
+            !stopped
         };
         let machine0 = MachineWatch::request_start();
         let drafter = self.drafter.as_mut().map(|d| &mut **d as &mut dyn Drafter);
@@ -290,12 +290,16 @@ impl Worker {
             Ok(t) => t,
             Err(e) => return Event::Failed(e.to_string()),
         };
-        let last = out.finish();
+        let (last, tool_calls, reasoning_tokens, stop_sequence) = Reply::with(&reply, |r| {
+            let out = r.output();
+            let counts = (out.tool_calls(), out.reasoning_tokens(), out.stop_sequence());
+            (r.finish(), counts.0, counts.1, counts.2)
+        });
         if !last.is_empty() {
             let _ = job.events.send(Event::Delta(last));
         }
         let finish_reason = match turn.stats.finish_reason.as_str() {
-            "stop" if out.tool_calls() > 0 => "tool_calls".to_owned(),
+            "stop" if tool_calls > 0 => "tool_calls".to_owned(),
             other => other.to_owned(),
         };
         if finish_reason == "cancelled" {
@@ -321,8 +325,8 @@ impl Worker {
         Event::Done(Box::new(Summary {
             finish_reason,
             generated_ids: turn.tokens,
-            reasoning_tokens: out.reasoning_tokens(),
-            stop_sequence: out.stop_sequence(),
+            reasoning_tokens,
+            stop_sequence,
             queue_s,
             total_s: started.elapsed().as_secs_f64(),
             stats: turn.stats,
