@@ -14,7 +14,7 @@ use sluice_tokenizer::AnyTokenizer;
 use std::path::PathBuf;
 
 /// Every tokenizer kind the fixtures have.
-const FIXTURES: [&str; 5] = common::TOKENIZER_FIXTURES;
+const FIXTURES: [&str; 5] = common::tokenizer_kinds::TOKENIZER_FIXTURES;
 
 /// Every family's markers, spelled.
 const MARKERS: [&str; 12] = [

@@ -7,8 +7,6 @@
 pub mod chat_golden;
 pub mod tokenizer_kinds;
 
-pub use tokenizer_kinds::TOKENIZER_FIXTURES;
-
 use std::path::PathBuf;
 
 use serde_json::Value;
