@@ -4,7 +4,7 @@
 //! unconstrained run that maps every expert.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Memory no budget charges: the executable's own resident code and read-only data, the C
@@ -18,21 +18,35 @@ fn sluice(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).expect("one JSON object")
 }
 
+/// A `many-experts` model of `layers` layers of `experts` experts from `seed`, written by
+/// `sluice synth` into a temporary directory (kept while the returned guard lives).
+fn synth(layers: u32, experts: u32, seed: u32) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    let (layers, experts, seed) = (layers.to_string(), experts.to_string(), seed.to_string());
+    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["synth", "--preset", "many-experts", "--layers", &layers, "--experts", &experts])
+        .args(["--seed", &seed, "--out", model.to_str().unwrap()])
+        .output()
+        .expect("spawn synth");
+    assert!(o.status.success(), "synth: {}", String::from_utf8_lossy(&o.stderr));
+    (tmp, model)
+}
+
+/// A `len`-id prompt for `--prompt-ids`, the same ids for every run.
+fn prompt_ids(len: usize) -> String {
+    let ids: Vec<String> = (0..len).map(|i| ((i * 131 + 7) % 700).to_string()).collect();
+    ids.join(",")
+}
+
 fn dir_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum()
 }
 
 #[test]
 fn peak_rss_stays_under_a_budget_a_third_of_the_model_and_tokens_are_unchanged() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("m");
+    let (_tmp, model) = synth(6, 256, 5);
     let m = model.to_str().unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["synth", "--preset", "many-experts", "--layers", "6", "--experts", "256"])
-        .args(["--seed", "5", "--out", m])
-        .output()
-        .expect("spawn synth");
-    assert!(o.status.success(), "synth: {}", String::from_utf8_lossy(&o.stderr));
     let budget: u64 = 96 << 20;
     let size = dir_bytes(&model);
     assert!(size >= 3 * budget, "the model ({size} bytes) is at least 3× the budget");
@@ -59,15 +73,8 @@ fn peak_rss_stays_under_a_budget_a_third_of_the_model_and_tokens_are_unchanged()
 /// pass (its prompt), the rest of the budget becomes slots, and the peak RSS stays under it.
 #[test]
 fn a_short_prompt_run_charged_a_prefill_chunk_for_the_whole_context() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("m");
+    let (_tmp, model) = synth(6, 256, 5);
     let m = model.to_str().unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["synth", "--preset", "many-experts", "--layers", "6", "--experts", "256"])
-        .args(["--seed", "5", "--out", m])
-        .output()
-        .expect("spawn synth");
-    assert!(o.status.success(), "synth: {}", String::from_utf8_lossy(&o.stderr));
     let budget: u64 = 96 << 20;
     let run = |ids: &str| {
         let args = ["run", "--model", m, "--prompt-ids", ids, "--max-new", "16"];
@@ -184,18 +191,10 @@ fn a_long_prompt_pass_exceeded_the_memory_budget() {
             return;
         }
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("m");
+    let (_tmp, model) = synth(1, 64, 7);
     let m = model.to_str().unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["synth", "--preset", "many-experts", "--layers", "1", "--experts", "64"])
-        .args(["--seed", "7", "--out", m])
-        .output()
-        .expect("spawn synth");
-    assert!(o.status.success(), "synth: {}", String::from_utf8_lossy(&o.stderr));
     for len in [1usize, 500, 2000, 8000] {
-        let ids: Vec<String> = (0..len).map(|i| ((i * 131 + 7) % 700).to_string()).collect();
-        let ids = ids.join(",");
+        let ids = prompt_ids(len);
         let args = ["run", "--model", m, "--prompt-ids", &ids, "--max-new", "2", "--json"];
         let out = cg.sluice(&[&args[..], &["--memory", "128M", "--context", "8192"]].concat());
         assert!(
@@ -253,6 +252,33 @@ fn distinct_prefill_experts(trace: &Path) -> u64 {
     seen.len() as u64
 }
 
+/// What a `run --json` with a route trace read in its prefill.
+struct Prefill {
+    /// Expert bytes the prefill read.
+    read: u64,
+    /// Bytes of the distinct experts it routed to ([`distinct_prefill_experts`]).
+    distinct: u64,
+    /// `read / distinct`: 1.0 reads each routed expert once.
+    ratio: f64,
+    /// Prefill passes.
+    passes: u64,
+    /// Peak resident memory.
+    peak: u64,
+}
+
+fn prefill(run: &serde_json::Value, trace: &Path) -> Prefill {
+    let stats = &run["stats"];
+    let read = stats["prefill_expert_bytes_read"].as_u64().unwrap();
+    let expert =
+        stats["expert_bytes"].as_u64().unwrap() / stats["expert_requests"].as_u64().unwrap();
+    let distinct = distinct_prefill_experts(trace) * expert;
+    #[allow(clippy::cast_precision_loss)]
+    let ratio = read as f64 / distinct as f64;
+    let passes = stats["prefill_passes"].as_u64().unwrap();
+    let peak = stats["peak_rss_bytes"].as_u64().unwrap();
+    Prefill { read, distinct, ratio, passes, peak }
+}
+
 /// Issue 19/20 (session 9): under a budget whose expert cache cannot hold the model, the plan
 /// gave a long prompt chunks of ~150 rows (half the memory left after the spine, at the full
 /// per-row charge of a verification pass), and every chunk routed to nearly every expert of
@@ -262,15 +288,8 @@ fn distinct_prefill_experts(trace: &Path) -> u64 {
 /// are those of a run that maps every expert.
 #[test]
 fn a_long_prefill_under_a_tight_budget_reread_every_expert_per_chunk() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("m");
+    let (tmp, model) = synth(4, 256, 11);
     let m = model.to_str().unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["synth", "--preset", "many-experts", "--layers", "4", "--experts", "256"])
-        .args(["--seed", "11", "--out", m])
-        .output()
-        .expect("spawn synth");
-    assert!(o.status.success(), "synth: {}", String::from_utf8_lossy(&o.stderr));
     let budget: u64 = 160 << 20;
     let size = dir_bytes(&model);
     assert!(
@@ -278,8 +297,7 @@ fn a_long_prefill_under_a_tight_budget_reread_every_expert_per_chunk() {
         "the model ({size} bytes) is 2× what the budget leaves past its I/O headroom"
     );
     let len = 1500;
-    let ids: Vec<String> = (0..len).map(|i| ((i * 131 + 7) % 700).to_string()).collect();
-    let ids = ids.join(",");
+    let ids = prompt_ids(len);
     let trace = tmp.path().join("routes.jsonl");
     let t = trace.to_str().unwrap();
     let common = ["run", "--model", m, "--prompt-ids", &ids, "--max-new", "2", "--json"];
@@ -287,15 +305,7 @@ fn a_long_prefill_under_a_tight_budget_reread_every_expert_per_chunk() {
         &[&common[..], &["--memory", "160M", "--context", "4096", "--trace-routes", t]].concat(),
     );
     assert_eq!(streamed["experts"], "stream");
-    let stats = &streamed["stats"];
-    let read = stats["prefill_expert_bytes_read"].as_u64().unwrap();
-    let expert =
-        stats["expert_bytes"].as_u64().unwrap() / stats["expert_requests"].as_u64().unwrap();
-    let distinct = distinct_prefill_experts(&trace) * expert;
-    let passes = stats["prefill_passes"].as_u64().unwrap();
-    let peak = stats["peak_rss_bytes"].as_u64().unwrap();
-    #[allow(clippy::cast_precision_loss)]
-    let ratio = read as f64 / distinct as f64;
+    let Prefill { read, distinct, ratio, passes, peak } = prefill(&streamed, &trace);
     eprintln!(
         "{len} tokens: chunk {}, {passes} passes, read {read} B for {distinct} B of distinct \
          routed experts (×{ratio:.3}), peak RSS {peak} B, plan: {}",
@@ -320,19 +330,11 @@ fn a_long_prefill_under_a_tight_budget_reread_every_expert_per_chunk() {
 #[test]
 fn a_long_prompt_under_a_tight_budget_took_a_pass_per_chunk_because_rows_held_every_expert_output()
 {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("m");
+    let (tmp, model) = synth(4, 256, 11);
     let m = model.to_str().unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["synth", "--preset", "many-experts", "--layers", "4", "--experts", "256"])
-        .args(["--seed", "11", "--out", m])
-        .output()
-        .expect("spawn synth");
-    assert!(o.status.success(), "synth: {}", String::from_utf8_lossy(&o.stderr));
     let budget: u64 = 160 << 20;
     let len = 4000;
-    let ids: Vec<String> = (0..len).map(|i| ((i * 131 + 7) % 700).to_string()).collect();
-    let ids = ids.join(",");
+    let ids = prompt_ids(len);
     let trace = tmp.path().join("routes.jsonl");
     let t = trace.to_str().unwrap();
     let streamed = sluice(&[
@@ -351,15 +353,7 @@ fn a_long_prompt_under_a_tight_budget_took_a_pass_per_chunk_because_rows_held_ev
         "--trace-routes",
         t,
     ]);
-    let stats = &streamed["stats"];
-    let read = stats["prefill_expert_bytes_read"].as_u64().unwrap();
-    let expert =
-        stats["expert_bytes"].as_u64().unwrap() / stats["expert_requests"].as_u64().unwrap();
-    let distinct = distinct_prefill_experts(&trace) * expert;
-    let passes = stats["prefill_passes"].as_u64().unwrap();
-    let peak = stats["peak_rss_bytes"].as_u64().unwrap();
-    #[allow(clippy::cast_precision_loss)]
-    let ratio = read as f64 / distinct as f64;
+    let Prefill { read, distinct, ratio, passes, peak } = prefill(&streamed, &trace);
     eprintln!(
         "{len} tokens: chunk {}, {passes} passes, read {read} B for {distinct} B of distinct \
          routed experts (×{ratio:.3}), peak RSS {peak} B",

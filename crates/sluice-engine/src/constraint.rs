@@ -142,6 +142,8 @@ impl GrammarEnv {
             .map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
         // Warnings go into the error a request gets, not onto the server's stderr.
         factory.set_stderr_log_level(0);
+        // A failure's message is its cause, without a dump of the parser state and grammar.
+        factory.limits_mut().verbose_errors = false;
         Ok(Self { factory, eos, vocab: n })
     }
 
@@ -190,7 +192,7 @@ impl Constraint {
         let allowed = match self.matcher.compute_mask_or_eos() {
             Ok(m) => Some(m),
             Err(e) => {
-                self.error.get_or_insert_with(|| e.to_string());
+                self.error.get_or_insert_with(|| cause(&e));
                 None
             }
         };
@@ -213,7 +215,7 @@ impl Constraint {
             return;
         }
         if let Err(e) = self.matcher.consume_token(tok) {
-            self.error.get_or_insert_with(|| e.to_string());
+            self.error.get_or_insert_with(|| cause(&e));
         }
     }
 
@@ -222,10 +224,19 @@ impl Constraint {
         self.matcher.is_stopped() || self.matcher.is_accepting().unwrap_or(false)
     }
 
-    /// The grammar engine's failure, if one happened.
+    /// The grammar engine's failure, if one happened: its cause (e.g. `parser error: Too many
+    /// items (limit 50000; ff_tokens)` for a schema that forces nesting without end). Every
+    /// token after it was the end token, so the reply ended early; a server must say so rather
+    /// than answer as if the reply were complete.
     pub fn error(&self) -> Option<&str> {
         self.error.as_deref()
     }
+}
+
+/// The first line of a grammar engine error: its cause (what follows is llguidance's marker
+/// that the parser state was left out).
+fn cause(e: &impl std::fmt::Display) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_owned()
 }
 
 /// A constraint shared between the request that owns it and the decoding loop (options structs

@@ -13,15 +13,11 @@ use sluice_tokenizer::{AnyTokenizer, PromptFormat};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// Every tokenizer kind the fixtures have: byte-level BPE `tokenizer.json` (Qwen3-MoE, GPT-OSS,
-/// DeepSeek R1) and tiktoken ranks (Kimi K2's, K3's).
-const FIXTURES: [&str; 5] = [
-    "qwen3_moe/tiny-a",
-    "gpt_oss/tiny-a",
-    "deepseek_v3/tiny-a",
-    "deepseek_v3/tiny-b",
-    "kimi_k3/tiny-a",
-];
+#[path = "../../sluice-tokenizer/tests/common/tokenizer_kinds.rs"]
+mod tokenizer_kinds;
+
+/// Every tokenizer kind the fixtures have (shared with the tokenizer's `token_table.rs`).
+const FIXTURES: [&str; 5] = tokenizer_kinds::TOKENIZER_FIXTURES;
 
 /// A string with multi-byte characters (`｜` is EF BD 9C) and every family's markers spelled.
 const MARKED: &str = "a｜b<｜tool▁call▁end｜>c</tool_call>d<|im_end|>e<|call|>f<|return|>\
@@ -93,6 +89,21 @@ fn lossy(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// For every fixture tokenizer and policy, one reply to the JSON `grammar`, which must be valid
+/// UTF-8 and JSON: `check` gets the vocabulary, the policy, a label, the text and its value.
+fn each_reply(grammar: &Grammar, mut check: impl FnMut(&Vocab, Policy, &str, &str, Value)) {
+    for family in FIXTURES {
+        let v = vocab(family);
+        for (name, policy) in POLICIES {
+            let what = format!("{family}, {name}");
+            let out = reply(&v, grammar, policy, &what);
+            let text = String::from_utf8(out).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let got: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{what}: {e}"));
+            check(&v, policy, &what, &text, got);
+        }
+    }
+}
+
 fn compact(schema: Value) -> Value {
     let mut s = schema;
     s["x-guidance"] = json!({"whitespace_flexible": false});
@@ -104,22 +115,15 @@ fn a_non_ascii_const_string_emitted_invalid_utf8_and_let_the_end_marker_in() {
     let schema = compact(json!({"type": "object", "properties": {"s": {"const": MARKED}},
                                 "required": ["s"], "additionalProperties": false}));
     let lark = format!("start: {} %json {}\n", Value::String("｜é→".into()), schema);
-    for family in FIXTURES {
-        let v = vocab(family);
-        for (name, policy) in POLICIES {
-            let what = format!("{family}, {name}");
-            let out = reply(&v, &Grammar::JsonSchema(schema.clone()), policy, &what);
-            let text = String::from_utf8(out).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let got: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert_eq!(got, json!({"s": MARKED}), "{what}");
+    each_reply(&Grammar::JsonSchema(schema), |v, policy, what, text, got| {
+        assert_eq!(got, json!({"s": MARKED}), "{what}: {text}");
 
-            // A grammar literal with multi-byte characters before the JSON.
-            let out = reply(&v, &Grammar::Lark(lark.clone()), policy, &what);
-            let text = String::from_utf8(out).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let rest = text.strip_prefix("｜é→").unwrap_or_else(|| panic!("{what}: {text}"));
-            assert_eq!(serde_json::from_str::<Value>(rest).unwrap(), json!({"s": MARKED}));
-        }
-    }
+        // A grammar literal with multi-byte characters before the JSON.
+        let out = reply(v, &Grammar::Lark(lark.clone()), policy, what);
+        let text = String::from_utf8(out).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let rest = text.strip_prefix("｜é→").unwrap_or_else(|| panic!("{what}: {text}"));
+        assert_eq!(serde_json::from_str::<Value>(rest).unwrap(), json!({"s": MARKED}));
+    });
 }
 
 #[test]
@@ -128,15 +132,8 @@ fn free_json_strings_stay_valid_utf8_whatever_tokens_are_chosen() {
         "s": {"type": "string", "minLength": 3, "maxLength": 12},
         "e": {"enum": ["｜", "中文", "<|im_end|>", "🙂"]}},
         "required": ["s", "e"], "additionalProperties": false}));
-    for family in FIXTURES {
-        let v = vocab(family);
-        for (name, policy) in POLICIES {
-            let what = format!("{family}, {name}");
-            let out = reply(&v, &Grammar::JsonSchema(schema.clone()), policy, &what);
-            let text = String::from_utf8(out).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let got: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert!(got["s"].as_str().unwrap().chars().count() >= 3, "{what}: {text}");
-            assert!(got["e"].is_string(), "{what}: {text}");
-        }
-    }
+    each_reply(&Grammar::JsonSchema(schema), |_, _, what, text, got| {
+        assert!(got["s"].as_str().unwrap().chars().count() >= 3, "{what}: {text}");
+        assert!(got["e"].is_string(), "{what}: {text}");
+    });
 }

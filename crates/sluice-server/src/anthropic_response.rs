@@ -9,7 +9,7 @@ use crate::api::{budget, read_json, render_chat, submit, App};
 use crate::error::{ApiError, RETRY_AFTER_S};
 use crate::follow_up::ToolIds;
 use crate::output::{Delta, OutputKind};
-use crate::response::collect;
+use crate::response::{collect, failure};
 use crate::scheduler::JobHandle;
 use crate::worker::{Event, Summary};
 use axum::body::Body;
@@ -314,12 +314,7 @@ impl Streamer {
                     self.done = true;
                 }
                 other => {
-                    let err = match other {
-                        Some(Event::Failed(m)) => ApiError::Internal(m),
-                        Some(Event::ShuttingDown) => ApiError::ShuttingDown,
-                        _ => ApiError::Internal("the engine dropped the request".into()),
-                    };
-                    self.emit("error", AnthropicError(err).body());
+                    self.emit("error", AnthropicError(failure(other)).body());
                     self.done = true;
                 }
             }

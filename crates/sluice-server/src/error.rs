@@ -56,6 +56,18 @@ pub enum ApiError {
     /// A bug or a model failure (500).
     #[error("Internal error: {0}")]
     Internal(String),
+    /// The grammar engine failed mid-reply: the reply ended early and does not match the
+    /// requested format (`response_format`, a required `tool_choice`).
+    #[error(
+        "The grammar engine failed after {generated} generated tokens, so the reply does not \
+         match the requested format (try a simpler or shallower schema): {cause}"
+    )]
+    GrammarFailed {
+        /// The grammar engine's message.
+        cause: String,
+        /// Tokens generated before the reply was cut.
+        generated: usize,
+    },
 }
 
 impl ApiError {
@@ -84,7 +96,7 @@ impl ApiError {
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Unavailable | Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Internal(_) | Self::GrammarFailed { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -93,7 +105,10 @@ impl ApiError {
         match self {
             Self::Unauthorized => "authentication_error",
             Self::QueueFull { .. } => "rate_limit_error",
-            Self::Unavailable | Self::ShuttingDown | Self::Internal(_) => "server_error",
+            Self::Unavailable
+            | Self::ShuttingDown
+            | Self::Internal(_)
+            | Self::GrammarFailed { .. } => "server_error",
             _ => "invalid_request_error",
         }
     }
@@ -116,6 +131,7 @@ impl ApiError {
             Self::QueueFull { .. } => Some("queue_full"),
             Self::BodyTimeout => Some("timeout"),
             Self::ShuttingDown => Some("server_shutting_down"),
+            Self::GrammarFailed { .. } => Some("grammar_failed"),
             _ => None,
         }
     }

@@ -7,15 +7,15 @@
 //! again. The follow-up is that rendering: this request's messages with the reply appended,
 //! without the generation prompt and without the messages a format writes after the last
 //! message (a `tool_choice` or `response_format` message moves past the next request's new
-//! messages). The reply is parsed again from the generated ids, through the same parser and
-//! stop strings as the response, on the engine thread once generation ends.
+//! messages). The reply is the one the response parsed, token by token as it was generated,
+//! through the same parser and stop strings ([`SharedReply`]): it is not parsed a second time.
 //!
 //! When the generated ids are not a prefix of that rendering (the reply re-tokenizes
 //! otherwise, a stop string cut the visible text, arguments were re-serialized, a trailing
 //! message sat between the prompt and the reply) the state after generation is of no use to
 //! any follow-up and is not written: for Kimi K3 that is 0.6 GB of state-cache writes per turn.
 
-use crate::output::{Delta, Output, OutputKind};
+use crate::output::{Delta, Reply, SharedReply};
 use sluice_engine::turn::FollowUp;
 use sluice_tokenizer::{ChatMessage, ChatOptions, ChatToolCall, PromptFormat, Role, ToolCall};
 use std::sync::Arc;
@@ -64,31 +64,17 @@ pub(crate) struct ChatEcho {
 }
 
 impl ChatEcho {
-    /// The engine's follow-up for a job whose ids become output as `output` with stop
-    /// strings `stop`, rendered through `fmt`.
-    pub(crate) fn follow_up(
-        self,
-        fmt: Arc<PromptFormat>,
-        output: OutputKind,
-        stop: Vec<String>,
-    ) -> FollowUp {
-        FollowUp::new(move |generated| self.render(&fmt, &output, &stop, generated))
+    /// The engine's follow-up for a job whose generated ids are parsed into `reply` (by the
+    /// engine's token callback, as the response streams them), rendered through `fmt`.
+    pub(crate) fn follow_up(self, fmt: Arc<PromptFormat>, reply: SharedReply) -> FollowUp {
+        FollowUp::new(move |generated| {
+            let whole = Reply::with(&reply, |r| r.whole(generated))?;
+            self.render(&fmt, whole)
+        })
     }
 
-    /// The ids a follow-up request starts with after a reply of `generated` ids.
-    fn render(
-        &self,
-        fmt: &PromptFormat,
-        output: &OutputKind,
-        stop: &[String],
-        generated: &[u32],
-    ) -> Option<Vec<u32>> {
-        let mut out = Output::new(fmt, output, stop).ok()?;
-        let mut reply = Delta::default();
-        for &id in generated {
-            reply.extend(out.push(id));
-        }
-        reply.extend(out.finish());
+    /// The ids a follow-up request starts with after `reply`.
+    fn render(&self, fmt: &PromptFormat, reply: Delta) -> Option<Vec<u32>> {
         let mut messages = self.messages.clone();
         messages.push(self.reply_message(reply));
         let options = ChatOptions {

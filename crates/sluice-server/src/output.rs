@@ -1,10 +1,14 @@
 //! Turning one job's generated ids into what the client sees: text for completions; reasoning,
 //! content and tool calls for chat (through the checkpoint's chat format's incremental parser,
 //! [`ChatOutputParser`]); stop strings applied to the visible text; and per-token
-//! log-probabilities. Runs on the engine thread.
+//! log-probabilities. Runs on the engine thread. A chat reply is parsed once, as it is
+//! generated: [`Reply`] keeps what the parser released, for the follow-up check
+//! ([`crate::follow_up`]) as well as the response.
 
 use sluice_engine::logprob::token_logprobs;
 use sluice_engine::stop::StopText;
+use std::sync::{Arc, Mutex, PoisonError};
+
 use sluice_tokenizer::{
     AnyStreamDecoder, ChatOutputParser, ChatToolCall as ParsedToolCall, OutputEvent, PromptFormat,
 };
@@ -86,21 +90,21 @@ impl Delta {
     }
 }
 
-/// Per-job output state.
-pub enum Output<'t> {
+/// Per-job output state (holding a share of the tokenizer: see [`Reply`]).
+pub enum Output {
     /// Completions.
     Text {
         /// Incremental UTF-8 decoding.
-        decoder: AnyStreamDecoder<'t>,
+        decoder: AnyStreamDecoder<'static>,
         /// Stop strings over the text.
         stop: StopText,
         /// The stop tokens (not text).
-        stop_ids: &'t [u32],
+        stop_ids: Vec<u32>,
     },
     /// Chat.
     Chat {
         /// The chat format's parser.
-        parser: Box<ChatOutputParser<'t>>,
+        parser: Box<ChatOutputParser<'static>>,
         /// Stop strings over the reasoning.
         stop_reasoning: StopText,
         /// Stop strings over the content.
@@ -108,18 +112,18 @@ pub enum Output<'t> {
     },
 }
 
-impl<'t> Output<'t> {
+impl Output {
     /// Output state for `kind` with stop strings `stop`.
     pub fn new(
-        fmt: &'t PromptFormat,
+        fmt: &PromptFormat,
         kind: &OutputKind,
         stop: &[String],
     ) -> Result<Self, sluice_tokenizer::PromptError> {
         Ok(match *kind {
             OutputKind::Text => Self::Text {
-                decoder: fmt.tokenizer().stream_decoder(),
+                decoder: fmt.shared_tokenizer().shared_stream_decoder(),
                 stop: StopText::new(stop),
-                stop_ids: fmt.stop_ids(),
+                stop_ids: fmt.stop_ids().to_vec(),
             },
             OutputKind::Chat { reasoning_open, tools } => Self::Chat {
                 parser: Box::new(fmt.output_parser(reasoning_open, tools)?),
@@ -221,5 +225,68 @@ impl<'t> Output<'t> {
                 OutputEvent::ToolCall(c) => d.tool_calls.push(c),
             }
         }
+    }
+}
+
+/// One job's output, parsed once and shared: the engine's token callback pushes each token
+/// through it (and streams the delta), and the follow-up check reads the whole reply from it
+/// ([`crate::follow_up::ChatEcho::follow_up`]) instead of parsing the ids again.
+pub struct Reply {
+    out: Output,
+    /// Every id pushed, in order.
+    ids: Vec<u32>,
+    /// Everything released so far (without log-probabilities).
+    text: Delta,
+    /// What [`Output::finish`] released, once it was called.
+    last: Option<Delta>,
+}
+
+/// A [`Reply`] shared between the engine's token callback and the follow-up check.
+pub type SharedReply = Arc<Mutex<Reply>>;
+
+impl Reply {
+    /// A reply read through `out`, shared.
+    pub fn shared(out: Output) -> SharedReply {
+        Arc::new(Mutex::new(Self { out, ids: Vec::new(), text: Delta::default(), last: None }))
+    }
+
+    /// Runs `f` on the shared reply.
+    pub fn with<T>(reply: &SharedReply, f: impl FnOnce(&mut Self) -> T) -> T {
+        f(&mut reply.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Output for one generated token ([`Output::push`]).
+    pub fn push(&mut self, id: u32) -> Delta {
+        let d = self.out.push(id);
+        self.ids.push(id);
+        self.text.extend(d.clone());
+        d
+    }
+
+    /// The output held back at the end of generation ([`Output::finish`]); the same delta
+    /// however often it is asked for.
+    pub fn finish(&mut self) -> Delta {
+        if let Some(last) = &self.last {
+            return last.clone();
+        }
+        let last = self.out.finish();
+        self.text.extend(last.clone());
+        self.last = Some(last.clone());
+        last
+    }
+
+    /// The whole reply, when `generated` are exactly the ids pushed (else `None`: what was
+    /// parsed is not that reply).
+    pub fn whole(&mut self, generated: &[u32]) -> Option<Delta> {
+        if self.ids != generated {
+            return None;
+        }
+        self.finish();
+        Some(self.text.clone())
+    }
+
+    /// The output state (stop strings, counts).
+    pub fn output(&self) -> &Output {
+        &self.out
     }
 }

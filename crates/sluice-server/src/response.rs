@@ -54,9 +54,22 @@ pub async fn collect(rx: &mut UnboundedReceiver<Event>) -> Result<Collected, Api
         match rx.recv().await {
             Some(Event::Delta(d)) => delta.extend(d),
             Some(Event::Done(summary)) => return Ok(Collected { delta, summary: *summary }),
-            Some(Event::Failed(m)) => return Err(ApiError::Internal(m)),
-            Some(Event::ShuttingDown) => return Err(ApiError::ShuttingDown),
-            None => return Err(ApiError::Internal("the engine dropped the request".into())),
+            other => return Err(failure(other)),
+        }
+    }
+}
+
+/// The error a job that ended with `event` (neither output nor a normal end) answers with;
+/// `None`: the engine dropped the job's channel.
+pub(crate) fn failure(event: Option<Event>) -> ApiError {
+    match event {
+        Some(Event::Failed(m)) => ApiError::Internal(m),
+        Some(Event::GrammarFailed { cause, generated }) => {
+            ApiError::GrammarFailed { cause, generated }
+        }
+        Some(Event::ShuttingDown) => ApiError::ShuttingDown,
+        Some(Event::Delta(_) | Event::Done(_)) | None => {
+            ApiError::Internal("the engine dropped the request".into())
         }
     }
 }
@@ -294,12 +307,7 @@ impl Streamer {
                     self.out.push_back("[DONE]".into());
                 }
                 other => {
-                    let err = match other {
-                        Some(Event::Failed(m)) => ApiError::Internal(m),
-                        Some(Event::ShuttingDown) => ApiError::ShuttingDown,
-                        _ => ApiError::Internal("the engine dropped the request".into()),
-                    };
-                    self.out.push_back(err.body().to_string());
+                    self.out.push_back(failure(other).body().to_string());
                     self.out.push_back("[DONE]".into());
                     self.done = true;
                 }

@@ -9,7 +9,7 @@
 use crate::follow_up::ChatEcho;
 use crate::machine_metrics::MachineWatch;
 use crate::metrics::Metrics;
-use crate::output::{Delta, Output, OutputKind};
+use crate::output::{Delta, Output, OutputKind, Reply};
 use crate::scheduler::Scheduler;
 use sluice_engine::constraint::SharedConstraint;
 use sluice_engine::progress::LineThrottle;
@@ -92,6 +92,15 @@ pub enum Event {
     Done(Box<Summary>),
     /// Generation failed.
     Failed(String),
+    /// The grammar engine failed mid-reply ([`sluice_engine::constraint::Constraint::error`]):
+    /// from then on its mask allowed only the end token, so the reply ended early and does not
+    /// match the requested format. The cause and how many tokens were generated.
+    GrammarFailed {
+        /// The grammar engine's message.
+        cause: String,
+        /// Tokens generated (the last is the forced end token).
+        generated: usize,
+    },
     /// The server stopped before the job started (answered 503).
     ShuttingDown,
 }
@@ -205,7 +214,9 @@ impl Worker {
             }
             self.sched.done();
             // A job cancelled before it started was counted as cancelled, not failed.
-            if matches!(&event, Event::Failed(why) if why != CANCELLED_BEFORE_START) {
+            if matches!(&event, Event::Failed(why) if why != CANCELLED_BEFORE_START)
+                || matches!(event, Event::GrammarFailed { .. })
+            {
                 self.metrics.failed();
             }
             let _ = job.events.send(event);
@@ -223,8 +234,8 @@ impl Worker {
             self.metrics.cancelled();
             return Event::ShuttingDown;
         }
-        let mut out = match Output::new(&self.fmt, &job.output, &job.stop) {
-            Ok(o) => o,
+        let reply = match Output::new(&self.fmt, &job.output, &job.stop) {
+            Ok(o) => Reply::shared(o),
             Err(e) => return Event::Failed(e.to_string()),
         };
         let opts = TurnOptions {
@@ -241,20 +252,20 @@ impl Worker {
             follow_up: job
                 .echo
                 .clone()
-                .map(|e| e.follow_up(Arc::clone(&self.fmt), job.output, job.stop.clone())),
+                .map(|e| e.follow_up(Arc::clone(&self.fmt), Arc::clone(&reply))),
         };
         // The client leaving and the server stopping both end the job at the next pass.
         let cancel = || job.cancel.load(Ordering::Acquire) || self.sched.stopping();
         let fmt = &self.fmt;
         let mut on_token = |id: u32, logits: Option<&[f32]>| -> bool {
-            let mut d = out.push(id);
+            let (mut d, stopped) = Reply::with(&reply, |r| (r.push(id), r.output().stopped()));
             if let (Some(n), Some(l)) = (job.logprobs, logits) {
                 d.add_logprobs(fmt, l, id, n);
             }
             if !d.is_empty() && job.events.send(Event::Delta(d)).is_err() {
                 job.cancel.store(true, Ordering::Release);
             }
-            !out.stopped()
+            !stopped
         };
         let machine0 = MachineWatch::request_start();
         let drafter = self.drafter.as_mut().map(|d| &mut **d as &mut dyn Drafter);
@@ -279,12 +290,16 @@ impl Worker {
             Ok(t) => t,
             Err(e) => return Event::Failed(e.to_string()),
         };
-        let last = out.finish();
+        let (last, tool_calls, reasoning_tokens, stop_sequence) = Reply::with(&reply, |r| {
+            let out = r.output();
+            let counts = (out.tool_calls(), out.reasoning_tokens(), out.stop_sequence());
+            (r.finish(), counts.0, counts.1, counts.2)
+        });
         if !last.is_empty() {
             let _ = job.events.send(Event::Delta(last));
         }
         let finish_reason = match turn.stats.finish_reason.as_str() {
-            "stop" if out.tool_calls() > 0 => "tool_calls".to_owned(),
+            "stop" if tool_calls > 0 => "tool_calls".to_owned(),
             other => other.to_owned(),
         };
         if finish_reason == "cancelled" {
@@ -294,11 +309,24 @@ impl Worker {
         if let Some(w) = self.metrics.machine() {
             w.request_done(&machine0);
         }
+        // A grammar engine failure ends the reply with the end token as if it were complete:
+        // the client is told, not handed a truncated reply as a finished one.
+        let grammar_failure =
+            job.constraint.as_ref().and_then(|c| c.with(|c| c.error().map(str::to_owned)));
+        if let Some(cause) = grammar_failure {
+            let generated = turn.tokens.len();
+            eprintln!(
+                "sluice: job {}: the grammar engine failed after {generated} generated tokens, \
+                 the reply was cut short: {cause}",
+                job.id
+            );
+            return Event::GrammarFailed { cause, generated };
+        }
         Event::Done(Box::new(Summary {
             finish_reason,
             generated_ids: turn.tokens,
-            reasoning_tokens: out.reasoning_tokens(),
-            stop_sequence: out.stop_sequence(),
+            reasoning_tokens,
+            stop_sequence,
             queue_s,
             total_s: started.elapsed().as_secs_f64(),
             stats: turn.stats,

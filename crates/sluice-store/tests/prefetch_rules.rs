@@ -10,7 +10,7 @@ mod common;
 use common::{assert_same, flat, reference, Fixture};
 use sluice_store::{CacheSize, ExpertStore, StreamingConfig, StreamingExperts};
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn serve(
     store: &StreamingExperts,
@@ -127,12 +127,10 @@ fn read_ahead_starts_demand_reads_that_the_call_then_takes_as_misses() {
         // Six experts, however few slots: read-ahead takes what is free, the call the rest.
         store.read_ahead(a, &ids);
         if slots == 64 {
-            // Every read-ahead read finished before the call: still misses, not hits.
-            let t0 = Instant::now();
-            while store.stats().bytes_read < plain_bytes {
-                assert!(t0.elapsed() < Duration::from_secs(30), "read-ahead never finished");
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            // Every read-ahead read finished before the call: still misses, not hits. Each
+            // read records its bytes under the store's lock and wakes `wait_until`.
+            let read = store.wait_until(Duration::from_secs(30), |s| s.bytes_read >= plain_bytes);
+            assert!(read, "read-ahead never finished");
         }
         let got = serve(&store, a, &ids, None);
         assert_eq!(got.len(), ids.len());

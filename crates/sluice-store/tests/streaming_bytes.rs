@@ -214,6 +214,18 @@ fn experts_are_handed_over_in_ascending_id_order() {
     assert_eq!((s.hits, s.misses), (2, 4));
 }
 
+/// A store of two slots, two readers and no prefetch on `backend`: the smallest cache that
+/// makes the id order and the slot hand-over visible.
+fn two_slots(fx: &Fixture, backend: IoBackend) -> StreamingExperts {
+    fx.streaming(&StreamingConfig {
+        cache: CacheSize::Slots(2),
+        readers: 2,
+        backend,
+        max_prefetch_slots: Some(0),
+        ..Default::default()
+    })
+}
+
 /// Every slot pinned by this call's hits of later ids, the lowest id had no slot to be read
 /// into: handing experts in id order must not wait forever. The hit whose turn is furthest
 /// gives its slot back and is read again in its turn.
@@ -223,13 +235,7 @@ fn a_cache_full_of_later_hits_gave_a_slot_to_the_next_id() {
     let want = reference(&fx);
     let l = fx.moe_layers[1];
     for backend in IoBackend::usable() {
-        let store = fx.streaming(&StreamingConfig {
-            cache: CacheSize::Slots(2),
-            readers: 2,
-            backend,
-            max_prefetch_slots: Some(0),
-            ..Default::default()
-        });
+        let store = two_slots(&fx, backend);
         collect(&store, l, &[2, 3]).expect("warm");
         let mut order = Vec::new();
         let mut got = BTreeMap::new();
@@ -260,13 +266,7 @@ fn the_disk_idled_while_ready_experts_were_folded() {
     let want = reference(&fx);
     let l = fx.moe_layers[0];
     for backend in IoBackend::usable() {
-        let store = fx.streaming(&StreamingConfig {
-            cache: CacheSize::Slots(2),
-            readers: 2,
-            backend,
-            max_prefetch_slots: Some(0),
-            ..Default::default()
-        });
+        let store = two_slots(&fx, backend);
         // Both slots read ahead and finished: the call finds two ready experts and two misses.
         store.read_ahead(l, &[0, 1]);
         assert!(store.wait_reads_done(Duration::from_secs(30)), "read-ahead never finished");

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::hf::{HfError, HfTokenizer, TOKENIZER_FILE};
+use crate::stream::TokRef;
 use crate::tokenizer::{Tokenizer, CONFIG_FILE, RANK_FILE};
 
 /// Errors from loading or running an [`AnyTokenizer`].
@@ -124,7 +125,12 @@ impl AnyTokenizer {
     /// A decoder that turns ids into text at UTF-8 boundaries, special tokens spelled out;
     /// everything it yields equals [`Self::decode_lossy`] of the same ids.
     pub fn stream_decoder(&self) -> AnyStreamDecoder<'_> {
-        AnyStreamDecoder { tok: self, pending: Vec::new() }
+        AnyStreamDecoder { tok: TokRef::Borrowed(self), pending: Vec::new() }
+    }
+
+    /// [`Self::stream_decoder`] owning a share of the tokenizer.
+    pub fn shared_stream_decoder(self: &Arc<Self>) -> AnyStreamDecoder<'static> {
+        AnyStreamDecoder { tok: TokRef::Shared(Arc::clone(self)), pending: Vec::new() }
     }
 
     /// Every id's entry for a grammar engine's vocabulary index, `(bytes, added)`: a BPE token's
@@ -224,7 +230,7 @@ impl AnyTokenizer {
 /// Incremental decoding for any tokenizer ([`AnyTokenizer::stream_decoder`]).
 #[derive(Debug)]
 pub struct AnyStreamDecoder<'a> {
-    tok: &'a AnyTokenizer,
+    tok: TokRef<'a, AnyTokenizer>,
     pending: Vec<u8>,
 }
 

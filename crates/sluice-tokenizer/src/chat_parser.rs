@@ -31,17 +31,22 @@ impl<'t> TextOutputParser<'t> {
         stop_ids: &[u32],
         reasoning_open: bool,
     ) -> Self {
+        Self::with(tok, tok.stream_decoder(), format, stop_ids, reasoning_open)
+    }
+
+    /// [`Self::new`] reading ids through `decoder` (over a borrowed or shared `tok`).
+    pub(crate) fn with(
+        tok: &AnyTokenizer,
+        decoder: AnyStreamDecoder<'t>,
+        format: OutputFormat,
+        stop_ids: &[u32],
+        reasoning_open: bool,
+    ) -> Self {
         let machine = TextMachine::new(format, reasoning_open);
         let marker_ids: Vec<(u32, &'static str)> =
             machine.markers().iter().filter_map(|&m| Some((tok.added_id(m)?, m))).collect();
         let machine = machine.with_token_markers(|m| marker_ids.iter().any(|&(_, t)| t == m));
-        Self {
-            decoder: tok.stream_decoder(),
-            stop_ids: stop_ids.to_vec(),
-            machine,
-            marker_ids,
-            reasoning_tokens: 0,
-        }
+        Self { decoder, stop_ids: stop_ids.to_vec(), machine, marker_ids, reasoning_tokens: 0 }
     }
 
     /// Whether tool-call markup is parsed as calls (the default); `false` when the request

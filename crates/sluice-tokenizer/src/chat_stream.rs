@@ -4,7 +4,7 @@
 //! chunking; [`TextOutputParser`] feeds it token ids. Streaming and whole-reply parsing in the
 //! server are this same code, so the concatenated deltas always equal the collected reply.
 //!
-//! [`OutputFormat::parse`] (a whole reply's text) is this machine fed once, so every path —
+//! A whole reply ([`crate::PromptFormat::parse_reply`]) is this machine fed once, so every path —
 //! streamed SSE deltas, a collected reply, `sluice run --chat --json` — splits a reply the same
 //! way. A reply whose prompt opened the think block (R1, Qwen3 thinking templates) starts in the
 //! reasoning, so a think block cut off by the token limit is reasoning; once the answer has begun,
@@ -86,7 +86,7 @@ enum Body {
     Call(String),
 }
 
-/// Text released into one channel, trimmed as [`OutputFormat::parse`] trims it: leading
+/// Text released into one channel, trimmed as a whole reply's parse trims it: leading
 /// newlines dropped, trailing whitespace (or only newlines) held until more text follows.
 #[derive(Debug, Default)]
 struct Emit {
@@ -551,7 +551,7 @@ fn section_markers(s: &'static Sections) -> &'static [&'static str] {
     }
 }
 
-/// A harmony header's channel and recipient (`to=…`), as [`OutputFormat::parse`] reads them.
+/// A harmony header's channel and recipient (`to=…`), as a whole reply's parse reads them.
 fn harmony_header(header: &str) -> (&str, Option<&str>) {
     let channel = header
         .split_once("<|channel|>")

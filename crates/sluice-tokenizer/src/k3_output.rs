@@ -28,7 +28,7 @@
 use crate::chat::Marker;
 use crate::chat_stream::push_event;
 use crate::pyjson::{self, PyValue};
-use crate::{StreamDecoder, Tokenizer};
+use crate::{StreamDecoder, TokRef, Tokenizer};
 
 /// Longest tag (ordinary tokens between the opening marker and `<|sep|>`) recognised; longer ones
 /// are literal text. Bounds the buffering a hostile or broken generation can cause.
@@ -81,7 +81,7 @@ struct PendingTag {
 /// Incremental parser of one K3 reply.
 #[derive(Debug)]
 pub struct K3OutputParser<'t> {
-    tok: &'t Tokenizer,
+    tok: TokRef<'t, Tokenizer>,
     markers: [u32; 4],
     tools: bool,
     channel: Channel,
@@ -97,19 +97,28 @@ impl<'t> K3OutputParser<'t> {
     /// A parser for a reply generated after a thinking (`<|open|>think<|sep|>`) or non-thinking
     /// (`<|open|>response<|sep|>`) generation prefix; `tools`: whether the request declared tools.
     pub fn new(tok: &'t Tokenizer, thinking: bool, tools: bool) -> Result<Self, crate::Error> {
+        Self::with(TokRef::Borrowed(tok), thinking, tools)
+    }
+
+    /// [`Self::new`] over a borrowed or shared tokenizer.
+    pub fn with(
+        tok: TokRef<'t, Tokenizer>,
+        thinking: bool,
+        tools: bool,
+    ) -> Result<Self, crate::Error> {
         let markers = [
-            Marker::Open.id(tok)?,
-            Marker::Close.id(tok)?,
-            Marker::Sep.id(tok)?,
-            Marker::EndOfMsg.id(tok)?,
+            Marker::Open.id(&tok)?,
+            Marker::Close.id(&tok)?,
+            Marker::Sep.id(&tok)?,
+            Marker::EndOfMsg.id(&tok)?,
         ];
         Ok(Self {
+            decoder: StreamDecoder::with(tok.clone()),
             tok,
             markers,
             tools,
             channel: if thinking { Channel::Reasoning } else { Channel::Content },
             tag: None,
-            decoder: tok.stream_decoder(),
             call: CallBuf::default(),
             arg: ArgBuf::default(),
             calls: 0,
@@ -183,7 +192,8 @@ impl<'t> K3OutputParser<'t> {
 
     /// Releases the decoder's incomplete UTF-8 tail (as U+FFFD) into the current channel.
     fn flush_text(&mut self, out: &mut Vec<OutputEvent>) {
-        let rest = std::mem::replace(&mut self.decoder, self.tok.stream_decoder()).finish();
+        let rest =
+            std::mem::replace(&mut self.decoder, StreamDecoder::with(self.tok.clone())).finish();
         self.text(&rest, out);
     }
 

@@ -54,6 +54,6 @@ pub use load::AddedToken;
 pub use output::{OutputFormat, ParsedOutput, ParsedToolCall};
 pub use prompt::{PromptError, PromptFormat, RenderedChat};
 pub use reply_grammar::{GrammarError, Reasoning, ReplyConstraint};
-pub use stream::StreamDecoder;
+pub use stream::{StreamDecoder, TokRef};
 pub use template::{ChatTemplate, TemplateError, TemplateInputs};
 pub use tokenizer::{Tokenizer, CONFIG_FILE, RANK_FILE};

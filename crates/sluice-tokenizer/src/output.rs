@@ -2,7 +2,10 @@
 //! replies split into reasoning, answer and tool calls. Family-neutral: the format is chosen once
 //! from the checkpoint ([`OutputFormat::detect`]) and the parser only sees decoded text with
 //! special tokens spelled out. The parsing itself is [`crate::chat_stream`]'s incremental
-//! machine; [`OutputFormat::parse`] feeds it a whole reply.
+//! machine, fed token ids ([`crate::PromptFormat::parse_reply`] for a whole reply,
+//! [`crate::PromptFormat::output_parser`] streamed). There is no public whole-text parse: text
+//! cannot tell a marker's added token from the same marker spelled in ordinary tokens (a JSON
+//! answer holding `"<|im_end|>"`), so a parse of decoded text ended such an answer there.
 //!
 //! - [`OutputFormat::Qwen3`]: `<think>…</think>` reasoning (the opening tag may be absent: the
 //!   prompt can end inside the think block), then the answer, with tool calls as
@@ -29,7 +32,7 @@
 
 use serde::Serialize;
 
-use crate::chat_stream::{OutputEvent, TextMachine};
+use crate::chat_stream::OutputEvent;
 use crate::pyjson::{self, PyValue};
 
 /// A chat format's output conventions.
@@ -124,8 +127,10 @@ impl OutputFormat {
     /// Splits a whole reply's `text` (decoded with special tokens spelled out) as the
     /// incremental parser does ([`TextMachine`] fed once): `reasoning_open`, the prompt opened
     /// the think block; `tools`, the request declared tools (else call markup is content).
-    pub fn parse(self, text: &str, reasoning_open: bool, tools: bool) -> ParsedOutput {
-        let mut m = TextMachine::new(self, reasoning_open).with_tools(tools);
+    /// Tests only: every marker spelled in the text counts, so replies are parsed on ids.
+    #[cfg(test)]
+    pub(crate) fn parse(self, text: &str, reasoning_open: bool, tools: bool) -> ParsedOutput {
+        let mut m = crate::chat_stream::TextMachine::new(self, reasoning_open).with_tools(tools);
         let mut events = m.push_text(text);
         events.extend(m.finish());
         ParsedOutput::from_events(events)

@@ -14,6 +14,7 @@ use crate::k3_output::K3OutputParser;
 use crate::output::{OutputFormat, ParsedOutput};
 use crate::pyjson::PyValue;
 use crate::reply_grammar::{self, GrammarError, Reasoning, ReplyConstraint};
+use crate::stream::TokRef;
 use crate::template::{ChatTemplate, TemplateError, TemplateInputs};
 use crate::tokenizer::Tokenizer;
 
@@ -216,17 +217,21 @@ impl PromptFormat {
     /// The incremental parser of a reply to a prompt [`Self::render_chat`] rendered
     /// (`reasoning_open` from it); `tools`: whether the request declared tools (and did not
     /// say `tool_choice: none`): only then is tool-call markup parsed as calls; otherwise it
-    /// stays content, in every format.
+    /// stays content, in every format. The parser holds a share of the tokenizer, so it may
+    /// outlive this borrow (a server shares a reply's parser with the engine thread's
+    /// follow-up check).
     pub fn output_parser(
         &self,
         reasoning_open: bool,
         tools: bool,
-    ) -> Result<ChatOutputParser<'_>, PromptError> {
+    ) -> Result<ChatOutputParser<'static>, PromptError> {
         if let Some(k3) = self.xtml_tokenizer() {
-            let p = K3OutputParser::new(k3, reasoning_open, tools)?;
+            let p = K3OutputParser::with(TokRef::Shared(Arc::clone(k3)), reasoning_open, tools)?;
             return Ok(ChatOutputParser::Xtml(Box::new(p)));
         }
-        let p = TextOutputParser::new(&self.tokenizer, self.output, &self.stop_ids, reasoning_open)
+        let decoder = self.tokenizer.shared_stream_decoder();
+        let (format, stops) = (self.output, &self.stop_ids);
+        let p = TextOutputParser::with(&self.tokenizer, decoder, format, stops, reasoning_open)
             .with_tools(tools);
         Ok(ChatOutputParser::Text(Box::new(p)))
     }

@@ -9,11 +9,44 @@
 
 use crate::error::Result;
 use crate::tokenizer::Tokenizer;
+use std::ops::Deref;
+use std::sync::Arc;
+
+/// The tokenizer a decoder or reply parser reads: borrowed for a scope, or shared, so that a
+/// parser can outlive the scope that made it (a server's reply parser is shared with the
+/// engine's follow-up check, which needs a `'static` value).
+#[derive(Debug)]
+pub enum TokRef<'t, T> {
+    /// Borrowed.
+    Borrowed(&'t T),
+    /// Shared ownership.
+    Shared(Arc<T>),
+}
+
+impl<T> Deref for TokRef<'_, T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        match self {
+            Self::Borrowed(t) => t,
+            Self::Shared(t) => t,
+        }
+    }
+}
+
+impl<T> Clone for TokRef<'_, T> {
+    fn clone(&self) -> Self {
+        match self {
+            Self::Borrowed(t) => Self::Borrowed(t),
+            Self::Shared(t) => Self::Shared(Arc::clone(t)),
+        }
+    }
+}
 
 /// Turns a stream of token ids into text at valid UTF-8 boundaries.
 #[derive(Debug)]
 pub struct StreamDecoder<'a> {
-    tokenizer: &'a Tokenizer,
+    tokenizer: TokRef<'a, Tokenizer>,
     /// Bytes received but not yet released: at most the 3-byte prefix of one UTF-8 sequence.
     pending: Vec<u8>,
 }
@@ -21,6 +54,11 @@ pub struct StreamDecoder<'a> {
 impl<'a> StreamDecoder<'a> {
     /// A decoder with nothing buffered.
     pub fn new(tokenizer: &'a Tokenizer) -> Self {
+        Self::with(TokRef::Borrowed(tokenizer))
+    }
+
+    /// A decoder over a borrowed or shared tokenizer.
+    pub fn with(tokenizer: TokRef<'a, Tokenizer>) -> Self {
         Self { tokenizer, pending: Vec::with_capacity(8) }
     }
 

@@ -8,17 +8,13 @@
 //! added token.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use sluice_tokenizer::AnyTokenizer;
 use std::path::PathBuf;
 
 /// Every tokenizer kind the fixtures have.
-const FIXTURES: [&str; 5] = [
-    "qwen3_moe/tiny-a",
-    "gpt_oss/tiny-a",
-    "deepseek_v3/tiny-a",
-    "deepseek_v3/tiny-b",
-    "kimi_k3/tiny-a",
-];
+const FIXTURES: [&str; 5] = common::tokenizer_kinds::TOKENIZER_FIXTURES;
 
 /// Every family's markers, spelled.
 const MARKERS: [&str; 12] = [

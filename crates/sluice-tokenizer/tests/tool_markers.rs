@@ -1,12 +1,11 @@
 //! A tool call whose argument string spells markers, through each template family's real tiny
 //! tokenizer: encoded (the markup's markers as their added tokens, and the argument's marker
 //! text too where the tokenizer reads it so), then parsed on ids as the server and `run --chat`
-//! parse replies. The call comes back whole, and the whole-text parse of the decoded reply
-//! agrees.
+//! parse replies. The call comes back whole, whole and streamed.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use serde_json::{json, Value};
-use sluice_tokenizer::PromptFormat;
+use sluice_tokenizer::{ParsedOutput, PromptFormat};
 use std::path::PathBuf;
 
 fn fixture(family: &str) -> PathBuf {
@@ -56,8 +55,11 @@ fn a_marker_inside_a_json_string_of_the_arguments_cut_the_call_short_on_ids() {
         assert_eq!(out.tool_calls[0].name, "f", "{family}");
         let got: Value = serde_json::from_str(&out.tool_calls[0].arguments).unwrap();
         assert_eq!(got, args, "{family}");
-        let text = fmt.decode_lossy(&ids).unwrap();
-        assert_eq!(fmt.output_format().parse(&text, false, true), out, "{family}: whole text");
+        // One token at a time, as the server streams it.
+        let mut p = fmt.output_parser(false, true).unwrap();
+        let mut events: Vec<_> = ids.iter().flat_map(|&id| p.push(id)).collect();
+        events.extend(p.finish());
+        assert_eq!(ParsedOutput::from_events(events), out, "{family}: streamed");
     }
 }
 

@@ -1,9 +1,11 @@
 //! Helpers shared by the integration tests: fixture paths and JSON access; the check of a model
-//! family's chat goldens ([`chat_golden`]).
+//! family's chat goldens ([`chat_golden`]); the fixtures of every tokenizer kind
+//! ([`tokenizer_kinds`]).
 
 #![allow(dead_code)]
 
 pub mod chat_golden;
+pub mod tokenizer_kinds;
 
 use std::path::PathBuf;
 
