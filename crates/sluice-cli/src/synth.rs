@@ -99,7 +99,9 @@ pub enum SynthTokenizer {
 fn write_tokenizer(a: &SynthArgs, ranks: usize) -> Result<()> {
     match a.tokenizer {
         SynthTokenizer::Synthetic => sluice_engine::demo::write_tokenizer_files(&a.out, ranks),
-        SynthTokenizer::Trained => sluice_engine::demo::write_trained_tokenizer_files(&a.out, ranks),
+        SynthTokenizer::Trained => {
+            sluice_engine::demo::write_trained_tokenizer_files(&a.out, ranks)
+        }
     }
     .with_context(|| format!("writing the tokenizer of {}", a.out.display()))
 }
@@ -112,7 +114,10 @@ pub fn run(a: &SynthArgs) -> Result<()> {
     if matches!(a.tokenizer, SynthTokenizer::Trained)
         && matches!(a.preset, Preset::Qwen3MoeSlice | Preset::GptOssSlice)
     {
-        bail!("--tokenizer applies to the presets that write a tokenizer; {} writes none", a.preset.name());
+        bail!(
+            "--tokenizer applies to the presets that write a tokenizer; {} writes none",
+            a.preset.name()
+        );
     }
     let reuse = a.out.join(MARKER).is_file();
     if !reuse && a.out.exists() && a.out.read_dir().map(|mut d| d.next().is_some()).unwrap_or(true)

@@ -10,7 +10,8 @@ use sluice_tokenizer::Tokenizer;
 use std::path::PathBuf;
 
 fn mini_k3() -> Tokenizer {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3/mini-k3");
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3/mini-k3");
     Tokenizer::from_dir(dir).unwrap()
 }
 
