@@ -59,6 +59,19 @@ const _: () = assert!(CHUNK.is_multiple_of(128));
 /// One 16-lane accumulator.
 pub(crate) type Lanes = [f32; 16];
 
+/// The length of a fold's span: every weight and activation slice's, a multiple of 16 columns
+/// (what every tier's `fold` and `fold_half` asserts before it reads).
+///
+/// # Panics
+/// If the slices' lengths differ or are not a multiple of 16.
+#[inline(always)]
+pub(crate) fn span_len<const R: usize, const N: usize>(w: &[&[f32]; R], x: &[&[f32]; N]) -> usize {
+    let len = w.first().map_or(0, |s| s.len());
+    assert!(len.is_multiple_of(16), "fold span");
+    assert!(w.iter().all(|s| s.len() == len) && x.iter().all(|s| s.len() == len));
+    len
+}
+
 /// The two per-tier pieces of the loop nest.
 pub(crate) trait Kernel {
     /// Whether the tier has 32 vector registers that each hold a 16-lane accumulator

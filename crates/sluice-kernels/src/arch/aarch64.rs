@@ -26,9 +26,7 @@ impl Kernel for Neon {
         x: [&[f32]; N],
         acc: [&mut [Lanes; N]; R],
     ) {
-        let len = w.first().map_or(0, |s| s.len());
-        assert!(len.is_multiple_of(16), "fold span");
-        assert!(w.iter().all(|s| s.len() == len) && x.iter().all(|s| s.len() == len));
+        let len = crate::tiled::span_len(&w, &x);
         let mut a = [[[vdupq_n_f32(0.0); 4]; N]; R];
         for (ar, lanes_r) in a.iter_mut().zip(acc.iter()) {
             for (aj, lanes) in ar.iter_mut().zip(lanes_r.iter()) {

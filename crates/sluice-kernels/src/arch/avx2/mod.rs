@@ -46,9 +46,7 @@ impl Kernel for Avx2 {
         x: [&[f32]; N],
         acc: [&mut [Lanes; N]; R],
     ) {
-        let len = w.first().map_or(0, |s| s.len());
-        assert!(len.is_multiple_of(16), "fold span");
-        assert!(w.iter().all(|s| s.len() == len) && x.iter().all(|s| s.len() == len));
+        let len = crate::tiled::span_len(&w, &x);
         let mut a = [[[_mm256_setzero_ps(); 2]; N]; R];
         for (ar, lanes_r) in a.iter_mut().zip(acc.iter()) {
             for (aj, lanes) in ar.iter_mut().zip(lanes_r.iter()) {
@@ -94,9 +92,7 @@ impl Kernel for Avx2 {
         x: [&[f32]; N],
         acc: [&mut [Lanes; N]; R],
     ) {
-        let len = w.first().map_or(0, |s| s.len());
-        assert!(len.is_multiple_of(16), "fold span");
-        assert!(w.iter().all(|s| s.len() == len) && x.iter().all(|s| s.len() == len));
+        let len = crate::tiled::span_len(&w, &x);
         let wp: [*const f32; R] = std::array::from_fn(|r| w[r].as_ptr());
         let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
         let mut acc = acc;
