@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// The workspace root.
@@ -78,6 +78,8 @@ pub struct Server {
     pub child: Child,
     pub addr: SocketAddr,
     pub log: Arc<Mutex<String>>,
+    /// Notified by the stderr reader after each line it appends to `log`.
+    log_grew: Arc<Condvar>,
 }
 
 impl Server {
@@ -97,12 +99,18 @@ impl Server {
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = mpsc::channel();
         let log2 = Arc::clone(&log);
+        let log_grew = Arc::new(Condvar::new());
+        let grew = Arc::clone(&log_grew);
         // Keep draining stderr so the server never blocks on a full pipe.
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 // Logged before the address is sent, so the log is complete up to it at start.
-                log2.lock().unwrap().push_str(&line);
-                log2.lock().unwrap().push('\n');
+                {
+                    let mut l = log2.lock().unwrap();
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+                grew.notify_all();
                 if let Some(rest) = line.split("on http://").nth(1) {
                     let _ = tx.send(rest.trim().to_owned());
                 }
@@ -115,7 +123,7 @@ impl Server {
                 panic!("server did not start: {}", log.lock().unwrap());
             }
         };
-        Server { child, addr, log }
+        Server { child, addr, log, log_grew }
     }
 
     pub fn base_url(&self) -> String {
@@ -154,14 +162,12 @@ impl Server {
     /// assertion then shows what was there). Lines the server printed arrive through a pipe
     /// and a reader thread, so they can lag behind the HTTP response they belong to.
     pub fn log_when(&self, done: impl Fn(&str) -> bool) -> String {
-        let t = Instant::now();
-        loop {
-            let log = self.log.lock().unwrap().clone();
-            if done(&log) || t.elapsed() > Duration::from_secs(30) {
-                return log;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let guard = self.log.lock().unwrap();
+        let (log, _) = self
+            .log_grew
+            .wait_timeout_while(guard, Duration::from_secs(30), |log| !done(log))
+            .unwrap();
+        log.clone()
     }
 
     /// The whole /metrics text (for failure messages).
