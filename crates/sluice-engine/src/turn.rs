@@ -332,6 +332,7 @@ pub fn run_turn(
             &mut state,
             &prompt[pos..end],
             LogitRows::Prefill,
+            None,
             &plan.captures,
             base.as_deref(),
         )?;

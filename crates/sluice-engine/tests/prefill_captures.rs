@@ -131,3 +131,39 @@ fn a_prompt_ending_at_a_capture_resumes_from_an_earlier_state_with_logits() {
     assert_eq!(t.stats.state_cache_tokens_restored, 11);
     assert_eq!(got, want);
 }
+
+#[test]
+fn generate_captures_the_state_cache_interval_edges_inside_a_pass() {
+    use sluice_engine::{generate, GenerateOptions};
+    for (family, name) in FAMILIES {
+        let m = load(family, name);
+        let p = prompt(&m);
+        let dir = tempfile::tempdir().unwrap();
+        let opts = |cache: Option<Arc<StateCache>>| GenerateOptions {
+            max_new: 2,
+            keep_logits: true,
+            state_cache: cache,
+            ..GenerateOptions::default()
+        };
+        let want = generate(&m, &mut m.new_state(), &p, &opts(None), None, None).unwrap();
+        // Edges at 6, 12, 18, 24 inside the 30-token pass: all captured, one pass.
+        let c = open(dir.path(), &m, 6);
+        let g = generate(&m, &mut m.new_state(), &p, &opts(Some(Arc::clone(&c))), None, None);
+        let g = g.unwrap();
+        c.flush();
+        let s = &g.stats;
+        assert_eq!((s.prefill_passes, s.prefill_captures, s.capture_cuts), (1, 4, 0));
+        assert_eq!(g.logits, want.logits, "{family}/{name}: capturing changed the logits");
+        // The next process restores the edge at 18 and gives the logits of a full prefill.
+        let c = open(dir.path(), &m, 6);
+        let mut q = p[..19].to_vec();
+        q.push(7);
+        let want = generate(&m, &mut m.new_state(), &q, &opts(None), None, None).unwrap();
+        let got = generate(&m, &mut m.new_state(), &q, &opts(Some(c)), None, None).unwrap();
+        assert_eq!(got.stats.state_cache_tokens_restored, 18, "{family}/{name}");
+        let bits = |g: &sluice_engine::Generation| -> Vec<Vec<u32>> {
+            g.logits.iter().map(|r| r.iter().map(|x| x.to_bits()).collect()).collect()
+        };
+        assert_eq!(bits(&got), bits(&want), "{family}/{name}: restored at 18");
+    }
+}

@@ -332,7 +332,7 @@ impl Model {
         self.inner.forward(state, tokens, rows, trace)
     }
 
-    /// Runs one pass as [`Model::forward`] does and also captures the state after each of
+    /// Runs one pass as [`Model::forward`] does (`trace` as there) and also captures the state after each of
     /// `offsets` rows of it (ascending, each inside the pass: 1 ≤ offset < T, at most
     /// [`MAX_CAPTURES`]): snapshots of `state.len() + offset` positions, equal to the snapshot
     /// of a state that ran the pass's first `offset` rows and committed them. The first shares
@@ -346,6 +346,7 @@ impl Model {
         state: &mut State,
         tokens: &[u32],
         rows: LogitRows,
+        trace: Option<&mut Trace>,
         offsets: &[usize],
         base: Option<&StateSnapshot>,
     ) -> Result<(Vec<f32>, Vec<StateSnapshot>), ModelError> {
@@ -361,14 +362,14 @@ impl Model {
             });
         }
         if offsets.is_empty() {
-            return Ok((self.forward(state, tokens, rows, None)?, Vec::new()));
+            return Ok((self.forward(state, tokens, rows, trace)?, Vec::new()));
         }
         if !state.request_captures(offsets) {
             return Err(ModelError::Capture {
                 what: format!("of a {} model inside a pass", state.family()),
             });
         }
-        match self.forward(state, tokens, rows, None) {
+        match self.forward(state, tokens, rows, trace) {
             Ok(logits) => {
                 let captures = state.take_captures(base);
                 if captures.len() != offsets.len() {

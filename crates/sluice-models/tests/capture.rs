@@ -73,7 +73,14 @@ fn a_capture_inside_a_pass_equals_cutting_the_pass_there_for_every_family() {
         assert!(st.can_capture(), "{family}/{name}");
         let base = st.snapshot(None);
         let (logits, caps) = m
-            .forward_capturing(&mut st, &p[PREFIX..end], LogitRows::Prefill, &OFFSETS, Some(&base))
+            .forward_capturing(
+                &mut st,
+                &p[PREFIX..end],
+                LogitRows::Prefill,
+                None,
+                &OFFSETS,
+                Some(&base),
+            )
             .unwrap();
         st.commit(PASS);
         assert_eq!(caps.len(), OFFSETS.len(), "{family}/{name}");
@@ -126,14 +133,14 @@ fn a_capture_request_outside_the_pass_is_refused_before_the_pass_runs() {
         let mut st = m.new_state();
         let too_many: Vec<usize> = (1..=MAX_CAPTURES + 1).collect();
         for bad in [&[0][..], &[8], &[12], &[3, 3], &[4, 2], &too_many] {
-            let err = m.forward_capturing(&mut st, &p[..8], LogitRows::Prefill, bad, None);
+            let err = m.forward_capturing(&mut st, &p[..8], LogitRows::Prefill, None, bad, None);
             assert!(matches!(err, Err(ModelError::Capture { .. })), "{family}/{name}: {bad:?}");
             assert_eq!(st.len(), 0);
         }
         // Nothing was staged: a plain pass runs, and captures nothing.
         feed(&m, &mut st, &p[..8], LogitRows::Prefill);
         let (_, caps) =
-            m.forward_capturing(&mut st, &p[8..10], LogitRows::Last, &[], None).unwrap();
+            m.forward_capturing(&mut st, &p[8..10], LogitRows::Last, None, &[], None).unwrap();
         assert!(caps.is_empty());
         st.commit(2);
         assert_eq!(st.len(), 10, "{family}/{name}");
@@ -146,10 +153,11 @@ fn a_capturing_pass_rolled_back_leaves_no_capture_behind() {
         let (_, m) = open_family(family, name);
         let p = prompt(&m);
         let mut st = m.new_state();
-        m.forward_capturing(&mut st, &p[..8], LogitRows::Last, &[2, 5], None).unwrap();
+        m.forward_capturing(&mut st, &p[..8], LogitRows::Last, None, &[2, 5], None).unwrap();
         st.rollback();
         // A later plain pass with the same rows takes no capture and equals a fresh one.
-        let (l, caps) = m.forward_capturing(&mut st, &p[..8], LogitRows::Last, &[], None).unwrap();
+        let (l, caps) =
+            m.forward_capturing(&mut st, &p[..8], LogitRows::Last, None, &[], None).unwrap();
         st.commit(8);
         assert!(caps.is_empty());
         let want = feed(&m, &mut m.new_state(), &p[..8], LogitRows::Last);
