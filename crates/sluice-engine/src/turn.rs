@@ -313,7 +313,7 @@ pub fn run_turn(
         let to_disk_at = |p: usize| {
             disk.as_ref().filter(|_| {
                 (p == prompt.len() && opts.keep_prompt_end)
-                    || (disk_every > 0 && p % disk_every == 0)
+                    || (disk_every > 0 && p.is_multiple_of(disk_every))
                     || opts.boundaries.contains(&p)
             })
         };
