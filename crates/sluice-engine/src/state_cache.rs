@@ -38,6 +38,10 @@ use std::thread::JoinHandle;
 /// Snapshots queued for the writer before the engine waits.
 pub const QUEUE: usize = 4;
 
+// A prefill pass's captures wait for room in the writer's share of the plan
+// ([`StateCache::make_room`]), which holds at most `QUEUE` of them besides the one written.
+const _: () = assert!(sluice_models::MAX_CAPTURES <= QUEUE);
+
 /// The most memory a state cache makes a generation hold besides its live state, for the
 /// memory plan: the restored snapshot (kept while the prefill runs, since later snapshots share
 /// its rows), the snapshot the writer is encoding and [`QUEUE`] queued ones. Each holds its own
