@@ -103,8 +103,14 @@ pub struct Stats {
     pub generated_tokens: usize,
     /// Wall seconds of the prefill passes.
     pub prefill_s: f64,
-    /// Prefill passes (chunks of the prompt).
+    /// Prefill passes (chunks of the prompt, and one more per state-cache interval edge a
+    /// pass was cut at).
     pub prefill_passes: usize,
+    /// States captured inside prefill passes at the state cache's interval edges (written
+    /// without cutting the pass there; see [`crate::prefill_pass`]).
+    pub prefill_captures: usize,
+    /// Prefill passes cut at an interval edge because the state could not be captured there.
+    pub capture_cuts: usize,
     /// Expert bytes read from storage during prefill.
     pub prefill_expert_bytes_read: u64,
     /// Bytes of the distinct experts each prefill pass routed to, summed over layers and passes
@@ -340,13 +346,37 @@ pub fn generate(
         if em.interrupted() {
             break;
         }
-        // Passes end at the state cache's interval boundaries as well as at chunk ends.
-        let mut end = (done + chunk).min(prompt.len());
-        if let Some(every) = disk.map(StateCache::every).filter(|&e| e > 0) {
-            end = end.min((done / every + 1) * every);
+        // Passes end at chunk ends; the state cache's interval edges inside a pass are
+        // captured during it (or cut at when they cannot be: see [`crate::prefill_pass`]).
+        let limit = (done + chunk).min(prompt.len());
+        let every = disk.map_or(0, StateCache::every);
+        let points = crate::prefill_pass::points(done, limit, every, 0, &[]);
+        let plan = crate::prefill_pass::plan(done, limit, &points, state.can_capture());
+        let end = plan.end;
+        if let Some(d) = disk {
+            d.make_room(plan.captures.len());
         }
-        logits = model.forward(state, &prompt[done..end], LogitRows::Prefill, trace.as_mut())?;
+        let (l, captures) = model.forward_capturing(
+            state,
+            &prompt[done..end],
+            LogitRows::Prefill,
+            trace.as_mut(),
+            &plan.captures,
+            base.as_deref(),
+        )?;
+        logits = l;
         state.commit(end - done);
+        em.out.stats.prefill_captures += captures.len();
+        em.out.stats.capture_cuts += usize::from(plan.cut);
+        if let Some(d) = disk {
+            // A capture keeps no logits: only the prompt's end serves a prompt ending there.
+            for snap in captures {
+                let snap = Arc::new(snap);
+                em.out.stats.state_cache_bytes_written +=
+                    d.submit(&prompt[..snap.len()], Arc::clone(&snap), None);
+                base = Some(snap);
+            }
+        }
         if let (Some(tap), Some(tr)) = (&opts.route_tap, trace.as_mut()) {
             let n = end - done;
             tap.record(TracePass::from_routes(0, "prefill", done, n, n, &tr.routes));

@@ -16,6 +16,7 @@ pub mod logprob;
 pub(crate) mod place;
 pub mod plan;
 pub mod policy;
+pub(crate) mod prefill_pass;
 pub mod progress;
 pub mod retok;
 pub mod route_trace;

@@ -18,7 +18,8 @@
 //! A snapshot taken after a prefill pass also keeps that pass's last-row logits (the prediction
 //! for the next position), so a prompt that matches a snapshot exactly needs no pass at all before
 //! its first token; a snapshot without logits (the state after generation, whose last token was
-//! never fed) must leave at least one prompt token to feed.
+//! never fed, or a checkpoint captured inside a prefill pass, which computes only its last row's
+//! logits: [`crate::prefill_pass`]) must leave at least one prompt token to feed.
 //!
 //! Resuming is exact: the model's passes are batch-invariant, so the state after
 //! `prefix + rest` fed in any split equals the state after one pass over both, bit for bit

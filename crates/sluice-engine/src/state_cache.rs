@@ -38,6 +38,10 @@ use std::thread::JoinHandle;
 /// Snapshots queued for the writer before the engine waits.
 pub const QUEUE: usize = 4;
 
+// A prefill pass's captures wait for room in the writer's share of the plan
+// ([`StateCache::make_room`]), which holds at most `QUEUE` of them besides the one written.
+const _: () = assert!(sluice_models::MAX_CAPTURES <= QUEUE);
+
 /// The most memory a state cache makes a generation hold besides its live state, for the
 /// memory plan: the restored snapshot (kept while the prefill runs, since later snapshots share
 /// its rows), the snapshot the writer is encoding and [`QUEUE`] queued ones. Each holds its own
@@ -351,11 +355,26 @@ impl StateCache {
 
     /// Waits until every queued snapshot is written (or failed).
     pub fn flush(&self) {
+        self.drain_to(0);
+    }
+
+    /// Waits until the writer holds at most `n` snapshots (queued or being written).
+    fn drain_to(&self, n: u64) {
         let (m, cv) = &*self.pending;
-        let mut n = m.lock().unwrap_or_else(PoisonError::into_inner);
-        while *n > 0 {
-            n = cv.wait(n).unwrap_or_else(PoisonError::into_inner);
+        let mut held = m.lock().unwrap_or_else(PoisonError::into_inner);
+        while *held > n {
+            held = cv.wait(held).unwrap_or_else(PoisonError::into_inner);
         }
+    }
+
+    /// Waits until `k` more snapshots (at most [`QUEUE`]) can be held outside the writer —
+    /// the captures of a prefill pass, held in the state until the pass ends and then queued —
+    /// within what [`held_bytes`] charges: the writer then holds at most `QUEUE + 1 − k` (the
+    /// one it writes and the queued ones), so it and the captures together never hold more than
+    /// the `QUEUE + 1` the plan counts besides the restored snapshot.
+    pub fn make_room(&self, k: usize) {
+        let k = k.min(QUEUE) as u64;
+        self.drain_to(QUEUE as u64 + 1 - k);
     }
 
     /// The counters.

@@ -4,7 +4,8 @@
 //! logits, with plain one-token passes.
 //!
 //! The prompt's prefill runs here rather than inside [`generate`] so that the state can be
-//! snapshotted at checkpoint boundaries and at the end of the prompt — the point a follow-up chat
+//! snapshotted at checkpoint boundaries (captured inside a pass, not cut at:
+//! [`crate::prefill_pass`]) and at the end of the prompt — the point a follow-up chat
 //! turn resumes from whether or not the reply re-tokenizes to the ids the model produced.
 //! Decoding then continues with [`generate`] from the first token. The state after generation
 //! is kept too, but only when a follow-up request can start with it ([`FollowUp`]): often it
@@ -20,6 +21,7 @@ use crate::constraint::{choose, SharedConstraint};
 use crate::draft::Drafter;
 use crate::generate::{generate, GenerateOptions};
 use crate::policy::WidthPolicy;
+use crate::prefill_pass;
 use crate::progress::{PrefillHook, Reporter};
 use crate::sample::Sampling;
 use crate::session::{Resume, SessionCache, Snapshot};
@@ -43,14 +45,15 @@ pub struct TurnOptions {
     pub draft_max: usize,
     /// Hand every token's logits to the callback (decodes with plain one-token passes).
     pub per_token_logits: bool,
-    /// Most rows one pass takes: prompt tokens per prefill pass (also cut at checkpoints) and
+    /// Most rows one pass takes: prompt tokens per prefill pass (checkpoints inside a pass are
+    /// captured; a pass is cut at one only when it cannot be, see [`crate::prefill_pass`]) and
     /// the pending token plus drafts of a decode pass; the memory plan's chunk (0: no limit).
     pub prefill_chunk: usize,
     /// Called before the first prefill pass and after each one (see [`crate::progress`]);
     /// positions resumed from the session cache count as done.
     pub on_prefill: Option<PrefillHook>,
-    /// Prompt positions that end a message (e.g. the system prompt's end): prefill passes end
-    /// there and, with an on-disk state cache, the state there is written to it.
+    /// Prompt positions that end a message (e.g. the system prompt's end): the state there is
+    /// captured (kept in the session cache and, with an on-disk state cache, written to it).
     pub boundaries: Vec<usize>,
     /// Write the state at the prompt's end to the on-disk state cache (a repeated prompt, or a
     /// follow-up that extends it, restores it). `false` when no later prompt can start with
@@ -131,8 +134,14 @@ pub struct TurnStats {
     pub cached_tokens: usize,
     /// Prompt tokens actually run through the model.
     pub prefill_tokens: usize,
-    /// Prefill passes (one per checkpoint chunk).
+    /// Prefill passes (one per chunk, and one more per checkpoint point a pass was cut at).
     pub prefill_passes: usize,
+    /// States captured inside prefill passes at checkpoint points (snapshots taken without
+    /// cutting the pass there; see [`crate::prefill_pass`]).
+    pub prefill_captures: usize,
+    /// Prefill passes cut at a checkpoint point because the state could not be captured there
+    /// (a family without captures, or more points in one pass than it captures).
+    pub capture_cuts: usize,
     /// Wall seconds of the prefill passes.
     pub prefill_s: f64,
     /// Seconds from the start of the turn to the first token.
@@ -288,29 +297,69 @@ pub fn run_turn(
             }
             return Ok(Turn { tokens: Vec::new(), stats });
         }
-        // The next checkpoint boundary (a multiple of `every` or of the state cache's
-        // interval, or a message boundary), or the end of the prompt.
-        let next = |e: usize| pos.checked_div(e).map_or(prompt.len(), |k| (k + 1) * e);
-        let boundary = opts.boundaries.iter().copied().filter(|&b| b > pos).min();
-        let end =
-            next(every).min(next(disk_every)).min(boundary.unwrap_or(usize::MAX)).min(prompt.len());
-        let end = match opts.prefill_chunk {
-            0 => end,
-            chunk => end.min(pos + chunk),
+        // The pass runs to the end of its chunk or of the prompt; the checkpoint points
+        // inside it (multiples of `every` and of the state cache's interval, message
+        // boundaries: only where a snapshot can be kept) are captured during the pass, or cut
+        // at when the state cannot capture them (see [`crate::prefill_pass`]).
+        let limit = match opts.prefill_chunk {
+            0 => prompt.len(),
+            chunk => prompt.len().min(pos + chunk),
         };
+        let points = if cache.is_some() {
+            prefill_pass::points(pos, limit, every, disk_every, &opts.boundaries)
+        } else {
+            Vec::new()
+        };
+        let to_disk_at = |p: usize| {
+            disk.as_ref().filter(|_| {
+                (p == prompt.len() && opts.keep_prompt_end)
+                    || (disk_every > 0 && p.is_multiple_of(disk_every))
+                    || opts.boundaries.contains(&p)
+            })
+        };
+        // A point only the session cache would keep is not captured when the state now
+        // (smaller than any later one) already does not fit.
+        let fits_now = keep(&cache, state.snapshot_bytes());
+        let points: Vec<usize> =
+            points.into_iter().filter(|&p| fits_now || to_disk_at(p).is_some()).collect();
+        let plan = prefill_pass::plan(pos, limit, &points, state.can_capture());
+        let end = plan.end;
+        if let Some(d) = &disk {
+            d.make_room(plan.captures.iter().filter(|&&o| to_disk_at(pos + o).is_some()).count());
+        }
         let tp = Instant::now();
-        let l = model.forward(&mut state, &prompt[pos..end], LogitRows::Prefill, None)?;
+        let (l, captures) = model.forward_capturing(
+            &mut state,
+            &prompt[pos..end],
+            LogitRows::Prefill,
+            None,
+            &plan.captures,
+            base.as_deref(),
+        )?;
         state.commit(end - pos);
         stats.prefill_s += tp.elapsed().as_secs_f64();
         stats.prefill_passes += 1;
         stats.prefill_tokens += end - pos;
+        stats.prefill_captures += captures.len();
+        stats.capture_cuts += usize::from(plan.cut);
+        // A capture keeps no logits (the pass computes its last row's only): a prompt that ends
+        // exactly at it resumes from an earlier snapshot with logits (see `crate::session`).
+        for snap in captures {
+            let at = snap.len();
+            let snap = Arc::new(snap);
+            stats.snapshots += 1;
+            stats.snapshot_bytes += snap.bytes_beyond(base.as_deref());
+            base = Some(Arc::clone(&snap));
+            if let Some(d) = to_disk_at(at) {
+                stats.state_cache_bytes_written += d.submit(&prompt[..at], Arc::clone(&snap), None);
+            }
+            if keep(&cache, snap.byte_len()) {
+                snaps.push(Snapshot::shared_logits(snap, None));
+            }
+        }
         pos = end;
         progress.report(pos);
-        let to_disk = disk.as_ref().filter(|_| {
-            (end == prompt.len() && opts.keep_prompt_end)
-                || (disk_every > 0 && end % disk_every == 0)
-                || opts.boundaries.contains(&end)
-        });
+        let to_disk = to_disk_at(end);
         let to_memory = keep(&cache, state.snapshot_bytes());
         if to_memory || to_disk.is_some() {
             let snap = take_snapshot(&state, &mut base, &mut stats);

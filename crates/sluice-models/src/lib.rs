@@ -43,6 +43,11 @@ use std::sync::Arc;
 /// pass verifies at most `ROW_BLOCK` rows.
 pub const ROW_BLOCK: usize = 64;
 
+/// Most captures one pass makes ([`Model::forward_capturing`]): each holds a copy of the
+/// state's fixed part (Kimi K3's recurrent and conv states) until the pass ends, so a caller
+/// with more points inside one pass ends the pass at the next one instead.
+pub const MAX_CAPTURES: usize = 4;
+
 /// Which rows of a pass need logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogitRows {
@@ -123,6 +128,13 @@ pub enum ModelError {
         index: usize,
         /// `NaN`, `+Inf` or `-Inf`.
         value: &'static str,
+    },
+    /// A capturing pass was asked for captures it cannot make.
+    #[error("cannot capture the state {what}")]
+    Capture {
+        /// What was asked: offsets outside the pass or out of order, more than
+        /// [`MAX_CAPTURES`], or a state that cannot capture.
+        what: String,
     },
     /// A model was handed a sequence state made by another family's model.
     #[error("the sequence state passed to the {model} model belongs to another model: a {state} model made it")]
@@ -318,5 +330,64 @@ impl Model {
         trace: Option<&mut Trace>,
     ) -> Result<Vec<f32>, ModelError> {
         self.inner.forward(state, tokens, rows, trace)
+    }
+
+    /// Runs one pass as [`Model::forward`] does (`trace` as there) and also captures the state after each of
+    /// `offsets` rows of it (ascending, each inside the pass: 1 ≤ offset < T, at most
+    /// [`MAX_CAPTURES`]): snapshots of `state.len() + offset` positions, equal to the snapshot
+    /// of a state that ran the pass's first `offset` rows and committed them. The first shares
+    /// `base`'s cache rows (the latest snapshot this state descends from), each later one the
+    /// previous one's. A capture keeps no logits: the pass computes the logits of the rows
+    /// `rows` asks for only. Refused with [`ModelError::Capture`] before anything runs when
+    /// the state cannot capture ([`State::can_capture`]) or the offsets are not as above; the
+    /// pass is staged as after `forward`, to be committed or rolled back.
+    pub fn forward_capturing(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        rows: LogitRows,
+        trace: Option<&mut Trace>,
+        offsets: &[usize],
+        base: Option<&StateSnapshot>,
+    ) -> Result<(Vec<f32>, Vec<StateSnapshot>), ModelError> {
+        let inside = offsets.iter().all(|&o| o >= 1 && o < tokens.len());
+        let ascending = offsets.windows(2).all(|w| w[0] < w[1]);
+        if !inside || !ascending || offsets.len() > MAX_CAPTURES {
+            return Err(ModelError::Capture {
+                what: format!(
+                    "after rows {offsets:?} of a {}-row pass: at most {MAX_CAPTURES} ascending \
+                     rows inside the pass",
+                    tokens.len()
+                ),
+            });
+        }
+        if offsets.is_empty() {
+            return Ok((self.forward(state, tokens, rows, trace)?, Vec::new()));
+        }
+        if !state.request_captures(offsets) {
+            return Err(ModelError::Capture {
+                what: format!("of a {} model inside a pass", state.family()),
+            });
+        }
+        match self.forward(state, tokens, rows, trace) {
+            Ok(logits) => {
+                let captures = state.take_captures(base);
+                if captures.len() != offsets.len() {
+                    state.rollback();
+                    return Err(ModelError::Capture {
+                        what: format!(
+                            "after rows {offsets:?}: the pass made {} of its captures",
+                            captures.len()
+                        ),
+                    });
+                }
+                Ok((logits, captures))
+            }
+            Err(e) => {
+                // The failed pass made no captures worth keeping; clear the request.
+                drop(state.take_captures(None));
+                Err(e)
+            }
+        }
     }
 }

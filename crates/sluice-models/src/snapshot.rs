@@ -20,6 +20,7 @@
 //! [`reference_state`] and [`crate::State::fill_synthetic`] make states of drawn values, for
 //! benchmarks of what a state costs to store and restore (`sluice bench --snapshot-io`).
 
+mod capture;
 mod codec;
 
 pub(crate) use codec::k3_shape_of;
@@ -202,6 +203,20 @@ impl FamilyState for K3State {
     fn fill_synthetic(&mut self, positions: usize, seed: u64) {
         fill_k3(self, positions, seed);
     }
+    fn can_capture(&self) -> bool {
+        true
+    }
+    fn request_captures(&mut self, offsets: &[usize]) -> bool {
+        K3State::request_captures(self, offsets);
+        true
+    }
+    fn take_captures(
+        &mut self,
+        base: Option<&StateSnapshot>,
+        family: &'static str,
+    ) -> Vec<StateSnapshot> {
+        capture::captures_k3(self, base, family)
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -237,6 +252,21 @@ impl FamilyState for Qwen3State {
     }
     fn fill_synthetic(&mut self, positions: usize, seed: u64) {
         fill_kv(self, positions, seed);
+    }
+    fn can_capture(&self) -> bool {
+        true
+    }
+    fn request_captures(&mut self, offsets: &[usize]) -> bool {
+        self.capture_at.clear();
+        self.capture_at.extend_from_slice(offsets);
+        true
+    }
+    fn take_captures(
+        &mut self,
+        base: Option<&StateSnapshot>,
+        family: &'static str,
+    ) -> Vec<StateSnapshot> {
+        capture::captures_kv(self, base, family)
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -43,6 +43,30 @@ pub trait FamilyState: Any + Send + Sync + std::fmt::Debug {
     /// Becomes a state of `positions` committed positions of values drawn from `seed`, with
     /// the same shapes (see [`State::fill_synthetic`]).
     fn fill_synthetic(&mut self, positions: usize, seed: u64);
+    /// Whether this state can capture itself at rows inside a pass
+    /// ([`FamilyState::request_captures`]); a state that cannot (the default) makes the engine
+    /// cut its prefill passes at the points it snapshots instead.
+    fn can_capture(&self) -> bool {
+        false
+    }
+    /// Asks the next pass to capture the state after each of `offsets` (its rows, ascending,
+    /// each inside the pass: 1 ≤ offset < T), to be taken with [`FamilyState::take_captures`]
+    /// before the pass is committed. Returns false, requesting nothing, when this state cannot
+    /// capture (the default).
+    fn request_captures(&mut self, _offsets: &[usize]) -> bool {
+        false
+    }
+    /// The captures the last pass made, as snapshots of `len() + offset` positions in offset
+    /// order, the first sharing `base`'s cache rows and each later one the previous one's;
+    /// called after the pass and before its commit. Clears the request either way (empty when
+    /// nothing was requested or the pass failed).
+    fn take_captures(
+        &mut self,
+        _base: Option<&StateSnapshot>,
+        _family: &'static str,
+    ) -> Vec<StateSnapshot> {
+        Vec::new()
+    }
     /// The state as `Any`, for [`State::family_ref`].
     fn as_any(&self) -> &dyn Any;
     /// The state as `Any`, for [`State::family_mut`].
@@ -114,6 +138,23 @@ impl State {
     /// The shape snapshots of this state have (for [`StateSnapshot::decode`]).
     pub fn shape(&self) -> StateShape {
         self.inner.shape(self.family)
+    }
+
+    /// Whether this state can capture itself inside a pass (see [`crate::Model::forward_capturing`]).
+    pub fn can_capture(&self) -> bool {
+        self.inner.can_capture()
+    }
+
+    /// Asks the next pass to capture the state after each of `offsets` (see
+    /// [`FamilyState::request_captures`]); false when this state cannot.
+    pub(crate) fn request_captures(&mut self, offsets: &[usize]) -> bool {
+        self.inner.request_captures(offsets)
+    }
+
+    /// The captures of the last pass, as snapshots sharing `base`'s rows (see
+    /// [`FamilyState::take_captures`]).
+    pub(crate) fn take_captures(&mut self, base: Option<&StateSnapshot>) -> Vec<StateSnapshot> {
+        self.inner.take_captures(base, self.family)
     }
 
     /// Becomes a state of `positions` committed positions whose values are drawn from `seed`

@@ -22,6 +22,8 @@ pub struct Metrics {
     prefill_tokens: AtomicU64,
     cached_tokens: AtomicU64,
     passes: AtomicU64,
+    prefill_captures: AtomicU64,
+    capture_cuts: AtomicU64,
     pass_micros: AtomicU64,
     ttft_count: AtomicU64,
     ttft_micros: AtomicU64,
@@ -67,6 +69,8 @@ impl Metrics {
         add(&self.prefill_tokens, n(s.prefill_tokens));
         add(&self.cached_tokens, n(s.cached_tokens));
         add(&self.passes, n(s.prefill_passes + s.decode_passes));
+        add(&self.prefill_captures, n(s.prefill_captures));
+        add(&self.capture_cuts, n(s.capture_cuts));
         add(&self.pass_micros, micros(s.prefill_s + s.decode_s));
         if s.generated_tokens > 0 {
             add(&self.ttft_count, 1);
@@ -173,6 +177,18 @@ impl Metrics {
             "counter",
             "Model passes.",
             get(&self.passes).to_string(),
+        );
+        metric(
+            "sluice_prefill_captures_total",
+            "counter",
+            "States captured inside prefill passes at checkpoints instead of cutting the pass.",
+            get(&self.prefill_captures).to_string(),
+        );
+        metric(
+            "sluice_capture_cuts_total",
+            "counter",
+            "Prefill passes cut at a checkpoint that could not be captured.",
+            get(&self.capture_cuts).to_string(),
         );
         metric(
             "sluice_time_to_first_token_seconds_sum",
@@ -354,6 +370,8 @@ mod tests {
             prefill_tokens: 4,
             generated_tokens: 3,
             prefill_passes: 1,
+            prefill_captures: 3,
+            capture_cuts: 1,
             decode_passes: 2,
             prefill_s: 0.5,
             decode_s: 0.25,
@@ -369,6 +387,8 @@ mod tests {
             "sluice_prefill_tokens_saved_total 6",
             "sluice_pass_seconds_sum 0.750000",
             "sluice_pass_seconds_count 3",
+            "sluice_prefill_captures_total 3",
+            "sluice_capture_cuts_total 1",
             "sluice_queue_depth 2",
             "sluice_snapshots_total 2",
             "sluice_snapshot_bytes_total 4096",

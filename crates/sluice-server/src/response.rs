@@ -94,6 +94,8 @@ pub fn extension(s: &Summary) -> Value {
         "cached_tokens": s.stats.cached_tokens,
         "prefill_tokens": s.stats.prefill_tokens,
         "prefill_passes": s.stats.prefill_passes,
+        "prefill_captures": s.stats.prefill_captures,
+        "capture_cuts": s.stats.capture_cuts,
         "decode_passes": s.stats.decode_passes,
         "drafted": s.stats.drafted,
         "accepted": s.stats.accepted,

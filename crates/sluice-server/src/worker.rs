@@ -184,7 +184,7 @@ impl Worker {
             if let (true, Event::Done(s)) = (self.stats, &event) {
                 let t = &s.stats;
                 eprintln!(
-                    "stats: job {}, prompt {} tokens ({} reused, {} prefilled in {} passes, {:.3}s), \
+                    "stats: job {}, prompt {} tokens ({} reused, {} prefilled in {} passes, {} captures, {} capture cuts, {:.3}s), \
                      ttft {:.3}s, generated {} tokens in {:.3}s ({} decode passes, {} drafted, {} accepted), \
                      experts {} bytes served / {} read, snapshots {} (+{} bytes), \
                      state cache {} tokens restored ({} bytes read) / {} bytes written, \
@@ -194,6 +194,8 @@ impl Worker {
                     t.cached_tokens,
                     t.prefill_tokens,
                     t.prefill_passes,
+                    t.prefill_captures,
+                    t.capture_cuts,
                     t.prefill_s,
                     t.ttft_s,
                     t.generated_tokens,

@@ -143,6 +143,10 @@ fn the_last_message_boundary_wrote_a_second_state_a_few_tokens_short_of_the_prom
     assert!(at[0] < p1 && at[1] == p1, "the system prompt's end and the prompt's end: {at:?}");
     let bytes: u64 = written.iter().map(|&(_, b)| b).sum();
     assert_eq!(a["sluice"]["state_cache_bytes_written"].as_u64(), Some(bytes), "{written:?}");
-    // In memory too: one snapshot per pass end, and no pass ends at the last message.
-    assert_eq!(a["sluice"]["prefill_passes"], 2, "{a}");
+    // The system prompt's end is captured inside the one prefill pass, not cut at.
+    assert_eq!(a["sluice"]["prefill_passes"], 1, "{a}");
+    assert_eq!(
+        (&a["sluice"]["prefill_captures"], &a["sluice"]["capture_cuts"]),
+        (&json!(1), &json!(0))
+    );
 }

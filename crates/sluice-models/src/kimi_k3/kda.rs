@@ -18,7 +18,9 @@ use sluice_kernels::ops::{causal_conv_silu_step, kda_step, l2_norm_inplace, rms_
 /// the head outputs of a block are all that is live besides the layer's output, so a long
 /// prompt pass holds them for one block, not for every row. Rows are independent in every
 /// kernel and the recurrence runs row by row in order either way, so the result is
-/// bit-identical to one block of T rows.
+/// bit-identical to one block of T rows. A block also ends at each row the pass captures the
+/// state after ([`KdaLayer::capture_at`]), where the working state is copied: the state after
+/// exactly those rows, for a snapshot inside the pass.
 pub(crate) fn forward(
     ctx: &Ctx<'_>,
     w: &KdaWeights,
@@ -31,9 +33,13 @@ pub(crate) fn forward(
     let mut out = Vec::with_capacity(t * d);
     let mut start = 0;
     while start < t {
-        let n = crate::ROW_BLOCK.min(t - start);
+        let capture = st.next_capture(start + 1).filter(|&r| r < t);
+        let n = crate::ROW_BLOCK.min(t - start).min(capture.map_or(usize::MAX, |r| r - start));
         out.extend(block(ctx, w, c, st, &x[start * d..(start + n) * d], n));
         start += n;
+        if capture == Some(start) {
+            st.captured.push(st.work.clone());
+        }
     }
     out
 }

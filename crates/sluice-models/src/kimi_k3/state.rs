@@ -10,6 +10,12 @@
 //! layer (24 MB per row over 69 layers), most of a prompt row's working memory; its `commit(n)`
 //! publishes all T rows or, for n < T, nothing. Nothing in the state depends on position except the
 //! order of updates (K3 is NoPE and has no rotary embedding).
+//!
+//! A pass may also **capture** the state after given rows of it ([`K3State::request_captures`],
+//! for snapshots inside one prompt pass instead of a pass cut at each): a KDA layer copies its
+//! working state as its chunk loop passes each requested row (the recurrence is sequential per
+//! row, so that copy is the state after exactly those rows), and an MLA layer needs nothing,
+//! since its staged rows are positional and the state after row k is their prefix.
 
 use super::config::{AttnKind, K3Config};
 use super::synth::SplitMix;
@@ -54,6 +60,10 @@ pub(crate) struct KdaLayer {
     pub(crate) rows: Vec<KdaRow>,
     /// Whether the staged pass keeps its rows for a partial commit (false in a whole pass).
     pub(crate) keep_rows: bool,
+    /// Rows of the pass (ascending) after which the working state is copied into `captured`.
+    pub(crate) capture_at: Vec<usize>,
+    /// The working state after each row of `capture_at` the pass has passed, in order.
+    pub(crate) captured: Vec<KdaState>,
     pub(crate) heads: usize,
     pub(crate) dim: usize,
 }
@@ -66,6 +76,8 @@ impl KdaLayer {
             work: KdaState::zeroed(heads * dim * dim, conv_len),
             rows: Vec::new(),
             keep_rows: true,
+            capture_at: Vec::new(),
+            captured: Vec::new(),
             heads,
             dim,
         }
@@ -77,7 +89,16 @@ impl KdaLayer {
     /// of the largest part of a Kimi K3 state (434 MB) for nothing.
     pub(crate) fn restored(committed: KdaState, heads: usize, dim: usize) -> Self {
         let work = KdaState::zeroed(committed.s.len(), committed.conv.len());
-        Self { committed, work, rows: Vec::new(), keep_rows: true, heads, dim }
+        Self {
+            committed,
+            work,
+            rows: Vec::new(),
+            keep_rows: true,
+            capture_at: Vec::new(),
+            captured: Vec::new(),
+            heads,
+            dim,
+        }
     }
 
     /// Starts a pass: the working state begins as the committed state; `keep_rows` says
@@ -86,7 +107,20 @@ impl KdaLayer {
         self.work.s.copy_from_slice(&self.committed.s);
         self.work.conv.copy_from_slice(&self.committed.conv);
         self.rows.clear();
+        self.captured.clear();
         self.keep_rows = keep_rows;
+    }
+
+    /// The next row of the pass whose state is to be captured, at or after row `from`, and
+    /// not yet captured.
+    pub(crate) fn next_capture(&self, from: usize) -> Option<usize> {
+        self.capture_at.get(self.captured.len()).copied().filter(|&r| r >= from)
+    }
+
+    /// Forgets the capture request and what was captured.
+    fn clear_captures(&mut self) {
+        self.capture_at.clear();
+        self.captured.clear();
     }
 
     /// Publishes the first `n` of the `t` staged rows (`n` ≤ `t`): the working state when
@@ -155,6 +189,8 @@ pub struct K3State {
     pending: Option<usize>,
     /// Whether the pending pass was begun whole (keeps no replay rows).
     whole: bool,
+    /// Rows of the next (or staged) pass to capture the state after.
+    capture_at: Vec<usize>,
 }
 
 /// Shapes needed to build an empty state.
@@ -196,12 +232,12 @@ impl K3State {
                 }
             })
             .collect();
-        Self { layers, committed: 0, pending: None, whole: false }
+        Self { layers, committed: 0, pending: None, whole: false, capture_at: Vec::new() }
     }
 
     /// A state of `committed` positions made of `layers` (restored from a snapshot).
     pub(crate) fn restored(layers: Vec<LayerState>, committed: usize) -> Self {
-        Self { layers, committed, pending: None, whole: false }
+        Self { layers, committed, pending: None, whole: false, capture_at: Vec::new() }
     }
 
     /// Committed positions.
@@ -247,6 +283,7 @@ impl K3State {
                 LayerState::Mla(m) => m.truncate(self.committed),
             }
         }
+        self.clear_captures();
     }
 
     /// Discards the staged pass.
@@ -257,6 +294,37 @@ impl K3State {
                     LayerState::Kda(k) => k.rows.clear(),
                     LayerState::Mla(m) => m.truncate(self.committed),
                 }
+            }
+        }
+        self.clear_captures();
+    }
+
+    /// Asks the next pass to capture the state after each of `offsets` (ascending rows inside
+    /// the pass); see the module docs.
+    pub(crate) fn request_captures(&mut self, offsets: &[usize]) {
+        for l in &mut self.layers {
+            if let LayerState::Kda(k) = l {
+                k.capture_at.clear();
+                k.capture_at.extend_from_slice(offsets);
+                k.captured.clear();
+            }
+        }
+        self.capture_at.clear();
+        self.capture_at.extend_from_slice(offsets);
+    }
+
+    /// The rows the staged pass was asked to capture the state after.
+    pub(crate) fn capture_offsets(&self) -> &[usize] {
+        &self.capture_at
+    }
+
+    /// Forgets the capture request and what was captured (once the captures are taken, or
+    /// when the pass is committed or rolled back: captures never outlive their pass).
+    pub(crate) fn clear_captures(&mut self) {
+        self.capture_at.clear();
+        for l in &mut self.layers {
+            if let LayerState::Kda(k) = l {
+                k.clear_captures();
             }
         }
     }

@@ -41,6 +41,10 @@ pub struct Qwen3State {
     pub(crate) layers: Vec<KvCache>,
     committed: usize,
     pending: Option<usize>,
+    /// Rows of the next (or staged) pass to capture the state after (see
+    /// `crate::snapshot::capture`): the caches are positional, so nothing is copied during
+    /// the pass.
+    pub(crate) capture_at: Vec<usize>,
 }
 
 impl Qwen3State {
@@ -50,12 +54,13 @@ impl Qwen3State {
             layers: (0..layers).map(|_| KvCache::new(width)).collect(),
             committed: 0,
             pending: None,
+            capture_at: Vec::new(),
         }
     }
 
     /// A state of `committed` positions made of `layers` (restored from a snapshot).
     pub(crate) fn restored(layers: Vec<KvCache>, committed: usize) -> Self {
-        Self { layers, committed, pending: None }
+        Self { layers, committed, pending: None, capture_at: Vec::new() }
     }
 
     /// Committed positions (the position of the next pass's first row).
@@ -91,6 +96,7 @@ impl Qwen3State {
         for l in &mut self.layers {
             l.truncate(self.committed);
         }
+        self.capture_at.clear();
     }
 
     /// Discards the staged pass.
@@ -100,6 +106,7 @@ impl Qwen3State {
                 l.truncate(self.committed);
             }
         }
+        self.capture_at.clear();
     }
 
     /// Forgets every committed position from `len` on (a no-op when `len` is not shorter), and
@@ -108,6 +115,7 @@ impl Qwen3State {
     /// to roll back what the target rejected.
     pub fn truncate(&mut self, len: usize) {
         self.pending = None;
+        self.capture_at.clear();
         self.committed = self.committed.min(len);
         for l in &mut self.layers {
             l.truncate(self.committed);
