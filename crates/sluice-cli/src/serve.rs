@@ -110,6 +110,10 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let fmt = Arc::new(target.fmt.take().context("the checkpoint's tokenizer")?);
     let mut opts = a.load.options(context_len);
     opts.session_memory = a.session_memory;
+    // The serve rule (`Plan::compute`): the chunk is planned for the passes the session
+    // cache's checkpoints cut (none without a session cache), at most half the spare memory.
+    opts.serving = true;
+    opts.checkpoint_every = if a.session_memory > 0 { a.checkpoint_every } else { 0 };
     opts.state_cache = a.state_cache.enabled();
     let draft = target.resolve_draft(&a.draft)?;
     if matches!(draft, DraftArg::Model(_)) {

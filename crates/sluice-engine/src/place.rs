@@ -145,6 +145,8 @@ pub(crate) fn place(
         prefill_row: mem.prefill_per_row,
         prefill_chunk: opts.prefill_chunk as u64,
         max_rows: opts.planned_rows(),
+        serving: opts.serving,
+        checkpoint_every: opts.checkpoint_every as u64,
     };
     let plan = Plan::compute(budget.limit(), needs, opts.spine_placement)?;
     let io = if opts.direct_io { IoMode::Direct } else { IoMode::BufferedDropCache };
@@ -310,6 +312,8 @@ pub(crate) fn open_mapped_spine(
         prefill_row: mem.prefill_per_row,
         prefill_chunk: opts.prefill_chunk as u64,
         max_rows: opts.planned_rows(),
+        serving: opts.serving,
+        checkpoint_every: opts.checkpoint_every as u64,
     };
     let mut plan = Plan::compute(budget.limit(), needs, crate::plan::SpineMode::Mapped)?;
     let what = if remote.is_some() {

@@ -107,6 +107,14 @@ pub struct Needs {
     /// its largest pass (`LoadOptions::largest_pass`: `sluice run`'s prompt).
     #[serde(default)]
     pub max_rows: u64,
+    /// Whether the plan is for `sluice serve`, whose automatic chunk follows the serve rule
+    /// ([`Plan::compute`]): sized for `checkpoint_every`, at most half of the spare memory.
+    #[serde(default)]
+    pub serving: bool,
+    /// `sluice serve --checkpoint-every`: the prompt rows between state snapshots, where every
+    /// prefill pass is cut (0: passes are cut only by the chunk and the prompt's end).
+    #[serde(default)]
+    pub checkpoint_every: u64,
 }
 
 /// Rows the automatic prefill chunk reserves before the spine is placed, when they fit: a
@@ -282,6 +290,10 @@ pub struct Plan {
     pub chunk: u64,
     /// Working memory charged for a pass of `chunk` rows ([`work`]).
     pub work: u64,
+    /// The spare memory the automatic chunk was taken from: the budget less the spine, state,
+    /// stored states, headroom, draft model and the minimum expert cache.
+    #[serde(default)]
+    pub spare: u64,
 }
 
 /// The budget cannot hold the minimum.
@@ -334,15 +346,37 @@ impl Plan {
     /// after the state, the minimum expert cache and the working memory of the least chunk,
     /// the rest streamed), then the prefill chunk, then every byte left becomes expert-cache
     /// slots (see the module docs).
+    ///
+    /// **The serve rule** (`needs.serving`, `sluice serve`): every prefill pass is cut at the
+    /// next `--checkpoint-every` boundary, so the automatic chunk is planned for exactly that
+    /// many rows (rows past it no pass would take) and reserved before the spine is placed when
+    /// it fits, so that a pass is not cut below a checkpoint interval (else the usual floor of
+    /// [`AUTO_CHUNK_FLOOR`] rows, then one row). Past that floor the chunk takes at most half
+    /// of the spare memory — never all of it, as a run's chunk does when the expert cache
+    /// cannot hold a layer's experts — and the rest stays with the caches. A server that
+    /// planned like a run gave a chunk of 1,979 rows every spare byte (passes of 512 rows
+    /// used a quarter of it) and the expert cache two slots.
     pub fn compute(budget: u64, needs: Needs, mode: SpineMode) -> Result<Self, Box<PlanError>> {
         if needs.prefill_chunk > 0 {
             return Self::with_floor(budget, needs.clone(), mode, needs.prefill_chunk);
         }
-        let floor = AUTO_CHUNK_FLOOR.min(needs.max_rows.max(1));
-        match Self::with_floor(budget, needs.clone(), mode, floor) {
-            Err(_) if floor > 1 => Self::with_floor(budget, needs, mode, 1),
-            planned => planned,
+        let mut needs = needs;
+        if needs.serving && needs.checkpoint_every > 0 {
+            needs.max_rows = needs.max_rows.min(needs.checkpoint_every);
         }
+        let rows = needs.max_rows.max(1);
+        let serve_floor = if needs.serving && needs.checkpoint_every > 0 { rows } else { 0 };
+        let mut floors = vec![serve_floor, AUTO_CHUNK_FLOOR.min(rows), 1];
+        floors.retain(|&f| f > 0);
+        floors.dedup();
+        let mut planned = Self::with_floor(budget, needs.clone(), mode, floors[0]);
+        for &floor in &floors[1..] {
+            if planned.is_ok() {
+                break;
+            }
+            planned = Self::with_floor(budget, needs.clone(), mode, floor);
+        }
+        planned
     }
 
     /// [`Self::compute`] with the working memory of `floor` rows reserved before the spine.
@@ -411,6 +445,7 @@ impl Plan {
             + needs.state_cache
             + needs.draft
             + needs.headroom;
+        let spare = budget - fixed - min_cache;
         let chunk = if needs.prefill_chunk > 0 {
             floor
         } else {
@@ -421,11 +456,12 @@ impl Plan {
             // hits (the chunks sweep the whole model through it) and in decode hits at most
             // its share of the experts, while every row it would give the chunk shortens the
             // sweeps. Then the chunk takes it all (up to the planned context; the rest is
-            // cache).
-            let spare = budget - fixed - min_cache;
+            // cache) — but for a server (the serve rule, [`Self::compute`]), whose passes stop
+            // at each checkpoint and whose caches keep what the chunk leaves.
             let full_cache = needs.experts.saturating_sub(needs.min_slots) * needs.slot;
             let layer_experts = needs.experts / (needs.pieces.layers.len().max(1) as u64);
-            let small_cache = (spare - spare / 2) / needs.slot.max(1) < layer_experts;
+            let small_cache =
+                !needs.serving && (spare - spare / 2) / needs.slot.max(1) < layer_experts;
             let room =
                 if small_cache { spare } else { spare.saturating_sub(full_cache).max(spare / 2) };
             rows_in(&needs, room).min(needs.max_rows).max(floor)
@@ -434,7 +470,23 @@ impl Plan {
         let slots =
             ((budget - fixed - work) / needs.slot.max(1)).min(needs.experts.max(needs.min_slots));
         let all_experts_resident = slots >= needs.experts;
-        Ok(Self { budget, needs, spine, slots, all_experts_resident, chunk, work })
+        Ok(Self { budget, needs, spine, slots, all_experts_resident, chunk, work, spare })
+    }
+}
+
+impl Plan {
+    /// How the serve rule ([`Self::compute`]) chose the chunk, for the plan line (empty for a
+    /// run or an explicit `--prefill-chunk`).
+    fn serve_rule(&self) -> String {
+        if !self.needs.serving || self.needs.prefill_chunk > 0 {
+            return String::new();
+        }
+        let cut = match self.needs.checkpoint_every {
+            0 => String::new(),
+            e if self.chunk >= e => format!("passes cut at --checkpoint-every {e}, "),
+            e => format!("below --checkpoint-every {e}: the budget is short, "),
+        };
+        format!("; serve rule: {cut}at most half of the {} spare, the rest cache", gib(self.spare))
     }
 }
 
@@ -484,12 +536,13 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "memory plan: budget {}; {}; state {}; prefill chunk {} tokens ({} per pass); {}headroom {}{}; expert cache {} slots × {} = {} ({} of {} experts{})",
+            "memory plan: budget {}; {}; state {}; prefill chunk {} tokens ({} per pass{}); {}headroom {}{}; expert cache {} slots × {} = {} ({} of {} experts{})",
             gib(self.budget),
             self.spine,
             gib(self.needs.state),
             self.chunk,
             gib(self.work),
+            self.serve_rule(),
             [
                 (self.needs.sessions, "conversation states"),
                 (self.needs.state_cache, "prompt-state cache snapshots")

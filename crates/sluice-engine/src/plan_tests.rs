@@ -33,6 +33,8 @@ fn needs(layers: Vec<u64>) -> Needs {
         prefill_row: 0,
         prefill_chunk: 0,
         max_rows: 0,
+        serving: false,
+        checkpoint_every: 0,
     }
 }
 
@@ -203,4 +205,39 @@ fn the_chunk_got_half_of_a_budget_whose_cache_could_not_hold_a_layer() {
     let short = Needs { max_rows: 300, ..n };
     let p = Plan::compute(910 + 100 + 200 + 1000, short, SpineMode::Auto).expect("fits");
     assert_eq!((p.chunk, p.slots), (300, 4 + 700 / 50), "{p}");
+}
+
+#[test]
+fn a_server_gave_the_prefill_chunk_every_spare_byte_and_the_cache_two_slots() {
+    // As above: half of a spare of 1000 holds fewer slots than a layer has experts, so a run's
+    // chunk takes it all and the cache keeps its minimum. A server planned the same way (a
+    // K3-slice server at 4 GiB: a chunk of 1,979 rows, two expert slots), though its passes
+    // stop at every checkpoint.
+    let n = Needs { prefill_row: 1, max_rows: 1 << 20, ..needs(vec![100; 4]) };
+    let budget = 910 + 100 + 200 + 1000;
+    let run = Plan::compute(budget, n.clone(), SpineMode::Auto).expect("fits");
+    assert_eq!((run.chunk, run.slots, run.spare), (1000, 4, 1000), "{run}");
+    // The serve rule: the chunk is planned for --checkpoint-every rows, the rest is cache.
+    let serve = Needs { serving: true, checkpoint_every: 300, ..n.clone() };
+    let p = Plan::compute(budget, serve, SpineMode::Auto).expect("fits");
+    assert_eq!((p.chunk, p.slots), (300, 4 + 700 / 50), "{p}");
+    assert!(p.to_string().contains("passes cut at --checkpoint-every 300"), "{p}");
+    // Without checkpoints: at most half of the spare.
+    let serve = Needs { serving: true, checkpoint_every: 0, ..n.clone() };
+    let p = Plan::compute(budget, serve, SpineMode::Auto).expect("fits");
+    assert_eq!((p.chunk, p.slots), (500, 4 + 500 / 50), "{p}");
+    assert!(p.to_string().contains("at most half of the"), "{p}");
+    // A checkpoint interval is kept whole when the budget allows, past half the spare.
+    let serve = Needs { serving: true, checkpoint_every: 800, ..n.clone() };
+    let p = Plan::compute(budget, serve.clone(), SpineMode::Auto).expect("fits");
+    assert_eq!((p.chunk, p.slots), (800, 4 + 200 / 50), "{p}");
+    // Reserved before the spine: a budget 600 smaller streams spine layers instead of
+    // cutting the chunk below the interval.
+    let p = Plan::compute(budget - 600, serve.clone(), SpineMode::Auto).expect("fits");
+    assert_eq!(p.chunk, 800, "{p}");
+    assert!(p.spine.resident_layers < 4, "{p}");
+    // Where even an all-streamed spine leaves no room for it, the usual floor of 64 rows.
+    let p = Plan::compute(415 + 100 + 200 + 100, serve, SpineMode::Auto).expect("fits");
+    assert_eq!(p.chunk, 64, "{p}");
+    assert!(p.to_string().contains("below --checkpoint-every 800"), "{p}");
 }

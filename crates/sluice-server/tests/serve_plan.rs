@@ -1,0 +1,59 @@
+//! The serve rule of the memory plan (`sluice_engine::plan::Plan::compute`), read from the plan
+//! line a real `sluice serve` process prints at start: the prefill chunk is planned for the
+//! `--checkpoint-every` rows where every prefill pass is cut, takes at most half of the spare
+//! memory, and leaves the rest to the caches. No request is needed: the plan is printed before
+//! the server listens.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use common::{sluice_bin, Server};
+use std::process::Command;
+
+/// A `many-experts` synth model (6 layers of 256 experts, 317 MiB) in a temporary directory.
+fn synth() -> (tempfile::TempDir, String) {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    let o = Command::new(sluice_bin())
+        .args(["synth", "--preset", "many-experts", "--layers", "6", "--experts", "256"])
+        .args(["--seed", "5", "--out", model.to_str().unwrap()])
+        .output()
+        .expect("spawn synth");
+    assert!(o.status.success(), "synth: {}", String::from_utf8_lossy(&o.stderr));
+    let m = model.to_str().unwrap().to_owned();
+    (tmp, m)
+}
+
+/// The number after `before` in the plan line, e.g. `prefill chunk ` → 16.
+fn number_after(line: &str, before: &str) -> u64 {
+    let rest = line.split(before).nth(1).unwrap_or_else(|| panic!("no {before:?} in {line}"));
+    rest.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
+fn plan_line(server: &Server) -> String {
+    let log = server.log.lock().unwrap().clone();
+    log.lines().find(|l| l.contains("memory plan:")).unwrap_or_else(|| panic!("{log}")).to_owned()
+}
+
+/// Under 96 MiB with 8 MiB of conversation states, a server planned its chunk like a run: 771
+/// rows (all the spare: the cache could not hold a layer's experts), while its passes stopped
+/// at every 16-row checkpoint, and the expert cache got the minimum of two slots.
+#[test]
+fn a_server_gave_the_prefill_chunk_every_spare_byte_and_the_cache_two_slots() {
+    let (_tmp, m) = synth();
+    let flags = ["--memory", "96M", "--context", "4096", "--session-memory", "8M"];
+    let every16 = Server::start(&[&["--model", &m, "--checkpoint-every", "16"][..], &flags].concat());
+    let line = plan_line(&every16);
+    assert_eq!(number_after(&line, "prefill chunk "), 16, "{line}");
+    assert!(line.contains("serve rule: passes cut at --checkpoint-every 16"), "{line}");
+    let slots = number_after(&line, "expert cache ");
+    assert!(slots > 2 * 10, "the spare the chunk leaves is cache: {line}");
+    drop(every16);
+    // Without checkpoints no pass is cut, and the chunk takes half of the spare.
+    let none = Server::start(&[&["--model", &m, "--checkpoint-every", "0"][..], &flags].concat());
+    let line = plan_line(&none);
+    let chunk = number_after(&line, "prefill chunk ");
+    assert!(chunk > 16 && chunk < 771, "{line}");
+    assert!(line.contains("serve rule: at most half of the"), "{line}");
+    assert!(number_after(&line, "expert cache ") > 2, "{line}");
+}
