@@ -111,9 +111,9 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let mut opts = a.load.options(context_len);
     opts.session_memory = a.session_memory;
     // The serve rule (`Plan::compute`): the chunk is planned for the passes the session
-    // cache's checkpoints cut (none without a session cache), at most half the spare memory.
+    // cache's checkpoints cut (with --session-memory 0 too), at most half the spare memory.
     opts.serving = true;
-    opts.checkpoint_every = if a.session_memory > 0 { a.checkpoint_every } else { 0 };
+    opts.checkpoint_every = a.checkpoint_every;
     opts.state_cache = a.state_cache.enabled();
     let draft = target.resolve_draft(&a.draft)?;
     if matches!(draft, DraftArg::Model(_)) {
@@ -128,6 +128,8 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     // The budget charges (spine, state, conversation states) and the expert store live as long
     // as the server.
     let plan_budget = opened.loaded.plan.as_ref().map(|p| p.budget);
+    // The plan may give the conversation states more than --session-memory (the serve rule).
+    let session_bytes = opened.loaded.plan.as_ref().map_or(a.session_memory, |p| p.sessions);
     let warm = warm_start::begin(
         &target.read_dir,
         opened.loaded.streaming.as_ref(),
@@ -180,7 +182,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         drafter: drafter_name,
         session: SessionConfig {
             checkpoint_every: a.checkpoint_every,
-            max_bytes: usize::try_from(a.session_memory).unwrap_or(usize::MAX),
+            max_bytes: usize::try_from(session_bytes).unwrap_or(usize::MAX),
             max_entries: if a.session_memory == 0 { 0 } else { a.max_sessions },
         },
         model_dir: Some(target.read_dir.clone()),

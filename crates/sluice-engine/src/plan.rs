@@ -294,6 +294,11 @@ pub struct Plan {
     /// stored states, headroom, draft model and the minimum expert cache.
     #[serde(default)]
     pub spare: u64,
+    /// Bytes planned for stored conversation states: `needs.sessions`, plus for a server whose
+    /// expert cache could not hold a layer's experts what the chunk left of the spare (the
+    /// serve rule, [`Plan::compute`]).
+    #[serde(default)]
+    pub sessions: u64,
 }
 
 /// The budget cannot hold the minimum.
@@ -353,7 +358,10 @@ impl Plan {
     /// it fits, so that a pass is not cut below a checkpoint interval (else the usual floor of
     /// [`AUTO_CHUNK_FLOOR`] rows, then one row). Past that floor the chunk takes at most half
     /// of the spare memory — never all of it, as a run's chunk does when the expert cache
-    /// cannot hold a layer's experts — and the rest stays with the caches. A server that
+    /// cannot hold a layer's experts — and the rest stays with the caches: the expert cache,
+    /// or, where what is left would hold fewer slots than a layer has experts, the stored
+    /// conversation states ([`Plan::sessions`], more than `--session-memory`; the expert
+    /// cache keeps its minimum), unless the server keeps none. A server that
     /// planned like a run gave a chunk of 1,979 rows every spare byte (passes of 512 rows
     /// used a quarter of it) and the expert cache two slots.
     pub fn compute(budget: u64, needs: Needs, mode: SpineMode) -> Result<Self, Box<PlanError>> {
@@ -467,10 +475,22 @@ impl Plan {
             rows_in(&needs, room).min(needs.max_rows).max(floor)
         };
         let work = work(&needs, chunk);
-        let slots =
-            ((budget - fixed - work) / needs.slot.max(1)).min(needs.experts.max(needs.min_slots));
+        let free = budget - fixed - work;
+        let mut slots = (free / needs.slot.max(1)).min(needs.experts.max(needs.min_slots));
+        // The serve rule's other half: where the cache past its minimum would hold fewer slots
+        // than a layer has experts (no prefill hits, few decode hits), the stored conversation
+        // states get it instead, when the server keeps any (`--session-memory` > 0): a state
+        // resumed saves whole prefill passes.
+        let layer_experts = needs.experts / (needs.pieces.layers.len().max(1) as u64);
+        let mut sessions = needs.sessions;
+        let past_min = slots.saturating_sub(needs.min_slots);
+        if needs.serving && needs.sessions > 0 && slots < needs.experts && past_min < layer_experts
+        {
+            sessions += free.saturating_sub(needs.min_slots * needs.slot);
+            slots = needs.min_slots;
+        }
         let all_experts_resident = slots >= needs.experts;
-        Ok(Self { budget, needs, spine, slots, all_experts_resident, chunk, work, spare })
+        Ok(Self { budget, needs, spine, slots, all_experts_resident, chunk, work, spare, sessions })
     }
 }
 
@@ -486,7 +506,15 @@ impl Plan {
             e if self.chunk >= e => format!("passes cut at --checkpoint-every {e}, "),
             e => format!("below --checkpoint-every {e}: the budget is short, "),
         };
-        format!("; serve rule: {cut}at most half of the {} spare, the rest cache", gib(self.spare))
+        let rest = if self.sessions > self.needs.sessions {
+            format!(
+                "the rest conversation states (+{} over --session-memory)",
+                gib(self.sessions - self.needs.sessions)
+            )
+        } else {
+            "the rest cache".to_owned()
+        };
+        format!("; serve rule: {cut}at most half of the {} spare, {rest}", gib(self.spare))
     }
 }
 
@@ -544,7 +572,7 @@ impl fmt::Display for Plan {
             gib(self.work),
             self.serve_rule(),
             [
-                (self.needs.sessions, "conversation states"),
+                (self.sessions, "conversation states"),
                 (self.needs.state_cache, "prompt-state cache snapshots")
             ]
             .into_iter()

@@ -217,11 +217,21 @@ fn a_server_gave_the_prefill_chunk_every_spare_byte_and_the_cache_two_slots() {
     let budget = 910 + 100 + 200 + 1000;
     let run = Plan::compute(budget, n.clone(), SpineMode::Auto).expect("fits");
     assert_eq!((run.chunk, run.slots, run.spare), (1000, 4, 1000), "{run}");
-    // The serve rule: the chunk is planned for --checkpoint-every rows, the rest is cache.
+    // The serve rule: the chunk is planned for --checkpoint-every rows, the rest is cache
+    // (a server that keeps no conversation states).
     let serve = Needs { serving: true, checkpoint_every: 300, ..n.clone() };
     let p = Plan::compute(budget, serve, SpineMode::Auto).expect("fits");
-    assert_eq!((p.chunk, p.slots), (300, 4 + 700 / 50), "{p}");
+    assert_eq!((p.chunk, p.slots, p.sessions), (300, 4 + 700 / 50, 0), "{p}");
     assert!(p.to_string().contains("passes cut at --checkpoint-every 300"), "{p}");
+    // 14 slots past the minimum are fewer than a layer's 16 experts: a server that keeps
+    // conversation states gives them the rest instead, and the cache keeps its minimum.
+    let keeps = Needs { serving: true, checkpoint_every: 300, sessions: 50, ..n.clone() };
+    let p = Plan::compute(budget + 50, keeps.clone(), SpineMode::Auto).expect("fits");
+    assert_eq!((p.chunk, p.slots, p.sessions), (300, 4, 50 + 700), "{p}");
+    assert!(p.to_string().contains("the rest conversation states"), "{p}");
+    // With room for a layer's experts past the minimum, the rest is cache again.
+    let p = Plan::compute(budget + 50 + 200, keeps, SpineMode::Auto).expect("fits");
+    assert_eq!((p.slots, p.sessions), (4 + 900 / 50, 50), "{p}");
     // Without checkpoints: at most half of the spare.
     let serve = Needs { serving: true, checkpoint_every: 0, ..n.clone() };
     let p = Plan::compute(budget, serve, SpineMode::Auto).expect("fits");

@@ -41,19 +41,37 @@ fn plan_line(server: &Server) -> String {
 #[test]
 fn a_server_gave_the_prefill_chunk_every_spare_byte_and_the_cache_two_slots() {
     let (_tmp, m) = synth();
-    let flags = ["--memory", "96M", "--context", "4096", "--session-memory", "8M"];
-    let every16 = Server::start(&[&["--model", &m, "--checkpoint-every", "16"][..], &flags].concat());
-    let line = plan_line(&every16);
+    let flags = ["--memory", "96M", "--context", "4096", "--checkpoint-every", "16"];
+    // A server that keeps no conversation states: what the 16-row chunk leaves is cache.
+    let none = Server::start(&[&["--model", &m, "--session-memory", "0"][..], &flags].concat());
+    let line = plan_line(&none);
     assert_eq!(number_after(&line, "prefill chunk "), 16, "{line}");
     assert!(line.contains("serve rule: passes cut at --checkpoint-every 16"), "{line}");
-    let slots = number_after(&line, "expert cache ");
-    assert!(slots > 2 * 10, "the spare the chunk leaves is cache: {line}");
-    drop(every16);
+    assert!(number_after(&line, "expert cache ") > 2 * 10, "the rest is cache: {line}");
+    drop(none);
+    // One that keeps them: a cache that cannot hold a layer's 256 experts gets no prefill
+    // hits, so the stored states take the rest and the cache keeps its two slots.
+    let keeps = Server::start(&[&["--model", &m, "--session-memory", "8M"][..], &flags].concat());
+    let line = plan_line(&keeps);
+    assert_eq!(number_after(&line, "prefill chunk "), 16, "{line}");
+    assert!(line.contains("the rest conversation states (+"), "{line}");
+    assert_eq!(number_after(&line, "expert cache "), 2, "{line}");
+    drop(keeps);
     // Without checkpoints no pass is cut, and the chunk takes half of the spare.
-    let none = Server::start(&[&["--model", &m, "--checkpoint-every", "0"][..], &flags].concat());
-    let line = plan_line(&none);
-    let chunk = number_after(&line, "prefill chunk ");
-    assert!(chunk > 16 && chunk < 771, "{line}");
+    let whole = Server::start(&[
+        "--model",
+        &m,
+        "--memory",
+        "96M",
+        "--context",
+        "4096",
+        "--session-memory",
+        "0",
+        "--checkpoint-every",
+        "0",
+    ]);
+    let line = plan_line(&whole);
+    assert!(number_after(&line, "prefill chunk ") > 64, "{line}");
     assert!(line.contains("serve rule: at most half of the"), "{line}");
-    assert!(number_after(&line, "expert cache ") > 2, "{line}");
+    assert!(number_after(&line, "expert cache ") > 2 * 10, "{line}");
 }
