@@ -163,9 +163,7 @@ pub(crate) fn place(
         budget
             .charge(&what, plan.needs.state + plan.needs.headroom)
             .map_err(EngineError::Budget)?,
-        budget
-            .charge("stored conversation states", plan.sessions)
-            .map_err(EngineError::Budget)?,
+        budget.charge("stored conversation states", plan.sessions).map_err(EngineError::Budget)?,
         budget
             .charge("prompt-state cache snapshots", plan.needs.state_cache)
             .map_err(EngineError::Budget)?,
@@ -331,9 +329,7 @@ pub(crate) fn open_mapped_spine(
     };
     charges.extend([
         budget.charge(what, plan.needs.state + plan.needs.headroom).map_err(EngineError::Budget)?,
-        budget
-            .charge("stored conversation states", plan.sessions)
-            .map_err(EngineError::Budget)?,
+        budget.charge("stored conversation states", plan.sessions).map_err(EngineError::Budget)?,
         budget
             .charge("prompt-state cache snapshots", plan.needs.state_cache)
             .map_err(EngineError::Budget)?,

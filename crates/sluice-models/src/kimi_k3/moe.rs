@@ -234,7 +234,8 @@ pub(crate) fn forward(
     // projection; rows are independent, so the blocks are bit-identical to one call).
     let out = match (&w.up, shared) {
         (Some(m), Some(mut s)) => {
-            let blocks = comb.chunks(crate::ROW_BLOCK * lat_w).zip(s.chunks_mut(crate::ROW_BLOCK * d));
+            let blocks =
+                comb.chunks(crate::ROW_BLOCK * lat_w).zip(s.chunks_mut(crate::ROW_BLOCK * d));
             for (cb, sb) in blocks {
                 let u = ctx.mm(m, cb, cb.len() / lat_w);
                 for (o, v) in sb.iter_mut().zip(&u) {
