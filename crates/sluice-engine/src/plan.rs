@@ -14,7 +14,9 @@
 //! cache cannot hold them all — or all of it when that half would hold fewer slots than one
 //! layer has experts (see [`Plan::compute`]) — at least [`AUTO_CHUNK_FLOOR`] rows when they fit
 //! (reserved before the spine is placed), at most [`Needs::max_rows`] (the planned context, or
-//! the largest pass of a run that knows its prompt). When even an
+//! the largest pass of a run that knows its prompt); `sluice serve` plans it by the serve rule
+//! instead (`--checkpoint-every` rows, at most half the spare, the rest to the caches; see
+//! [`Plan::compute`]). When even an
 //! all-streamed spine, one row and `min_slots` slots do not fit, the refusal says how much
 //! more memory the run needs.
 //!
