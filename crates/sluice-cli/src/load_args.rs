@@ -152,6 +152,8 @@ impl LoadArgs {
             draft_bytes: 0,
             prefill_chunk: 0,
             largest_pass: 0,
+            serving: false,
+            checkpoint_every: 0,
         }
     }
 

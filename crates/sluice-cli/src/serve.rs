@@ -110,6 +110,11 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let fmt = Arc::new(target.fmt.take().context("the checkpoint's tokenizer")?);
     let mut opts = a.load.options(context_len);
     opts.session_memory = a.session_memory;
+    // The serve rule (`Plan::compute`): a pass ends at the checkpoint past the last state it
+    // can capture, so the chunk is planned for no more rows than that; a server that keeps no
+    // conversation states takes no checkpoints, and its passes are planned as a run's.
+    opts.serving = true;
+    opts.checkpoint_every = if a.session_memory > 0 { a.checkpoint_every } else { 0 };
     opts.state_cache = a.state_cache.enabled();
     let draft = target.resolve_draft(&a.draft)?;
     if matches!(draft, DraftArg::Model(_)) {
@@ -124,6 +129,8 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     // The budget charges (spine, state, conversation states) and the expert store live as long
     // as the server.
     let plan_budget = opened.loaded.plan.as_ref().map(|p| p.budget);
+    // The plan may give the conversation states more than --session-memory (the serve rule).
+    let session_bytes = opened.loaded.plan.as_ref().map_or(a.session_memory, |p| p.sessions);
     let warm = warm_start::begin(
         &target.read_dir,
         opened.loaded.streaming.as_ref(),
@@ -176,7 +183,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         drafter: drafter_name,
         session: SessionConfig {
             checkpoint_every: a.checkpoint_every,
-            max_bytes: usize::try_from(a.session_memory).unwrap_or(usize::MAX),
+            max_bytes: usize::try_from(session_bytes).unwrap_or(usize::MAX),
             max_entries: if a.session_memory == 0 { 0 } else { a.max_sessions },
         },
         model_dir: Some(target.read_dir.clone()),

@@ -73,6 +73,12 @@ pub struct LoadOptions {
     /// more rows than this: working memory charged for rows no pass takes would be bytes the
     /// expert cache never gets.
     pub largest_pass: usize,
+    /// Whether this is `sluice serve`: the automatic chunk follows the serve rule (see
+    /// [`Plan::compute`]).
+    pub serving: bool,
+    /// `sluice serve --checkpoint-every` (0: none), where every prefill pass is cut: the serve
+    /// rule plans the chunk for this many rows.
+    pub checkpoint_every: usize,
 }
 
 impl Default for LoadOptions {
@@ -95,6 +101,8 @@ impl Default for LoadOptions {
             draft_bytes: 0,
             prefill_chunk: 0,
             largest_pass: 0,
+            serving: false,
+            checkpoint_every: 0,
         }
     }
 }

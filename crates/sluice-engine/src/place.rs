@@ -145,8 +145,14 @@ pub(crate) fn place(
         prefill_row: mem.prefill_per_row,
         prefill_chunk: opts.prefill_chunk as u64,
         max_rows: opts.planned_rows(),
+        serving: opts.serving,
+        checkpoint_every: opts.checkpoint_every as u64,
     };
-    let plan = Plan::compute(budget.limit(), needs, opts.spine_placement)?;
+    let mut plan = Plan::compute(budget.limit(), needs, opts.spine_placement)?;
+    if opts.slots.is_some() {
+        // `--cache-slots` sizes the cache exactly: the stored states keep what was asked.
+        plan.sessions = plan.needs.sessions;
+    }
     let io = if opts.direct_io { IoMode::Direct } else { IoMode::BufferedDropCache };
     let what = if extra > 0 {
         format!("sequence state, headroom and {extra_what}")
@@ -157,9 +163,7 @@ pub(crate) fn place(
         budget
             .charge(&what, plan.needs.state + plan.needs.headroom)
             .map_err(EngineError::Budget)?,
-        budget
-            .charge("stored conversation states", plan.needs.sessions)
-            .map_err(EngineError::Budget)?,
+        budget.charge("stored conversation states", plan.sessions).map_err(EngineError::Budget)?,
         budget
             .charge("prompt-state cache snapshots", plan.needs.state_cache)
             .map_err(EngineError::Budget)?,
@@ -310,8 +314,14 @@ pub(crate) fn open_mapped_spine(
         prefill_row: mem.prefill_per_row,
         prefill_chunk: opts.prefill_chunk as u64,
         max_rows: opts.planned_rows(),
+        serving: opts.serving,
+        checkpoint_every: opts.checkpoint_every as u64,
     };
     let mut plan = Plan::compute(budget.limit(), needs, crate::plan::SpineMode::Mapped)?;
+    if opts.slots.is_some() {
+        // `--cache-slots` sizes the cache exactly: the stored states keep what was asked.
+        plan.sessions = plan.needs.sessions;
+    }
     let what = if remote.is_some() {
         "sequence state, headroom and remote fetch buffers"
     } else {
@@ -319,9 +329,7 @@ pub(crate) fn open_mapped_spine(
     };
     charges.extend([
         budget.charge(what, plan.needs.state + plan.needs.headroom).map_err(EngineError::Budget)?,
-        budget
-            .charge("stored conversation states", plan.needs.sessions)
-            .map_err(EngineError::Budget)?,
+        budget.charge("stored conversation states", plan.sessions).map_err(EngineError::Budget)?,
         budget
             .charge("prompt-state cache snapshots", plan.needs.state_cache)
             .map_err(EngineError::Budget)?,

@@ -14,7 +14,9 @@
 //! cache cannot hold them all — or all of it when that half would hold fewer slots than one
 //! layer has experts (see [`Plan::compute`]) — at least [`AUTO_CHUNK_FLOOR`] rows when they fit
 //! (reserved before the spine is placed), at most [`Needs::max_rows`] (the planned context, or
-//! the largest pass of a run that knows its prompt). When even an
+//! the largest pass of a run that knows its prompt); `sluice serve` bounds it by the serve rule
+//! (at least one `--checkpoint-every` interval, at most the rows a pass takes before its
+//! captures run out, the rest to the caches; see [`Plan::compute`]). When even an
 //! all-streamed spine, one row and `min_slots` slots do not fit, the refusal says how much
 //! more memory the run needs.
 //!
@@ -24,6 +26,7 @@
 //! a decode pass verifies at most `ROW_BLOCK` rows (`sluice_models::ROW_BLOCK`).
 
 use serde::Serialize;
+use sluice_models::MAX_CAPTURES;
 use sluice_store::Placement;
 use std::fmt;
 
@@ -107,6 +110,16 @@ pub struct Needs {
     /// its largest pass (`LoadOptions::largest_pass`: `sluice run`'s prompt).
     #[serde(default)]
     pub max_rows: u64,
+    /// Whether the plan is for `sluice serve`, whose automatic chunk follows the serve rule
+    /// ([`Plan::compute`]): at least `checkpoint_every` rows, at most the rows a pass can take
+    /// before its captures run out.
+    #[serde(default)]
+    pub serving: bool,
+    /// `sluice serve --checkpoint-every`: the prompt rows between state snapshots, captured
+    /// inside a pass; a pass is cut at the point past [`sluice_models::MAX_CAPTURES`] of them
+    /// (0: passes are cut only by the chunk and the prompt's end).
+    #[serde(default)]
+    pub checkpoint_every: u64,
 }
 
 /// Rows the automatic prefill chunk reserves before the spine is placed, when they fit: a
@@ -282,6 +295,15 @@ pub struct Plan {
     pub chunk: u64,
     /// Working memory charged for a pass of `chunk` rows ([`work`]).
     pub work: u64,
+    /// The spare memory the automatic chunk was taken from: the budget less the spine, state,
+    /// stored states, headroom, draft model and the minimum expert cache.
+    #[serde(default)]
+    pub spare: u64,
+    /// Bytes planned for stored conversation states: `needs.sessions`, plus for a server whose
+    /// expert cache could not hold a layer's experts what the chunk left of the spare (the
+    /// serve rule, [`Plan::compute`]).
+    #[serde(default)]
+    pub sessions: u64,
 }
 
 /// The budget cannot hold the minimum.
@@ -334,15 +356,43 @@ impl Plan {
     /// after the state, the minimum expert cache and the working memory of the least chunk,
     /// the rest streamed), then the prefill chunk, then every byte left becomes expert-cache
     /// slots (see the module docs).
+    ///
+    /// **The serve rule** (`needs.serving`, `sluice serve`): a server snapshots prompts every
+    /// `--checkpoint-every` rows, capturing the states inside a pass; a pass is cut at the
+    /// point past [`MAX_CAPTURES`] captures, so the automatic chunk is planned for at most
+    /// `(MAX_CAPTURES + 1) × checkpoint_every` rows (rows past it no pass would take), and
+    /// one interval of rows is reserved before the spine is placed when it fits, so that a
+    /// tight budget streams spine layers rather than cutting passes below an interval (else
+    /// the usual floor of [`AUTO_CHUNK_FLOOR`] rows, then one row). Between the two the chunk
+    /// takes the spare as a run's does. What it leaves goes to the expert cache or, where
+    /// that would hold fewer slots past its minimum than a layer has experts, to the stored
+    /// conversation states ([`Plan::sessions`], more than `--session-memory`; the expert
+    /// cache keeps its minimum), unless the server keeps none. Planned like a run, a server
+    /// on a K3 slice at a tight budget got 64-row passes where 512 fit with the spine
+    /// streamed.
     pub fn compute(budget: u64, needs: Needs, mode: SpineMode) -> Result<Self, Box<PlanError>> {
         if needs.prefill_chunk > 0 {
             return Self::with_floor(budget, needs.clone(), mode, needs.prefill_chunk);
         }
-        let floor = AUTO_CHUNK_FLOOR.min(needs.max_rows.max(1));
-        match Self::with_floor(budget, needs.clone(), mode, floor) {
-            Err(_) if floor > 1 => Self::with_floor(budget, needs, mode, 1),
-            planned => planned,
+        let mut needs = needs;
+        let serve_every = if needs.serving { needs.checkpoint_every } else { 0 };
+        if serve_every > 0 {
+            let captured = serve_every.saturating_mul(MAX_CAPTURES as u64 + 1);
+            needs.max_rows = needs.max_rows.min(captured);
         }
+        let rows = needs.max_rows.max(1);
+        let serve_floor = serve_every.min(rows);
+        let mut floors = vec![serve_floor, AUTO_CHUNK_FLOOR.min(rows), 1];
+        floors.retain(|&f| f > 0);
+        floors.dedup();
+        let mut planned = Self::with_floor(budget, needs.clone(), mode, floors[0]);
+        for &floor in &floors[1..] {
+            if planned.is_ok() {
+                break;
+            }
+            planned = Self::with_floor(budget, needs.clone(), mode, floor);
+        }
+        planned
     }
 
     /// [`Self::compute`] with the working memory of `floor` rows reserved before the spine.
@@ -411,6 +461,7 @@ impl Plan {
             + needs.state_cache
             + needs.draft
             + needs.headroom;
+        let spare = budget - fixed - min_cache;
         let chunk = if needs.prefill_chunk > 0 {
             floor
         } else {
@@ -421,8 +472,7 @@ impl Plan {
             // hits (the chunks sweep the whole model through it) and in decode hits at most
             // its share of the experts, while every row it would give the chunk shortens the
             // sweeps. Then the chunk takes it all (up to the planned context; the rest is
-            // cache).
-            let spare = budget - fixed - min_cache;
+            // cache; for a server, see the serve rule in [`Self::compute`]).
             let full_cache = needs.experts.saturating_sub(needs.min_slots) * needs.slot;
             let layer_experts = needs.experts / (needs.pieces.layers.len().max(1) as u64);
             let small_cache = (spare - spare / 2) / needs.slot.max(1) < layer_experts;
@@ -431,10 +481,51 @@ impl Plan {
             rows_in(&needs, room).min(needs.max_rows).max(floor)
         };
         let work = work(&needs, chunk);
-        let slots =
-            ((budget - fixed - work) / needs.slot.max(1)).min(needs.experts.max(needs.min_slots));
+        let free = budget - fixed - work;
+        let mut slots = (free / needs.slot.max(1)).min(needs.experts.max(needs.min_slots));
+        // The serve rule's other half: where the cache past its minimum would hold fewer slots
+        // than a layer has experts (no prefill hits, few decode hits), the stored conversation
+        // states get it instead, when the server keeps any (`--session-memory` > 0): a state
+        // resumed saves whole prefill passes.
+        let layer_experts = needs.experts / (needs.pieces.layers.len().max(1) as u64);
+        let mut sessions = needs.sessions;
+        let past_min = slots.saturating_sub(needs.min_slots);
+        if needs.serving && needs.sessions > 0 && slots < needs.experts && past_min < layer_experts
+        {
+            sessions += free.saturating_sub(needs.min_slots * needs.slot);
+            slots = needs.min_slots;
+        }
         let all_experts_resident = slots >= needs.experts;
-        Ok(Self { budget, needs, spine, slots, all_experts_resident, chunk, work })
+        Ok(Self { budget, needs, spine, slots, all_experts_resident, chunk, work, spare, sessions })
+    }
+}
+
+impl Plan {
+    /// How the serve rule ([`Self::compute`]) chose the chunk, for the plan line (empty for a
+    /// run, an explicit `--prefill-chunk`, or a server without checkpoints: planned as a run).
+    fn serve_rule(&self) -> String {
+        if !self.needs.serving || self.needs.prefill_chunk > 0 || self.needs.checkpoint_every == 0 {
+            return String::new();
+        }
+        let every = self.needs.checkpoint_every;
+        let cut = if self.chunk >= every {
+            let rows = every.saturating_mul(MAX_CAPTURES as u64 + 1);
+            format!(
+                "passes up to {rows} rows ({MAX_CAPTURES} states captured each, \
+                 one every --checkpoint-every {every})"
+            )
+        } else {
+            format!("below --checkpoint-every {every}: the budget is short")
+        };
+        let rest = if self.sessions > self.needs.sessions {
+            format!(
+                "the rest conversation states (+{} over --session-memory)",
+                gib(self.sessions - self.needs.sessions)
+            )
+        } else {
+            "the rest cache".to_owned()
+        };
+        format!("; serve rule: {cut}; of the {} spare, {rest}", gib(self.spare))
     }
 }
 
@@ -484,14 +575,15 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "memory plan: budget {}; {}; state {}; prefill chunk {} tokens ({} per pass); {}headroom {}{}; expert cache {} slots × {} = {} ({} of {} experts{})",
+            "memory plan: budget {}; {}; state {}; prefill chunk {} tokens ({} per pass{}); {}headroom {}{}; expert cache {} slots × {} = {} ({} of {} experts{})",
             gib(self.budget),
             self.spine,
             gib(self.needs.state),
             self.chunk,
             gib(self.work),
+            self.serve_rule(),
             [
-                (self.needs.sessions, "conversation states"),
+                (self.sessions, "conversation states"),
                 (self.needs.state_cache, "prompt-state cache snapshots")
             ]
             .into_iter()

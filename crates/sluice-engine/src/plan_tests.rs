@@ -33,6 +33,8 @@ fn needs(layers: Vec<u64>) -> Needs {
         prefill_row: 0,
         prefill_chunk: 0,
         max_rows: 0,
+        serving: false,
+        checkpoint_every: 0,
     }
 }
 
@@ -203,4 +205,48 @@ fn the_chunk_got_half_of_a_budget_whose_cache_could_not_hold_a_layer() {
     let short = Needs { max_rows: 300, ..n };
     let p = Plan::compute(910 + 100 + 200 + 1000, short, SpineMode::Auto).expect("fits");
     assert_eq!((p.chunk, p.slots), (300, 4 + 700 / 50), "{p}");
+}
+
+#[test]
+fn a_server_gave_the_prefill_chunk_every_spare_byte_and_the_cache_two_slots() {
+    // As above: half of a spare of 1000 holds fewer slots than a layer has experts, so a run's
+    // chunk takes it all and the cache keeps its minimum. A server planned the same way,
+    // though its passes end at the checkpoint past MAX_CAPTURES (4) captured ones: with
+    // --checkpoint-every 150 no pass takes more than 750 rows.
+    let n = Needs { prefill_row: 1, max_rows: 1 << 20, ..needs(vec![100; 4]) };
+    let budget = 910 + 100 + 200 + 1000;
+    let run = Plan::compute(budget, n.clone(), SpineMode::Auto).expect("fits");
+    assert_eq!((run.chunk, run.slots, run.spare), (1000, 4, 1000), "{run}");
+    // The serve rule: the chunk is planned for the rows a pass can take, the rest is cache
+    // (a server that keeps no conversation states).
+    let serve = Needs { serving: true, checkpoint_every: 150, ..n.clone() };
+    let p = Plan::compute(budget, serve, SpineMode::Auto).expect("fits");
+    assert_eq!((p.chunk, p.slots, p.sessions), (750, 4 + 250 / 50, 0), "{p}");
+    assert!(p.to_string().contains("passes up to 750 rows (4 states captured each"), "{p}");
+    // 5 slots past the minimum are fewer than a layer's 16 experts: a server that keeps
+    // conversation states gives them the rest instead, and the cache keeps its minimum.
+    let keeps = Needs { serving: true, checkpoint_every: 150, sessions: 50, ..n.clone() };
+    let p = Plan::compute(budget + 50, keeps.clone(), SpineMode::Auto).expect("fits");
+    assert_eq!((p.chunk, p.slots, p.sessions), (750, 4, 50 + 250), "{p}");
+    assert!(p.to_string().contains("the rest conversation states"), "{p}");
+    // With room for a layer's experts past the minimum, the rest is cache again.
+    let p = Plan::compute(budget + 50 + 600, keeps, SpineMode::Auto).expect("fits");
+    assert_eq!((p.chunk, p.slots, p.sessions), (750, 1050 / 50, 50), "{p}");
+    // Where a pass can take all the spare, the server plans as a run does.
+    for every in [0, 300, 800] {
+        let serve = Needs { serving: true, checkpoint_every: every, ..n.clone() };
+        let p = Plan::compute(budget, serve, SpineMode::Auto).expect("fits");
+        assert_eq!((p.chunk, p.slots), (1000, 4), "--checkpoint-every {every}: {p}");
+    }
+    // One interval is reserved before the spine: a budget 600 smaller streams spine layers
+    // instead of cutting passes below the interval.
+    let serve = Needs { serving: true, checkpoint_every: 800, ..n.clone() };
+    let p = Plan::compute(budget - 600, serve.clone(), SpineMode::Auto).expect("fits");
+    assert!(p.chunk >= 800, "{p}");
+    assert!(p.spine.resident_layers < 4, "{p}");
+    // Where even an all-streamed spine leaves no room for it, the chunk takes what there is
+    // (past the usual floor of 64 rows).
+    let p = Plan::compute(415 + 100 + 200 + 100, serve, SpineMode::Auto).expect("fits");
+    assert_eq!(p.chunk, 100, "{p}");
+    assert!(p.to_string().contains("below --checkpoint-every 800"), "{p}");
 }

@@ -466,6 +466,7 @@ impl KimiK3 {
             let mut p = match partial {
                 Some(mut p) => {
                     add_into(&mut p, &a);
+                    drop(a);
                     p
                 }
                 None => a,
@@ -475,11 +476,12 @@ impl KimiK3 {
                 None => norm_rows(&p, &lw.post_norm),
             };
             Trace::put(trace, || format!("layer{i}.mlp_in"), &m_in);
+            // The MoE block takes its input by value and drops it once dead.
             let m = match &lw.ffn {
                 Ffn::Dense(w) => moe::mlp(ctx, w, c, &m_in, t),
                 Ffn::Moe(w) => {
                     let next = if self.prefetch { self.next_moe(i) } else { None };
-                    moe::forward(ctx, w, c, moe::Position { layer: i, next }, &m_in, t, trace)?
+                    moe::forward(ctx, w, c, moe::Position { layer: i, next }, m_in, t, trace)?
                 }
             };
             Trace::put(trace, || format!("layer{i}.mlp_out"), &m);

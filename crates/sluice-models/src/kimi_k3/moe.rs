@@ -66,6 +66,20 @@ pub(crate) fn mlp(ctx: &Ctx<'_>, w: &MlpWeights, c: &K3Config, x: &[f32], t: usi
     out
 }
 
+/// [`mlp`] with each block's output written over its input rows (the MLP maps `[T, d]` to
+/// `[T, d]`): the MoE block's input is dead once its shared experts and latent projection have
+/// read it, so its rows hold the shared output instead of a second `[T, d]` buffer.
+/// Bit-identical to [`mlp`]: each block reads its rows before they are overwritten.
+fn mlp_in_place(ctx: &Ctx<'_>, w: &MlpWeights, c: &K3Config, x: &mut [f32], t: usize) {
+    let d = x.len() / t.max(1);
+    debug_assert_eq!(w.down.rows(), d, "a shared expert maps the hidden width to itself");
+    for xb in x.chunks_mut(crate::ROW_BLOCK * d.max(1)) {
+        let n = xb.len() / d.max(1);
+        let out = mlp(ctx, w, c, xb, n);
+        xb.copy_from_slice(&out);
+    }
+}
+
 /// The experts the router `logits [T, E]` pick for any row, distinct, most confident first:
 /// by the best rank any row gives them (ties by id). A guess is read in this order, so when
 /// the store has room for only part of it, it reads the likeliest experts.
@@ -108,13 +122,20 @@ pub(crate) struct Position<'a> {
     pub(crate) next: Option<(usize, &'a MoeWeights)>,
 }
 
-/// Runs the MoE block of `layer` on `x [T, d]` (the `post_attention_layernorm` output).
+/// Runs the MoE block of `layer` on `x [T, d]` (the `post_attention_layernorm` output, taken
+/// by value: it is dropped, or overwritten by the shared experts' output, as soon as it is dead).
+///
+/// Every buffer is dropped once dead, so that a prompt row holds at the block's peak only its
+/// input (later the shared output), its routing, its latent input and its running sum
+/// (`working::prefill_bytes_per_row`): the router logits go once routed, the latent input,
+/// routes and (row, slot) lists once the experts ran, and the norm and the up projection
+/// work in place and a row block at a time.
 pub(crate) fn forward(
     ctx: &Ctx<'_>,
     w: &MoeWeights,
     c: &K3Config,
     at: Position<'_>,
-    x: &[f32],
+    mut x: Vec<f32>,
     t: usize,
     trace: &mut Option<&mut Trace>,
 ) -> Result<Vec<f32>, ModelError> {
@@ -124,8 +145,9 @@ pub(crate) fn forward(
     let lat_w = c.expert_width();
     let inter = c.moe_intermediate_size;
 
-    let logits = ctx.mm(&w.router, x, t);
+    let logits = ctx.mm(&w.router, &x, t);
     let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, &w.bias, c)).collect();
+    drop(logits);
     // Union of experts over the pass, each with the (row, slot) pairs that chose it.
     let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
     for (ti, r) in routes.iter().enumerate() {
@@ -145,13 +167,23 @@ pub(crate) fn forward(
     // (waited for here); no guess if it is not at hand.
     let next_src = next.and_then(|(nl, nw)| ctx.peek_layer(nl).map(|src| (nl, nw, src)));
     let guess: Option<(usize, Vec<u32>)> = next_src.map(|(next_layer, nw, src)| {
-        (next_layer, route_union(&ctx.mm_from(&src, &nw.router, x, t), &nw.bias, c))
+        (next_layer, route_union(&ctx.mm_from(&src, &nw.router, &x, t), &nw.bias, c))
     });
     let z = match &w.down {
-        Some(m) => ctx.mm(m, x, t),
-        None => x.to_vec(),
+        Some(m) => ctx.mm(m, &x, t),
+        None => x.clone(),
     };
-    let shared = w.shared.as_ref().map(|sh| mlp(ctx, sh, c, x, t));
+    // The input's last reader: its rows become the shared experts' output, block by block.
+    let shared = match &w.shared {
+        Some(sh) => {
+            mlp_in_place(ctx, sh, c, &mut x, t);
+            Some(x)
+        }
+        None => {
+            drop(x);
+            None
+        }
+    };
     // comb[ti] = Σ w · E_id(z_ti) over the row's experts, added in ascending id as they come.
     let mut comb = vec![0.0f32; t * lat_w];
     let mut order = IdOrder::new(layer);
@@ -181,26 +213,46 @@ pub(crate) fn forward(
         );
         Ok(())
     })?;
+    drop((z, users, batch));
+    match trace.as_deref_mut() {
+        Some(tr) => {
+            tr.routes.insert(layer, routes);
+        }
+        None => drop(routes),
+    }
 
     if let Some(nw) = &w.norm {
-        let mut normed = vec![0.0f32; comb.len()];
-        for (i, o) in comb.chunks_exact(lat_w).zip(normed.chunks_exact_mut(lat_w)) {
-            rms_norm(i, Some(nw), c.rms_norm_eps, o);
+        // In place through one row's copy: the same input, so the same output.
+        let mut row = vec![0.0f32; lat_w];
+        for r in comb.chunks_exact_mut(lat_w) {
+            row.copy_from_slice(r);
+            rms_norm(&row, Some(nw), c.rms_norm_eps, r);
         }
-        comb = normed;
     }
-    let mut out = match &w.up {
-        Some(m) => ctx.mm(m, &comb, t),
-        None => comb,
+    // `up(comb) + shared`, the up projection a row block at a time added into the shared
+    // output (f32 addition commutes, so `s + u` is bit for bit the `u + s` of one `[T, d]`
+    // projection; rows are independent, so the blocks are bit-identical to one call).
+    let out = match (&w.up, shared) {
+        (Some(m), Some(mut s)) => {
+            let blocks =
+                comb.chunks(crate::ROW_BLOCK * lat_w).zip(s.chunks_mut(crate::ROW_BLOCK * d));
+            for (cb, sb) in blocks {
+                let u = ctx.mm(m, cb, cb.len() / lat_w);
+                for (o, v) in sb.iter_mut().zip(&u) {
+                    *o += v;
+                }
+            }
+            s
+        }
+        (Some(m), None) => ctx.mm(m, &comb, t),
+        (None, Some(mut s)) => {
+            for (o, v) in s.iter_mut().zip(&comb) {
+                *o += v;
+            }
+            s
+        }
+        (None, None) => comb,
     };
-    if let Some(s) = shared {
-        for (o, v) in out.iter_mut().zip(&s) {
-            *o += v;
-        }
-    }
     debug_assert_eq!(out.len(), t * d);
-    if let Some(tr) = trace.as_deref_mut() {
-        tr.routes.insert(layer, routes);
-    }
     Ok(out)
 }

@@ -27,7 +27,9 @@
 //! a logits row: the plan charges those for the first `ROW_BLOCK` rows of a pass at
 //! [`pass_bytes_per_row`]. What is left per row is the residual stream, the AttnRes anchors,
 //! the attention's output rows and the MoE block's routing, latent input, running sum and
-//! output. A row keeps no k latent expert outputs (229 KB per row at K3's widths before
+//! output. The MoE block frees each buffer once it is dead (its input row too, which becomes
+//! the shared experts' output), so at its peak a row holds one residual row, the block's input
+//! (or shared output) row, its routes, latent input and running sum. A row keeps no k latent expert outputs (229 KB per row at K3's widths before
 //! session 11): experts come in ascending id order and each is added into its rows' running
 //! sums as it finishes ([`crate::combine`]).
 
@@ -92,8 +94,9 @@ pub fn prefill_bytes_per_row(c: &K3Config) -> u64 {
     let mla = if has_mla { d * F } else { 0 };
     // A dense MLP: its output rows.
     let dense = if has_dense { d * F } else { 0 };
-    let moe = if has_moe { moe_row_whole(c) } else { 0 };
-    let layer = (3 * d * F).max(2 * d * F + kda.max(mla).max(dense).max(moe));
+    // The MoE block takes its input row (the second residual row) and frees it once read.
+    let moe = if has_moe { d * F + moe_row_whole(c) } else { 0 };
+    let layer = (3 * d * F).max(2 * d * F + kda.max(mla).max(dense)).max(d * F + moe);
     // The end: the final hidden rows and their AttnRes mix (the norm and logits are one row).
     let head = 2 * d * F + 3 * HEADER;
     kept + layer.max(head) + 4 * HEADER
@@ -109,20 +112,27 @@ fn mla_row(c: &K3Config) -> u64 {
     (2 * ql + heads * qd + kl + rope + 3 * heads * vd + d) * F
 }
 
-/// [`moe_row`] in a whole pass: the expert batch buffers and the shared experts' intermediates
-/// are per block; each row's routing, running sum and the combination are per row.
+/// [`moe_row`] in a whole pass, beyond the block's input row: the expert batch buffers, the
+/// shared experts' intermediates, the norm's row and the up projection are per block; per row
+/// the block holds its routes and (row, slot) lists throughout, and at the peak either the
+/// router logits, or the next layer's guess, or its latent input and running sum (the input
+/// row by then holds the shared experts' output). `moe::forward` drops each buffer once dead:
+/// before, the router logits, the guess, the latent input and the running sum's normed copy
+/// were all live at once next to a separate shared output and up projection (a K3-slice prompt
+/// row was charged 205,264 bytes, now 116,688).
 fn moe_row_whole(c: &K3Config) -> u64 {
     let d = c.hidden_size as u64;
     let e = c.num_experts as u64;
     let k = c.num_experts_per_token as u64;
     let lat = c.expert_width() as u64;
-    let routing = e * F + (e + k) * F + 2 * (VEC + HEADER) + 3 * k * 16;
+    // A route's ids (capacity: every expert) and weights with their headers, and the (row,
+    // slot) lists (see `moe_row`).
+    let kept = (e + k) * F + 2 * (VEC + HEADER) + 3 * k * 16;
+    let logits = e * F;
     let guess = e * F + 2 * k * 16;
-    let z = if c.routed_expert_hidden_size.is_some() { lat * F } else { 0 };
-    // The running sum (live from the first expert), its norm and the up projection, next to
-    // the shared output.
-    let combine = (2 * lat).max(lat + d) * F + d * F;
-    routing + guess + z + d * F + combine
+    // The latent input (a copy of the input row without a down projection) and the running sum.
+    let z = if c.routed_expert_hidden_size.is_some() { lat * F } else { d * F };
+    kept + logits.max(guess).max(z + lat * F)
 }
 
 /// What one KDA layer keeps per row until commit: `KdaRow` (pre-conv 3P, q, k, v, g of P,
@@ -192,5 +202,23 @@ mod tests {
         eprintln!("K3 slice: prompt row {pre} bytes, pass row {}", pass_bytes_per_row(&c));
         assert!(pre < 548_560 / 2, "{pre}");
         assert!(pre < c.num_experts_per_token as u64 * lat, "{pre}: no k expert outputs");
+    }
+
+    #[test]
+    fn a_k3_prompt_row_was_charged_buffers_the_moe_block_had_finished_with() {
+        // `synth --preset k3-slice --layers 2 --experts 256`: a prompt row was charged 205,264
+        // bytes, the router logits, the next layer's guess, the latent input, the running sum
+        // and its normed copy, the shared output, the up projection and the block's input all
+        // at once. The block drops each once dead; what is live at its peak is the anchor, the
+        // residual row, the input (then shared output) row, the routes, the latent input and
+        // the running sum.
+        let c = K3Config::from_json(&K3Dims::k3_slice(2, 256, 32_768 + 256).text_config())
+            .expect("config");
+        let (d, lat) = (c.hidden_size as u64 * F, c.expert_width() as u64 * F);
+        let pre = prefill_bytes_per_row(&c);
+        assert_eq!(pre, 116_688);
+        let routes = (256 + 16) * F + 2 * (VEC + HEADER) + 3 * 16 * 16;
+        assert_eq!(pre, d + 2 * d + routes + 2 * lat + 4 * HEADER, "{pre}");
+        assert!(pre < 205_264 * 6 / 10);
     }
 }
