@@ -11,9 +11,9 @@
 //!   from L3 once per group, so an activation value serves 32 weight rows (row blocks of 8, as
 //!   the few-row nest uses, made the activations' L3 traffic the bound).
 //! - **Column chunks** of [`WIDE_CHUNK`] within a group: the group's chunk is widened to f32
-//!   once into a panel (130 KiB, in L2; rows [`PANEL_STRIDE`] apart), and every (row, activation row) pair's 16-lane
-//!   accumulator lives in a buffer (the group × block accumulators: up to 128 KiB, in L2)
-//!   between chunks. The chunk is twice the few-row nest's [`CHUNK`], so that a register
+//!   once into a panel (130 KiB, in L2; rows [`PANEL_STRIDE`] apart), and every (row,
+//!   activation row) pair's 16-lane accumulator lives in a buffer (the group × block
+//!   accumulators: up to 128 KiB, in L2) between chunks. The chunk is twice the few-row nest's [`CHUNK`], so that a register
 //!   tile runs 64 steps of 16 columns per call instead of 32: the per-tile costs (the call,
 //!   its accumulators loaded and stored, the loop's exit) are paid half as often, while a
 //!   token group's activations (up to 6 × 4 KiB) and a tile's weight rows still fit in L1
