@@ -194,6 +194,15 @@ type BlockAcc<const TB: usize> = [[Lanes; TB]; ROW_BLOCK];
 /// Widened weights of one chunk of a row block.
 type ChunkBuf = [[f32; CHUNK]; ROW_BLOCK];
 
+/// A value on a 64-byte boundary: the chunk buffer and the accumulators live on the stack,
+/// where an array of f32 is only 4-byte aligned (and behind an `Option`'s tag), so without
+/// this their 16-lane loads could straddle two cache lines (the wide nest's scratch, measured
+/// in docs/PERFORMANCE.md, issue 20, session 13).
+#[repr(C, align(64))]
+struct Aligned<T>(T);
+
+const _: () = assert!(align_of::<Option<Aligned<ChunkBuf>>>() == 64);
+
 /// `emit(ti, r, Σ_c W[r, c] · x[ti, c])` for every `r` in `rows` and `ti < t`, each sum in the
 /// canonical order, on the tier `K`.
 ///
@@ -245,9 +254,10 @@ unsafe fn run_blocks<K: Kernel, F: Format, const TB: usize>(
     let main_cols = cols - cols % 16;
     // The chunk buffer only serves calls of several activation rows: a one-row call, the
     // common case, never zeroes its 16 KiB.
-    let mut chunk_buf: Option<ChunkBuf> =
-        if t > 1 { Some([[0.0f32; CHUNK]; ROW_BLOCK]) } else { None };
-    let mut acc: BlockAcc<TB> = [[[0.0; 16]; TB]; ROW_BLOCK];
+    let mut chunk_buf: Option<Aligned<ChunkBuf>> =
+        if t > 1 { Some(Aligned([[0.0f32; CHUNK]; ROW_BLOCK])) } else { None };
+    let mut acc_lines: Aligned<BlockAcc<TB>> = Aligned([[[0.0; 16]; TB]; ROW_BLOCK]);
+    let acc = &mut acc_lines.0;
     let mut xpad = [[0.0f32; 16]; TB];
     // The first block's weights; each block then prefetches the next one's, spread over its
     // chunks (weights of a row block are contiguous, scales too).
@@ -273,11 +283,11 @@ unsafe fn run_blocks<K: Kernel, F: Format, const TB: usize>(
                 p[..cols - main_cols].copy_from_slice(&xr[main_cols..]);
             }
             let next = if t0 == 0 && tb == 1 { next } else { [&[][..]; 2] };
-            let b = Block::<F, TB> { rows: &block[..rb], acc: &mut acc, next };
+            let b = Block::<F, TB> { rows: &block[..rb], acc: &mut *acc, next };
             match chunk_buf.as_mut() {
                 Some(w) if tb > 1 => {
                     // SAFETY: the caller guarantees the tier.
-                    unsafe { b.rows::<K>(x, (t0, tb, cols), w, &xpad) };
+                    unsafe { b.rows::<K>(x, (t0, tb, cols), &mut w.0, &xpad) };
                 }
                 _ => {
                     // SAFETY: the caller guarantees the tier.

@@ -11,9 +11,9 @@
 //!   from L3 once per group, so an activation value serves 32 weight rows (row blocks of 8, as
 //!   the few-row nest uses, made the activations' L3 traffic the bound).
 //! - **Column chunks** of [`WIDE_CHUNK`] within a group: the group's chunk is widened to f32
-//!   once into a panel (128 KiB, in L2), and every (row, activation row) pair's 16-lane
-//!   accumulator lives in a buffer (the group × block accumulators: up to 128 KiB, in L2)
-//!   between chunks. The chunk is twice the few-row nest's [`CHUNK`], so that a register
+//!   once into a panel (130 KiB, in L2; rows [`PANEL_STRIDE`] apart), and every (row,
+//!   activation row) pair's 16-lane accumulator lives in a buffer (the group × block
+//!   accumulators: up to 128 KiB, in L2) between chunks. The chunk is twice the few-row nest's [`CHUNK`], so that a register
 //!   tile runs 64 steps of 16 columns per call instead of 32: the per-tile costs (the call,
 //!   its accumulators loaded and stored, the loop's exit) are paid half as often, while a
 //!   token group's activations (up to 6 × 4 KiB) and a tile's weight rows still fit in L1
@@ -27,6 +27,13 @@
 //!   thread-local [`Scratch`] per thread, sized for the largest call ([`WIDE_SCRATCH_BYTES`])
 //!   when the thread first makes such a call, and never zeroed again (every value a call reads
 //!   it has written first).
+//! - **Cache-line-aligned scratch, panel rows off the 4 KiB stride**: the scratch is made of
+//!   64-byte [`Line`]s, so no 16-lane load of the panel or of an accumulator straddles two
+//!   cache lines. A `Vec<f32>` of this size comes from `mmap` 16 bytes past a page, which made
+//!   every AVX-512 weight load a split load (two of L1's loads, and two lines to wait for from
+//!   L2), and half of AVX2's. And the panel's rows lie one line more than a chunk apart, so
+//!   that a tile's rows at the same column fall in different L1 sets rather than all in one
+//!   (measured in docs/PERFORMANCE.md, issue 20, session 13).
 //! - **Register tiles** within a chunk: tokens in groups of 6 (4 on AVX2), each group's chunk
 //!   of activations (up to 24 KiB) held in L1 while the tile sweeps the group's rows 4 (3 on
 //!   AVX2) at a time; a tile is nothing but R + N loads per R · N FMAs per 16-column step.
@@ -61,29 +68,62 @@ pub(crate) const WIDE_TOKEN_BLOCK: usize = 64;
 pub(crate) const WIDE_CHUNK: usize = 2 * CHUNK;
 /// Weight rows per row group.
 pub(crate) const GROUP: usize = 32;
+/// Floats from one panel row to the next: a chunk and one cache line, so that the rows of a
+/// tile, read at the same column, do not all map to the same L1 set.
+const PANEL_STRIDE: usize = WIDE_CHUNK + 16;
 
 /// The most bytes one thread's calls of more than eight activation rows keep for themselves
 /// (its f32 weight panel, accumulators and padded activation tails), whatever the row count:
 /// allocated by the first such call on a thread and reused by every later one for the
 /// thread's life, a fixed cost per kernel thread that a memory plan's headroom must cover.
 pub const WIDE_SCRATCH_BYTES: usize =
-    (GROUP * WIDE_CHUNK + GROUP * WIDE_TOKEN_BLOCK * 16 + WIDE_TOKEN_BLOCK * 16) * 4;
+    (GROUP * PANEL_STRIDE + GROUP * WIDE_TOKEN_BLOCK * 16 + WIDE_TOKEN_BLOCK * 16) * 4;
+
+/// 16 floats on a cache line of their own: the unit of the scratch buffers, so that every
+/// 16-lane load and store of a panel row, an accumulator or an activation tail is aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+const _: () = assert!(size_of::<Line>() == 64 && align_of::<Line>() == 64);
+const _: () = assert!(PANEL_STRIDE.is_multiple_of(16));
+
+/// `lines` as the floats they hold.
+fn floats(lines: &[Line]) -> &[f32] {
+    // SAFETY: `Line` is `repr(C)` around `[f32; 16]` and exactly 64 bytes (asserted), so the
+    // lines are `16 * len` contiguous, initialised f32s; the borrow is shared.
+    unsafe { std::slice::from_raw_parts(lines.as_ptr().cast(), lines.len() * 16) }
+}
+
+/// `lines` as the floats they hold, mutably.
+fn floats_mut(lines: &mut [Line]) -> &mut [f32] {
+    // SAFETY: as in `floats` (any f32 is a valid value to write); the borrow is unique.
+    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), lines.len() * 16) }
+}
+
+/// `lines` as 16-lane accumulators, mutably.
+fn lanes_mut(lines: &mut [Line]) -> &mut [Lanes] {
+    // SAFETY: each `Line` is exactly one `[f32; 16]` (asserted), whose alignment (4) its 64
+    // divides; the borrow is unique.
+    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), lines.len()) }
+}
 
 /// One thread's buffers for the wide nest, sized for the largest call, so that no call
 /// allocates or zeroes them again: the weight panel, the accumulators of a row group × token
 /// block, and the activations' partial 16-column tails.
 struct Scratch {
-    panel: Vec<f32>,
-    acc: Vec<Lanes>,
-    xpad: Vec<Lanes>,
+    panel: Vec<Line>,
+    acc: Vec<Line>,
+    xpad: Vec<Line>,
 }
 
 impl Scratch {
     fn new() -> Self {
+        let zero = Line([0.0; 16]);
         Self {
-            panel: vec![0.0; GROUP * WIDE_CHUNK],
-            acc: vec![[0.0; 16]; GROUP * WIDE_TOKEN_BLOCK],
-            xpad: vec![[0.0; 16]; WIDE_TOKEN_BLOCK],
+            panel: vec![zero; GROUP * PANEL_STRIDE / 16],
+            acc: vec![zero; GROUP * WIDE_TOKEN_BLOCK],
+            xpad: vec![zero; WIDE_TOKEN_BLOCK],
         }
     }
 }
@@ -153,16 +193,17 @@ unsafe fn run_in<K: Kernel, F: Format>(
     let main_cols = cols - cols % 16;
     // One panel row in column order, before `split_halves` (tiers that fold in halves).
     let mut line = [0.0f32; WIDE_CHUNK];
+    let panel = floats_mut(&mut s.panel);
     for t0 in (0..t).step_by(size) {
         let n = size.min(t - t0);
-        for (j, p) in s.xpad[..n].iter_mut().enumerate() {
+        for (j, p) in lanes_mut(&mut s.xpad[..n]).iter_mut().enumerate() {
             *p = [-0.0; 16];
             p[..cols - main_cols]
                 .copy_from_slice(&x[(t0 + j) * cols + main_cols..][..cols - main_cols]);
         }
         for g0 in rows.clone().step_by(GROUP) {
             let gr = GROUP.min(rows.end - g0);
-            let acc = &mut s.acc[..gr * n];
+            let acc = &mut lanes_mut(&mut s.acc)[..gr * n];
             acc.fill([0.0; 16]);
             for c0 in (0..cols).step_by(WIDE_CHUNK) {
                 let len = WIDE_CHUNK.min(cols - c0);
@@ -177,7 +218,7 @@ unsafe fn run_in<K: Kernel, F: Format>(
                     (rows.start, 0)
                 };
                 let pn = GROUP.min(rows.end - pr0);
-                for (i, p) in s.panel.chunks_exact_mut(WIDE_CHUNK).take(gr).enumerate() {
+                for (i, p) in panel.chunks_exact_mut(PANEL_STRIDE).take(gr).enumerate() {
                     if i < pn {
                         prefetch_span(m, pr0 + i, pc0);
                     }
@@ -198,14 +239,15 @@ unsafe fn run_in<K: Kernel, F: Format>(
                 for i in gr..pn {
                     prefetch_span(m, pr0 + i, pc0);
                 }
-                let panel = &s.panel;
-                let w = |r: usize| &panel[r * WIDE_CHUNK..][..main];
+                let panel = &*panel;
+                let w = |r: usize| &panel[r * PANEL_STRIDE..][..main];
                 let xs = |j: usize| &x[(t0 + j) * cols + c0..][..main];
                 // SAFETY: the caller guarantees the tier.
                 unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, K::HALVES) };
                 if main < len {
-                    let w = |r: usize| &panel[r * WIDE_CHUNK + main..][..16];
-                    let xs = |j: usize| &s.xpad[j][..];
+                    let w = |r: usize| &panel[r * PANEL_STRIDE + main..][..16];
+                    let xpad = floats(&s.xpad);
+                    let xs = |j: usize| &xpad[j * 16..][..16];
                     // SAFETY: the caller guarantees the tier.
                     unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, false) };
                 }
@@ -460,6 +502,24 @@ mod tests {
         for len in [16, 32, 48, 1024] {
             split_fold_case(len);
         }
+    }
+
+    #[test]
+    fn a_panel_of_plain_f32_split_every_avx512_weight_load_across_two_cache_lines() {
+        // A `Vec<f32>` this large came from `mmap`, 16 bytes past a page: every 64-byte load
+        // of the panel straddled two lines. Every scratch buffer now starts on a line, every
+        // panel row too, and rows a chunk apart no longer share their L1 set.
+        let s = Scratch::new();
+        for (name, addr) in [
+            ("panel", s.panel.as_ptr().addr()),
+            ("acc", s.acc.as_ptr().addr()),
+            ("xpad", s.xpad.as_ptr().addr()),
+        ] {
+            assert_eq!(addr % 64, 0, "{name} starts on a cache line");
+        }
+        assert_eq!(PANEL_STRIDE * 4 % 64, 0, "every panel row starts on a cache line");
+        assert_ne!(PANEL_STRIDE * 4 % 4096, 0, "panel rows off the 4 KiB stride");
+        assert!(s.panel.len() * 16 >= GROUP * PANEL_STRIDE);
     }
 
     #[test]
