@@ -6,15 +6,17 @@
 //! the nest is arranged so that the FMA units, not a cache level, set the pace:
 //!
 //! - **Token blocks** of up to [`WIDE_TOKEN_BLOCK`] activation rows: the weights are read from
-//!   memory and widened once per block, so a weight byte serves 64 activation rows.
+//!   memory and widened once per block, so a weight byte serves 128 activation rows (64
+//!   left f32, BF16 and FP8 weights 2–5 points short at T=256, their decode a larger share:
+//!   measured in docs/PERFORMANCE.md, issue 20, session 13).
 //! - **Row groups** of [`GROUP`] weight rows within a block: the block's activations are read
 //!   from L3 once per group, so an activation value serves 32 weight rows (row blocks of 8, as
 //!   the few-row nest uses, made the activations' L3 traffic the bound).
 //! - **Column chunks** of [`WIDE_CHUNK`] within a group: the group's chunk is widened to f32
 //!   once into a panel (130 KiB, in L2; rows [`PANEL_STRIDE`] apart), and every (row,
 //!   activation row) pair's 16-lane accumulator lives in a buffer (the group × block
-//!   accumulators: up to 128 KiB, in L2) between chunks. The chunk is twice the few-row nest's [`CHUNK`], so that a register
-//!   tile runs 64 steps of 16 columns per call instead of 32: the per-tile costs (the call,
+//!   accumulators: up to 256 KiB, in L2) between chunks. The chunk is twice the few-row
+//!   nest's [`CHUNK`], so that a register tile runs 64 steps of 16 columns per call instead of 32: the per-tile costs (the call,
 //!   its accumulators loaded and stored, the loop's exit) are paid half as often, while a
 //!   token group's activations (up to 6 × 4 KiB) and a tile's weight rows still fit in L1
 //!   (2048 columns did not: measured in docs/PERFORMANCE.md, issue 20, session 11).
@@ -63,7 +65,7 @@ use crate::matmul::{reduce16, Matrix};
 use crate::tiled::{Kernel, Lanes, CHUNK};
 
 /// Most activation rows per token block.
-pub(crate) const WIDE_TOKEN_BLOCK: usize = 64;
+pub(crate) const WIDE_TOKEN_BLOCK: usize = 128;
 /// Columns per chunk of the wide nest: a multiple of [`CHUNK`] (so of every format's block).
 pub(crate) const WIDE_CHUNK: usize = 2 * CHUNK;
 /// Weight rows per row group.

@@ -110,13 +110,13 @@ fn wide_scratch_reused_across_calls_of_different_t_and_shape() {
 /// over the whole span from a half-split panel) equal the scalar reference on every tier:
 /// widths 1–17 (no whole step, one step, a step and a partial one), 33, a chunk plus a
 /// partial step (1041) and two chunks plus a step (2064); row counts around the 3-row tiles;
-/// T around the 4-row token groups (just past the few-row nest, and 64-row blocks split in
-/// two), with mixed values (±0.0, subnormal and large products) in either operand.
+/// T around the 4-row token groups (just past the few-row nest, 65–71 rows in one block, and
+/// 128-row token blocks split in two), with mixed values (±0.0, subnormal and large products) in either operand.
 #[test]
 fn half_tiles_equal_the_scalar_reference_at_every_edge() {
     let widths: Vec<usize> = (1..=17).chain([33, 1041, 2064]).collect();
     let rows = [1, 2, 3, 4, 5, 7, 35];
-    let ts = [9, 10, 11, 12, 13, 16, 65, 68, 71];
+    let ts = [9, 10, 11, 12, 13, 16, 65, 68, 71, 129, 135];
     let mut k = 0u64;
     for &cols in &widths {
         for (i, &r) in rows.iter().enumerate() {
