@@ -174,7 +174,8 @@ fn remote_stats(opened: &Opened) -> Option<sluice_store::RemoteStats> {
 pub fn print_stats(opened: &Opened, out: &Generation, machine: &Telemetry) {
     let s = &out.stats;
     eprintln!(
-        "stats: load {:.3}s, prompt {} tokens, prefill {:.3}s, generated {} tokens, {:.4} s/token, \
+        "stats: load {:.3}s, prompt {} tokens, prefill {:.3}s, prefill passes {} ({} states \
+         captured, {} capture cuts), generated {} tokens, {:.4} s/token, \
          {} passes, {:.2} tokens/pass, draft {} ({} drafted, {} accepted, acceptance {:.3}, widths {:?}, \
          {:.3}s drafting), experts {} requests / {} bytes served / {} bytes read ({:.0} served, \
          {:.0} read per token; {} expert reads in {} disk requests), spine {:.0} bytes per token, \
@@ -185,6 +186,9 @@ pub fn print_stats(opened: &Opened, out: &Generation, machine: &Telemetry) {
         opened.load_s,
         s.prompt_tokens,
         s.prefill_s,
+        s.prefill_passes,
+        s.prefill_captures,
+        s.capture_cuts,
         s.generated_tokens,
         s.s_per_token,
         s.passes,
