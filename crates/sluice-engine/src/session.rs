@@ -218,22 +218,33 @@ impl<S: SessionState> SessionCache<S> {
 
     /// Bytes held: distinct snapshot parts and logits, plus token lists.
     pub fn bytes(&self) -> usize {
+        self.bytes_with(&[])
+    }
+
+    /// [`Self::bytes`] counting the snapshots of `extra` too (each distinct part once).
+    fn bytes_with(&self, extra: &[&[Snapshot<S>]]) -> usize {
         let mut seen = HashSet::new();
         let mut total = 0;
+        let mut add = |s: &Snapshot<S>, total: &mut usize| {
+            if let Some(l) = &s.logits {
+                if seen.insert(l.as_ptr() as usize) {
+                    *total += l.len() * 4;
+                }
+            }
+            s.state.for_each_part(&mut |id, b| {
+                if seen.insert(id) {
+                    *total += b;
+                }
+            });
+        };
         for e in &self.entries {
             total += e.tokens.len() * 4;
             for s in &e.snaps {
-                if let Some(l) = &s.logits {
-                    if seen.insert(l.as_ptr() as usize) {
-                        total += l.len() * 4;
-                    }
-                }
-                s.state.for_each_part(&mut |id, b| {
-                    if seen.insert(id) {
-                        total += b;
-                    }
-                });
+                add(s, &mut total);
             }
+        }
+        for s in extra.iter().flat_map(|g| g.iter()) {
+            add(s, &mut total);
         }
         total
     }
@@ -287,6 +298,27 @@ impl<S: SessionState> SessionCache<S> {
     /// not).
     pub fn fits(&self, bytes: usize) -> bool {
         bytes <= self.cfg.max_bytes && self.cfg.max_entries > 0
+    }
+
+    /// Whether one more snapshot of `bytes` can be kept by a request that resumed `chain` and
+    /// has taken the snapshots `pending` so far (not yet stored): the least recently used
+    /// entries are evicted until the entries, the chain, the pending snapshots and `bytes`
+    /// together fit `max_bytes`. A request's snapshots used to be admitted one at a time by
+    /// [`Self::fits`] and trimmed only when [`Self::store`] took them at its end, so a long
+    /// prompt with many checkpoints held them all beyond the limit while it ran (on Kimi K3,
+    /// each carries its layers' fixed state).
+    pub fn make_room(&mut self, chain: &Chain<S>, pending: &[Snapshot<S>], bytes: usize) -> bool {
+        if !self.fits(bytes) {
+            return false;
+        }
+        while self.bytes_with(&[&chain.0, pending]) + bytes > self.cfg.max_bytes {
+            let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used)
+            else {
+                return false;
+            };
+            self.entries.swap_remove(oldest);
+        }
+        true
     }
 
     /// Stores the conversation `tokens` (prompt and generated ids) with the snapshots `resume`
@@ -406,5 +438,28 @@ mod tests {
         assert!(small.bytes() <= one * 2 + 64);
         assert_eq!(small.resume(&[3, 3, 3, 3, 3, 3]).reused, 4, "newest kept");
         assert_eq!(small.resume(&[0, 0, 0, 0, 0, 0]).reused, 0, "oldest evicted");
+    }
+
+    #[test]
+    fn a_long_prompt_held_every_checkpoint_beyond_the_session_limit_until_the_end() {
+        // Room for 10 positions of state (100 bytes each) plus token lists.
+        let mut c = cache(1000 + 64);
+        let r = c.resume(&[7, 7]);
+        c.store(r.chain, vec![Snapshot::new(state(4), None)], vec![7; 4]);
+        // A new request takes checkpoints of 3 positions each: the older conversation is
+        // evicted to make room for the second, and the fourth no longer fits next to three.
+        let r = c.resume(&[1, 2, 3]);
+        let mut pending = Vec::new();
+        for k in 1..=4 {
+            let bytes = Snapshot::new(state(3), None).byte_len();
+            if c.make_room(&r.chain, &pending, bytes) {
+                pending.push(Snapshot::new(state(3), None));
+            }
+            assert!(c.bytes_with(&[&pending]) <= 1000 + 64, "after checkpoint {k}");
+        }
+        assert_eq!(pending.len(), 3, "three of 300 bytes fit the limit, four do not");
+        assert!(c.is_empty(), "the older conversation made room");
+        // A state larger than the limit is refused outright, as by `fits`.
+        assert!(!c.make_room(&r.chain, &[], 2000));
     }
 }

@@ -24,7 +24,7 @@ use crate::policy::WidthPolicy;
 use crate::prefill_pass;
 use crate::progress::{PrefillHook, Reporter};
 use crate::sample::Sampling;
-use crate::session::{Resume, SessionCache, Snapshot};
+use crate::session::{Chain, Resume, SessionCache, Snapshot};
 use crate::state_cache::StateCache;
 use crate::EngineError;
 use serde::Serialize;
@@ -281,8 +281,12 @@ pub fn run_turn(
     // The latest snapshot this state descends from: the next one shares its cache rows.
     let mut base: Option<Arc<StateSnapshot>> = from;
     stats.cached_tokens = reused;
+    // Whether the session cache keeps one more snapshot of `bytes`, with room made for it next
+    // to the snapshots this request has taken (`SessionCache::make_room`).
     let keep =
-        |c: &Option<&mut SessionCache>, bytes: usize| c.as_ref().is_some_and(|c| c.fits(bytes));
+        |c: &mut Option<&mut SessionCache>, chain: &Chain, snaps: &[Snapshot], bytes: usize| {
+            c.as_deref_mut().is_some_and(|c| c.make_room(chain, snaps, bytes))
+        };
 
     let mut snaps = Vec::new();
     let mut logits: Option<Vec<f32>> = cached_logits.map(|l| l.to_vec());
@@ -319,7 +323,7 @@ pub fn run_turn(
         };
         // A point only the session cache would keep is not captured when the state now
         // (smaller than any later one) already does not fit.
-        let fits_now = keep(&cache, state.snapshot_bytes());
+        let fits_now = keep(&mut cache, &chain, &snaps, state.snapshot_bytes());
         let points: Vec<usize> =
             points.into_iter().filter(|&p| fits_now || to_disk_at(p).is_some()).collect();
         let plan = prefill_pass::plan(pos, limit, &points, state.can_capture());
@@ -353,14 +357,14 @@ pub fn run_turn(
             if let Some(d) = to_disk_at(at) {
                 stats.state_cache_bytes_written += d.submit(&prompt[..at], Arc::clone(&snap), None);
             }
-            if keep(&cache, snap.byte_len()) {
+            if keep(&mut cache, &chain, &snaps, snap.byte_len()) {
                 snaps.push(Snapshot::shared_logits(snap, None));
             }
         }
         pos = end;
         progress.report(pos);
         let to_disk = to_disk_at(end);
-        let to_memory = keep(&cache, state.snapshot_bytes());
+        let to_memory = keep(&mut cache, &chain, &snaps, state.snapshot_bytes());
         if to_memory || to_disk.is_some() {
             let snap = take_snapshot(&state, &mut base, &mut stats);
             let shared: Arc<[f32]> = Arc::from(l.as_slice());
@@ -461,7 +465,7 @@ pub fn run_turn(
         // The state holds every generated token but the last (never fed).
         let held = all.get(..state.len()).unwrap_or_default();
         if end_state_resumable(opts.follow_up.as_ref(), prompt.len(), held, &tokens) {
-            let to_memory = c.fits(state.snapshot_bytes());
+            let to_memory = c.make_room(&chain, &snaps, state.snapshot_bytes());
             if to_memory || disk.is_some() {
                 let snap = take_snapshot(&state, &mut base, &mut stats);
                 if let Some(d) = &disk {
