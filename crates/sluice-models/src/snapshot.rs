@@ -114,26 +114,38 @@ pub struct StateSnapshot {
     len: usize,
 }
 
-/// A snapshot of a Kimi K3 state (KDA and MLA layers).
-fn snapshot_k3(s: &K3State, base: Option<&StateSnapshot>, owner: &'static str) -> StateSnapshot {
-    let base_layer = |i: usize| base.and_then(|b| b.layers.get(i));
-    let n = s.len();
+/// The cache rows of layer `i` of `base` (a Kimi K3 MLA layer's latents and rope keys, or a KV
+/// layer's keys and values), for the next snapshot to share.
+fn base_rows(base: Option<&StateSnapshot>, i: usize) -> (Option<&Rows>, Option<&Rows>) {
+    match base.and_then(|b| b.layers.get(i)) {
+        Some(SnapLayer::Mla { lat, pe, .. }) => (Some(lat), Some(pe)),
+        Some(SnapLayer::Kv { k, v, .. }) => (Some(k), Some(v)),
+        _ => (None, None),
+    }
+}
+
+/// A Kimi K3 snapshot of `n` positions: each KDA layer's recurrent and conv state as `kda`
+/// picks it from the layer, each MLA layer's first `n` rows (sharing `base`'s).
+fn k3_layers(
+    s: &K3State,
+    n: usize,
+    kda: impl Fn(&KdaLayer) -> &KdaState,
+    base: Option<&StateSnapshot>,
+    owner: &'static str,
+) -> StateSnapshot {
     let layers = s
         .layers
         .iter()
         .enumerate()
         .map(|(i, l)| match l {
             LayerState::Kda(k) => SnapLayer::Kda {
-                s: Arc::from(k.committed.s.as_slice()),
-                conv: Arc::from(k.committed.conv.as_slice()),
+                s: Arc::from(kda(k).s.as_slice()),
+                conv: Arc::from(kda(k).conv.as_slice()),
                 heads: k.heads,
                 dim: k.dim,
             },
             LayerState::Mla(m) => {
-                let (bl, bp) = match base_layer(i) {
-                    Some(SnapLayer::Mla { lat, pe, .. }) => (Some(lat), Some(pe)),
-                    _ => (None, None),
-                };
+                let (bl, bp) = base_rows(base, i);
                 SnapLayer::Mla {
                     lat: Rows::capture(&m.lat, n * m.lat_dim, bl),
                     pe: Rows::capture(&m.pe, n * m.pe_dim, bp),
@@ -146,19 +158,20 @@ fn snapshot_k3(s: &K3State, base: Option<&StateSnapshot>, owner: &'static str) -
     StateSnapshot { family: Family::KimiK3, owner, layers, len: n }
 }
 
-/// A snapshot of a Qwen3-style state (keys and values).
-fn snapshot_kv(s: &Qwen3State, base: Option<&StateSnapshot>, owner: &'static str) -> StateSnapshot {
-    let base_layer = |i: usize| base.and_then(|b| b.layers.get(i));
-    let n = s.len();
+/// A Qwen3-style snapshot of `n` positions: each layer's first `n` key and value rows (sharing
+/// `base`'s).
+fn kv_layers(
+    s: &Qwen3State,
+    n: usize,
+    base: Option<&StateSnapshot>,
+    owner: &'static str,
+) -> StateSnapshot {
     let layers = s
         .layers
         .iter()
         .enumerate()
         .map(|(i, l)| {
-            let (bk, bv) = match base_layer(i) {
-                Some(SnapLayer::Kv { k, v, .. }) => (Some(k), Some(v)),
-                _ => (None, None),
-            };
+            let (bk, bv) = base_rows(base, i);
             SnapLayer::Kv {
                 k: Rows::capture(&l.k, n * l.width, bk),
                 v: Rows::capture(&l.v, n * l.width, bv),
@@ -167,6 +180,16 @@ fn snapshot_kv(s: &Qwen3State, base: Option<&StateSnapshot>, owner: &'static str
         })
         .collect();
     StateSnapshot { family: Family::Qwen3, owner, layers, len: n }
+}
+
+/// A snapshot of a Kimi K3 state (KDA and MLA layers).
+fn snapshot_k3(s: &K3State, base: Option<&StateSnapshot>, owner: &'static str) -> StateSnapshot {
+    k3_layers(s, s.len(), |k| &k.committed, base, owner)
+}
+
+/// A snapshot of a Qwen3-style state (keys and values).
+fn snapshot_kv(s: &Qwen3State, base: Option<&StateSnapshot>, owner: &'static str) -> StateSnapshot {
+    kv_layers(s, s.len(), base, owner)
 }
 
 impl FamilyState for K3State {

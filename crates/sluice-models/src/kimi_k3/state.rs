@@ -70,17 +70,7 @@ pub(crate) struct KdaLayer {
 
 impl KdaLayer {
     fn new(heads: usize, dim: usize, conv_len: usize) -> Self {
-        let committed = KdaState::zeroed(heads * dim * dim, conv_len);
-        Self {
-            committed,
-            work: KdaState::zeroed(heads * dim * dim, conv_len),
-            rows: Vec::new(),
-            keep_rows: true,
-            capture_at: Vec::new(),
-            captured: Vec::new(),
-            heads,
-            dim,
-        }
+        Self::restored(KdaState::zeroed(heads * dim * dim, conv_len), heads, dim)
     }
 
     /// A layer whose committed state is `committed` (restored from a snapshot). The working

@@ -10,20 +10,9 @@
 //! Each capture shares the cache rows of the one before it (the first, those of the caller's
 //! base), as the snapshots of a cut pass share theirs.
 
-use super::{Family, Rows, SnapLayer, StateSnapshot};
+use super::{k3_layers, kv_layers, StateSnapshot};
 use crate::kimi_k3::state::{K3State, LayerState};
 use crate::qwen3::state::Qwen3State;
-use std::sync::Arc;
-
-/// The cache rows of layer `i` of `prev` (a Kimi K3 MLA layer's latents and rope keys, or a KV
-/// layer's keys and values), for sharing.
-fn prev_rows(prev: Option<&StateSnapshot>, i: usize) -> (Option<&Rows>, Option<&Rows>) {
-    match prev.and_then(|p| p.layers.get(i)) {
-        Some(SnapLayer::Mla { lat, pe, .. }) => (Some(lat), Some(pe)),
-        Some(SnapLayer::Kv { k, v, .. }) => (Some(k), Some(v)),
-        _ => (None, None),
-    }
-}
 
 /// The captures of `s`'s staged pass (see the module docs), in offset order; empty when no
 /// pass is staged, nothing was requested, or a KDA layer missed a requested row. The request
@@ -41,31 +30,9 @@ pub(crate) fn captures_k3(
     let mut out: Vec<StateSnapshot> = Vec::with_capacity(offsets.len());
     if s.pending().is_some() && complete {
         for (j, &off) in offsets.iter().enumerate() {
-            let n = s.len() + off;
             let prev = out.last().or(base);
-            let layers = s
-                .layers
-                .iter()
-                .enumerate()
-                .map(|(i, l)| match l {
-                    LayerState::Kda(k) => SnapLayer::Kda {
-                        s: Arc::from(k.captured[j].s.as_slice()),
-                        conv: Arc::from(k.captured[j].conv.as_slice()),
-                        heads: k.heads,
-                        dim: k.dim,
-                    },
-                    LayerState::Mla(m) => {
-                        let (bl, bp) = prev_rows(prev, i);
-                        SnapLayer::Mla {
-                            lat: Rows::capture(&m.lat, n * m.lat_dim, bl),
-                            pe: Rows::capture(&m.pe, n * m.pe_dim, bp),
-                            lat_dim: m.lat_dim,
-                            pe_dim: m.pe_dim,
-                        }
-                    }
-                })
-                .collect();
-            out.push(StateSnapshot { family: Family::KimiK3, owner, layers, len: n });
+            let snap = k3_layers(s, s.len() + off, |k| &k.captured[j], prev, owner);
+            out.push(snap);
         }
     }
     s.clear_captures();
@@ -83,22 +50,8 @@ pub(crate) fn captures_kv(
     let mut out: Vec<StateSnapshot> = Vec::with_capacity(offsets.len());
     if s.pending().is_some() {
         for &off in &offsets {
-            let n = s.len() + off;
-            let prev = out.last().or(base);
-            let layers = s
-                .layers
-                .iter()
-                .enumerate()
-                .map(|(i, l)| {
-                    let (bk, bv) = prev_rows(prev, i);
-                    SnapLayer::Kv {
-                        k: Rows::capture(&l.k, n * l.width, bk),
-                        v: Rows::capture(&l.v, n * l.width, bv),
-                        width: l.width,
-                    }
-                })
-                .collect();
-            out.push(StateSnapshot { family: Family::Qwen3, owner, layers, len: n });
+            let snap = kv_layers(s, s.len() + off, out.last().or(base), owner);
+            out.push(snap);
         }
     }
     out
