@@ -4,16 +4,13 @@
 //! to disk restores to the logits of a full prefill, bit for bit, for every family.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use sluice_engine::session::{SessionCache, SessionConfig};
 use sluice_engine::state_cache::{StateCache, StateCacheConfig};
-use sluice_engine::turn::{run_turn, Turn, TurnOptions};
-use sluice_engine::Sampling;
 use sluice_models::{Model, MAX_CAPTURES};
 use std::path::Path;
 use std::sync::Arc;
 
 mod common;
-use common::load;
+use common::{disk_turn as turn, load};
 
 const FAMILIES: [(&str, &str); 6] = [
     ("kimi_k3", "tiny-a"),
@@ -38,43 +35,6 @@ fn prompt(m: &Model) -> Vec<u32> {
 fn open(dir: &Path, m: &Model, every: usize) -> Arc<StateCache> {
     let cfg = StateCacheConfig { dir: dir.to_path_buf(), max_bytes: u64::MAX, every };
     Arc::new(StateCache::open(cfg, [0xC; 32], m.new_state().shape(), m.vocab_size()).unwrap())
-}
-
-/// One turn (3 tokens, every token's logits as bits) with a session cache that keeps nothing
-/// in memory, so every reuse is from `disk`; without `disk`, no cache at all.
-fn turn(
-    m: &Model,
-    disk: Option<&Arc<StateCache>>,
-    p: &[u32],
-    boundaries: &[usize],
-) -> (Vec<Vec<u32>>, Turn) {
-    let mut cache = disk.map(|d| {
-        SessionCache::new(SessionConfig { checkpoint_every: 0, max_bytes: 0, max_entries: 0 })
-            .with_disk(Some(Arc::clone(d)))
-    });
-    let opts = TurnOptions {
-        max_new: 3,
-        stop_ids: Vec::new(),
-        sampling: Sampling::greedy(),
-        draft_max: 0,
-        per_token_logits: true,
-        prefill_chunk: 0,
-        on_prefill: None,
-        boundaries: boundaries.to_vec(),
-        keep_prompt_end: true,
-        constraint: None,
-        follow_up: None,
-    };
-    let mut logits = Vec::new();
-    let mut cb = |_t: u32, l: Option<&[f32]>| {
-        logits.push(l.unwrap().iter().map(|x| x.to_bits()).collect());
-        true
-    };
-    let t = run_turn(m, cache.as_mut(), p, &opts, None, &|| false, &mut cb).unwrap();
-    if let Some(d) = disk {
-        d.flush();
-    }
-    (logits, t)
 }
 
 #[test]

@@ -5,11 +5,9 @@
 //! bound holds.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use sluice_engine::session::{SessionCache, SessionConfig};
 use sluice_engine::state_cache::{StateCache, StateCacheConfig};
 use sluice_engine::state_file::prefix_key;
-use sluice_engine::turn::{run_turn, TurnOptions};
-use sluice_engine::{generate, GenerateOptions, Generation, Sampling};
+use sluice_engine::{generate, GenerateOptions, Generation};
 use sluice_models::Model;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -99,36 +97,15 @@ fn a_restored_state_gives_the_logits_of_a_full_prefill_at_every_cut() {
     }
 }
 
-/// One `run_turn` with a session cache that keeps nothing in memory, so every reuse is from disk.
+/// One `run_turn` with a session cache that keeps nothing in memory, so every reuse is from disk:
+/// every token's logits as bits, the positions restored from disk and in all.
 fn turn(
     m: &Model,
     disk: &Arc<StateCache>,
     p: &[u32],
     boundaries: Vec<usize>,
 ) -> (Vec<Vec<u32>>, usize, usize) {
-    let mut cache =
-        SessionCache::new(SessionConfig { checkpoint_every: 0, max_bytes: 0, max_entries: 0 })
-            .with_disk(Some(Arc::clone(disk)));
-    let opts = TurnOptions {
-        max_new: 3,
-        stop_ids: Vec::new(),
-        sampling: Sampling::greedy(),
-        draft_max: 0,
-        per_token_logits: true,
-        prefill_chunk: 0,
-        on_prefill: None,
-        boundaries,
-        keep_prompt_end: true,
-        constraint: None,
-        follow_up: None,
-    };
-    let mut logits = Vec::new();
-    let mut cb = |_t: u32, l: Option<&[f32]>| {
-        logits.push(l.unwrap().iter().map(|x| x.to_bits()).collect());
-        true
-    };
-    let t = run_turn(m, Some(&mut cache), p, &opts, None, &|| false, &mut cb).unwrap();
-    disk.flush();
+    let (logits, t) = common::disk_turn(m, Some(disk), p, &boundaries);
     (logits, t.stats.state_cache_tokens_restored, t.stats.cached_tokens)
 }
 
