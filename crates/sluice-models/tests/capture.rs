@@ -9,21 +9,14 @@
 
 mod common;
 
-use common::open_family;
+use common::{open_family, MOE_FIXTURES};
 use sluice_models::{LogitRows, Model, ModelError, State, StateSnapshot, MAX_CAPTURES};
 
-/// Every family's committed fixtures (the two Kimi K3 ones differ in layer mix and widths).
-const FIXTURES: [(&str, &str); 9] = [
-    ("kimi_k3", "tiny-a"),
-    ("kimi_k3", "tiny-b"),
-    ("qwen3", "tiny-a"),
-    ("qwen3_moe", "tiny-a"),
-    ("qwen3_moe", "tiny-b"),
-    ("gpt_oss", "tiny-a"),
-    ("gpt_oss", "tiny-b"),
-    ("deepseek_v3", "tiny-a"),
-    ("deepseek_v3", "tiny-b"),
-];
+/// Every family's committed fixtures: the MoE ones, the second Kimi K3 (another layer mix and
+/// widths) and the dense Qwen3.
+fn fixtures() -> impl Iterator<Item = (&'static str, &'static str)> {
+    MOE_FIXTURES.into_iter().chain([("kimi_k3", "tiny-b"), ("qwen3", "tiny-a")])
+}
 
 /// Rows committed before the capturing pass, so that captures start past a committed prefix.
 const PREFIX: usize = 3;
@@ -64,7 +57,7 @@ fn cut_at(m: &Model, p: &[u32], n: usize) -> State {
 
 #[test]
 fn a_capture_inside_a_pass_equals_cutting_the_pass_there_for_every_family() {
-    for (family, name) in FIXTURES {
+    for (family, name) in fixtures() {
         let (_, m) = open_family(family, name);
         let p = prompt(&m);
         let end = PREFIX + PASS;
@@ -129,7 +122,7 @@ fn fixed_bytes(m: &Model) -> usize {
 
 #[test]
 fn a_capture_request_outside_the_pass_is_refused_before_the_pass_runs() {
-    for (family, name) in FIXTURES {
+    for (family, name) in fixtures() {
         let (_, m) = open_family(family, name);
         let p = prompt(&m);
         let mut st = m.new_state();
@@ -151,7 +144,7 @@ fn a_capture_request_outside_the_pass_is_refused_before_the_pass_runs() {
 
 #[test]
 fn a_capturing_pass_rolled_back_leaves_no_capture_behind() {
-    for (family, name) in FIXTURES {
+    for (family, name) in fixtures() {
         let (_, m) = open_family(family, name);
         let p = prompt(&m);
         let mut st = m.new_state();
