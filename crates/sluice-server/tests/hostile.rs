@@ -140,9 +140,8 @@ fn slow_bodies_time_out_while_others_are_served() {
     .unwrap();
     let t = Instant::now();
     assert_eq!(get(s.addr, "/health").status, 200, "served while a body trickles");
-    // The client under test trickles its body: a pause, then one more byte, well inside the
-    // 1 s body timeout (so the deadline must hold for the whole body, not each read). The
-    // sleep is the slow client itself, not a wait for an event.
+    // The client under test trickles its body: a pause, then one byte more. The sleep is that
+    // slow client itself, not a wait for an event.
     std::thread::sleep(Duration::from_millis(300));
     let _ = slow.write_all(b" ");
     let mut buf = Vec::new();
@@ -197,9 +196,7 @@ fn disconnects_cancel_generation_and_free_the_slot() {
     // Streaming: read the first token's event (the engine runs the job), then hang up.
     let mut body = long.clone();
     body["stream"] = json!(true);
-    let text = body.to_string();
-    let mut c = TcpStream::connect(s.addr).unwrap();
-    c.write_all(format!("POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}", text.len()).as_bytes()).unwrap();
+    let mut c = common::send(s.addr, CHAT, &body);
     common::read_events(&mut c, 2);
     let busy = post(s.addr, CHAT, &long);
     assert_eq!(busy.status, 429, "busy while streaming");
@@ -214,9 +211,7 @@ fn disconnects_cancel_generation_and_free_the_slot() {
     long["messages"][0]["content"] = json!(
         "The keeper opened the gate and the water ran down the old stone channel. ".repeat(4)
     );
-    let text = long.to_string();
-    let mut c = TcpStream::connect(s.addr).unwrap();
-    c.write_all(format!("POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}", text.len()).as_bytes()).unwrap();
+    let c = common::send(s.addr, CHAT, &long);
     let log = s.log_when(|l| prefills_ended(l) > prefills);
     assert!(prefills_ended(&log) > prefills, "the long prompt's prefill never ended: {log}");
     drop(c);

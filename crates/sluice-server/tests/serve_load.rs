@@ -10,8 +10,7 @@ mod common;
 
 use common::{post, sluice_bin, tiny_a, Server};
 use serde_json::{json, Value};
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Read;
 use std::process::Command;
 use std::sync::mpsc;
 
@@ -93,17 +92,7 @@ fn sigterm_waited_for_the_running_generation() {
                       "max_tokens": 30000, "reasoning_effort": "none", "temperature": 0.0});
     let mut body = long.clone();
     body["stream"] = json!(true);
-    let text = body.to_string();
-    let mut c = TcpStream::connect(s.addr).unwrap();
-    c.write_all(
-        format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n\r\n{text}",
-            text.len()
-        )
-        .as_bytes(),
-    )
-    .unwrap();
+    let mut c = common::send(s.addr, "/v1/chat/completions", &body);
     // The second event is the first token's: the engine runs the job.
     let mut streamed = common::read_events(&mut c, 2);
     // Two more requests: one is admitted behind the running one, the other refused at once.

@@ -217,6 +217,21 @@ impl Resp {
     }
 }
 
+/// Sends a POST of `body` to `path` and returns the connection unread (the caller reads the
+/// reply as it comes, or hangs up).
+pub fn send(addr: SocketAddr, path: &str, body: &Value) -> TcpStream {
+    let text = body.to_string();
+    let mut c = TcpStream::connect(addr).expect("connect");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        text.len()
+    );
+    c.write_all(head.as_bytes()).expect("send the head");
+    c.write_all(text.as_bytes()).expect("send the body");
+    c
+}
+
 /// Reads a streamed response from `c` until it holds `n` SSE `data:` events, and returns what
 /// was read. The server sends the first (the role) when it queues the job, so a second one
 /// means the engine is running the job.
