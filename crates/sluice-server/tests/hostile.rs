@@ -177,9 +177,9 @@ fn disconnects_cancel_generation_and_free_the_slot() {
     // the generation is still running when the hang-up is noticed, even on a loaded machine
     // where the HTTP side lags the engine. (A sampled reply may end by itself first.) The
     // `--stats` line of a job is printed once it has freed its slot and been counted: the event
-    // each hang-up is waited on by. Checkpoints every 8 positions make a long prompt's prefill
-    // take several passes, so its end is logged: the event of the engine running a job that
-    // streams nothing.
+    // each hang-up is waited on by. Checkpoints every 8 positions cap a pass at a few of them
+    // (the serve rule), so a long prompt's prefill takes several passes and its end is logged:
+    // the event of the engine running a job that streams nothing.
     let s = Server::start(&[
         "--model",
         &tiny_a(),
@@ -209,7 +209,7 @@ fn disconnects_cancel_generation_and_free_the_slot() {
     let prefills = prefills_ended(&log);
     let mut long = long;
     long["messages"][0]["content"] = json!(
-        "The keeper opened the gate and the water ran down the old stone channel. ".repeat(4)
+        "The keeper opened the gate and the water ran down the old stone channel. ".repeat(8)
     );
     let c = common::send(s.addr, CHAT, &long);
     let log = s.log_when(|l| prefills_ended(l) > prefills);
