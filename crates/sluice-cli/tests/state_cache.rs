@@ -8,8 +8,12 @@ mod common;
 
 use common::k3_fixture;
 use serde_json::Value;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+/// The line the state cache's test hook prints before it stops (`SLUICE_STATE_CACHE_PAUSE`).
+const PAUSED: &str = "sluice: state cache paused before renaming ";
 
 fn ids(v: &[u32]) -> String {
     v.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
@@ -84,23 +88,27 @@ fn a_second_process_restores_the_first_ones_prompt_state() {
 fn sigkill_during_a_state_write_leaves_nothing_used_and_the_next_start_cleans_up() {
     let home = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let marker = home.path().join("paused");
     let p = prompt(30);
     let mut child = sluice(&p, Some(dir.path()), home.path())
-        .env("SLUICE_STATE_CACHE_PAUSE", &marker)
+        .env("SLUICE_STATE_CACHE_PAUSE", "1")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // The writer announces the fsynced temporary file, then stops before the rename (polled:
-    // the event is the marker appearing, the pause only spares the CPU).
-    let tmp = loop {
-        if let Some(t) = std::fs::read_to_string(&marker).ok().filter(|t| !t.is_empty()) {
-            break PathBuf::from(t);
-        }
-        assert!(child.try_wait().unwrap().is_none(), "sluice exited before pausing");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    };
+    // The writer announces the fsynced temporary file on stderr, then stops before the rename;
+    // the end of stderr first means the process exited without pausing.
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    let tmp = stderr
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            let t = l.strip_prefix(PAUSED).map(PathBuf::from);
+            seen.push_str(&l);
+            seen.push('\n');
+            t
+        })
+        .unwrap_or_else(|| panic!("sluice exited before pausing: {seen}"));
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     assert!(tmp.exists(), "the temporary file is left behind");

@@ -19,7 +19,7 @@ use crate::EngineError;
 use sluice_checkpoint::Checkpoint;
 use sluice_core::budget::Charge;
 use sluice_core::MemoryBudget;
-use sluice_models::{Model, ModelError};
+use sluice_models::{MemoryNeeds, Model, ModelError};
 use sluice_store::spine::{PieceLayout, SpineFootprint};
 use sluice_store::{
     CacheSize, ExpertDiskCache, ExpertIndex, ExpertStore, ExpertView, IoMode, Placement, ReadAt,
@@ -114,40 +114,18 @@ pub(crate) fn place(
     let piece = |i: usize| index.piece(i).map_or(0, PieceLayout::buffer_len);
     // Pieces in pass order: the embedding, one per decoder layer, the head.
     let n = index.pieces().len().saturating_sub(2);
-    let needs = Needs {
-        spine: mem.spine,
-        pieces: SpinePieces {
-            embed: piece(0),
-            layers: (1..=n).map(piece).collect(),
-            head: piece(n + 1),
-            small: model.spine_small_bytes(),
-            rows: SpineFootprint::of(&index, &[Placement::Rows]).rows,
-        },
-        state: mem.state(opts.context),
-        sessions: opts.session_memory,
-        state_cache: if opts.state_cache {
-            // A snapshot holds the committed state only: not the live state's working
-            // copies (`state_fixed` counts Kimi K3's KDA states twice) nor per-thread scratch.
-            let fixed = model.state_shape().fixed_bytes() as u64;
-            held_bytes(fixed, mem.state_per_position, opts.context, model.vocab_size())
-        } else {
-            0
-        },
-        // Slot = the expert rounded up to 4 KiB plus one page of alignment slack on each side,
-        // or the index's exact slot where an expert is several aligned parts (GPT-OSS's four
-        // stacked slices, DeepSeek-V3's weights and scales).
-        slot: (routed.expert_bytes.div_ceil(4096) * 4096 + 8192).max(slot),
-        experts: routed.total(),
-        min_slots: 2,
-        headroom: HEADROOM + extra,
-        draft: opts.draft_bytes,
-        pass_row: mem.pass_per_row,
-        prefill_row: mem.prefill_per_row,
-        prefill_chunk: opts.prefill_chunk as u64,
-        max_rows: opts.planned_rows(),
-        serving: opts.serving,
-        checkpoint_every: opts.checkpoint_every as u64,
+    let pieces = SpinePieces {
+        embed: piece(0),
+        layers: (1..=n).map(piece).collect(),
+        head: piece(n + 1),
+        small: model.spine_small_bytes(),
+        rows: SpineFootprint::of(&index, &[Placement::Rows]).rows,
     };
+    // Slot = the expert rounded up to 4 KiB plus one page of alignment slack on each side, or
+    // the index's exact slot where an expert is several aligned parts (GPT-OSS's four stacked
+    // slices, DeepSeek-V3's weights and scales).
+    let slot = (routed.expert_bytes.div_ceil(4096) * 4096 + 8192).max(slot);
+    let needs = needs(&model, &mem, routed.total(), opts, (pieces, slot, HEADROOM + extra));
     let mut plan = Plan::compute(budget.limit(), needs, opts.spine_placement)?;
     if opts.slots.is_some() {
         // `--cache-slots` sizes the cache exactly: the stored states keep what was asked.
@@ -189,6 +167,43 @@ pub(crate) fn place(
         Some(store)
     };
     Ok(Placed { model, plan, spine, budget, charges, io })
+}
+
+/// What the plan needs for `model` (its memory needs `mem`, `experts` routed experts in all)
+/// under `opts`, given the spine's pieces, the cache slot and the headroom: the parts that
+/// [`place`] and [`open_mapped_spine`] each size their own way.
+fn needs(
+    model: &Model,
+    mem: &MemoryNeeds,
+    experts: u64,
+    opts: &LoadOptions,
+    (pieces, slot, headroom): (SpinePieces, u64, u64),
+) -> Needs {
+    Needs {
+        spine: mem.spine,
+        pieces,
+        state: mem.state(opts.context),
+        sessions: opts.session_memory,
+        state_cache: if opts.state_cache {
+            // A snapshot holds the committed state only: not the live state's working
+            // copies (`state_fixed` counts Kimi K3's KDA states twice) nor per-thread scratch.
+            let fixed = model.state_shape().fixed_bytes() as u64;
+            held_bytes(fixed, mem.state_per_position, opts.context, model.vocab_size())
+        } else {
+            0
+        },
+        slot,
+        experts,
+        min_slots: 2,
+        headroom,
+        draft: opts.draft_bytes,
+        pass_row: mem.pass_per_row,
+        prefill_row: mem.prefill_per_row,
+        prefill_chunk: opts.prefill_chunk as u64,
+        max_rows: opts.planned_rows(),
+        serving: opts.serving,
+        checkpoint_every: opts.checkpoint_every as u64,
+    }
 }
 
 /// The streaming store's configuration for `plan` under `opts`: as many cache slots as the plan
@@ -292,31 +307,9 @@ pub(crate) fn open_mapped_spine(
     };
     // The index is where every expert's spans are; its slot size is exact (aligned regions).
     let index = routed.index(ckpt).map_err(ModelError::from)?;
-    let needs = Needs {
-        spine: mem.spine,
-        pieces: SpinePieces { layers: vec![0; routed.num_layers], ..SpinePieces::default() },
-        state: mem.state(opts.context),
-        sessions: opts.session_memory,
-        state_cache: if opts.state_cache {
-            // A snapshot holds the committed state only: not the live state's working
-            // copies (`state_fixed` counts Kimi K3's KDA states twice) nor per-thread scratch.
-            let fixed = model.state_shape().fixed_bytes() as u64;
-            held_bytes(fixed, mem.state_per_position, opts.context, model.vocab_size())
-        } else {
-            0
-        },
-        slot: index.slot_bytes(),
-        experts: routed.total(),
-        min_slots: 2,
-        headroom: HEADROOM + remote.as_ref().map_or(0, |r| r.headroom),
-        draft: opts.draft_bytes,
-        pass_row: mem.pass_per_row,
-        prefill_row: mem.prefill_per_row,
-        prefill_chunk: opts.prefill_chunk as u64,
-        max_rows: opts.planned_rows(),
-        serving: opts.serving,
-        checkpoint_every: opts.checkpoint_every as u64,
-    };
+    let pieces = SpinePieces { layers: vec![0; routed.num_layers], ..SpinePieces::default() };
+    let headroom = HEADROOM + remote.as_ref().map_or(0, |r| r.headroom);
+    let needs = needs(&model, &mem, routed.total(), opts, (pieces, index.slot_bytes(), headroom));
     let mut plan = Plan::compute(budget.limit(), needs, crate::plan::SpineMode::Mapped)?;
     if opts.slots.is_some() {
         // `--cache-slots` sizes the cache exactly: the stored states keep what was asked.

@@ -22,9 +22,10 @@
 //! restore refreshes) are deleted. Temporary files left by a killed process (`*.tmp-PID` whose
 //! process is gone) are deleted at open.
 //!
-//! **Test hook.** With `SLUICE_STATE_CACHE_PAUSE=PATH` in the environment, the writer stops
-//! forever after fsyncing its first temporary file, having written the temporary file's path to
-//! `PATH` — so a test can SIGKILL the process at exactly that point without sleeping.
+//! **Test hook.** With `SLUICE_STATE_CACHE_PAUSE` set in the environment, the writer stops
+//! forever after fsyncing its first temporary file, having printed the line
+//! `sluice: state cache paused before renaming PATH` on stderr — so a test reading the
+//! process's stderr can SIGKILL it at exactly that point without sleeping.
 
 use crate::state_file::{self, prefix_keys, Expect, Key, Refusal};
 use sluice_models::{StateShape, StateSnapshot};
@@ -455,7 +456,7 @@ impl Inner {
     }
 
     /// Writes one job: temp, fsync, rename, directory fsync, index, eviction.
-    fn write(&self, job: &Job, paused: &mut Option<PathBuf>) -> std::io::Result<u64> {
+    fn write(&self, job: &Job, paused: &mut bool) -> std::io::Result<u64> {
         let path = self.path(&job.key);
         let tmp = self.cfg.dir.join(format!("{}.{EXT}.tmp-{}", job.key.hex(), std::process::id()));
         let res = state_file::write_file(
@@ -472,12 +473,9 @@ impl Inner {
                 return Err(e);
             }
         };
-        if let Some(marker) = paused.take() {
+        if std::mem::take(paused) {
             // The test hook (module docs): announce the temp file, then never rename it.
-            let part = marker.with_extension("part");
-            if std::fs::write(&part, tmp.to_string_lossy().as_bytes()).is_ok() {
-                let _ = std::fs::rename(&part, &marker);
-            }
+            eprintln!("sluice: state cache paused before renaming {}", tmp.display());
             loop {
                 std::thread::park();
             }
@@ -501,7 +499,7 @@ impl Inner {
 
 /// The writer thread: one job at a time until the cache is dropped.
 fn writer(inner: &Inner, rx: &Receiver<Job>, pending: &(Mutex<u64>, std::sync::Condvar)) {
-    let mut paused = std::env::var_os("SLUICE_STATE_CACHE_PAUSE").map(PathBuf::from);
+    let mut paused = std::env::var_os("SLUICE_STATE_CACHE_PAUSE").is_some();
     // The writer hashes on a pool of its own: a write runs while the engine's passes use the
     // process-wide pool, and a call into a busy pool would run on one thread (the writer's,
     // or worse the engine's, had the writer taken the pool first).

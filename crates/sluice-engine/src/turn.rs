@@ -69,6 +69,29 @@ pub struct TurnOptions {
     pub follow_up: Option<FollowUp>,
 }
 
+impl TurnOptions {
+    /// Greedy decoding of at most `max_new` tokens and nothing else: no stop ids, no drafts,
+    /// no per-token logits, passes of any length, no prefill hook, no message boundaries, the
+    /// prompt's end kept, no constraint, and a follow-up that sends the generated ids back as
+    /// they are. Callers change what they need with struct update syntax
+    /// (`TurnOptions { draft_max: 4, ..TurnOptions::greedy(8) }`).
+    pub fn greedy(max_new: usize) -> Self {
+        Self {
+            max_new,
+            stop_ids: Vec::new(),
+            sampling: Sampling::greedy(),
+            draft_max: 0,
+            per_token_logits: false,
+            prefill_chunk: 0,
+            on_prefill: None,
+            boundaries: Vec::new(),
+            keep_prompt_end: true,
+            constraint: None,
+            follow_up: None,
+        }
+    }
+}
+
 /// What a follow-up request starts with, given every id this turn generated: the prompt of the
 /// next request of the conversation up to the end of this reply (the conversation with the
 /// reply appended as the client sends it back, rendered through the chat format), or `None`

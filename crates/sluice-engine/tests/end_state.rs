@@ -10,7 +10,7 @@ use sluice_engine::session::{SessionCache, SessionConfig};
 use sluice_engine::state_cache::{StateCache, StateCacheConfig};
 use sluice_engine::state_file::prefix_key;
 use sluice_engine::turn::{run_turn, FollowUp, TurnOptions};
-use sluice_engine::{generate, GenerateOptions, Sampling};
+use sluice_engine::{generate, GenerateOptions};
 use sluice_models::Model;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -49,19 +49,7 @@ fn turn(
     p: &[u32],
     follow_up: Option<FollowUp>,
 ) -> Done {
-    let opts = TurnOptions {
-        max_new: 4,
-        stop_ids: Vec::new(),
-        sampling: Sampling::greedy(),
-        draft_max: 0,
-        per_token_logits: true,
-        prefill_chunk: 0,
-        on_prefill: None,
-        boundaries: Vec::new(),
-        keep_prompt_end: true,
-        constraint: None,
-        follow_up,
-    };
+    let opts = TurnOptions { per_token_logits: true, follow_up, ..TurnOptions::greedy(4) };
     let mut logits = Vec::new();
     let mut cb = |_t: u32, l: Option<&[f32]>| {
         logits.push(l.unwrap().iter().map(|x| x.to_bits()).collect());

@@ -6,7 +6,7 @@
 use sluice_checkpoint::Checkpoint;
 use sluice_engine::session::{SessionCache, SessionConfig};
 use sluice_engine::turn::{run_turn, TurnOptions};
-use sluice_engine::{generate, GenerateOptions, PrefillHook, PrefillProgress, Sampling};
+use sluice_engine::{generate, GenerateOptions, PrefillHook, PrefillProgress};
 use sluice_models::Model;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -58,19 +58,7 @@ fn run_turn_counts_resumed_positions_as_done() {
         SessionCache::new(SessionConfig { checkpoint_every: 4, ..SessionConfig::default() });
     let prompt: Vec<u32> = (0..10).map(|i| (i * 5 + 1) % 100).collect();
     let (hook, seen) = recorder();
-    let opts = TurnOptions {
-        max_new: 2,
-        stop_ids: vec![],
-        sampling: Sampling::greedy(),
-        draft_max: 0,
-        per_token_logits: false,
-        prefill_chunk: 0,
-        on_prefill: Some(hook),
-        boundaries: Vec::new(),
-        keep_prompt_end: true,
-        constraint: None,
-        follow_up: None,
-    };
+    let opts = TurnOptions { on_prefill: Some(hook), ..TurnOptions::greedy(2) };
     let mut cb = |_: u32, _: Option<&[f32]>| true;
     run_turn(&m, Some(&mut cache), &prompt, &opts, None, &|| false, &mut cb).unwrap();
     let first: Vec<usize> = seen.lock().unwrap().drain(..).map(|p| p.done).collect();

@@ -13,7 +13,7 @@ use sluice_hub::testhub::{install, k3_tiny_fixture, k3_tiny_hub, Faults, TestHub
 use sluice_hub::ModeRequest;
 use sluice_store::remote::log::{self, LOG_FILE};
 use sluice_store::ExpertStore;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 const PROMPT: [u32; 6] = [1, 17, 42, 99, 5, 23];
 
@@ -24,6 +24,16 @@ fn start_hub() -> TestHub {
 fn pull(hub: &TestHub, dir: &Path, mode: ModeRequest) {
     let routed = sluice_engine::install::routed_tensors_in(&k3_tiny_fixture()).expect("routed");
     install(hub, K3_TINY_REPO, dir, mode, &routed).expect("pull");
+}
+
+/// The tiny K3 fixture installed from `hub` in full and in stream mode, side by side in a
+/// temporary directory (kept while the first value lives): (directory, full, stream).
+fn installs(hub: &TestHub) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (full, stream) = (tmp.path().join("full"), tmp.path().join("stream"));
+    pull(hub, &full, ModeRequest::Full);
+    pull(hub, &stream, ModeRequest::Stream);
+    (tmp, full, stream)
 }
 
 fn options(disk_cache: Option<u64>) -> LoadOptions {
@@ -84,10 +94,7 @@ fn assert_log_truthful(dir: &Path) -> usize {
 #[test]
 fn stream_install_matches_full_install_bit_for_bit_and_warm_runs_stay_offline() {
     let hub = start_hub();
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let (full, stream) = (tmp.path().join("full"), tmp.path().join("stream"));
-    pull(&hub, &full, ModeRequest::Full);
-    pull(&hub, &stream, ModeRequest::Stream);
+    let (_tmp, full, stream) = installs(&hub);
     assert!(
         stream.join("model-00001-of-000003.safetensors.sparse").exists()
             || std::fs::read_dir(&stream)
@@ -202,10 +209,7 @@ fn faults_during_run_time_fetches_end_right_or_in_a_clear_error() {
 #[test]
 fn a_tiny_disk_budget_evicts_and_keeps_output_identical() {
     let hub = start_hub();
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let (full, dir) = (tmp.path().join("full"), tmp.path().join("stream"));
-    pull(&hub, &full, ModeRequest::Full);
-    pull(&hub, &dir, ModeRequest::Stream);
+    let (_tmp, full, dir) = installs(&hub);
     let reference = bits(&run(&full, &options(None)).expect("full install runs"));
     let probe = load::open(&dir, &options(None)).expect("opens");
     let expert = probe
@@ -235,10 +239,7 @@ fn a_tiny_disk_budget_evicts_and_keeps_output_identical() {
 #[test]
 fn stream_install_places_its_spine_like_a_full_install_with_identical_logits() {
     let hub = start_hub();
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let (full, stream) = (tmp.path().join("full"), tmp.path().join("stream"));
-    pull(&hub, &full, ModeRequest::Full);
-    pull(&hub, &stream, ModeRequest::Stream);
+    let (_tmp, full, stream) = installs(&hub);
     let reference = bits(&run(&full, &options(None)).expect("full install runs"));
 
     // Every layer streamed, a resident prefix of 1 and of all but one, and all resident: the

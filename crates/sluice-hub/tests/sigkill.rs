@@ -7,16 +7,20 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::fs;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Mutex};
+use std::time::Duration;
 
 use common::*;
 use sluice_hub::testhub::{Faults, TestHub};
 use sluice_hub::{
     FileOutcome, HubClient, HubConfig, InstallManifest, LocalState, ModeRequest, NoProgress,
-    PullOptions,
+    Progress, PullOptions,
 };
 
 const ENV_ENDPOINT: &str = "SLUICE_HUB_CHILD_ENDPOINT";
@@ -35,7 +39,35 @@ fn pull_child_process() {
     let o = opts(Path::new(&dir), ModeRequest::Full);
     let plan = c.plan(&info, &o, &FakeSpace(1 << 50)).expect("plan");
     let one = PullOptions { workers: 1, ..PullOptions::default() };
-    c.pull(&plan, &one, &NoProgress).expect("pull");
+    c.pull(&plan, &one, &Announce::default()).expect("pull");
+}
+
+/// The line the child prints on stdout once a file has 1 MiB on disk.
+const MIB_ON_DISK: &str = "sluice-hub child: 1 MiB of a file on disk";
+
+/// Progress that prints [`MIB_ON_DISK`] once, when a file's bytes on disk (what was local at
+/// its start plus what arrived: the pull reports bytes after writing them) reach 1 MiB.
+#[derive(Default)]
+struct Announce {
+    files: Mutex<HashMap<String, u64>>,
+    said: AtomicBool,
+}
+
+impl Progress for Announce {
+    fn file_start(&self, path: &str, _len: u64, done: u64) {
+        self.files.lock().expect("lock").insert(path.to_owned(), done);
+    }
+
+    fn bytes(&self, path: &str, n: u64) {
+        let mut files = self.files.lock().expect("lock");
+        let on_disk = files.entry(path.to_owned()).or_default();
+        *on_disk += n;
+        if *on_disk >= 1 << 20 && !self.said.swap(true, Ordering::Relaxed) {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{MIB_ON_DISK}");
+            let _ = out.flush();
+        }
+    }
 }
 
 fn part_files(dir: &Path) -> Vec<(PathBuf, u64)> {
@@ -60,21 +92,27 @@ fn sigkill_mid_download_then_rerun_resumes_byte_identical() {
         .args(["--ignored", "--exact", "pull_child_process", "--nocapture", "--test-threads=1"])
         .env(ENV_ENDPOINT, hub.endpoint())
         .env(ENV_DIR, dir.path())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn child");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if part_files(dir.path()).iter().any(|(_, len)| *len >= 1 << 20) {
-            break;
+    // The event: the child's line on its stdout (a pipe); the end of the pipe first means it
+    // finished (or failed) before it was killed. The timeout only keeps a regression from
+    // hanging the suite.
+    let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        // The harness's `test pull_child_process ... ` may start the same line.
+        let seen = stdout.lines().map_while(Result::ok).any(|l| l.ends_with(MIB_ON_DISK));
+        let _ = tx.send(seen);
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(true) => {}
+        Ok(false) => panic!("the child finished before it got 1 MiB into a file"),
+        Err(_) => {
+            let _ = child.kill();
+            panic!("the child never got 1 MiB into a file");
         }
-        assert!(Instant::now() < deadline, "the child never got 1 MiB into a file");
-        assert!(
-            child.try_wait().expect("poll").is_none(),
-            "the child finished before it was killed"
-        );
-        std::thread::sleep(Duration::from_millis(20));
     }
     child.kill().expect("SIGKILL");
     let status = child.wait().expect("reap");

@@ -437,8 +437,12 @@ mod tests {
         let pool = Pool::new(2).expect("pool");
         let n = AtomicUsize::new(0);
         for _ in 0..3 {
-            // Long enough for the helper to pass its spin rounds and park.
-            std::thread::sleep(std::time::Duration::from_millis(30));
+            // The event: the helper has passed its spin rounds and counts itself a sleeper
+            // (under the park lock, just before it waits on the condvar), so this call has to
+            // wake it.
+            while pool.shared.sleepers.load(Ordering::SeqCst) == 0 {
+                std::thread::yield_now();
+            }
             pool.run(16, &|_| {
                 n.fetch_add(1, Ordering::Relaxed);
             });

@@ -181,6 +181,15 @@ impl Worker {
             let (entries, snaps, bytes) =
                 (self.cache.len(), self.cache.snapshots(), self.cache.bytes());
             self.metrics.set_sessions(entries, snaps, bytes);
+            self.sched.done();
+            // A job cancelled before it started was counted as cancelled, not failed.
+            if matches!(&event, Event::Failed(why) if why != CANCELLED_BEFORE_START)
+                || matches!(event, Event::GrammarFailed { .. })
+            {
+                self.metrics.failed();
+            }
+            // Once the job has freed its slot and been counted: a reader of the log (the
+            // tests) can take the line as the job's end.
             if let (true, Event::Done(s)) = (self.stats, &event) {
                 let t = &s.stats;
                 eprintln!(
@@ -213,13 +222,6 @@ impl Worker {
                     s.finish_reason,
                     t.policy.as_ref().map(|p| format!("; draft width: {p}")).unwrap_or_default(),
                 );
-            }
-            self.sched.done();
-            // A job cancelled before it started was counted as cancelled, not failed.
-            if matches!(&event, Event::Failed(why) if why != CANCELLED_BEFORE_START)
-                || matches!(event, Event::GrammarFailed { .. })
-            {
-                self.metrics.failed();
             }
             let _ = job.events.send(event);
         }

@@ -53,17 +53,11 @@ fn generate(c: &OutputConstraint, thinking: bool, sampling: Sampling, ngram: boo
     let reasoning = if thinking { Reasoning::Open } else { Reasoning::Off };
     let constraint: SharedConstraint = f.grammars.compile(&f.fmt, c, reasoning).unwrap();
     let opts = TurnOptions {
-        max_new: 400,
         stop_ids: vec![sluice_tokenizer::k3_stop_id(&f.tok).unwrap()],
         sampling,
         draft_max: 4,
-        per_token_logits: false,
-        prefill_chunk: 0,
-        on_prefill: None,
-        boundaries: Vec::new(),
-        keep_prompt_end: true,
         constraint: Some(constraint),
-        follow_up: None,
+        ..TurnOptions::greedy(400)
     };
     let mut d = NgramDrafter::default();
     let drafter: Option<&mut dyn Drafter> = if ngram { Some(&mut d) } else { None };
@@ -185,17 +179,11 @@ fn qwen3_json(schema: &Value, sampling: Sampling) -> (String, String) {
     let r = f.fmt.render_chat(&msgs, &opts).unwrap();
     let c = f.grammars.compile(&f.fmt, &json_constraint(schema.clone()), r.reasoning).unwrap();
     let opts = TurnOptions {
-        max_new: 400,
         stop_ids: f.fmt.stop_ids().to_vec(),
         sampling,
         draft_max: 4,
-        per_token_logits: false,
-        prefill_chunk: 0,
-        on_prefill: None,
-        boundaries: Vec::new(),
-        keep_prompt_end: true,
         constraint: Some(c),
-        follow_up: None,
+        ..TurnOptions::greedy(400)
     };
     let t = run_turn(&f.model, None, &r.ids, &opts, None, &|| false, &mut |_, _| true).unwrap();
     let mut p = f.fmt.output_parser(r.reasoning_open, false).unwrap();

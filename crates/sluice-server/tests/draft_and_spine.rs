@@ -60,7 +60,6 @@ fn a_draft_model_drafts_and_changes_no_token() {
     drafted += got["sluice"]["drafted"].as_u64().unwrap();
     assert_policy(&got, &want);
     assert!(drafted > 0, "the draft model proposed nothing: the test would prove nothing");
-    spec.wait_idle();
     let with_policy = |log: &str| {
         log.lines().filter(|l| l.starts_with("stats: job ")).any(|l| {
             l.contains(", finish ") && l.contains("; draft width: policy up to 4: next width ")

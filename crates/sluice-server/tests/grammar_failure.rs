@@ -18,27 +18,35 @@ fn endless_nesting() -> Value {
     json!({"type": "array", "items": {"$ref": "#"}, "minItems": 1})
 }
 
-fn openai(stream: bool) -> Value {
-    json!({
+/// A request that asks for [`endless_nesting`] through `format` (each API names it its own way).
+fn nest(stream: bool, format: Value) -> Value {
+    let mut body = json!({
         "model": "tiny-a",
         "max_tokens": 200,
         "stream": stream,
         "messages": [{"role": "user", "content": "Nest."}],
-        // Thinking off: a random model's free reasoning would run to `max_tokens`.
-        "chat_template_kwargs": {"thinking": false},
-        "response_format": {"type": "json_schema",
-                            "json_schema": {"name": "nest", "schema": endless_nesting()}},
-    })
+    });
+    body.as_object_mut().unwrap().extend(format.as_object().unwrap().clone());
+    body
+}
+
+fn openai(stream: bool) -> Value {
+    nest(
+        stream,
+        json!({
+            // Thinking off: a random model's free reasoning would run to `max_tokens`.
+            "chat_template_kwargs": {"thinking": false},
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "nest", "schema": endless_nesting()}},
+        }),
+    )
 }
 
 fn anthropic(stream: bool) -> Value {
-    json!({
-        "model": "tiny-a",
-        "max_tokens": 200,
-        "stream": stream,
-        "messages": [{"role": "user", "content": "Nest."}],
-        "output_config": {"format": {"type": "json_schema", "schema": endless_nesting()}},
-    })
+    nest(
+        stream,
+        json!({"output_config": {"format": {"type": "json_schema", "schema": endless_nesting()}}}),
+    )
 }
 
 /// The grammar engine's cause, as the error message carries it.

@@ -140,6 +140,8 @@ fn slow_bodies_time_out_while_others_are_served() {
     .unwrap();
     let t = Instant::now();
     assert_eq!(get(s.addr, "/health").status, 200, "served while a body trickles");
+    // The client under test trickles its body: a pause, then one byte more. The sleep is that
+    // slow client itself, not a wait for an event.
     std::thread::sleep(Duration::from_millis(300));
     let _ = slow.write_all(b" ");
     let mut buf = Vec::new();
@@ -173,40 +175,49 @@ fn a_connection_that_never_finished_its_header_was_held_forever() {
 fn disconnects_cancel_generation_and_free_the_slot() {
     // Greedy on tiny-a never emits the stop token: 30000 tokens run for well over a minute, so
     // the generation is still running when the hang-up is noticed, even on a loaded machine
-    // where the HTTP side lags the engine. (A sampled reply may end by itself first.)
-    let s = Server::start(&["--model", &tiny_a(), "--queue", "0", "--max-tokens", "30000"]);
+    // where the HTTP side lags the engine. (A sampled reply may end by itself first.) The
+    // `--stats` line of a job is printed once it has freed its slot and been counted: the event
+    // each hang-up is waited on by. Checkpoints every 8 positions cap a pass at a few of them
+    // (the serve rule), so a long prompt's prefill takes several passes and its end is logged:
+    // the event of the engine running a job that streams nothing.
+    let s = Server::start(&[
+        "--model",
+        &tiny_a(),
+        "--queue",
+        "0",
+        "--max-tokens",
+        "30000",
+        "--stats",
+        "--checkpoint-every",
+        "8",
+    ]);
     let long = json!({"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30000,
                       "reasoning_effort": "none", "temperature": 0.0});
-    // Streaming: read the first events, then hang up.
+    // Streaming: read the first token's event (the engine runs the job), then hang up.
     let mut body = long.clone();
     body["stream"] = json!(true);
-    let text = body.to_string();
-    let mut c = TcpStream::connect(s.addr).unwrap();
-    c.write_all(format!("POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}", text.len()).as_bytes()).unwrap();
-    let mut buf = [0u8; 4096];
-    let mut got = Vec::new();
-    while !String::from_utf8_lossy(&got).contains("content") {
-        let n = c.read(&mut buf).unwrap();
-        assert!(n > 0, "stream ended early");
-        got.extend_from_slice(&buf[..n]);
-    }
-    // The first event can come before the engine takes the job (a job dropped while queued
-    // counts as cancelled too, but this half is about a running one).
-    wait_running(&s);
+    let mut c = common::send(s.addr, CHAT, &body);
+    common::read_events(&mut c, 2);
     let busy = post(s.addr, CHAT, &long);
     assert_eq!(busy.status, 429, "busy while streaming");
     assert!(busy.header("retry-after").is_some());
     drop(c);
-    s.wait_idle();
-    assert_eq!(cancelled_within(&s, 1.0), 1.0, "{}", s.metrics_text());
-    // Non-streaming: send the request and hang up while it runs.
-    let text = long.to_string();
-    let mut c = TcpStream::connect(s.addr).unwrap();
-    c.write_all(format!("POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}", text.len()).as_bytes()).unwrap();
-    wait_running(&s);
+    let log = s.log_when(|l| cancelled_jobs(l) >= 1);
+    assert_eq!(cancelled_jobs(&log), 1, "{log}");
+    assert_eq!(s.metric("sluice_generations_cancelled_total"), 1.0, "{}", s.metrics_text());
+    // Non-streaming: send the request and hang up once its prefill has ended.
+    let prefills = prefills_ended(&log);
+    let mut long = long;
+    long["messages"][0]["content"] = json!(
+        "The keeper opened the gate and the water ran down the old stone channel. ".repeat(8)
+    );
+    let c = common::send(s.addr, CHAT, &long);
+    let log = s.log_when(|l| prefills_ended(l) > prefills);
+    assert!(prefills_ended(&log) > prefills, "the long prompt's prefill never ended: {log}");
     drop(c);
-    s.wait_idle();
-    assert_eq!(cancelled_within(&s, 2.0), 2.0, "{}", s.metrics_text());
+    let log = s.log_when(|l| cancelled_jobs(l) >= 2);
+    assert_eq!(cancelled_jobs(&log), 2, "{log}");
+    assert_eq!(s.metric("sluice_generations_cancelled_total"), 2.0, "{}", s.metrics_text());
     let ok = post(
         s.addr,
         CHAT,
@@ -214,6 +225,19 @@ fn disconnects_cancel_generation_and_free_the_slot() {
                                          "max_tokens": 1, "reasoning_effort": "none"}),
     );
     assert_eq!(ok.status, 200, "the slot is free again");
+}
+
+/// The `--stats` lines of jobs that ended cancelled.
+fn cancelled_jobs(log: &str) -> usize {
+    log.lines().filter(|l| l.starts_with("stats: job ") && l.contains(", finish cancelled")).count()
+}
+
+/// The log lines of multi-pass prefills that ended (`prefill N/N positions`).
+fn prefills_ended(log: &str) -> usize {
+    log.lines()
+        .filter_map(|l| l.split(": prefill ").nth(1)?.split(' ').next()?.split_once('/'))
+        .filter(|(done, total)| done == total)
+        .count()
 }
 
 #[test]
@@ -230,26 +254,4 @@ fn api_key_is_required_when_set() {
         200
     );
     assert_eq!(get(s.addr, "/health").status, 200, "health stays open");
-}
-
-/// Waits until the server says a generation is running.
-fn wait_running(s: &Server) {
-    let t = Instant::now();
-    while get(s.addr, "/health").json()["running"] != json!(true) {
-        assert!(t.elapsed() < Duration::from_secs(60), "never started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The cancelled-generations counter once it reaches `want`, or its value after 10 s (the
-/// counter is read through /metrics, a separate request from the idle check).
-fn cancelled_within(s: &Server, want: f64) -> f64 {
-    let t = Instant::now();
-    loop {
-        let v = s.metric("sluice_generations_cancelled_total");
-        if v >= want || t.elapsed() > Duration::from_secs(10) {
-            return v;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }

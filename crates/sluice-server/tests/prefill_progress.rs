@@ -22,8 +22,8 @@ fn prefill_progress_is_in_metrics_and_the_log() {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let prompt = r.json()["usage"]["prompt_tokens"].as_u64().unwrap();
     assert!(prompt > 16, "the prompt must take several passes: {prompt} tokens");
-    s.wait_idle();
-    // The gauges hold the finished request's prefill: every position done.
+    // The gauges hold the finished request's prefill: every position done (set by the
+    // prefill's last pass, before the reply).
     #[allow(clippy::cast_precision_loss)]
     let want = prompt as f64;
     assert_eq!(s.metric("sluice_prefill_positions_total"), want, "{}", s.metrics_text());

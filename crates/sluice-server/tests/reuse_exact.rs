@@ -26,19 +26,8 @@ fn turn(
     logits: bool,
     ngram: bool,
 ) -> (Turn, Vec<Vec<u32>>) {
-    let opts = TurnOptions {
-        max_new: 6,
-        stop_ids: vec![],
-        sampling,
-        draft_max: 4,
-        per_token_logits: logits,
-        prefill_chunk: 0,
-        on_prefill: None,
-        boundaries: Vec::new(),
-        keep_prompt_end: true,
-        constraint: None,
-        follow_up: None,
-    };
+    let opts =
+        TurnOptions { sampling, draft_max: 4, per_token_logits: logits, ..TurnOptions::greedy(6) };
     let mut rows = Vec::new();
     let mut d = NgramDrafter::default();
     let drafter: Option<&mut dyn Drafter> = if ngram { Some(&mut d) } else { None };

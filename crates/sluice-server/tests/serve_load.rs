@@ -8,11 +8,11 @@
 
 mod common;
 
-use common::{get, post, sluice_bin, tiny_a, Server};
+use common::{post, sluice_bin, tiny_a, Server};
 use serde_json::{json, Value};
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Read;
 use std::process::Command;
+use std::sync::mpsc;
 
 fn chat(server: &Server, body: &Value) -> Value {
     let r = post(server.addr, "/v1/chat/completions", body);
@@ -78,24 +78,9 @@ fn streamed_experts_serve_the_same_tokens_and_report_snapshots() {
         assert_eq!(stream.metric("sluice_snapshot_bytes_total"), bytes as f64);
         assert!(stream.metric("sluice_session_bytes") >= bytes as f64);
     }
-    stream.wait_idle();
     let line = format!("snapshots {snaps} (+{bytes} bytes)");
     let log = stream.log_when(|l| l.contains(&line));
     assert!(log.contains(&line), "{log}");
-}
-
-/// Waits until `/health` satisfies `ok` (the server reports each state change at once; the loop
-/// only re-asks).
-fn wait_health(s: &Server, ok: impl Fn(&Value) -> bool) {
-    let t = std::time::Instant::now();
-    loop {
-        let h = get(s.addr, "/health").json();
-        if ok(&h) {
-            return;
-        }
-        assert!(t.elapsed().as_secs() < 120, "health never matched: {h}");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -107,28 +92,19 @@ fn sigterm_waited_for_the_running_generation() {
                       "max_tokens": 30000, "reasoning_effort": "none", "temperature": 0.0});
     let mut body = long.clone();
     body["stream"] = json!(true);
-    let text = body.to_string();
-    let mut c = TcpStream::connect(s.addr).unwrap();
-    c.write_all(
-        format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n\r\n{text}",
-            text.len()
-        )
-        .as_bytes(),
-    )
-    .unwrap();
-    let mut streamed = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&streamed).contains("content") {
-        let n = c.read(&mut buf).unwrap();
-        assert!(n > 0, "stream ended early");
-        streamed.extend_from_slice(&buf[..n]);
+    let mut c = common::send(s.addr, "/v1/chat/completions", &body);
+    // The second event is the first token's: the engine runs the job.
+    let mut streamed = common::read_events(&mut c, 2);
+    // Two more requests: one is admitted behind the running one, the other refused at once.
+    // The refusal is the event: the admitted one then holds the queue's slot (queued, or still
+    // being tokenized, which the signal answers alike).
+    let (tx, rx) = mpsc::channel();
+    for _ in 0..2 {
+        let (tx, addr, long) = (tx.clone(), s.addr, long.clone());
+        std::thread::spawn(move || tx.send(post(addr, "/v1/chat/completions", &long)));
     }
-    wait_health(&s, |h| h["running"] == true);
-    let addr = s.addr;
-    let queued = std::thread::spawn(move || post(addr, "/v1/chat/completions", &long));
-    wait_health(&s, |h| h["queue_depth"] == 1);
+    let refused = rx.recv().unwrap();
+    assert_eq!(refused.status, 429, "{}", String::from_utf8_lossy(&refused.body));
     let pid = s.child.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     // The streamed reply ends with what was generated and finish_reason `cancelled`.
@@ -136,8 +112,8 @@ fn sigterm_waited_for_the_running_generation() {
     let streamed = String::from_utf8_lossy(&streamed);
     assert!(streamed.contains(r#""finish_reason":"cancelled""#), "{streamed}");
     assert!(streamed.contains("data: [DONE]"), "{streamed}");
-    // The queued request never ran: a clean 503 naming the shutdown.
-    let q = queued.join().unwrap();
+    // The admitted request never ran: a clean 503 naming the shutdown.
+    let q = rx.recv().unwrap();
     assert_eq!(q.status, 503, "{}", String::from_utf8_lossy(&q.body));
     assert_eq!(q.json()["error"]["code"], "server_shutting_down");
     let status = s.child.wait().unwrap();

@@ -18,28 +18,22 @@ fn chat(server: &Server, user: &str) -> Value {
     r.json()["sluice"].clone()
 }
 
-/// Waits (on the counter, polled) until the server has written `n` state files.
-fn wait_written(s: &Server, n: f64) {
-    while s.metric("sluice_state_cache_files_written_total") < n {
-        assert!(s.metric("sluice_state_cache_write_errors_total") == 0.0, "{}", s.metrics_text());
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn a_restarted_server_restores_the_prompt_and_the_shared_system_prompt_from_disk() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     let args = ["--model", &tiny_a(), "--state-cache", d, "--state-cache-every", "0"];
     let plain = Server::start(&["--model", &tiny_a(), "--session-memory", "0"]);
-    let first = Server::start(&args);
+    let mut first = Server::start(&args);
     let a = chat(&first, "What is a cache?");
     assert_eq!(a["state_cache_tokens_restored"], 0);
+    assert_eq!(first.metric("sluice_state_cache_write_errors_total"), 0.0);
     // The system prompt's end and the prompt's end (and the generation's end, unless the reply
-    // was one token); not the user message's end, a few tokens short of the prompt's.
-    wait_written(&first, 2.0);
-    assert!(first.metric("sluice_state_cache_bytes_written_total") > 0.0);
-    drop(first);
+    // was one token); not the user message's end, a few tokens short of the prompt's. A
+    // stopped server has written every state it queued.
+    assert!(first.stop(), "a clean stop");
+    let written = files(dir.path());
+    assert!(written.len() >= 2 && written.iter().all(|&(_, b)| b > 0), "{written:?}");
 
     let second = Server::start(&args);
     let again = chat(&second, "What is a cache?");
@@ -94,12 +88,12 @@ fn a_trailing_tool_choice_message_left_only_states_no_follow_up_restores() {
     let system = "You are a careful assistant who answers in one short sentence. ".repeat(6);
     let mut messages = json!([{"role": "system", "content": system},
                               {"role": "user", "content": "What is a cache?"}]);
-    let first = Server::start(&args);
+    let mut first = Server::start(&args);
     let a = chat_messages(&first, &messages);
     let p1 = a["usage"]["prompt_tokens"].as_u64().unwrap();
-    wait_written(&first, 2.0);
+    // A stopped server has written every state it queued.
+    assert!(first.stop(), "a clean stop");
     let written = files(dir.path());
-    drop(first);
     // The system prompt's end and the user message's end; not the prompt's end (after the
     // tool-choice message) nor anything past it. The bytes the request queued are the files'.
     assert_eq!(written.len(), 2, "{written:?}");
@@ -127,7 +121,7 @@ fn the_last_message_boundary_wrote_a_second_state_a_few_tokens_short_of_the_prom
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     let args = ["--model", &tiny_a(), "--state-cache", d, "--state-cache-every", "0"];
-    let server = Server::start(&args);
+    let mut server = Server::start(&args);
     let body = json!({"model": "tiny-a", "max_tokens": 1, "temperature": 0, "messages": [
         {"role": "system", "content": "You are terse. ".repeat(8)},
         {"role": "user", "content": "What is a cache?"}]});
@@ -135,7 +129,8 @@ fn the_last_message_boundary_wrote_a_second_state_a_few_tokens_short_of_the_prom
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let a = r.json();
     let p1 = a["usage"]["prompt_tokens"].as_u64().unwrap();
-    wait_written(&server, 2.0);
+    // A stopped server has written every state it queued.
+    assert!(server.stop(), "a clean stop");
     let written = files(dir.path());
     // One token generated: the state after it holds nothing past the prompt.
     let at: Vec<u64> = written.iter().map(|&(n, _)| n).collect();

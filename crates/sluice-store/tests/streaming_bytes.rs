@@ -15,7 +15,7 @@ use sluice_store::{
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A deterministic subset of `0..n` of about `k` ids, varying with `seed`.
 fn subset(n: u32, k: u32, seed: u32) -> Vec<u32> {
@@ -332,11 +332,7 @@ fn unstarted_prefetches_are_cancelled() {
     let l = fx.moe_layers[0];
     store.prefetch(l, &[0, 1, 2, 3, 4]);
     // The one reader takes the first read, which stalls; the other four wait in the queue.
-    let t0 = Instant::now();
-    while reader.calls() == 0 {
-        assert!(t0.elapsed() < Duration::from_secs(30), "no read started");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    assert!(reader.wait_faults(1, Duration::from_secs(30)), "no read started");
     store.cancel_prefetch(l);
     let s = store.stats();
     assert_eq!(s.prefetch_issued, 5);

@@ -24,7 +24,7 @@ use sluice_store::{
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 type Reference = BTreeMap<(usize, u32), Vec<u8>>;
 
@@ -122,8 +122,8 @@ fn assert_enter_error(err: &StoreError, os_error: &str, what: &str) {
 
 /// After the ring was given up during a request for `ids` of `layer`: the store says so, is
 /// consistent, and serves `ids` of every layer exactly. Other layers are served at once; `layer`
-/// may first give the ring's error again, to a request that joins a read of the failed request
-/// still ending (a read the kernel held ends when the kernel completes it), but not for ever.
+/// once the failed request's reads have ended (a read the kernel held ends when the kernel
+/// completes it; a request joining it before then would be given the ring's error again).
 fn assert_fallback_works(
     fx: &Fixture,
     store: &StreamingExperts,
@@ -138,21 +138,18 @@ fn assert_fallback_works(
         let got = collect(store, l, ids).expect("served through the pread fallback");
         assert_same(want, l, &got, "after the ring was given up");
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let got = loop {
-        match collect(store, layer, ids) {
-            Ok(got) => break got,
-            Err(e) => assert_enter_error(&e, "os error", "a read of the failed request"),
-        }
-        assert!(Instant::now() < deadline, "the failed request's reads never ended");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    assert!(
+        store.wait_reads_done(Duration::from_secs(60)),
+        "the failed request's reads never ended"
+    );
+    let got = collect(store, layer, ids).expect("served through the pread fallback");
     assert_same(want, layer, &got, "after the ring was given up");
     store.check_consistency(true).expect("consistent");
 }
 
 /// A regression of the give-up logic would leave a request waiting for ever: end the process
 /// with a failure instead (a guard against hanging, far above the seconds this test takes).
+/// Its sleep is the deadline itself, not a guess at when an event has happened.
 fn watchdog(limit: Duration) {
     std::thread::spawn(move || {
         std::thread::sleep(limit);
@@ -217,11 +214,10 @@ fn a_failing_io_uring_enter_fails_its_request_and_pread_takes_over() {
     }
     std::thread::scope(|scope| {
         let request = scope.spawn(|| collect(c, l, &second));
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while stalls.faults() < 2 {
-            assert!(Instant::now() < deadline, "the stalled reads were never prepared");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        assert!(
+            stalls.wait_faults(2, Duration::from_secs(60)),
+            "the stalled reads were never prepared"
+        );
         fail_enter(*c_fd, libc::EINVAL).expect("a third filter");
         let err = request.join().expect("no panic").expect_err("the request fails");
         assert_enter_error(&err, "os error 22", "EINVAL with reads in the kernel");

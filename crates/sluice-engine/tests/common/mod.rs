@@ -5,7 +5,6 @@ use sluice_checkpoint::Checkpoint;
 use sluice_engine::session::{SessionCache, SessionConfig};
 use sluice_engine::state_cache::StateCache;
 use sluice_engine::turn::{run_turn, Turn, TurnOptions};
-use sluice_engine::Sampling;
 use sluice_models::Model;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,17 +32,9 @@ pub fn disk_turn(
             .with_disk(Some(Arc::clone(d)))
     });
     let opts = TurnOptions {
-        max_new: 3,
-        stop_ids: Vec::new(),
-        sampling: Sampling::greedy(),
-        draft_max: 0,
         per_token_logits: true,
-        prefill_chunk: 0,
-        on_prefill: None,
         boundaries: boundaries.to_vec(),
-        keep_prompt_end: true,
-        constraint: None,
-        follow_up: None,
+        ..TurnOptions::greedy(3)
     };
     let mut logits = Vec::new();
     let mut cb = |_t: u32, l: Option<&[f32]>| {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The workspace root.
 pub fn root() -> PathBuf {
@@ -145,17 +145,14 @@ impl Server {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// Waits until no generation runs and nothing is queued.
-    pub fn wait_idle(&self) {
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(120) {
-            let h = get(self.addr, "/health");
-            if h.status == 200 && h.json()["running"] == false && h.json()["queue_depth"] == 0 {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("server never became idle");
+    /// Stops the server with SIGTERM and waits for the process to end (it first answers what
+    /// is in flight and writes the states queued for its `--state-cache`); returns whether it
+    /// exited cleanly.
+    pub fn stop(&mut self) -> bool {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("run kill");
+        assert!(sent.success(), "kill -TERM {pid}");
+        self.child.wait().expect("wait for the server").success()
     }
 
     /// The server's stderr so far, once `done` holds for it (or after 30 s: the caller's
@@ -218,6 +215,35 @@ impl Resp {
             .filter_map(|l| l.strip_prefix("data: ").map(str::to_owned))
             .collect()
     }
+}
+
+/// Sends a POST of `body` to `path` and returns the connection unread (the caller reads the
+/// reply as it comes, or hangs up).
+pub fn send(addr: SocketAddr, path: &str, body: &Value) -> TcpStream {
+    let text = body.to_string();
+    let mut c = TcpStream::connect(addr).expect("connect");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        text.len()
+    );
+    c.write_all(head.as_bytes()).expect("send the head");
+    c.write_all(text.as_bytes()).expect("send the body");
+    c
+}
+
+/// Reads a streamed response from `c` until it holds `n` SSE `data:` events, and returns what
+/// was read. The server sends the first (the role) when it queues the job, so a second one
+/// means the engine is running the job.
+pub fn read_events(c: &mut TcpStream, n: usize) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while String::from_utf8_lossy(&got).matches("data: ").count() < n {
+        let k = c.read(&mut buf).expect("read the stream");
+        assert!(k > 0, "the stream ended early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..k]);
+    }
+    got
 }
 
 /// Sends raw bytes and reads the whole response (the request should ask `Connection: close`).
