@@ -16,7 +16,8 @@ use super::config::K3Config;
 use super::state::MlaLayer;
 use super::weights::MlaWeights;
 use super::Ctx;
-use sluice_kernels::ops::{dot_f64, rms_norm, sigmoid, softmax_inplace};
+use sluice_kernels::latent::{self, LANES};
+use sluice_kernels::ops::{rms_norm, sigmoid, softmax_inplace};
 use sluice_kernels::{matmul, Matrix, WeightFormat};
 
 /// Runs the layer on `x [T, d]`, appending T rows to the cache (staged until commit), a block
@@ -71,48 +72,69 @@ fn block(
     let kv_b = w.kv_b.get(ctx.spine);
     let (lat_all, pe_all) = (&st.lat, &st.pe);
 
-    // Per head: absorbed attention for every row.
+    // Per head: absorbed attention for every row, the f64 sums several at a time
+    // (`sluice_kernels::latent`: each sum in the order it had taken alone, so the same bits).
     let heads: Vec<Vec<f32>> = sluice_kernels::pool::map(h, |hi| {
-        // Head hi owns rows [hi·(nope+vd), (hi+1)·(nope+vd)): W_UK first, then W_UV.
+        // Head hi owns rows [hi·(nope+vd), (hi+1)·(nope+vd)): W_UK first, then W_UV. W_UK is
+        // widened once per block, not once per row.
         let first = hi * (nope + vd);
-        let wm = rows_of(&kv_b, first, nope + vd);
+        let wm = rows_of(&kv_b, first, nope);
         let w_uv = rows_of(&kv_b, first + nope, vd);
-        let mut out = vec![0.0f32; t * vd];
-        let mut wrow = vec![0.0f32; kl];
-        let mut q_lat = vec![0.0f64; kl];
-        for ti in 0..t {
-            let qrow = &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
-            // q_lat = W_UKᵀ q_nope (sum over the nope index in order).
-            q_lat.iter_mut().for_each(|v| *v = 0.0);
-            for (i, &qn) in qrow[..nope].iter().enumerate() {
-                wm.row_to_f32(i, &mut wrow);
-                for (a, &wv) in q_lat.iter_mut().zip(&wrow) {
-                    *a += f64::from(qn) * f64::from(wv);
+        let mut w_uk = vec![0.0f32; nope * kl];
+        for (i, row) in w_uk.chunks_exact_mut(kl).enumerate() {
+            wm.row_to_f32(i, row);
+        }
+        let qrow = |ti: usize| &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
+        let mut ctx_rows = vec![0.0f32; t * kl];
+        let mut q_lat = vec![0.0f32; LANES * kl];
+        let (mut s_lat, mut s_pe) = (Vec::new(), Vec::new());
+        for g0 in (0..t).step_by(LANES) {
+            let g = LANES.min(t - g0);
+            // q_lat = W_UKᵀ q_nope (sum over the nope index in order), then rounded to f32.
+            let q_nope: Vec<&[f32]> = (g0..g0 + g).map(|ti| &qrow(ti)[..nope]).collect();
+            latent::weighted_rows(&q_nope, &w_uk, kl, &mut q_lat[..g * kl]);
+            // The group's rows as lanes: lane l holds row g0 + l (unused lanes stay zero).
+            let mut q_lanes = vec![[0.0f32; LANES]; kl];
+            let mut pe_lanes = vec![[0.0f32; LANES]; rope];
+            for l in 0..g {
+                for (a, v) in q_lanes.iter_mut().enumerate() {
+                    v[l] = q_lat[l * kl + a];
+                }
+                for (j, v) in pe_lanes.iter_mut().enumerate() {
+                    v[l] = qrow(g0 + l)[nope + j];
                 }
             }
-            #[allow(clippy::cast_possible_truncation)]
-            let q_lat32: Vec<f32> = q_lat.iter().map(|&v| v as f32).collect();
-            let upto = past + ti + 1;
-            let mut scores: Vec<f32> = (0..upto)
-                .map(|pos| {
-                    let s = dot_f64(&q_lat32, &lat_all[pos * kl..(pos + 1) * kl])
-                        + dot_f64(&qrow[nope..], &pe_all[pos * rope..(pos + 1) * rope]);
-                    #[allow(clippy::cast_possible_truncation)]
-                    let s = s as f32;
-                    s * scale
+            // score = q_lat·lat[pos] + q_pe·pe[pos] for every position up to the group's last
+            // row; each row keeps its own (causal) ones.
+            let npos = past + g0 + g;
+            s_lat.resize(npos, [0.0f64; LANES]);
+            s_pe.resize(npos, [0.0f64; LANES]);
+            latent::dot_lanes(&q_lanes, lat_all, npos, &mut s_lat);
+            latent::dot_lanes(&pe_lanes, pe_all, npos, &mut s_pe);
+            let probs: Vec<Vec<f32>> = (0..g)
+                .map(|l| {
+                    let upto = past + g0 + l + 1;
+                    let mut scores: Vec<f32> = s_lat[..upto]
+                        .iter()
+                        .zip(&s_pe[..upto])
+                        .map(|(a, b)| {
+                            #[allow(clippy::cast_possible_truncation)]
+                            let s = (a[l] + b[l]) as f32;
+                            s * scale
+                        })
+                        .collect();
+                    softmax_inplace(&mut scores);
+                    scores
                 })
                 .collect();
-            softmax_inplace(&mut scores);
-            let mut ctxv = vec![0.0f64; kl];
-            for (pos, &pr) in scores.iter().enumerate() {
-                for (a, &l) in ctxv.iter_mut().zip(&lat_all[pos * kl..(pos + 1) * kl]) {
-                    *a += f64::from(pr) * f64::from(l);
-                }
-            }
-            #[allow(clippy::cast_possible_truncation)]
-            let ctx32: Vec<f32> = ctxv.iter().map(|&v| v as f32).collect();
-            matmul(&w_uv, &ctx32, 1, &mut out[ti * vd..(ti + 1) * vd]);
+            // ctx = Σ p·lat over each row's positions in order.
+            let p: Vec<&[f32]> = probs.iter().map(Vec::as_slice).collect();
+            latent::weighted_rows(&p, lat_all, kl, &mut ctx_rows[g0 * kl..(g0 + g) * kl]);
         }
+        // out = W_UV ctx for every row in one call (batch-invariant: each row's bits are its
+        // single-row call's).
+        let mut out = vec![0.0f32; t * vd];
+        matmul(&w_uv, &ctx_rows, t, &mut out);
         out
     });
     debug_assert_eq!(total, st.lat.len() / kl);
