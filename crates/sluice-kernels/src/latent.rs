@@ -15,8 +15,9 @@
 //! products in the same order as the one-at-a-time sum, starting from the same zero (`+0.0` for
 //! the column sums, as the model code started them; `-0.0` for the dot products, as
 //! `Iterator::sum` starts), and the product of two f32 values is exact in f64, so every result
-//! is bit for bit the one-at-a-time result on every tier. The bodies are plain Rust compiled
-//! once per tier under `#[target_feature]` and picked by [`crate::isa::isa`].
+//! is bit for bit the one-at-a-time result on every tier (so is a fused multiply-add, which the
+//! AVX tiers use: rounding an exact product first changes nothing). The bodies are plain Rust
+//! compiled once per tier under `#[target_feature]` and picked by [`crate::isa::isa`].
 
 use crate::isa::{self, Isa};
 
@@ -57,7 +58,7 @@ pub fn weighted_rows_with(isa: Isa, p: &[&[f32]], m: &[f32], width: usize, out: 
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU supports AVX2 and FMA (asserted above).
         Isa::Avx2 => unsafe { weighted_rows_avx2(p, m, width, out) },
-        _ => weighted_rows_body(p, m, width, out),
+        _ => weighted_rows_body::<false>(p, m, width, out),
     }
 }
 
@@ -93,7 +94,7 @@ pub fn dot_lanes_with(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU supports AVX2 and FMA (asserted above).
         Isa::Avx2 => unsafe { dot_lanes_avx2(q, m, npos, out) },
-        _ => dot_lanes_body(q, m, npos, out),
+        _ => dot_lanes_body::<false>(q, m, npos, out),
     }
 }
 
@@ -102,9 +103,9 @@ pub fn dot_lanes_with(
 /// # Safety
 /// The CPU supports AVX-512F.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,fma")]
 unsafe fn weighted_rows_avx512(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32]) {
-    weighted_rows_body(p, m, width, out);
+    weighted_rows_body::<true>(p, m, width, out);
 }
 
 /// [`weighted_rows_body`] compiled for AVX2 and FMA.
@@ -114,7 +115,7 @@ unsafe fn weighted_rows_avx512(p: &[&[f32]], m: &[f32], width: usize, out: &mut 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn weighted_rows_avx2(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32]) {
-    weighted_rows_body(p, m, width, out);
+    weighted_rows_body::<true>(p, m, width, out);
 }
 
 /// [`dot_lanes_body`] compiled for AVX-512F.
@@ -122,9 +123,9 @@ unsafe fn weighted_rows_avx2(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f
 /// # Safety
 /// The CPU supports AVX-512F.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,fma")]
 unsafe fn dot_lanes_avx512(q: &[[f32; LANES]], m: &[f32], npos: usize, out: &mut [[f64; LANES]]) {
-    dot_lanes_body(q, m, npos, out);
+    dot_lanes_body::<true>(q, m, npos, out);
 }
 
 /// [`dot_lanes_body`] compiled for AVX2 and FMA.
@@ -134,19 +135,24 @@ unsafe fn dot_lanes_avx512(q: &[[f32; LANES]], m: &[f32], npos: usize, out: &mut
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_lanes_avx2(q: &[[f32; LANES]], m: &[f32], npos: usize, out: &mut [[f64; LANES]]) {
-    dot_lanes_body(q, m, npos, out);
+    dot_lanes_body::<true>(q, m, npos, out);
 }
 
 /// [`weighted_rows`] for every tier: groups of [`ROWS`] rows, then single rows.
 #[inline(always)]
-fn weighted_rows_body(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32]) {
+fn weighted_rows_body<const FUSED: bool>(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32]) {
     let mut r = 0;
     while r + ROWS <= p.len() {
-        row_group::<ROWS>(&p[r..r + ROWS], m, width, &mut out[r * width..(r + ROWS) * width]);
+        row_group::<ROWS, FUSED>(
+            &p[r..r + ROWS],
+            m,
+            width,
+            &mut out[r * width..(r + ROWS) * width],
+        );
         r += ROWS;
     }
     while r < p.len() {
-        row_group::<1>(&p[r..=r], m, width, &mut out[r * width..(r + 1) * width]);
+        row_group::<1, FUSED>(&p[r..=r], m, width, &mut out[r * width..(r + 1) * width]);
         r += 1;
     }
 }
@@ -156,7 +162,12 @@ fn weighted_rows_body(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32]) {
 /// one at a time. Each column's sum adds its terms in increasing index whichever part of the
 /// loop adds them.
 #[inline(always)]
-fn row_group<const R: usize>(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32]) {
+fn row_group<const R: usize, const FUSED: bool>(
+    p: &[&[f32]],
+    m: &[f32],
+    width: usize,
+    out: &mut [f32],
+) {
     let joint = p.iter().map(|r| r.len()).min().unwrap_or(0);
     let mut a0 = 0;
     while a0 + COLS <= width {
@@ -169,7 +180,7 @@ fn row_group<const R: usize>(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f
             for (acc, pr) in acc.iter_mut().zip(p) {
                 let pv = f64::from(pr[i]);
                 for (a, &lv) in acc.iter_mut().zip(&l) {
-                    *a += pv * lv;
+                    *a = madd::<FUSED>(pv, lv, *a);
                 }
             }
         }
@@ -178,7 +189,7 @@ fn row_group<const R: usize>(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f
                 let pv = f64::from(pi);
                 let row = &m[i * width + a0..i * width + a0 + COLS];
                 for (a, &lv) in acc.iter_mut().zip(row) {
-                    *a += pv * f64::from(lv);
+                    *a = madd::<FUSED>(pv, f64::from(lv), *a);
                 }
             }
         }
@@ -196,7 +207,7 @@ fn row_group<const R: usize>(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f
         for (r, pr) in p.iter().enumerate() {
             let mut acc = 0.0f64;
             for (i, &pi) in pr.iter().enumerate() {
-                acc += f64::from(pi) * f64::from(m[i * width + a]);
+                acc = madd::<FUSED>(f64::from(pi), f64::from(m[i * width + a]), acc);
             }
             #[allow(clippy::cast_possible_truncation)]
             {
@@ -208,17 +219,22 @@ fn row_group<const R: usize>(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f
 
 /// [`dot_lanes`] for every tier: [`POSITIONS`] positions at a time, then one at a time.
 #[inline(always)]
-fn dot_lanes_body(q: &[[f32; LANES]], m: &[f32], npos: usize, out: &mut [[f64; LANES]]) {
+fn dot_lanes_body<const FUSED: bool>(
+    q: &[[f32; LANES]],
+    m: &[f32],
+    npos: usize,
+    out: &mut [[f64; LANES]],
+) {
     let w = q.len();
     let mut pos = 0;
     while pos + POSITIONS <= npos {
         let rows: [&[f32]; POSITIONS] =
             std::array::from_fn(|j| &m[(pos + j) * w..(pos + j + 1) * w]);
-        out[pos..pos + POSITIONS].copy_from_slice(&position_tile(q, rows));
+        out[pos..pos + POSITIONS].copy_from_slice(&position_tile::<POSITIONS, FUSED>(q, rows));
         pos += POSITIONS;
     }
     while pos < npos {
-        out[pos] = position_tile(q, [&m[pos * w..(pos + 1) * w]])[0];
+        out[pos] = position_tile::<1, FUSED>(q, [&m[pos * w..(pos + 1) * w]])[0];
         pos += 1;
     }
 }
@@ -226,18 +242,32 @@ fn dot_lanes_body(q: &[[f32; LANES]], m: &[f32], npos: usize, out: &mut [[f64; L
 /// The [`dot_lanes`] sums of `P` positions (`rows`, each `q.len()` long): each position's
 /// value at `a` is broadcast to the lanes and multiplied by the lanes' values at `a`.
 #[inline(always)]
-fn position_tile<const P: usize>(q: &[[f32; LANES]], rows: [&[f32]; P]) -> [[f64; LANES]; P] {
+fn position_tile<const P: usize, const FUSED: bool>(
+    q: &[[f32; LANES]],
+    rows: [&[f32]; P],
+) -> [[f64; LANES]; P] {
     let mut acc = [[-0.0f64; LANES]; P];
     for (a, qa) in q.iter().enumerate() {
         let qv = qa.map(f64::from);
         for (acc, row) in acc.iter_mut().zip(&rows) {
             let mv = f64::from(row[a]);
             for (s, &x) in acc.iter_mut().zip(&qv) {
-                *s += x * mv;
+                *s = madd::<FUSED>(x, mv, *s);
             }
         }
     }
     acc
+}
+
+/// `acc + a · b` for `a`, `b` widened from f32: fused where the tier has FMA, since their
+/// product is exact in f64 and rounding it first changes nothing (both give the same bits).
+#[inline(always)]
+fn madd<const FUSED: bool>(a: f64, b: f64, acc: f64) -> f64 {
+    if FUSED {
+        a.mul_add(b, acc)
+    } else {
+        acc + a * b
+    }
 }
 
 #[cfg(test)]
