@@ -11,19 +11,17 @@
 //! before the next block reads them, so the projections, per-head outputs and gate are held
 //! for one block however long the prompt (bit-identical to one call over all rows, for the
 //! same reason). Within a head, the f64 sums of [`LANES`] rows run side by side
-//! (`sluice_kernels::latent`), each in the order it takes alone, and their W_UV products in one
+//! (`crate::absorbed`), each in the order it takes alone, and their W_UV products in one
 //! batch-invariant call: the same bits as one row at a time.
 
 use super::config::K3Config;
 use super::state::MlaLayer;
 use super::weights::MlaWeights;
 use super::Ctx;
-use sluice_kernels::latent::{self, LANES};
-use sluice_kernels::ops::{rms_norm, sigmoid, softmax_inplace};
+use crate::absorbed;
+use sluice_kernels::latent::LANES;
+use sluice_kernels::ops::{rms_norm, sigmoid};
 use sluice_kernels::{matmul, Matrix, WeightFormat};
-
-/// Positions whose scores one group of rows sums at a time.
-const SPAN: usize = 64;
 
 /// Runs the layer on `x [T, d]`, appending T rows to the cache (staged until commit), a block
 /// of rows at a time.
@@ -76,6 +74,7 @@ fn block(
     let scale = (qd as f32).powf(-0.5);
     let kv_b = w.kv_b.get(ctx.spine);
     let (lat_all, pe_all) = (&st.lat, &st.pe);
+    let dims = absorbed::Dims { nope, rope, kl, scale };
 
     // Per head: absorbed attention for every row, the f64 sums several at a time
     // (`sluice_kernels::latent`: each sum in the order it had taken alone, so the same bits).
@@ -91,53 +90,15 @@ fn block(
         }
         let qrow = |ti: usize| &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
         let mut out = vec![0.0f32; t * vd];
-        let mut q_lat = vec![0.0f32; LANES * kl];
         let mut ctx_rows = vec![0.0f32; LANES * kl];
-        let (mut s_lat, mut s_pe) = ([[0.0f64; LANES]; SPAN], [[0.0f64; LANES]; SPAN]);
         for g0 in (0..t).step_by(LANES) {
             let g = LANES.min(t - g0);
-            // q_lat = W_UKᵀ q_nope (sum over the nope index in order), then rounded to f32.
-            let q_nope: Vec<&[f32]> = (g0..g0 + g).map(|ti| &qrow(ti)[..nope]).collect();
-            latent::weighted_rows(&q_nope, &w_uk, kl, &mut q_lat[..g * kl]);
-            // The group's rows as lanes: lane l holds row g0 + l (unused lanes stay zero).
-            let mut q_lanes = vec![[0.0f32; LANES]; kl];
-            let mut pe_lanes = vec![[0.0f32; LANES]; rope];
-            for l in 0..g {
-                for (a, v) in q_lanes.iter_mut().enumerate() {
-                    v[l] = q_lat[l * kl + a];
-                }
-                for (j, v) in pe_lanes.iter_mut().enumerate() {
-                    v[l] = qrow(g0 + l)[nope + j];
-                }
-            }
-            // score = q_lat·lat[pos] + q_pe·pe[pos] for every position up to the group's last
-            // row, a span of positions at a time (the f64 sums of a span, not of the whole
-            // context, are held); each row keeps its own (causal) ones.
-            let npos = past + g0 + g;
-            let mut probs: Vec<Vec<f32>> =
-                (0..g).map(|l| Vec::with_capacity(past + g0 + l + 1)).collect();
-            for p0 in (0..npos).step_by(SPAN) {
-                let n = SPAN.min(npos - p0);
-                latent::dot_lanes(&q_lanes, &lat_all[p0 * kl..], n, &mut s_lat);
-                latent::dot_lanes(&pe_lanes, &pe_all[p0 * rope..], n, &mut s_pe);
-                for (l, scores) in probs.iter_mut().enumerate() {
-                    let upto = (past + g0 + l + 1).saturating_sub(p0).min(n);
-                    scores.extend(s_lat[..upto].iter().zip(&s_pe[..upto]).map(|(a, b)| {
-                        #[allow(clippy::cast_possible_truncation)]
-                        let s = (a[l] + b[l]) as f32;
-                        s * scale
-                    }));
-                }
-            }
-            for scores in &mut probs {
-                softmax_inplace(scores);
-            }
-            // ctx = Σ p·lat over each row's positions in order.
-            let p: Vec<&[f32]> = probs.iter().map(Vec::as_slice).collect();
-            latent::weighted_rows(&p, lat_all, kl, &mut ctx_rows[..g * kl]);
+            let rows: Vec<&[f32]> = (g0..g0 + g).map(qrow).collect();
+            let c = &mut ctx_rows[..g * kl];
+            absorbed::group(&dims, &rows, &w_uk, lat_all, pe_all, past + g0, c);
             // out = W_UV ctx for the group's rows in one call (batch-invariant: each row's
             // bits are those of its single-row call).
-            matmul(&w_uv, &ctx_rows[..g * kl], g, &mut out[g0 * vd..(g0 + g) * vd]);
+            matmul(&w_uv, c, g, &mut out[g0 * vd..(g0 + g) * vd]);
         }
         out
     });
