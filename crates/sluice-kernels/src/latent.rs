@@ -329,7 +329,7 @@ mod tests {
     fn dot_lanes_match_dot_f64_on_every_tier() {
         for (w, npos) in [(1, 1), (64, 3), (512, 9), (37, 4), (33, 17)] {
             let m = values(npos * w, 3);
-            let cols: Vec<Vec<f32>> = (0..LANES).map(|l| values(w, 50 + l as u32)).collect();
+            let cols: Vec<Vec<f32>> = (50u32..).take(LANES).map(|seed| values(w, seed)).collect();
             let q: Vec<[f32; LANES]> =
                 (0..w).map(|a| std::array::from_fn(|l| cols[l][a])).collect();
             for isa in Isa::available() {
@@ -358,7 +358,7 @@ mod tests {
             let mut got = vec![[0.0f64; LANES]; 1];
             dot_lanes_with(isa, &q, &m, 1, &mut got);
             assert!(got[0].iter().all(|v| v.to_bits() == (-0.0f64).to_bits()), "{isa}");
-            let mut out = vec![f32::NAN; 16];
+            let mut out = [f32::NAN; 16];
             weighted_rows_with(isa, &[&[-0.0f32][..]], &m[..16.min(m.len())], 5, &mut out[..5]);
             assert!(out[..5].iter().all(|v| v.to_bits() == 0), "{isa}: columns start at +0.0");
         }
