@@ -38,7 +38,8 @@ use sluice_checkpoint::{Checkpoint, CheckpointError};
 use std::sync::Arc;
 
 /// Rows a model runs through a layer's row-local work at a time where splitting the rows
-/// changes no result (Kimi K3's KDA layers, a routed expert's batch): a long prompt pass then
+/// changes no result (Kimi K3's KDA layers, a routed expert's batch — Kimi K3's in blocks of
+/// [`EXPERT_BLOCK`]): a long prompt pass then
 /// holds those buffers for one block of rows, not for all of them. The memory plan charges a
 /// pass's first `ROW_BLOCK` rows at the full per-row working memory for this, and a decode
 /// pass verifies at most `ROW_BLOCK` rows.
