@@ -11,7 +11,9 @@
 //! Here each vector lane carries a sum of its own, so no sum changes its order:
 //! [`weighted_rows`] puts latent columns in the lanes (the context and the absorbed query, a few
 //! rows sharing each load of a matrix row), [`dot_lanes`] puts [`LANES`] rows of the pass in the
-//! lanes (the scores, each position's values broadcast to all of them). Every lane adds the same
+//! lanes (the scores, each position's values broadcast to all of them), and [`attend`] runs one
+//! head's absorbed attention for up to [`LANES`] rows on them (the families multiply its context
+//! by their W_UV). Every lane adds the same
 //! products in the same order as the one-at-a-time sum, starting from the same zero (`+0.0` for
 //! the column sums, as the model code started them; `-0.0` for the dot products, as
 //! `Iterator::sum` starts), and the product of two f32 values is exact in f64, so every result
@@ -20,6 +22,7 @@
 //! compiled once per tier under `#[target_feature]` and picked by [`crate::isa::isa`].
 
 use crate::isa::{self, Isa};
+use crate::ops::softmax_inplace;
 
 /// Rows of the pass whose dot products share one vector in [`dot_lanes`].
 pub const LANES: usize = 8;
@@ -257,6 +260,84 @@ fn position_tile<const P: usize, const FUSED: bool>(
         }
     }
     acc
+}
+
+/// Positions whose scores a group sums at a time.
+const SPAN: usize = 64;
+
+/// The sizes of one head's absorbed attention ([`attend`]).
+pub struct Absorbed {
+    /// Query no-position width (rows of W_UK).
+    pub nope: usize,
+    /// Rotary (or NoPE `k_pe`) width.
+    pub rope: usize,
+    /// Latent width (`kv_lora_rank`).
+    pub kl: usize,
+    /// Score scale.
+    pub scale: f32,
+}
+
+/// Computes `ctx [g, kl]` for the `g ≤ LANES` rows whose queries (`nope + rope` values each,
+/// no-position part first) `q_rows` holds, one head: row `l` attends to positions `0 ..=
+/// first + l` of the cache `lat [positions, kl]`, `pe [positions, rope]`. `w_uk` is the
+/// head's W_UK widened to f32, `[nope, kl]`. Each row's result is what the one-row sums give:
+/// `q_lat` from +0.0 in increasing nope index, rounded to f32; each score the f64 sum of the two
+/// dot products (each from −0.0 in index order, as [`crate::ops::dot_f64`]), rounded to f32 and
+/// scaled; [`softmax_inplace`]; `ctx` from +0.0 in increasing position, rounded to f32.
+///
+/// # Panics
+/// If `q_rows` holds more than [`LANES`] rows, a row is shorter than `nope + rope`, or the cache
+/// holds fewer than `first + q_rows.len()` positions.
+pub fn attend(
+    d: &Absorbed,
+    q_rows: &[&[f32]],
+    w_uk: &[f32],
+    lat: &[f32],
+    pe: &[f32],
+    first: usize,
+    ctx: &mut [f32],
+) {
+    let (nope, rope, kl) = (d.nope, d.rope, d.kl);
+    let g = q_rows.len();
+    assert!(g <= LANES, "attend: a group holds at most LANES rows");
+    // q_lat = W_UKᵀ q_nope (sum over the nope index in order), rounded to f32.
+    let q_nope: Vec<&[f32]> = q_rows.iter().map(|r| &r[..nope]).collect();
+    let mut q_lat = vec![0.0f32; g * kl];
+    weighted_rows(&q_nope, w_uk, kl, &mut q_lat);
+    // The rows as lanes: lane l holds row l (unused lanes stay zero).
+    let mut q_lanes = vec![[0.0f32; LANES]; kl];
+    let mut pe_lanes = vec![[0.0f32; LANES]; rope];
+    for (l, row) in q_rows.iter().enumerate() {
+        for (a, v) in q_lanes.iter_mut().enumerate() {
+            v[l] = q_lat[l * kl + a];
+        }
+        for (j, v) in pe_lanes.iter_mut().enumerate() {
+            v[l] = row[nope + j];
+        }
+    }
+    // score = q_lat·lat[pos] + q_pe·pe[pos] (each an f64 dot), rounded to f32, then scaled.
+    let npos = first + g;
+    let mut probs: Vec<Vec<f32>> = (0..g).map(|l| Vec::with_capacity(first + l + 1)).collect();
+    let (mut s_lat, mut s_pe) = ([[0.0f64; LANES]; SPAN], [[0.0f64; LANES]; SPAN]);
+    for p0 in (0..npos).step_by(SPAN) {
+        let n = SPAN.min(npos - p0);
+        dot_lanes(&q_lanes, &lat[p0 * kl..], n, &mut s_lat);
+        dot_lanes(&pe_lanes, &pe[p0 * rope..], n, &mut s_pe);
+        for (l, scores) in probs.iter_mut().enumerate() {
+            let upto = (first + l + 1).saturating_sub(p0).min(n);
+            scores.extend(s_lat[..upto].iter().zip(&s_pe[..upto]).map(|(a, b)| {
+                #[allow(clippy::cast_possible_truncation)]
+                let s = (a[l] + b[l]) as f32;
+                s * d.scale
+            }));
+        }
+    }
+    for scores in &mut probs {
+        softmax_inplace(scores);
+    }
+    // ctx = Σ p·lat over each row's positions in order.
+    let p: Vec<&[f32]> = probs.iter().map(Vec::as_slice).collect();
+    weighted_rows(&p, lat, kl, ctx);
 }
 
 /// `acc + a · b` for `a`, `b` widened from f32: fused where the tier has FMA, since their

@@ -10,7 +10,6 @@
 //! a placed spine piece ([`spine`], through the shared weight handle [`linear::Linear`]) and
 //! routed experts come from a `sluice_store::ExpertStore`.
 
-mod absorbed;
 mod combine;
 pub mod deepseek_v3;
 pub mod family;

@@ -15,7 +15,7 @@
 //! rows at a time, each block appending its rows to the cache before the next block reads them,
 //! so the projections and per-head outputs are held for one block however long the prompt
 //! (bit-identical for the same reason; `kv_b_proj` is widened once per block). The f64 sums of
-//! up to [`LANES`] rows of a head run side by side (`crate::absorbed`), each in its one-row
+//! up to [`LANES`] rows of a head run side by side ([`latent::attend`]), each in its one-row
 //! order: the same bits.
 //!
 //! RoPE: `rope_interleave` (the default and DeepSeek's layout) rotates pairs `(x₂ⱼ, x₂ⱼ₊₁)` and
@@ -26,7 +26,6 @@
 use super::config::DeepseekV3Config;
 use super::weights::{AttnWeights, QProj};
 use super::{mm, Rope};
-use crate::absorbed;
 use crate::kimi_k3::state::MlaLayer;
 use crate::spine::TensorBytes;
 use sluice_kernels::latent::{self, LANES};
@@ -126,7 +125,7 @@ fn block(
     let scale = c.softmax_scale();
     let kv_b = w.kv_b.get(src);
     let (lat_all, pe_all) = (&st.lat, &st.pe);
-    let dims = absorbed::Dims { nope, rope: rd, kl, scale };
+    let dims = latent::Absorbed { nope, rope: rd, kl, scale };
 
     let heads: Vec<Vec<f32>> = sluice_kernels::pool::map(h, |hi| {
         // kv_b_proj rows of head hi: W_UK (nope rows), then W_UV (v rows), decoded once per
@@ -145,7 +144,7 @@ fn block(
         for g0 in (0..t).step_by(LANES) {
             let g = LANES.min(t - g0);
             let rows: Vec<&[f32]> = (g0..g0 + g).map(qrow).collect();
-            absorbed::group(&dims, &rows, w_uk, lat_all, pe_all, past + g0, &mut ctx[..g * kl]);
+            latent::attend(&dims, &rows, w_uk, lat_all, pe_all, past + g0, &mut ctx[..g * kl]);
             // out[h] = W_UV[h] · ctx, one f64 dot per value row, the group's rows as lanes.
             let mut lanes = vec![[0.0f32; LANES]; kl];
             for l in 0..g {

@@ -11,15 +11,14 @@
 //! before the next block reads them, so the projections, per-head outputs and gate are held
 //! for one block however long the prompt (bit-identical to one call over all rows, for the
 //! same reason). Within a head, the f64 sums of [`LANES`] rows run side by side
-//! (`crate::absorbed`), each in the order it takes alone, and their W_UV products in one
+//! ([`latent::attend`]), each in the order it takes alone, and their W_UV products in one
 //! batch-invariant call: the same bits as one row at a time.
 
 use super::config::K3Config;
 use super::state::MlaLayer;
 use super::weights::MlaWeights;
 use super::Ctx;
-use crate::absorbed;
-use sluice_kernels::latent::LANES;
+use sluice_kernels::latent::{self, LANES};
 use sluice_kernels::ops::{rms_norm, sigmoid};
 use sluice_kernels::{matmul, Matrix, WeightFormat};
 
@@ -74,10 +73,10 @@ fn block(
     let scale = (qd as f32).powf(-0.5);
     let kv_b = w.kv_b.get(ctx.spine);
     let (lat_all, pe_all) = (&st.lat, &st.pe);
-    let dims = absorbed::Dims { nope, rope, kl, scale };
+    let dims = latent::Absorbed { nope, rope, kl, scale };
 
     // Per head: absorbed attention for every row, the f64 sums several at a time
-    // (`sluice_kernels::latent`: each sum in the order it had taken alone, so the same bits).
+    // (`latent::attend`: each sum in the order it had taken alone, so the same bits).
     let heads: Vec<Vec<f32>> = sluice_kernels::pool::map(h, |hi| {
         // Head hi owns rows [hi·(nope+vd), (hi+1)·(nope+vd)): W_UK first, then W_UV. W_UK is
         // widened once per block, not once per row.
@@ -95,7 +94,7 @@ fn block(
             let g = LANES.min(t - g0);
             let rows: Vec<&[f32]> = (g0..g0 + g).map(qrow).collect();
             let c = &mut ctx_rows[..g * kl];
-            absorbed::group(&dims, &rows, &w_uk, lat_all, pe_all, past + g0, c);
+            latent::attend(&dims, &rows, &w_uk, lat_all, pe_all, past + g0, c);
             // out = W_UV ctx for the group's rows in one call (batch-invariant: each row's
             // bits are those of its single-row call).
             matmul(&w_uv, c, g, &mut out[g0 * vd..(g0 + g) * vd]);
