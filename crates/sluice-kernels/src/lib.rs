@@ -10,6 +10,7 @@
 mod arch;
 pub mod formats;
 pub mod isa;
+pub mod latent;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

@@ -3,6 +3,8 @@
 //! row's result never depends on the other rows in a pass. Reductions over a row accumulate in
 //! f64 in index order: deterministic and well inside the f32 error budget.
 
+use crate::isa::Isa;
+
 /// `out = w ⊙ x / sqrt(mean(x²) + eps)`; `w = None` means no weight (AttnRes keys).
 pub fn rms_norm(x: &[f32], w: Option<&[f32]>, eps: f32, out: &mut [f32]) {
     let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
@@ -122,8 +124,89 @@ pub fn causal_conv_silu_step(hist: &mut [f32], y: &[f32], w: &[f32], k: usize, o
 /// way. Every value and every sum is formed in the order of the four separate sweeps (the
 /// prediction and the read still add rows in increasing key channel), so the result is bit for
 /// bit that of [`kda_step_reference`]; the state is 64 KiB a head, so halving its passes halves
-/// what a decode step moves through the cache.
+/// what a decode step moves through the cache. The sweeps run on the tier [`crate::isa::isa`]
+/// picks ([`kda_step_with`]).
 pub fn kda_step(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    o: &mut [f32],
+) {
+    kda_step_with(crate::isa::isa(), s, q, k, v, g, beta, o);
+}
+
+/// [`kda_step`] compiled for the vector width of `isa`: its sweeps run along a state row, where
+/// each value column keeps its own sums (the same additions in the same order at any width; a
+/// product of two f32 values is exact in f64), so every tier gives the same bits. The baseline
+/// x86-64 build ran them two f64 lanes wide.
+///
+/// # Panics
+/// If the running CPU does not support `isa`.
+#[allow(clippy::too_many_arguments)]
+pub fn kda_step_with(
+    isa: Isa,
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    o: &mut [f32],
+) {
+    assert!(isa.is_available(), "kda_step: the {isa} tier is not supported by this CPU");
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU supports AVX-512F (asserted above).
+        Isa::Avx512 => unsafe { kda_step_avx512(s, q, k, v, g, beta, o) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU supports AVX2 and FMA (asserted above).
+        Isa::Avx2 => unsafe { kda_step_avx2(s, q, k, v, g, beta, o) },
+        _ => kda_step_body(s, q, k, v, g, beta, o),
+    }
+}
+
+/// [`kda_step_body`] compiled for AVX-512F.
+///
+/// # Safety
+/// The CPU supports AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn kda_step_avx512(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    o: &mut [f32],
+) {
+    kda_step_body(s, q, k, v, g, beta, o);
+}
+
+/// [`kda_step_body`] compiled for AVX2 and FMA.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn kda_step_avx2(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    o: &mut [f32],
+) {
+    kda_step_body(s, q, k, v, g, beta, o);
+}
+
+/// The two sweeps of [`kda_step`], for every tier.
+#[inline(always)]
+fn kda_step_body(
     s: &mut [f32],
     q: &[f32],
     k: &[f32],

@@ -1,9 +1,10 @@
 //! The row-wise ops against straightforward f64 formulas (and one hand-computed convolution).
 
 use sluice_kernels::ops::{
-    causal_conv_silu_step, dot_f64, kda_step, kda_step_reference, l2_norm_inplace, rms_norm,
-    sigmoid, silu, silu_glu, situ_glu, softmax_inplace,
+    causal_conv_silu_step, dot_f64, kda_step, kda_step_reference, kda_step_with, l2_norm_inplace,
+    rms_norm, sigmoid, silu, silu_glu, situ_glu, softmax_inplace,
 };
+use sluice_kernels::Isa;
 
 /// Deterministic test values in roughly [−3, 3).
 fn wave(n: usize, phase: f64) -> Vec<f32> {
@@ -201,7 +202,8 @@ fn fused_kda_step_is_bit_identical_to_the_four_sweeps() {
     for (dk, dv) in [(128, 128), (64, 64), (3, 17), (17, 5), (1, 1)] {
         let mut a: Vec<f32> = wave(dk * dv, 0.4).iter().map(|v| v * 0.3).collect();
         let mut b = a.clone();
-        let (mut oa, mut ob) = (vec![0.0f32; dv], vec![0.0f32; dv]);
+        let mut c = a.clone();
+        let (mut oa, mut ob, mut oc) = (vec![0.0f32; dv], vec![0.0f32; dv], vec![0.0f32; dv]);
         for step in 0..6 {
             let phase = f64::from(step);
             let mut q = wave(dk, 1.5 + phase);
@@ -210,11 +212,18 @@ fn fused_kda_step_is_bit_identical_to_the_four_sweeps() {
             l2_norm_inplace(&mut k, 1e-6);
             let v = wave(dv, 3.5 + phase);
             let g: Vec<f32> = wave(dk, 4.5 + phase).iter().map(|x| -0.2 * x.abs()).collect();
-            kda_step(&mut a, &q, &k, &v, &g, 0.6, &mut oa);
             kda_step_reference(&mut b, &q, &k, &v, &g, 0.6, &mut ob);
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&oa), bits(&ob), "output, {dk}x{dv} step {step}");
-            assert_eq!(bits(&a), bits(&b), "state, {dk}x{dv} step {step}");
+            // Every tier from the same state: each must give the reference's bits.
+            let before = a.clone();
+            for isa in Isa::available() {
+                a.copy_from_slice(&before);
+                kda_step_with(isa, &mut a, &q, &k, &v, &g, 0.6, &mut oa);
+                assert_eq!(bits(&oa), bits(&ob), "{isa} output, {dk}x{dv} step {step}");
+                assert_eq!(bits(&a), bits(&b), "{isa} state, {dk}x{dv} step {step}");
+            }
+            kda_step(&mut c, &q, &k, &v, &g, 0.6, &mut oc);
+            assert_eq!(bits(&oc), bits(&ob), "default tier output, {dk}x{dv} step {step}");
         }
     }
 }

@@ -46,46 +46,50 @@ impl IdOrder {
     }
 }
 
-/// The batch buffers of a gated expert (`down(glu(gate x, up x))`), reused from expert to expert.
+/// The batch buffers of a gated expert (`down(glu(gate x, up x))`), reused from expert to expert:
+/// three, not five. The input rows are dead once the gate and up projections have read them, so
+/// their buffer takes the activation, and the gate's buffer, once the activation has read it,
+/// takes the output.
 #[derive(Default)]
 pub(crate) struct GluExpert {
     xs: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
-    act: Vec<f32>,
-    y: Vec<f32>,
 }
 
 impl GluExpert {
-    /// Runs one expert on the `(row, slot)` pairs that chose it, [`crate::ROW_BLOCK`] rows at a
-    /// time (the buffers hold one block however many prompt rows chose it; rows are
-    /// independent in the kernels), reading each row's input from `x [T, d_in]` and adding
+    /// Runs one expert on the `(row, slot)` pairs that chose it, `block` rows at a time (the
+    /// buffers hold one block however many prompt rows chose it; rows are independent in the
+    /// kernels, so the block changes no bit), reading each row's input from `x [T, d_in]` and adding
     /// `weight(row, slot) · y` into that row's running sum in `out [T, d_out]`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run(
         &mut self,
         [gate_w, up_w, down_w]: [&Matrix<'_>; 3],
-        glu: impl Fn(&[f32], &[f32], &mut [f32]),
+        glu: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
         users: &[(usize, usize)],
+        block: usize,
         x: &[f32],
         weight: impl Fn(usize, usize) -> f32,
         out: &mut [f32],
     ) {
         let (d_in, inter, d_out) = (gate_w.cols(), gate_w.rows(), down_w.rows());
-        let Self { xs, gate, up, act, y } = self;
-        for us in users.chunks(crate::ROW_BLOCK) {
+        let Self { xs, gate, up } = self;
+        for us in users.chunks(block.max(1)) {
             let n = us.len();
-            xs.clear();
-            for &(row, _) in us {
-                xs.extend_from_slice(&x[row * d_in..(row + 1) * d_in]);
+            set_len(xs, n * d_in);
+            for (&(row, _), xr) in us.iter().zip(xs.chunks_exact_mut(d_in)) {
+                xr.copy_from_slice(&x[row * d_in..(row + 1) * d_in]);
             }
-            gate.resize(n * inter, 0.0);
-            up.resize(n * inter, 0.0);
-            act.resize(n * inter, 0.0);
-            y.resize(n * d_out, 0.0);
+            set_len(gate, n * inter);
+            set_len(up, n * inter);
             matmul(gate_w, xs, n, gate);
             matmul(up_w, xs, n, up);
-            glu(gate, up, act);
+            let act = &mut *xs;
+            set_len(act, n * inter);
+            glu_on_pool(&glu, gate, up, act);
+            let y = &mut *gate;
+            set_len(y, n * d_out);
             matmul(down_w, act, n, y);
             for (j, &(row, slot)) in us.iter().enumerate() {
                 let acc = &mut out[row * d_out..(row + 1) * d_out];
@@ -93,6 +97,39 @@ impl GluExpert {
             }
         }
     }
+}
+
+/// `glu(gate, up, out)` over pieces of the rows on the kernels' thread pool. The activation is
+/// elementwise, so the pieces change no bit; run whole on the calling thread, its libm
+/// `tanhf`/`expf` calls were a stretch of every expert batch during which the pool's other
+/// threads had nothing to do.
+pub(crate) fn glu_on_pool(
+    glu: &(impl Fn(&[f32], &[f32], &mut [f32]) + Sync),
+    gate: &[f32],
+    up: &[f32],
+    out: &mut [f32],
+) {
+    /// Values per piece: a few pieces per thread for a block of expert rows.
+    const PIECE: usize = 8192;
+    if out.len() <= PIECE {
+        glu(gate, up, out);
+        return;
+    }
+    sluice_kernels::pool::map_chunks_mut(out, PIECE, |i, o| {
+        let s = i * PIECE;
+        glu(&gate[s..s + o.len()], &up[s..s + o.len()], o);
+    });
+}
+
+/// Makes `v` `len` elements long for values about to be overwritten; when its allocation must
+/// grow, it grows to exactly `len` (the buffers change width from one use to the next, and a
+/// doubling could leave one twice what the block needs).
+fn set_len(v: &mut Vec<f32>, len: usize) {
+    if v.capacity() < len {
+        v.clear();
+        v.reserve_exact(len);
+    }
+    v.resize(len, 0.0);
 }
 
 /// Adds `weight · y` into the running sum `acc` of one row.

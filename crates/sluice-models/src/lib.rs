@@ -37,11 +37,20 @@ use sluice_checkpoint::{Checkpoint, CheckpointError};
 use std::sync::Arc;
 
 /// Rows a model runs through a layer's row-local work at a time where splitting the rows
-/// changes no result (Kimi K3's KDA layers, a routed expert's batch): a long prompt pass then
+/// changes no result (Kimi K3's KDA layers, a routed expert's batch — Kimi K3's in blocks of
+/// [`EXPERT_BLOCK`]): a long prompt pass then
 /// holds those buffers for one block of rows, not for all of them. The memory plan charges a
 /// pass's first `ROW_BLOCK` rows at the full per-row working memory for this, and a decode
 /// pass verifies at most `ROW_BLOCK` rows.
 pub const ROW_BLOCK: usize = 64;
+
+/// Rows a Kimi K3 routed expert runs at a time (the batch of `combine::GluExpert`): each call
+/// of an expert's matrices widens every weight of them once, whatever its rows, so a prompt
+/// whose experts each take somewhat more than [`ROW_BLOCK`] rows (a 256-row pass over 48
+/// experts, top-16: about 85) widened each expert twice in blocks of `ROW_BLOCK`. The batch's
+/// three buffers are charged with a pass's first `ROW_BLOCK` rows at twice their per-row width
+/// (`kimi_k3::working`); the other families keep blocks of `ROW_BLOCK` and their charges.
+pub const EXPERT_BLOCK: usize = 2 * ROW_BLOCK;
 
 /// Most captures one pass makes ([`Model::forward_capturing`]): each holds a copy of the
 /// state's fixed part (Kimi K3's recurrent and conv states) until the pass ends, so a caller

@@ -14,7 +14,9 @@
 //! and every reduction runs per (row, head) in position order. A pass runs [`crate::ROW_BLOCK`]
 //! rows at a time, each block appending its rows to the cache before the next block reads them,
 //! so the projections and per-head outputs are held for one block however long the prompt
-//! (bit-identical for the same reason; `kv_b_proj` is widened once per block).
+//! (bit-identical for the same reason; `kv_b_proj` is widened once per block). The f64 sums of
+//! up to [`LANES`] rows of a head run side by side ([`latent::attend`]), each in its one-row
+//! order: the same bits.
 //!
 //! RoPE: `rope_interleave` (the default and DeepSeek's layout) rotates pairs `(x₂ⱼ, x₂ⱼ₊₁)` and
 //! writes them de-interleaved (`cat(x₁c − x₂s, x₂c + x₁s)`, transformers
@@ -26,7 +28,8 @@ use super::weights::{AttnWeights, QProj};
 use super::{mm, Rope};
 use crate::kimi_k3::state::MlaLayer;
 use crate::spine::TensorBytes;
-use sluice_kernels::ops::{dot_f64, rms_norm, softmax_inplace};
+use sluice_kernels::latent::{self, LANES};
+use sluice_kernels::ops::rms_norm;
 
 /// `DeepseekV3RMSNorm(q_lora_rank)` / `(kv_lora_rank)` are built without `eps=`, so they use the
 /// class default, not `rms_norm_eps`.
@@ -122,6 +125,7 @@ fn block(
     let scale = c.softmax_scale();
     let kv_b = w.kv_b.get(src);
     let (lat_all, pe_all) = (&st.lat, &st.pe);
+    let dims = latent::Absorbed { nope, rope: rd, kl, scale };
 
     let heads: Vec<Vec<f32>> = sluice_kernels::pool::map(h, |hi| {
         // kv_b_proj rows of head hi: W_UK (nope rows), then W_UV (v rows), decoded once per
@@ -133,43 +137,29 @@ fn block(
             kv_b.row_to_f32(first + i, row);
         }
         let (w_uk, w_uv) = w.split_at(nope * kl);
+        let qrow = |ti: usize| &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
         let mut out = vec![0.0f32; t * vd];
-        let mut q_lat = vec![0.0f64; kl];
-        for ti in 0..t {
-            let qrow = &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
-            // q_lat = W_UKᵀ q_nope (sum over the nope index in order).
-            q_lat.iter_mut().for_each(|v| *v = 0.0);
-            for (&qn, wrow) in qrow[..nope].iter().zip(w_uk.chunks_exact(kl)) {
-                for (a, &wv) in q_lat.iter_mut().zip(wrow) {
-                    *a += f64::from(qn) * f64::from(wv);
+        let mut ctx = vec![0.0f32; LANES * kl];
+        let mut vals = vec![[0.0f64; LANES]; vd];
+        for g0 in (0..t).step_by(LANES) {
+            let g = LANES.min(t - g0);
+            let rows: Vec<&[f32]> = (g0..g0 + g).map(qrow).collect();
+            latent::attend(&dims, &rows, w_uk, lat_all, pe_all, past + g0, &mut ctx[..g * kl]);
+            // out[h] = W_UV[h] · ctx, one f64 dot per value row, the group's rows as lanes.
+            let mut lanes = vec![[0.0f32; LANES]; kl];
+            for l in 0..g {
+                for (a, v) in lanes.iter_mut().enumerate() {
+                    v[l] = ctx[l * kl + a];
                 }
             }
-            #[allow(clippy::cast_possible_truncation)]
-            let q_lat32: Vec<f32> = q_lat.iter().map(|&v| v as f32).collect();
-            let upto = past + ti + 1;
-            let mut scores: Vec<f32> = (0..upto)
-                .map(|pos| {
-                    let s = dot_f64(&q_lat32, &lat_all[pos * kl..(pos + 1) * kl])
-                        + dot_f64(&qrow[nope..], &pe_all[pos * rd..(pos + 1) * rd]);
+            latent::dot_lanes(&lanes, w_uv, vd, &mut vals);
+            for l in 0..g {
+                for (o, v) in out[(g0 + l) * vd..(g0 + l + 1) * vd].iter_mut().zip(&vals) {
                     #[allow(clippy::cast_possible_truncation)]
-                    let s = s as f32;
-                    s * scale
-                })
-                .collect();
-            softmax_inplace(&mut scores);
-            let mut ctx = vec![0.0f64; kl];
-            for (pos, &pr) in scores.iter().enumerate() {
-                for (a, &l) in ctx.iter_mut().zip(&lat_all[pos * kl..(pos + 1) * kl]) {
-                    *a += f64::from(pr) * f64::from(l);
+                    {
+                        *o = v[l] as f32;
+                    }
                 }
-            }
-            #[allow(clippy::cast_possible_truncation)]
-            let ctx32: Vec<f32> = ctx.iter().map(|&v| v as f32).collect();
-            // out[h] = W_UV[h] · ctx, one f64 dot per value row.
-            for (o, wrow) in out[ti * vd..(ti + 1) * vd].iter_mut().zip(w_uv.chunks_exact(kl)) {
-                #[allow(clippy::cast_possible_truncation)]
-                let v = dot_f64(wrow, &ctx32) as f32;
-                *o = v;
             }
         }
         out

@@ -168,6 +168,7 @@ pub(crate) fn forward(
             [&gate_w, &up_w, &down_w],
             silu_glu,
             &users[id as usize],
+            crate::ROW_BLOCK,
             x,
             |row, slot| routes[row].weights[slot],
             &mut out,

@@ -10,13 +10,16 @@
 //! A pass runs [`crate::ROW_BLOCK`] rows at a time, each block appending its rows to the cache
 //! before the next block reads them, so the projections, per-head outputs and gate are held
 //! for one block however long the prompt (bit-identical to one call over all rows, for the
-//! same reason).
+//! same reason). Within a head, the f64 sums of [`LANES`] rows run side by side
+//! ([`latent::attend`]), each in the order it takes alone, and their W_UV products in one
+//! batch-invariant call: the same bits as one row at a time.
 
 use super::config::K3Config;
 use super::state::MlaLayer;
 use super::weights::MlaWeights;
 use super::Ctx;
-use sluice_kernels::ops::{dot_f64, rms_norm, sigmoid, softmax_inplace};
+use sluice_kernels::latent::{self, LANES};
+use sluice_kernels::ops::{rms_norm, sigmoid};
 use sluice_kernels::{matmul, Matrix, WeightFormat};
 
 /// Runs the layer on `x [T, d]`, appending T rows to the cache (staged until commit), a block
@@ -70,48 +73,31 @@ fn block(
     let scale = (qd as f32).powf(-0.5);
     let kv_b = w.kv_b.get(ctx.spine);
     let (lat_all, pe_all) = (&st.lat, &st.pe);
+    let dims = latent::Absorbed { nope, rope, kl, scale };
 
-    // Per head: absorbed attention for every row.
+    // Per head: absorbed attention for every row, the f64 sums several at a time
+    // (`latent::attend`: each sum in the order it had taken alone, so the same bits).
     let heads: Vec<Vec<f32>> = sluice_kernels::pool::map(h, |hi| {
-        // Head hi owns rows [hi·(nope+vd), (hi+1)·(nope+vd)): W_UK first, then W_UV.
+        // Head hi owns rows [hi·(nope+vd), (hi+1)·(nope+vd)): W_UK first, then W_UV. W_UK is
+        // widened once per block, not once per row.
         let first = hi * (nope + vd);
-        let wm = rows_of(&kv_b, first, nope + vd);
+        let wm = rows_of(&kv_b, first, nope);
         let w_uv = rows_of(&kv_b, first + nope, vd);
+        let mut w_uk = vec![0.0f32; nope * kl];
+        for (i, row) in w_uk.chunks_exact_mut(kl).enumerate() {
+            wm.row_to_f32(i, row);
+        }
+        let qrow = |ti: usize| &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
         let mut out = vec![0.0f32; t * vd];
-        let mut wrow = vec![0.0f32; kl];
-        let mut q_lat = vec![0.0f64; kl];
-        for ti in 0..t {
-            let qrow = &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
-            // q_lat = W_UKᵀ q_nope (sum over the nope index in order).
-            q_lat.iter_mut().for_each(|v| *v = 0.0);
-            for (i, &qn) in qrow[..nope].iter().enumerate() {
-                wm.row_to_f32(i, &mut wrow);
-                for (a, &wv) in q_lat.iter_mut().zip(&wrow) {
-                    *a += f64::from(qn) * f64::from(wv);
-                }
-            }
-            #[allow(clippy::cast_possible_truncation)]
-            let q_lat32: Vec<f32> = q_lat.iter().map(|&v| v as f32).collect();
-            let upto = past + ti + 1;
-            let mut scores: Vec<f32> = (0..upto)
-                .map(|pos| {
-                    let s = dot_f64(&q_lat32, &lat_all[pos * kl..(pos + 1) * kl])
-                        + dot_f64(&qrow[nope..], &pe_all[pos * rope..(pos + 1) * rope]);
-                    #[allow(clippy::cast_possible_truncation)]
-                    let s = s as f32;
-                    s * scale
-                })
-                .collect();
-            softmax_inplace(&mut scores);
-            let mut ctxv = vec![0.0f64; kl];
-            for (pos, &pr) in scores.iter().enumerate() {
-                for (a, &l) in ctxv.iter_mut().zip(&lat_all[pos * kl..(pos + 1) * kl]) {
-                    *a += f64::from(pr) * f64::from(l);
-                }
-            }
-            #[allow(clippy::cast_possible_truncation)]
-            let ctx32: Vec<f32> = ctxv.iter().map(|&v| v as f32).collect();
-            matmul(&w_uv, &ctx32, 1, &mut out[ti * vd..(ti + 1) * vd]);
+        let mut ctx_rows = vec![0.0f32; LANES * kl];
+        for g0 in (0..t).step_by(LANES) {
+            let g = LANES.min(t - g0);
+            let rows: Vec<&[f32]> = (g0..g0 + g).map(qrow).collect();
+            let c = &mut ctx_rows[..g * kl];
+            latent::attend(&dims, &rows, &w_uk, lat_all, pe_all, past + g0, c);
+            // out = W_UV ctx for the group's rows in one call (batch-invariant: each row's
+            // bits are those of its single-row call).
+            matmul(&w_uv, c, g, &mut out[g0 * vd..(g0 + g) * vd]);
         }
         out
     });

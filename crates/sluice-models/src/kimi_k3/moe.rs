@@ -15,7 +15,7 @@
 use super::config::K3Config;
 use super::weights::{MlpWeights, MoeWeights};
 use super::{Ctx, Trace};
-use crate::combine::{GluExpert, IdOrder};
+use crate::combine::{glu_on_pool, GluExpert, IdOrder};
 use crate::ModelError;
 use sluice_kernels::ops::{rms_norm, sigmoid, situ_glu};
 use sluice_kernels::Matrix;
@@ -60,7 +60,10 @@ pub(crate) fn mlp(ctx: &Ctx<'_>, w: &MlpWeights, c: &K3Config, x: &[f32], t: usi
         let g = ctx.mm(&w.gate, xb, n);
         let u = ctx.mm(&w.up, xb, n);
         let mut a = vec![0.0f32; g.len()];
-        situ_glu(&g, &u, c.situ_beta(), c.activation_situ_linear_beta, &mut a);
+        let glu = |g: &[f32], u: &[f32], a: &mut [f32]| {
+            situ_glu(g, u, c.situ_beta(), c.activation_situ_linear_beta, a);
+        };
+        glu_on_pool(&glu, &g, &u, &mut a);
         out.extend(ctx.mm(&w.down, &a, n));
     }
     out
@@ -207,6 +210,7 @@ pub(crate) fn forward(
             [&m1, &m3, &m2],
             glu,
             &users[id as usize],
+            crate::EXPERT_BLOCK,
             &z,
             |ti, slot| routes[ti].weights[slot],
             &mut comb,

@@ -161,9 +161,10 @@ fn moe_row(c: &K3Config) -> u64 {
     // The next layer's guess: its router logits and the ranked (rank, id) pairs.
     let guess = e * F + 2 * k * 16;
     let z = if c.routed_expert_hidden_size.is_some() { lat * F } else { 0 };
-    // The batch buffers of an expert all rows chose (input and output of the latent width,
-    // gate, up and activation of the expert width).
-    let experts = (2 * lat + 3 * inter) * F;
+    // The batch buffers of an expert all rows chose: the input (then the activation), the gate
+    // (then the output) and the up rows, for a block of up to `EXPERT_BLOCK` = 2 × `ROW_BLOCK`
+    // rows, charged with the first `ROW_BLOCK` rows at twice their width.
+    let experts = 2 * (2 * lat.max(inter) + inter) * F;
     // The running sum, its norm and the up projection, next to the shared output.
     let combine = (2 * lat).max(lat + d) * F + d * F;
     let with_shared_running = routing + guess + z + (3 * shared + d) * F;

@@ -1,0 +1,447 @@
+//! The f64 sums of absorbed latent attention (MLA), many independent sums at a time.
+//!
+//! Absorbed MLA (Kimi K3, DeepSeek V3) spends its time outside the matrix kernels in three
+//! sums per (row, head), each accumulated in f64 in index order like [`crate::ops::dot_f64`]:
+//! the query absorbed into the latent space (`q_lat[a] = Σ_i q_nope[i] · W_UK[i, a]`), the
+//! scores (`q_lat · lat[pos] + q_pe · pe[pos]`) and the context (`ctx[a] = Σ_pos p[pos] ·
+//! lat[pos, a]`). Taken one sum at a time, a dot product is a chain of dependent f64
+//! additions that runs at one addition per add latency whatever the vector width, and the
+//! column sums ran two lanes wide (the baseline x86-64 build has SSE2 only).
+//!
+//! Here each vector lane carries a sum of its own, so no sum changes its order:
+//! [`weighted_rows`] puts latent columns in the lanes (the context and the absorbed query, a few
+//! rows sharing each load of a matrix row), [`dot_lanes`] puts [`LANES`] rows of the pass in the
+//! lanes (the scores, each position's values broadcast to all of them), and [`attend`] runs one
+//! head's absorbed attention for up to [`LANES`] rows on them (the families multiply its context
+//! by their W_UV). Every lane adds the same
+//! products in the same order as the one-at-a-time sum, starting from the same zero (`+0.0` for
+//! the column sums, as the model code started them; `-0.0` for the dot products, as
+//! `Iterator::sum` starts), and the product of two f32 values is exact in f64, so every result
+//! is bit for bit the one-at-a-time result on every tier (so is a fused multiply-add, which the
+//! AVX tiers use: rounding an exact product first changes nothing). The bodies are plain Rust
+//! compiled once per tier under `#[target_feature]` and picked by [`crate::isa::isa`].
+
+use crate::isa::{self, Isa};
+use crate::ops::softmax_inplace;
+
+/// Rows of the pass whose dot products share one vector in [`dot_lanes`].
+pub const LANES: usize = 8;
+
+/// Rows that share each load of a matrix row in [`weighted_rows`].
+const ROWS: usize = 4;
+/// Latent columns one [`weighted_rows`] tile keeps in registers per row.
+const COLS: usize = 16;
+/// Positions one [`dot_lanes`] tile computes at once.
+const POSITIONS: usize = 4;
+
+/// `out[r · width + a] = f32(Σ_{i < p[r].len()} f64(p[r][i]) · f64(m[i · width + a]))` for
+/// every row `r` of `p` and column `a < width`, each sum taken from `+0.0` in increasing `i`.
+/// Rows may have different lengths (causal attention: row `r` weighs its own positions).
+///
+/// # Panics
+/// If a row of `p` is longer than `m` has rows of `width`, or `out` is not `p.len() · width`
+/// long.
+pub fn weighted_rows(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32]) {
+    weighted_rows_with(isa::isa(), p, m, width, out);
+}
+
+/// [`weighted_rows`] on an explicit tier (tests run every [`Isa::available`] one).
+///
+/// # Panics
+/// As [`weighted_rows`], and if the running CPU does not support `isa`.
+pub fn weighted_rows_with(isa: Isa, p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32]) {
+    assert_eq!(out.len(), p.len() * width, "weighted_rows: out length");
+    let n = p.iter().map(|r| r.len()).max().unwrap_or(0);
+    assert!(n * width <= m.len(), "weighted_rows: a row weighs more rows than the matrix has");
+    assert!(isa.is_available(), "weighted_rows: the {isa} tier is not supported by this CPU");
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU supports AVX-512F (asserted above).
+        Isa::Avx512 => unsafe { weighted_rows_avx512(p, m, width, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU supports AVX2 and FMA (asserted above).
+        Isa::Avx2 => unsafe { weighted_rows_avx2(p, m, width, out) },
+        _ => weighted_rows_body::<false>(p, m, width, out),
+    }
+}
+
+/// `out[pos][l] = Σ_{a < q.len()} f64(q[a][l]) · f64(m[pos · q.len() + a])` for `pos < npos`
+/// and every lane `l`, each sum taken from `-0.0` in increasing `a`: for each lane, what
+/// [`crate::ops::dot_f64`] of the lane's vector (column `l` of `q`) and row `pos` of `m`
+/// returns. Lanes a caller does not use may hold anything (zeros cost nothing extra).
+///
+/// # Panics
+/// If `m` has fewer than `npos` rows of `q.len()` values, or `out` is shorter than `npos`.
+pub fn dot_lanes(q: &[[f32; LANES]], m: &[f32], npos: usize, out: &mut [[f64; LANES]]) {
+    dot_lanes_with(isa::isa(), q, m, npos, out);
+}
+
+/// [`dot_lanes`] on an explicit tier (tests run every [`Isa::available`] one).
+///
+/// # Panics
+/// As [`dot_lanes`], and if the running CPU does not support `isa`.
+pub fn dot_lanes_with(
+    isa: Isa,
+    q: &[[f32; LANES]],
+    m: &[f32],
+    npos: usize,
+    out: &mut [[f64; LANES]],
+) {
+    assert!(npos * q.len() <= m.len(), "dot_lanes: fewer matrix rows than positions");
+    assert!(out.len() >= npos, "dot_lanes: out length");
+    assert!(isa.is_available(), "dot_lanes: the {isa} tier is not supported by this CPU");
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU supports AVX-512F (asserted above).
+        Isa::Avx512 => unsafe { dot_lanes_avx512(q, m, npos, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU supports AVX2 and FMA (asserted above).
+        Isa::Avx2 => unsafe { dot_lanes_avx2(q, m, npos, out) },
+        _ => dot_lanes_body::<false>(q, m, npos, out),
+    }
+}
+
+/// [`weighted_rows_body`] compiled for AVX-512F.
+///
+/// # Safety
+/// The CPU supports AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn weighted_rows_avx512(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32]) {
+    weighted_rows_body::<true>(p, m, width, out);
+}
+
+/// [`weighted_rows_body`] compiled for AVX2 and FMA.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn weighted_rows_avx2(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32]) {
+    weighted_rows_body::<true>(p, m, width, out);
+}
+
+/// [`dot_lanes_body`] compiled for AVX-512F.
+///
+/// # Safety
+/// The CPU supports AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn dot_lanes_avx512(q: &[[f32; LANES]], m: &[f32], npos: usize, out: &mut [[f64; LANES]]) {
+    dot_lanes_body::<true>(q, m, npos, out);
+}
+
+/// [`dot_lanes_body`] compiled for AVX2 and FMA.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_lanes_avx2(q: &[[f32; LANES]], m: &[f32], npos: usize, out: &mut [[f64; LANES]]) {
+    dot_lanes_body::<true>(q, m, npos, out);
+}
+
+/// [`weighted_rows`] for every tier: groups of [`ROWS`] rows, then single rows.
+#[inline(always)]
+fn weighted_rows_body<const FUSED: bool>(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32]) {
+    let mut r = 0;
+    while r + ROWS <= p.len() {
+        row_group::<ROWS, FUSED>(
+            &p[r..r + ROWS],
+            m,
+            width,
+            &mut out[r * width..(r + ROWS) * width],
+        );
+        r += ROWS;
+    }
+    while r < p.len() {
+        row_group::<1, FUSED>(&p[r..=r], m, width, &mut out[r * width..(r + 1) * width]);
+        r += 1;
+    }
+}
+
+/// `R` rows of [`weighted_rows`]: [`COLS`] columns at a time, the terms all `R` rows have
+/// sharing each load of `m`, then each row's own remaining terms, then the columns left over
+/// one at a time. Each column's sum adds its terms in increasing index whichever part of the
+/// loop adds them.
+#[inline(always)]
+fn row_group<const R: usize, const FUSED: bool>(
+    p: &[&[f32]],
+    m: &[f32],
+    width: usize,
+    out: &mut [f32],
+) {
+    let joint = p.iter().map(|r| r.len()).min().unwrap_or(0);
+    let mut a0 = 0;
+    while a0 + COLS <= width {
+        let mut acc = [[0.0f64; COLS]; R];
+        for i in 0..joint {
+            let row: &[f32; COLS] = m[i * width + a0..i * width + a0 + COLS]
+                .try_into()
+                .expect("invariant: a slice of COLS values");
+            let l = row.map(f64::from);
+            for (acc, pr) in acc.iter_mut().zip(p) {
+                let pv = f64::from(pr[i]);
+                for (a, &lv) in acc.iter_mut().zip(&l) {
+                    *a = madd::<FUSED>(pv, lv, *a);
+                }
+            }
+        }
+        for (acc, pr) in acc.iter_mut().zip(p) {
+            for (i, &pi) in pr.iter().enumerate().skip(joint) {
+                let pv = f64::from(pi);
+                let row = &m[i * width + a0..i * width + a0 + COLS];
+                for (a, &lv) in acc.iter_mut().zip(row) {
+                    *a = madd::<FUSED>(pv, f64::from(lv), *a);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for (o, &a) in out[r * width + a0..r * width + a0 + COLS].iter_mut().zip(acc) {
+                #[allow(clippy::cast_possible_truncation)]
+                {
+                    *o = a as f32;
+                }
+            }
+        }
+        a0 += COLS;
+    }
+    for a in a0..width {
+        for (r, pr) in p.iter().enumerate() {
+            let mut acc = 0.0f64;
+            for (i, &pi) in pr.iter().enumerate() {
+                acc = madd::<FUSED>(f64::from(pi), f64::from(m[i * width + a]), acc);
+            }
+            #[allow(clippy::cast_possible_truncation)]
+            {
+                out[r * width + a] = acc as f32;
+            }
+        }
+    }
+}
+
+/// [`dot_lanes`] for every tier: [`POSITIONS`] positions at a time, then one at a time.
+#[inline(always)]
+fn dot_lanes_body<const FUSED: bool>(
+    q: &[[f32; LANES]],
+    m: &[f32],
+    npos: usize,
+    out: &mut [[f64; LANES]],
+) {
+    let w = q.len();
+    let mut pos = 0;
+    while pos + POSITIONS <= npos {
+        let rows: [&[f32]; POSITIONS] =
+            std::array::from_fn(|j| &m[(pos + j) * w..(pos + j + 1) * w]);
+        out[pos..pos + POSITIONS].copy_from_slice(&position_tile::<POSITIONS, FUSED>(q, rows));
+        pos += POSITIONS;
+    }
+    while pos < npos {
+        out[pos] = position_tile::<1, FUSED>(q, [&m[pos * w..(pos + 1) * w]])[0];
+        pos += 1;
+    }
+}
+
+/// The [`dot_lanes`] sums of `P` positions (`rows`, each `q.len()` long): each position's
+/// value at `a` is broadcast to the lanes and multiplied by the lanes' values at `a`.
+#[inline(always)]
+fn position_tile<const P: usize, const FUSED: bool>(
+    q: &[[f32; LANES]],
+    rows: [&[f32]; P],
+) -> [[f64; LANES]; P] {
+    let mut acc = [[-0.0f64; LANES]; P];
+    for (a, qa) in q.iter().enumerate() {
+        let qv = qa.map(f64::from);
+        for (acc, row) in acc.iter_mut().zip(&rows) {
+            let mv = f64::from(row[a]);
+            for (s, &x) in acc.iter_mut().zip(&qv) {
+                *s = madd::<FUSED>(x, mv, *s);
+            }
+        }
+    }
+    acc
+}
+
+/// Positions whose scores a group sums at a time.
+const SPAN: usize = 64;
+
+/// The sizes of one head's absorbed attention ([`attend`]).
+pub struct Absorbed {
+    /// Query no-position width (rows of W_UK).
+    pub nope: usize,
+    /// Rotary (or NoPE `k_pe`) width.
+    pub rope: usize,
+    /// Latent width (`kv_lora_rank`).
+    pub kl: usize,
+    /// Score scale.
+    pub scale: f32,
+}
+
+/// Computes `ctx [g, kl]` for the `g ≤ LANES` rows whose queries (`nope + rope` values each,
+/// no-position part first) `q_rows` holds, one head: row `l` attends to positions `0 ..=
+/// first + l` of the cache `lat [positions, kl]`, `pe [positions, rope]`. `w_uk` is the
+/// head's W_UK widened to f32, `[nope, kl]`. Each row's result is what the one-row sums give:
+/// `q_lat` from +0.0 in increasing nope index, rounded to f32; each score the f64 sum of the two
+/// dot products (each from −0.0 in index order, as [`crate::ops::dot_f64`]), rounded to f32 and
+/// scaled; [`softmax_inplace`]; `ctx` from +0.0 in increasing position, rounded to f32.
+///
+/// # Panics
+/// If `q_rows` holds more than [`LANES`] rows, a row is shorter than `nope + rope`, or the cache
+/// holds fewer than `first + q_rows.len()` positions.
+pub fn attend(
+    d: &Absorbed,
+    q_rows: &[&[f32]],
+    w_uk: &[f32],
+    lat: &[f32],
+    pe: &[f32],
+    first: usize,
+    ctx: &mut [f32],
+) {
+    let (nope, rope, kl) = (d.nope, d.rope, d.kl);
+    let g = q_rows.len();
+    assert!(g <= LANES, "attend: a group holds at most LANES rows");
+    // q_lat = W_UKᵀ q_nope (sum over the nope index in order), rounded to f32.
+    let q_nope: Vec<&[f32]> = q_rows.iter().map(|r| &r[..nope]).collect();
+    let mut q_lat = vec![0.0f32; g * kl];
+    weighted_rows(&q_nope, w_uk, kl, &mut q_lat);
+    // The rows as lanes: lane l holds row l (unused lanes stay zero).
+    let mut q_lanes = vec![[0.0f32; LANES]; kl];
+    let mut pe_lanes = vec![[0.0f32; LANES]; rope];
+    for (l, row) in q_rows.iter().enumerate() {
+        for (a, v) in q_lanes.iter_mut().enumerate() {
+            v[l] = q_lat[l * kl + a];
+        }
+        for (j, v) in pe_lanes.iter_mut().enumerate() {
+            v[l] = row[nope + j];
+        }
+    }
+    // score = q_lat·lat[pos] + q_pe·pe[pos] (each an f64 dot), rounded to f32, then scaled.
+    let npos = first + g;
+    let mut probs: Vec<Vec<f32>> = (0..g).map(|l| Vec::with_capacity(first + l + 1)).collect();
+    let (mut s_lat, mut s_pe) = ([[0.0f64; LANES]; SPAN], [[0.0f64; LANES]; SPAN]);
+    for p0 in (0..npos).step_by(SPAN) {
+        let n = SPAN.min(npos - p0);
+        dot_lanes(&q_lanes, &lat[p0 * kl..], n, &mut s_lat);
+        dot_lanes(&pe_lanes, &pe[p0 * rope..], n, &mut s_pe);
+        for (l, scores) in probs.iter_mut().enumerate() {
+            let upto = (first + l + 1).saturating_sub(p0).min(n);
+            scores.extend(s_lat[..upto].iter().zip(&s_pe[..upto]).map(|(a, b)| {
+                #[allow(clippy::cast_possible_truncation)]
+                let s = (a[l] + b[l]) as f32;
+                s * d.scale
+            }));
+        }
+    }
+    for scores in &mut probs {
+        softmax_inplace(scores);
+    }
+    // ctx = Σ p·lat over each row's positions in order.
+    let p: Vec<&[f32]> = probs.iter().map(Vec::as_slice).collect();
+    weighted_rows(&p, lat, kl, ctx);
+}
+
+/// `acc + a · b` for `a`, `b` widened from f32: fused where the tier has FMA, since their
+/// product is exact in f64 and rounding it first changes nothing (both give the same bits).
+#[inline(always)]
+fn madd<const FUSED: bool>(a: f64, b: f64, acc: f64) -> f64 {
+    if FUSED {
+        a.mul_add(b, acc)
+    } else {
+        acc + a * b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::dot_f64;
+
+    /// Values with a wide exponent range, some zeros of either sign, so that the order of the
+    /// additions shows in the last bits.
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let k = u32::try_from(i).unwrap_or(0).wrapping_mul(2_654_435_761) ^ seed;
+                match k % 17 {
+                    0 => 0.0,
+                    1 => -0.0,
+                    _ => {
+                        let e = f32::from(u16::try_from(k % 23).unwrap_or(0)) - 11.0;
+                        let s = f32::from(u16::try_from(k % 1000).unwrap_or(0)) / 1000.0 - 0.5;
+                        s * e.exp2()
+                    }
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn weighted_rows_match_one_sum_at_a_time_on_every_tier() {
+        for (rows, width, n) in [(1, 16, 1), (3, 37, 5), (4, 512, 9), (9, 33, 17), (6, 64, 3)] {
+            let m = values(n * width, 7);
+            let lens: Vec<usize> = (0..rows).map(|r| (n + r) % (n + 1)).collect();
+            let pv: Vec<Vec<f32>> =
+                lens.iter().zip(0u32..).map(|(&l, r)| values(l, 100 + r)).collect();
+            let p: Vec<&[f32]> = pv.iter().map(Vec::as_slice).collect();
+            let mut want = vec![0.0f32; rows * width];
+            for (r, pr) in p.iter().enumerate() {
+                for a in 0..width {
+                    let mut acc = 0.0f64;
+                    for (i, &x) in pr.iter().enumerate() {
+                        acc += f64::from(x) * f64::from(m[i * width + a]);
+                    }
+                    #[allow(clippy::cast_possible_truncation)]
+                    {
+                        want[r * width + a] = acc as f32;
+                    }
+                }
+            }
+            for isa in Isa::available() {
+                let mut got = vec![f32::NAN; rows * width];
+                weighted_rows_with(isa, &p, &m, width, &mut got);
+                for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{isa} {rows}x{width}x{n} at {j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dot_lanes_match_dot_f64_on_every_tier() {
+        for (w, npos) in [(1, 1), (64, 3), (512, 9), (37, 4), (33, 17)] {
+            let m = values(npos * w, 3);
+            let cols: Vec<Vec<f32>> = (50u32..).take(LANES).map(|seed| values(w, seed)).collect();
+            let q: Vec<[f32; LANES]> =
+                (0..w).map(|a| std::array::from_fn(|l| cols[l][a])).collect();
+            for isa in Isa::available() {
+                let mut got = vec![[f64::NAN; LANES]; npos];
+                dot_lanes_with(isa, &q, &m, npos, &mut got);
+                for (pos, g) in got.iter().enumerate() {
+                    for (l, col) in cols.iter().enumerate() {
+                        let want = dot_f64(col, &m[pos * w..(pos + 1) * w]);
+                        assert_eq!(
+                            g[l].to_bits(),
+                            want.to_bits(),
+                            "{isa} w {w} pos {pos} lane {l}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn negative_zero_sums_keep_their_sign() {
+        // `Iterator::sum` starts from -0.0: a dot product of negative-zero products is -0.0.
+        let q = vec![[-0.0f32; LANES]; 5];
+        let m = vec![1.0f32; 5];
+        for isa in Isa::available() {
+            let mut got = vec![[0.0f64; LANES]; 1];
+            dot_lanes_with(isa, &q, &m, 1, &mut got);
+            assert!(got[0].iter().all(|v| v.to_bits() == (-0.0f64).to_bits()), "{isa}");
+            let mut out = [f32::NAN; 16];
+            weighted_rows_with(isa, &[&[-0.0f32][..]], &m[..16.min(m.len())], 5, &mut out[..5]);
+            assert!(out[..5].iter().all(|v| v.to_bits() == 0), "{isa}: columns start at +0.0");
+        }
+    }
+}
