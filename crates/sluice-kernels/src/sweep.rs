@@ -11,8 +11,10 @@
 //!
 //! - **The next group's activations named ahead**: the sweep's i-th tile names row i of the
 //!   next token group to the prefetcher (L2), one line per step inside its fold loop
-//!   ([`Kernel::fold_wide`]), so the group's first tile does not wait on L3 for all of them
-//!   at once, and the prefetches are spread between the FMAs rather than issued in a burst.
+//!   ([`Kernel::fold_wide`], [`Kernel::fold_half_wide`] in AVX2's halves), so the group's
+//!   first tile does not wait on L3 for all of them at once, and the prefetches are spread
+//!   between the FMAs rather than issued in a burst (a burst of prefetches between tiles
+//!   lost 2–3 points: the load queue filled behind it).
 //! - **An aligned stage**: activations are the caller's, and a large `Vec<f32>` starts 16
 //!   bytes past a cache line, so every 64-byte load of them straddles two lines. On a tier of
 //!   whole 4 × N tiles (AVX-512), a group whose activations do not start on a line is copied
@@ -255,7 +257,10 @@ impl Tile {
             let row = rows.next().expect("invariant: R rows of accumulators (asserted)");
             (&mut row[j..j + N]).try_into().expect("invariant: N tokens were sliced")
         });
-        if self.halves {
+        if self.halves && self.wide {
+            // SAFETY: the caller guarantees the tier; `fold_half_wide` checks the lengths.
+            unsafe { K::fold_half_wide(ws, xs, a, ahead) };
+        } else if self.halves {
             // SAFETY: the caller guarantees the tier; `fold_half` checks the slice lengths.
             unsafe { K::fold_half(ws, xs, a) };
         } else if self.wide {

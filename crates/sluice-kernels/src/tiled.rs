@@ -140,6 +140,23 @@ pub(crate) trait Kernel {
         }
     }
 
+    /// [`Kernel::fold_half`] as the prefill nest ([`crate::wide`]) calls it: the cache lines
+    /// of `ahead` are named to the prefetcher, one per 16-column step from its start (at
+    /// most `ahead.len() / 16`), which changes no result. The default prefetches nothing.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier.
+    unsafe fn fold_half_wide<const R: usize, const N: usize>(
+        w: [&[f32]; R],
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: &[f32],
+    ) {
+        let _ = ahead;
+        // SAFETY: guaranteed by the caller.
+        unsafe { Self::fold_half(w, x, acc) }
+    }
+
     /// [`Kernel::fold`] as the prefill nest ([`crate::wide`]) calls it, with two extras that
     /// change no result: the cache lines of `ahead` are named to the prefetcher, one per
     /// 16-column step from its start (at most `ahead.len() / 16` of them), and with `stage`,
