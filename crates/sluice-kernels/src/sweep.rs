@@ -33,22 +33,19 @@ use crate::wide::{PANEL_STRIDE, STAGE_ROWS};
 /// accumulator. Token groups go outermost, so a group's activations stay in L1 while its tile
 /// sweeps the rows.
 ///
-/// With `halves` (only on a tier with [`Kernel::HALVES`]), each `w(r)` is in the split order
-/// of [`Kernel::fold_half`] and the tiles fold one 8-lane half at a time.
-///
-/// `stage` is the prefill nest's (the few-row nest passes `None`): its tiles fold through
-/// [`Kernel::fold_wide`], each naming one row of the next token group's activations to the
-/// prefetcher, and on a tier of whole 4 × N tiles a group whose activations do not start on
-/// a cache line is copied into `stage` (rows [`PANEL_STRIDE`] apart) by its first tile, so
-/// that the other tiles' activation loads do not each straddle two lines.
+/// `prefill` is the prefill nest's ([`Prefill`]; the few-row nest passes `None`): its tiles
+/// fold through [`Kernel::fold_wide`] (or [`Kernel::fold_half_wide`] in halves), each naming
+/// one row of the next token group's activations to the prefetcher, and on a tier of whole
+/// 4 × N tiles a group whose activations do not start on a cache line is copied into the
+/// stage by its first tile, so that the other tiles' activation loads do not each straddle
+/// two lines.
 ///
 /// # Safety
 /// The running CPU supports the tier `K`.
 ///
 /// # Panics
-/// If `acc` is shorter than `rb` rows of `stride ≥ tb` accumulators, or `halves` is asked of
-/// a tier without [`Kernel::HALVES`].
-#[allow(clippy::too_many_arguments)]
+/// If `acc` is shorter than `rb` rows of `stride ≥ tb` accumulators, or halves are asked of a
+/// tier without [`Kernel::HALVES`].
 pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
     w: &impl Fn(usize) -> &'w [f32],
     rb: usize,
@@ -56,9 +53,9 @@ pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
     acc: &mut [Lanes],
     stride: usize,
     x: &impl Fn(usize) -> &'x [f32],
-    halves: bool,
-    mut stage: Option<&mut [f32]>,
+    prefill: Option<Prefill<'_>>,
 ) {
+    let (halves, mut stage) = prefill.map_or((false, None), |p| (p.halves, Some(p.stage)));
     assert!(stride >= tb && acc.len() >= rb * stride, "fold_tiles: accumulators");
     assert!(K::HALVES || !halves, "fold_tiles: halves on a tier of whole accumulators");
     let wide = stage.is_some();
@@ -104,6 +101,17 @@ pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
         }
         j += n;
     }
+}
+
+/// What the prefill nest ([`crate::wide`]) asks of [`fold_tiles`] beyond the few-row nest's
+/// plain tiles.
+pub(crate) struct Prefill<'s> {
+    /// Whether each `w(r)` is in the split order of [`Kernel::fold_half`] and the tiles fold
+    /// one 8-lane half at a time (only on a tier with [`Kernel::HALVES`]).
+    pub(crate) halves: bool,
+    /// The aligned stage for a token group's activations: [`STAGE_ROWS`] rows of
+    /// [`PANEL_STRIDE`] floats.
+    pub(crate) stage: &'s mut [f32],
 }
 
 /// The size of the next token group when `left` activation rows are left. 32 registers:

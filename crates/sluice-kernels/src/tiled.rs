@@ -496,8 +496,6 @@ impl<const W: usize, const TB: usize> Span<'_, W, TB> {
         }
         let w = |r: usize| &self.w[r][cols.clone()];
         // SAFETY: the caller guarantees the tier.
-        unsafe {
-            fold_tiles::<K>(&w, self.rb, self.tb, self.acc.as_flattened_mut(), TB, &x, false, None)
-        };
+        unsafe { fold_tiles::<K>(&w, self.rb, self.tb, self.acc.as_flattened_mut(), TB, &x, None) };
     }
 }

@@ -70,7 +70,7 @@ use std::ops::Range;
 use crate::arch::prefetch;
 use crate::formats::Format;
 use crate::matmul::{reduce16, Matrix};
-use crate::sweep::fold_tiles;
+use crate::sweep::{fold_tiles, Prefill};
 use crate::tiled::{Kernel, Lanes, CHUNK};
 
 /// Most activation rows per token block.
@@ -262,15 +262,15 @@ unsafe fn run_in<K: Kernel, F: Format>(
                 let panel = &*panel;
                 let w = |r: usize| &panel[r * PANEL_STRIDE..][..main];
                 let xs = |j: usize| &x[(t0 + j) * cols + c0..][..main];
-                let stage = Some(floats_mut(&mut s.stage));
+                let prefill = Some(Prefill { halves: K::HALVES, stage: floats_mut(&mut s.stage) });
                 // SAFETY: the caller guarantees the tier.
-                unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, K::HALVES, stage) };
+                unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, prefill) };
                 if main < len {
                     let w = |r: usize| &panel[r * PANEL_STRIDE + main..][..16];
                     let xpad = floats(&s.xpad);
                     let xs = |j: usize| &xpad[j * 16..][..16];
                     // SAFETY: the caller guarantees the tier.
-                    unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, false, None) };
+                    unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, None) };
                 }
             }
             for (i, a) in acc.chunks_exact(n).enumerate() {
