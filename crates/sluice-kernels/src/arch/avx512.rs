@@ -1,7 +1,10 @@
 //! AVX-512F pieces of the matmul loop nest that every weight format shares: a 16-lane
 //! accumulator is one register, so the several-row fold takes tiles of up to 4 weight rows ×
 //! 6 activation rows (24 accumulators, the tile's 4 weight registers loaded once per step, 1
-//! activation register) and never spills.
+//! activation register) and never spills. The prefill nest's tiles (`fold_wide`) run the
+//! same fold two steps per loop iteration, name the next token group's activations to the
+//! prefetcher as they go, and the first tile of a group can copy the activations it loads
+//! into an aligned stage for the others (see `crate::sweep`).
 //!
 //! Decoding is each format's `avx512_decode` hook and the one-activation-row fold its
 //! `avx512_fold_one` (in `crate::formats`), which widen 16 columns per register and fold them
