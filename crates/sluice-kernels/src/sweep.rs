@@ -16,10 +16,11 @@
 //!   between the FMAs rather than issued in a burst (a burst of prefetches between tiles
 //!   lost 2–3 points: the load queue filled behind it).
 //! - **An aligned stage**: activations are the caller's, and a large `Vec<f32>` starts 16
-//!   bytes past a cache line, so every 64-byte load of them straddles two lines. On a tier of
-//!   whole 4 × N tiles (AVX-512), a group whose activations do not start on a line is copied
-//!   by its first tile, as that tile loads them anyway, into a stage of cache-line-aligned
-//!   rows; the group's other tiles read the copy.
+//!   bytes past a cache line, so every 64-byte AVX-512 load of them straddles two lines (and
+//!   every high-half 32-byte load of AVX2). On the tiers of 32 registers and of halves, a
+//!   group whose activations do not start on a line is copied by its first tile, as that tile
+//!   loads them anyway, into a stage of cache-line-aligned rows; the group's other tiles read
+//!   the copy.
 //!
 //! Neither changes a result: lanes see the same values in the same order of FMAs (a copy is
 //! bit-exact), and a prefetch has no architectural effect.
@@ -35,10 +36,10 @@ use crate::wide::{PANEL_STRIDE, STAGE_ROWS};
 ///
 /// `prefill` is the prefill nest's ([`Prefill`]; the few-row nest passes `None`): its tiles
 /// fold through [`Kernel::fold_wide`] (or [`Kernel::fold_half_wide`] in halves), each naming
-/// one row of the next token group's activations to the prefetcher, and on a tier of whole
-/// 4 × N tiles a group whose activations do not start on a cache line is copied into the
-/// stage by its first tile, so that the other tiles' activation loads do not each straddle
-/// two lines.
+/// one row of the next token group's activations to the prefetcher, and (on the tiers of 32
+/// registers and of halves) a group whose activations do not start on a cache line is copied
+/// into the stage by its first tile, so that the other tiles' activation loads do not
+/// straddle two lines.
 ///
 /// # Safety
 /// The running CPU supports the tier `K`.
@@ -73,7 +74,12 @@ pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
         let misaligned = !x(j).as_ptr().addr().is_multiple_of(64);
         let s = Sweep { rb, stride, j, halves, wide, ahead, r0: 0 };
         match stage.as_deref_mut() {
-            Some(st) if K::WIDE && !halves && misaligned && rb >= 4 && len <= PANEL_STRIDE => {
+            Some(st)
+                if (K::WIDE || halves)
+                    && misaligned
+                    && rb >= tile_rows::<K>(n, halves)
+                    && len <= PANEL_STRIDE =>
+            {
                 // SAFETY: the caller guarantees the tier (every arm); the stage holds
                 // `STAGE_ROWS ≥ n` rows of `PANEL_STRIDE ≥ len` floats.
                 unsafe {
@@ -100,6 +106,19 @@ pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
             },
         }
         j += n;
+    }
+}
+
+/// Weight rows per tile for a token group of `n`: 4 on 32-register tiers and for a lone
+/// token; in halves, as many as leave one register for an activation and one per row for its
+/// weights (`R · N + R + 1 ≤ 16`); otherwise 2.
+fn tile_rows<K: Kernel>(n: usize, halves: bool) -> usize {
+    if K::WIDE || n == 1 {
+        4
+    } else if halves {
+        (15 / (n + 1)).min(4)
+    } else {
+        2
     }
 }
 
@@ -155,9 +174,7 @@ struct Sweep<'a> {
 
 impl Sweep<'_> {
     /// Sweeps rows `r0..rb` for tokens `j..j + N` in tiles of as many rows as the registers
-    /// hold: 4 on 32-register tiers and for a lone token; in halves, as many as leave one
-    /// register for an activation and one per row for its weights (`R · N + R + 1 ≤ 16`);
-    /// otherwise 2.
+    /// hold ([`tile_rows`]).
     ///
     /// # Safety
     /// The running CPU supports the tier `K`.
@@ -167,13 +184,7 @@ impl Sweep<'_> {
         acc: &mut [Lanes],
         x: &impl Fn(usize) -> &'x [f32],
     ) {
-        let most = if K::WIDE || N == 1 {
-            4
-        } else if self.halves {
-            (15 / (N + 1)).min(4)
-        } else {
-            2
-        };
+        let most = tile_rows::<K>(N, self.halves);
         let t = Tile { stride: self.stride, j: self.j, halves: self.halves, wide: self.wide };
         let mut r = self.r0;
         let mut i = usize::from(self.r0 > 0);
@@ -193,9 +204,9 @@ impl Sweep<'_> {
         }
     }
 
-    /// [`Sweep::run`] on a tier of 4-row tiles (`rb ≥ 4`) through an aligned copy of the
-    /// activations: the first tile (rows 0–3) reads them where they are and copies them into
-    /// `stage` (rows [`PANEL_STRIDE`] apart) as it loads them, the other tiles read the copy.
+    /// [`Sweep::run`] through an aligned copy of the activations: the first tile reads them
+    /// where they are and copies them into `stage` (rows [`PANEL_STRIDE`] apart) as it loads
+    /// them, the other tiles read the copy. Only for a sweep of at least one whole tile.
     ///
     /// # Safety
     /// The running CPU supports the tier `K`.
@@ -209,29 +220,56 @@ impl Sweep<'_> {
         x: &impl Fn(usize) -> &'x [f32],
         stage: &mut [f32],
     ) {
+        let most = tile_rows::<K>(N, self.halves);
+        // SAFETY: the caller guarantees the tier (every arm).
+        unsafe {
+            match most {
+                4 => self.first::<K, 4, N>(w, acc, x, stage),
+                3 => self.first::<K, 3, N>(w, acc, x, stage),
+                2 => self.first::<K, 2, N>(w, acc, x, stage),
+                _ => self.first::<K, 1, N>(w, acc, x, stage),
+            }
+        }
+        let (j, len) = (self.j, x(self.j).len());
+        let stage = &*stage;
+        let xs = |i: usize| &stage[(i - j) * PANEL_STRIDE..][..len];
+        self.r0 = most;
+        // SAFETY: the caller guarantees the tier.
+        unsafe { self.run::<K, N>(w, acc, &xs) };
+    }
+
+    /// The first R × N tile of [`Sweep::staged`] (rows `0..R`), copying the activations.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier `K`.
+    unsafe fn first<'w, 'x, K: Kernel, const R: usize, const N: usize>(
+        &self,
+        w: &impl Fn(usize) -> &'w [f32],
+        acc: &mut [Lanes],
+        x: &impl Fn(usize) -> &'x [f32],
+        stage: &mut [f32],
+    ) {
         let (stride, j) = (self.stride, self.j);
         let len = x(j).len();
-        {
-            let ws: [&[f32]; 4] = std::array::from_fn(w);
-            let xs: [&[f32]; N] = std::array::from_fn(|i| x(j + i));
-            let mut rows = stage.chunks_exact_mut(PANEL_STRIDE);
-            let st: [&mut [f32]; N] = std::array::from_fn(|_| {
-                let row = rows.next().expect("fold_tiles: stage rows");
-                &mut row[..len]
-            });
-            let mut accs = acc.chunks_exact_mut(stride);
-            let a: [&mut [Lanes; N]; 4] = std::array::from_fn(|_| {
-                let row = accs.next().expect("invariant: 4 rows of accumulators (asserted)");
-                (&mut row[j..j + N]).try_into().expect("invariant: N tokens were sliced")
-            });
+        let ws: [&[f32]; R] = std::array::from_fn(w);
+        let xs: [&[f32]; N] = std::array::from_fn(|i| x(j + i));
+        let mut rows = stage.chunks_exact_mut(PANEL_STRIDE);
+        let st: [&mut [f32]; N] = std::array::from_fn(|_| {
+            let row = rows.next().expect("fold_tiles: stage rows");
+            &mut row[..len]
+        });
+        let mut accs = acc.chunks_exact_mut(stride);
+        let a: [&mut [Lanes; N]; R] = std::array::from_fn(|_| {
+            let row = accs.next().expect("invariant: R rows of accumulators (checked)");
+            (&mut row[j..j + N]).try_into().expect("invariant: N tokens were sliced")
+        });
+        if self.halves {
+            // SAFETY: the caller guarantees the tier; `fold_half_wide` checks the lengths.
+            unsafe { K::fold_half_wide(ws, xs, a, self.ahead[0], Some(st)) };
+        } else {
             // SAFETY: the caller guarantees the tier; `fold_wide` checks the slice lengths.
             unsafe { K::fold_wide(ws, xs, a, self.ahead[0], Some(st)) };
         }
-        let stage = &*stage;
-        let xs = |i: usize| &stage[(i - j) * PANEL_STRIDE..][..len];
-        self.r0 = 4;
-        // SAFETY: the caller guarantees the tier.
-        unsafe { self.run::<K, N>(w, acc, &xs) };
     }
 }
 
@@ -267,7 +305,7 @@ impl Tile {
         });
         if self.halves && self.wide {
             // SAFETY: the caller guarantees the tier; `fold_half_wide` checks the lengths.
-            unsafe { K::fold_half_wide(ws, xs, a, ahead) };
+            unsafe { K::fold_half_wide(ws, xs, a, ahead, None) };
         } else if self.halves {
             // SAFETY: the caller guarantees the tier; `fold_half` checks the slice lengths.
             unsafe { K::fold_half(ws, xs, a) };

@@ -140,9 +140,11 @@ pub(crate) trait Kernel {
         }
     }
 
-    /// [`Kernel::fold_half`] as the prefill nest ([`crate::wide`]) calls it: the cache lines
-    /// of `ahead` are named to the prefetcher, one per 16-column step from its start (at
-    /// most `ahead.len() / 16`), which changes no result. The default prefetches nothing.
+    /// [`Kernel::fold_half`] as the prefill nest ([`crate::wide`]) calls it, with the extras
+    /// of [`Kernel::fold_wide`] (which change no result): `ahead`'s cache lines named to the
+    /// prefetcher, one per 16-column step from its start, and with `stage`, every activation
+    /// value the fold loads also stored at the same place of `stage[j]`. The default stores
+    /// the whole span first and prefetches nothing.
     ///
     /// # Safety
     /// The running CPU supports the tier.
@@ -151,8 +153,12 @@ pub(crate) trait Kernel {
         x: [&[f32]; N],
         acc: [&mut [Lanes; N]; R],
         ahead: &[f32],
+        stage: Option<[&mut [f32]; N]>,
     ) {
         let _ = ahead;
+        for (s, xj) in stage.into_iter().flatten().zip(x) {
+            s.copy_from_slice(xj);
+        }
         // SAFETY: guaranteed by the caller.
         unsafe { Self::fold_half(w, x, acc) }
     }

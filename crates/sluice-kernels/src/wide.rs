@@ -39,9 +39,9 @@
 //!   AVX2), each group's chunk of activations (up to 24 KiB) held in L1 while the tile sweeps
 //!   the group's rows 4 (3 on AVX2) at a time; a tile is nothing but R + N loads per R · N
 //!   FMAs per 16-column step. The fold loop names the next token group's activations to the
-//!   prefetcher as it goes; on AVX-512 it also takes two steps per iteration, and a group whose
-//!   activations do not start on a cache line (a large `Vec<f32>` starts 16 bytes past one)
-//!   is read from an aligned copy its first tile makes (the **stage**, six rows in the
+//!   prefetcher as it goes (on AVX-512 it also takes two steps per iteration), and a group
+//!   whose activations do not start on a cache line (a large `Vec<f32>` starts 16 bytes past
+//!   one) is read from an aligned copy its first tile makes (the **stage**, six rows in the
 //!   scratch): each worth a few points of the FMA peak, measured in docs/PERFORMANCE.md,
 //!   issue 20, session 14. The fold itself (weights from the L2 panel, activations from L1)
 //!   reaches about two thirds of the peak in a micro-benchmark, the same loop over data

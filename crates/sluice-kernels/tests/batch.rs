@@ -156,11 +156,12 @@ fn half_tiles_equal_the_scalar_reference_at_every_edge() {
 }
 
 /// Activations that start 16 bytes past a cache line (as a large `Vec<f32>` does) made every
-/// 64-byte AVX-512 load of them straddle two lines; a token group's activations are now read
-/// from an aligned copy its first tile makes. At every start offset within a line (0–15
-/// floats), each tier equals the scalar reference bit for bit: row counts below, at and past
-/// a 4-row tile (a group of fewer than 4 rows is not staged), token groups of 1–6 rows and
-/// two token blocks, spans with a partial 16-column step and past a chunk, mixed values.
+/// 64-byte AVX-512 load of them straddle two lines (and AVX2's high-half loads); a token
+/// group's activations are now read from an aligned copy its first tile makes. At every start
+/// offset within a line (0–15 floats), each tier equals the scalar reference bit for bit: row
+/// counts below, at and past a tile of 3 or 4 rows (a sweep shorter than one tile is not
+/// staged), token groups of 1–6 rows and two token blocks, spans with a partial 16-column
+/// step and past a chunk, mixed values.
 #[test]
 fn activations_16_bytes_past_a_line_split_every_avx512_load_the_staged_copy_is_exact() {
     let cases = [

@@ -94,7 +94,9 @@ impl Kernel for Avx2 {
         acc: [&mut [Lanes; N]; R],
     ) {
         // SAFETY: the caller guarantees AVX2 and FMA; nothing is prefetched.
-        unsafe { fold_half::<R, N, false>(w, x, acc, std::ptr::null()) }
+        unsafe {
+            fold_half::<R, N, false, false>(w, x, acc, std::ptr::null(), [std::ptr::null_mut(); N])
+        }
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -103,14 +105,35 @@ impl Kernel for Avx2 {
         x: [&[f32]; N],
         acc: [&mut [Lanes; N]; R],
         ahead: &[f32],
+        stage: Option<[&mut [f32]; N]>,
     ) {
         let len = crate::tiled::span_len(&w, &x);
-        // SAFETY: the caller guarantees AVX2 and FMA; a prefetch may name any address.
-        unsafe {
-            if ahead.len() >= len {
-                fold_half::<R, N, true>(w, x, acc, ahead.as_ptr());
-            } else {
-                fold_half::<R, N, false>(w, x, acc, ahead.as_ptr());
+        let pf = ahead.len() >= len;
+        let ahead = ahead.as_ptr();
+        match stage {
+            Some(s) => {
+                assert!(s.iter().all(|s| s.len() == len), "fold_half_wide: stage rows");
+                let s = s.map(|s| s.as_mut_ptr());
+                // SAFETY: the caller guarantees AVX2 and FMA; a prefetch may name any
+                // address; the stage rows are `len` long (checked above).
+                unsafe {
+                    if pf {
+                        fold_half::<R, N, true, true>(w, x, acc, ahead, s);
+                    } else {
+                        fold_half::<R, N, false, true>(w, x, acc, ahead, s);
+                    }
+                }
+            }
+            None => {
+                let s = [std::ptr::null_mut(); N];
+                // SAFETY: as above (no stage is written).
+                unsafe {
+                    if pf {
+                        fold_half::<R, N, true, false>(w, x, acc, ahead, s);
+                    } else {
+                        fold_half::<R, N, false, false>(w, x, acc, ahead, s);
+                    }
+                }
             }
         }
     }
@@ -129,20 +152,22 @@ impl Kernel for Avx2 {
 }
 
 /// [`Kernel::fold_half`]'s loop; when `AHEAD`, the low half's pass names one line of `ahead`
-/// per 16-column step to the prefetcher (the line at the step's own offset).
+/// per 16-column step to the prefetcher (the line at the step's own offset), and when
+/// `STAGE`, each pass stores every activation half it loads at the same place of `stage[j]`.
 ///
 /// # Safety
-/// The CPU supports AVX2 and FMA.
+/// The CPU supports AVX2 and FMA; with `STAGE`, each `stage[j]` holds the span's length.
 ///
 /// # Panics
 /// If the slices' lengths differ or are not a multiple of 16.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn fold_half<const R: usize, const N: usize, const AHEAD: bool>(
+unsafe fn fold_half<const R: usize, const N: usize, const AHEAD: bool, const STAGE: bool>(
     w: [&[f32]; R],
     x: [&[f32]; N],
     acc: [&mut [Lanes; N]; R],
     ahead: *const f32,
+    stage: [*mut f32; N],
 ) {
     let len = crate::tiled::span_len(&w, &x);
     let wp: [*const f32; R] = std::array::from_fn(|r| w[r].as_ptr());
@@ -168,9 +193,13 @@ unsafe fn fold_half<const R: usize, const N: usize, const AHEAD: bool>(
             // `cw + 8 <= wh + len / 2 <= len`.
             let wv: [__m256; R] =
                 std::array::from_fn(|r| unsafe { _mm256_loadu_ps(wp[r].add(cw)) });
-            for (j, &xj) in xp.iter().enumerate() {
+            for (j, (&xj, &sj)) in xp.iter().zip(&stage).enumerate() {
                 // SAFETY: as for the weights.
                 let xv = unsafe { _mm256_loadu_ps(xj.add(c)) };
+                if STAGE {
+                    // SAFETY: `stage[j]` holds the span's length (the caller's contract).
+                    unsafe { _mm256_storeu_ps(sj.add(c), xv) };
+                }
                 for (v, ar) in wv.iter().zip(a.iter_mut()) {
                     ar[j] = _mm256_fmadd_ps(*v, xv, ar[j]);
                 }
