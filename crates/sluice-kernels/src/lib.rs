@@ -16,6 +16,7 @@ pub mod ops;
 pub mod pool;
 pub mod probe;
 pub mod selftest;
+mod sweep;
 mod tiled;
 mod wide;
 

@@ -43,7 +43,7 @@ use std::ops::Range;
 use crate::arch::prefetch;
 use crate::formats::Format;
 use crate::matmul::{reduce16, Matrix};
-use crate::wide::fold_tiles;
+use crate::sweep::fold_tiles;
 
 /// Weight rows decoded together for each column chunk.
 pub(crate) const ROW_BLOCK: usize = 8;
@@ -138,6 +138,56 @@ pub(crate) trait Kernel {
                 }
             }
         }
+    }
+
+    /// [`Kernel::fold_half`] as the prefill nest ([`crate::wide`]) calls it, with the extras
+    /// of [`Kernel::fold_wide`] (which change no result): `ahead`'s cache lines named to the
+    /// prefetcher, one per 16-column step from its start, and with `stage`, every activation
+    /// value the fold loads also stored at the same place of `stage[j]`. The default stores
+    /// the whole span first and prefetches nothing.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier.
+    unsafe fn fold_half_wide<const R: usize, const N: usize>(
+        w: [&[f32]; R],
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: &[f32],
+        stage: Option<[&mut [f32]; N]>,
+    ) {
+        let _ = ahead;
+        for (s, xj) in stage.into_iter().flatten().zip(x) {
+            s.copy_from_slice(xj);
+        }
+        // SAFETY: guaranteed by the caller.
+        unsafe { Self::fold_half(w, x, acc) }
+    }
+
+    /// [`Kernel::fold`] as the prefill nest ([`crate::wide`]) calls it, with two extras that
+    /// change no result: the cache lines of `ahead` are named to the prefetcher, one per
+    /// 16-column step from its start (at most `ahead.len() / 16` of them), and with `stage`,
+    /// every activation vector the fold loads is also stored at the same place of
+    /// `stage[j]` (each as long as the span). The default stores the whole span first and
+    /// prefetches nothing; a tier overrides it to do both inside its fold loop.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier.
+    ///
+    /// # Panics
+    /// If the slices' lengths differ or are not a multiple of 16.
+    unsafe fn fold_wide<const R: usize, const N: usize>(
+        w: [&[f32]; R],
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: &[f32],
+        stage: Option<[&mut [f32]; N]>,
+    ) {
+        let _ = ahead;
+        for (s, xj) in stage.into_iter().flatten().zip(x) {
+            s.copy_from_slice(xj);
+        }
+        // SAFETY: guaranteed by the caller.
+        unsafe { Self::fold(w, x, acc) }
     }
 
     /// The one-activation-row case fused: for every `r < R` and `i` in increasing order,
@@ -452,8 +502,6 @@ impl<const W: usize, const TB: usize> Span<'_, W, TB> {
         }
         let w = |r: usize| &self.w[r][cols.clone()];
         // SAFETY: the caller guarantees the tier.
-        unsafe {
-            fold_tiles::<K>(&w, self.rb, self.tb, self.acc.as_flattened_mut(), TB, &x, false)
-        };
+        unsafe { fold_tiles::<K>(&w, self.rb, self.tb, self.acc.as_flattened_mut(), TB, &x, None) };
     }
 }

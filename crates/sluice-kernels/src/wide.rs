@@ -1,6 +1,5 @@
 //! The loop nest of prefill-sized calls (more than [`crate::tiled::TOKEN_BLOCK`] activation
-//! rows), and the
-//! register-tile dispatch every several-row fold shares.
+//! rows); its register tiles are [`crate::sweep`]'s.
 //!
 //! A call of T activation rows against a weight matrix is compute-bound once T is large, so
 //! the nest is arranged so that the FMA units, not a cache level, set the pace:
@@ -25,7 +24,7 @@
 //!   are named to the prefetcher, one row at a time rather than in a burst that would queue
 //!   the decode's own loads behind it. A group's rows lie a whole row apart, a pattern the
 //!   hardware prefetchers follow poorly, so without this the decode waited on memory.
-//! - **No allocation per call**: the panel, accumulators and activation tails are one
+//! - **No allocation per call**: the panel, accumulators, activation tails and stage are one
 //!   thread-local [`Scratch`] per thread, sized for the largest call ([`WIDE_SCRATCH_BYTES`])
 //!   when the thread first makes such a call, and never zeroed again (every value a call reads
 //!   it has written first).
@@ -36,9 +35,18 @@
 //!   L2), and half of AVX2's. And the panel's rows lie one line more than a chunk apart, so
 //!   that a tile's rows at the same column fall in different L1 sets rather than all in one
 //!   (measured in docs/PERFORMANCE.md, issue 20, session 13).
-//! - **Register tiles** within a chunk: tokens in groups of 6 (4 on AVX2), each group's chunk
-//!   of activations (up to 24 KiB) held in L1 while the tile sweeps the group's rows 4 (3 on
-//!   AVX2) at a time; a tile is nothing but R + N loads per R · N FMAs per 16-column step.
+//! - **Register tiles** within a chunk ([`crate::sweep`]): tokens in groups of 6 (4 on
+//!   AVX2), each group's chunk of activations (up to 24 KiB) held in L1 while the tile sweeps
+//!   the group's rows 4 (3 on AVX2) at a time; a tile is nothing but R + N loads per R · N
+//!   FMAs per 16-column step. The fold loop names the next token group's activations to the
+//!   prefetcher as it goes (on AVX-512 it also takes two steps per iteration), and a group
+//!   whose activations do not start on a cache line (a large `Vec<f32>` starts 16 bytes past
+//!   one) is read from an aligned copy its first tile makes (the **stage**, six rows in the
+//!   scratch): each worth a few points of the FMA peak, measured in docs/PERFORMANCE.md,
+//!   issue 20, session 14. The fold itself (weights from the L2 panel, activations from L1)
+//!   reaches about two thirds of the peak in a micro-benchmark, the same loop over data
+//!   held in L1 three quarters, and the same loop run 8 times longer per tile 85%: what
+//!   remains is the tile's start and end, not the panel's residency.
 //! - **Halves on AVX2** ([`Kernel::HALVES`]): a 16-lane accumulator takes two of its sixteen
 //!   registers, so tiles fold lanes 0–7 over the whole span and then lanes 8–15
 //!   ([`Kernel::fold_half`]), one register per accumulator: 3 × 4 tiles, 7 loads per 12 FMAs
@@ -62,6 +70,7 @@ use std::ops::Range;
 use crate::arch::prefetch;
 use crate::formats::Format;
 use crate::matmul::{reduce16, Matrix};
+use crate::sweep::{fold_tiles, Prefill};
 use crate::tiled::{Kernel, Lanes, CHUNK};
 
 /// Most activation rows per token block.
@@ -72,14 +81,20 @@ pub(crate) const WIDE_CHUNK: usize = 2 * CHUNK;
 pub(crate) const GROUP: usize = 32;
 /// Floats from one panel row to the next: a chunk and one cache line, so that the rows of a
 /// tile, read at the same column, do not all map to the same L1 set.
-const PANEL_STRIDE: usize = WIDE_CHUNK + 16;
+pub(crate) const PANEL_STRIDE: usize = WIDE_CHUNK + 16;
 
 /// The most bytes one thread's calls of more than eight activation rows keep for themselves
 /// (its f32 weight panel, accumulators and padded activation tails), whatever the row count:
 /// allocated by the first such call on a thread and reused by every later one for the
 /// thread's life, a fixed cost per kernel thread that a memory plan's headroom must cover.
-pub const WIDE_SCRATCH_BYTES: usize =
-    (GROUP * PANEL_STRIDE + GROUP * WIDE_TOKEN_BLOCK * 16 + WIDE_TOKEN_BLOCK * 16) * 4;
+pub const WIDE_SCRATCH_BYTES: usize = (GROUP * PANEL_STRIDE
+    + GROUP * WIDE_TOKEN_BLOCK * 16
+    + WIDE_TOKEN_BLOCK * 16
+    + STAGE_ROWS * PANEL_STRIDE)
+    * 4;
+
+/// Activation rows of the aligned stage: a token group of the widest tile (4 × 6).
+pub(crate) const STAGE_ROWS: usize = 6;
 
 /// 16 floats on a cache line of their own: the unit of the scratch buffers, so that every
 /// 16-lane load and store of a panel row, an accumulator or an activation tail is aligned.
@@ -112,11 +127,13 @@ fn lanes_mut(lines: &mut [Line]) -> &mut [Lanes] {
 
 /// One thread's buffers for the wide nest, sized for the largest call, so that no call
 /// allocates or zeroes them again: the weight panel, the accumulators of a row group × token
-/// block, and the activations' partial 16-column tails.
+/// block, the activations' partial 16-column tails, and the stage where a token group's
+/// activations are copied to lie on cache lines.
 struct Scratch {
     panel: Vec<Line>,
     acc: Vec<Line>,
     xpad: Vec<Line>,
+    stage: Vec<Line>,
 }
 
 impl Scratch {
@@ -126,6 +143,7 @@ impl Scratch {
             panel: vec![zero; GROUP * PANEL_STRIDE / 16],
             acc: vec![zero; GROUP * WIDE_TOKEN_BLOCK],
             xpad: vec![zero; WIDE_TOKEN_BLOCK],
+            stage: vec![zero; STAGE_ROWS * PANEL_STRIDE / 16],
         }
     }
 }
@@ -244,14 +262,15 @@ unsafe fn run_in<K: Kernel, F: Format>(
                 let panel = &*panel;
                 let w = |r: usize| &panel[r * PANEL_STRIDE..][..main];
                 let xs = |j: usize| &x[(t0 + j) * cols + c0..][..main];
+                let prefill = Some(Prefill { halves: K::HALVES, stage: floats_mut(&mut s.stage) });
                 // SAFETY: the caller guarantees the tier.
-                unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, K::HALVES) };
+                unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, prefill) };
                 if main < len {
                     let w = |r: usize| &panel[r * PANEL_STRIDE + main..][..16];
                     let xpad = floats(&s.xpad);
                     let xs = |j: usize| &xpad[j * 16..][..16];
                     // SAFETY: the caller guarantees the tier.
-                    unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, false) };
+                    unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, None) };
                 }
             }
             for (i, a) in acc.chunks_exact(n).enumerate() {
@@ -290,147 +309,6 @@ fn prefetch_span(m: &Matrix<'_>, r: usize, c0: usize) {
         let (a, b) = (buf.len() * c0 / cols, buf.len() * (c0 + WIDE_CHUNK).min(cols) / cols);
         prefetch(buf.get(a..b).unwrap_or_default());
     }
-}
-
-/// Folds one span of widened weights into the accumulators of `rb` weight rows × `tb`
-/// activation rows in register tiles: `w(r)` is row `r`'s span, `x(j)` activation row `j`'s
-/// (all the same length, a multiple of 16), and `acc[r * stride + j]` is the pair's
-/// accumulator. Token groups go outermost, so a group's activations stay in L1 while its tile
-/// sweeps the rows.
-///
-/// With `halves` (only on a tier with [`Kernel::HALVES`]), each `w(r)` is in the split order
-/// of [`Kernel::fold_half`] and the tiles fold one 8-lane half at a time.
-///
-/// # Safety
-/// The running CPU supports the tier `K`.
-///
-/// # Panics
-/// If `acc` is shorter than `rb` rows of `stride ≥ tb` accumulators, or `halves` is asked of
-/// a tier without [`Kernel::HALVES`].
-pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
-    w: &impl Fn(usize) -> &'w [f32],
-    rb: usize,
-    tb: usize,
-    acc: &mut [Lanes],
-    stride: usize,
-    x: &impl Fn(usize) -> &'x [f32],
-    halves: bool,
-) {
-    assert!(stride >= tb && acc.len() >= rb * stride, "fold_tiles: accumulators");
-    assert!(K::HALVES || !halves, "fold_tiles: halves on a tier of whole accumulators");
-    let mut j = 0;
-    while j < tb {
-        let left = tb - j;
-        // 32 registers: groups of 6 tokens against rows 4 at a time (24 accumulators). 16 in
-        // halves: groups of 4 (5 to 7 tokens left: two groups of about half, rather than 4 and
-        // a rest of 1 to 3) against row triples (12 registers). 16 in whole accumulators: groups of 3 (2 when
-        // that leaves no group of 1) against row pairs (12 registers).
-        let n = if K::WIDE {
-            left.min(6)
-        } else if halves {
-            if left > 4 && left < 8 {
-                left.div_ceil(2)
-            } else {
-                left.min(4)
-            }
-        } else {
-            match left {
-                1 => 1,
-                2 | 4 => 2,
-                _ => 3,
-            }
-        };
-        let s = Sweep { rb, stride, j, halves };
-        // SAFETY: the caller guarantees the tier (every arm).
-        unsafe {
-            match n {
-                6 => s.run::<K, 6>(w, acc, x),
-                5 => s.run::<K, 5>(w, acc, x),
-                4 => s.run::<K, 4>(w, acc, x),
-                3 => s.run::<K, 3>(w, acc, x),
-                2 => s.run::<K, 2>(w, acc, x),
-                _ => s.run::<K, 1>(w, acc, x),
-            }
-        }
-        j += n;
-    }
-}
-
-/// One token group's sweep over a span's rows: the arguments of [`fold_tiles`] that its
-/// tiles share.
-struct Sweep {
-    rb: usize,
-    stride: usize,
-    j: usize,
-    halves: bool,
-}
-
-impl Sweep {
-    /// Sweeps rows `0..rb` for tokens `j..j + N` in tiles of as many rows as the registers
-    /// hold: 4 on 32-register tiers and for a lone token; in halves, as many as leave one
-    /// register for an activation and one per row for its weights (`R · N + R + 1 ≤ 16`);
-    /// otherwise 2.
-    ///
-    /// # Safety
-    /// The running CPU supports the tier `K`.
-    unsafe fn run<'w, 'x, K: Kernel, const N: usize>(
-        &self,
-        w: &impl Fn(usize) -> &'w [f32],
-        acc: &mut [Lanes],
-        x: &impl Fn(usize) -> &'x [f32],
-    ) {
-        let most = if K::WIDE || N == 1 {
-            4
-        } else if self.halves {
-            (15 / (N + 1)).min(4)
-        } else {
-            2
-        };
-        let (stride, j, halves) = (self.stride, self.j, self.halves);
-        let mut r = 0;
-        while r < self.rb {
-            let a = &mut *acc;
-            // SAFETY: the caller guarantees the tier (every arm).
-            r += unsafe {
-                match most.min(self.rb - r) {
-                    4 => tile::<K, 4, N>(w, a, stride, r, j, x, halves),
-                    3 => tile::<K, 3, N>(w, a, stride, r, j, x, halves),
-                    2 => tile::<K, 2, N>(w, a, stride, r, j, x, halves),
-                    _ => tile::<K, 1, N>(w, a, stride, r, j, x, halves),
-                }
-            };
-        }
-    }
-}
-
-/// Folds one R × N tile (rows `r..r + R`, tokens `j..j + N`); returns R.
-///
-/// # Safety
-/// The running CPU supports the tier `K`.
-unsafe fn tile<'w, 'x, K: Kernel, const R: usize, const N: usize>(
-    w: &impl Fn(usize) -> &'w [f32],
-    acc: &mut [Lanes],
-    stride: usize,
-    r: usize,
-    j: usize,
-    x: &impl Fn(usize) -> &'x [f32],
-    halves: bool,
-) -> usize {
-    let ws: [&[f32]; R] = std::array::from_fn(|i| w(r + i));
-    let xs: [&[f32]; N] = std::array::from_fn(|i| x(j + i));
-    let mut rows = acc[r * stride..].chunks_exact_mut(stride);
-    let a: [&mut [Lanes; N]; R] = std::array::from_fn(|_| {
-        let row = rows.next().expect("invariant: R rows of accumulators (asserted)");
-        (&mut row[j..j + N]).try_into().expect("invariant: N tokens were sliced")
-    });
-    if halves {
-        // SAFETY: the caller guarantees the tier; `fold_half` checks the slice lengths.
-        unsafe { K::fold_half(ws, xs, a) };
-    } else {
-        // SAFETY: the caller guarantees the tier; `fold` checks the slice lengths.
-        unsafe { K::fold(ws, xs, a) };
-    }
-    R
 }
 
 #[cfg(test)]
@@ -516,12 +394,14 @@ mod tests {
             ("panel", s.panel.as_ptr().addr()),
             ("acc", s.acc.as_ptr().addr()),
             ("xpad", s.xpad.as_ptr().addr()),
+            ("stage", s.stage.as_ptr().addr()),
         ] {
             assert_eq!(addr % 64, 0, "{name} starts on a cache line");
         }
         assert_eq!(PANEL_STRIDE * 4 % 64, 0, "every panel row starts on a cache line");
         assert_ne!(PANEL_STRIDE * 4 % 4096, 0, "panel rows off the 4 KiB stride");
         assert!(s.panel.len() * 16 >= GROUP * PANEL_STRIDE);
+        assert!(s.stage.len() * 16 >= STAGE_ROWS * PANEL_STRIDE);
     }
 
     #[test]

@@ -155,6 +155,49 @@ fn half_tiles_equal_the_scalar_reference_at_every_edge() {
     }
 }
 
+/// Activations that start 16 bytes past a cache line (as a large `Vec<f32>` does) made every
+/// 64-byte AVX-512 load of them straddle two lines (and AVX2's high-half loads); a token
+/// group's activations are now read from an aligned copy its first tile makes. At every start
+/// offset within a line (0–15 floats), each tier equals the scalar reference bit for bit: row
+/// counts below, at and past a tile of 3 or 4 rows (a sweep shorter than one tile is not
+/// staged), token groups of 1–6 rows and two token blocks, spans with a partial 16-column
+/// step and past a chunk, mixed values.
+#[test]
+fn activations_16_bytes_past_a_line_split_every_avx512_load_the_staged_copy_is_exact() {
+    let cases = [
+        ("f32", 35, 1041, 135),
+        ("bf16", 70, 300, 256),
+        ("mxfp4", 5, 1056, 13),
+        ("int8", 3, 2064, 11),
+        ("bf16", 4, 33, 130),
+    ];
+    let pool = Pool::new(1).expect("kernel pool");
+    for (k, &(format, rows, cols, t)) in cases.iter().enumerate() {
+        let mut rng = Rng::new(0x57A6_E000 + u64::try_from(k).expect("small"));
+        let w = Weights::gen(format, rows, cols, &mut rng, Mode::Normal);
+        let m = w.matrix();
+        let xm = if k.is_multiple_of(2) { Mode::Mixed } else { Mode::Normal };
+        let x = values(&mut rng, xm, t * cols);
+        let mut want = vec![0.0f32; t * rows];
+        matmul_scalar(&m, &x, t, &mut want);
+        let want = bits(&want);
+        let mut buf = vec![0.0f32; t * cols + 16];
+        for off in 0..16 {
+            buf[off..off + t * cols].copy_from_slice(&x);
+            let xs = &buf[off..off + t * cols];
+            for isa in tiers() {
+                let mut got = vec![f32::NAN; t * rows];
+                pool.install(|| matmul_with(isa, &m, xs, t, &mut got));
+                assert_eq!(
+                    bits(&got),
+                    want,
+                    "{isa} {format} {rows}x{cols} t={t}: activations {off} floats in"
+                );
+            }
+        }
+    }
+}
+
 /// `matmul_with` on every tier equals `matmul_scalar` bit for bit.
 fn check(
     format: &'static str,

@@ -1,7 +1,10 @@
 //! AVX-512F pieces of the matmul loop nest that every weight format shares: a 16-lane
 //! accumulator is one register, so the several-row fold takes tiles of up to 4 weight rows ×
 //! 6 activation rows (24 accumulators, the tile's 4 weight registers loaded once per step, 1
-//! activation register) and never spills.
+//! activation register) and never spills. The prefill nest's tiles (`fold_wide`) run the
+//! same fold two steps per loop iteration, name the next token group's activations to the
+//! prefetcher as they go, and the first tile of a group can copy the activations it loads
+//! into an aligned stage for the others (see `crate::sweep`).
 //!
 //! Decoding is each format's `avx512_decode` hook and the one-activation-row fold its
 //! `avx512_fold_one` (in `crate::formats`), which widen 16 columns per register and fold them
@@ -73,6 +76,112 @@ impl Kernel for Avx512 {
                 // SAFETY: `lanes` holds 16 f32.
                 unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
             }
+        }
+    }
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fold_wide<const R: usize, const N: usize>(
+        w: [&[f32]; R],
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: &[f32],
+        stage: Option<[&mut [f32]; N]>,
+    ) {
+        let len = crate::tiled::span_len(&w, &x);
+        let pf = ahead.len() >= len;
+        let ahead = ahead.as_ptr();
+        match stage {
+            Some(s) => {
+                assert!(s.iter().all(|s| s.len() == len), "fold_wide: stage rows");
+                let s = s.map(|s| s.as_mut_ptr());
+                // SAFETY: the caller guarantees AVX-512F; lengths checked above.
+                unsafe {
+                    if pf {
+                        fold_wide::<R, N, true, true>(w, x, acc, ahead, s, len);
+                    } else {
+                        fold_wide::<R, N, false, true>(w, x, acc, ahead, s, len);
+                    }
+                }
+            }
+            None => {
+                let s = [std::ptr::null_mut(); N];
+                // SAFETY: as above (no stage is written).
+                unsafe {
+                    if pf {
+                        fold_wide::<R, N, true, false>(w, x, acc, ahead, s, len);
+                    } else {
+                        fold_wide::<R, N, false, false>(w, x, acc, ahead, s, len);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`Kernel::fold_wide`]'s loop: the 4 × 6 tile's fold two 16-column steps per iteration
+/// (the loop's own instructions and its exit paid half as often), naming two lines of
+/// `ahead` to the prefetcher per iteration when `AHEAD`, and storing each activation vector
+/// into `stage` when `STAGE`.
+///
+/// # Safety
+/// The CPU supports AVX-512F; `w`, `x` and (when `STAGE`) `stage` are all `len` long, `len`
+/// a multiple of 16, and (when `AHEAD`) `ahead` at least `len` long.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn fold_wide<const R: usize, const N: usize, const AHEAD: bool, const STAGE: bool>(
+    w: [&[f32]; R],
+    x: [&[f32]; N],
+    acc: [&mut [Lanes; N]; R],
+    ahead: *const f32,
+    stage: [*mut f32; N],
+    len: usize,
+) {
+    let mut a = [[_mm512_setzero_ps(); N]; R];
+    for (ar, lanes_r) in a.iter_mut().zip(acc.iter()) {
+        for (aj, lanes) in ar.iter_mut().zip(lanes_r.iter()) {
+            // SAFETY: `lanes` holds 16 f32.
+            *aj = unsafe { _mm512_loadu_ps(lanes.as_ptr()) };
+        }
+    }
+    let wp: [*const f32; R] = std::array::from_fn(|r| w[r].as_ptr());
+    let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
+    // One 16-column step at `c`: the tile's weights once (R registers), then each activation
+    // row against all of them: R + N loads per R · N FMAs.
+    let step = |a: &mut [[__m512; N]; R], c: usize| {
+        // SAFETY: `c + 16 <= len` and every slice is `len` long (the caller's contract).
+        let wv: [__m512; R] = std::array::from_fn(|r| unsafe { _mm512_loadu_ps(wp[r].add(c)) });
+        for (j, (&xj, &sj)) in xp.iter().zip(&stage).enumerate() {
+            // SAFETY: as for the weights.
+            let xv = unsafe { _mm512_loadu_ps(xj.add(c)) };
+            if STAGE {
+                // SAFETY: `stage[j]` is `len` long (the caller's contract).
+                unsafe { _mm512_storeu_ps(sj.add(c), xv) };
+            }
+            for (v, ar) in wv.iter().zip(a.iter_mut()) {
+                ar[j] = _mm512_fmadd_ps(*v, xv, ar[j]);
+            }
+        }
+    };
+    let mut c = 0;
+    while c + 32 <= len {
+        if AHEAD {
+            // The two lines of `ahead` at the same offset as this iteration's 32 columns.
+            crate::arch::prefetch_line(ahead.wrapping_add(c).cast());
+            crate::arch::prefetch_line(ahead.wrapping_add(c + 16).cast());
+        }
+        step(&mut a, c);
+        step(&mut a, c + 16);
+        c += 32;
+    }
+    if c < len {
+        if AHEAD {
+            crate::arch::prefetch_line(ahead.wrapping_add(c).cast());
+        }
+        step(&mut a, c);
+    }
+    for (ar, lanes_r) in a.iter().zip(acc) {
+        for (v, lanes) in ar.iter().zip(lanes_r) {
+            // SAFETY: `lanes` holds 16 f32.
+            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
         }
     }
 }

@@ -15,7 +15,8 @@
 //! tile of whole accumulators needs 10). Its weight panel is stored half-split (every step's
 //! low 8 lanes, then every step's high 8), so each pass reads its weights contiguously: a
 //! pass over column-ordered weights pulled every cache line of the tile's rows from L2 for
-//! half its bytes.
+//! half its bytes. In the prefill nest (`fold_half_wide`) the low half's pass also names one
+//! line of the next token group's activations to the prefetcher per step.
 //!
 //! [`NibbleDecoder`] is the 4-bit decode MXFP4 and INT4 share: a `vpshufb` lookup of each
 //! nibble in a 16-entry signed-byte table, interleaved into column order and spread into the
@@ -92,41 +93,46 @@ impl Kernel for Avx2 {
         x: [&[f32]; N],
         acc: [&mut [Lanes; N]; R],
     ) {
+        // SAFETY: the caller guarantees AVX2 and FMA; nothing is prefetched.
+        unsafe {
+            fold_half::<R, N, false, false>(w, x, acc, std::ptr::null(), [std::ptr::null_mut(); N])
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fold_half_wide<const R: usize, const N: usize>(
+        w: [&[f32]; R],
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: &[f32],
+        stage: Option<[&mut [f32]; N]>,
+    ) {
         let len = crate::tiled::span_len(&w, &x);
-        let wp: [*const f32; R] = std::array::from_fn(|r| w[r].as_ptr());
-        let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
-        let mut acc = acc;
-        // Half `h` (lanes `h .. h + 8`) of step `k`: activations at `16k + h`, weights (in the
-        // split order) at `8k`, or `len / 2 + 8k` for the high half.
-        for (h, wh) in [(0, 0), (8, len / 2)] {
-            let mut a = [[_mm256_setzero_ps(); N]; R];
-            for (ar, lanes_r) in a.iter_mut().zip(acc.iter()) {
-                for (aj, lanes) in ar.iter_mut().zip(lanes_r.iter()) {
-                    // SAFETY: `lanes` holds 16 f32 and `h` is 0 or 8.
-                    *aj = unsafe { _mm256_loadu_ps(lanes.as_ptr().add(h)) };
-                }
-            }
-            let (mut c, mut cw) = (h, wh);
-            while c < len {
-                // SAFETY: `c + 8 <= len` (`c % 16` is `h`, `len` a multiple of 16) and every
-                // slice is `len` long (asserted above); `cw = wh + (c - h) / 2`, so
-                // `cw + 8 <= wh + len / 2 <= len`.
-                let wv: [__m256; R] =
-                    std::array::from_fn(|r| unsafe { _mm256_loadu_ps(wp[r].add(cw)) });
-                for (j, &xj) in xp.iter().enumerate() {
-                    // SAFETY: as for the weights.
-                    let xv = unsafe { _mm256_loadu_ps(xj.add(c)) };
-                    for (v, ar) in wv.iter().zip(a.iter_mut()) {
-                        ar[j] = _mm256_fmadd_ps(*v, xv, ar[j]);
+        let pf = ahead.len() >= len;
+        let ahead = ahead.as_ptr();
+        match stage {
+            Some(s) => {
+                assert!(s.iter().all(|s| s.len() == len), "fold_half_wide: stage rows");
+                let s = s.map(|s| s.as_mut_ptr());
+                // SAFETY: the caller guarantees AVX2 and FMA; a prefetch may name any
+                // address; the stage rows are `len` long (checked above).
+                unsafe {
+                    if pf {
+                        fold_half::<R, N, true, true>(w, x, acc, ahead, s);
+                    } else {
+                        fold_half::<R, N, false, true>(w, x, acc, ahead, s);
                     }
                 }
-                c += 16;
-                cw += 8;
             }
-            for (ar, lanes_r) in a.iter().zip(acc.iter_mut()) {
-                for (v, lanes) in ar.iter().zip(lanes_r.iter_mut()) {
-                    // SAFETY: `lanes` holds 16 f32 and `h` is 0 or 8.
-                    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr().add(h), *v) };
+            None => {
+                let s = [std::ptr::null_mut(); N];
+                // SAFETY: as above (no stage is written).
+                unsafe {
+                    if pf {
+                        fold_half::<R, N, true, false>(w, x, acc, ahead, s);
+                    } else {
+                        fold_half::<R, N, false, false>(w, x, acc, ahead, s);
+                    }
                 }
             }
         }
@@ -142,6 +148,71 @@ impl Kernel for Avx2 {
         assert!(x.len().is_multiple_of(16), "fold_one span");
         // SAFETY: the caller guarantees AVX2 and FMA and the span.
         unsafe { F::avx2_fold_one(rows, c0, x, acc) }
+    }
+}
+
+/// [`Kernel::fold_half`]'s loop; when `AHEAD`, the low half's pass names one line of `ahead`
+/// per 16-column step to the prefetcher (the line at the step's own offset), and when
+/// `STAGE`, each pass stores every activation half it loads at the same place of `stage[j]`.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; with `STAGE`, each `stage[j]` holds the span's length.
+///
+/// # Panics
+/// If the slices' lengths differ or are not a multiple of 16.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn fold_half<const R: usize, const N: usize, const AHEAD: bool, const STAGE: bool>(
+    w: [&[f32]; R],
+    x: [&[f32]; N],
+    acc: [&mut [Lanes; N]; R],
+    ahead: *const f32,
+    stage: [*mut f32; N],
+) {
+    let len = crate::tiled::span_len(&w, &x);
+    let wp: [*const f32; R] = std::array::from_fn(|r| w[r].as_ptr());
+    let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
+    let mut acc = acc;
+    // Half `h` (lanes `h .. h + 8`) of step `k`: activations at `16k + h`, weights (in the
+    // split order) at `8k`, or `len / 2 + 8k` for the high half.
+    for (h, wh) in [(0, 0), (8, len / 2)] {
+        let mut a = [[_mm256_setzero_ps(); N]; R];
+        for (ar, lanes_r) in a.iter_mut().zip(acc.iter()) {
+            for (aj, lanes) in ar.iter_mut().zip(lanes_r.iter()) {
+                // SAFETY: `lanes` holds 16 f32 and `h` is 0 or 8.
+                *aj = unsafe { _mm256_loadu_ps(lanes.as_ptr().add(h)) };
+            }
+        }
+        let (mut c, mut cw) = (h, wh);
+        while c < len {
+            if AHEAD && h == 0 {
+                crate::arch::prefetch_line(ahead.wrapping_add(c).cast());
+            }
+            // SAFETY: `c + 8 <= len` (`c % 16` is `h`, `len` a multiple of 16) and every
+            // slice is `len` long (asserted above); `cw = wh + (c - h) / 2`, so
+            // `cw + 8 <= wh + len / 2 <= len`.
+            let wv: [__m256; R] =
+                std::array::from_fn(|r| unsafe { _mm256_loadu_ps(wp[r].add(cw)) });
+            for (j, (&xj, &sj)) in xp.iter().zip(&stage).enumerate() {
+                // SAFETY: as for the weights.
+                let xv = unsafe { _mm256_loadu_ps(xj.add(c)) };
+                if STAGE {
+                    // SAFETY: `stage[j]` holds the span's length (the caller's contract).
+                    unsafe { _mm256_storeu_ps(sj.add(c), xv) };
+                }
+                for (v, ar) in wv.iter().zip(a.iter_mut()) {
+                    ar[j] = _mm256_fmadd_ps(*v, xv, ar[j]);
+                }
+            }
+            c += 16;
+            cw += 8;
+        }
+        for (ar, lanes_r) in a.iter().zip(acc.iter_mut()) {
+            for (v, lanes) in ar.iter().zip(lanes_r.iter_mut()) {
+                // SAFETY: `lanes` holds 16 f32 and `h` is 0 or 8.
+                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr().add(h), *v) };
+            }
+        }
     }
 }
 
