@@ -6,7 +6,7 @@ within each of --runs ROUNDS, so the drift of a shared machine hits both alike; 
 
 - decode:  an 8-id prompt, then TG one-token passes, model in memory (page cache warm);
 - prefill: a PP-id prompt in one pass, model in memory;
-- cgroup:  decode (--cgroup-tg passes), each run in a fresh memory cgroup (v1) with the model's
+- cgroup:  decode (--cgroup-tg passes), each run in a fresh memory cgroup (v1 or v2) with the model's
            pages dropped first (posix_fadvise DONTNEED on every model file), so the process sees
            a machine on which the model does not fit, page cache included.
 
@@ -38,6 +38,7 @@ import sys
 import time
 
 CGROUP_ROOT = "/sys/fs/cgroup/memory"
+CGROUP_V2_ROOT = "/sys/fs/cgroup"
 # The full Kimi K3 (/work/shared/K3.md, section 1): 82,432 routed experts of 17,547,264 bytes, and
 # 56.7 B other parameters in bf16. A cgroup of 1/3 of its expert bytes holds the spine and this
 # share of the experts, which the slice's cgroup reproduces.
@@ -99,29 +100,51 @@ def warm_pages(paths):
 
 
 class Cgroup:
-    """A fresh v1 memory cgroup limited to `limit` bytes; children join it before exec."""
+    """A fresh memory cgroup limited to `limit` bytes; children join it before exec. A v1
+    memory controller (/sys/fs/cgroup/memory, as on the development VM) or cgroup v2 (the
+    device host: a group under /sys/fs/cgroup with the memory controller enabled for it)."""
 
     def __init__(self, limit, tag):
-        self.dir = os.path.join(CGROUP_ROOT, f"peer-bench-{os.getpid()}-{tag}")
+        self.v2 = not os.access(CGROUP_ROOT, os.W_OK) and os.path.exists(
+            os.path.join(CGROUP_V2_ROOT, "cgroup.controllers"))
+        root = CGROUP_V2_ROOT if self.v2 else CGROUP_ROOT
+        self.dir = os.path.join(root, f"peer-bench-{os.getpid()}-{tag}")
         try:
+            if self.v2:
+                with open(os.path.join(root, "cgroup.subtree_control"), "w") as f:
+                    f.write("+memory")
             os.mkdir(self.dir)
-            with open(os.path.join(self.dir, "memory.limit_in_bytes"), "w") as f:
+            name = "memory.max" if self.v2 else "memory.limit_in_bytes"
+            with open(os.path.join(self.dir, name), "w") as f:
                 f.write(str(limit))
         except OSError as e:
-            fail(f"cannot make a memory cgroup under {CGROUP_ROOT} ({e}); the cgroup part needs "
-                 "a writable v1 memory controller (docs: /work/shared/MACHINE.md)")
+            fail(f"cannot make a memory cgroup under {root} ({e}); the cgroup part needs a "
+                 "writable v1 memory controller or cgroup v2 with its memory controller "
+                 "(docs: /work/shared/MACHINE.md)")
 
     def join(self):
         with open(os.path.join(self.dir, "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
 
     def peak(self):
-        with open(os.path.join(self.dir, "memory.max_usage_in_bytes")) as f:
-            return int(f.read())
+        """The group's peak charge, bytes (None where a v2 kernel has no memory.peak)."""
+        name = "memory.peak" if self.v2 else "memory.max_usage_in_bytes"
+        try:
+            with open(os.path.join(self.dir, name)) as f:
+                return int(f.read())
+        except OSError:
+            return None
 
     def pressure(self):
-        """(times the charge hit the limit, OOM kills): memory.failcnt and oom_control's
-        oom_kill (0 where the kernel does not report it)."""
+        """(times the charge hit the limit, OOM kills): v1 memory.failcnt and oom_control's
+        oom_kill, v2 memory.events' max and oom_kill (0 where the kernel does not report it)."""
+        if self.v2:
+            events = {}
+            with open(os.path.join(self.dir, "memory.events")) as f:
+                for line in f:
+                    k, v = line.split()
+                    events[k] = int(v)
+            return events.get("max", 0), events.get("oom_kill", 0)
         with open(os.path.join(self.dir, "memory.failcnt")) as f:
             failcnt = int(f.read())
         kills = 0
@@ -300,6 +323,7 @@ def main():
                     r = fn(a, ids, n_new, cg)
                     if cg:
                         r["cgroup_peak_bytes"] = cg.peak()
+                        r["cgroup_limit_hits"], r["cgroup_oom_kills"] = cg.pressure()
                 finally:
                     if cg:
                         cg.remove()

@@ -22,7 +22,12 @@
 # OUTTYPE (bf16: the converter's type for the non-expert tensors, as published;
 # the MXFP4 experts are repacked as MXFP4 by the converter whatever this is); KEEP=1 keeps the
 # slice and the GGUF (default: both deleted at the end); JOBS (nproc): build parallelism.
-# Needs: python3 (3.10+) with venv, a C and C++ compiler, PyPI. The llama.cpp build uses its own
+# SDIST: a copy of the source distribution (.tar.gz as PyPI serves it, or a .tar.xz / .tar.gz of
+# the same llama_cpp_python-0.3.36/ tree trimmed to what the CPU build and the converter read),
+# used instead of PyPI; with it, cmake and ninja on PATH are used as they are. PEER_PYTHON: a
+# Python that already has the converter's packages (torch, numpy, sentencepiece, transformers,
+# pyyaml, tqdm), used instead of a venv from PyPI. Together they run on a machine with no registry.
+# Needs: python3 (3.10+) with venv, a C and C++ compiler, PyPI (unless SDIST and PEER_PYTHON). The llama.cpp build uses its own
 # default flags (GGML_NATIVE=ON: -march=native); peer_run prints the ISA it was built with.
 # Fails (non-zero, with the reason) when the peer cannot be fetched, built or converted: it never
 # reports a sluice number without its llama.cpp counterpart.
@@ -40,6 +45,11 @@ LL=$W/src/llama_cpp_python-$VERSION/vendor/llama.cpp
 
 # 1. The source distribution. Its build backend (scikit-build-core) comes as a wheel: pip's
 # isolated build of the metadata would otherwise compile CMake from source.
+if [ ! -f "$LL/convert_hf_to_gguf.py" ] && [ -n "${SDIST:-}" ]; then
+  mkdir -p "$W/src"
+  tar -C "$W/src" -xf "$SDIST" || fail "cannot unpack SDIST=$SDIST"
+  [ -f "$LL/convert_hf_to_gguf.py" ] || fail "SDIST=$SDIST has no llama_cpp_python-$VERSION/vendor/llama.cpp"
+fi
 if [ ! -f "$LL/convert_hf_to_gguf.py" ]; then
   python3 -m venv "$W/venv-build" || fail "cannot make a Python venv"
   "$W/venv-build/bin/pip" install -q cmake ninja scikit-build-core \
@@ -55,7 +65,9 @@ fi
 grep -q KIMI_K3 "$LL/gguf-py/gguf/constants.py" || fail "the vendored llama.cpp has no Kimi K3"
 
 # 2. The library (CPU only, llama.cpp's default flags) and the small driver against its C API.
-PATH=$W/venv-build/bin:$PATH
+[ -d "$W/venv-build/bin" ] && PATH=$W/venv-build/bin:$PATH
+command -v cmake > /dev/null && command -v ninja > /dev/null \
+  || fail "cmake and ninja are needed on PATH to build llama.cpp"
 if [ ! -x "$W/peer_run" ]; then
   cmake -S "$LL" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
       -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
@@ -73,7 +85,12 @@ fi
 # vendored gguf-py first on sys.path: the PyPI gguf may predate Kimi K3) plus gguf-py's own
 # dependencies. torch: the converter imports it; a torch already installed is used (the
 # requirements name a CPU index this machine cannot reach), else PyPI's.
-if [ ! -x "$W/venv-convert/bin/python" ]; then
+CONVERT_PY=$W/venv-convert/bin/python
+if [ -n "${PEER_PYTHON:-}" ]; then
+  CONVERT_PY=$(command -v "$PEER_PYTHON") || fail "PEER_PYTHON=$PEER_PYTHON is not a command"
+  "$CONVERT_PY" -c 'import torch, numpy, sentencepiece, transformers, yaml, tqdm' \
+    || fail "PEER_PYTHON=$PEER_PYTHON lacks a package the converter imports (above)"
+elif [ ! -x "$CONVERT_PY" ]; then
   python3 -m venv --system-site-packages "$W/venv-convert" || fail "cannot make a Python venv"
   grep -v -E '^(gguf|-r|--)' "$LL/requirements/requirements-convert_legacy_llama.txt" \
     > "$W/requirements-convert.txt"
@@ -92,7 +109,7 @@ fi
 if [ ! -f "$GGUF" ]; then
   # convert_slice.py: llama.cpp's converter with only set_vocab replaced (the slice's synthetic
   # tokenizer has no remote code to load; see that file).
-  "$W/venv-convert/bin/python" "$HERE/convert_slice.py" "$LL" "$MODEL" --outfile "$GGUF.tmp" \
+  "$CONVERT_PY" "$HERE/convert_slice.py" "$LL" "$MODEL" --outfile "$GGUF.tmp" \
       --outtype "$OUTTYPE" > "$W/convert.log" 2>&1 \
     || { tail -20 "$W/convert.log" >&2; fail "llama.cpp's converter failed on the slice: see $W/convert.log"; }
   mv "$GGUF.tmp" "$GGUF"
