@@ -206,7 +206,11 @@ def sluice(a, ids, n_new, cgroup=None):
 
 def peer(a, ids, n_new, cgroup=None):
     cmd = [a.peer_run, a.gguf, str(a.threads), str(n_new), ",".join(map(str, ids))]
-    v, wall = run_json(cmd, None, cgroup)
+    # In the cgroup, llama.cpp's weight repacking (extra buffer types, on by default; on an
+    # AVX-512/AMX host it copies the weights into anonymous memory, and the process is OOM-killed)
+    # is off, as a user running a model larger than memory would set it; in memory, its defaults.
+    env = dict(os.environ, PEER_NO_REPACK="1") if cgroup and not a.peer_repack else None
+    v, wall = run_json(cmd, env, cgroup)
     v["wall_s"] = wall
     del v["_stderr"]
     return v
@@ -251,6 +255,8 @@ def main():
                     help="sluice's --memory in the cgroup, bytes (default: the limit - 256 MiB; "
                     "sluice's own default, 85%% of the limit - 512 MiB, is below the slice's "
                     "minimum there)")
+    ap.add_argument("--peer-repack", action="store_true",
+                    help="keep llama.cpp's weight repacking in the cgroup runs too")
     ap.add_argument("--parts", default="decode,prefill,cgroup")
     ap.add_argument("--timeout", type=float, default=1800,
                     help="seconds one process may take before the benchmark fails")

@@ -58,7 +58,13 @@ int main(int argc, char ** argv) {
         llama_log_set(quiet, nullptr);
     }
     llama_backend_init();
-    llama_model * model = llama_model_load_from_file(argv[1], llama_model_default_params());
+    llama_model_params mp = llama_model_default_params();
+    // PEER_NO_REPACK: no extra buffer types, so the weights stay in the mapped file rather than
+    // being repacked into anonymous memory (what a model larger than memory needs).
+    if (std::getenv("PEER_NO_REPACK") != nullptr) {
+        mp.use_extra_bufts = false;
+    }
+    llama_model * model = llama_model_load_from_file(argv[1], mp);
     if (model == nullptr) {
         std::fprintf(stderr, "peer_run: llama.cpp cannot load %s\n", argv[1]);
         return 1;
