@@ -26,8 +26,11 @@
 //! activation row runs two rows per pass, row a in the low 128-bit lane and row b in the
 //! high one, so the nibble split, lookup and interleave serve both rows at once.
 //!
-//! **AVX-512.** `vpermps` over the 16 E2M1 values (it reads index bits 0–3 of each lane) and
-//! one multiplication by `e8m0_to_f32(s)`: the reference's expression. **NEON.** Two byte
+//! **AVX-512.** `vpermps` over the 16 E2M1 values times `e8m0_to_f32(s)` (the reference's
+//! expression, computed once per block on the table rather than on each permuted value: the
+//! same products). Its indices come from one `vpmultishiftqb` per 16 columns where the CPU has
+//! AVX-512 VBMI, else from byte unpacks and a widening: the one-row kernel is bound by the
+//! shuffle port, which the widening and the unpacks crowded (docs/PERFORMANCE.md, session 15). **NEON.** Two byte
 //! tables holding the low and high byte of each E2M1 value's bf16 pattern (every E2M1 value is
 //! exactly a bf16), widened and multiplied by `e8m0_to_f32(s)`.
 
@@ -410,78 +413,8 @@ mod avx2 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use super::{e8m0_to_f32, E2M1};
-    use crate::arch::prefetch_line;
-    use core::arch::x86_64::*;
-
-    /// MXFP4 rows against one activation row, a block at a time, decoded as [`mxfp4s`]
-    /// decodes.
-    #[target_feature(enable = "avx512f")]
-    pub(super) fn mxfp4_one<const R: usize>(
-        w: [(&[u8], &[u8]); R],
-        x: &[f32],
-        a: &mut [__m512; R],
-        ahead: usize,
-    ) {
-        let blocks = x.len() / 32;
-        assert!(x.len().is_multiple_of(32));
-        assert!(w.iter().all(|(p, s)| p.len() == 16 * blocks && s.len() == blocks));
-        // SAFETY: `E2M1` holds 16 f32.
-        let lut = unsafe { _mm512_loadu_ps(E2M1.as_ptr()) };
-        for b in 0..blocks {
-            if b.is_multiple_of(4) {
-                for (packed, _) in &w {
-                    prefetch_line(packed.as_ptr().wrapping_add(16 * b + ahead));
-                }
-            }
-            // SAFETY: `32 * b + 32 <= x.len()`.
-            let xv = unsafe {
-                [
-                    _mm512_loadu_ps(x.as_ptr().add(32 * b)),
-                    _mm512_loadu_ps(x.as_ptr().add(32 * b + 16)),
-                ]
-            };
-            for ((packed, scales), ar) in w.iter().zip(a.iter_mut()) {
-                let wv = decode_block(lut, &packed[16 * b..16 * b + 16], scales[b]);
-                *ar = _mm512_fmadd_ps(wv[0], xv[0], *ar);
-                *ar = _mm512_fmadd_ps(wv[1], xv[1], *ar);
-            }
-        }
-    }
-
-    /// One MXFP4 block (16 packed bytes, scale byte `s`) → columns 0–15 and 16–31.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn decode_block(lut: __m512, packed: &[u8], s: u8) -> [__m512; 2] {
-        assert_eq!(packed.len(), 16);
-        let scale = _mm512_set1_ps(e8m0_to_f32(s));
-        // SAFETY: `packed` is 16 bytes (asserted).
-        let bytes = unsafe { _mm_loadu_si128(packed.as_ptr().cast()) };
-        // Byte i holds columns 2i (low nibble) and 2i + 1 (high nibble). Interleaving the
-        // bytes with themselves shifted right by 4 puts column c's nibble in the low 4 bits of
-        // byte c; the high 4 bits are junk that `vpermps` ignores (it reads index bits 0–3).
-        let shifted = _mm_srli_epi16::<4>(bytes);
-        let halves = [_mm_unpacklo_epi8(bytes, shifted), _mm_unpackhi_epi8(bytes, shifted)];
-        halves.map(|h| _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(h), lut), scale))
-    }
-
-    /// MXFP4 blocks: 16 packed bytes and one scale byte → 32 f32 each.
-    #[target_feature(enable = "avx512f")]
-    pub(super) fn mxfp4s(packed: &[u8], scales: &[u8], out: &mut [f32]) {
-        assert!(packed.len() == 16 * scales.len() && out.len() == 32 * scales.len());
-        // SAFETY: `E2M1` holds 16 f32.
-        let lut = unsafe { _mm512_loadu_ps(E2M1.as_ptr()) };
-        for (b, &s) in scales.iter().enumerate() {
-            let [lo, hi] = decode_block(lut, &packed[16 * b..16 * b + 16], s);
-            // SAFETY: `32 * b + 32 <= out.len()`.
-            unsafe {
-                _mm512_storeu_ps(out.as_mut_ptr().add(32 * b), lo);
-                _mm512_storeu_ps(out.as_mut_ptr().add(32 * b + 16), hi);
-            }
-        }
-    }
-}
+#[path = "mxfp4_avx512.rs"]
+mod avx512;
 
 #[cfg(target_arch = "aarch64")]
 mod neon {
