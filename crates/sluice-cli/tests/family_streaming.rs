@@ -9,6 +9,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+#[path = "../../sluice-models/tests/common/moe_fixtures.rs"]
+mod moe_fixtures;
+
 fn fixture(family: &str) -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures")
@@ -69,14 +72,7 @@ const SLACK: u64 = 16 << 20;
 
 #[test]
 fn a_placed_spine_stays_within_memory_and_generates_what_a_mapped_spine_does() {
-    for (family, name) in [
-        ("qwen3_moe", "tiny-a"),
-        ("qwen3_moe", "tiny-b"),
-        ("gpt_oss", "tiny-a"),
-        ("gpt_oss", "tiny-b"),
-        ("deepseek_v3", "tiny-a"),
-        ("deepseek_v3", "tiny-b"),
-    ] {
+    for (family, name) in moe_fixtures::MOE_FIXTURES {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/fixtures")
             .join(family)

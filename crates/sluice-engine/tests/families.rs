@@ -12,16 +12,11 @@ use sluice_engine::{generate, Drafter, GenerateOptions, Generation, NgramDrafter
 use sluice_models::Model;
 use std::path::PathBuf;
 
-/// Every MoE family's fixtures (family folder, fixture).
-const FIXTURES: [(&str, &str); 7] = [
-    ("kimi_k3", "tiny-a"),
-    ("qwen3_moe", "tiny-a"),
-    ("qwen3_moe", "tiny-b"),
-    ("gpt_oss", "tiny-a"),
-    ("gpt_oss", "tiny-b"),
-    ("deepseek_v3", "tiny-a"),
-    ("deepseek_v3", "tiny-b"),
-];
+#[path = "../../sluice-models/tests/common/moe_fixtures.rs"]
+mod moe_fixtures;
+
+/// Every MoE family's fixtures (family folder, fixture; shared with the models' family tests).
+const FIXTURES: [(&str, &str); 7] = moe_fixtures::MOE_FIXTURES;
 
 fn dir(family: &str, name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(family).join(name)

@@ -130,6 +130,68 @@ pub fn isa() -> Isa {
     })
 }
 
+/// `$what`'s body run on the tier `isa`, each x86-64 SIMD tier on a copy of its own compiled
+/// under `#[target_feature(enable = …)]` with the features it names, so that the compiler
+/// widens the same plain Rust to that tier's vectors; any other tier runs the last body as
+/// built. The bodies are expressions over the listed arguments (usually a call of one
+/// `#[inline(always)]` function); each tier's copy is an `unsafe fn` inside the expansion,
+/// entered only after `isa` has been checked to be available.
+///
+/// ```ignore
+/// on_tier!(isa, "dot", (a: &[f32], b: &[f32]) {
+///     avx512("avx512f,fma") => dot_body::<true>(a, b),
+///     avx2("avx2,fma") => dot_body::<true>(a, b),
+///     _ => dot_body::<false>(a, b),
+/// })
+/// ```
+///
+/// # Panics
+/// If the running CPU does not support `isa`.
+macro_rules! on_tier {
+    (
+        $isa:expr, $what:literal, ($($arg:ident: $ty:ty),* $(,)?) {
+            avx512($f512:literal) => $avx512:expr,
+            avx2($f2:literal) => $avx2:expr,
+            _ => $other:expr $(,)?
+        }
+    ) => {{
+        let isa: $crate::isa::Isa = $isa;
+        assert!(isa.is_available(), "{}: the {isa} tier is not supported by this CPU", $what);
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            $crate::isa::Isa::Avx512 => {
+                /// The body compiled for AVX-512.
+                ///
+                /// # Safety
+                /// The CPU supports the features enabled.
+                #[target_feature(enable = $f512)]
+                unsafe fn avx512($($arg: $ty),*) {
+                    $avx512
+                }
+                // SAFETY: the CPU supports the AVX-512 tier (asserted above), whose features
+                // include those the copy is compiled for.
+                unsafe { avx512($($arg),*) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            $crate::isa::Isa::Avx2 => {
+                /// The body compiled for AVX2.
+                ///
+                /// # Safety
+                /// The CPU supports the features enabled.
+                #[target_feature(enable = $f2)]
+                unsafe fn avx2($($arg: $ty),*) {
+                    $avx2
+                }
+                // SAFETY: the CPU supports the AVX2 tier (asserted above), whose features
+                // include those the copy is compiled for.
+                unsafe { avx2($($arg),*) }
+            }
+            _ => $other,
+        }
+    }};
+}
+pub(crate) use on_tier;
+
 // F16C (every AVX2 core has it) widens FP8 codes through halves without subnormal f32s.
 #[cfg(target_arch = "x86_64")]
 fn avx2_available() -> bool {

@@ -53,16 +53,13 @@ pub fn weighted_rows_with(isa: Isa, p: &[&[f32]], m: &[f32], width: usize, out: 
     assert_eq!(out.len(), p.len() * width, "weighted_rows: out length");
     let n = p.iter().map(|r| r.len()).max().unwrap_or(0);
     assert!(n * width <= m.len(), "weighted_rows: a row weighs more rows than the matrix has");
-    assert!(isa.is_available(), "weighted_rows: the {isa} tier is not supported by this CPU");
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU supports AVX-512F (asserted above).
-        Isa::Avx512 => unsafe { weighted_rows_avx512(p, m, width, out) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU supports AVX2 and FMA (asserted above).
-        Isa::Avx2 => unsafe { weighted_rows_avx2(p, m, width, out) },
+    crate::isa::on_tier!(isa, "weighted_rows", (
+        p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32],
+    ) {
+        avx512("avx512f,fma") => weighted_rows_body::<true>(p, m, width, out),
+        avx2("avx2,fma") => weighted_rows_body::<true>(p, m, width, out),
         _ => weighted_rows_body::<false>(p, m, width, out),
-    }
+    });
 }
 
 /// `out[pos][l] = Σ_{a < q.len()} f64(q[a][l]) · f64(m[pos · q.len() + a])` for `pos < npos`
@@ -89,56 +86,13 @@ pub fn dot_lanes_with(
 ) {
     assert!(npos * q.len() <= m.len(), "dot_lanes: fewer matrix rows than positions");
     assert!(out.len() >= npos, "dot_lanes: out length");
-    assert!(isa.is_available(), "dot_lanes: the {isa} tier is not supported by this CPU");
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU supports AVX-512F (asserted above).
-        Isa::Avx512 => unsafe { dot_lanes_avx512(q, m, npos, out) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU supports AVX2 and FMA (asserted above).
-        Isa::Avx2 => unsafe { dot_lanes_avx2(q, m, npos, out) },
+    crate::isa::on_tier!(isa, "dot_lanes", (
+        q: &[[f32; LANES]], m: &[f32], npos: usize, out: &mut [[f64; LANES]],
+    ) {
+        avx512("avx512f,fma") => dot_lanes_body::<true>(q, m, npos, out),
+        avx2("avx2,fma") => dot_lanes_body::<true>(q, m, npos, out),
         _ => dot_lanes_body::<false>(q, m, npos, out),
-    }
-}
-
-/// [`weighted_rows_body`] compiled for AVX-512F.
-///
-/// # Safety
-/// The CPU supports AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn weighted_rows_avx512(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32]) {
-    weighted_rows_body::<true>(p, m, width, out);
-}
-
-/// [`weighted_rows_body`] compiled for AVX2 and FMA.
-///
-/// # Safety
-/// The CPU supports AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn weighted_rows_avx2(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32]) {
-    weighted_rows_body::<true>(p, m, width, out);
-}
-
-/// [`dot_lanes_body`] compiled for AVX-512F.
-///
-/// # Safety
-/// The CPU supports AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn dot_lanes_avx512(q: &[[f32; LANES]], m: &[f32], npos: usize, out: &mut [[f64; LANES]]) {
-    dot_lanes_body::<true>(q, m, npos, out);
-}
-
-/// [`dot_lanes_body`] compiled for AVX2 and FMA.
-///
-/// # Safety
-/// The CPU supports AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_lanes_avx2(q: &[[f32; LANES]], m: &[f32], npos: usize, out: &mut [[f64; LANES]]) {
-    dot_lanes_body::<true>(q, m, npos, out);
+    });
 }
 
 /// [`weighted_rows`] for every tier: groups of [`ROWS`] rows, then single rows.

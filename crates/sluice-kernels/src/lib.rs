@@ -22,8 +22,30 @@ mod wide;
 
 pub use isa::{isa, Isa, IsaError};
 pub use matmul::{matmul, matmul_with, Matrix, WeightFormat};
-pub use pool::Pool;
+pub use pool::{Pool, PoolBusy};
 pub use wide::WIDE_SCRATCH_BYTES;
+
+/// Makes every thread of `pool` hold what its first call of more than eight activation rows
+/// keeps for the thread's life (the wide nest's scratch, [`WIDE_SCRATCH_BYTES`] each), by
+/// running one such call, a tiny one, on each thread ([`Pool::on_every_thread`]). After it,
+/// the first prefill-sized pass allocates no more than later ones do, whichever threads its
+/// row chunks reach. A thread that holds its scratch already allocates nothing.
+///
+/// # Errors
+/// [`PoolBusy`] if `pool` is running another call (nothing has been reserved then).
+pub fn reserve_scratch(pool: &Pool) -> Result<(), PoolBusy> {
+    pool.on_every_thread(&|_| {
+        // One weight row of 16 columns against TOKEN_BLOCK + 1 activation rows: too little
+        // work to be split over the pool, so it runs on this thread, in the wide nest.
+        const COLS: usize = 16;
+        const T: usize = tiled::TOKEN_BLOCK + 1;
+        let w = [0u8; COLS * 4];
+        let m = Matrix::f32(1, COLS, &w).expect("invariant: 16 f32 are a 1 × 16 matrix");
+        let x = [0.0f32; T * COLS];
+        let mut out = [0.0f32; T];
+        matmul(&m, &x, T, &mut out);
+    })
+}
 
 /// Errors from constructing kernel operands.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -156,52 +156,13 @@ pub fn kda_step_with(
     beta: f32,
     o: &mut [f32],
 ) {
-    assert!(isa.is_available(), "kda_step: the {isa} tier is not supported by this CPU");
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU supports AVX-512F (asserted above).
-        Isa::Avx512 => unsafe { kda_step_avx512(s, q, k, v, g, beta, o) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU supports AVX2 and FMA (asserted above).
-        Isa::Avx2 => unsafe { kda_step_avx2(s, q, k, v, g, beta, o) },
+    crate::isa::on_tier!(isa, "kda_step", (
+        s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: f32, o: &mut [f32],
+    ) {
+        avx512("avx512f") => kda_step_body(s, q, k, v, g, beta, o),
+        avx2("avx2,fma") => kda_step_body(s, q, k, v, g, beta, o),
         _ => kda_step_body(s, q, k, v, g, beta, o),
-    }
-}
-
-/// [`kda_step_body`] compiled for AVX-512F.
-///
-/// # Safety
-/// The CPU supports AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn kda_step_avx512(
-    s: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: f32,
-    o: &mut [f32],
-) {
-    kda_step_body(s, q, k, v, g, beta, o);
-}
-
-/// [`kda_step_body`] compiled for AVX2 and FMA.
-///
-/// # Safety
-/// The CPU supports AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn kda_step_avx2(
-    s: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: f32,
-    o: &mut [f32],
-) {
-    kda_step_body(s, q, k, v, g, beta, o);
+    });
 }
 
 /// The two sweeps of [`kda_step`], for every tier.

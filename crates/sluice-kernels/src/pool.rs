@@ -47,6 +47,9 @@ struct Shared {
     job: AtomicPtr<()>,
     /// Chunks in the current call.
     chunks: AtomicUsize,
+    /// Whether each thread claims at most one chunk of the current call
+    /// ([`Pool::on_every_thread`]).
+    once: AtomicBool,
     /// Chunks of the current call that have finished (or panicked).
     done: AtomicUsize,
     /// Whether a chunk of the current call panicked on a helper.
@@ -95,6 +98,11 @@ pub enum PoolError {
     },
 }
 
+/// [`Pool::on_every_thread`] found the pool running another call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the kernel pool is running another call, so its helper threads are not free")]
+pub struct PoolBusy;
+
 impl Pool {
     /// A pool of `threads` threads in all: the caller of [`Pool::run`] and `threads − 1`
     /// helpers.
@@ -102,10 +110,12 @@ impl Pool {
         if threads == 0 {
             return Err(PoolError::NoThreads);
         }
+        // Generation 0, closed: helpers start having seen it (see `helper`).
         let shared = Arc::new(Shared {
             state: AtomicU64::new(CLOSED),
             job: AtomicPtr::new(std::ptr::null_mut()),
             chunks: AtomicUsize::new(0),
+            once: AtomicBool::new(false),
             done: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
@@ -154,19 +164,7 @@ impl Pool {
         let s = &*self.shared;
         let chunks_u32 = u32::try_from(chunks).expect("invariant: fewer than 2^32 chunks");
         let job: Job<'_> = f;
-        // Close the previous generation before touching the job fields, so that a helper that
-        // read them cannot then claim a chunk (see `Shared::state`).
-        let g = (s.state.load(Ordering::Relaxed) >> 32).wrapping_add(1) & u64::from(u32::MAX);
-        s.state.store(g << 32 | CLOSED, Ordering::SeqCst);
-        s.job.store(std::ptr::from_ref(&job).cast_mut().cast(), Ordering::SeqCst);
-        s.chunks.store(chunks, Ordering::SeqCst);
-        s.done.store(0, Ordering::SeqCst);
-        s.panicked.store(false, Ordering::SeqCst);
-        s.state.store(g << 32, Ordering::SeqCst);
-        if s.sleepers.load(Ordering::SeqCst) > 0 {
-            let _park = s.park.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            s.wake.notify_all();
-        }
+        let g = publish(s, &job, chunks, false);
         // The caller claims chunks like any helper; its own panic is held until every chunk
         // has finished, since helpers may still be using `job` on this stack frame.
         let mine = panic::catch_unwind(AssertUnwindSafe(|| {
@@ -180,20 +178,56 @@ impl Pool {
             s.done.fetch_add(1, Ordering::Release);
             close_and_count_unclaimed(s, g, chunks_u32);
         }
-        let mut spins = 0u32;
-        while s.done.load(Ordering::Acquire) < chunks {
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(64) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
+        finish(s, chunks);
         drop(guard);
-        if let Err(p) = mine {
-            panic::resume_unwind(p);
+        resume(s, mine);
+    }
+
+    /// Runs `f` exactly once on each of the pool's [`threads`](Self::threads) threads (the
+    /// calling thread and every helper), each with its own index below `threads`; returns
+    /// when all have finished. For per-thread state that work made by a thread keeps (a
+    /// kernel's scratch): made up front, it is in place before anything is measured or run.
+    ///
+    /// A helper takes its call when it next looks for work, waking from its park if need be,
+    /// so this waits for every helper but for nothing else.
+    ///
+    /// # Errors
+    /// [`PoolBusy`] if the pool is running another call (another thread's, or the one this
+    /// is called from inside of): its helpers are taken, and waiting for them from inside a
+    /// chunk would never end. Nothing has run then.
+    ///
+    /// # Panics
+    /// If `f` panics on any thread: once every thread has finished, the panic is resumed on
+    /// the caller.
+    pub fn on_every_thread(&self, f: &(dyn Fn(usize) + Sync)) -> Result<(), PoolBusy> {
+        let guard = match self.shared.busy.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return Err(PoolBusy),
+        };
+        if self.helpers.is_empty() {
+            f(0);
+            return Ok(());
         }
-        assert!(!s.panicked.load(Ordering::Acquire), "a kernel chunk panicked on a pool thread");
+        let s = &*self.shared;
+        let job: Job<'_> = f;
+        // One chunk per thread, each thread claiming at most one (`Shared::once`): the
+        // caller takes one, so each helper must take one of the rest before `done` can reach
+        // `threads`.
+        let g = publish(s, &job, self.threads, true);
+        let chunks_u32 = u32::try_from(self.threads).expect("invariant: fewer than 2^32 threads");
+        let mine = panic::catch_unwind(AssertUnwindSafe(|| {
+            if let Some(i) = claim(s, g, chunks_u32) {
+                f(i);
+            }
+        }));
+        // Counted whether it returned or panicked; the helpers' chunks are still theirs to
+        // claim, so none is counted for them here.
+        s.done.fetch_add(1, Ordering::Release);
+        finish(s, self.threads);
+        drop(guard);
+        resume(s, mine);
+        Ok(())
     }
 
     /// Makes `self` the pool that [`current`] returns on this thread while `f` runs.
@@ -223,6 +257,49 @@ impl Drop for Pool {
     }
 }
 
+/// Publishes `job` as a call of `chunks` chunks (each thread claiming at most one if
+/// `once`), wakes parked helpers, and returns its generation. The caller holds `busy` and
+/// keeps `job` alive until [`finish`] returns.
+fn publish(s: &Shared, job: &Job<'_>, chunks: usize, once: bool) -> u64 {
+    // Close the previous generation before touching the job fields, so that a helper that
+    // read them cannot then claim a chunk (see `Shared::state`).
+    let g = (s.state.load(Ordering::Relaxed) >> 32).wrapping_add(1) & u64::from(u32::MAX);
+    s.state.store(g << 32 | CLOSED, Ordering::SeqCst);
+    s.job.store(std::ptr::from_ref(job).cast_mut().cast(), Ordering::SeqCst);
+    s.chunks.store(chunks, Ordering::SeqCst);
+    s.once.store(once, Ordering::SeqCst);
+    s.done.store(0, Ordering::SeqCst);
+    s.panicked.store(false, Ordering::SeqCst);
+    s.state.store(g << 32, Ordering::SeqCst);
+    if s.sleepers.load(Ordering::SeqCst) > 0 {
+        let _park = s.park.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.wake.notify_all();
+    }
+    g
+}
+
+/// Waits until `chunks` chunks of the current call count as finished.
+fn finish(s: &Shared, chunks: usize) {
+    let mut spins = 0u32;
+    while s.done.load(Ordering::Acquire) < chunks {
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(64) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// After a call has finished and released `busy`: resumes the caller's own panic (`mine`),
+/// or panics if a helper's chunk did.
+fn resume(s: &Shared, mine: std::thread::Result<()>) {
+    if let Err(p) = mine {
+        panic::resume_unwind(p);
+    }
+    assert!(!s.panicked.load(Ordering::Acquire), "a kernel chunk panicked on a pool thread");
+}
+
 /// Claims the next chunk of generation `g`, if any is left.
 fn claim(s: &Shared, g: u64, chunks: u32) -> Option<usize> {
     let mut cur = s.state.load(Ordering::Acquire);
@@ -250,7 +327,11 @@ fn close_and_count_unclaimed(s: &Shared, g: u64, chunks: u32) {
 /// A helper thread: waits for a new generation (spinning, then parked), claims and runs its
 /// chunks, and repeats until the pool is dropped.
 fn helper(s: &Shared) {
-    let mut seen = s.state.load(Ordering::Acquire) >> 32;
+    // The generation the pool started at, not the one this thread first reads: a call
+    // published before the thread got to run is one it has not seen (reading the state here
+    // skipped it, which `run` survives, its caller taking every chunk, but
+    // `on_every_thread` waits for each helper's).
+    let mut seen = 0;
     loop {
         let g = match wait_for_call(s, seen) {
             Some(g) => g,
@@ -261,6 +342,7 @@ fn helper(s: &Shared) {
         // proves they were still `g`'s (the caller closes `g` before rewriting them).
         let chunks = u32::try_from(s.chunks.load(Ordering::SeqCst)).unwrap_or(0);
         let job = s.job.load(Ordering::SeqCst).cast::<Job<'_>>().cast_const();
+        let once = s.once.load(Ordering::SeqCst);
         while let Some(i) = claim(s, g, chunks) {
             // SAFETY: the claim of chunk `i` of generation `g` succeeded, so `job` points to
             // that call's `Job` reference on the caller's stack, and the caller does not
@@ -270,6 +352,9 @@ fn helper(s: &Shared) {
                 s.panicked.store(true, Ordering::Release);
             }
             s.done.fetch_add(1, Ordering::Release);
+            if once {
+                break;
+            }
         }
     }
 }
@@ -377,104 +462,4 @@ pub fn global() -> &'static Pool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::AtomicU32;
-
-    #[test]
-    fn every_chunk_once_in_many_calls() {
-        for threads in [1, 2, 3, 5] {
-            let pool = Pool::new(threads).expect("pool");
-            for chunks in [0, 1, 2, 7, 64, 1000] {
-                let hits: Vec<AtomicU32> = (0..chunks).map(|_| AtomicU32::new(0)).collect();
-                pool.run(chunks, &|i| {
-                    hits[i].fetch_add(1, Ordering::Relaxed);
-                });
-                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "{threads} {chunks}");
-            }
-        }
-    }
-
-    #[test]
-    fn map_keeps_index_order_and_chunks_are_disjoint() {
-        let pool = Pool::new(3).expect("pool");
-        pool.install(|| {
-            assert_eq!(map(100, |i| i * i), (0..100).map(|i| i * i).collect::<Vec<_>>());
-            let mut data: Vec<usize> = vec![0; 10];
-            let sums = map_chunks_mut(&mut data, 4, |i, part| {
-                part.iter_mut().for_each(|v| *v = i + 1);
-                part.len()
-            });
-            assert_eq!(sums, vec![4, 4, 2]);
-            assert_eq!(data, vec![1, 1, 1, 1, 2, 2, 2, 2, 3, 3]);
-            assert!(map(0, |i| i).is_empty());
-        });
-    }
-
-    #[test]
-    fn concurrent_callers_and_nested_calls() {
-        let pool = Pool::new(3).expect("pool");
-        let total = AtomicUsize::new(0);
-        std::thread::scope(|sc| {
-            for _ in 0..4 {
-                sc.spawn(|| {
-                    for _ in 0..200 {
-                        pool.run(8, &|_| {
-                            // A nested call finds the pool busy and runs inline.
-                            pool.run(2, &|_| {
-                                total.fetch_add(1, Ordering::Relaxed);
-                            });
-                        });
-                    }
-                });
-            }
-        });
-        assert_eq!(total.load(Ordering::Relaxed), 4 * 200 * 8 * 2);
-    }
-
-    #[test]
-    fn parked_helpers_wake() {
-        let pool = Pool::new(2).expect("pool");
-        let n = AtomicUsize::new(0);
-        for _ in 0..3 {
-            // The event: the helper has passed its spin rounds and counts itself a sleeper
-            // (under the park lock, just before it waits on the condvar), so this call has to
-            // wake it.
-            while pool.shared.sleepers.load(Ordering::SeqCst) == 0 {
-                std::thread::yield_now();
-            }
-            pool.run(16, &|_| {
-                n.fetch_add(1, Ordering::Relaxed);
-            });
-        }
-        assert_eq!(n.load(Ordering::Relaxed), 48);
-    }
-
-    #[test]
-    fn a_panicking_chunk_reaches_the_caller_and_the_pool_survives() {
-        let pool = Pool::new(2).expect("pool");
-        for bad in [0usize, 5, 31] {
-            let r = panic::catch_unwind(AssertUnwindSafe(|| {
-                pool.run(32, &|i| assert_ne!(i, bad, "chunk {i}"));
-            }));
-            assert!(r.is_err(), "chunk {bad} panicked");
-        }
-        let n = AtomicUsize::new(0);
-        pool.run(10, &|_| {
-            n.fetch_add(1, Ordering::Relaxed);
-        });
-        assert_eq!(n.load(Ordering::Relaxed), 10);
-    }
-
-    #[test]
-    fn install_scopes_the_current_pool() {
-        let a = Pool::new(3).expect("pool");
-        assert_eq!(a.install(|| with_current(Pool::threads)), 3);
-        let b = Pool::new(1).expect("pool");
-        a.install(|| {
-            assert_eq!(b.install(|| with_current(Pool::threads)), 1);
-            assert_eq!(with_current(Pool::threads), 3);
-        });
-        assert!(matches!(Pool::new(0), Err(PoolError::NoThreads)));
-    }
-}
+mod tests;

@@ -44,6 +44,23 @@ use std::sync::Arc;
 /// pass verifies at most `ROW_BLOCK` rows.
 pub const ROW_BLOCK: usize = 64;
 
+/// `f(block, rows)` over `x [t, d]` one block of at most [`ROW_BLOCK`] rows at a time, in row
+/// order, the outputs joined (room for an output as wide as `x` is made up front). A layer whose
+/// rows are independent, or whose later rows read earlier ones only through the state they
+/// appended, then holds its buffers for one block of rows however long the pass.
+pub(crate) fn row_blocks(
+    x: &[f32],
+    t: usize,
+    mut f: impl FnMut(&[f32], usize) -> Vec<f32>,
+) -> Vec<f32> {
+    let d = (x.len() / t.max(1)).max(1);
+    let mut out = Vec::with_capacity(x.len());
+    for xb in x.chunks(ROW_BLOCK * d) {
+        out.extend(f(xb, xb.len() / d));
+    }
+    out
+}
+
 /// Rows a Kimi K3 routed expert runs at a time (the batch of `combine::GluExpert`): each call
 /// of an expert's matrices widens every weight of them once, whatever its rows, so a prompt
 /// whose experts each take somewhat more than [`ROW_BLOCK`] rows (a 256-row pass over 48

@@ -16,9 +16,8 @@ use common::{post, root, Server};
 use serde_json::{json, Value};
 use sluice_tokenizer::{ChatMessage, ChatOptions, PromptFormat, Role, ToolCall};
 
-/// The fixtures: directory under tests/fixtures and a label.
-const FAMILIES: [&str; 4] =
-    ["qwen3_moe/tiny-a", "gpt_oss/tiny-a", "deepseek_v3/tiny-a", "deepseek_v3/tiny-b"];
+/// The fixtures (directories under tests/fixtures), shared with the other family test.
+const FAMILIES: [&str; 4] = common::FAMILY_FIXTURES;
 
 fn dir(family: &str) -> std::path::PathBuf {
     root().join("tests/fixtures").join(family)

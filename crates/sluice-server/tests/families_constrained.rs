@@ -14,9 +14,8 @@ mod common;
 use common::{post, root, Server};
 use serde_json::{json, Value};
 
-/// The fixtures (directory under tests/fixtures).
-const FAMILIES: [&str; 4] =
-    ["qwen3_moe/tiny-a", "gpt_oss/tiny-a", "deepseek_v3/tiny-a", "deepseek_v3/tiny-b"];
+/// The fixtures (directories under tests/fixtures), shared with the other family test.
+const FAMILIES: [&str; 4] = common::FAMILY_FIXTURES;
 
 /// The fixture directory; Qwen3-MoE's as a copy whose context is 2048 instead of 512, so a
 /// prompt that declares tools leaves room for the reply (the tiny tokenizer spells about one

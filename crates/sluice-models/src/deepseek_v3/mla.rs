@@ -52,7 +52,8 @@ fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], interleave: bool) {
 }
 
 /// Runs the layer on `x [t, d]` (the `input_layernorm` output) at positions `past .. past + t`,
-/// appending t rows to the cache (staged until commit), a block of rows at a time.
+/// appending t rows to the cache (staged until commit), a block of rows at a time, each block
+/// after the rows the cache already holds.
 pub(crate) fn forward(
     src: &dyn TensorBytes,
     w: &AttnWeights,
@@ -62,114 +63,99 @@ pub(crate) fn forward(
     x: &[f32],
     t: usize,
 ) -> Vec<f32> {
-    let d = (x.len() / t.max(1)).max(1);
-    let mut out = Vec::with_capacity(x.len());
-    for xb in x.chunks(crate::ROW_BLOCK * d) {
-        out.extend(block(src, w, c, rope, st, xb, xb.len() / d));
-    }
-    out
-}
+    crate::row_blocks(x, t, |x, t| {
+        let h = c.num_attention_heads;
+        let (nope, rd, vd, kl) =
+            (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank);
+        let qd = nope + rd;
+        let past = st.lat.len() / kl;
+        let rows = rope.rows(past, t);
+        let half = rd / 2;
 
-/// [`forward`] on one block `x [t, d]` of rows, after the rows the cache already holds.
-fn block(
-    src: &dyn TensorBytes,
-    w: &AttnWeights,
-    c: &DeepseekV3Config,
-    rope: &Rope,
-    st: &mut MlaLayer,
-    x: &[f32],
-    t: usize,
-) -> Vec<f32> {
-    let h = c.num_attention_heads;
-    let (nope, rd, vd, kl) = (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank);
-    let qd = nope + rd;
-    let past = st.lat.len() / kl;
-    let rows = rope.rows(past, t);
-    let half = rd / 2;
-
-    // q_states = q_b_proj(q_a_layernorm(q_a_proj(x))) or q_proj(x)
-    let mut q = match &w.q {
-        QProj::Lora(l) => {
-            let qa = mm(src, &l.a, x, t);
-            let ql = l.a.rows();
-            let mut qn = vec![0.0f32; qa.len()];
-            for (i, o) in qa.chunks_exact(ql).zip(qn.chunks_exact_mut(ql)) {
-                rms_norm(i, Some(&l.norm), LATENT_NORM_EPS, o);
-            }
-            mm(src, &l.b, &qn, t)
-        }
-        QProj::Plain(p) => mm(src, p, x, t),
-    };
-    for (ti, qrow) in q.chunks_exact_mut(h * qd).enumerate() {
-        let (cs, sn) =
-            (&rows.cos[ti * half..(ti + 1) * half], &rows.sin[ti * half..(ti + 1) * half]);
-        for head in qrow.chunks_exact_mut(qd) {
-            rotate(&mut head[nope..], cs, sn, c.rope_interleave);
-        }
-    }
-    // compressed_kv = kv_a_proj_with_mqa(x); kv_nope, k_rot = split; kv_nope = kv_a_layernorm(...)
-    let ckv = mm(src, &w.kv_a, x, t);
-    for (ti, row) in ckv.chunks_exact(kl + rd).enumerate() {
-        let mut lat = vec![0.0f32; kl];
-        rms_norm(&row[..kl], Some(&w.kv_a_norm), LATENT_NORM_EPS, &mut lat);
-        st.lat.extend_from_slice(&lat);
-        let mut pe = row[kl..].to_vec();
-        rotate(
-            &mut pe,
-            &rows.cos[ti * half..(ti + 1) * half],
-            &rows.sin[ti * half..(ti + 1) * half],
-            c.rope_interleave,
-        );
-        st.pe.extend_from_slice(&pe);
-    }
-    let scale = c.softmax_scale();
-    let kv_b = w.kv_b.get(src);
-    let (lat_all, pe_all) = (&st.lat, &st.pe);
-    let dims = latent::Absorbed { nope, rope: rd, kl, scale };
-
-    let heads: Vec<Vec<f32>> = sluice_kernels::pool::map(h, |hi| {
-        // kv_b_proj rows of head hi: W_UK (nope rows), then W_UV (v rows), decoded once per
-        // pass whatever the format (an FP8 block spans several heads, so rows are widened from
-        // the whole matrix rather than sliced out of it).
-        let first = hi * (nope + vd);
-        let mut w = vec![0.0f32; (nope + vd) * kl];
-        for (i, row) in w.chunks_exact_mut(kl).enumerate() {
-            kv_b.row_to_f32(first + i, row);
-        }
-        let (w_uk, w_uv) = w.split_at(nope * kl);
-        let qrow = |ti: usize| &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
-        let mut out = vec![0.0f32; t * vd];
-        let mut ctx = vec![0.0f32; LANES * kl];
-        let mut vals = vec![[0.0f64; LANES]; vd];
-        for g0 in (0..t).step_by(LANES) {
-            let g = LANES.min(t - g0);
-            let rows: Vec<&[f32]> = (g0..g0 + g).map(qrow).collect();
-            latent::attend(&dims, &rows, w_uk, lat_all, pe_all, past + g0, &mut ctx[..g * kl]);
-            // out[h] = W_UV[h] · ctx, one f64 dot per value row, the group's rows as lanes.
-            let mut lanes = vec![[0.0f32; LANES]; kl];
-            for l in 0..g {
-                for (a, v) in lanes.iter_mut().enumerate() {
-                    v[l] = ctx[l * kl + a];
+        // q_states = q_b_proj(q_a_layernorm(q_a_proj(x))) or q_proj(x)
+        let mut q = match &w.q {
+            QProj::Lora(l) => {
+                let qa = mm(src, &l.a, x, t);
+                let ql = l.a.rows();
+                let mut qn = vec![0.0f32; qa.len()];
+                for (i, o) in qa.chunks_exact(ql).zip(qn.chunks_exact_mut(ql)) {
+                    rms_norm(i, Some(&l.norm), LATENT_NORM_EPS, o);
                 }
+                mm(src, &l.b, &qn, t)
             }
-            latent::dot_lanes(&lanes, w_uv, vd, &mut vals);
-            for l in 0..g {
-                for (o, v) in out[(g0 + l) * vd..(g0 + l + 1) * vd].iter_mut().zip(&vals) {
-                    #[allow(clippy::cast_possible_truncation)]
-                    {
-                        *o = v[l] as f32;
+            QProj::Plain(p) => mm(src, p, x, t),
+        };
+        for (ti, qrow) in q.chunks_exact_mut(h * qd).enumerate() {
+            let (cs, sn) =
+                (&rows.cos[ti * half..(ti + 1) * half], &rows.sin[ti * half..(ti + 1) * half]);
+            for head in qrow.chunks_exact_mut(qd) {
+                rotate(&mut head[nope..], cs, sn, c.rope_interleave);
+            }
+        }
+        // compressed_kv = kv_a_proj_with_mqa(x); kv_nope, k_rot = split; kv_nope = kv_a_layernorm(...)
+        let ckv = mm(src, &w.kv_a, x, t);
+        for (ti, row) in ckv.chunks_exact(kl + rd).enumerate() {
+            let mut lat = vec![0.0f32; kl];
+            rms_norm(&row[..kl], Some(&w.kv_a_norm), LATENT_NORM_EPS, &mut lat);
+            st.lat.extend_from_slice(&lat);
+            let mut pe = row[kl..].to_vec();
+            rotate(
+                &mut pe,
+                &rows.cos[ti * half..(ti + 1) * half],
+                &rows.sin[ti * half..(ti + 1) * half],
+                c.rope_interleave,
+            );
+            st.pe.extend_from_slice(&pe);
+        }
+        let scale = c.softmax_scale();
+        let kv_b = w.kv_b.get(src);
+        let (lat_all, pe_all) = (&st.lat, &st.pe);
+        let dims = latent::Absorbed { nope, rope: rd, kl, scale };
+
+        let heads: Vec<Vec<f32>> = sluice_kernels::pool::map(h, |hi| {
+            // kv_b_proj rows of head hi: W_UK (nope rows), then W_UV (v rows), decoded once per
+            // pass whatever the format (an FP8 block spans several heads, so rows are widened from
+            // the whole matrix rather than sliced out of it).
+            let first = hi * (nope + vd);
+            let mut w = vec![0.0f32; (nope + vd) * kl];
+            for (i, row) in w.chunks_exact_mut(kl).enumerate() {
+                kv_b.row_to_f32(first + i, row);
+            }
+            let (w_uk, w_uv) = w.split_at(nope * kl);
+            let qrow = |ti: usize| &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
+            let mut out = vec![0.0f32; t * vd];
+            let mut ctx = vec![0.0f32; LANES * kl];
+            let mut vals = vec![[0.0f64; LANES]; vd];
+            for g0 in (0..t).step_by(LANES) {
+                let g = LANES.min(t - g0);
+                let rows: Vec<&[f32]> = (g0..g0 + g).map(qrow).collect();
+                latent::attend(&dims, &rows, w_uk, lat_all, pe_all, past + g0, &mut ctx[..g * kl]);
+                // out[h] = W_UV[h] · ctx, one f64 dot per value row, the group's rows as lanes.
+                let mut lanes = vec![[0.0f32; LANES]; kl];
+                for l in 0..g {
+                    for (a, v) in lanes.iter_mut().enumerate() {
+                        v[l] = ctx[l * kl + a];
+                    }
+                }
+                latent::dot_lanes(&lanes, w_uv, vd, &mut vals);
+                for l in 0..g {
+                    for (o, v) in out[(g0 + l) * vd..(g0 + l + 1) * vd].iter_mut().zip(&vals) {
+                        #[allow(clippy::cast_possible_truncation)]
+                        {
+                            *o = v[l] as f32;
+                        }
                     }
                 }
             }
+            out
+        });
+        let mut attn = vec![0.0f32; t * h * vd];
+        for (hi, out) in heads.iter().enumerate() {
+            for ti in 0..t {
+                attn[ti * h * vd + hi * vd..ti * h * vd + (hi + 1) * vd]
+                    .copy_from_slice(&out[ti * vd..(ti + 1) * vd]);
+            }
         }
-        out
-    });
-    let mut attn = vec![0.0f32; t * h * vd];
-    for (hi, out) in heads.iter().enumerate() {
-        for ti in 0..t {
-            attn[ti * h * vd + hi * vd..ti * h * vd + (hi + 1) * vd]
-                .copy_from_slice(&out[ti * vd..(ti + 1) * vd]);
-        }
-    }
-    mm(src, &w.o_proj, &attn, t)
+        mm(src, &w.o_proj, &attn, t)
+    })
 }

@@ -107,17 +107,13 @@ pub(crate) fn guess(logits: &[f32], bias: &[f32], c: &DeepseekV3Config) -> Vec<u
 /// time (its gate, up and activation rows are the widest buffers; rows are independent, so the
 /// result is bit-identical to one call over all rows).
 pub(crate) fn mlp(src: &dyn TensorBytes, w: &Mlp, x: &[f32], t: usize) -> Vec<f32> {
-    let d_in = (x.len() / t.max(1)).max(1);
-    let mut out = Vec::new();
-    for xb in x.chunks(crate::ROW_BLOCK * d_in) {
-        let n = xb.len() / d_in;
+    crate::row_blocks(x, t, |xb, n| {
         let gate = mm(src, &w.gate, xb, n);
         let up = mm(src, &w.up, xb, n);
         let mut act = vec![0.0f32; gate.len()];
         silu_glu(&gate, &up, &mut act);
-        out.extend(mm(src, &w.down, &act, n));
-    }
-    out
+        mm(src, &w.down, &act, n)
+    })
 }
 
 /// Runs the MoE block of `at.layer` on `x [t, d]`, its routed experts served by `store` in the

@@ -23,7 +23,7 @@ use sluice_kernels::ops::{rms_norm, sigmoid};
 use sluice_kernels::{matmul, Matrix, WeightFormat};
 
 /// Runs the layer on `x [T, d]`, appending T rows to the cache (staged until commit), a block
-/// of rows at a time.
+/// of rows at a time, each block after the rows the cache already holds.
 pub(crate) fn forward(
     ctx: &Ctx<'_>,
     w: &MlaWeights,
@@ -32,91 +32,76 @@ pub(crate) fn forward(
     x: &[f32],
     t: usize,
 ) -> Vec<f32> {
-    let d = (x.len() / t.max(1)).max(1);
-    let mut out = Vec::with_capacity(x.len());
-    for xb in x.chunks(crate::ROW_BLOCK * d) {
-        out.extend(block(ctx, w, c, st, xb, xb.len() / d));
-    }
-    out
-}
+    crate::row_blocks(x, t, |x, t| {
+        let h = c.num_attention_heads;
+        let (nope, rope, vd) = (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim);
+        let (ql, kl) = (c.q_lora_rank, c.kv_lora_rank);
+        let qd = nope + rope;
 
-/// [`forward`] on one block `x [t, d]` of rows, after the rows the cache already holds.
-fn block(
-    ctx: &Ctx<'_>,
-    w: &MlaWeights,
-    c: &K3Config,
-    st: &mut MlaLayer,
-    x: &[f32],
-    t: usize,
-) -> Vec<f32> {
-    let h = c.num_attention_heads;
-    let (nope, rope, vd) = (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim);
-    let (ql, kl) = (c.q_lora_rank, c.kv_lora_rank);
-    let qd = nope + rope;
+        // q = q_b(RMSNorm_1e-6(q_a x)); eps 1e-6 is the KimiRMSNorm default (K3.md §0.2).
+        let qa = ctx.mm(&w.q_a, x, t);
+        let mut qa_n = vec![0.0f32; t * ql];
+        for (i, o) in qa.chunks_exact(ql).zip(qa_n.chunks_exact_mut(ql)) {
+            rms_norm(i, Some(&w.q_a_norm), 1e-6, o);
+        }
+        let q = ctx.mm(&w.q_b, &qa_n, t);
+        let ckv = ctx.mm(&w.kv_a, x, t);
+        let past = st.lat.len() / kl;
+        for row in ckv.chunks_exact(kl + rope) {
+            let mut lat = vec![0.0f32; kl];
+            rms_norm(&row[..kl], Some(&w.kv_a_norm), 1e-6, &mut lat);
+            st.lat.extend_from_slice(&lat);
+            st.pe.extend_from_slice(&row[kl..]);
+        }
+        let total = past + t;
+        let scale = (qd as f32).powf(-0.5);
+        let kv_b = w.kv_b.get(ctx.spine);
+        let (lat_all, pe_all) = (&st.lat, &st.pe);
+        let dims = latent::Absorbed { nope, rope, kl, scale };
 
-    // q = q_b(RMSNorm_1e-6(q_a x)); eps 1e-6 is the KimiRMSNorm default (K3.md §0.2).
-    let qa = ctx.mm(&w.q_a, x, t);
-    let mut qa_n = vec![0.0f32; t * ql];
-    for (i, o) in qa.chunks_exact(ql).zip(qa_n.chunks_exact_mut(ql)) {
-        rms_norm(i, Some(&w.q_a_norm), 1e-6, o);
-    }
-    let q = ctx.mm(&w.q_b, &qa_n, t);
-    let ckv = ctx.mm(&w.kv_a, x, t);
-    let past = st.lat.len() / kl;
-    for row in ckv.chunks_exact(kl + rope) {
-        let mut lat = vec![0.0f32; kl];
-        rms_norm(&row[..kl], Some(&w.kv_a_norm), 1e-6, &mut lat);
-        st.lat.extend_from_slice(&lat);
-        st.pe.extend_from_slice(&row[kl..]);
-    }
-    let total = past + t;
-    let scale = (qd as f32).powf(-0.5);
-    let kv_b = w.kv_b.get(ctx.spine);
-    let (lat_all, pe_all) = (&st.lat, &st.pe);
-    let dims = latent::Absorbed { nope, rope, kl, scale };
+        // Per head: absorbed attention for every row, the f64 sums several at a time
+        // (`latent::attend`: each sum in the order it had taken alone, so the same bits).
+        let heads: Vec<Vec<f32>> = sluice_kernels::pool::map(h, |hi| {
+            // Head hi owns rows [hi·(nope+vd), (hi+1)·(nope+vd)): W_UK first, then W_UV. W_UK is
+            // widened once per block, not once per row.
+            let first = hi * (nope + vd);
+            let wm = rows_of(&kv_b, first, nope);
+            let w_uv = rows_of(&kv_b, first + nope, vd);
+            let mut w_uk = vec![0.0f32; nope * kl];
+            for (i, row) in w_uk.chunks_exact_mut(kl).enumerate() {
+                wm.row_to_f32(i, row);
+            }
+            let qrow = |ti: usize| &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
+            let mut out = vec![0.0f32; t * vd];
+            let mut ctx_rows = vec![0.0f32; LANES * kl];
+            for g0 in (0..t).step_by(LANES) {
+                let g = LANES.min(t - g0);
+                let rows: Vec<&[f32]> = (g0..g0 + g).map(qrow).collect();
+                let c = &mut ctx_rows[..g * kl];
+                latent::attend(&dims, &rows, &w_uk, lat_all, pe_all, past + g0, c);
+                // out = W_UV ctx for the group's rows in one call (batch-invariant: each row's
+                // bits are those of its single-row call).
+                matmul(&w_uv, c, g, &mut out[g0 * vd..(g0 + g) * vd]);
+            }
+            out
+        });
+        debug_assert_eq!(total, st.lat.len() / kl);
 
-    // Per head: absorbed attention for every row, the f64 sums several at a time
-    // (`latent::attend`: each sum in the order it had taken alone, so the same bits).
-    let heads: Vec<Vec<f32>> = sluice_kernels::pool::map(h, |hi| {
-        // Head hi owns rows [hi·(nope+vd), (hi+1)·(nope+vd)): W_UK first, then W_UV. W_UK is
-        // widened once per block, not once per row.
-        let first = hi * (nope + vd);
-        let wm = rows_of(&kv_b, first, nope);
-        let w_uv = rows_of(&kv_b, first + nope, vd);
-        let mut w_uk = vec![0.0f32; nope * kl];
-        for (i, row) in w_uk.chunks_exact_mut(kl).enumerate() {
-            wm.row_to_f32(i, row);
+        let mut attn = vec![0.0f32; t * h * vd];
+        for (hi, out) in heads.iter().enumerate() {
+            for ti in 0..t {
+                attn[ti * h * vd + hi * vd..ti * h * vd + (hi + 1) * vd]
+                    .copy_from_slice(&out[ti * vd..(ti + 1) * vd]);
+            }
         }
-        let qrow = |ti: usize| &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
-        let mut out = vec![0.0f32; t * vd];
-        let mut ctx_rows = vec![0.0f32; LANES * kl];
-        for g0 in (0..t).step_by(LANES) {
-            let g = LANES.min(t - g0);
-            let rows: Vec<&[f32]> = (g0..g0 + g).map(qrow).collect();
-            let c = &mut ctx_rows[..g * kl];
-            latent::attend(&dims, &rows, &w_uk, lat_all, pe_all, past + g0, c);
-            // out = W_UV ctx for the group's rows in one call (batch-invariant: each row's
-            // bits are those of its single-row call).
-            matmul(&w_uv, c, g, &mut out[g0 * vd..(g0 + g) * vd]);
+        if let Some(g) = &w.g_proj {
+            let gate = ctx.mm(g, x, t);
+            for (a, &gv) in attn.iter_mut().zip(&gate) {
+                *a *= sigmoid(gv);
+            }
         }
-        out
-    });
-    debug_assert_eq!(total, st.lat.len() / kl);
-
-    let mut attn = vec![0.0f32; t * h * vd];
-    for (hi, out) in heads.iter().enumerate() {
-        for ti in 0..t {
-            attn[ti * h * vd + hi * vd..ti * h * vd + (hi + 1) * vd]
-                .copy_from_slice(&out[ti * vd..(ti + 1) * vd]);
-        }
-    }
-    if let Some(g) = &w.g_proj {
-        let gate = ctx.mm(g, x, t);
-        for (a, &gv) in attn.iter_mut().zip(&gate) {
-            *a *= sigmoid(gv);
-        }
-    }
-    ctx.mm(&w.o_proj, &attn, t)
+        ctx.mm(&w.o_proj, &attn, t)
+    })
 }
 
 /// Rows `first..first + rows` of `m` as a matrix of the same format (an int8 matrix keeps

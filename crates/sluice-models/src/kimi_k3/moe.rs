@@ -54,9 +54,7 @@ pub(crate) fn route(logits: &[f32], bias: &[f32], c: &K3Config) -> Route {
 /// activation rows are the widest buffers of a dense layer; rows are independent, so the
 /// result is bit-identical to one call over T rows).
 pub(crate) fn mlp(ctx: &Ctx<'_>, w: &MlpWeights, c: &K3Config, x: &[f32], t: usize) -> Vec<f32> {
-    let d_in = x.len() / t.max(1);
-    let mut out = Vec::with_capacity(t * w.down.rows());
-    for (xb, n) in x.chunks(crate::ROW_BLOCK * d_in.max(1)).map(|b| (b, b.len() / d_in.max(1))) {
+    crate::row_blocks(x, t, |xb, n| {
         let g = ctx.mm(&w.gate, xb, n);
         let u = ctx.mm(&w.up, xb, n);
         let mut a = vec![0.0f32; g.len()];
@@ -64,9 +62,8 @@ pub(crate) fn mlp(ctx: &Ctx<'_>, w: &MlpWeights, c: &K3Config, x: &[f32], t: usi
             situ_glu(g, u, c.situ_beta(), c.activation_situ_linear_beta, a);
         };
         glu_on_pool(&glu, &g, &u, &mut a);
-        out.extend(ctx.mm(&w.down, &a, n));
-    }
-    out
+        ctx.mm(&w.down, &a, n)
+    })
 }
 
 /// [`mlp`] with each block's output written over its input rows (the MLP maps `[T, d]` to

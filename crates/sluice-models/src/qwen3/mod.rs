@@ -200,15 +200,11 @@ pub(crate) fn mlp(
     x: &[f32],
     t: usize,
 ) -> Vec<f32> {
-    let d_in = (x.len() / t.max(1)).max(1);
-    let mut out = Vec::new();
-    for xb in x.chunks(crate::ROW_BLOCK * d_in) {
-        let n = xb.len() / d_in;
+    crate::row_blocks(x, t, |xb, n| {
         let gate = ctx.mm(w_gate, xb, n);
         let up = ctx.mm(w_up, xb, n);
         let mut act = vec![0.0f32; gate.len()];
         silu_glu(&gate, &up, &mut act);
-        out.extend(ctx.mm(w_down, &act, n));
-    }
-    out
+        ctx.mm(w_down, &act, n)
+    })
 }

@@ -15,6 +15,7 @@
 
 pub mod edit;
 pub mod golden;
+mod moe_fixtures;
 
 use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
@@ -92,15 +93,8 @@ pub fn streamed_with(
 
 /// Every MoE family's fixtures (family folder, fixture): what the family contract and the
 /// spine-placement tests run, each through the family boundary only.
-pub const MOE_FIXTURES: [(&str, &str); 7] = [
-    ("kimi_k3", "tiny-a"),
-    ("qwen3_moe", "tiny-a"),
-    ("qwen3_moe", "tiny-b"),
-    ("gpt_oss", "tiny-a"),
-    ("gpt_oss", "tiny-b"),
-    ("deepseek_v3", "tiny-a"),
-    ("deepseek_v3", "tiny-b"),
-];
+#[allow(unused_imports)] // used by the family tests, not by every file
+pub use moe_fixtures::MOE_FIXTURES;
 
 /// The prompt of the family contract and spine-placement tests (each id taken modulo the
 /// fixture's vocabulary).

@@ -16,6 +16,12 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// One fixture per chat format besides Kimi K3's (Qwen3-MoE, GPT-OSS's harmony, DeepSeek with
+/// R1's template, Kimi K2's tiktoken model and template), as directories under
+/// `tests/fixtures`: what `families.rs` and `families_constrained.rs` serve.
+pub const FAMILY_FIXTURES: [&str; 4] =
+    ["qwen3_moe/tiny-a", "gpt_oss/tiny-a", "deepseek_v3/tiny-a", "deepseek_v3/tiny-b"];
+
 /// The tiny real-layout K3 fixture.
 pub fn tiny_a() -> String {
     root().join("tests/fixtures/kimi_k3/tiny-a").display().to_string()
