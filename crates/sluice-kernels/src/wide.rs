@@ -48,8 +48,11 @@
 //!   scratch): each worth a few points of the FMA peak, measured in docs/PERFORMANCE.md,
 //!   issue 20, session 14. The fold itself (weights from the L2 panel, activations from L1)
 //!   reaches about two thirds of the peak in a micro-benchmark, the same loop over data
-//!   held in L1 three quarters, and the same loop run 8 times longer per tile 85%: what
-//!   remains is the tile's start and end, not the panel's residency.
+//!   held in L1 three quarters, and the same loop run 8 times longer per tile (its weights
+//!   then in L1) 85%. Prefetching the next tile's weight rows or accumulators into L1 near
+//!   a tile's end gained nothing, and a profile puts nine tenths of the fold's time in its
+//!   steady loop: what remains is the rate of that loop on weights streamed from the L2
+//!   panel (session 15).
 //! - **Halves on AVX2** ([`Kernel::HALVES`]): a 16-lane accumulator takes two of its sixteen
 //!   registers, so tiles fold lanes 0–7 over the whole span and then lanes 8–15
 //!   ([`Kernel::fold_half`]), one register per accumulator: 3 × 4 tiles, 7 loads per 12 FMAs
