@@ -59,6 +59,14 @@ const _: () = assert!(CHUNK.is_multiple_of(128));
 /// One 16-lane accumulator.
 pub(crate) type Lanes = [f32; 16];
 
+/// Copies each activation row `x[j]` into `stage[j]` whole, if there is a stage: what the
+/// default [`Kernel::fold_wide`] and [`Kernel::fold_half_wide`] do before they fold.
+fn copy_stage<const N: usize>(stage: Option<[&mut [f32]; N]>, x: &[&[f32]; N]) {
+    for (s, xj) in stage.into_iter().flatten().zip(x) {
+        s.copy_from_slice(xj);
+    }
+}
+
 /// The length of a fold's span: every weight and activation slice's, a multiple of 16 columns
 /// (what every tier's `fold` and `fold_half` asserts before it reads).
 ///
@@ -156,9 +164,7 @@ pub(crate) trait Kernel {
         stage: Option<[&mut [f32]; N]>,
     ) {
         let _ = ahead;
-        for (s, xj) in stage.into_iter().flatten().zip(x) {
-            s.copy_from_slice(xj);
-        }
+        copy_stage(stage, &x);
         // SAFETY: guaranteed by the caller.
         unsafe { Self::fold_half(w, x, acc) }
     }
@@ -183,9 +189,7 @@ pub(crate) trait Kernel {
         stage: Option<[&mut [f32]; N]>,
     ) {
         let _ = ahead;
-        for (s, xj) in stage.into_iter().flatten().zip(x) {
-            s.copy_from_slice(xj);
-        }
+        copy_stage(stage, &x);
         // SAFETY: guaranteed by the caller.
         unsafe { Self::fold(w, x, acc) }
     }

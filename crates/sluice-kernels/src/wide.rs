@@ -9,12 +9,15 @@
 //!   left f32, BF16 and FP8 weights 2–5 points short at T=256, their decode a larger share:
 //!   measured in docs/PERFORMANCE.md, issue 20, session 13).
 //! - **Row groups** of [`GROUP`] weight rows within a block: the block's activations are read
-//!   from L3 once per group, so an activation value serves 32 weight rows (row blocks of 8, as
-//!   the few-row nest uses, made the activations' L3 traffic the bound).
+//!   from L3 once per group, so an activation value serves 64 weight rows, and a token
+//!   group's activations, once in L1, serve 16 register tiles (row blocks of 8, as the
+//!   few-row nest uses, made the activations' L3 traffic the bound; groups of 64 rather than
+//!   32 gained 2–6 points once the next token group was prefetched and staged: measured in
+//!   docs/PERFORMANCE.md, issue 20, session 15).
 //! - **Column chunks** of [`WIDE_CHUNK`] within a group: the group's chunk is widened to f32
-//!   once into a panel (130 KiB, in L2; rows [`PANEL_STRIDE`] apart), and every (row,
+//!   once into a panel (260 KiB, in L2; rows [`PANEL_STRIDE`] apart), and every (row,
 //!   activation row) pair's 16-lane accumulator lives in a buffer (the group × block
-//!   accumulators: up to 256 KiB, in L2) between chunks. The chunk is twice the few-row
+//!   accumulators: up to 512 KiB, in a 2 MiB L2) between chunks. The chunk is twice the few-row
 //!   nest's [`CHUNK`], so that a register tile runs 64 steps of 16 columns per call instead of 32: the per-tile costs (the call,
 //!   its accumulators loaded and stored, the loop's exit) are paid half as often, while a
 //!   token group's activations (up to 6 × 4 KiB) and a tile's weight rows still fit in L1
@@ -45,8 +48,11 @@
 //!   scratch): each worth a few points of the FMA peak, measured in docs/PERFORMANCE.md,
 //!   issue 20, session 14. The fold itself (weights from the L2 panel, activations from L1)
 //!   reaches about two thirds of the peak in a micro-benchmark, the same loop over data
-//!   held in L1 three quarters, and the same loop run 8 times longer per tile 85%: what
-//!   remains is the tile's start and end, not the panel's residency.
+//!   held in L1 three quarters, and the same loop run 8 times longer per tile (its weights
+//!   then in L1) 85%. Prefetching the next tile's weight rows or accumulators into L1 near
+//!   a tile's end gained nothing, and a profile puts nine tenths of the fold's time in its
+//!   steady loop: what remains is the rate of that loop on weights streamed from the L2
+//!   panel (session 15).
 //! - **Halves on AVX2** ([`Kernel::HALVES`]): a 16-lane accumulator takes two of its sixteen
 //!   registers, so tiles fold lanes 0–7 over the whole span and then lanes 8–15
 //!   ([`Kernel::fold_half`]), one register per accumulator: 3 × 4 tiles, 7 loads per 12 FMAs
@@ -78,7 +84,7 @@ pub(crate) const WIDE_TOKEN_BLOCK: usize = 128;
 /// Columns per chunk of the wide nest: a multiple of [`CHUNK`] (so of every format's block).
 pub(crate) const WIDE_CHUNK: usize = 2 * CHUNK;
 /// Weight rows per row group.
-pub(crate) const GROUP: usize = 32;
+pub(crate) const GROUP: usize = 64;
 /// Floats from one panel row to the next: a chunk and one cache line, so that the rows of a
 /// tile, read at the same column, do not all map to the same L1 set.
 pub(crate) const PANEL_STRIDE: usize = WIDE_CHUNK + 16;

@@ -26,15 +26,15 @@ const THREADS: [usize; 4] = [1, 2, 3, 16];
 /// rows to split by rows (so the pool splits activation rows).
 #[test]
 fn t_rows_equal_one_row_calls_at_any_t_and_thread_count() {
-    // 70 rows: two full 32-row groups and one of 6 (packed tiles of 4 + 2 on AVX-512, row
-    // triples on AVX2); 33 rows: a group of one row, at 17 columns (one step and a partial
+    // 70 rows: a full 64-row group and one of 6 (packed tiles of 4 + 2 on AVX-512, row
+    // triples on AVX2); 65 rows: a group of one row, at 17 columns (one step and a partial
     // one).
     let shapes = [
         ("bf16", 70, 300),
         ("int8", 70, 529),
         ("mxfp4", 70, 1056),
         ("bf16", 20, 300),
-        ("f32", 33, 17),
+        ("f32", 65, 17),
     ];
     let pools: Vec<Pool> = THREADS.iter().map(|&n| Pool::new(n).expect("kernel pool")).collect();
     let t_max = TS[TS.len() - 1];

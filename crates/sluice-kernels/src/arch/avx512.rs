@@ -13,6 +13,7 @@
 //! Only AVX-512F instructions are used (no byte-granular masks, which need BW), so F alone
 //! is required. All loads and stores are unaligned.
 
+use crate::arch::{fold_wide_with, WideLoop};
 use crate::formats::Format;
 use crate::tiled::{Kernel, Lanes};
 use core::arch::x86_64::*;
@@ -86,34 +87,22 @@ impl Kernel for Avx512 {
         ahead: &[f32],
         stage: Option<[&mut [f32]; N]>,
     ) {
-        let len = crate::tiled::span_len(&w, &x);
-        let pf = ahead.len() >= len;
-        let ahead = ahead.as_ptr();
-        match stage {
-            Some(s) => {
-                assert!(s.iter().all(|s| s.len() == len), "fold_wide: stage rows");
-                let s = s.map(|s| s.as_mut_ptr());
-                // SAFETY: the caller guarantees AVX-512F; lengths checked above.
-                unsafe {
-                    if pf {
-                        fold_wide::<R, N, true, true>(w, x, acc, ahead, s, len);
-                    } else {
-                        fold_wide::<R, N, false, true>(w, x, acc, ahead, s, len);
-                    }
-                }
-            }
-            None => {
-                let s = [std::ptr::null_mut(); N];
-                // SAFETY: as above (no stage is written).
-                unsafe {
-                    if pf {
-                        fold_wide::<R, N, true, false>(w, x, acc, ahead, s, len);
-                    } else {
-                        fold_wide::<R, N, false, false>(w, x, acc, ahead, s, len);
-                    }
-                }
-            }
-        }
+        // SAFETY: the caller guarantees AVX-512F.
+        unsafe { fold_wide_with::<Self, R, N>(w, x, acc, ahead, stage) }
+    }
+}
+
+impl WideLoop for Avx512 {
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fold_loop<const R: usize, const N: usize, const AHEAD: bool, const STAGE: bool>(
+        w: [&[f32]; R],
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: *const f32,
+        stage: [*mut f32; N],
+    ) {
+        // SAFETY: the caller guarantees AVX-512F and the stage rows' length.
+        unsafe { fold_wide::<R, N, AHEAD, STAGE>(w, x, acc, ahead, stage) }
     }
 }
 
@@ -123,8 +112,10 @@ impl Kernel for Avx512 {
 /// into `stage` when `STAGE`.
 ///
 /// # Safety
-/// The CPU supports AVX-512F; `w`, `x` and (when `STAGE`) `stage` are all `len` long, `len`
-/// a multiple of 16, and (when `AHEAD`) `ahead` at least `len` long.
+/// The CPU supports AVX-512F; when `STAGE`, each `stage[j]` holds the span's length.
+///
+/// # Panics
+/// If the slices' lengths differ or are not a multiple of 16.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn fold_wide<const R: usize, const N: usize, const AHEAD: bool, const STAGE: bool>(
@@ -133,8 +124,8 @@ unsafe fn fold_wide<const R: usize, const N: usize, const AHEAD: bool, const STA
     acc: [&mut [Lanes; N]; R],
     ahead: *const f32,
     stage: [*mut f32; N],
-    len: usize,
 ) {
+    let len = crate::tiled::span_len(&w, &x);
     let mut a = [[_mm512_setzero_ps(); N]; R];
     for (ar, lanes_r) in a.iter_mut().zip(acc.iter()) {
         for (aj, lanes) in ar.iter_mut().zip(lanes_r.iter()) {
@@ -147,13 +138,13 @@ unsafe fn fold_wide<const R: usize, const N: usize, const AHEAD: bool, const STA
     // One 16-column step at `c`: the tile's weights once (R registers), then each activation
     // row against all of them: R + N loads per R · N FMAs.
     let step = |a: &mut [[__m512; N]; R], c: usize| {
-        // SAFETY: `c + 16 <= len` and every slice is `len` long (the caller's contract).
+        // SAFETY: `c + 16 <= len` and every slice is `len` long (asserted above).
         let wv: [__m512; R] = std::array::from_fn(|r| unsafe { _mm512_loadu_ps(wp[r].add(c)) });
         for (j, (&xj, &sj)) in xp.iter().zip(&stage).enumerate() {
             // SAFETY: as for the weights.
             let xv = unsafe { _mm512_loadu_ps(xj.add(c)) };
             if STAGE {
-                // SAFETY: `stage[j]` is `len` long (the caller's contract).
+                // SAFETY: `stage[j]` holds the span's length (the caller's contract).
                 unsafe { _mm512_storeu_ps(sj.add(c), xv) };
             }
             for (v, ar) in wv.iter().zip(a.iter_mut()) {

@@ -3,9 +3,10 @@
 //! one-row hooks live in its own file under `crate::formats`).
 //!
 //! This module holds the portable tier (the `Scalar` [`Isa`], also the fallback on any
-//! architecture), the prefetch helpers, and the dispatch from an [`Isa`] and a
-//! [`crate::WeightFormat`] to the loop nest monomorphised for both. The SIMD tiers live in
-//! `avx2`, `avx512` (x86-64) and `aarch64` (NEON).
+//! architecture), the prefetch helpers, the x86-64 tiers' shared dispatch of the prefill
+//! fold to its prefetching and staging instances (`fold_wide_with`), and the dispatch from
+//! an [`Isa`] and a [`crate::WeightFormat`] to the loop nest monomorphised for both. The SIMD
+//! tiers live in `avx2`, `avx512` (x86-64) and `aarch64` (NEON).
 
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod aarch64;
@@ -55,6 +56,78 @@ pub(crate) fn prefetch_line(p: *const u8) {
     // SAFETY: a prefetch never faults and has no architectural effect (SSE, which provides
     // it, is part of x86-64).
     unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) };
+}
+
+/// A SIMD tier's prefill fold loop ([`Kernel::fold_wide`] on AVX-512,
+/// [`Kernel::fold_half_wide`] on AVX2) with its two extras as const generics, so that a tile
+/// that prefetches nothing or stages nothing carries no test for it in its loop:
+/// [`fold_wide_with`] turns a call's arguments into the one of four instances it needs.
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait WideLoop {
+    /// The fold loop of `w` (`R` weight rows) against `x` (`N` activation rows) into `acc`;
+    /// when `AHEAD`, naming one line of `ahead` per 16-column step to the prefetcher; when
+    /// `STAGE`, storing every activation value it loads at the same place of `stage[j]`.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier; when `STAGE`, each `stage[j]` holds the span's
+    /// length. (`ahead` may be any address: a prefetch never faults.)
+    ///
+    /// # Panics
+    /// If the slices' lengths differ or are not a multiple of 16.
+    unsafe fn fold_loop<const R: usize, const N: usize, const AHEAD: bool, const STAGE: bool>(
+        w: [&[f32]; R],
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: *const f32,
+        stage: [*mut f32; N],
+    );
+}
+
+/// [`Kernel::fold_wide`] (or [`Kernel::fold_half_wide`]) through `L`'s loop: prefetches only
+/// when `ahead` covers the span, stages only into `stage`'s rows, checked to be as long as the
+/// span.
+///
+/// # Safety
+/// The running CPU supports `L`'s tier.
+///
+/// # Panics
+/// If the slices' lengths differ or are not a multiple of 16, or a stage row is not as long
+/// as the span.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn fold_wide_with<L: WideLoop, const R: usize, const N: usize>(
+    w: [&[f32]; R],
+    x: [&[f32]; N],
+    acc: [&mut [Lanes; N]; R],
+    ahead: &[f32],
+    stage: Option<[&mut [f32]; N]>,
+) {
+    let len = tiled::span_len(&w, &x);
+    let pf = ahead.len() >= len;
+    let ahead = ahead.as_ptr();
+    // SAFETY: the caller guarantees the tier (every arm); the stage rows are `len` long
+    // (checked); with no stage, none is written.
+    unsafe {
+        match stage {
+            Some(s) => {
+                assert!(s.iter().all(|s| s.len() == len), "fold_wide: stage rows");
+                let s = s.map(|s| s.as_mut_ptr());
+                if pf {
+                    L::fold_loop::<R, N, true, true>(w, x, acc, ahead, s);
+                } else {
+                    L::fold_loop::<R, N, false, true>(w, x, acc, ahead, s);
+                }
+            }
+            None => {
+                let s = [std::ptr::null_mut(); N];
+                if pf {
+                    L::fold_loop::<R, N, true, false>(w, x, acc, ahead, s);
+                } else {
+                    L::fold_loop::<R, N, false, false>(w, x, acc, ahead, s);
+                }
+            }
+        }
+    }
 }
 
 /// The portable tier: element-by-element widening and lane-by-lane fused multiply-adds.

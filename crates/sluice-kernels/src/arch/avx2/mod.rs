@@ -25,6 +25,7 @@
 //! All loads and stores are unaligned: safetensors offsets carry no alignment. Each function
 //! asserts the lengths its pointer arithmetic relies on before its loop.
 
+use crate::arch::{fold_wide_with, WideLoop};
 use crate::formats::Format;
 use crate::tiled::{Kernel, Lanes};
 use core::arch::x86_64::*;
@@ -107,35 +108,8 @@ impl Kernel for Avx2 {
         ahead: &[f32],
         stage: Option<[&mut [f32]; N]>,
     ) {
-        let len = crate::tiled::span_len(&w, &x);
-        let pf = ahead.len() >= len;
-        let ahead = ahead.as_ptr();
-        match stage {
-            Some(s) => {
-                assert!(s.iter().all(|s| s.len() == len), "fold_half_wide: stage rows");
-                let s = s.map(|s| s.as_mut_ptr());
-                // SAFETY: the caller guarantees AVX2 and FMA; a prefetch may name any
-                // address; the stage rows are `len` long (checked above).
-                unsafe {
-                    if pf {
-                        fold_half::<R, N, true, true>(w, x, acc, ahead, s);
-                    } else {
-                        fold_half::<R, N, false, true>(w, x, acc, ahead, s);
-                    }
-                }
-            }
-            None => {
-                let s = [std::ptr::null_mut(); N];
-                // SAFETY: as above (no stage is written).
-                unsafe {
-                    if pf {
-                        fold_half::<R, N, true, false>(w, x, acc, ahead, s);
-                    } else {
-                        fold_half::<R, N, false, false>(w, x, acc, ahead, s);
-                    }
-                }
-            }
-        }
+        // SAFETY: the caller guarantees AVX2 and FMA.
+        unsafe { fold_wide_with::<Self, R, N>(w, x, acc, ahead, stage) }
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -148,6 +122,20 @@ impl Kernel for Avx2 {
         assert!(x.len().is_multiple_of(16), "fold_one span");
         // SAFETY: the caller guarantees AVX2 and FMA and the span.
         unsafe { F::avx2_fold_one(rows, c0, x, acc) }
+    }
+}
+
+impl WideLoop for Avx2 {
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fold_loop<const R: usize, const N: usize, const AHEAD: bool, const STAGE: bool>(
+        w: [&[f32]; R],
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: *const f32,
+        stage: [*mut f32; N],
+    ) {
+        // SAFETY: the caller guarantees AVX2, FMA and the stage rows' length.
+        unsafe { fold_half::<R, N, AHEAD, STAGE>(w, x, acc, ahead, stage) }
     }
 }
 
