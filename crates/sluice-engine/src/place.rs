@@ -27,8 +27,18 @@ use sluice_store::{
 };
 use std::sync::Arc;
 
-/// I/O headroom every plan keeps for scratch (on top of a caller's extra buffers).
+/// I/O headroom every plan keeps for scratch (on top of a caller's extra buffers and the
+/// kernel threads' scratch, [`plan_headroom`]).
 const HEADROOM: u64 = 64 << 20;
+
+/// What every plan keeps beyond its named parts: [`HEADROOM`] plus one prefill-nest scratch
+/// per kernel thread ([`sluice_kernels::WIDE_SCRATCH_BYTES`], made on the thread's first
+/// prefill-sized call and kept for its life). The scratch used to live inside the fixed
+/// headroom, which at 804 KiB a thread more than ~80 threads would have outgrown.
+fn plan_headroom() -> u64 {
+    let threads = sluice_kernels::pool::global().threads() as u64;
+    HEADROOM + threads * sluice_kernels::WIDE_SCRATCH_BYTES as u64
+}
 
 /// A model planned, charged and with its spine placed; its routed experts still mapped
 /// in place until the caller gives it another store.
@@ -125,7 +135,7 @@ pub(crate) fn place(
     // the index's exact slot where an expert is several aligned parts (GPT-OSS's four stacked
     // slices, DeepSeek-V3's weights and scales).
     let slot = (routed.expert_bytes.div_ceil(4096) * 4096 + 8192).max(slot);
-    let needs = needs(&model, &mem, routed.total(), opts, (pieces, slot, HEADROOM + extra));
+    let needs = needs(&model, &mem, routed.total(), opts, (pieces, slot, plan_headroom() + extra));
     let mut plan = Plan::compute(budget.limit(), needs, opts.spine_placement)?;
     if opts.slots.is_some() {
         // `--cache-slots` sizes the cache exactly: the stored states keep what was asked.
@@ -308,7 +318,7 @@ pub(crate) fn open_mapped_spine(
     // The index is where every expert's spans are; its slot size is exact (aligned regions).
     let index = routed.index(ckpt).map_err(ModelError::from)?;
     let pieces = SpinePieces { layers: vec![0; routed.num_layers], ..SpinePieces::default() };
-    let headroom = HEADROOM + remote.as_ref().map_or(0, |r| r.headroom);
+    let headroom = plan_headroom() + remote.as_ref().map_or(0, |r| r.headroom);
     let needs = needs(&model, &mem, routed.total(), opts, (pieces, index.slot_bytes(), headroom));
     let mut plan = Plan::compute(budget.limit(), needs, crate::plan::SpineMode::Mapped)?;
     if opts.slots.is_some() {
