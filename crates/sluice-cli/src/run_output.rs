@@ -12,6 +12,7 @@ use crate::open::{Opened, Target};
 use anyhow::Result;
 use serde_json::{json, Value};
 use sluice_engine::{layer_stats, Generation};
+use sluice_kernels::pool::PoolCounters;
 use sluice_store::Telemetry;
 use sluice_tokenizer::{ParsedOutput, PromptFormat, StreamDecoder};
 use std::io::{StdoutLock, Write};
@@ -237,6 +238,8 @@ pub fn print_stats(opened: &Opened, out: &Generation, machine: &Telemetry) {
     }
     eprint!("{}", layer_stats::describe("prefill", &s.prefill_layers));
     eprint!("{}", layer_stats::describe("decode", &s.decode_layers));
+    eprint!("{}", describe_pool("prefill", s.prefill_s, &s.prefill_pool));
+    eprint!("{}", describe_pool("decode", s.decode_s, &s.decode_pool));
     if let Some(r) = remote_stats(opened) {
         #[allow(clippy::cast_precision_loss)]
         let secs = r.fetch_ns as f64 / 1e9;
@@ -254,12 +257,57 @@ pub fn print_stats(opened: &Opened, out: &Generation, machine: &Telemetry) {
     }
 }
 
+/// One line on where a phase's wall time went between the engine thread working alone and
+/// the kernel pool's calls (empty when the phase made no call).
+fn describe_pool(phase: &str, wall_s: f64, p: &PoolCounters) -> String {
+    if p.calls == 0 || wall_s <= 0.0 {
+        return String::new();
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let (busy, tail, mine) = (
+        p.busy_ns as f64 / 1e9,
+        p.tail_ns as f64 / 1e9,
+        p.caller_chunks as f64 / p.chunks.max(1) as f64,
+    );
+    format!(
+        "{phase} pool: {} kernel-pool calls ({} split over the threads, {:.1}% of their chunks \
+         on the engine thread, {} woke parked helpers); {:.1}% of the phase inside calls, \
+         {:.1}% of it waiting for helpers' last chunks, {:.1}% on the engine thread alone\n",
+        p.calls,
+        p.split,
+        100.0 * mine,
+        p.wakes,
+        100.0 * busy / wall_s,
+        100.0 * tail / wall_s,
+        100.0 * (wall_s - busy).max(0.0) / wall_s,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-    use super::message;
+    use super::{describe_pool, message, PoolCounters};
     use sluice_tokenizer::PromptFormat;
+
+    #[test]
+    fn pool_line_splits_the_phase_between_calls_and_the_engine_thread() {
+        let p = PoolCounters {
+            calls: 10,
+            split: 8,
+            chunks: 64,
+            caller_chunks: 16,
+            wakes: 1,
+            busy_ns: 900_000_000,
+            tail_ns: 50_000_000,
+        };
+        let line = describe_pool("decode", 1.0, &p);
+        assert!(line.contains("25.0% of their chunks on the engine thread"), "{line}");
+        assert!(line.contains("90.0% of the phase inside calls"), "{line}");
+        assert!(line.contains("5.0% of it waiting"), "{line}");
+        assert!(line.contains("10.0% on the engine thread alone"), "{line}");
+        assert_eq!(describe_pool("prefill", 1.0, &PoolCounters::default()), "");
+    }
 
     #[test]
     fn run_chat_parsed_tool_markup_as_calls_when_no_tools_were_declared() {

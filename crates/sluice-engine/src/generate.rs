@@ -21,6 +21,8 @@ use crate::state_cache::StateCache;
 use crate::turn::{end_state_resumable, FollowUp};
 use crate::EngineError;
 use serde::Serialize;
+use sluice_kernels::pool::{self, PoolCounters};
+use sluice_kernels::Pool;
 use sluice_models::kimi_k3::Trace;
 use sluice_models::{LogitRows, Model, State, StateSnapshot};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -214,6 +216,11 @@ pub struct Stats {
     pub state_cache_bytes_written: u64,
     /// Why generation stopped: "stop", "length", "cancelled", "interrupted".
     pub finish_reason: String,
+    /// The kernel thread pool's calls during prefill: `prefill_s` less their `busy_ns` is
+    /// the work the engine thread did alone.
+    pub prefill_pool: PoolCounters,
+    /// The kernel thread pool's calls during decode (see `prefill_pool`).
+    pub decode_pool: PoolCounters,
 }
 
 /// The result of [`generate`].
@@ -306,6 +313,7 @@ pub fn generate(
         return Err(EngineError::TokenOutOfVocab { id: bad, vocab });
     }
     let store0 = model.store_stats();
+    let pool0 = pool::with_current(Pool::counters);
     let spine0 = model.spine_stats();
     let stats = Stats {
         prompt_tokens: prompt.len(),
@@ -412,6 +420,7 @@ pub fn generate(
     let store1 = model.store_stats();
     let layers1 = Snapshot(model.layer_store_stats());
     let spine1 = model.spine_stats();
+    let pool1 = pool::with_current(Pool::counters);
     while !em.done && !em.interrupted() {
         let mut want = policy.width().min(opts.max_new.saturating_sub(em.out.tokens.len()));
         if opts.prefill_chunk > 0 {
@@ -499,6 +508,8 @@ pub fn generate(
         }
     }
     let s1 = model.store_stats();
+    stats.prefill_pool = pool1.since(&pool0);
+    stats.decode_pool = pool::with_current(Pool::counters).since(&pool1);
     stats.expert_hits = s1.hits - store0.hits;
     stats.expert_misses = s1.misses - store0.misses;
     stats.prefetch_issued = s1.prefetch_issued - store0.prefetch_issued;

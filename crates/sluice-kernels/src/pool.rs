@@ -21,6 +21,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, TryLockError};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 /// Rounds a helper polls for the next call before it parks (each round is a CPU pause hint;
 /// every 64th yields the core). Tens of microseconds: long enough to bridge the gap between
@@ -64,6 +65,97 @@ struct Shared {
     park: Mutex<()>,
     /// Wakes parked helpers.
     wake: Condvar,
+    /// What the calls so far cost ([`Pool::counters`]).
+    counters: Tally,
+}
+
+/// Running totals of a pool's calls, updated by the calling thread once per call (a few
+/// relaxed atomic additions and two clock reads: nothing per chunk).
+#[derive(Default)]
+struct Tally {
+    calls: AtomicU64,
+    split: AtomicU64,
+    chunks: AtomicU64,
+    caller_chunks: AtomicU64,
+    wakes: AtomicU64,
+    busy_ns: AtomicU64,
+    tail_ns: AtomicU64,
+}
+
+/// What a pool's calls have cost since it started ([`Pool::counters`]); the difference of
+/// two snapshots ([`PoolCounters::since`]) covers the calls between them. Where a pass's time
+/// goes: its wall time less `busy_ns` is work the calling thread did alone (norms, glue,
+/// small matrices, allocation); `tail_ns` is how long the caller, out of chunks to claim,
+/// waited for the helpers' last ones (uneven progress, a helper descheduled or slow to wake).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PoolCounters {
+    /// Calls of [`Pool::run`] and [`Pool::on_every_thread`].
+    pub calls: u64,
+    /// Calls that were handed to the helpers (the rest ran on the calling thread alone: one
+    /// chunk, no helpers, or the pool was busy).
+    pub split: u64,
+    /// Chunks of the split calls.
+    pub chunks: u64,
+    /// Of those, chunks the calling thread ran itself.
+    pub caller_chunks: u64,
+    /// Split calls that found helpers parked and had to wake them.
+    pub wakes: u64,
+    /// Nanoseconds the calling thread spent inside calls (split or not).
+    pub busy_ns: u64,
+    /// Nanoseconds of the split calls between the caller's last chunk and the helpers' last.
+    pub tail_ns: u64,
+}
+
+impl PoolCounters {
+    /// The calls between `earlier` and `self`.
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            calls: self.calls.saturating_sub(earlier.calls),
+            split: self.split.saturating_sub(earlier.split),
+            chunks: self.chunks.saturating_sub(earlier.chunks),
+            caller_chunks: self.caller_chunks.saturating_sub(earlier.caller_chunks),
+            wakes: self.wakes.saturating_sub(earlier.wakes),
+            busy_ns: self.busy_ns.saturating_sub(earlier.busy_ns),
+            tail_ns: self.tail_ns.saturating_sub(earlier.tail_ns),
+        }
+    }
+}
+
+impl Tally {
+    fn snapshot(&self) -> PoolCounters {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        PoolCounters {
+            calls: r(&self.calls),
+            split: r(&self.split),
+            chunks: r(&self.chunks),
+            caller_chunks: r(&self.caller_chunks),
+            wakes: r(&self.wakes),
+            busy_ns: r(&self.busy_ns),
+            tail_ns: r(&self.tail_ns),
+        }
+    }
+
+    /// Records a call that began at `t0` and ran on the calling thread alone.
+    fn alone(&self, t0: Instant) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.busy_ns.fetch_add(nanos_since(t0), Ordering::Relaxed);
+    }
+
+    /// Records a split call of `chunks` chunks, `mine` of them run by the caller, that began
+    /// at `t0` and whose caller ran out of chunks at `t1`.
+    fn split(&self, t0: Instant, t1: Instant, chunks: usize, mine: u64, woke: bool) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.split.fetch_add(1, Ordering::Relaxed);
+        self.chunks.fetch_add(chunks as u64, Ordering::Relaxed);
+        self.caller_chunks.fetch_add(mine, Ordering::Relaxed);
+        self.wakes.fetch_add(u64::from(woke), Ordering::Relaxed);
+        self.busy_ns.fetch_add(nanos_since(t0), Ordering::Relaxed);
+        self.tail_ns.fetch_add(nanos_since(t1), Ordering::Relaxed);
+    }
+}
+
+fn nanos_since(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A pool of `threads − 1` helper threads plus whichever thread calls [`Pool::run`].
@@ -123,6 +215,7 @@ impl Pool {
             busy: Mutex::new(()),
             park: Mutex::new(()),
             wake: Condvar::new(),
+            counters: Tally::default(),
         });
         let mut pool = Self { shared, helpers: Vec::new(), threads };
         for index in 1..threads {
@@ -142,6 +235,11 @@ impl Pool {
         self.threads
     }
 
+    /// What this pool's calls have cost so far (see [`PoolCounters`]).
+    pub fn counters(&self) -> PoolCounters {
+        self.shared.counters.snapshot()
+    }
+
     /// Runs `f(0), …, f(chunks − 1)`, each exactly once, spread over the calling thread and
     /// the helpers; returns when all have finished. If the pool is busy with another call, the
     /// calling thread runs every chunk itself.
@@ -149,27 +247,33 @@ impl Pool {
     /// # Panics
     /// If a chunk panics: once every chunk has finished, the panic is resumed on the caller.
     pub fn run(&self, chunks: usize, f: &(dyn Fn(usize) + Sync)) {
+        let t0 = Instant::now();
         let guard = match self.shared.busy.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => {
+                // A call from inside a chunk (or another thread): its time is inside the
+                // outer call's, so it is not counted again.
                 (0..chunks).for_each(f);
                 return;
             }
         };
         if self.helpers.is_empty() || chunks <= 1 {
             (0..chunks).for_each(f);
+            self.shared.counters.alone(t0);
             return;
         }
         let s = &*self.shared;
         let chunks_u32 = u32::try_from(chunks).expect("invariant: fewer than 2^32 chunks");
         let job: Job<'_> = f;
-        let g = publish(s, &job, chunks, false);
+        let (g, woke) = publish(s, &job, chunks, false);
         // The caller claims chunks like any helper; its own panic is held until every chunk
         // has finished, since helpers may still be using `job` on this stack frame.
+        let mut ran = 0u64;
         let mine = panic::catch_unwind(AssertUnwindSafe(|| {
             while let Some(i) = claim(s, g, chunks_u32) {
                 f(i);
+                ran += 1;
                 s.done.fetch_add(1, Ordering::Release);
             }
         }));
@@ -178,7 +282,9 @@ impl Pool {
             s.done.fetch_add(1, Ordering::Release);
             close_and_count_unclaimed(s, g, chunks_u32);
         }
+        let t1 = Instant::now();
         finish(s, chunks);
+        s.counters.split(t0, t1, chunks, ran, woke);
         drop(guard);
         resume(s, mine);
     }
@@ -206,15 +312,18 @@ impl Pool {
             Err(TryLockError::WouldBlock) => return Err(PoolBusy),
         };
         if self.helpers.is_empty() {
+            let t0 = Instant::now();
             f(0);
+            self.shared.counters.alone(t0);
             return Ok(());
         }
+        let t0 = Instant::now();
         let s = &*self.shared;
         let job: Job<'_> = f;
         // One chunk per thread, each thread claiming at most one (`Shared::once`): the
         // caller takes one, so each helper must take one of the rest before `done` can reach
         // `threads`.
-        let g = publish(s, &job, self.threads, true);
+        let (g, woke) = publish(s, &job, self.threads, true);
         let chunks_u32 = u32::try_from(self.threads).expect("invariant: fewer than 2^32 threads");
         let mine = panic::catch_unwind(AssertUnwindSafe(|| {
             if let Some(i) = claim(s, g, chunks_u32) {
@@ -224,7 +333,9 @@ impl Pool {
         // Counted whether it returned or panicked; the helpers' chunks are still theirs to
         // claim, so none is counted for them here.
         s.done.fetch_add(1, Ordering::Release);
+        let t1 = Instant::now();
         finish(s, self.threads);
+        s.counters.split(t0, t1, self.threads, 1, woke);
         drop(guard);
         resume(s, mine);
         Ok(())
@@ -258,9 +369,9 @@ impl Drop for Pool {
 }
 
 /// Publishes `job` as a call of `chunks` chunks (each thread claiming at most one if
-/// `once`), wakes parked helpers, and returns its generation. The caller holds `busy` and
-/// keeps `job` alive until [`finish`] returns.
-fn publish(s: &Shared, job: &Job<'_>, chunks: usize, once: bool) -> u64 {
+/// `once`), wakes parked helpers, and returns its generation and whether any helper was
+/// parked. The caller holds `busy` and keeps `job` alive until [`finish`] returns.
+fn publish(s: &Shared, job: &Job<'_>, chunks: usize, once: bool) -> (u64, bool) {
     // Close the previous generation before touching the job fields, so that a helper that
     // read them cannot then claim a chunk (see `Shared::state`).
     let g = (s.state.load(Ordering::Relaxed) >> 32).wrapping_add(1) & u64::from(u32::MAX);
@@ -271,11 +382,12 @@ fn publish(s: &Shared, job: &Job<'_>, chunks: usize, once: bool) -> u64 {
     s.done.store(0, Ordering::SeqCst);
     s.panicked.store(false, Ordering::SeqCst);
     s.state.store(g << 32, Ordering::SeqCst);
-    if s.sleepers.load(Ordering::SeqCst) > 0 {
+    let parked = s.sleepers.load(Ordering::SeqCst) > 0;
+    if parked {
         let _park = s.park.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         s.wake.notify_all();
     }
-    g
+    (g, parked)
 }
 
 /// Waits until `chunks` chunks of the current call count as finished.

@@ -100,25 +100,41 @@ impl GluExpert {
 }
 
 /// `glu(gate, up, out)` over pieces of the rows on the kernels' thread pool. The activation is
-/// elementwise, so the pieces change no bit; run whole on the calling thread, its libm
-/// `tanhf`/`expf` calls were a stretch of every expert batch during which the pool's other
-/// threads had nothing to do.
+/// elementwise, so the pieces change no bit. Run whole on the calling thread, its libm
+/// `tanhf`/`expf` calls were a stretch of every expert during which the pool's other threads
+/// had nothing to do: in a one-row decode pass, Kimi K3's 16 experts of 3,072 SiTU values a
+/// layer were half of the engine thread's work outside the pool (a 2-thread profile on the
+/// K3 slice), so even one row's activation is split, a few pieces per thread.
 pub(crate) fn glu_on_pool(
     glu: &(impl Fn(&[f32], &[f32], &mut [f32]) + Sync),
     gate: &[f32],
     up: &[f32],
     out: &mut [f32],
 ) {
-    /// Values per piece: a few pieces per thread for a block of expert rows.
-    const PIECE: usize = 8192;
-    if out.len() <= PIECE {
+    let threads = sluice_kernels::pool::with_current(sluice_kernels::Pool::threads);
+    let piece = glu_piece(out.len(), threads);
+    if out.len() <= piece {
         glu(gate, up, out);
         return;
     }
-    sluice_kernels::pool::map_chunks_mut(out, PIECE, |i, o| {
-        let s = i * PIECE;
+    sluice_kernels::pool::map_chunks_mut(out, piece, |i, o| {
+        let s = i * piece;
         glu(&gate[s..s + o.len()], &up[s..s + o.len()], o);
     });
+}
+
+/// Values per piece of an activation of `len` values on `threads` threads: a few pieces per
+/// thread, none smaller than a handoff to a helper is worth, whole vectors of 16.
+fn glu_piece(len: usize, threads: usize) -> usize {
+    /// Fewest values in a piece (a handoff costs about a microsecond; SiTU takes tens of
+    /// nanoseconds a value).
+    const MIN_PIECE: usize = 512;
+    /// Pieces per thread.
+    const PIECES_PER_THREAD: usize = 2;
+    if threads <= 1 {
+        return len;
+    }
+    len.div_ceil(threads * PIECES_PER_THREAD).max(MIN_PIECE).next_multiple_of(16)
 }
 
 /// Makes `v` `len` elements long for values about to be overwritten; when its allocation must
@@ -142,6 +158,35 @@ pub(crate) fn add_weighted(acc: &mut [f32], y: &[f32], weight: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_rows_expert_activation_ran_on_the_calling_thread_alone() {
+        // K3's 3,072 values of one decode row: split on 2 and 16 threads, whole on one.
+        assert_eq!(glu_piece(3072, 1), 3072);
+        assert!(glu_piece(3072, 2) < 3072);
+        assert!(3072usize.div_ceil(glu_piece(3072, 16)) >= 4);
+        // Tiny activations stay whole.
+        assert!(glu_piece(100, 16) >= 100);
+    }
+
+    #[test]
+    fn an_expert_activation_split_over_the_pool_equals_one_piece() {
+        let n = 3000;
+        let gate: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 9.0).collect();
+        let up: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos() * 5.0).collect();
+        let glu = |g: &[f32], u: &[f32], o: &mut [f32]| {
+            sluice_kernels::ops::situ_glu(g, u, 4.0, Some(8.0), o);
+        };
+        let mut whole = vec![0.0f32; n];
+        glu(&gate, &up, &mut whole);
+        for threads in [1, 2, 3, 16] {
+            let pool = sluice_kernels::Pool::new(threads).expect("pool");
+            let mut split = vec![0.0f32; n];
+            pool.install(|| glu_on_pool(&glu, &gate, &up, &mut split));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&split), bits(&whole), "{threads} threads");
+        }
+    }
 
     #[test]
     fn an_expert_out_of_id_order_is_an_error_naming_both() {

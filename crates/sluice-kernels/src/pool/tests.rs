@@ -183,3 +183,22 @@ fn install_scopes_the_current_pool() {
     });
     assert!(matches!(Pool::new(0), Err(PoolError::NoThreads)));
 }
+
+#[test]
+fn counters_tell_split_calls_from_calls_run_alone_and_count_nested_calls_once() {
+    let pool = Pool::new(3).expect("pool");
+    let before = pool.counters();
+    pool.run(24, &|_| {
+        // A call from inside a chunk runs inline and is inside the outer call's time.
+        pool.run(4, &|_| {});
+    });
+    pool.run(1, &|_| {});
+    pool.on_every_thread(&|_| {}).expect("idle");
+    let c = pool.counters().since(&before);
+    assert_eq!(c.calls, 3, "{c:?}");
+    assert_eq!(c.split, 2, "{c:?}");
+    assert_eq!(c.chunks, 24 + 3, "{c:?}");
+    assert!(c.caller_chunks >= 1 && c.caller_chunks <= 24 + 1, "{c:?}");
+    assert!(c.tail_ns <= c.busy_ns, "{c:?}");
+    assert_eq!(Pool::new(1).expect("pool").counters(), PoolCounters::default());
+}

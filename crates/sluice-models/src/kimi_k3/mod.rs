@@ -518,37 +518,47 @@ fn attn_res(anchors: &[Vec<f32>], partial: &[f32], w_eff: &[f32], d: usize, eps:
     }
     let t = partial.len() / d;
     let mut out = vec![0.0f32; partial.len()];
-    let mut logits = vec![0.0f32; anchors.len() + 1];
-    for ti in 0..t {
-        let r = ti * d..(ti + 1) * d;
-        for (j, src) in anchors
-            .iter()
-            .map(|a| &a[r.clone()])
-            .chain(std::iter::once(&partial[r.clone()]))
-            .enumerate()
-        {
-            let dot: f64 = src.iter().zip(w_eff).map(|(&v, &w)| f64::from(v) * f64::from(w)).sum();
-            let ss: f64 = src.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
-            #[allow(clippy::cast_precision_loss)]
-            let inv = 1.0 / (ss / d as f64 + f64::from(eps)).sqrt();
-            #[allow(clippy::cast_possible_truncation)]
-            {
-                logits[j] = (dot * inv) as f32;
-            }
+    // Rows are independent, so blocks of them go to the pool's threads (a prompt pass ran
+    // every row of every layer's two combinations on the engine thread alone).
+    let rows = t.div_ceil(sluice_kernels::pool::with_current(sluice_kernels::Pool::threads) * 2);
+    sluice_kernels::pool::map_chunks_mut(&mut out, rows.max(1) * d, |i, block| {
+        let mut logits = vec![0.0f32; anchors.len() + 1];
+        for (bi, o) in block.chunks_exact_mut(d).enumerate() {
+            let ti = i * rows.max(1) + bi;
+            attn_res_row(anchors, partial, w_eff, ti * d..(ti + 1) * d, eps, &mut logits, o);
         }
-        softmax_inplace(&mut logits);
-        let o = &mut out[r.clone()];
-        for (j, src) in anchors
-            .iter()
-            .map(|a| &a[r.clone()])
-            .chain(std::iter::once(&partial[r.clone()]))
-            .enumerate()
+    });
+    out
+}
+
+/// [`attn_res`] of the row at `r`, into `o` (zeroed), with `logits` as scratch.
+fn attn_res_row(
+    anchors: &[Vec<f32>],
+    partial: &[f32],
+    w_eff: &[f32],
+    r: std::ops::Range<usize>,
+    eps: f32,
+    logits: &mut [f32],
+    o: &mut [f32],
+) {
+    let d = r.len();
+    let sources =
+        || anchors.iter().map(|a| &a[r.clone()]).chain(std::iter::once(&partial[r.clone()]));
+    for (j, src) in sources().enumerate() {
+        let dot: f64 = src.iter().zip(w_eff).map(|(&v, &w)| f64::from(v) * f64::from(w)).sum();
+        let ss: f64 = src.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        #[allow(clippy::cast_precision_loss)]
+        let inv = 1.0 / (ss / d as f64 + f64::from(eps)).sqrt();
+        #[allow(clippy::cast_possible_truncation)]
         {
-            let pj = logits[j];
-            for (a, &v) in o.iter_mut().zip(src) {
-                *a += pj * v;
-            }
+            logits[j] = (dot * inv) as f32;
         }
     }
-    out
+    softmax_inplace(logits);
+    for (j, src) in sources().enumerate() {
+        let pj = logits[j];
+        for (a, &v) in o.iter_mut().zip(src) {
+            *a += pj * v;
+        }
+    }
 }
