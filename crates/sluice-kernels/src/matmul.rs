@@ -30,6 +30,9 @@
 use crate::arch;
 use crate::formats::{Format, Visit};
 use crate::isa::{self, Isa};
+use crate::tiled::TOKEN_BLOCK;
+use std::cell::RefCell;
+use std::rc::Rc;
 
 pub use crate::formats::{e4m3_to_f32, e8m0_to_f32, WeightFormat, E2M1, E4M3};
 
@@ -188,13 +191,15 @@ const PAR_MIN_ROWS: usize = 64;
 /// Below this many multiply-adds (`rows · cols · t`) a call runs on the calling thread alone:
 /// handing chunks to the pool's helpers costs about a microsecond, more than the work itself.
 const PAR_MIN_WORK: usize = 1 << 16;
-/// Row chunks per pool thread: a few per thread balances uneven progress across cores.
+/// Row chunks per pool thread wanted when a call is also split by activation rows.
 const CHUNKS_PER_THREAD: usize = 4;
-/// Fewest rows in a chunk.
+/// Fewest rows in a chunk of a call of few activation rows.
 const MIN_CHUNK_ROWS: usize = 16;
 /// Fewest activation rows in a chunk when a call of many activation rows is also split by
 /// activation rows (each such chunk decodes its weights again).
 const MIN_CHUNK_TOKENS: usize = 16;
+/// Each row chunk takes `1 / (GUIDED_SHARE · threads)` of the rows not yet handed out.
+const GUIDED_SHARE: usize = 2;
 
 /// [`matmul`] on an explicit tier (tests and benchmarks run every [`Isa::available`] tier).
 ///
@@ -208,17 +213,19 @@ pub fn matmul_with(isa: Isa, m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32
     let out_ptr = OutPtr(out.as_mut_ptr());
     crate::pool::with_current(|pool| {
         let threads = pool.threads();
-        let (row_chunks, token_chunks) = split(threads, rows, m.cols, t);
+        let (cuts, token_chunks) = split(threads, rows, m.cols, t);
+        let cuts: &[usize] = &cuts;
+        let row_chunks = cuts.len() - 1;
         if row_chunks * token_chunks <= 1 {
             // SAFETY: `isa` is available (asserted above); `out_ptr` comes from `out`, which is
             // `t * rows` long and exclusively borrowed for this call.
             unsafe { run_cells(isa, m, x, 0..t, 0..rows, &out_ptr) };
             return;
         }
-        let (rc, tc) = (rows.div_ceil(row_chunks), t.div_ceil(token_chunks));
+        let tc = t.div_ceil(token_chunks);
         pool.run(row_chunks * token_chunks, &|i| {
             let (ri, ti) = (i % row_chunks, i / row_chunks);
-            let r = (ri * rc).min(rows)..rows.min((ri + 1) * rc);
+            let r = cuts[ri]..cuts[ri + 1];
             let tk = (ti * tc).min(t)..t.min((ti + 1) * tc);
             // SAFETY: `isa` is available (asserted above); `out` is exclusively borrowed until
             // `run` returns, which is after every chunk has finished, and the chunks' (token,
@@ -229,28 +236,74 @@ pub fn matmul_with(isa: Isa, m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32
     });
 }
 
-/// How a call of `t` activation rows on a `rows × cols` matrix is split over `threads`:
-/// (row chunks, activation-row chunks). Output rows are split first; a call with too few
-/// output rows to keep every thread busy and many activation rows (a prefill on a small
-/// matrix) is split by activation rows too. Either split computes every cell with the same
-/// code, so no result bit depends on it.
-fn split(threads: usize, rows: usize, cols: usize, t: usize) -> (usize, usize) {
+/// How a call of `t` activation rows on a `rows × cols` matrix is split over `threads`: the
+/// row chunks' boundaries (`cuts[i]..cuts[i + 1]`) and the number of activation-row chunks.
+/// Output rows are split first; a call with too few output rows to keep every thread busy and
+/// many activation rows (a prefill on a small matrix) is split by activation rows too. Either
+/// split computes every cell with the same code, so no result bit depends on it.
+///
+/// Row chunks shrink as they go ([`guided_cuts`]): the pool hands them out in order, so the
+/// last ones claimed are small and the threads finish together. With equal chunks of a
+/// quarter of a thread's share, the engine thread waited on the helpers' last chunks for
+/// 13–15% of a 16-thread pass (the device host, `--stats`).
+fn split(threads: usize, rows: usize, cols: usize, t: usize) -> (Rc<[usize]>, usize) {
     if threads <= 1 || rows * cols * t < PAR_MIN_WORK {
-        return (1, 1);
+        return (Rc::from([0, rows]), 1);
     }
-    let want = threads * CHUNKS_PER_THREAD;
-    let row_chunks = if rows < PAR_MIN_ROWS {
-        1
+    let cuts = if rows < PAR_MIN_ROWS {
+        Rc::from([0, rows])
     } else {
-        let chunk = rows.div_ceil(want).max(MIN_CHUNK_ROWS);
-        rows.div_ceil(chunk)
+        // A prefill's chunks keep whole row groups of the wide nest.
+        let align = if t > TOKEN_BLOCK { crate::wide::GROUP } else { MIN_CHUNK_ROWS };
+        cached_cuts(rows, threads, align)
     };
+    let row_chunks = cuts.len() - 1;
     let token_chunks = if row_chunks < threads && t >= 2 * MIN_CHUNK_TOKENS {
-        want.div_ceil(row_chunks).min(t / MIN_CHUNK_TOKENS)
+        (threads * CHUNKS_PER_THREAD).div_ceil(row_chunks).min(t / MIN_CHUNK_TOKENS)
     } else {
         1
     };
-    (row_chunks, token_chunks)
+    (cuts, token_chunks)
+}
+
+/// [`guided_cuts`], kept per thread for the shapes seen last (a pass multiplies a few dozen
+/// shapes thousands of times; computing the cuts was a visible share of the engine thread's
+/// own work in a one-row decode).
+fn cached_cuts(rows: usize, threads: usize, align: usize) -> Rc<[usize]> {
+    /// Shapes kept (a model has a few dozen; the cache starts over when full).
+    const KEPT: usize = 64;
+    /// (rows, threads, align) and the cuts of that shape.
+    type Kept = Vec<((usize, usize, usize), Rc<[usize]>)>;
+    thread_local! {
+        static CUTS: RefCell<Kept> = const { RefCell::new(Vec::new()) };
+    }
+    CUTS.with(|c| {
+        let mut c = c.borrow_mut();
+        let key = (rows, threads, align);
+        if let Some((_, cuts)) = c.iter().find(|(k, _)| *k == key) {
+            return Rc::clone(cuts);
+        }
+        if c.len() >= KEPT {
+            c.clear();
+        }
+        let cuts: Rc<[usize]> = guided_cuts(rows, threads, align).into();
+        c.push((key, Rc::clone(&cuts)));
+        cuts
+    })
+}
+
+/// Boundaries of row chunks over `0..rows`, each `1 / (GUIDED_SHARE · threads)` of the rows
+/// left (a multiple of `align`, at least `align`; the last one takes what remains).
+fn guided_cuts(rows: usize, threads: usize, align: usize) -> Vec<usize> {
+    let mut cuts = vec![0];
+    let mut start = 0;
+    while start < rows {
+        let left = rows - start;
+        let size = (left / (GUIDED_SHARE * threads) / align * align).max(align).min(left);
+        start += size;
+        cuts.push(start);
+    }
+    cuts
 }
 
 /// The output buffer shared by the row tasks of one [`matmul_with`] call.
@@ -296,4 +349,33 @@ unsafe fn run_cells(
     };
     let x = &x[t0 * m.cols..tokens.end * m.cols];
     arch::run(isa, m, x, t, rows, emit);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_row_chunks_left_the_engine_thread_waiting_on_the_helpers_last_ones() {
+        for (rows, threads, align) in [(3072, 16, 16), (7168, 16, 64), (3584, 2, 16), (100, 3, 16)]
+        {
+            let cuts = guided_cuts(rows, threads, align);
+            assert_eq!((cuts[0], cuts[cuts.len() - 1]), (0, rows));
+            let sizes: Vec<usize> = cuts.windows(2).map(|w| w[1] - w[0]).collect();
+            assert!(sizes.iter().all(|&s| s > 0), "{sizes:?}");
+            // Whole groups and shrinking, but for the remainder at the end.
+            let body = &sizes[..sizes.len() - 1];
+            assert!(body.iter().all(|&s| s % align == 0), "{sizes:?}");
+            assert!(body.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+            // The last chunks are the smallest: a thread that claims one ends soon after.
+            assert!(sizes[sizes.len() - 1] <= align, "{sizes:?}");
+            assert!(sizes.len() <= 8 * threads + rows / (rows / align).max(1), "{sizes:?}");
+        }
+        // A prefill on a small matrix is still split by activation rows.
+        let (cuts, token_chunks) = split(16, 64, 4096, 256);
+        assert!(cuts.len() - 1 < 16 && token_chunks > 1, "{cuts:?} {token_chunks}");
+        assert_eq!(split(1, 4096, 4096, 1), (Rc::from([0, 4096]), 1));
+        assert_eq!(*cached_cuts(3072, 16, 16), *guided_cuts(3072, 16, 16));
+        assert_eq!(*cached_cuts(3072, 16, 16), *guided_cuts(3072, 16, 16), "from the cache");
+    }
 }
