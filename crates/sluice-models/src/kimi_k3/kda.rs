@@ -219,8 +219,7 @@ fn head(inp: &BlockInputs<'_>, from: Option<&KdaState>, hi: usize, hd: &mut Head
         for (v, &gv) in out.iter_mut().zip(&gate[row.clone()]) {
             *v *= sigmoid(gv);
         }
-        if let Some([pq, pk, pv, rq, rk, rv, rg]) = hd.rec.get_mut(ti * RECORD..(ti + 1) * RECORD)
-        {
+        if let Some([pq, pk, pv, rq, rk, rv, rg]) = hd.rec.get_mut(ti * RECORD..(ti + 1) * RECORD) {
             for (dst, src) in [pq, pk, pv].into_iter().zip(lin) {
                 dst.copy_from_slice(&src[row.clone()]);
             }
