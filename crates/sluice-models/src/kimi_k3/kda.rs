@@ -6,6 +6,10 @@
 //! `g = lb · σ(exp(A_log[h]) · (f_b(f_a x) + dt_bias))` with A_log **per head**; β = σ(b_proj x);
 //! per row in order: decay → predict with the decayed state → delta write → read; output
 //! RMSNorm(o_norm, rms_norm_eps) per head × σ(g_proj x) → o_proj.
+//!
+//! The engine thread runs the projections; everything between them runs per head on the
+//! kernel pool, where a layer's first block of a pass also copies each head's committed
+//! state into the working state just before stepping it (see `KdaLayer::work`).
 
 use super::config::K3Config;
 use super::state::{KdaLayer, KdaRow, KdaState};
