@@ -6,9 +6,13 @@
 //! `g = lb · σ(exp(A_log[h]) · (f_b(f_a x) + dt_bias))` with A_log **per head**; β = σ(b_proj x);
 //! per row in order: decay → predict with the decayed state → delta write → read; output
 //! RMSNorm(o_norm, rms_norm_eps) per head × σ(g_proj x) → o_proj.
+//!
+//! The engine thread runs the projections; everything between them runs per head on the
+//! kernel pool, where a layer's first block of a pass also copies each head's committed
+//! state into the working state just before stepping it (see `KdaLayer::work`).
 
 use super::config::K3Config;
-use super::state::{KdaLayer, KdaRow};
+use super::state::{KdaLayer, KdaRow, KdaState};
 use super::weights::KdaWeights;
 use super::Ctx;
 use sluice_kernels::ops::{causal_conv_silu_step, kda_step, l2_norm_inplace, rms_norm, sigmoid};
@@ -38,7 +42,7 @@ pub(crate) fn forward(
         out.extend(block(ctx, w, c, st, &x[start * d..(start + n) * d], n));
         start += n;
         if capture == Some(start) {
-            st.captured.push(st.work.clone());
+            st.captured.push(st.current().clone());
         }
     }
     out
@@ -46,6 +50,12 @@ pub(crate) fn forward(
 
 /// One block of `t` rows of [`forward`]; its rows' recurrence inputs are kept in `st` when the
 /// pass keeps them for a partial commit.
+///
+/// Everything after the projections is per channel or per head, and a head's channels, conv
+/// taps, window columns, decay, β and state are its own, so the whole chain (conv → norms →
+/// g, β → recurrence → o_norm → gate) runs per head on the kernel pool ([`head`]): the same
+/// scalar functions on the same values in the same order as a chain over all channels, so
+/// the same bits. The engine thread keeps only the projections and their matmuls.
 fn block(
     ctx: &Ctx<'_>,
     w: &KdaWeights,
@@ -55,110 +65,178 @@ fn block(
     t: usize,
 ) -> Vec<f32> {
     let la = &c.linear_attn_config;
-    let (h, dd, kk) = (la.num_heads, la.head_dim, la.short_conv_kernel_size);
+    let (h, dd) = (la.num_heads, la.head_dim);
     let p = h * dd;
     let d = c.hidden_size;
 
-    let q_lin = ctx.mm(&w.q_proj, x, t);
-    let k_lin = ctx.mm(&w.k_proj, x, t);
-    let v_lin = ctx.mm(&w.v_proj, x, t);
+    let lin = [ctx.mm(&w.q_proj, x, t), ctx.mm(&w.k_proj, x, t), ctx.mm(&w.v_proj, x, t)];
     let f = ctx.mm(&w.f_b, &ctx.mm(&w.f_a, x, t), t);
-    let b = ctx.mm(&w.b_proj, x, t);
+    let beta: Vec<f32> = ctx.mm(&w.b_proj, x, t).into_iter().map(sigmoid).collect();
     let gate = ctx.mm(&w.g_proj, x, t);
 
+    let mut rows: Vec<KdaRow> = if st.keep_rows {
+        (0..t)
+            .map(|ti| KdaRow {
+                pre_conv: vec![0.0; 3 * p],
+                q: vec![0.0; p],
+                k: vec![0.0; p],
+                v: vec![0.0; p],
+                g: vec![0.0; p],
+                beta: beta[ti * h..(ti + 1) * h].to_vec(),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut normed = vec![0.0f32; t * p];
+    let inputs = BlockInputs { w, c, lin: &lin, f: &f, beta: &beta, gate: &gate, t };
+    {
+        let KdaLayer { committed, work, live, .. } = &mut *st;
+        // Before the layer's first block of a pass, each head starts from its committed state.
+        let from = (!*live).then_some(&*committed);
+        let records = rows.iter_mut().flat_map(|r| {
+            let KdaRow { pre_conv, q, k, v, g, .. } = r;
+            [pre_conv.as_mut_slice(), q, k, v, g]
+        });
+        let mut heads: Vec<Head<'_>> = work
+            .s
+            .chunks_exact_mut(dd * dd)
+            .zip(by_head([work.conv.as_mut_slice()], h, dd))
+            .zip(by_head(normed.chunks_exact_mut(p), h, dd))
+            .zip(by_head(records, h, dd))
+            .map(|(((s, conv), out), rec)| Head { s, conv, out, rec })
+            .collect();
+        sluice_kernels::pool::map_chunks_mut(&mut heads, 1, |hi, hd| {
+            head(&inputs, from, hi, &mut hd[0]);
+        });
+        *live = true;
+    }
+    if st.keep_rows {
+        st.rows.extend(rows);
+    }
+    let out = ctx.mm(&w.o_proj, &normed, t);
+    debug_assert_eq!(out.len(), t * d);
+    out
+}
+
+/// What every head of a block reads: the weights, the block's projections `[T, P]` (`lin` =
+/// q, k, v before the conv; `f` the decay projection, `gate` the output gate's) and β
+/// `[T, H]`.
+struct BlockInputs<'a> {
+    w: &'a KdaWeights,
+    c: &'a K3Config,
+    lin: &'a [Vec<f32>; 3],
+    f: &'a [f32],
+    beta: &'a [f32],
+    gate: &'a [f32],
+    t: usize,
+}
+
+/// One head's part of a block's buffers, each piece `D` wide.
+struct Head<'a> {
+    /// The head's recurrent state `[Dk, Dv]` in the working state.
+    s: &'a mut [f32],
+    /// The head's columns of the working conv window `[kernel − 1, 3·P]`: row r's q, k, v
+    /// columns at `3r`, `3r + 1`, `3r + 2`.
+    conv: Vec<&'a mut [f32]>,
+    /// The head's columns of each row of the gated output `[T, P]`.
+    out: Vec<&'a mut [f32]>,
+    /// When the pass keeps rows, the head's columns of each row's record: pre-conv q, k, v,
+    /// then q, k, v, g ([`RECORD`] per row).
+    rec: Vec<&'a mut [f32]>,
+}
+
+/// Pieces of one row's record per head: three pre-conv groups and q, k, v, g.
+const RECORD: usize = 7;
+
+/// Splits each of `bufs` (each a whole number of `[H, D]` groups) into its `D`-wide pieces and
+/// deals them out by head: entry `hi` lists head `hi`'s pieces in the order they occur.
+fn by_head<'a>(
+    bufs: impl IntoIterator<Item = &'a mut [f32]>,
+    h: usize,
+    dd: usize,
+) -> Vec<Vec<&'a mut [f32]>> {
+    let mut out: Vec<Vec<&mut [f32]>> = (0..h).map(|_| Vec::new()).collect();
+    for buf in bufs {
+        for (i, piece) in buf.chunks_exact_mut(dd).enumerate() {
+            out[i % h].push(piece);
+        }
+    }
+    out
+}
+
+/// Head `hi`'s chain over the block's rows, in row order. `from` is the committed state when
+/// this is the layer's first block of the pass: the head's state and window columns are copied
+/// from it first (the working copy is stale until then).
+fn head(inp: &BlockInputs<'_>, from: Option<&KdaState>, hi: usize, hd: &mut Head<'_>) {
+    let BlockInputs { w, c, lin, f, beta, gate, t } = *inp;
+    let la = &c.linear_attn_config;
+    let (h, dd, kk) = (la.num_heads, la.head_dim, la.short_conv_kernel_size);
+    let p = h * dd;
+    let cols = hi * dd..(hi + 1) * dd;
+    if let Some(from) = from {
+        hd.s.copy_from_slice(&from.s[hi * dd * dd..(hi + 1) * dd * dd]);
+    }
     // The conv window holds the last kernel−1 pre-conv rows of [q; k; v] (3·P channels); each
-    // projection is convolved with its own taps, so run the three channel groups separately
-    // over a window laid out [kernel−1, 3P].
-    let mut rows = Vec::with_capacity(t);
+    // projection is convolved with its own taps, so each group's columns step separately, over
+    // a window of this head's columns laid out [kernel−1, D].
+    let mut hist: [Vec<f32>; 3] = std::array::from_fn(|_| vec![0.0f32; (kk - 1) * dd]);
+    for (j, hj) in hist.iter_mut().enumerate() {
+        for (r, dst) in hj.chunks_exact_mut(dd).enumerate() {
+            match from {
+                Some(from) => dst.copy_from_slice(&from.conv[(3 * r + j) * p..][cols.clone()]),
+                None => dst.copy_from_slice(hd.conv[3 * r + j]),
+            }
+        }
+    }
+    let taps: [&[f32]; 3] = std::array::from_fn(|j| &w.conv[j][hi * dd * kk..(hi + 1) * dd * kk]);
     let scale = (dd as f32).powf(-0.5);
     let lb = la.gate_lower_bound;
+    let a = w.a_exp[hi];
+    let mut qkv: [Vec<f32>; 3] = std::array::from_fn(|_| vec![0.0f32; dd]);
+    let mut g = vec![0.0f32; dd];
+    let mut o = vec![0.0f32; dd];
     for ti in 0..t {
-        let mut pre = Vec::with_capacity(3 * p);
-        pre.extend_from_slice(&q_lin[ti * p..(ti + 1) * p]);
-        pre.extend_from_slice(&k_lin[ti * p..(ti + 1) * p]);
-        pre.extend_from_slice(&v_lin[ti * p..(ti + 1) * p]);
-        let mut qkv = [vec![0.0f32; p], vec![0.0f32; p], vec![0.0f32; p]];
-        for (j, out) in qkv.iter_mut().enumerate() {
-            // Gather this group's window columns, step, and scatter back.
-            let mut hist = vec![0.0f32; (kk - 1) * p];
-            for r in 0..kk - 1 {
-                hist[r * p..(r + 1) * p]
-                    .copy_from_slice(&st.work.conv[r * 3 * p + j * p..r * 3 * p + (j + 1) * p]);
-            }
-            causal_conv_silu_step(&mut hist, &pre[j * p..(j + 1) * p], &w.conv[j], kk, out);
+        let row = ti * p + hi * dd..ti * p + (hi + 1) * dd;
+        for ((hj, out), (lj, tj)) in hist.iter_mut().zip(&mut qkv).zip(lin.iter().zip(taps)) {
+            causal_conv_silu_step(hj, &lj[row.clone()], tj, kk, out);
         }
-        if kk > 1 {
-            let cv = &mut st.work.conv;
-            cv.copy_within(3 * p.., 0);
-            let len = cv.len();
-            cv[len - 3 * p..].copy_from_slice(&pre);
+        let [q, k, v] = &mut qkv;
+        l2_norm_inplace(q, 1e-6);
+        for e in q.iter_mut() {
+            *e *= scale;
         }
-        let [mut q, mut k, v] = qkv;
-        for hi in 0..h {
-            let r = hi * dd..(hi + 1) * dd;
-            l2_norm_inplace(&mut q[r.clone()], 1e-6);
-            for e in &mut q[r.clone()] {
-                *e *= scale;
-            }
-            l2_norm_inplace(&mut k[r], 1e-6);
-        }
+        l2_norm_inplace(k, 1e-6);
         // g = lb · σ(exp(A_log_h) · (f + dt_bias)) (mlx-lm compute_lower_bound_g); without a
         // lower bound, g = −exp(A_log_h) · softplus(f + dt_bias) (compute_g).
-        let mut g = vec![0.0f32; p];
-        for (ci, gv) in g.iter_mut().enumerate() {
-            let a = w.a_exp[ci / dd];
-            let z = f[ti * p + ci] + w.dt_bias[ci];
+        for ((gv, &fv), &bias) in g.iter_mut().zip(&f[row.clone()]).zip(&w.dt_bias[cols.clone()]) {
+            let z = fv + bias;
             *gv = match lb {
                 Some(lb) => lb * sigmoid(a * z),
                 None => -a * softplus(z),
             };
         }
-        let beta = b[ti * h..(ti + 1) * h].iter().map(|&v| sigmoid(v)).collect();
-        rows.push(KdaRow { pre_conv: pre, q, k, v, g, beta });
-    }
-
-    // Recurrence, heads in parallel (each head owns a disjoint block of the state).
-    let mut o = vec![0.0f32; t * p];
-    let mut per_head: Vec<Vec<f32>> =
-        sluice_kernels::pool::map_chunks_mut(&mut st.work.s, dd * dd, |hi, s| {
-            let mut out = vec![0.0f32; t * dd];
-            for (ti, row) in rows.iter().enumerate() {
-                let r = hi * dd..(hi + 1) * dd;
-                kda_step(
-                    s,
-                    &row.q[r.clone()],
-                    &row.k[r.clone()],
-                    &row.v[r.clone()],
-                    &row.g[r],
-                    row.beta[hi],
-                    &mut out[ti * dd..(ti + 1) * dd],
-                );
+        kda_step(hd.s, q, k, v, &g, beta[ti * h + hi], &mut o);
+        // o = RMSNorm(o_norm) per head, then × σ(gate) (FusedRMSNormGated order).
+        let out = &mut *hd.out[ti];
+        rms_norm(&o, Some(&w.o_norm), c.rms_norm_eps, out);
+        for (v, &gv) in out.iter_mut().zip(&gate[row.clone()]) {
+            *v *= sigmoid(gv);
+        }
+        if let Some([pq, pk, pv, rq, rk, rv, rg]) = hd.rec.get_mut(ti * RECORD..(ti + 1) * RECORD) {
+            for (dst, src) in [pq, pk, pv].into_iter().zip(lin) {
+                dst.copy_from_slice(&src[row.clone()]);
             }
-            out
-        });
-    for (hi, out) in per_head.iter_mut().enumerate() {
-        for ti in 0..t {
-            o[ti * p + hi * dd..ti * p + (hi + 1) * dd]
-                .copy_from_slice(&out[ti * dd..(ti + 1) * dd]);
+            for (dst, src) in [rq, rk, rv, rg].into_iter().zip([&qkv[0], &qkv[1], &qkv[2], &g]) {
+                dst.copy_from_slice(src);
+            }
         }
     }
-    if st.keep_rows {
-        st.rows.extend(rows);
-    } else {
-        drop(rows);
+    for (j, hj) in hist.iter().enumerate() {
+        for (r, src) in hj.chunks_exact(dd).enumerate() {
+            hd.conv[3 * r + j].copy_from_slice(src);
+        }
     }
-
-    // o = RMSNorm(o_norm) per head, then × σ(gate) (FusedRMSNormGated order).
-    let mut normed = vec![0.0f32; t * p];
-    for (chunk, out) in o.chunks_exact(dd).zip(normed.chunks_exact_mut(dd)) {
-        rms_norm(chunk, Some(&w.o_norm), c.rms_norm_eps, out);
-    }
-    for (v, &gv) in normed.iter_mut().zip(&gate) {
-        *v *= sigmoid(gv);
-    }
-    let out = ctx.mm(&w.o_proj, &normed, t);
-    debug_assert_eq!(out.len(), t * d);
-    out
 }
 
 fn softplus(x: f32) -> f32 {

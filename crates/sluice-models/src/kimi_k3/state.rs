@@ -1,7 +1,9 @@
 //! Kimi K3 sequence state with transactions.
 //!
 //! A pass over T rows stages its changes: KDA layers compute into a working copy of their state
-//! and remember each row's recurrence inputs; MLA layers append T rows past the committed length.
+//! (filled from the committed state head by head by the pooled work that first steps each
+//! head, not up front) and remember each row's recurrence inputs; MLA layers append T rows
+//! past the committed length.
 //! [`K3State::commit`]`(n)` publishes exactly the first n rows — the working state as is when
 //! n = T, otherwise the committed state advanced by replaying the n rows' recurrence (the same
 //! `kda_step` calls in the same order, so bit-identical to having run n rows) — and
@@ -56,7 +58,15 @@ impl KdaState {
 #[derive(Debug, Clone)]
 pub(crate) struct KdaLayer {
     pub(crate) committed: KdaState,
+    /// The staged pass's state, valid only while `live`: [`KdaLayer::begin`] copies nothing
+    /// into it, and the layer's first block copies each head's committed state (and window
+    /// columns) in inside the pooled work that steps the head (`kimi_k3::kda`), where it is
+    /// hot in that core's cache for the step. At K3's widths the eager copy was 6.3 MB per
+    /// KDA layer per pass on the engine thread.
     pub(crate) work: KdaState,
+    /// Whether `work` holds the staged pass's state (the layer ran in this pass); until then
+    /// the pass's state is the committed state ([`KdaLayer::current`]).
+    pub(crate) live: bool,
     pub(crate) rows: Vec<KdaRow>,
     /// Whether the staged pass keeps its rows for a partial commit (false in a whole pass).
     pub(crate) keep_rows: bool,
@@ -74,14 +84,15 @@ impl KdaLayer {
     }
 
     /// A layer whose committed state is `committed` (restored from a snapshot). The working
-    /// copy is only allocated: [`KdaLayer::begin`] overwrites it from the committed state
-    /// before every pass, so copying the committed state into it here would be a second copy
-    /// of the largest part of a Kimi K3 state (434 MB) for nothing.
+    /// copy is only allocated: each pass overwrites it from the committed state before it
+    /// reads it (see `work`), so copying the committed state into it here would be a second
+    /// copy of the largest part of a Kimi K3 state (434 MB) for nothing.
     pub(crate) fn restored(committed: KdaState, heads: usize, dim: usize) -> Self {
         let work = KdaState::zeroed(committed.s.len(), committed.conv.len());
         Self {
             committed,
             work,
+            live: false,
             rows: Vec::new(),
             keep_rows: true,
             capture_at: Vec::new(),
@@ -91,14 +102,30 @@ impl KdaLayer {
         }
     }
 
-    /// Starts a pass: the working state begins as the committed state; `keep_rows` says
-    /// whether the pass keeps its rows' recurrence inputs for a partial commit.
+    /// Starts a pass: the pass's state begins as the committed state (copied into the working
+    /// state lazily, see `work`); `keep_rows` says whether the pass keeps its rows' recurrence
+    /// inputs for a partial commit.
     pub(crate) fn begin(&mut self, keep_rows: bool) {
-        self.work.s.copy_from_slice(&self.committed.s);
-        self.work.conv.copy_from_slice(&self.committed.conv);
+        self.live = false;
         self.rows.clear();
         self.captured.clear();
         self.keep_rows = keep_rows;
+    }
+
+    /// The state after the rows of the staged pass the layer has run: the working state once
+    /// it ran, else the committed state.
+    pub(crate) fn current(&self) -> &KdaState {
+        if self.live {
+            &self.work
+        } else {
+            &self.committed
+        }
+    }
+
+    /// Discards the staged pass.
+    fn rollback(&mut self) {
+        self.live = false;
+        self.rows.clear();
     }
 
     /// The next row of the pass whose state is to be captured, at or after row `from`, and
@@ -115,10 +142,13 @@ impl KdaLayer {
 
     /// Publishes the first `n` of the `t` staged rows (`n` ≤ `t`): the working state when
     /// n = t, else the committed state advanced by replaying the kept rows (none in a whole
-    /// pass, whose partial commit the caller turned into nothing).
+    /// pass, whose partial commit the caller turned into nothing). A pass the layer never ran
+    /// in left the committed state as the pass's state, and its stale working copy unpublished.
     fn commit(&mut self, n: usize, t: usize) {
         if n == t {
-            std::mem::swap(&mut self.committed, &mut self.work);
+            if self.live {
+                std::mem::swap(&mut self.committed, &mut self.work);
+            }
         } else if n > 0 {
             let (h, d) = (self.heads, self.dim);
             let mut o = vec![0.0f32; d];
@@ -144,6 +174,7 @@ impl KdaLayer {
                 }
             }
         }
+        self.live = false;
         self.rows.clear();
     }
 }
@@ -281,7 +312,7 @@ impl K3State {
         if self.pending.take().is_some() {
             for l in &mut self.layers {
                 match l {
-                    LayerState::Kda(k) => k.rows.clear(),
+                    LayerState::Kda(k) => k.rollback(),
                     LayerState::Mla(m) => m.truncate(self.committed),
                 }
             }
@@ -362,3 +393,6 @@ impl K3State {
         st
     }
 }
+
+#[cfg(test)]
+mod tests;
