@@ -31,7 +31,6 @@ use crate::arch;
 use crate::formats::{Format, Visit};
 use crate::isa::{self, Isa};
 use crate::tiled::TOKEN_BLOCK;
-use crate::wide::WIDE_TOKEN_BLOCK;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -264,12 +263,7 @@ fn split(threads: usize, rows: usize, cols: usize, t: usize) -> (Rc<[usize]>, us
     } else {
         1
     };
-    // A prefill call's chunks each take one of the wide nest's token blocks, which the nest
-    // decodes its weights once for anyway: half the cells per chunk at 256 rows, so the
-    // chunks claimed last, and the wait for them, are half as long, at no extra decoding.
-    let wide_blocks =
-        if row_chunks > 1 && t > TOKEN_BLOCK { t.div_ceil(WIDE_TOKEN_BLOCK) } else { 1 };
-    (cuts, token_chunks.max(wide_blocks))
+    (cuts, token_chunks)
 }
 
 /// [`guided_cuts`], kept per thread for the shapes seen last (a pass multiplies a few dozen
@@ -381,13 +375,6 @@ mod tests {
         let (cuts, token_chunks) = split(16, 64, 4096, 256);
         assert!(cuts.len() - 1 < 16 && token_chunks > 1, "{cuts:?} {token_chunks}");
         assert_eq!(split(1, 4096, 4096, 1), (Rc::from([0, 4096]), 1));
-        // A prefill call's chunks are the wide nest's own token blocks (of equal size).
-        for (t, blocks) in [(256, 2), (129, 2), (300, 3), (128, 1)] {
-            let (cuts, token_chunks) = split(16, 7168, 7168, t);
-            assert!(cuts.len() > 2);
-            assert_eq!(token_chunks, blocks, "t = {t}");
-            assert_eq!(t.div_ceil(token_chunks), t.div_ceil(t.div_ceil(WIDE_TOKEN_BLOCK)));
-        }
         assert_eq!(*cached_cuts(3072, 16, 16), *guided_cuts(3072, 16, 16));
         assert_eq!(*cached_cuts(3072, 16, 16), *guided_cuts(3072, 16, 16), "from the cache");
     }
