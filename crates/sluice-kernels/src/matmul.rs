@@ -213,15 +213,14 @@ pub fn matmul_with(isa: Isa, m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32
     let out_ptr = OutPtr(out.as_mut_ptr());
     crate::pool::with_current(|pool| {
         let threads = pool.threads();
-        let (cuts, token_chunks) = split(threads, rows, m.cols, t);
-        let cuts: &[usize] = &cuts;
-        let row_chunks = cuts.len() - 1;
-        if row_chunks * token_chunks <= 1 {
+        let Some((cuts, token_chunks)) = split(threads, rows, m.cols, t) else {
             // SAFETY: `isa` is available (asserted above); `out_ptr` comes from `out`, which is
             // `t * rows` long and exclusively borrowed for this call.
             unsafe { run_cells(isa, m, x, 0..t, 0..rows, &out_ptr) };
             return;
-        }
+        };
+        let cuts: &[usize] = &cuts;
+        let row_chunks = cuts.len() - 1;
         let tc = t.div_ceil(token_chunks);
         pool.run(row_chunks * token_chunks, &|i| {
             let (ri, ti) = (i % row_chunks, i / row_chunks);
@@ -237,8 +236,8 @@ pub fn matmul_with(isa: Isa, m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32
 }
 
 /// How a call of `t` activation rows on a `rows × cols` matrix is split over `threads`: the
-/// row chunks' boundaries (`cuts[i]..cuts[i + 1]`) and the number of activation-row chunks.
-/// Output rows are split first; a call with too few output rows to keep every thread busy and
+/// row chunks' boundaries (`cuts[i]..cuts[i + 1]`) and the number of activation-row chunks,
+/// or `None` for a call the calling thread runs whole (nothing allocated then). Output rows are split first; a call with too few output rows to keep every thread busy and
 /// many activation rows (a prefill on a small matrix) is split by activation rows too. Either
 /// split computes every cell with the same code, so no result bit depends on it.
 ///
@@ -246,12 +245,13 @@ pub fn matmul_with(isa: Isa, m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32
 /// last ones claimed are small and the threads finish together. With equal chunks of a
 /// quarter of a thread's share, the engine thread waited on the helpers' last chunks for
 /// 13–15% of a 16-thread pass (the device host, `--stats`).
-fn split(threads: usize, rows: usize, cols: usize, t: usize) -> (Rc<[usize]>, usize) {
+fn split(threads: usize, rows: usize, cols: usize, t: usize) -> Option<(Rc<[usize]>, usize)> {
     if threads <= 1 || rows * cols * t < PAR_MIN_WORK {
-        return (Rc::from([0, rows]), 1);
+        return None;
     }
     let cuts = if rows < PAR_MIN_ROWS {
-        Rc::from([0, rows])
+        // One chunk of every row (a chunk at least `rows` long).
+        cached_cuts(rows, threads, rows)
     } else {
         // A prefill's chunks keep whole row groups of the wide nest.
         let align = if t > TOKEN_BLOCK { crate::wide::GROUP } else { MIN_CHUNK_ROWS };
@@ -263,7 +263,7 @@ fn split(threads: usize, rows: usize, cols: usize, t: usize) -> (Rc<[usize]>, us
     } else {
         1
     };
-    (cuts, token_chunks)
+    (row_chunks * token_chunks > 1).then_some((cuts, token_chunks))
 }
 
 /// [`guided_cuts`], kept per thread for the shapes seen last (a pass multiplies a few dozen
@@ -372,9 +372,11 @@ mod tests {
             assert!(sizes.len() <= 8 * threads + rows / (rows / align).max(1), "{sizes:?}");
         }
         // A prefill on a small matrix is still split by activation rows.
-        let (cuts, token_chunks) = split(16, 64, 4096, 256);
+        let (cuts, token_chunks) = split(16, 64, 4096, 256).expect("split");
         assert!(cuts.len() - 1 < 16 && token_chunks > 1, "{cuts:?} {token_chunks}");
-        assert_eq!(split(1, 4096, 4096, 1), (Rc::from([0, 4096]), 1));
+        assert_eq!(split(1, 4096, 4096, 1), None);
+        // Few rows and one activation row: run whole, nothing to hand out.
+        assert_eq!(split(16, 32, 4096, 1), None);
         assert_eq!(*cached_cuts(3072, 16, 16), *guided_cuts(3072, 16, 16));
         assert_eq!(*cached_cuts(3072, 16, 16), *guided_cuts(3072, 16, 16), "from the cache");
     }

@@ -520,11 +520,12 @@ fn attn_res(anchors: &[Vec<f32>], partial: &[f32], w_eff: &[f32], d: usize, eps:
     let mut out = vec![0.0f32; partial.len()];
     // Rows are independent, so blocks of them go to the pool's threads (a prompt pass ran
     // every row of every layer's two combinations on the engine thread alone).
-    let rows = t.div_ceil(sluice_kernels::pool::with_current(sluice_kernels::Pool::threads) * 2);
-    sluice_kernels::pool::map_chunks_mut(&mut out, rows.max(1) * d, |i, block| {
+    let threads = sluice_kernels::pool::with_current(sluice_kernels::Pool::threads);
+    let rows = t.div_ceil(threads * 2).max(1);
+    sluice_kernels::pool::map_chunks_mut(&mut out, rows * d, |i, block| {
         let mut logits = vec![0.0f32; anchors.len() + 1];
         for (bi, o) in block.chunks_exact_mut(d).enumerate() {
-            let ti = i * rows.max(1) + bi;
+            let ti = i * rows + bi;
             attn_res_row(anchors, partial, w_eff, ti * d..(ti + 1) * d, eps, &mut logits, o);
         }
     });
