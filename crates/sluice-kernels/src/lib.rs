@@ -21,7 +21,7 @@ mod tiled;
 mod wide;
 
 pub use isa::{isa, Isa, IsaError};
-pub use matmul::{matmul, matmul_with, Matrix, WeightFormat};
+pub use matmul::{matmul, matmul_add_rows, matmul_pair, matmul_with, Matrix, WeightFormat};
 pub use pool::{Pool, PoolBusy};
 pub use wide::WIDE_SCRATCH_BYTES;
 

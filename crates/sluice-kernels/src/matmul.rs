@@ -209,14 +209,121 @@ pub fn matmul_with(isa: Isa, m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32
     assert_eq!(x.len(), t * m.cols, "matmul: x length");
     assert_eq!(out.len(), t * m.rows, "matmul: out length");
     assert!(isa.is_available(), "matmul: the {isa} tier is not supported by this CPU");
-    let rows = m.rows;
     let out_ptr = OutPtr(out.as_mut_ptr());
+    for_chunks(m.rows, m.cols, t, &|tk, r| {
+        // SAFETY: `isa` is available (asserted above); `out` is `t * rows` long and exclusively
+        // borrowed until `for_chunks` returns, which is after every chunk has finished, and
+        // the chunks' (token, row) ranges are disjoint, so each cell is written by exactly one
+        // chunk and read by none.
+        unsafe { run_cells(isa, m, x, tk, r, &out_ptr) };
+    });
+}
+
+/// `out_a = x · Aᵀ` and `out_b = x · Bᵀ` for two matrices of one shape in a single pool call
+/// (a gated MLP's gate and up projections), each chunk then handing `finish` its cells of
+/// both, one activation row at a time: `finish(&mut out_a[ti, rows], &mut out_b[ti, rows])`
+/// for each activation row `ti` and row range `rows` of the chunk, right after it computed
+/// them. Every cell is computed as [`matmul`] computes it, so the results are bit for bit
+/// those of two calls of it; an elementwise `finish` (an activation) sees each cell once, so
+/// its results do not depend on the split either. One call instead of three (gate, up, the
+/// activation) per expert: each call ends with the engine thread waiting on the helpers'
+/// last chunks, a share of the pass that grows with the thread count.
+///
+/// # Panics
+/// If the shapes differ, or on the length mismatches [`matmul`] panics on.
+pub fn matmul_pair(
+    a: &Matrix<'_>,
+    b: &Matrix<'_>,
+    x: &[f32],
+    t: usize,
+    out_a: &mut [f32],
+    out_b: &mut [f32],
+    finish: &(dyn Fn(&mut [f32], &mut [f32]) + Sync),
+) {
+    assert_eq!((a.rows, a.cols), (b.rows, b.cols), "matmul_pair: shapes");
+    assert_eq!(x.len(), t * a.cols, "matmul: x length");
+    assert_eq!(out_a.len(), t * a.rows, "matmul: out length");
+    assert_eq!(out_b.len(), t * a.rows, "matmul: out length");
+    let isa = isa::isa();
+    let rows = a.rows;
+    let (pa, pb) = (OutPtr(out_a.as_mut_ptr()), OutPtr(out_b.as_mut_ptr()));
+    for_chunks(rows, 2 * a.cols, t, &|tk, r| {
+        // SAFETY: as in `matmul_with`, for each of the two outputs (`isa` is the process's
+        // tier, which the CPU supports).
+        unsafe {
+            run_cells(isa, a, x, tk.clone(), r.clone(), &pa);
+            run_cells(isa, b, x, tk.clone(), r.clone(), &pb);
+        }
+        for ti in tk {
+            let at = ti * rows + r.start;
+            // SAFETY: `ti < t` and `r` lies inside `0..rows`, so both ranges are inside their
+            // buffers; this chunk owns these cells (disjoint from every other chunk's) and has
+            // just written them, and no other reference to them exists until the call returns.
+            let (ca, cb) = unsafe { (pa.cells(at, r.len()), pb.cells(at, r.len())) };
+            finish(ca, cb);
+        }
+    });
+}
+
+/// `out[to[ti], r] += weight[ti] · y[ti, r]` for `y = x · Wᵀ` (computed into `y`, a
+/// `t × rows` buffer): an expert's output added into the running sums of the prompt rows that
+/// chose it, each chunk adding its own cells as soon as it has computed them (`v · w` rounded,
+/// then added: the same two roundings per cell as a separate pass, so the same bits). `to`
+/// must be strictly increasing (an expert's rows, in prompt order), so no two activation rows
+/// add into the same output row.
+///
+/// # Panics
+/// If `to` is not strictly increasing or names a row past `out`, or on the length mismatches
+/// [`matmul`] panics on.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_add_rows(
+    m: &Matrix<'_>,
+    x: &[f32],
+    t: usize,
+    y: &mut [f32],
+    to: &[usize],
+    weight: &[f32],
+    out: &mut [f32],
+) {
+    assert_eq!(x.len(), t * m.cols, "matmul: x length");
+    assert_eq!(y.len(), t * m.rows, "matmul: out length");
+    assert!(to.len() == t && weight.len() == t, "matmul_add_rows: one target row per row");
+    assert!(to.windows(2).all(|w| w[0] < w[1]), "matmul_add_rows: target rows not increasing");
+    let rows = m.rows;
+    assert!(to.last().is_none_or(|&l| (l + 1) * rows <= out.len()), "matmul_add_rows: target row");
+    let isa = isa::isa();
+    let (py, po) = (OutPtr(y.as_mut_ptr()), OutPtr(out.as_mut_ptr()));
+    for_chunks(rows, m.cols, t, &|tk, r| {
+        // SAFETY: as in `matmul_with` (`isa` is the process's tier).
+        unsafe { run_cells(isa, m, x, tk.clone(), r.clone(), &py) };
+        for ti in tk {
+            // SAFETY: `ti < t` and `r` is inside `0..rows`, so the `y` cells are inside `y`
+            // and this chunk's alone (just written); `to[ti] * rows + r.end <= out.len()`
+            // (asserted), and since `to` is strictly increasing, cell `(to[ti], r)` of `out` is
+            // touched only by the chunk that owns `(ti, r)`. Both buffers are exclusively
+            // borrowed until the call returns.
+            let (cy, co) = unsafe {
+                (py.cells(ti * rows + r.start, r.len()), po.cells(to[ti] * rows + r.start, r.len()))
+            };
+            let w = weight[ti];
+            for (o, &v) in co.iter_mut().zip(cy.iter()) {
+                *o += v * w;
+            }
+        }
+    });
+}
+
+/// Runs `f(tokens, rows)` over the chunks of a call of `t` activation rows on a `rows × cols`
+/// matrix ([`split`]) on the current pool, or once over everything on the calling thread.
+fn for_chunks(
+    rows: usize,
+    cols: usize,
+    t: usize,
+    f: &(dyn Fn(std::ops::Range<usize>, std::ops::Range<usize>) + Sync),
+) {
     crate::pool::with_current(|pool| {
-        let threads = pool.threads();
-        let Some((cuts, token_chunks)) = split(threads, rows, m.cols, t) else {
-            // SAFETY: `isa` is available (asserted above); `out_ptr` comes from `out`, which is
-            // `t * rows` long and exclusively borrowed for this call.
-            unsafe { run_cells(isa, m, x, 0..t, 0..rows, &out_ptr) };
+        let Some((cuts, token_chunks)) = split(pool.threads(), rows, cols, t) else {
+            f(0..t, 0..rows);
             return;
         };
         let cuts: &[usize] = &cuts;
@@ -224,13 +331,7 @@ pub fn matmul_with(isa: Isa, m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32
         let tc = t.div_ceil(token_chunks);
         pool.run(row_chunks * token_chunks, &|i| {
             let (ri, ti) = (i % row_chunks, i / row_chunks);
-            let r = cuts[ri]..cuts[ri + 1];
-            let tk = (ti * tc).min(t)..t.min((ti + 1) * tc);
-            // SAFETY: `isa` is available (asserted above); `out` is exclusively borrowed until
-            // `run` returns, which is after every chunk has finished, and the chunks' (token,
-            // row) ranges are disjoint, so each (t, r) cell is written by exactly one chunk
-            // and read by none.
-            unsafe { run_cells(isa, m, x, tk, r, &out_ptr) };
+            f((ti * tc).min(t)..t.min((ti + 1) * tc), cuts[ri]..cuts[ri + 1]);
         });
     });
 }
@@ -251,11 +352,13 @@ fn split(threads: usize, rows: usize, cols: usize, t: usize) -> Option<(Rc<[usiz
     }
     let cuts = if rows < PAR_MIN_ROWS {
         // One chunk of every row (a chunk at least `rows` long).
-        cached_cuts(rows, threads, rows)
+        cached_cuts(rows, threads, rows, rows)
+    } else if t > TOKEN_BLOCK {
+        // A prefill's chunks keep whole row groups of the wide nest while many rows are left;
+        // the last ones, which decide when the call ends, shrink below a group.
+        cached_cuts(rows, threads, crate::wide::GROUP, MIN_CHUNK_ROWS)
     } else {
-        // A prefill's chunks keep whole row groups of the wide nest.
-        let align = if t > TOKEN_BLOCK { crate::wide::GROUP } else { MIN_CHUNK_ROWS };
-        cached_cuts(rows, threads, align)
+        cached_cuts(rows, threads, MIN_CHUNK_ROWS, MIN_CHUNK_ROWS)
     };
     let row_chunks = cuts.len() - 1;
     let token_chunks = if row_chunks < threads && t >= 2 * MIN_CHUNK_TOKENS {
@@ -269,38 +372,43 @@ fn split(threads: usize, rows: usize, cols: usize, t: usize) -> Option<(Rc<[usiz
 /// [`guided_cuts`], kept per thread for the shapes seen last (a pass multiplies a few dozen
 /// shapes thousands of times; computing the cuts was a visible share of the engine thread's
 /// own work in a one-row decode).
-fn cached_cuts(rows: usize, threads: usize, align: usize) -> Rc<[usize]> {
+fn cached_cuts(rows: usize, threads: usize, coarse: usize, fine: usize) -> Rc<[usize]> {
     /// Shapes kept (a model has a few dozen; the cache starts over when full).
     const KEPT: usize = 64;
-    /// (rows, threads, align) and the cuts of that shape.
-    type Kept = Vec<((usize, usize, usize), Rc<[usize]>)>;
+    /// (rows, threads, coarse, fine) and the cuts of that shape.
+    type Kept = Vec<((usize, usize, usize, usize), Rc<[usize]>)>;
     thread_local! {
         static CUTS: RefCell<Kept> = const { RefCell::new(Vec::new()) };
     }
     CUTS.with(|c| {
         let mut c = c.borrow_mut();
-        let key = (rows, threads, align);
+        let key = (rows, threads, coarse, fine);
         if let Some((_, cuts)) = c.iter().find(|(k, _)| *k == key) {
             return Rc::clone(cuts);
         }
         if c.len() >= KEPT {
             c.clear();
         }
-        let cuts: Rc<[usize]> = guided_cuts(rows, threads, align).into();
+        let cuts: Rc<[usize]> = guided_cuts(rows, threads, coarse, fine).into();
         c.push((key, Rc::clone(&cuts)));
         cuts
     })
 }
 
 /// Boundaries of row chunks over `0..rows`, each `1 / (GUIDED_SHARE · threads)` of the rows
-/// left (a multiple of `align`, at least `align`; the last one takes what remains).
-fn guided_cuts(rows: usize, threads: usize, align: usize) -> Vec<usize> {
+/// left: a multiple of `coarse` while that share is at least `coarse`, then of `fine` (at
+/// least `fine`; the last one takes what remains). A prefill's last chunks of whole 64-row
+/// groups were a large share of a small call (an expert's 3,072 rows are 48 groups, three a
+/// thread at 16 threads), so the engine thread waited on the helpers' last ones.
+fn guided_cuts(rows: usize, threads: usize, coarse: usize, fine: usize) -> Vec<usize> {
     let mut cuts = vec![0];
     let mut start = 0;
     while start < rows {
         let left = rows - start;
-        let size = (left / (GUIDED_SHARE * threads) / align * align).max(align).min(left);
-        start += size;
+        let want = left / (GUIDED_SHARE * threads);
+        let size =
+            if want >= coarse { want / coarse * coarse } else { (want / fine * fine).max(fine) };
+        start += size.min(left);
         cuts.push(start);
     }
     cuts
@@ -321,6 +429,15 @@ impl OutPtr {
     unsafe fn write(&self, i: usize, v: f32) {
         // SAFETY: guaranteed by the caller.
         unsafe { self.0.add(i).write(v) };
+    }
+
+    /// Elements `i..i + len` as a slice.
+    ///
+    /// # Safety
+    /// The range is inside the buffer, and no other reference to it exists while the slice lives.
+    unsafe fn cells<'a>(&self, i: usize, len: usize) -> &'a mut [f32] {
+        // SAFETY: guaranteed by the caller.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(i), len) }
     }
 }
 
@@ -357,19 +474,20 @@ mod tests {
 
     #[test]
     fn equal_row_chunks_left_the_engine_thread_waiting_on_the_helpers_last_ones() {
-        for (rows, threads, align) in [(3072, 16, 16), (7168, 16, 64), (3584, 2, 16), (100, 3, 16)]
+        for (rows, threads, coarse, fine) in
+            [(3072, 16, 16, 16), (7168, 16, 64, 64), (3584, 2, 16, 16), (100, 3, 16, 16)]
         {
-            let cuts = guided_cuts(rows, threads, align);
+            let cuts = guided_cuts(rows, threads, coarse, fine);
             assert_eq!((cuts[0], cuts[cuts.len() - 1]), (0, rows));
             let sizes: Vec<usize> = cuts.windows(2).map(|w| w[1] - w[0]).collect();
             assert!(sizes.iter().all(|&s| s > 0), "{sizes:?}");
             // Whole groups and shrinking, but for the remainder at the end.
             let body = &sizes[..sizes.len() - 1];
-            assert!(body.iter().all(|&s| s % align == 0), "{sizes:?}");
+            assert!(body.iter().all(|&s| s % coarse == 0), "{sizes:?}");
             assert!(body.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
             // The last chunks are the smallest: a thread that claims one ends soon after.
-            assert!(sizes[sizes.len() - 1] <= align, "{sizes:?}");
-            assert!(sizes.len() <= 8 * threads + rows / (rows / align).max(1), "{sizes:?}");
+            assert!(sizes[sizes.len() - 1] <= coarse, "{sizes:?}");
+            assert!(sizes.len() <= 8 * threads + rows / (rows / coarse).max(1), "{sizes:?}");
         }
         // A prefill on a small matrix is still split by activation rows.
         let (cuts, token_chunks) = split(16, 64, 4096, 256).expect("split");
@@ -377,7 +495,23 @@ mod tests {
         assert_eq!(split(1, 4096, 4096, 1), None);
         // Few rows and one activation row: run whole, nothing to hand out.
         assert_eq!(split(16, 32, 4096, 1), None);
-        assert_eq!(*cached_cuts(3072, 16, 16), *guided_cuts(3072, 16, 16));
-        assert_eq!(*cached_cuts(3072, 16, 16), *guided_cuts(3072, 16, 16), "from the cache");
+        assert_eq!(*cached_cuts(3072, 16, 16, 16), *guided_cuts(3072, 16, 16, 16));
+        assert_eq!(*cached_cuts(3072, 16, 16, 16), *guided_cuts(3072, 16, 16, 16), "cached");
+    }
+
+    #[test]
+    fn a_prefill_calls_last_chunks_of_whole_row_groups_left_the_engine_thread_waiting() {
+        // An expert's gate projection in a 16-thread prefill: 48 groups of 64 rows.
+        for (rows, threads) in [(3072, 16), (7168, 16), (3072, 2), (2048, 16), (64 * 3 + 16, 4)] {
+            let cuts = guided_cuts(rows, threads, 64, 16);
+            assert_eq!((cuts[0], cuts[cuts.len() - 1]), (0, rows));
+            let sizes: Vec<usize> = cuts.windows(2).map(|w| w[1] - w[0]).collect();
+            assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+            // Chunks of a group or more keep whole groups; the smaller ones whole 16-row steps.
+            assert!(sizes.iter().all(|&s| s % 16 == 0 && (s < 64 || s % 64 == 0)), "{sizes:?}");
+            assert_eq!(sizes[sizes.len() - 1], 16, "{sizes:?}");
+        }
+        let (cuts, _) = split(16, 3072, 7168, 11).expect("split");
+        assert_eq!(cuts[cuts.len() - 1] - cuts[cuts.len() - 2], 16, "{cuts:?}");
     }
 }

@@ -13,7 +13,7 @@ use common::{bits, mode, tiers, values, Mode, Rng, Weights};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use sluice_kernels::matmul::matmul_scalar;
-use sluice_kernels::{matmul_with, Pool};
+use sluice_kernels::{matmul, matmul_add_rows, matmul_pair, matmul_with, Pool};
 
 /// Activation-row counts: small, around the 8-row and 64-row token blocks and the 6-row
 /// tiles, and prefill chunk sizes.
@@ -35,6 +35,9 @@ fn t_rows_equal_one_row_calls_at_any_t_and_thread_count() {
         ("mxfp4", 70, 1056),
         ("bf16", 20, 300),
         ("f32", 65, 17),
+        // Enough rows that a 2-thread prefill's last chunks are partial row groups (48, 32
+        // and 16 rows after whole groups of 64), and a 16-thread one's are all 16 rows.
+        ("int8", 400, 40),
     ];
     let pools: Vec<Pool> = THREADS.iter().map(|&n| Pool::new(n).expect("kernel pool")).collect();
     let t_max = TS[TS.len() - 1];
@@ -68,6 +71,90 @@ fn t_rows_equal_one_row_calls_at_any_t_and_thread_count() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+/// A gated MLP's gate and up projections in one call ([`matmul_pair`]) equal two [`matmul`]
+/// calls bit for bit at every T and thread count, and its `finish` (here an elementwise
+/// function, as an activation is) sees each cell exactly once, right after the cell's chunk
+/// computed it.
+#[test]
+fn gate_and_up_in_one_call_equal_two_calls_and_the_activation_sees_each_cell_once() {
+    let pools: Vec<Pool> = THREADS.iter().map(|&n| Pool::new(n).expect("kernel pool")).collect();
+    for (k, &(format, rows, cols)) in
+        [("mxfp4", 200, 96), ("bf16", 70, 300), ("int8", 20, 33)].iter().enumerate()
+    {
+        let mut rng = Rng::new(0x9A1B_0000 + u64::try_from(k).expect("small"));
+        let (wa, wb) = (
+            Weights::gen(format, rows, cols, &mut rng, Mode::Normal),
+            Weights::gen(format, rows, cols, &mut rng, Mode::Normal),
+        );
+        let (a, b) = (wa.matrix(), wb.matrix());
+        let t_max = TS[TS.len() - 1];
+        let x = values(&mut rng, Mode::Normal, t_max * cols);
+        let finish = |ca: &mut [f32], cb: &mut [f32]| {
+            for (va, vb) in ca.iter_mut().zip(cb.iter_mut()) {
+                *va = *va * 0.5 + *vb;
+                *vb = -*vb;
+            }
+        };
+        for (pool, threads) in pools.iter().zip(THREADS) {
+            for t in TS {
+                let xs = &x[..t * cols];
+                let (mut want_a, mut want_b) = (vec![0.0f32; t * rows], vec![0.0f32; t * rows]);
+                let (mut got_a, mut got_b) = (vec![f32::NAN; t * rows], vec![f32::NAN; t * rows]);
+                pool.install(|| {
+                    matmul(&a, xs, t, &mut want_a);
+                    matmul(&b, xs, t, &mut want_b);
+                    matmul_pair(&a, &b, xs, t, &mut got_a, &mut got_b, &finish);
+                });
+                finish(&mut want_a, &mut want_b);
+                let what = format!("{format} {rows}x{cols} t={t} threads={threads}");
+                assert_eq!(bits(&got_a), bits(&want_a), "{what}: gate cells");
+                assert_eq!(bits(&got_b), bits(&want_b), "{what}: up cells");
+            }
+        }
+    }
+}
+
+/// An expert's output added into its rows' running sums by the down projection's own chunks
+/// ([`matmul_add_rows`]) equals a [`matmul`] and then `acc += y · w` per row, bit for bit, at
+/// every T and thread count; the other rows are untouched.
+#[test]
+fn an_experts_output_added_on_the_engine_thread_alone_now_added_by_each_chunk() {
+    let pools: Vec<Pool> = THREADS.iter().map(|&n| Pool::new(n).expect("kernel pool")).collect();
+    for (k, &(format, rows, cols)) in [("mxfp4", 200, 96), ("int8", 20, 33)].iter().enumerate() {
+        let mut rng = Rng::new(0xADD0_0000 + u64::try_from(k).expect("small"));
+        let w = Weights::gen(format, rows, cols, &mut rng, Mode::Normal);
+        let m = w.matrix();
+        let t_max = TS[TS.len() - 1];
+        let x = values(&mut rng, Mode::Normal, t_max * cols);
+        let weights = values(&mut rng, Mode::Normal, t_max);
+        let base = values(&mut rng, Mode::Normal, (2 * t_max + 1) * rows);
+        for (pool, threads) in pools.iter().zip(THREADS) {
+            for t in TS {
+                let xs = &x[..t * cols];
+                // Every other prompt row, from row 1.
+                let to: Vec<usize> = (0..t).map(|i| 2 * i + 1).collect();
+                let mut want = base.clone();
+                let mut y = vec![0.0f32; t * rows];
+                let mut got = base.clone();
+                let mut y2 = vec![f32::NAN; t * rows];
+                pool.install(|| {
+                    matmul(&m, xs, t, &mut y);
+                    matmul_add_rows(&m, xs, t, &mut y2, &to, &weights[..t], &mut got);
+                });
+                for (ti, &row) in to.iter().enumerate() {
+                    let acc = &mut want[row * rows..(row + 1) * rows];
+                    for (a, &v) in acc.iter_mut().zip(&y[ti * rows..(ti + 1) * rows]) {
+                        *a += v * weights[ti];
+                    }
+                }
+                let what = format!("{format} {rows}x{cols} t={t} threads={threads}");
+                assert_eq!(bits(&got), bits(&want), "{what}");
+                assert_eq!(bits(&y2), bits(&y), "{what}: the projection itself");
             }
         }
     }

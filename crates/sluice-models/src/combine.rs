@@ -15,7 +15,7 @@
 //! (transformers' `index_add_` loop over `expert_hit`); Kimi K3's reference (mlx-lm) sums over
 //! the router's top-k axis, which this order matches to within the goldens' tolerances.
 
-use sluice_kernels::{matmul, Matrix};
+use sluice_kernels::{matmul, matmul_add_rows, matmul_pair, Matrix};
 use sluice_store::StoreError;
 
 /// Checks that the experts of one MoE block reach the combination in ascending id order (the
@@ -47,14 +47,16 @@ impl IdOrder {
 }
 
 /// The batch buffers of a gated expert (`down(glu(gate x, up x))`), reused from expert to expert:
-/// three, not five. The input rows are dead once the gate and up projections have read them, so
-/// their buffer takes the activation, and the gate's buffer, once the activation has read it,
-/// takes the output.
+/// three, not five. The gate's buffer takes the activation in place ([`gate_up_act`]), and
+/// the input rows, dead once the gate and up projections have read them, take the output.
 #[derive(Default)]
 pub(crate) struct GluExpert {
     xs: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// The block's prompt rows and their routing weights.
+    to: Vec<usize>,
+    weights: Vec<f32>,
 }
 
 impl GluExpert {
@@ -74,7 +76,7 @@ impl GluExpert {
         out: &mut [f32],
     ) {
         let (d_in, inter, d_out) = (gate_w.cols(), gate_w.rows(), down_w.rows());
-        let Self { xs, gate, up } = self;
+        let Self { xs, gate, up, to, weights } = self;
         for us in users.chunks(block.max(1)) {
             let n = us.len();
             set_len(xs, n * d_in);
@@ -83,58 +85,67 @@ impl GluExpert {
             }
             set_len(gate, n * inter);
             set_len(up, n * inter);
-            matmul(gate_w, xs, n, gate);
-            matmul(up_w, xs, n, up);
-            let act = &mut *xs;
-            set_len(act, n * inter);
-            glu_on_pool(&glu, gate, up, act);
-            let y = &mut *gate;
+            gate_up_act(gate_w, up_w, &glu, xs, n, gate, up);
+            let y = &mut *xs;
             set_len(y, n * d_out);
-            matmul(down_w, act, n, y);
-            for (j, &(row, slot)) in us.iter().enumerate() {
-                let acc = &mut out[row * d_out..(row + 1) * d_out];
-                add_weighted(acc, &y[j * d_out..(j + 1) * d_out], weight(row, slot));
-            }
+            to.clear();
+            to.extend(us.iter().map(|&(row, _)| row));
+            weights.clear();
+            weights.extend(us.iter().map(|&(row, slot)| weight(row, slot)));
+            // Each chunk of the down projection adds its cells into the rows' running sums.
+            matmul_add_rows(down_w, gate, n, y, to, weights, out);
         }
     }
 }
 
-/// `glu(gate, up, out)` over pieces of the rows on the kernels' thread pool. The activation is
-/// elementwise, so the pieces change no bit. Run whole on the calling thread, its libm
-/// `tanhf`/`expf` calls were a stretch of every expert during which the pool's other threads
-/// had nothing to do: in a one-row decode pass, Kimi K3's 16 experts of 3,072 SiTU values a
-/// layer were half of the engine thread's work outside the pool (a 2-thread profile on the
-/// K3 slice), so even one row's activation is split, a few pieces per thread.
-pub(crate) fn glu_on_pool(
+/// `gate = glu(x · Gᵀ, x · Uᵀ)` for `x [n, d_in]`: the gate and up projections and the
+/// activation in one kernel-pool call ([`matmul_pair`]), each chunk activating its own cells
+/// in place as soon as it has computed them; `up` is the up projection's buffer. The
+/// activation is elementwise and every cell is computed as [`matmul`] computes it, so the
+/// result is bit for bit that of two calls and an activation over the whole. As three calls,
+/// each ended with the engine thread waiting for the helpers' last chunks, and the activation
+/// ran on the engine thread alone: in a one-row decode pass, Kimi K3's 16 experts of 3,072
+/// SiTU values a layer were half of its work outside the pool (a 2-thread profile on the K3
+/// slice).
+pub(crate) fn gate_up_act(
+    gate_w: &Matrix<'_>,
+    up_w: &Matrix<'_>,
     glu: &(impl Fn(&[f32], &[f32], &mut [f32]) + Sync),
-    gate: &[f32],
-    up: &[f32],
-    out: &mut [f32],
+    x: &[f32],
+    n: usize,
+    gate: &mut [f32],
+    up: &mut [f32],
 ) {
-    let threads = sluice_kernels::pool::with_current(sluice_kernels::Pool::threads);
-    let piece = glu_piece(out.len(), threads);
-    if out.len() <= piece {
-        glu(gate, up, out);
-        return;
-    }
-    sluice_kernels::pool::map_chunks_mut(out, piece, |i, o| {
-        let s = i * piece;
-        glu(&gate[s..s + o.len()], &up[s..s + o.len()], o);
-    });
+    let act = |g: &mut [f32], u: &mut [f32]| {
+        // In place through a small copy of the gate values (the activation reads them whole).
+        let mut held = [0.0f32; 64];
+        for (gc, uc) in g.chunks_mut(held.len()).zip(u.chunks(held.len())) {
+            let held = &mut held[..gc.len()];
+            held.copy_from_slice(gc);
+            glu(held, uc, gc);
+        }
+    };
+    matmul_pair(gate_w, up_w, x, n, gate, up, &act);
 }
 
-/// Values per piece of an activation of `len` values on `threads` threads: a few pieces per
-/// thread, none smaller than a handoff to a helper is worth, whole vectors of 16.
-fn glu_piece(len: usize, threads: usize) -> usize {
-    /// Fewest values in a piece (a handoff costs about a microsecond; SiTU takes tens of
-    /// nanoseconds a value).
-    const MIN_PIECE: usize = 512;
-    /// Pieces per thread.
-    const PIECES_PER_THREAD: usize = 2;
-    if threads <= 1 {
-        return len;
-    }
-    len.div_ceil(threads * PIECES_PER_THREAD).max(MIN_PIECE).next_multiple_of(16)
+/// A gated MLP, `down(glu(gate x, up x))`, on `x [t, d_in]`, [`crate::ROW_BLOCK`] rows at a
+/// time (its gate and up rows are the widest buffers of a dense layer; rows are independent,
+/// so the result is bit-identical to one call over all rows).
+pub(crate) fn gated_mlp(
+    [gate_w, up_w, down_w]: [&Matrix<'_>; 3],
+    glu: &(impl Fn(&[f32], &[f32], &mut [f32]) + Sync),
+    x: &[f32],
+    t: usize,
+) -> Vec<f32> {
+    crate::row_blocks(x, t, |xb, n| {
+        let mut gate = vec![0.0f32; n * gate_w.rows()];
+        let mut up = vec![0.0f32; n * up_w.rows()];
+        gate_up_act(gate_w, up_w, glu, xb, n, &mut gate, &mut up);
+        drop(up);
+        let mut out = vec![0.0f32; n * down_w.rows()];
+        matmul(down_w, &gate, n, &mut out);
+        out
+    })
 }
 
 /// Makes `v` `len` elements long for values about to be overwritten; when its allocation must
@@ -160,31 +171,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_rows_expert_activation_ran_on_the_calling_thread_alone() {
-        // K3's 3,072 values of one decode row: split on 2 and 16 threads, whole on one.
-        assert_eq!(glu_piece(3072, 1), 3072);
-        assert!(glu_piece(3072, 2) < 3072);
-        assert!(3072usize.div_ceil(glu_piece(3072, 16)) >= 4);
-        // Tiny activations stay whole.
-        assert!(glu_piece(100, 16) >= 100);
-    }
-
-    #[test]
-    fn an_expert_activation_split_over_the_pool_equals_one_piece() {
-        let n = 3000;
-        let gate: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 9.0).collect();
-        let up: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos() * 5.0).collect();
+    fn an_expert_activation_run_whole_on_the_engine_thread_left_the_helpers_idle() {
+        // gate, up and the activation in one pool call, in place: bit for bit the two
+        // projections and an activation over the whole, on any pool.
+        let (n, d_in, inter) = (3, 200, 300);
+        let vals = |k: usize, s: f32| -> Vec<f32> {
+            (0..k).map(|i| (i as f32 * s).sin() * 3.0).collect::<Vec<f32>>()
+        };
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (gw, uw) = (bytes(&vals(inter * d_in, 0.37)), bytes(&vals(inter * d_in, 0.11)));
+        let g = Matrix::f32(inter, d_in, &gw).expect("gate");
+        let u = Matrix::f32(inter, d_in, &uw).expect("up");
+        let x = vals(n * d_in, 0.23);
         let glu = |g: &[f32], u: &[f32], o: &mut [f32]| {
             sluice_kernels::ops::situ_glu(g, u, 4.0, Some(8.0), o);
         };
-        let mut whole = vec![0.0f32; n];
+        let (mut gate, mut up) = (vec![0.0f32; n * inter], vec![0.0f32; n * inter]);
+        matmul(&g, &x, n, &mut gate);
+        matmul(&u, &x, n, &mut up);
+        let mut whole = vec![0.0f32; n * inter];
         glu(&gate, &up, &mut whole);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for threads in [1, 2, 3, 16] {
             let pool = sluice_kernels::Pool::new(threads).expect("pool");
-            let mut split = vec![0.0f32; n];
-            pool.install(|| glu_on_pool(&glu, &gate, &up, &mut split));
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&split), bits(&whole), "{threads} threads");
+            for rows in 1..=n {
+                let (mut a, mut b) = (vec![f32::NAN; rows * inter], vec![f32::NAN; rows * inter]);
+                pool.install(|| gate_up_act(&g, &u, &glu, &x[..rows * d_in], rows, &mut a, &mut b));
+                assert_eq!(
+                    bits(&a),
+                    bits(&whole[..rows * inter]),
+                    "{threads} threads, {rows} rows"
+                );
+            }
         }
     }
 

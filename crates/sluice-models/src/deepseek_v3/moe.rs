@@ -21,9 +21,8 @@
 
 use super::config::DeepseekV3Config;
 use super::experts::DeepseekV3ExpertLayout;
-use super::mm;
 use super::weights::{Mlp, MoeWeights};
-use crate::combine::{GluExpert, IdOrder};
+use crate::combine::{gated_mlp, GluExpert, IdOrder};
 use crate::kimi_k3::Route;
 use crate::qwen3_moe::moe::{At, BlockOut};
 use crate::spine::TensorBytes;
@@ -107,13 +106,7 @@ pub(crate) fn guess(logits: &[f32], bias: &[f32], c: &DeepseekV3Config) -> Vec<u
 /// time (its gate, up and activation rows are the widest buffers; rows are independent, so the
 /// result is bit-identical to one call over all rows).
 pub(crate) fn mlp(src: &dyn TensorBytes, w: &Mlp, x: &[f32], t: usize) -> Vec<f32> {
-    crate::row_blocks(x, t, |xb, n| {
-        let gate = mm(src, &w.gate, xb, n);
-        let up = mm(src, &w.up, xb, n);
-        let mut act = vec![0.0f32; gate.len()];
-        silu_glu(&gate, &up, &mut act);
-        mm(src, &w.down, &act, n)
-    })
+    gated_mlp([&w.gate.get(src), &w.up.get(src), &w.down.get(src)], &silu_glu, x, t)
 }
 
 /// Runs the MoE block of `at.layer` on `x [t, d]`, its routed experts served by `store` in the

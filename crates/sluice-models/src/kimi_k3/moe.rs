@@ -15,7 +15,7 @@
 use super::config::K3Config;
 use super::weights::{MlpWeights, MoeWeights};
 use super::{Ctx, Trace};
-use crate::combine::{glu_on_pool, GluExpert, IdOrder};
+use crate::combine::{gated_mlp, GluExpert, IdOrder};
 use crate::ModelError;
 use sluice_kernels::ops::{rms_norm, sigmoid, situ_glu};
 use sluice_kernels::Matrix;
@@ -50,20 +50,14 @@ pub(crate) fn route(logits: &[f32], bias: &[f32], c: &K3Config) -> Route {
     Route { ids: order, weights: w }
 }
 
-/// Dense SiTU-GLU MLP on `x [T, d_in]`, [`crate::ROW_BLOCK`] rows at a time (its gate, up and
-/// activation rows are the widest buffers of a dense layer; rows are independent, so the
-/// result is bit-identical to one call over T rows).
+/// Dense SiTU-GLU MLP on `x [T, d_in]` ([`gated_mlp`]: [`crate::ROW_BLOCK`] rows at a time,
+/// the gate and up projections and the activation in one kernel-pool call).
 pub(crate) fn mlp(ctx: &Ctx<'_>, w: &MlpWeights, c: &K3Config, x: &[f32], t: usize) -> Vec<f32> {
-    crate::row_blocks(x, t, |xb, n| {
-        let g = ctx.mm(&w.gate, xb, n);
-        let u = ctx.mm(&w.up, xb, n);
-        let mut a = vec![0.0f32; g.len()];
-        let glu = |g: &[f32], u: &[f32], a: &mut [f32]| {
-            situ_glu(g, u, c.situ_beta(), c.activation_situ_linear_beta, a);
-        };
-        glu_on_pool(&glu, &g, &u, &mut a);
-        ctx.mm(&w.down, &a, n)
-    })
+    let glu = |g: &[f32], u: &[f32], a: &mut [f32]| {
+        situ_glu(g, u, c.situ_beta(), c.activation_situ_linear_beta, a);
+    };
+    let src = ctx.spine;
+    gated_mlp([&w.gate.get(src), &w.up.get(src), &w.down.get(src)], &glu, x, t)
 }
 
 /// [`mlp`] with each block's output written over its input rows (the MLP maps `[T, d]` to

@@ -17,6 +17,7 @@ pub mod config;
 pub mod state;
 pub mod weights;
 
+use crate::combine::gated_mlp;
 use crate::family::{add_into, put};
 use crate::{LogitRows, ModelError};
 use attention::Rope;
@@ -200,11 +201,6 @@ pub(crate) fn mlp(
     x: &[f32],
     t: usize,
 ) -> Vec<f32> {
-    crate::row_blocks(x, t, |xb, n| {
-        let gate = ctx.mm(w_gate, xb, n);
-        let up = ctx.mm(w_up, xb, n);
-        let mut act = vec![0.0f32; gate.len()];
-        silu_glu(&gate, &up, &mut act);
-        ctx.mm(w_down, &act, n)
-    })
+    let src = ctx.src;
+    gated_mlp([&w_gate.get(src), &w_up.get(src), &w_down.get(src)], &silu_glu, x, t)
 }
