@@ -25,7 +25,9 @@ in every run, in memory and in the cgroup, or the script fails).
 
 Rates are tokens per second of the timed passes; the ratio of a round is sluice / llama.cpp of
 that round, summarised as the median (min-max) over rounds. Each round records the load average
-before and after it. Writes one JSON file (every run, per-round ratios, the summary) and prints
+before and after it, and each run the share of the machine's CPU time the hypervisor gave to
+others while it ran (the "steal" of /proc/stat; on a shared VM host a round in which a
+neighbour took cores shows there: session 17 saw sluice's 16-thread rounds fall to 0.5x then). Writes one JSON file (every run, per-round ratios, the summary) and prints
 markdown tables. Exits non-zero, printing why, when either engine fails: no number is reported
 without its peer.
 """
@@ -169,15 +171,36 @@ class Cgroup:
 TIMEOUT_S = None  # --timeout: the most seconds one process may take
 
 
+def cpu_times():
+    """(stolen, all) CPU jiffies of the whole machine so far, from /proc/stat (None off Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice, counted in user/nice]
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def steal_share(before, after):
+    """The share of the machine's CPU time stolen between two `cpu_times` readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def run_json(cmd, env=None, cgroup=None):
-    """Runs one fresh process and returns (its last stdout line as JSON, wall seconds)."""
+    """Runs one fresh process and returns (its last stdout line as JSON, wall seconds); the
+    JSON gets `_steal`, the share of CPU time stolen from the machine while it ran."""
     t0 = time.monotonic()
+    c0 = cpu_times()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT_S,
                            preexec_fn=cgroup.join if cgroup else None)
     except subprocess.TimeoutExpired:
         fail(f"{os.path.basename(cmd[0])} ran past --timeout {TIMEOUT_S} s: {' '.join(cmd)[:400]}")
     wall = time.monotonic() - t0
+    stolen = steal_share(c0, cpu_times())
     if p.returncode != 0:
         fail(f"{os.path.basename(cmd[0])} exited {p.returncode}: {p.stderr.strip()[-2000:]}\n"
              f"command: {' '.join(cmd)[:400]}")
@@ -185,6 +208,7 @@ def run_json(cmd, env=None, cgroup=None):
     try:
         v = json.loads(lines[-1])
         v["_stderr"] = p.stderr
+        v["_steal"] = stolen
         return v, wall
     except (IndexError, json.JSONDecodeError):
         fail(f"{os.path.basename(cmd[0])} printed no JSON line: {p.stdout[-500:]}")
@@ -201,7 +225,8 @@ def sluice(a, ids, n_new, cgroup=None):
     plan = [l for l in v["_stderr"].splitlines() if "plan" in l.lower() or "spine" in l.lower()]
     return {"generated_ids": v["generated_ids"], "prefill_s": st["prefill_s"],
             "decode_s": st["decode_s"], "decode_passes": st["passes"] - st["prefill_passes"],
-            "wall_s": wall, "load_s": v.get("load_s"), "plan": plan[:8]}
+            "wall_s": wall, "load_s": v.get("load_s"), "plan": plan[:8],
+            "steal_share": v["_steal"]}
 
 
 def peer(a, ids, n_new, cgroup=None):
@@ -212,6 +237,7 @@ def peer(a, ids, n_new, cgroup=None):
     env = dict(os.environ, PEER_NO_REPACK="1") if cgroup and not a.peer_repack else None
     v, wall = run_json(cmd, env, cgroup)
     v["wall_s"] = wall
+    v["steal_share"] = v.pop("_steal")
     del v["_stderr"]
     return v
 
@@ -299,9 +325,10 @@ def main():
         res["runs_raw"].append(r)
         with open(a.out + ".partial", "w") as f:  # what an interrupted run leaves
             json.dump(res, f, indent=1)
+        st = r.get("steal_share")
         print(f"  round {rnd} {part:8s} {engine:9s} prefill {r['prefill_s']:.3f}s decode "
-              f"{r['decode_s']:.3f}s/{r['decode_passes']} passes, wall {r['wall_s']:.1f}s",
-              file=sys.stderr)
+              f"{r['decode_s']:.3f}s/{r['decode_passes']} passes, wall {r['wall_s']:.1f}s, "
+              f"stolen {'-' if st is None else f'{100 * st:.1f}%'}", file=sys.stderr)
 
     reference = {}  # sluice's greedy ids per prompt: the same in every run, or the script fails
     for rnd in range(a.runs):
@@ -375,16 +402,21 @@ def main():
     for part, r in out.items():
         print(f"| {names[part]} | {fmt_range(r['sluice'], 3)} | {fmt_range(r['llama.cpp'], 3)} "
               f"| **{fmt_range(r['ratio'])}×** |")
-    print("\nPer round (load average before → after; the first step, from 0, where llama.cpp's "
-          "greedy id differs from sluice's, per test in the order of the columns; none: equal):\n")
+    print("\nPer round (load average before → after; the most CPU time stolen from the machine "
+          "during one of the round's runs; the first step, from 0, where llama.cpp's greedy id "
+          "differs from sluice's, per test in the order of the columns; none: equal):\n")
     cols = [p for p in ("decode", "prefill", "cgroup") if p in out]
-    print("| round | load | " + " | ".join(f"{p} ratio" for p in cols) + " | first differing step |")
-    print("|---|---|" + "---|" * len(cols) + "---|")
+    print("| round | load | stolen | " + " | ".join(f"{p} ratio" for p in cols)
+          + " | first differing step |")
+    print("|---|---|---|" + "---|" * len(cols) + "---|")
     for rr in res["rounds"]:
         ld = f"{rr['load']['before'][0]:.1f} → {rr['load']['after'][0]:.1f}"
+        steals = [r["steal_share"] for r in res["runs_raw"]
+                  if r.get("round") == rr["round"] and r.get("steal_share") is not None]
+        st = f"{100 * max(steals):.1f}%" if steals else "–"
         div = " / ".join("none" if d is None else str(d) for d in rr["divergence"].values())
-        print(f"| {rr['round']} | {ld} | " + " | ".join(f"{rr['ratio'][p]:.2f}×" for p in cols)
-              + f" | {div or '–'} |")
+        print(f"| {rr['round']} | {ld} | {st} | "
+              + " | ".join(f"{rr['ratio'][p]:.2f}×" for p in cols) + f" | {div or '–'} |")
     if "cgroup" in out:
         print(f"\ncgroup: {limit} bytes = {rule}; sluice --memory {a.sluice_memory >> 20}M")
 
