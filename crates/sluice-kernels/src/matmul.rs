@@ -23,7 +23,10 @@
 //! many activation rows against few output rows, activation rows; never a reduction) across
 //! the current [`crate::pool`], so neither the tier nor the thread count nor the number of
 //! activation rows changes a result bit; [`matmul_with`] picks the tier
-//! explicitly.
+//! explicitly. [`matmul_pair`] (a gated MLP's gate and up projections, then an elementwise
+//! finish such as the activation) and [`matmul_add_rows`] (an expert's output added into its
+//! rows' running sums) compute every cell as [`matmul`] does, in one pool call each, so a
+//! routed expert is two calls rather than four plus work on the calling thread alone.
 //! The loop nest every tier shares (row blocks, token blocks, column chunks, register tiles)
 //! is in the crate's `tiled` module.
 
