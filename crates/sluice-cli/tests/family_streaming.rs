@@ -6,7 +6,7 @@
 //! memory under `--memory`.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 #[path = "../../sluice-models/tests/common/moe_fixtures.rs"]
@@ -32,10 +32,17 @@ fn sluice(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).expect("one JSON object on stdout")
 }
 
+/// Whether the fixture folder `dir` holds a saved hot set: runs over the committed fixtures
+/// wrote `.sluice-hotset.json` into six of them before they passed `--no-warm-start`.
+fn hot_set_in(dir: &str) -> bool {
+    Path::new(dir).join(".sluice-hotset.json").exists()
+}
+
 #[test]
 fn streamed_runs_generate_what_mapped_runs_generate_for_every_family() {
     for family in ["qwen3_moe", "gpt_oss"] {
         let dir = fixture(family);
+        let had_hot_set = hot_set_in(&dir);
         let run = |experts: &str, extra: &[&str]| {
             let mut args = vec!["run", "--model", &dir, "--json", "--prompt-ids", "5,17,30,42"];
             args.extend_from_slice(&["--max-new", "8", "--memory", "1G", "--experts", experts]);
@@ -52,6 +59,7 @@ fn streamed_runs_generate_what_mapped_runs_generate_for_every_family() {
         assert!(read > 0, "{family}: a streamed run reads its experts from the shards");
         let spec = run("stream", &["--cache-slots", "2", "--draft", "ngram"]);
         assert_eq!(spec["generated_ids"], mapped["generated_ids"], "{family}: n-gram drafts");
+        assert!(had_hot_set || !hot_set_in(&dir), "{family}: a run saved a hot set in the fixture");
     }
 }
 
@@ -84,6 +92,7 @@ fn a_placed_spine_stays_within_memory_and_generates_what_a_mapped_spine_does() {
             .join(name)
             .display()
             .to_string();
+        let had_hot_set = hot_set_in(&dir);
         let run = |placement: &str| {
             let args = ["run", "--model", &dir, "--json", "--prompt-ids", "5,17,30,42"];
             let more = ["--max-new", "8", "--memory", "96M", "--experts", "stream"];
@@ -105,5 +114,7 @@ fn a_placed_spine_stays_within_memory_and_generates_what_a_mapped_spine_does() {
             peak > 0 && peak <= budget + SLACK,
             "{family}/{name}: peak RSS {peak} exceeds the {budget}-byte budget + {SLACK} slack"
         );
+        let saved = !had_hot_set && hot_set_in(&dir);
+        assert!(!saved, "{family}/{name}: a run saved a hot set in the fixture");
     }
 }
