@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs llama.cpp's convert_hf_to_gguf.py on a `sluice synth` K3 slice, unchanged but for the vocab.
+"""Runs llama.cpp's convert_hf_to_gguf.py on a `sluice synth` slice, unchanged but for the vocab.
 
     convert_slice.py LLAMA_CPP_DIR [convert_hf_to_gguf.py arguments...]
 
@@ -12,6 +12,13 @@ converter's own "kimi-k2" path writes (gpt2-style BPE tokens, merges recovered f
 the 256 specials as control tokens, the configured eos), built from `tiktoken.model` directly.
 Weights, hyperparameters and the MXFP4 expert repacking go through the converter untouched; the
 benchmark feeds token ids, so the vocabulary only has to load.
+
+The GPT-OSS and Qwen3-MoE slices (`--preset gpt-oss-slice`, `qwen3-30b-slice`, `qwen3-moe-slice`)
+have no tokenizer at all (sluice runs them with --prompt-ids), while the converter's vocab path
+for both reads `tokenizer.json` through transformers and recognises the pre-tokenizer by a hash of
+the real vocabulary. For them `set_vocab` writes a byte-level BPE vocabulary of the config's
+`vocab_size` tokens (the 256 byte tokens, then two-byte tokens with their merges), so that
+llama.cpp loads the GGUF; again only the vocabulary differs from a real conversion.
 """
 import base64
 import json
@@ -27,8 +34,9 @@ def main():
     sys.path.insert(0, str(ll))
     sys.path.insert(1, str(ll / "gguf-py"))
     import gguf
-    from conversion.kimi_k3 import KimiK3Model
     from conversion.qwen import QwenModel
+
+    arch = json.loads(Path(sys.argv[2], "config.json").read_text())["architectures"][0]
 
     def set_vocab(self):
         ranks = {}
@@ -66,7 +74,35 @@ def main():
         if (eos := self.hparams.get("eos_token_id")) is not None:
             w.add_eos_token_id(eos)
 
-    KimiK3Model.set_vocab = set_vocab
+    def byte_pair_vocab(self):
+        n = self.hparams["vocab_size"]
+        chars = [QwenModel.token_bytes_to_string(bytes([b])) for b in range(256)]
+        tokens, merges = list(chars[:n]), []
+        for a in chars:
+            for b in chars:
+                if len(tokens) >= n:
+                    break
+                tokens.append(a + b)
+                merges.append(f"{a} {b}")
+        tokens += [f"[PAD{i}]" for i in range(len(tokens), n)]
+        w = self.gguf_writer
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_types([gguf.TokenType.NORMAL] * n)
+        w.add_token_merges(merges)
+        if (eos := self.hparams.get("eos_token_id")) is not None:
+            w.add_eos_token_id(eos)
+
+    if arch == "GptOssForCausalLM":
+        from conversion.gpt_oss import GptOssModel
+        GptOssModel.set_vocab = byte_pair_vocab
+    elif arch == "Qwen3MoeForCausalLM":
+        from conversion.qwen import Qwen3MoeModel
+        Qwen3MoeModel.set_vocab = byte_pair_vocab
+    else:
+        from conversion.kimi_k3 import KimiK3Model
+        KimiK3Model.set_vocab = set_vocab
     sys.argv = [str(ll / "convert_hf_to_gguf.py")] + sys.argv[2:]
     runpy.run_path(sys.argv[0], run_name="__main__")
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""sluice against llama.cpp on one `sluice synth` K3 slice (driven by tools/peer/peer_bench.sh).
+"""sluice against llama.cpp on one `sluice synth` slice (driven by tools/peer/peer_bench.sh): a K3
+slice, or a GPT-OSS / Qwen3-MoE one (gpt-oss-20b and Qwen3-30B-A3B are what people run in memory).
 
 Every measurement is a fresh process and the two engines alternate (sluice, llama.cpp, sluice, ...)
 within each of --runs ROUNDS, so the drift of a shared machine hits both alike; each round is:
@@ -296,7 +297,12 @@ def main():
             fail(f"unknown part {part!r} (decode, prefill, cgroup)")
 
     cfg = json.load(open(os.path.join(a.model, "config.json")))
-    ranks = cfg["text_config"]["vocab_size"] - 256
+    k3 = "text_config" in cfg  # K3's release nests the language model's config
+    # K3: the tokenizer's ranks, below its 256 reserved specials; the other slices: every row.
+    ranks = cfg["text_config"]["vocab_size"] - 256 if k3 else cfg["vocab_size"]
+    if "cgroup" in parts and not k3 and not a.cgroup_bytes:
+        fail(f"the default cgroup rule is the full Kimi K3's; a {cfg['architectures'][0]} slice "
+             "needs --cgroup-bytes (or --parts decode,prefill)")
     expert, other = safetensors_bytes(a.model)
     files = [os.path.join(a.model, f) for f in os.listdir(a.model) if f.endswith(".safetensors")]
     files.append(a.gguf)
@@ -308,7 +314,7 @@ def main():
             f"{100 * K3_EXPERT_SHARE:.1f}% of its {K3_EXPERT_BYTES / 1e9:.1f} GB of experts)")
     short = prompt_ids(8, ranks, 1)
     long = prompt_ids(a.pp, ranks, 2)
-    res = {"threads": a.threads, "runs": a.runs, "expert_bytes": expert, "other_bytes": other,
+    res = {"architecture": cfg["architectures"][0], "threads": a.threads, "runs": a.runs, "expert_bytes": expert, "other_bytes": other,
            "gguf_bytes": os.path.getsize(a.gguf), "cgroup_bytes": limit, "cgroup_rule": rule,
            "tg": a.tg, "pp": a.pp, "cgroup_tg": a.cgroup_tg, "prompt_ids": short,
            "sluice_cgroup_memory": a.sluice_memory, "rounds": [], "runs_raw": []}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The llama.cpp peer benchmark (issue 20 item 4; docs/PERFORMANCE.md, "sluice and llama.cpp"):
 # builds the llama.cpp that the PyPI source distribution llama-cpp-python==0.3.36 vendors (it
-# has Kimi K3), converts a `sluice synth` K3 slice with llama.cpp's own convert_hf_to_gguf.py,
+# has Kimi K3), converts a `sluice synth` slice with llama.cpp's own convert_hf_to_gguf.py,
 # and runs tools/peer/peer_bench.py on both: --runs interleaved rounds of decode and prefill in
 # memory and decode in a memory cgroup, comparing greedy ids in every decode run; then the prefill
 # roofline (tools/peer/roofline.py) from `sluice probe --kernels` and tools/peer/dot_peak.c.
@@ -18,6 +18,10 @@
 # rule and the numbers; --cgroup-bytes N overrides it).
 #
 # Env: LAYERS (2), EXPERTS (48), RANKS (4096): the slice (K3's real per-layer dimensions);
+# PRESET (k3-slice): `sluice synth --preset`; gpt-oss-slice (LAYERS=24 EXPERTS=32: gpt-oss-20b)
+# and qwen3-30b-slice (LAYERS=48: Qwen3-30B-A3B; EXPERTS is ignored) are the models people run
+# in memory; with them RANKS is the vocabulary rows, the default parts are decode and prefill
+# (the cgroup rule is K3's) and there is no roofline step;
 # THREADS (2); PROBE_SECONDS (20: `sluice probe --kernels --seconds`); ROOFLINE=0 skips step 6;
 # OUTTYPE (bf16: the converter's type for the non-expert tensors, as published;
 # the MXFP4 experts are repacked as MXFP4 by the converter whatever this is); KEEP=1 keeps the
@@ -36,6 +40,7 @@ set -euo pipefail
 SLUICE=$(realpath "$1") W=$2
 shift 2
 LAYERS=${LAYERS:-2} EXPERTS=${EXPERTS:-48} RANKS=${RANKS:-4096} THREADS=${THREADS:-2}
+PRESET=${PRESET:-k3-slice}
 OUTTYPE=${OUTTYPE:-bf16} JOBS=${JOBS:-$(nproc)} VERSION=0.3.36
 HERE=$(cd "$(dirname "$0")" && pwd)
 fail() { echo "peer_bench.sh: $*" >&2; exit 1; }
@@ -103,7 +108,9 @@ fi
 # 4. The slice and its conversion.
 MODEL=$W/model GGUF=$W/model-$OUTTYPE.gguf
 if [ ! -f "$MODEL/config.json" ]; then
-  "$SLUICE" synth --out "$MODEL" --preset k3-slice --layers "$LAYERS" --experts "$EXPERTS" \
+  EXPERTS_ARG=(--experts "$EXPERTS")
+  [[ $PRESET == qwen3-* ]] && EXPERTS_ARG=()
+  "$SLUICE" synth --out "$MODEL" --preset "$PRESET" --layers "$LAYERS" "${EXPERTS_ARG[@]}" \
       --ranks "$RANKS" || fail "sluice synth failed"
 fi
 if [ ! -f "$GGUF" ]; then
@@ -117,8 +124,10 @@ if [ ! -f "$GGUF" ]; then
 fi
 
 # 5. Both engines, interleaved.
+PARTS=()
+[ "$PRESET" = k3-slice ] || { PARTS=(--parts decode,prefill); ROOFLINE=0; }
 python3 "$HERE/peer_bench.py" --sluice "$SLUICE" --model "$MODEL" --gguf "$GGUF" \
-    --peer-run "$W/peer_run" --threads "$THREADS" --out "$W/peer-bench.json" "$@" \
+    --peer-run "$W/peer_run" --threads "$THREADS" --out "$W/peer-bench.json" "${PARTS[@]}" "$@" \
   | tee "$W/peer-bench.md" || fail "the benchmark failed"
 echo "peer_bench.sh: every run in $W/peer-bench.json"
 

@@ -33,8 +33,15 @@ pub enum Preset {
     /// top-8, 64 / 4 heads of 128) with --layers MoE layers and --ranks vocabulary rows; bf16
     /// per-expert tensors as published; no tokenizer (run it with --prompt-ids).
     Qwen3MoeSlice,
+    /// Qwen3-30B-A3B's real per-layer dimensions (hidden 2048, 128 experts of width 768, top-8,
+    /// 32 / 4 heads of 128) with --layers MoE layers and --ranks vocabulary rows (48 layers are
+    /// the published model but for its vocabulary rows); bf16 per-expert tensors as published;
+    /// no tokenizer (run it with --prompt-ids).
+    #[value(name = "qwen3-30b-slice")]
+    Qwen3_30bSlice,
     /// gpt-oss-120b's real per-layer dimensions (hidden 2880, 128 MXFP4 experts of width 2880,
-    /// top-4, 64 / 8 heads of 64) with --layers layers and --ranks vocabulary rows; stacked
+    /// top-4, 64 / 8 heads of 64) with --layers layers, --experts experts (24 layers of 32 are
+    /// gpt-oss-20b) and --ranks vocabulary rows; stacked
     /// `*_blocks` / `*_scales` experts as published; no tokenizer (run it with --prompt-ids).
     GptOssSlice,
     /// DeepSeek V3 / R1's real per-layer dimensions (hidden 7168, MLA with 128 heads, q LoRA
@@ -59,15 +66,16 @@ pub struct SynthArgs {
     /// Configuration preset.
     #[arg(long, value_enum, default_value = "k3-slice")]
     preset: Preset,
-    /// MoE layers (k3-slice, qwen3-moe-slice, gpt-oss-slice, deepseek-v3-slice, kimi-k2-slice).
+    /// MoE layers (k3-slice, qwen3-moe-slice, qwen3-30b-slice, gpt-oss-slice, deepseek-v3-slice, kimi-k2-slice).
     #[arg(long, default_value_t = 4)]
     layers: usize,
-    /// Routed experts per layer (k3-slice: default 128; deepseek-v3-slice / kimi-k2-slice:
-    /// default the published 256 / 384).
+    /// Routed experts per layer (k3-slice: default 128; gpt-oss-slice: default gpt-oss-120b's
+    /// 128, and 32 with --layers 24 is gpt-oss-20b; deepseek-v3-slice / kimi-k2-slice: default
+    /// the published 256 / 384).
     #[arg(long)]
     experts: Option<usize>,
     /// Tokenizer ranks; the vocabulary adds K3's 256 reserved specials (k3-slice); the
-    /// vocabulary rows of qwen3-moe-slice and gpt-oss-slice.
+    /// vocabulary rows of qwen3-moe-slice, qwen3-30b-slice and gpt-oss-slice.
     #[arg(long, default_value_t = 32768)]
     ranks: usize,
     /// Seed of the random weights.
@@ -112,7 +120,7 @@ pub fn run(a: &SynthArgs) -> Result<()> {
         bail!("--route-skew applies to --preset k3-slice only");
     }
     if matches!(a.tokenizer, SynthTokenizer::Trained)
-        && matches!(a.preset, Preset::Qwen3MoeSlice | Preset::GptOssSlice)
+        && matches!(a.preset, Preset::Qwen3MoeSlice | Preset::Qwen3_30bSlice | Preset::GptOssSlice)
     {
         bail!(
             "--tokenizer applies to the presets that write a tokenizer; {} writes none",
@@ -138,6 +146,7 @@ pub fn run(a: &SynthArgs) -> Result<()> {
         }
         Preset::Demo => (sluice_engine::demo::demo_text_config(512 + 256), 512),
         Preset::Qwen3MoeSlice
+        | Preset::Qwen3_30bSlice
         | Preset::GptOssSlice
         | Preset::DeepseekV3Slice
         | Preset::KimiK2Slice => return family_slice(a, reuse),
@@ -229,8 +238,17 @@ fn family_slice(a: &SynthArgs, reuse: bool) -> Result<()> {
             (c, t)
         }
         (Preset::GptOssSlice, _) => {
-            let c = sluice_models::gpt_oss::synth::slice_config(a.layers, a.ranks);
+            let experts = a.experts.unwrap_or(128);
+            if experts < 4 {
+                bail!("gpt-oss-slice needs --experts ≥ 4 (top-4 routing)");
+            }
+            let c = sluice_models::gpt_oss::synth::slice_config(a.layers, experts, a.ranks);
             let t = sluice_models::gpt_oss::synth::tensors(&c);
+            (c, t)
+        }
+        (Preset::Qwen3_30bSlice, _) => {
+            let c = sluice_models::qwen3_moe::synth::slice_config_30b(a.layers, a.ranks);
+            let t = sluice_models::qwen3_moe::synth::tensors(&c);
             (c, t)
         }
         _ => {
@@ -315,6 +333,7 @@ impl Preset {
             Self::Demo => "demo",
             Self::ManyExperts => "many-experts",
             Self::Qwen3MoeSlice => "qwen3-moe-slice",
+            Self::Qwen3_30bSlice => "qwen3-30b-slice",
             Self::GptOssSlice => "gpt-oss-slice",
             Self::DeepseekV3Slice => "deepseek-v3-slice",
             Self::KimiK2Slice => "kimi-k2-slice",

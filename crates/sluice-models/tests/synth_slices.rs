@@ -27,7 +27,7 @@ fn slice_configs_have_the_real_per_layer_dimensions() {
     assert_eq!((q.num_experts_per_tok, q.base.num_attention_heads), (8, 64));
     assert_eq!((q.base.num_key_value_heads, q.base.head_dim), (4, 128));
     let g =
-        gpt_oss::config::GptOssConfig::from_json(&gpt_oss::synth::slice_config(2, 1000)).unwrap();
+        gpt_oss::config::GptOssConfig::from_json(&gpt_oss::synth::slice_config(2, 128, 1000)).unwrap();
     assert_eq!((g.hidden_size, g.num_local_experts, g.intermediate_size), (2880, 128, 2880));
     assert_eq!((g.num_experts_per_tok, g.num_attention_heads), (4, 64));
     assert_eq!((g.num_key_value_heads, g.head_dim), (8, 64));
@@ -49,7 +49,7 @@ fn a_written_slice_loads_and_runs_mapped_and_streamed_alike() {
     ];
     let configs = [
         shrink(qwen3_moe::synth::slice_config(2, 300), &small),
-        shrink(gpt_oss::synth::slice_config(2, 300), &small),
+        shrink(gpt_oss::synth::slice_config(2, 128, 300), &small),
     ];
     for (i, config) in configs.iter().enumerate() {
         let tensors = if i == 0 {

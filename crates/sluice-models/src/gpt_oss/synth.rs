@@ -2,16 +2,19 @@
 //! `*_scales` experts with bf16 biases, see [`super::weights`]), for streaming benchmarks:
 //! [`slice_config`] keeps gpt-oss-120b's real per-layer dimensions — hidden 2880, 64 query / 8 KV
 //! heads of 64, 128 experts of width 2880, top-4, sliding window 128 on alternate layers, YaRN
-//! ×32 over 4096 positions, SwiGLU limit 7 — with `layers` layers and `vocab` vocabulary rows
-//! (the published config.json of `openai/gpt-oss-120b`, 36 layers, vocab 201088). One shard per
-//! layer plus one for the embedding, the final norm and the head.
+//! ×32 over 4096 positions, SwiGLU limit 7 — with `layers` layers, `experts` routed experts and
+//! `vocab` vocabulary rows (the published config.json of `openai/gpt-oss-120b`, 36 layers of 128
+//! experts, vocab 201088; `openai/gpt-oss-20b` has the same per-layer dimensions with 24 layers of
+//! 32 experts, so 24 layers and 32 experts write gpt-oss-20b but for its vocabulary rows). One
+//! shard per layer plus one for the embedding, the final norm and the head.
 
 use crate::synth::{fan_in, Init, SynthTensor};
 use serde_json::{json, Value};
 use sluice_core::DType;
 
-/// gpt-oss-120b's per-layer dimensions with `layers` layers and `vocab` vocabulary rows.
-pub fn slice_config(layers: usize, vocab: usize) -> Value {
+/// gpt-oss-120b's per-layer dimensions with `layers` layers, `experts` routed experts (128
+/// published; gpt-oss-20b: 32) and `vocab` vocabulary rows.
+pub fn slice_config(layers: usize, experts: usize, vocab: usize) -> Value {
     let types: Vec<&str> = (0..layers)
         .map(|i| if i % 2 == 0 { "sliding_attention" } else { "full_attention" })
         .collect();
@@ -23,7 +26,7 @@ pub fn slice_config(layers: usize, vocab: usize) -> Value {
         "num_attention_heads": 64,
         "num_key_value_heads": 8,
         "head_dim": 64,
-        "num_local_experts": 128,
+        "num_local_experts": experts,
         "num_experts_per_tok": 4,
         "experts_per_token": 4,
         "num_hidden_layers": layers,

@@ -1,8 +1,15 @@
 //! Synthetic Qwen3-MoE checkpoints in the published layout (per-expert bf16 tensors, see
-//! [`super::weights`]), for streaming benchmarks: [`slice_config`] keeps Qwen3-235B-A22B's real
-//! per-layer dimensions — hidden 4096, 64 query / 4 KV heads of 128, 128 experts of width 1536,
-//! top-8 with `norm_topk_prob`, dense width 12288 — with `layers` MoE layers and a vocabulary of
-//! `vocab` rows (the published config.json of `Qwen/Qwen3-235B-A22B`, 94 layers, vocab 151936).
+//! [`super::weights`]), for streaming and in-memory benchmarks, with `layers` MoE layers and a
+//! vocabulary of `vocab` rows:
+//!
+//! - [`slice_config`] keeps Qwen3-235B-A22B's real per-layer dimensions — hidden 4096, 64 query
+//!   / 4 KV heads of 128, 128 experts of width 1536, top-8 with `norm_topk_prob`, dense width
+//!   12288 (the published config.json of `Qwen/Qwen3-235B-A22B`, 94 layers, vocab 151936);
+//! - [`slice_config_30b`] keeps Qwen3-30B-A3B's — hidden 2048, 32 query / 4 KV heads of 128, 128
+//!   experts of width 768, top-8 with `norm_topk_prob`, dense width 6144 (the published
+//!   config.json of `Qwen/Qwen3-30B-A3B`, 48 layers, vocab 151936): the model people run in
+//!   memory on a 64 GB machine.
+//!
 //! One shard per layer plus one for the embedding, the final norm and the head.
 
 use crate::synth::{fan_in, Init, SynthTensor};
@@ -11,13 +18,24 @@ use sluice_core::DType;
 
 /// Qwen3-235B-A22B's per-layer dimensions with `layers` MoE layers and `vocab` vocabulary rows.
 pub fn slice_config(layers: usize, vocab: usize) -> Value {
+    config([4096, 12288, 1536, 64], layers, vocab)
+}
+
+/// Qwen3-30B-A3B's per-layer dimensions with `layers` MoE layers and `vocab` vocabulary rows.
+pub fn slice_config_30b(layers: usize, vocab: usize) -> Value {
+    config([2048, 6144, 768, 32], layers, vocab)
+}
+
+/// A Qwen3-MoE config of `[hidden, dense width, expert width, query heads]` (4 KV heads of 128
+/// and 128 experts, top-8, in both published sizes).
+fn config([hidden, dense, width, heads]: [usize; 4], layers: usize, vocab: usize) -> Value {
     json!({
         "architectures": ["Qwen3MoeForCausalLM"],
         "model_type": "qwen3_moe",
-        "hidden_size": 4096,
-        "intermediate_size": 12288,
-        "moe_intermediate_size": 1536,
-        "num_attention_heads": 64,
+        "hidden_size": hidden,
+        "intermediate_size": dense,
+        "moe_intermediate_size": width,
+        "num_attention_heads": heads,
         "num_key_value_heads": 4,
         "head_dim": 128,
         "num_experts": 128,
