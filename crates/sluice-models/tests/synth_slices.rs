@@ -1,5 +1,5 @@
-//! The synthetic slices of `sluice synth --preset qwen3-moe-slice|gpt-oss-slice`: their configs
-//! are the real models' per-layer dimensions, and what the writer produces from a slice config
+//! The synthetic slices of `sluice synth --preset qwen3-moe-slice|qwen3-30b-slice|gpt-oss-slice`:
+//! their configs are the real models' per-layer dimensions, and what the writer produces from a slice config
 //! (shrunk here so the test writes kilobytes, not gigabytes) loads through the family table and
 //! runs a finite pass, mapped and streamed alike. The K3 slice's `config.json` carries what other
 //! readers of the release (llama.cpp's converter) need from it.
@@ -26,11 +26,23 @@ fn slice_configs_have_the_real_per_layer_dimensions() {
     assert_eq!((q.base.hidden_size, q.num_experts, q.moe_intermediate_size), (4096, 128, 1536));
     assert_eq!((q.num_experts_per_tok, q.base.num_attention_heads), (8, 64));
     assert_eq!((q.base.num_key_value_heads, q.base.head_dim), (4, 128));
-    let g =
-        gpt_oss::config::GptOssConfig::from_json(&gpt_oss::synth::slice_config(2, 128, 1000)).unwrap();
+    let g = gpt_oss::config::GptOssConfig::from_json(&gpt_oss::synth::slice_config(2, 128, 1000))
+        .unwrap();
     assert_eq!((g.hidden_size, g.num_local_experts, g.intermediate_size), (2880, 128, 2880));
     assert_eq!((g.num_experts_per_tok, g.num_attention_heads), (4, 64));
     assert_eq!((g.num_key_value_heads, g.head_dim), (8, 64));
+    // Qwen3-30B-A3B and gpt-oss-20b, the models people run in memory.
+    let q = qwen3_moe::config::Qwen3MoeConfig::from_json(&qwen3_moe::synth::slice_config_30b(
+        48, 151_936,
+    ))
+    .unwrap();
+    assert_eq!((q.base.hidden_size, q.num_experts, q.moe_intermediate_size), (2048, 128, 768));
+    assert_eq!((q.num_experts_per_tok, q.base.num_attention_heads), (8, 32));
+    assert_eq!((q.base.num_key_value_heads, q.base.head_dim), (4, 128));
+    assert_eq!((q.base.intermediate_size, q.base.num_hidden_layers), (6144, 48));
+    let g = gpt_oss::config::GptOssConfig::from_json(&gpt_oss::synth::slice_config(24, 32, 1000))
+        .unwrap();
+    assert_eq!((g.num_local_experts, g.num_hidden_layers, g.hidden_size), (32, 24, 2880));
 }
 
 #[test]
