@@ -78,7 +78,7 @@ pub fn matmul_then(
     assert_eq!(x.len(), t * m.cols(), "matmul: x length");
     assert_eq!(y.len(), t * rows, "matmul: out length");
     assert!(
-        per > 0 && MIN_CHUNK_ROWS % per == 0 && rows % per == 0,
+        per > 0 && MIN_CHUNK_ROWS.is_multiple_of(per) && rows.is_multiple_of(per),
         "matmul_then: {per} rows to a cell do not divide the row chunks of {rows} rows"
     );
     let width = rows / per;
@@ -101,7 +101,10 @@ pub fn matmul_then(
         // has finished, and the chunks' (token, row) ranges are disjoint.
         unsafe { run_cells(isa, m, x, tk.clone(), r.clone(), &py) };
         // Cuts are multiples of MIN_CHUNK_ROWS (or `rows`), both multiples of `per` (asserted).
-        assert!(r.start % per == 0 && r.end % per == 0, "matmul_then: a chunk splits a group");
+        assert!(
+            r.start.is_multiple_of(per) && r.end.is_multiple_of(per),
+            "matmul_then: a chunk splits a group"
+        );
         let cols = r.start / per..r.end / per;
         for ti in tk {
             let row = to.map_or(ti, |to| to[ti]);
@@ -110,8 +113,8 @@ pub fn matmul_then(
             // (asserted: `row` is `ti < t`, or `to[ti] <= to[t - 1]`). No other chunk touches
             // these `out` cells: another activation row has another target row (`to` is
             // strictly increasing), and the same row in another chunk has a disjoint row range
-            // whose ends are multiples of `per`, so disjoint columns. Both buffers are
-            // exclusively borrowed until the call returns.
+            // whose ends are multiples of `per`, so disjoint columns. `y` and `out` are two
+            // exclusive borrows (so never overlap), held until the call returns.
             let (cy, co) = unsafe {
                 (
                     py.cells(ti * rows + r.start, r.len()),

@@ -199,7 +199,7 @@ const CHUNKS_PER_THREAD: usize = 4;
 /// relies on to hand whole groups of rows to one chunk.
 pub(crate) const MIN_CHUNK_ROWS: usize = 16;
 // A prefill's coarse cuts are whole row groups of the wide nest, so multiples of it too.
-const _: () = assert!(crate::wide::GROUP % MIN_CHUNK_ROWS == 0);
+const _: () = assert!(crate::wide::GROUP.is_multiple_of(MIN_CHUNK_ROWS));
 /// Fewest activation rows in a chunk when a call of many activation rows is also split by
 /// activation rows (each such chunk decodes its weights again).
 const MIN_CHUNK_TOKENS: usize = 16;

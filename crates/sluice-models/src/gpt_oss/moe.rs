@@ -246,8 +246,12 @@ mod tests {
         let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         // Scales 2^-4 … 2^0: gate and up values on both sides of the clamp.
         let mx = |rows: usize, cols: usize, seed: usize| -> (Vec<u8>, Vec<u8>) {
-            let packed = (0..rows * cols / 2).map(|i| ((i * 37 + seed) % 251) as u8).collect();
-            let scales = (0..rows * cols / 32).map(|i| 123 + ((i * 7 + seed) % 5) as u8).collect();
+            let packed = (0..rows * cols / 2)
+                .map(|i| u8::try_from((i * 37 + seed) % 251).expect("a byte"))
+                .collect();
+            let scales = (0..rows * cols / 32)
+                .map(|i| u8::try_from(123 + (i * 7 + seed) % 5).expect("a byte"))
+                .collect();
             (packed, scales)
         };
         let t_max = 70;
