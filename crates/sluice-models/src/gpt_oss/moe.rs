@@ -22,8 +22,9 @@
 //! SwiGLU, and each chunk of the down projection adds the bias and the weighted cells into the
 //! rows' running sums, right after computing them. As separate passes over whole buffers
 //! (bias, activation, bias, weighted add), that work ran on the engine thread alone while the
-//! pool's helpers waited: 6.1% of a 256-token prefill's wall time on a 2-vCPU VM. The
-//! roundings per cell are those of the separate passes, so the bits are too.
+//! pool's helpers waited: 6% of a 256-token prefill's wall time on a 2-vCPU VM, 2.4% after
+//! (docs/PERFORMANCE.md, session 18). The roundings per cell are those of the separate passes,
+//! so the bits are too.
 
 use super::attention::add_bias;
 use super::config::{GptOssConfig, SWIGLU_ALPHA};
@@ -94,6 +95,7 @@ impl Expert<'_> {
         out: &mut [f32],
     ) {
         let n = to.len();
+        assert_eq!(weights.len(), n, "gpt_oss expert: one routing weight per row");
         let (two_i, d) = (self.gate_up.rows(), self.down.rows());
         b.gate_up.resize(n * two_i, 0.0);
         b.act.resize(n * two_i / 2, 0.0);
