@@ -8,6 +8,7 @@
 //! verification pass therefore gives bit-for-bit the logits of T single-row passes.
 
 mod arch;
+pub mod finish;
 pub mod formats;
 pub mod isa;
 pub mod latent;
@@ -20,8 +21,9 @@ mod sweep;
 mod tiled;
 mod wide;
 
+pub use finish::{add_weighted, matmul_add_rows, matmul_pair, matmul_then, Target};
 pub use isa::{isa, Isa, IsaError};
-pub use matmul::{matmul, matmul_add_rows, matmul_pair, matmul_with, Matrix, WeightFormat};
+pub use matmul::{matmul, matmul_with, Matrix, WeightFormat};
 pub use pool::{Pool, PoolBusy};
 pub use wide::WIDE_SCRATCH_BYTES;
 

@@ -23,10 +23,8 @@
 //! many activation rows against few output rows, activation rows; never a reduction) across
 //! the current [`crate::pool`], so neither the tier nor the thread count nor the number of
 //! activation rows changes a result bit; [`matmul_with`] picks the tier
-//! explicitly. [`matmul_pair`] (a gated MLP's gate and up projections, then an elementwise
-//! finish such as the activation) and [`matmul_add_rows`] (an expert's output added into its
-//! rows' running sums) compute every cell as [`matmul`] does, in one pool call each, so a
-//! routed expert is two calls rather than four plus work on the calling thread alone.
+//! explicitly. The variants whose chunks finish their own cells right after computing them (an
+//! activation, a weighted add into running sums: [`crate::finish`]) split calls the same way.
 //! The loop nest every tier shares (row blocks, token blocks, column chunks, register tiles)
 //! is in the crate's `tiled` module.
 
@@ -196,8 +194,12 @@ const PAR_MIN_ROWS: usize = 64;
 const PAR_MIN_WORK: usize = 1 << 16;
 /// Row chunks per pool thread wanted when a call is also split by activation rows.
 const CHUNKS_PER_THREAD: usize = 4;
-/// Fewest rows in a chunk of a call of few activation rows.
-const MIN_CHUNK_ROWS: usize = 16;
+/// Fewest rows in a chunk of a call of few activation rows. Every cut between row chunks is a
+/// multiple of it (the last chunk ends at the matrix's last row), which [`crate::finish`]
+/// relies on to hand whole groups of rows to one chunk.
+pub(crate) const MIN_CHUNK_ROWS: usize = 16;
+// A prefill's coarse cuts are whole row groups of the wide nest, so multiples of it too.
+const _: () = assert!(crate::wide::GROUP.is_multiple_of(MIN_CHUNK_ROWS));
 /// Fewest activation rows in a chunk when a call of many activation rows is also split by
 /// activation rows (each such chunk decodes its weights again).
 const MIN_CHUNK_TOKENS: usize = 16;
@@ -212,7 +214,7 @@ pub fn matmul_with(isa: Isa, m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32
     assert_eq!(x.len(), t * m.cols, "matmul: x length");
     assert_eq!(out.len(), t * m.rows, "matmul: out length");
     assert!(isa.is_available(), "matmul: the {isa} tier is not supported by this CPU");
-    let out_ptr = OutPtr(out.as_mut_ptr());
+    let out_ptr = OutPtr::new(out);
     for_chunks(m.rows, m.cols, t, &|tk, r| {
         // SAFETY: `isa` is available (asserted above); `out` is `t * rows` long and exclusively
         // borrowed until `for_chunks` returns, which is after every chunk has finished, and
@@ -222,103 +224,9 @@ pub fn matmul_with(isa: Isa, m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32
     });
 }
 
-/// `out_a = x · Aᵀ` and `out_b = x · Bᵀ` for two matrices of one shape in a single pool call
-/// (a gated MLP's gate and up projections), each chunk then handing `finish` its cells of
-/// both, one activation row at a time: `finish(&mut out_a[ti, rows], &mut out_b[ti, rows])`
-/// for each activation row `ti` and row range `rows` of the chunk, right after it computed
-/// them. Every cell is computed as [`matmul`] computes it, so the results are bit for bit
-/// those of two calls of it; an elementwise `finish` (an activation) sees each cell once, so
-/// its results do not depend on the split either. One call instead of three (gate, up, the
-/// activation) per expert: each call ends with the engine thread waiting on the helpers'
-/// last chunks, a share of the pass that grows with the thread count.
-///
-/// # Panics
-/// If the shapes differ, or on the length mismatches [`matmul`] panics on.
-pub fn matmul_pair(
-    a: &Matrix<'_>,
-    b: &Matrix<'_>,
-    x: &[f32],
-    t: usize,
-    out_a: &mut [f32],
-    out_b: &mut [f32],
-    finish: &(dyn Fn(&mut [f32], &mut [f32]) + Sync),
-) {
-    assert_eq!((a.rows, a.cols), (b.rows, b.cols), "matmul_pair: shapes");
-    assert_eq!(x.len(), t * a.cols, "matmul: x length");
-    assert_eq!(out_a.len(), t * a.rows, "matmul: out length");
-    assert_eq!(out_b.len(), t * a.rows, "matmul: out length");
-    let isa = isa::isa();
-    let rows = a.rows;
-    let (pa, pb) = (OutPtr(out_a.as_mut_ptr()), OutPtr(out_b.as_mut_ptr()));
-    for_chunks(rows, 2 * a.cols, t, &|tk, r| {
-        // SAFETY: as in `matmul_with`, for each of the two outputs (`isa` is the process's
-        // tier, which the CPU supports).
-        unsafe {
-            run_cells(isa, a, x, tk.clone(), r.clone(), &pa);
-            run_cells(isa, b, x, tk.clone(), r.clone(), &pb);
-        }
-        for ti in tk {
-            let at = ti * rows + r.start;
-            // SAFETY: `ti < t` and `r` lies inside `0..rows`, so both ranges are inside their
-            // buffers; this chunk owns these cells (disjoint from every other chunk's) and has
-            // just written them, and no other reference to them exists until the call returns.
-            let (ca, cb) = unsafe { (pa.cells(at, r.len()), pb.cells(at, r.len())) };
-            finish(ca, cb);
-        }
-    });
-}
-
-/// `out[to[ti], r] += weight[ti] · y[ti, r]` for `y = x · Wᵀ` (computed into `y`, a
-/// `t × rows` buffer): an expert's output added into the running sums of the prompt rows that
-/// chose it, each chunk adding its own cells as soon as it has computed them (`v · w` rounded,
-/// then added: the same two roundings per cell as a separate pass, so the same bits). `to`
-/// must be strictly increasing (an expert's rows, in prompt order), so no two activation rows
-/// add into the same output row.
-///
-/// # Panics
-/// If `to` is not strictly increasing or names a row past `out`, or on the length mismatches
-/// [`matmul`] panics on.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_add_rows(
-    m: &Matrix<'_>,
-    x: &[f32],
-    t: usize,
-    y: &mut [f32],
-    to: &[usize],
-    weight: &[f32],
-    out: &mut [f32],
-) {
-    assert_eq!(x.len(), t * m.cols, "matmul: x length");
-    assert_eq!(y.len(), t * m.rows, "matmul: out length");
-    assert!(to.len() == t && weight.len() == t, "matmul_add_rows: one target row per row");
-    assert!(to.windows(2).all(|w| w[0] < w[1]), "matmul_add_rows: target rows not increasing");
-    let rows = m.rows;
-    assert!(to.last().is_none_or(|&l| (l + 1) * rows <= out.len()), "matmul_add_rows: target row");
-    let isa = isa::isa();
-    let (py, po) = (OutPtr(y.as_mut_ptr()), OutPtr(out.as_mut_ptr()));
-    for_chunks(rows, m.cols, t, &|tk, r| {
-        // SAFETY: as in `matmul_with` (`isa` is the process's tier).
-        unsafe { run_cells(isa, m, x, tk.clone(), r.clone(), &py) };
-        for ti in tk {
-            // SAFETY: `ti < t` and `r` is inside `0..rows`, so the `y` cells are inside `y`
-            // and this chunk's alone (just written); `to[ti] * rows + r.end <= out.len()`
-            // (asserted), and since `to` is strictly increasing, cell `(to[ti], r)` of `out` is
-            // touched only by the chunk that owns `(ti, r)`. Both buffers are exclusively
-            // borrowed until the call returns.
-            let (cy, co) = unsafe {
-                (py.cells(ti * rows + r.start, r.len()), po.cells(to[ti] * rows + r.start, r.len()))
-            };
-            let w = weight[ti];
-            for (o, &v) in co.iter_mut().zip(cy.iter()) {
-                *o += v * w;
-            }
-        }
-    });
-}
-
 /// Runs `f(tokens, rows)` over the chunks of a call of `t` activation rows on a `rows × cols`
 /// matrix ([`split`]) on the current pool, or once over everything on the calling thread.
-fn for_chunks(
+pub(crate) fn for_chunks(
     rows: usize,
     cols: usize,
     t: usize,
@@ -417,19 +325,26 @@ fn guided_cuts(rows: usize, threads: usize, coarse: usize, fine: usize) -> Vec<u
     cuts
 }
 
-/// The output buffer shared by the row tasks of one [`matmul_with`] call.
-struct OutPtr(*mut f32);
+/// An output buffer shared by the chunks of one call ([`matmul_with`], and the variants in
+/// [`crate::finish`], whose chunks finish their cells into a second buffer too).
+pub(crate) struct OutPtr(*mut f32);
 
-// SAFETY: the pointer is only written through `OutPtr::write`, at cells that one task owns
-// (disjoint row ranges), while the `&mut [f32]` it came from is held by the call.
+// SAFETY: the pointer is only dereferenced through `OutPtr::write` and `OutPtr::cells`, at
+// cells that one chunk owns (the chunks' (token, row) ranges are disjoint), while the
+// `&mut [f32]` it came from is held by the call.
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
+    /// The buffer `out`, which the caller holds exclusively until its chunks have finished.
+    pub(crate) fn new(out: &mut [f32]) -> Self {
+        Self(out.as_mut_ptr())
+    }
+
     /// Writes `v` at element `i`.
     ///
     /// # Safety
     /// `i` is inside the buffer, and no other thread accesses element `i` during the call.
-    unsafe fn write(&self, i: usize, v: f32) {
+    pub(crate) unsafe fn write(&self, i: usize, v: f32) {
         // SAFETY: guaranteed by the caller.
         unsafe { self.0.add(i).write(v) };
     }
@@ -438,7 +353,7 @@ impl OutPtr {
     ///
     /// # Safety
     /// The range is inside the buffer, and no other reference to it exists while the slice lives.
-    unsafe fn cells<'a>(&self, i: usize, len: usize) -> &'a mut [f32] {
+    pub(crate) unsafe fn cells<'a>(&self, i: usize, len: usize) -> &'a mut [f32] {
         // SAFETY: guaranteed by the caller.
         unsafe { std::slice::from_raw_parts_mut(self.0.add(i), len) }
     }
@@ -450,7 +365,7 @@ impl OutPtr {
 /// # Safety
 /// The CPU supports `isa`; `out` points to `x.len() / m.cols() * m.rows()` f32 whose cells
 /// `(ti, r)` for `ti` in `tokens` and `r` in `rows` no other thread accesses during the call.
-unsafe fn run_cells(
+pub(crate) unsafe fn run_cells(
     isa: Isa,
     m: &Matrix<'_>,
     x: &[f32],

@@ -13,7 +13,9 @@ use common::{bits, mode, tiers, values, Mode, Rng, Weights};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use sluice_kernels::matmul::matmul_scalar;
-use sluice_kernels::{matmul, matmul_add_rows, matmul_pair, matmul_with, Pool};
+use sluice_kernels::{
+    matmul, matmul_add_rows, matmul_pair, matmul_then, matmul_with, Pool, Target,
+};
 
 /// Activation-row counts: small, around the 8-row and 64-row token blocks and the 6-row
 /// tiles, and prefill chunk sizes.
@@ -158,6 +160,63 @@ fn an_experts_output_added_on_the_engine_thread_alone_now_added_by_each_chunk() 
             }
         }
     }
+}
+
+/// Rows that interleave two projections (GPT-OSS's gate even, up odd), finished pair by pair
+/// into their activation by the chunks of one call ([`matmul_then`] into [`Target::rows`]),
+/// equal a [`matmul`] and then a pass over whole rows, bit for bit, at every T and thread
+/// count: no chunk splits a pair, and each pair is finished once. Before, the pass ran on the
+/// engine thread alone.
+#[test]
+fn interleaved_row_pairs_finished_on_the_engine_thread_alone_now_finished_by_each_chunk() {
+    let pools: Vec<Pool> = THREADS.iter().map(|&n| Pool::new(n).expect("kernel pool")).collect();
+    // 200 rows: a 2-thread prefill ends in partial row groups; 70: the last chunk is 6 rows.
+    for (k, &(format, rows, cols)) in [("mxfp4", 200, 96), ("bf16", 70, 300)].iter().enumerate() {
+        let mut rng = Rng::new(0x9A12_0000 + u64::try_from(k).expect("small"));
+        let w = Weights::gen(format, rows, cols, &mut rng, Mode::Normal);
+        let m = w.matrix();
+        let t_max = TS[TS.len() - 1];
+        let x = values(&mut rng, Mode::Normal, t_max * cols);
+        let bias = values(&mut rng, Mode::Normal, rows);
+        // A bias in place, then an elementwise function of each pair.
+        let pairs = |r: std::ops::Range<usize>, y: &mut [f32], o: &mut [f32]| {
+            for (v, &b) in y.iter_mut().zip(&bias[r]) {
+                *v += b;
+            }
+            for (o, p) in o.iter_mut().zip(y.chunks_exact(2)) {
+                *o = p[0].min(2.0) * (p[1] + 1.0);
+            }
+        };
+        for (pool, threads) in pools.iter().zip(THREADS) {
+            for t in TS {
+                let xs = &x[..t * cols];
+                let (mut y, mut want) = (vec![0.0f32; t * rows], vec![0.0f32; t * rows / 2]);
+                let (mut y2, mut got) = (vec![f32::NAN; t * rows], vec![f32::NAN; t * rows / 2]);
+                pool.install(|| {
+                    matmul(&m, xs, t, &mut y);
+                    let finish = |_: usize, r, y: &mut [f32], o: &mut [f32]| pairs(r, y, o);
+                    matmul_then(&m, xs, t, &mut y2, Target::rows(&mut got, 2), &finish);
+                });
+                for (yr, wr) in y.chunks_exact_mut(rows).zip(want.chunks_exact_mut(rows / 2)) {
+                    pairs(0..rows, yr, wr);
+                }
+                let what = format!("{format} {rows}x{cols} t={t} threads={threads}");
+                assert_eq!(bits(&got), bits(&want), "{what}");
+                assert_eq!(bits(&y2), bits(&y), "{what}: the projection and its bias");
+            }
+        }
+    }
+}
+
+/// A group of rows that does not divide the 16-row cuts could be split between chunks; the
+/// call refuses it before any work, whatever the pool.
+#[test]
+#[should_panic(expected = "do not divide the row chunks")]
+fn a_finish_over_groups_the_cuts_could_split_is_refused() {
+    let w = [0u8; 48 * 4 * 4];
+    let m = sluice_kernels::Matrix::f32(48, 4, &w).expect("matrix");
+    let (x, mut y, mut out) = ([0.0f32; 4], [0.0f32; 48], [0.0f32; 16]);
+    matmul_then(&m, &x, 1, &mut y, Target::rows(&mut out, 3), &|_, _, _, _| {});
 }
 
 /// Calls of more than eight rows reuse their thread's scratch (the weight panel, accumulators,

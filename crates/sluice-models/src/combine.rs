@@ -159,13 +159,6 @@ fn set_len(v: &mut Vec<f32>, len: usize) {
     v.resize(len, 0.0);
 }
 
-/// Adds `weight · y` into the running sum `acc` of one row.
-pub(crate) fn add_weighted(acc: &mut [f32], y: &[f32], weight: f32) {
-    for (a, &v) in acc.iter_mut().zip(y) {
-        *a += v * weight;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
