@@ -25,6 +25,7 @@ pub mod state;
 pub mod synth;
 pub mod working;
 
+pub use combine::LAYER_BATCH_BYTES;
 pub use family::{
     Checked, Family, FamilyModel, MemoryNeeds, RoutedExperts, Shape, Trace, FAMILIES,
 };

@@ -22,7 +22,7 @@
 use super::config::DeepseekV3Config;
 use super::experts::DeepseekV3ExpertLayout;
 use super::weights::{Mlp, MoeWeights};
-use crate::combine::{gated_mlp, GluExpert, IdOrder};
+use crate::combine::{gated_mlp, GluExpert};
 use crate::kimi_k3::Route;
 use crate::qwen3_moe::moe::{At, BlockOut};
 use crate::spine::TensorBytes;
@@ -147,23 +147,19 @@ pub(crate) fn forward(
     // Each expert once, on all of its rows, in ascending id as the store delivers them, added
     // into the rows' running sums.
     let mut out = vec![0.0f32; t * d];
-    let mut order = IdOrder::new(layer);
     let mut batch = GluExpert::default();
-    store.for_each_then_prefetch(layer, &ids, next, &mut |id, v| {
-        order.next(id)?;
-        let [gate_w, up_w, down_w] = layout.matrices(layer, id, &v)?;
+    batch.run_layer(
+        store,
+        (layer, &ids, next),
+        |id, v| layout.matrices(layer, id, v),
         // DeepseekV3MLP: down(silu(gate x) · up x)
-        batch.run(
-            [&gate_w, &up_w, &down_w],
-            silu_glu,
-            &users[id as usize],
-            crate::ROW_BLOCK,
-            x,
-            |row, slot| routes[row].weights[slot],
-            &mut out,
-        );
-        Ok(())
-    })?;
+        silu_glu,
+        &users,
+        crate::ROW_BLOCK,
+        x,
+        |row, slot| routes[row].weights[slot],
+        &mut out,
+    )?;
     // hidden_states = experts(...) + shared_experts(residuals)
     for (a, &v) in out.iter_mut().zip(&sh) {
         *a += v;
