@@ -24,7 +24,8 @@
 //! the current [`crate::pool`], so neither the tier nor the thread count nor the number of
 //! activation rows changes a result bit; [`matmul_with`] picks the tier
 //! explicitly. The variants whose chunks finish their own cells right after computing them (an
-//! activation, a weighted add into running sums: [`crate::finish`]) split calls the same way.
+//! activation, a weighted add into running sums: [`crate::finish`]) split calls the same way,
+//! and so do the calls that run several matmuls (a layer's experts) as one ([`crate::many`]).
 //! The loop nest every tier shares (row blocks, token blocks, column chunks, register tiles)
 //! is in the crate's `tiled` module.
 

@@ -15,8 +15,9 @@
 //! from zero (the order of transformers' `index_add_` loop over `expert_hit`), added into one
 //! running sum per row as each expert finishes (the store hands experts over in ascending id
 //! order; see [`crate::combine`]), then `+ shared(x)`. Each expert runs once on all rows that
-//! chose it ([`crate::ROW_BLOCK`] at a time) through the batch-invariant matmul, so a row's
-//! output never depends on the other rows. Routed experts come from the expert store (mapped or
+//! chose it ([`crate::ROW_BLOCK`] at a time; mapped, every expert of the layer together in
+//! three kernel-pool calls, `GluExpert::run_layer`) through the batch-invariant matmul, so a
+//! row's output never depends on the other rows. Routed experts come from the expert store (mapped or
 //! streamed, the same published bytes either way; see [`super::experts`]).
 
 use super::config::DeepseekV3Config;

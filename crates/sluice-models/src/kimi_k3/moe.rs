@@ -10,7 +10,8 @@
 //! RMSNorm'd, projected up, and the shared experts (on the full hidden `x`, unweighted) are
 //! added. The union of experts over the T rows is requested from the store once per pass, which
 //! hands them over in ascending id order; each expert runs on all its rows, a block of rows at
-//! a time, in one batch-invariant matmul.
+//! a time, in one batch-invariant matmul (mapped, every expert of the layer together in three
+//! kernel-pool calls, `GluExpert::run_layer`; the same bits).
 
 use super::config::K3Config;
 use super::weights::{MlpWeights, MoeWeights};

@@ -14,7 +14,8 @@
 //! never depends on the other rows. The experts come from the expert store (mapped or streamed;
 //! the same bytes either way) in ascending id order, whatever order their reads finish in, and
 //! each is added into its rows' running sums as its batch finishes ([`crate::combine`]): no row
-//! keeps its k expert outputs.
+//! keeps its k expert outputs. Mapped, a layer's experts run together, three kernel-pool calls
+//! for the layer instead of two per expert (`GluExpert::run_layer`; the same bits).
 
 use super::config::Qwen3MoeConfig;
 use crate::combine::GluExpert;
