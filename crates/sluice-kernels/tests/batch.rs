@@ -175,7 +175,7 @@ fn a_layers_small_experts_made_two_pool_calls_each_now_one_per_stage() {
         let mut rng = Rng::new(0x3A11_0000 + u64::try_from(k).expect("small"));
         let ws: Vec<_> = (0..6)
             .map(|_| {
-                let w = || {
+                let mut w = || {
                     Weights::gen(format, rows, cols, &mut Rng::new(rng.next_u64()), Mode::Normal)
                 };
                 (w(), w())

@@ -28,13 +28,14 @@ use sluice_kernels::{
 };
 use sluice_store::{ExpertStore, ExpertView, StoreError};
 
-/// Bytes the buffers of one batch of a layer's experts may take in [`GluExpert::run_layer`]:
-/// an expert's `n` rows need `n × (2 · inter + max(d_in, d_out))` f32 (gate and activation, up,
-/// the gathered input rows that then take the output). Experts are batched in ascending id
-/// while their sum fits; an expert that alone does not fit runs today's per-expert path. At
-/// 16 MiB a Qwen3-30B-A3B decode token's 8 experts take 115 KB and a 256-row prompt's 2,048
-/// (row, expert) pairs two batches; charged to the memory plan as scratch (the engine's
-/// `place::plan_headroom`), whatever the pass.
+/// Bytes the buffers of a batch of a layer's experts may take in [`GluExpert::run_layer`]:
+/// each (prompt row, expert) pair of a batch needs `2 · inter + max(d_in, d_out) + 1` f32
+/// (gate and activation, up, the gathered input row that then takes the output, its weight)
+/// and its prompt row's index. Experts are batched in ascending id while their sum fits; an
+/// expert that alone does not fit runs the per-expert path. At 16 MiB a Qwen3-30B-A3B decode
+/// token's 8 experts take 115 KB and a 256-row prompt's 2,048 pairs two batches. The buffers
+/// are kept for the thread's life and never hold more than this ([`layer_batch_held`]); the
+/// memory plan charges it as scratch (the engine's `place::plan_headroom`), whatever the pass.
 pub const LAYER_BATCH_BYTES: usize = 16 << 20;
 
 /// Checks that the experts of one MoE block reach the combination in ascending id order (the
@@ -117,12 +118,53 @@ impl GluExpert {
     }
 }
 
+/// The buffers of the batched path ([`LAYER_BATCH_BYTES`] at most): every pair's f32 values
+/// (input then output row, gate and activation, up, weight), and its prompt row.
+#[derive(Default)]
+struct Batch {
+    vals: Vec<f32>,
+    to: Vec<usize>,
+}
+
+impl Batch {
+    /// Room for `vals` values and `pairs` rows. Values are overwritten before they are read,
+    /// so a buffer long enough already is not filled again; one too small is replaced with
+    /// both buffers exactly as large as asked, so what is held is one batch's need, never more
+    /// than the cap.
+    fn fit(&mut self, vals: usize, pairs: usize) {
+        if self.vals.capacity() < vals || self.to.capacity() < pairs {
+            *self = Self::default();
+            self.vals.reserve_exact(vals);
+            self.to.reserve_exact(pairs);
+        }
+        if self.vals.len() < vals {
+            self.vals.resize(vals, 0.0);
+        }
+        self.to.clear();
+    }
+
+    /// Bytes held.
+    fn held(&self) -> usize {
+        self.vals.capacity() * size_of::<f32>() + self.to.capacity() * size_of::<usize>()
+    }
+}
+
+/// Bytes one (prompt row, expert) pair of a batch takes (see [`LAYER_BATCH_BYTES`]).
+fn pair_bytes([g, _, d]: &[Matrix<'_>; 3]) -> usize {
+    (2 * g.rows() + g.cols().max(d.rows()) + 1) * size_of::<f32>() + size_of::<usize>()
+}
+
 thread_local! {
-    /// The buffers of the batched path, kept for the thread's life (at most
-    /// [`LAYER_BATCH_BYTES`], which the memory plan charges whatever the pass): made afresh
-    /// for each layer, their zero fill and first-touch page faults took 1.5% of a pp256's
-    /// wall on the engine thread alone (5.5% → 4.0%, the Qwen3-30B-A3B slice, 2 threads).
-    static BATCH: std::cell::RefCell<GluExpert> = std::cell::RefCell::default();
+    /// This thread's batch buffers, kept for its life: made afresh for each layer, their zero
+    /// fill and first-touch page faults took 1.5% of a pp256's wall on the engine thread alone
+    /// (5.5% → 4.0%, the Qwen3-30B-A3B slice, 2 threads).
+    static BATCH: std::cell::RefCell<Batch> = std::cell::RefCell::default();
+}
+
+/// Bytes the calling thread's batch buffers hold ([`LAYER_BATCH_BYTES`] at most), for tests
+/// that measure a pass's working memory apart from the plan's fixed charges.
+pub fn layer_batch_held() -> usize {
+    BATCH.with_borrow(Batch::held)
 }
 
 impl GluExpert {
@@ -166,7 +208,7 @@ impl GluExpert {
                 ms.push((*id, matrices(*id, v)?));
             }
             BATCH.with_borrow_mut(|b| {
-                b.run_batches(&ms, LAYER_BATCH_BYTES, &glu, users, block, x, &weight, out);
+                self.run_batches(b, &ms, LAYER_BATCH_BYTES, &glu, users, block, x, &weight, out);
             });
             Ok(())
         })?;
@@ -185,11 +227,12 @@ impl GluExpert {
     }
 
     /// The experts `ms` (ascending id) in batches of at most `cap` bytes of buffers
-    /// ([`LAYER_BATCH_BYTES`]), in ascending id; an expert too large for a batch of its own
-    /// runs [`GluExpert::run`].
+    /// ([`LAYER_BATCH_BYTES`]) held in `b`, in ascending id; an expert too large for a batch
+    /// of its own runs [`GluExpert::run`].
     #[allow(clippy::too_many_arguments)]
     fn run_batches(
         &mut self,
+        b: &mut Batch,
         ms: &[(u32, [Matrix<'_>; 3])],
         cap: usize,
         glu: &(impl Fn(&[f32], &[f32], &mut [f32]) + Sync),
@@ -199,9 +242,7 @@ impl GluExpert {
         weight: &impl Fn(usize, usize) -> f32,
         out: &mut [f32],
     ) {
-        let bytes = |(id, [g, _, d]): &(u32, [Matrix<'_>; 3])| {
-            users[*id as usize].len() * (2 * g.rows() + g.cols().max(d.rows())) * 4
-        };
+        let bytes = |(id, m): &(u32, [Matrix<'_>; 3])| users[*id as usize].len() * pair_bytes(m);
         let mut start = 0;
         while start < ms.len() {
             let (mut end, mut sum) = (start + 1, bytes(&ms[start]));
@@ -213,95 +254,98 @@ impl GluExpert {
                 let (id, [g, u, d]) = &ms[start];
                 self.run([g, u, d], glu, &users[*id as usize], block, x, weight, out);
             } else {
-                self.batch(&ms[start..end], glu, users, x, weight, out);
+                batch(b, &ms[start..end], glu, users, x, weight, out);
             }
             start = end;
         }
     }
+}
 
-    /// One batch of experts `ms` (ascending id) in three kernel-pool calls (see
-    /// [`GluExpert::run_layer`]). Each expert's region of the input buffer holds its gathered
-    /// rows, then, once the gate and up projections have read them, its output rows.
-    fn batch(
-        &mut self,
-        ms: &[(u32, [Matrix<'_>; 3])],
-        glu: &(impl Fn(&[f32], &[f32], &mut [f32]) + Sync),
-        users: &[Vec<(usize, usize)>],
-        x: &[f32],
-        weight: &impl Fn(usize, usize) -> f32,
-        out: &mut [f32],
-    ) {
-        let Self { xs, gate, up, to, weights } = self;
-        let rows = |id: u32| users[id as usize].len();
-        let wide = |[g, _, d]: &[Matrix<'_>; 3]| g.cols().max(d.rows());
-        set_len(xs, ms.iter().map(|(id, m)| rows(*id) * wide(m)).sum());
-        set_len(gate, ms.iter().map(|(id, [g, ..])| rows(*id) * g.rows()).sum());
-        set_len(up, gate.len());
-        to.clear();
-        weights.clear();
-        let mut at = 0;
-        for (id, m) in ms {
-            let d_in = m[0].cols();
-            for (j, &(row, slot)) in users[*id as usize].iter().enumerate() {
-                let xr = &mut xs[at + j * d_in..at + (j + 1) * d_in];
-                xr.copy_from_slice(&x[row * d_in..(row + 1) * d_in]);
-                to.push(row);
-                weights.push(weight(row, slot));
-            }
-            at += rows(*id) * wide(m);
+/// One batch of experts `ms` (ascending id) in three kernel-pool calls (see
+/// [`GluExpert::run_layer`]), in the buffers `b`. Each expert's region of the input rows holds
+/// its gathered rows, then, once the gate and up projections have read them, its output rows.
+fn batch(
+    b: &mut Batch,
+    ms: &[(u32, [Matrix<'_>; 3])],
+    glu: &(impl Fn(&[f32], &[f32], &mut [f32]) + Sync),
+    users: &[Vec<(usize, usize)>],
+    x: &[f32],
+    weight: &impl Fn(usize, usize) -> f32,
+    out: &mut [f32],
+) {
+    let rows = |id: u32| users[id as usize].len();
+    let wide = |[g, _, d]: &[Matrix<'_>; 3]| g.cols().max(d.rows());
+    let n_xs: usize = ms.iter().map(|(id, m)| rows(*id) * wide(m)).sum();
+    let n_gate: usize = ms.iter().map(|(id, [g, ..])| rows(*id) * g.rows()).sum();
+    let pairs: usize = ms.iter().map(|(id, _)| rows(*id)).sum();
+    b.fit(n_xs + 2 * n_gate + pairs, pairs);
+    let Batch { vals, to } = b;
+    let (xs, rest) = vals.split_at_mut(n_xs);
+    let (gate, rest) = rest.split_at_mut(n_gate);
+    let (up, rest) = rest.split_at_mut(n_gate);
+    let weights = &mut rest[..pairs];
+    let mut at = 0;
+    for (id, m) in ms {
+        let d_in = m[0].cols();
+        for (j, &(row, slot)) in users[*id as usize].iter().enumerate() {
+            let xr = &mut xs[at + j * d_in..at + (j + 1) * d_in];
+            xr.copy_from_slice(&x[row * d_in..(row + 1) * d_in]);
+            weights[to.len()] = weight(row, slot);
+            to.push(row);
         }
-        // Each expert's slices of the three buffers, in id order.
-        let mut regions = Vec::with_capacity(ms.len());
-        let (mut xr, mut gr, mut ur) = (&mut xs[..], &mut gate[..], &mut up[..]);
-        for (id, m) in ms {
-            let n = rows(*id);
-            let (xe, xrest) = std::mem::take(&mut xr).split_at_mut(n * wide(m));
-            let (ge, grest) = std::mem::take(&mut gr).split_at_mut(n * m[0].rows());
-            let (ue, urest) = std::mem::take(&mut ur).split_at_mut(n * m[0].rows());
-            (xr, gr, ur) = (xrest, grest, urest);
-            regions.push((n, xe, ge, ue));
-        }
-        let mut pairs: Vec<PairJob<'_>> = ms
-            .iter()
-            .zip(regions.iter_mut())
-            .map(|((_, [g, u, _]), (n, xe, ge, ue))| PairJob {
-                a: *g,
-                b: *u,
-                x: &xe[..*n * g.cols()],
-                t: *n,
-                out_a: ge,
-                out_b: ue,
-            })
-            .collect();
-        matmul_pair_many(&mut pairs, &activate(glu));
-        drop(pairs);
-        // The down projections, each into its expert's (now dead) input rows.
-        let mut downs: Vec<Job<'_>> = ms
-            .iter()
-            .zip(regions.iter_mut())
-            .map(|((_, [_, _, d]), (n, xe, ge, _))| Job {
-                m: *d,
-                x: ge,
-                t: *n,
-                out: &mut xe[..*n * d.rows()],
-            })
-            .collect();
-        matmul_many(&mut downs);
-        drop(downs);
-        // out[row] += weight · y, experts in ascending id (the order of `ms`).
-        let mut parts = Vec::with_capacity(ms.len());
-        let mut k = 0;
-        for ((_, [_, _, d]), (n, xe, _, _)) in ms.iter().zip(&regions) {
-            parts.push(AddRows {
-                y: &xe[..*n * d.rows()],
-                to: &to[k..k + *n],
-                weight: &weights[k..k + *n],
-            });
-            k += *n;
-        }
-        let width = ms.first().map_or(1, |(_, [_, _, d])| d.rows());
-        add_rows_many(&parts, width, out);
+        at += rows(*id) * wide(m);
     }
+    // Each expert's slices of the three buffers, in id order.
+    let mut regions = Vec::with_capacity(ms.len());
+    let (mut xr, mut gr, mut ur) = (xs, gate, up);
+    for (id, m) in ms {
+        let n = rows(*id);
+        let (xe, xrest) = std::mem::take(&mut xr).split_at_mut(n * wide(m));
+        let (ge, grest) = std::mem::take(&mut gr).split_at_mut(n * m[0].rows());
+        let (ue, urest) = std::mem::take(&mut ur).split_at_mut(n * m[0].rows());
+        (xr, gr, ur) = (xrest, grest, urest);
+        regions.push((n, xe, ge, ue));
+    }
+    let mut pairs: Vec<PairJob<'_>> = ms
+        .iter()
+        .zip(regions.iter_mut())
+        .map(|((_, [g, u, _]), (n, xe, ge, ue))| PairJob {
+            a: *g,
+            b: *u,
+            x: &xe[..*n * g.cols()],
+            t: *n,
+            out_a: ge,
+            out_b: ue,
+        })
+        .collect();
+    matmul_pair_many(&mut pairs, &activate(glu));
+    drop(pairs);
+    // The down projections, each into its expert's (now dead) input rows.
+    let mut downs: Vec<Job<'_>> = ms
+        .iter()
+        .zip(regions.iter_mut())
+        .map(|((_, [_, _, d]), (n, xe, ge, _))| Job {
+            m: *d,
+            x: ge,
+            t: *n,
+            out: &mut xe[..*n * d.rows()],
+        })
+        .collect();
+    matmul_many(&mut downs);
+    drop(downs);
+    // out[row] += weight · y, experts in ascending id (the order of `ms`).
+    let mut parts = Vec::with_capacity(ms.len());
+    let mut k = 0;
+    for ((_, [_, _, d]), (n, xe, _, _)) in ms.iter().zip(&regions) {
+        parts.push(AddRows {
+            y: &xe[..*n * d.rows()],
+            to: &to[k..k + *n],
+            weight: &weights[k..k + *n],
+        });
+        k += *n;
+    }
+    let width = ms.first().map_or(1, |(_, [_, _, d])| d.rows());
+    add_rows_many(&parts, width, out);
 }
 
 /// The activation a chunk of a gate/up call applies in place to its cells: `g = glu(g, u)`
@@ -642,11 +686,15 @@ mod tests {
                 );
             }
         });
-        let one = t * K / E * (2 * INTER + D) * 4;
+        let one = t * K / E * ((2 * INTER + D + 1) * 4 + size_of::<usize>());
         for cap in [0, one, 3 * one, LAYER_BATCH_BYTES] {
             let mut out = vec![0.0f32; t * D];
             let glu = sluice_kernels::ops::silu_glu;
-            pool.install(|| batch.run_batches(&ms, cap, &glu, &r.users, 7, &x, &weight, &mut out));
+            let mut b = Batch::default();
+            pool.install(|| {
+                batch.run_batches(&mut b, &ms, cap, &glu, &r.users, 7, &x, &weight, &mut out);
+            });
+            assert!(b.held() <= cap, "cap {cap}: {} bytes held", b.held());
             assert_eq!(bits(&out), bits(&each), "cap {cap}");
         }
     }
