@@ -187,7 +187,9 @@ impl GluExpert {
     pub(crate) fn run_layer<M, G>(
         &mut self,
         store: &dyn ExpertStore,
-        (layer, ids, next): (usize, &[u32], Option<(usize, &[u32])>),
+        layer: usize,
+        ids: &[u32],
+        next: Option<(usize, &[u32])>,
         matrices: M,
         glu: G,
         users: &[Vec<(usize, usize)>],
@@ -418,6 +420,7 @@ fn set_len(v: &mut Vec<f32>, len: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_store::AllExperts;
 
     #[test]
     fn an_expert_activation_run_whole_on_the_engine_thread_left_the_helpers_idle() {
@@ -484,7 +487,7 @@ mod tests {
             &self,
             _layer: usize,
             ids: &[u32],
-            f: &mut dyn FnMut(&[(u32, ExpertView<'_>)]) -> Result<(), StoreError>,
+            f: &mut AllExperts<'_>,
         ) -> Result<bool, StoreError> {
             if !self.all {
                 return Ok(false);
@@ -597,7 +600,10 @@ mod tests {
             }
             weights.push(std::array::from_fn(|_| rng.unit().abs() + 0.01));
         }
-        let ids = (0..E).filter(|&i| !users[i].is_empty()).map(|i| i as u32).collect();
+        let ids = (0..E)
+            .filter(|&i| !users[i].is_empty())
+            .map(|i| u32::try_from(i).expect("few"))
+            .collect();
         Routes { users, ids, weights }
     }
 
@@ -626,7 +632,9 @@ mod tests {
                         pool.install(|| {
                             GluExpert::default().run_layer(
                                 &store,
-                                (0, &r.ids, None),
+                                0,
+                                &r.ids,
+                                None,
                                 |_, v| matrices(mxfp4, v),
                                 sluice_kernels::ops::silu_glu,
                                 &r.users,

@@ -231,6 +231,10 @@ pub struct StoreStats {
     pub read_errors: u64,
 }
 
+/// What [`ExpertStore::with_all`] hands a layer's experts to: `(id, view)` for each, in
+/// ascending id.
+pub type AllExperts<'f> = dyn FnMut(&[(u32, ExpertView<'_>)]) -> Result<(), StoreError> + 'f;
+
 /// A source of routed experts.
 pub trait ExpertStore: Send + Sync {
     /// Calls `f(id, view)` once for every expert id in `ids` (distinct ids of one layer), in
@@ -255,7 +259,7 @@ pub trait ExpertStore: Send + Sync {
         &self,
         layer: usize,
         ids: &[u32],
-        f: &mut dyn FnMut(&[(u32, ExpertView<'_>)]) -> Result<(), StoreError>,
+        f: &mut AllExperts<'_>,
     ) -> Result<bool, StoreError> {
         let _ = (layer, ids, f);
         Ok(false)

@@ -5,7 +5,7 @@
 //! kernel calls).
 
 use crate::layout::{resolve, ExpertLayout, MAX_PARTS};
-use crate::{ExpertStore, ExpertView, StoreError, StoreStats};
+use crate::{AllExperts, ExpertStore, ExpertView, StoreError, StoreStats};
 use sluice_checkpoint::{Checkpoint, TensorEntry};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -90,7 +90,7 @@ impl ExpertStore for MappedExperts {
         &self,
         layer: usize,
         ids: &[u32],
-        f: &mut dyn FnMut(&[(u32, ExpertView<'_>)]) -> Result<(), StoreError>,
+        f: &mut AllExperts<'_>,
     ) -> Result<bool, StoreError> {
         let mut order = ids.to_vec();
         order.sort_unstable();

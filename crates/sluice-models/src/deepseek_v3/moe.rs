@@ -151,7 +151,9 @@ pub(crate) fn forward(
     let mut batch = GluExpert::default();
     batch.run_layer(
         store,
-        (layer, &ids, next),
+        layer,
+        &ids,
+        next,
         |id, v| layout.matrices(layer, id, v),
         // DeepseekV3MLP: down(silu(gate x) · up x)
         silu_glu,

@@ -187,7 +187,9 @@ pub(crate) fn forward(
     };
     batch.run_layer(
         ctx.experts,
-        (layer, &ids, next),
+        layer,
+        &ids,
+        next,
         |id, v| {
             // Parts in the order of `K3ExpertLayout`: w1, w2, w3, each packed then scales.
             let m1 = Matrix::mxfp4(inter, lat_w, v.part(0), v.part(1));

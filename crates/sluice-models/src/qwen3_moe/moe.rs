@@ -121,7 +121,9 @@ pub(crate) fn forward(
     let mut batch = GluExpert::default();
     batch.run_layer(
         store,
-        (layer, &ids, next),
+        layer,
+        &ids,
+        next,
         |id, v| {
             // Parts in the order of `Qwen3MoeExpertLayout`: gate, up, down.
             let (Ok(gate_w), Ok(up_w), Ok(down_w)) = (
