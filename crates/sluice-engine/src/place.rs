@@ -31,13 +31,17 @@ use std::sync::Arc;
 /// kernel threads' scratch, [`plan_headroom`]).
 const HEADROOM: u64 = 64 << 20;
 
-/// What every plan keeps beyond its named parts: [`HEADROOM`] plus one prefill-nest scratch
+/// What every plan keeps beyond its named parts: [`HEADROOM`], one prefill-nest scratch
 /// per kernel thread ([`sluice_kernels::WIDE_SCRATCH_BYTES`], made on the thread's first
-/// prefill-sized call and kept for its life). The scratch used to live inside the fixed
-/// headroom, which at 804 KiB a thread more than ~80 threads would have outgrown.
+/// prefill-sized call and kept for its life), and the buffers of a batch of a layer's routed
+/// experts ([`sluice_models::LAYER_BATCH_BYTES`], held while a layer's experts run batched,
+/// whatever the pass's rows). The scratch used to live inside the fixed headroom, which at
+/// 804 KiB a thread more than ~80 threads would have outgrown.
 fn plan_headroom() -> u64 {
     let threads = sluice_kernels::pool::global().threads() as u64;
-    HEADROOM + threads * sluice_kernels::WIDE_SCRATCH_BYTES as u64
+    HEADROOM
+        + threads * sluice_kernels::WIDE_SCRATCH_BYTES as u64
+        + sluice_models::LAYER_BATCH_BYTES as u64
 }
 
 /// A model planned, charged and with its spine placed; its routed experts still mapped

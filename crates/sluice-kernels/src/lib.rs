@@ -12,6 +12,7 @@ pub mod finish;
 pub mod formats;
 pub mod isa;
 pub mod latent;
+pub mod many;
 pub mod matmul;
 pub mod ops;
 pub mod pool;
@@ -23,6 +24,7 @@ mod wide;
 
 pub use finish::{add_weighted, matmul_add_rows, matmul_pair, matmul_then, Target};
 pub use isa::{isa, Isa, IsaError};
+pub use many::{add_rows_many, matmul_many, matmul_pair_many, AddRows, Job, PairJob};
 pub use matmul::{matmul, matmul_with, Matrix, WeightFormat};
 pub use pool::{Pool, PoolBusy};
 pub use wide::WIDE_SCRATCH_BYTES;

@@ -24,7 +24,8 @@
 //! the current [`crate::pool`], so neither the tier nor the thread count nor the number of
 //! activation rows changes a result bit; [`matmul_with`] picks the tier
 //! explicitly. The variants whose chunks finish their own cells right after computing them (an
-//! activation, a weighted add into running sums: [`crate::finish`]) split calls the same way.
+//! activation, a weighted add into running sums: [`crate::finish`]) split calls the same way,
+//! and so do the calls that run several matmuls (a layer's experts) as one ([`crate::many`]).
 //! The loop nest every tier shares (row blocks, token blocks, column chunks, register tiles)
 //! is in the crate's `tiled` module.
 
@@ -191,7 +192,7 @@ pub fn matmul(m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32]) {
 const PAR_MIN_ROWS: usize = 64;
 /// Below this many multiply-adds (`rows · cols · t`) a call runs on the calling thread alone:
 /// handing chunks to the pool's helpers costs about a microsecond, more than the work itself.
-const PAR_MIN_WORK: usize = 1 << 16;
+pub(crate) const PAR_MIN_WORK: usize = 1 << 16;
 /// Row chunks per pool thread wanted when a call is also split by activation rows.
 const CHUNKS_PER_THREAD: usize = 4;
 /// Fewest rows in a chunk of a call of few activation rows. Every cut between row chunks is a
@@ -257,7 +258,12 @@ pub(crate) fn for_chunks(
 /// last ones claimed are small and the threads finish together. With equal chunks of a
 /// quarter of a thread's share, the engine thread waited on the helpers' last chunks for
 /// 13–15% of a 16-thread pass (the device host, `--stats`).
-fn split(threads: usize, rows: usize, cols: usize, t: usize) -> Option<(Rc<[usize]>, usize)> {
+pub(crate) fn split(
+    threads: usize,
+    rows: usize,
+    cols: usize,
+    t: usize,
+) -> Option<(Rc<[usize]>, usize)> {
     if threads <= 1 || rows * cols * t < PAR_MIN_WORK {
         return None;
     }

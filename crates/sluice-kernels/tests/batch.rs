@@ -14,7 +14,8 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use sluice_kernels::matmul::matmul_scalar;
 use sluice_kernels::{
-    matmul, matmul_add_rows, matmul_pair, matmul_then, matmul_with, Pool, Target,
+    add_rows_many, matmul, matmul_add_rows, matmul_many, matmul_pair, matmul_pair_many,
+    matmul_then, matmul_with, AddRows, Job, PairJob, Pool, Target,
 };
 
 /// Activation-row counts: small, around the 8-row and 64-row token blocks and the 6-row
@@ -157,6 +158,121 @@ fn an_experts_output_added_on_the_engine_thread_alone_now_added_by_each_chunk() 
                 let what = format!("{format} {rows}x{cols} t={t} threads={threads}");
                 assert_eq!(bits(&got), bits(&want), "{what}");
                 assert_eq!(bits(&y2), bits(&y), "{what}: the projection itself");
+            }
+        }
+    }
+}
+
+/// A layer's experts as jobs of one pool call each ([`matmul_pair_many`], [`matmul_many`],
+/// [`add_rows_many`]) equal one call per expert ([`matmul_pair`], [`matmul`],
+/// [`matmul_add_rows`] in job order) bit for bit, whatever each job's rows (0 to 40, so some
+/// jobs split and some run whole) and on pools of 1 to 16 threads: small experts made two
+/// pool calls each.
+#[test]
+fn a_layers_small_experts_made_two_pool_calls_each_now_one_per_stage() {
+    let pools: Vec<Pool> = THREADS.iter().map(|&n| Pool::new(n).expect("kernel pool")).collect();
+    for (k, &(format, rows, cols)) in [("mxfp4", 96, 256), ("bf16", 70, 300)].iter().enumerate() {
+        let mut rng = Rng::new(0x3A11_0000 + u64::try_from(k).expect("small"));
+        let ws: Vec<_> = (0..6)
+            .map(|_| {
+                let mut w = || {
+                    Weights::gen(format, rows, cols, &mut Rng::new(rng.next_u64()), Mode::Normal)
+                };
+                (w(), w())
+            })
+            .collect();
+        let act = |ca: &mut [f32], cb: &mut [f32]| {
+            for (va, vb) in ca.iter_mut().zip(cb.iter_mut()) {
+                *va = *va * 0.5 + *vb;
+            }
+        };
+        for (pool, threads) in pools.iter().zip(THREADS) {
+            for round in 0..8 {
+                let ts: Vec<usize> = (0..ws.len()).map(|_| rng.below(41)).collect();
+                let xs: Vec<Vec<f32>> =
+                    ts.iter().map(|&t| values(&mut rng, Mode::Normal, t * cols)).collect();
+                let what = format!("{format} rows {ts:?} threads={threads} round {round}");
+                // One call per job.
+                let mut want: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = Vec::new();
+                let mut got: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = Vec::new();
+                for (t, _) in ts.iter().zip(&ws) {
+                    let z = || vec![f32::NAN; t * rows];
+                    want.push((z(), z(), z()));
+                    got.push((z(), z(), z()));
+                }
+                pool.install(|| {
+                    for (((wa, wb), x), (t, (ga, gb, y))) in
+                        ws.iter().zip(&xs).zip(ts.iter().zip(&mut want))
+                    {
+                        matmul_pair(&wa.matrix(), &wb.matrix(), x, *t, ga, gb, &act);
+                        // The plain stage: the first matrix again.
+                        matmul(&wa.matrix(), x, *t, y);
+                    }
+                    let mut pairs: Vec<PairJob<'_>> = ws
+                        .iter()
+                        .zip(&xs)
+                        .zip(ts.iter().zip(&mut got))
+                        .map(|(((wa, wb), x), (&t, (ga, gb, _)))| PairJob {
+                            a: wa.matrix(),
+                            b: wb.matrix(),
+                            x,
+                            t,
+                            out_a: ga,
+                            out_b: gb,
+                        })
+                        .collect();
+                    matmul_pair_many(&mut pairs, &act);
+                    drop(pairs);
+                    let mut jobs: Vec<Job<'_>> = ws
+                        .iter()
+                        .zip(&xs)
+                        .zip(ts.iter().zip(&mut got))
+                        .map(|(((wa, _), x), (&t, (_, _, y)))| Job { m: wa.matrix(), x, t, out: y })
+                        .collect();
+                    matmul_many(&mut jobs);
+                });
+                for (w, g) in want.iter().zip(&got) {
+                    assert_eq!(bits(&g.0), bits(&w.0), "{what}: gate cells");
+                    assert_eq!(bits(&g.1), bits(&w.1), "{what}: up cells");
+                    assert_eq!(bits(&g.2), bits(&w.2), "{what}: plain cells");
+                }
+                // Each job's rows into some of 81 running sums, in job order (rows of
+                // different jobs overlap), the jobs eight times over (enough cells that the
+                // call is split over the pool).
+                let n_out = 81;
+                let base = values(&mut rng, Mode::Normal, n_out * rows);
+                let tos: Vec<Vec<usize>> = ts
+                    .iter()
+                    .map(|&t| {
+                        let mut to: Vec<usize> = (0..n_out).collect();
+                        for i in 0..t {
+                            to.swap(i, i + rng.below(n_out - i));
+                        }
+                        to.truncate(t);
+                        to.sort_unstable();
+                        to
+                    })
+                    .collect();
+                let wts: Vec<Vec<f32>> =
+                    ts.iter().map(|&t| values(&mut rng, Mode::Normal, t)).collect();
+                let mut each = base.clone();
+                let mut all = base.clone();
+                pool.install(|| {
+                    for _ in 0..8 {
+                        for ((((wa, _), x), (t, to)), wt) in
+                            ws.iter().zip(&xs).zip(ts.iter().zip(&tos)).zip(&wts)
+                        {
+                            let mut y = vec![0.0f32; t * rows];
+                            matmul_add_rows(&wa.matrix(), x, *t, &mut y, to, wt, &mut each);
+                        }
+                    }
+                    let parts: Vec<AddRows<'_>> = (0..8)
+                        .flat_map(|_| want.iter().zip(&tos).zip(&wts))
+                        .map(|(((_, _, y), to), wt)| AddRows { y, to, weight: wt })
+                        .collect();
+                    add_rows_many(&parts, rows, &mut all);
+                });
+                assert_eq!(bits(&all), bits(&each), "{what}: running sums");
             }
         }
     }

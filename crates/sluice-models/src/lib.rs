@@ -25,6 +25,7 @@ pub mod state;
 pub mod synth;
 pub mod working;
 
+pub use combine::{layer_batch_held, LAYER_BATCH_BYTES};
 pub use family::{
     Checked, Family, FamilyModel, MemoryNeeds, RoutedExperts, Shape, Trace, FAMILIES,
 };

@@ -5,7 +5,9 @@
 //! verification with every row's), and the growth per row between a short and a long pass
 //! (the per-pass constants cancel) must be covered by the charge, which must not be several
 //! times too high either. The sequence state's own growth (MLA cache rows, charged with the
-//! context) is taken out. One test in this binary, so no other test allocates meanwhile.
+//! context) is taken out, and so are the batched experts' buffers, which the plan charges as
+//! a fixed scratch (made by a largest pass first, and checked against that charge). One test
+//! in this binary, so no other test allocates meanwhile.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
 mod common;
@@ -129,6 +131,17 @@ fn the_plan_charged_no_working_memory_for_a_prompt_pass() {
         let pre = prefill_bytes_per_row(m.config()) as f64;
         // Lazily built tables first (every pool thread's scratch is already made, above).
         pass_peak(m, sluice_models::ROW_BLOCK, LogitRows::All);
+        // A layer's experts run batched in buffers this thread keeps for its life, which the
+        // plan charges as a fixed scratch (`LAYER_BATCH_BYTES`), whatever the pass: made by
+        // the largest pass first, so the measured passes below do not grow them, and never
+        // more than the charge.
+        pass_peak(m, 1024, LogitRows::Prefill);
+        let held = sluice_models::layer_batch_held();
+        assert!(
+            held <= sluice_models::LAYER_BATCH_BYTES,
+            "{name}: the batched experts hold {held} bytes, over the {} charged",
+            sluice_models::LAYER_BATCH_BYTES
+        );
         // Passes the caller may commit in part: verification, at most ROW_BLOCK rows, each
         // charged `row + pre` (past them a layer's block buffers stop growing).
         let full = row + pre;

@@ -231,6 +231,10 @@ pub struct StoreStats {
     pub read_errors: u64,
 }
 
+/// What [`ExpertStore::with_all`] hands a layer's experts to: `(id, view)` for each, in
+/// ascending id.
+pub type AllExperts<'f> = dyn FnMut(&[(u32, ExpertView<'_>)]) -> Result<(), StoreError> + 'f;
+
 /// A source of routed experts.
 pub trait ExpertStore: Send + Sync {
     /// Calls `f(id, view)` once for every expert id in `ids` (distinct ids of one layer), in
@@ -243,6 +247,23 @@ pub trait ExpertStore: Send + Sync {
         ids: &[u32],
         f: &mut dyn FnMut(u32, ExpertView<'_>) -> Result<(), StoreError>,
     ) -> Result<(), StoreError>;
+
+    /// Calls `f` once with every expert of `ids` (distinct ids of one layer), in ascending id
+    /// order, when the store holds them all resident at once (a mapped store), so a caller can
+    /// batch a layer's experts into a few kernel calls; `Ok(true)` then. `Ok(false)`, before
+    /// anything is counted or `f` runs, when the store does not hand experts over all at once
+    /// (the caller uses [`ExpertStore::for_each`] instead): the default, and a streaming store's
+    /// answer, whose per-expert path overlaps reads with compute. Counts what `for_each`
+    /// would count and fails as it would on an id outside the layer (before `f` runs).
+    fn with_all(
+        &self,
+        layer: usize,
+        ids: &[u32],
+        f: &mut AllExperts<'_>,
+    ) -> Result<bool, StoreError> {
+        let _ = (layer, ids, f);
+        Ok(false)
+    }
 
     /// Counters so far.
     fn stats(&self) -> StoreStats;

@@ -1,9 +1,11 @@
 //! The simplest expert store: every expert mapped in place from the published shards. The
 //! checkpoint's tensors are validated once at open (parts as the family's [`ExpertLayout`]
-//! describes them), so serving an expert is a few slices of the map.
+//! describes them), so serving an expert is a few slices of the map, and every expert of a
+//! layer is resident at once ([`ExpertStore::with_all`]: a layer's experts batched into a few
+//! kernel calls).
 
 use crate::layout::{resolve, ExpertLayout, MAX_PARTS};
-use crate::{ExpertStore, ExpertView, StoreError, StoreStats};
+use crate::{AllExperts, ExpertStore, ExpertView, StoreError, StoreStats};
 use sluice_checkpoint::{Checkpoint, TensorEntry};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -49,6 +51,25 @@ impl MappedExperts {
     }
 }
 
+impl MappedExperts {
+    /// Expert `id` of `layer` as slices of the map, counted as one request of its bytes.
+    fn view(&self, layer: usize, id: u32) -> Result<ExpertView<'_>, StoreError> {
+        let experts = self.layers.get(layer).map_or(0, Vec::len);
+        let Some(t) = self.layers.get(layer).and_then(|v| v.get(id as usize)) else {
+            return Err(StoreError::NoSuchExpert { layer, expert: id, experts });
+        };
+        let mut parts: [&[u8]; MAX_PARTS] = [&[]; MAX_PARTS];
+        for (p, e) in parts.iter_mut().zip(t) {
+            *p = self.ckpt.bytes(e);
+        }
+        let view = ExpertView::new(&parts[..t.len()])
+            .expect("invariant: resolve gives at most MAX_PARTS parts");
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(t.iter().map(|e| e.len).sum(), Ordering::Relaxed);
+        Ok(view)
+    }
+}
+
 impl ExpertStore for MappedExperts {
     fn for_each(
         &self,
@@ -56,24 +77,29 @@ impl ExpertStore for MappedExperts {
         ids: &[u32],
         f: &mut dyn FnMut(u32, ExpertView<'_>) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let experts = self.layers.get(layer).map_or(0, Vec::len);
         let mut order = ids.to_vec();
         order.sort_unstable();
         for id in order {
-            let Some(t) = self.layers.get(layer).and_then(|v| v.get(id as usize)) else {
-                return Err(StoreError::NoSuchExpert { layer, expert: id, experts });
-            };
-            let mut parts: [&[u8]; MAX_PARTS] = [&[]; MAX_PARTS];
-            for (p, e) in parts.iter_mut().zip(t) {
-                *p = self.ckpt.bytes(e);
-            }
-            let view = ExpertView::new(&parts[..t.len()])
-                .expect("invariant: resolve gives at most MAX_PARTS parts");
-            self.requests.fetch_add(1, Ordering::Relaxed);
-            self.bytes.fetch_add(t.iter().map(|e| e.len).sum(), Ordering::Relaxed);
+            let view = self.view(layer, id)?;
             f(id, view)?;
         }
         Ok(())
+    }
+
+    fn with_all(
+        &self,
+        layer: usize,
+        ids: &[u32],
+        f: &mut AllExperts<'_>,
+    ) -> Result<bool, StoreError> {
+        let mut order = ids.to_vec();
+        order.sort_unstable();
+        let all = order
+            .into_iter()
+            .map(|id| Ok((id, self.view(layer, id)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        f(&all)?;
+        Ok(true)
     }
 
     fn stats(&self) -> StoreStats {

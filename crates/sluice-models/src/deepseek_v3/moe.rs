@@ -15,14 +15,15 @@
 //! from zero (the order of transformers' `index_add_` loop over `expert_hit`), added into one
 //! running sum per row as each expert finishes (the store hands experts over in ascending id
 //! order; see [`crate::combine`]), then `+ shared(x)`. Each expert runs once on all rows that
-//! chose it ([`crate::ROW_BLOCK`] at a time) through the batch-invariant matmul, so a row's
-//! output never depends on the other rows. Routed experts come from the expert store (mapped or
+//! chose it ([`crate::ROW_BLOCK`] at a time; mapped, every expert of the layer together in
+//! three kernel-pool calls, `GluExpert::run_layer`) through the batch-invariant matmul, so a
+//! row's output never depends on the other rows. Routed experts come from the expert store (mapped or
 //! streamed, the same published bytes either way; see [`super::experts`]).
 
 use super::config::DeepseekV3Config;
 use super::experts::DeepseekV3ExpertLayout;
 use super::weights::{Mlp, MoeWeights};
-use crate::combine::{gated_mlp, GluExpert, IdOrder};
+use crate::combine::{gated_mlp, GluExpert};
 use crate::kimi_k3::Route;
 use crate::qwen3_moe::moe::{At, BlockOut};
 use crate::spine::TensorBytes;
@@ -147,23 +148,21 @@ pub(crate) fn forward(
     // Each expert once, on all of its rows, in ascending id as the store delivers them, added
     // into the rows' running sums.
     let mut out = vec![0.0f32; t * d];
-    let mut order = IdOrder::new(layer);
     let mut batch = GluExpert::default();
-    store.for_each_then_prefetch(layer, &ids, next, &mut |id, v| {
-        order.next(id)?;
-        let [gate_w, up_w, down_w] = layout.matrices(layer, id, &v)?;
+    batch.run_layer(
+        store,
+        layer,
+        &ids,
+        next,
+        |id, v| layout.matrices(layer, id, v),
         // DeepseekV3MLP: down(silu(gate x) · up x)
-        batch.run(
-            [&gate_w, &up_w, &down_w],
-            silu_glu,
-            &users[id as usize],
-            crate::ROW_BLOCK,
-            x,
-            |row, slot| routes[row].weights[slot],
-            &mut out,
-        );
-        Ok(())
-    })?;
+        silu_glu,
+        &users,
+        crate::ROW_BLOCK,
+        x,
+        |row, slot| routes[row].weights[slot],
+        &mut out,
+    )?;
     // hidden_states = experts(...) + shared_experts(residuals)
     for (a, &v) in out.iter_mut().zip(&sh) {
         *a += v;

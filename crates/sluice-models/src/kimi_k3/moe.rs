@@ -10,16 +10,16 @@
 //! RMSNorm'd, projected up, and the shared experts (on the full hidden `x`, unweighted) are
 //! added. The union of experts over the T rows is requested from the store once per pass, which
 //! hands them over in ascending id order; each expert runs on all its rows, a block of rows at
-//! a time, in one batch-invariant matmul.
+//! a time, in one batch-invariant matmul (mapped, every expert of the layer together in three
+//! kernel-pool calls, `GluExpert::run_layer`; the same bits).
 
 use super::config::K3Config;
 use super::weights::{MlpWeights, MoeWeights};
 use super::{Ctx, Trace};
-use crate::combine::{gated_mlp, GluExpert, IdOrder};
+use crate::combine::{gated_mlp, GluExpert};
 use crate::ModelError;
 use sluice_kernels::ops::{rms_norm, sigmoid, situ_glu};
 use sluice_kernels::Matrix;
-use sluice_store::ExpertView;
 
 /// One row's routing: expert ids and weights in router order.
 #[derive(Debug, Clone, PartialEq)]
@@ -180,34 +180,35 @@ pub(crate) fn forward(
     };
     // comb[ti] = Σ w · E_id(z_ti) over the row's experts, added in ascending id as they come.
     let mut comb = vec![0.0f32; t * lat_w];
-    let mut order = IdOrder::new(layer);
     let mut batch = GluExpert::default();
     let next = guess.as_ref().map(|(l, g)| (*l, g.as_slice()));
-    ctx.experts.for_each_then_prefetch(layer, &ids, next, &mut |id, v: ExpertView<'_>| {
-        order.next(id)?;
-        // Parts in the order of `K3ExpertLayout`: w1, w2, w3, each packed then scales.
-        let m1 = Matrix::mxfp4(inter, lat_w, v.part(0), v.part(1));
-        let m3 = Matrix::mxfp4(inter, lat_w, v.part(4), v.part(5));
-        let m2 = Matrix::mxfp4(lat_w, inter, v.part(2), v.part(3));
-        let (Ok(m1), Ok(m2), Ok(m3)) = (m1, m2, m3) else {
-            return Err(sluice_store::StoreError::Consumer(format!(
-                "expert {id} of layer {layer} has byte lengths that do not match its shape"
-            )));
-        };
-        let glu = |g: &[f32], u: &[f32], a: &mut [f32]| {
-            situ_glu(g, u, c.situ_beta(), c.activation_situ_linear_beta, a);
-        };
-        batch.run(
-            [&m1, &m3, &m2],
-            glu,
-            &users[id as usize],
-            crate::EXPERT_BLOCK,
-            &z,
-            |ti, slot| routes[ti].weights[slot],
-            &mut comb,
-        );
-        Ok(())
-    })?;
+    let glu = |g: &[f32], u: &[f32], a: &mut [f32]| {
+        situ_glu(g, u, c.situ_beta(), c.activation_situ_linear_beta, a);
+    };
+    batch.run_layer(
+        ctx.experts,
+        layer,
+        &ids,
+        next,
+        |id, v| {
+            // Parts in the order of `K3ExpertLayout`: w1, w2, w3, each packed then scales.
+            let m1 = Matrix::mxfp4(inter, lat_w, v.part(0), v.part(1));
+            let m3 = Matrix::mxfp4(inter, lat_w, v.part(4), v.part(5));
+            let m2 = Matrix::mxfp4(lat_w, inter, v.part(2), v.part(3));
+            let (Ok(m1), Ok(m2), Ok(m3)) = (m1, m2, m3) else {
+                return Err(sluice_store::StoreError::Consumer(format!(
+                    "expert {id} of layer {layer} has byte lengths that do not match its shape"
+                )));
+            };
+            Ok([m1, m3, m2])
+        },
+        glu,
+        &users,
+        crate::EXPERT_BLOCK,
+        &z,
+        |ti, slot| routes[ti].weights[slot],
+        &mut comb,
+    )?;
     drop((z, users, batch));
     match trace.as_deref_mut() {
         Some(tr) => {

@@ -14,10 +14,11 @@
 //! never depends on the other rows. The experts come from the expert store (mapped or streamed;
 //! the same bytes either way) in ascending id order, whatever order their reads finish in, and
 //! each is added into its rows' running sums as its batch finishes ([`crate::combine`]): no row
-//! keeps its k expert outputs.
+//! keeps its k expert outputs. Mapped, a layer's experts run together, three kernel-pool calls
+//! for the layer instead of two per expert (`GluExpert::run_layer`; the same bits).
 
 use super::config::Qwen3MoeConfig;
-use crate::combine::{GluExpert, IdOrder};
+use crate::combine::GluExpert;
 use crate::kimi_k3::Route;
 use crate::qwen3::weights::Linear;
 use crate::qwen3::Ctx;
@@ -117,32 +118,33 @@ pub(crate) fn forward(
     // final_hidden_states.index_add_(0, token_idx, expert_out * weight), experts ascending:
     // each expert once, on all of its rows, added into their running sums as it finishes.
     let mut out = vec![0.0f32; t * d];
-    let mut order = IdOrder::new(layer);
     let mut batch = GluExpert::default();
-    store.for_each_then_prefetch(layer, &ids, next, &mut |id, v| {
-        order.next(id)?;
-        // Parts in the order of `Qwen3MoeExpertLayout`: gate, up, down.
-        let (Ok(gate_w), Ok(up_w), Ok(down_w)) = (
-            Matrix::bf16(inter, d, v.part(0)),
-            Matrix::bf16(inter, d, v.part(1)),
-            Matrix::bf16(d, inter, v.part(2)),
-        ) else {
-            return Err(StoreError::Consumer(format!(
-                "expert {id} of layer {layer} has byte lengths that do not match its shape"
-            )));
-        };
+    batch.run_layer(
+        store,
+        layer,
+        &ids,
+        next,
+        |id, v| {
+            // Parts in the order of `Qwen3MoeExpertLayout`: gate, up, down.
+            let (Ok(gate_w), Ok(up_w), Ok(down_w)) = (
+                Matrix::bf16(inter, d, v.part(0)),
+                Matrix::bf16(inter, d, v.part(1)),
+                Matrix::bf16(d, inter, v.part(2)),
+            ) else {
+                return Err(StoreError::Consumer(format!(
+                    "expert {id} of layer {layer} has byte lengths that do not match its shape"
+                )));
+            };
+            Ok([gate_w, up_w, down_w])
+        },
         // Qwen3MoeMLP: down(silu(gate x) · up x)
-        batch.run(
-            [&gate_w, &up_w, &down_w],
-            silu_glu,
-            &users[id as usize],
-            crate::ROW_BLOCK,
-            x,
-            |row, slot| routes[row].weights[slot],
-            &mut out,
-        );
-        Ok(())
-    })?;
+        silu_glu,
+        &users,
+        crate::ROW_BLOCK,
+        x,
+        |row, slot| routes[row].weights[slot],
+        &mut out,
+    )?;
     Ok((out, logits, routes))
 }
 
