@@ -35,13 +35,24 @@ const HEADROOM: u64 = 64 << 20;
 /// per kernel thread ([`sluice_kernels::WIDE_SCRATCH_BYTES`], made on the thread's first
 /// prefill-sized call and kept for its life), and the buffers of a batch of a layer's routed
 /// experts ([`sluice_models::LAYER_BATCH_BYTES`], held while a layer's experts run batched,
-/// whatever the pass's rows). The scratch used to live inside the fixed headroom, which at
-/// 804 KiB a thread more than ~80 threads would have outgrown.
-fn plan_headroom() -> u64 {
+/// whatever the pass's rows) when `batch`: only mapped experts run batched, so a plan whose
+/// experts stream does not charge it (a tight streamed budget lost its cache slots to it). The
+/// scratch used to live inside the fixed headroom, which at 804 KiB a thread more than ~80
+/// threads would have outgrown.
+fn plan_headroom(batch: bool) -> u64 {
     let threads = sluice_kernels::pool::global().threads() as u64;
     HEADROOM
         + threads * sluice_kernels::WIDE_SCRATCH_BYTES as u64
-        + sluice_models::LAYER_BATCH_BYTES as u64
+        + if batch { sluice_models::LAYER_BATCH_BYTES as u64 } else { 0 }
+}
+
+/// Whether `opts` and a plan's verdict leave the routed experts mapped (so run batched).
+fn experts_mapped(opts: &LoadOptions, all_resident: bool) -> bool {
+    match opts.experts {
+        crate::load::ExpertMode::Mapped => true,
+        crate::load::ExpertMode::Stream => false,
+        crate::load::ExpertMode::Auto => all_resident,
+    }
 }
 
 /// A model planned, charged and with its spine placed; its routed experts still mapped
@@ -139,8 +150,18 @@ pub(crate) fn place(
     // the index's exact slot where an expert is several aligned parts (GPT-OSS's four stacked
     // slices, DeepSeek-V3's weights and scales).
     let slot = (routed.expert_bytes.div_ceil(4096) * 4096 + 8192).max(slot);
-    let needs = needs(&model, &mem, routed.total(), opts, (pieces, slot, plan_headroom() + extra));
-    let mut plan = Plan::compute(budget.limit(), needs, opts.spine_placement)?;
+    let plan_with = |batch: bool| {
+        let headroom = plan_headroom(batch) + extra;
+        let needs = needs(&model, &mem, routed.total(), opts, (pieces.clone(), slot, headroom));
+        Plan::compute(budget.limit(), needs, opts.spine_placement)
+    };
+    // The batch's buffers are charged only where the experts end up mapped.
+    let mut plan = match plan_with(true) {
+        Ok(p) if experts_mapped(opts, p.all_experts_resident) => p,
+        // Experts mapped whatever the plan says: their batch must fit too.
+        Err(e) if matches!(opts.experts, crate::load::ExpertMode::Mapped) => return Err(e.into()),
+        _ => plan_with(false)?,
+    };
     if opts.slots.is_some() {
         // `--cache-slots` sizes the cache exactly: the stored states keep what was asked.
         plan.sessions = plan.needs.sessions;
@@ -322,9 +343,25 @@ pub(crate) fn open_mapped_spine(
     // The index is where every expert's spans are; its slot size is exact (aligned regions).
     let index = routed.index(ckpt).map_err(ModelError::from)?;
     let pieces = SpinePieces { layers: vec![0; routed.num_layers], ..SpinePieces::default() };
-    let headroom = plan_headroom() + remote.as_ref().map_or(0, |r| r.headroom);
-    let needs = needs(&model, &mem, routed.total(), opts, (pieces, index.slot_bytes(), headroom));
-    let mut plan = Plan::compute(budget.limit(), needs, crate::plan::SpineMode::Mapped)?;
+    let plan_with = |batch: bool| {
+        let headroom = plan_headroom(batch) + remote.as_ref().map_or(0, |r| r.headroom);
+        let needs = needs(
+            &model,
+            &mem,
+            routed.total(),
+            opts,
+            (pieces.clone(), index.slot_bytes(), headroom),
+        );
+        Plan::compute(budget.limit(), needs, crate::plan::SpineMode::Mapped)
+    };
+    // The batch's buffers are charged only where the experts end up mapped.
+    let mut plan = match plan_with(true) {
+        Ok(p) if remote.is_none() && experts_mapped(opts, p.all_experts_resident) => p,
+        Err(e) if remote.is_none() && matches!(opts.experts, crate::load::ExpertMode::Mapped) => {
+            return Err(e.into())
+        }
+        _ => plan_with(false)?,
+    };
     if opts.slots.is_some() {
         // `--cache-slots` sizes the cache exactly: the stored states keep what was asked.
         plan.sessions = plan.needs.sessions;
