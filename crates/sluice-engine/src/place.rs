@@ -160,7 +160,9 @@ pub(crate) fn place(
         Ok(p) if experts_mapped(opts, p.all_experts_resident) => p,
         // Experts mapped whatever the plan says: their batch must fit too.
         Err(e) if matches!(opts.experts, crate::load::ExpertMode::Mapped) => return Err(e.into()),
-        _ => plan_with(false)?,
+        // Planned without the batch, the experts stream (the verdict is the batch plan's: mapped
+        // experts would run batched, uncharged).
+        _ => Plan { all_experts_resident: false, ..plan_with(false)? },
     };
     if opts.slots.is_some() {
         // `--cache-slots` sizes the cache exactly: the stored states keep what was asked.
@@ -360,7 +362,9 @@ pub(crate) fn open_mapped_spine(
         Err(e) if remote.is_none() && matches!(opts.experts, crate::load::ExpertMode::Mapped) => {
             return Err(e.into())
         }
-        _ => plan_with(false)?,
+        // Planned without the batch, the experts stream (the verdict is the batch plan's: mapped
+        // experts would run batched, uncharged).
+        _ => Plan { all_experts_resident: false, ..plan_with(false)? },
     };
     if opts.slots.is_some() {
         // `--cache-slots` sizes the cache exactly: the stored states keep what was asked.
