@@ -165,11 +165,7 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
     }
     let model = sluice_models::load(ckpt.clone())?;
     let mut placed = place::place(&ckpt, model, opts, (0, ""))?;
-    let stream = match opts.experts {
-        ExpertMode::Mapped => false,
-        ExpertMode::Stream => true,
-        ExpertMode::Auto => !placed.plan.all_experts_resident,
-    };
+    let stream = !place::experts_mapped(opts, placed.plan.all_experts_resident);
     if !stream {
         return Ok(placed.mapped());
     }

@@ -46,12 +46,29 @@ fn plan_headroom(batch: bool) -> u64 {
         + if batch { sluice_models::LAYER_BATCH_BYTES as u64 } else { 0 }
 }
 
-/// Whether `opts` and a plan's verdict leave the routed experts mapped (so run batched).
-fn experts_mapped(opts: &LoadOptions, all_resident: bool) -> bool {
+/// Whether `opts` and a plan's verdict (`all_resident`) leave the routed experts mapped (so
+/// they run batched) rather than streamed.
+pub(crate) fn experts_mapped(opts: &LoadOptions, all_resident: bool) -> bool {
     match opts.experts {
         crate::load::ExpertMode::Mapped => true,
         crate::load::ExpertMode::Stream => false,
         crate::load::ExpertMode::Auto => all_resident,
+    }
+}
+
+/// The plan of `plan_with(batch)` that charges the layer batch's buffers only where the experts
+/// end up mapped (`mappable`: they may be at all). Planned without the batch, the experts
+/// stream: the verdict is the batch plan's, since mapped experts would run batched, uncharged.
+/// Experts mapped whatever the plan says (`--experts mapped`) need their batch to fit too.
+fn plan_experts(
+    opts: &LoadOptions,
+    mappable: bool,
+    plan_with: impl Fn(bool) -> Result<Plan, Box<crate::plan::PlanError>>,
+) -> Result<Plan, Box<crate::plan::PlanError>> {
+    match plan_with(true) {
+        Ok(p) if mappable && experts_mapped(opts, p.all_experts_resident) => Ok(p),
+        Err(e) if mappable && matches!(opts.experts, crate::load::ExpertMode::Mapped) => Err(e),
+        _ => Ok(Plan { all_experts_resident: false, ..plan_with(false)? }),
     }
 }
 
@@ -155,15 +172,7 @@ pub(crate) fn place(
         let needs = needs(&model, &mem, routed.total(), opts, (pieces.clone(), slot, headroom));
         Plan::compute(budget.limit(), needs, opts.spine_placement)
     };
-    // The batch's buffers are charged only where the experts end up mapped.
-    let mut plan = match plan_with(true) {
-        Ok(p) if experts_mapped(opts, p.all_experts_resident) => p,
-        // Experts mapped whatever the plan says: their batch must fit too.
-        Err(e) if matches!(opts.experts, crate::load::ExpertMode::Mapped) => return Err(e.into()),
-        // Planned without the batch, the experts stream (the verdict is the batch plan's: mapped
-        // experts would run batched, uncharged).
-        _ => Plan { all_experts_resident: false, ..plan_with(false)? },
-    };
+    let mut plan = plan_experts(opts, true, plan_with)?;
     if opts.slots.is_some() {
         // `--cache-slots` sizes the cache exactly: the stored states keep what was asked.
         plan.sessions = plan.needs.sessions;
@@ -356,16 +365,7 @@ pub(crate) fn open_mapped_spine(
         );
         Plan::compute(budget.limit(), needs, crate::plan::SpineMode::Mapped)
     };
-    // The batch's buffers are charged only where the experts end up mapped.
-    let mut plan = match plan_with(true) {
-        Ok(p) if remote.is_none() && experts_mapped(opts, p.all_experts_resident) => p,
-        Err(e) if remote.is_none() && matches!(opts.experts, crate::load::ExpertMode::Mapped) => {
-            return Err(e.into())
-        }
-        // Planned without the batch, the experts stream (the verdict is the batch plan's: mapped
-        // experts would run batched, uncharged).
-        _ => Plan { all_experts_resident: false, ..plan_with(false)? },
-    };
+    let mut plan = plan_experts(opts, remote.is_none(), plan_with)?;
     if opts.slots.is_some() {
         // `--cache-slots` sizes the cache exactly: the stored states keep what was asked.
         plan.sessions = plan.needs.sessions;
@@ -386,12 +386,7 @@ pub(crate) fn open_mapped_spine(
             .map_err(EngineError::Budget)?,
         budget.charge("spine", plan.spine.charged).map_err(EngineError::Budget)?,
     ]);
-    let stream = match opts.experts {
-        _ if remote.is_some() => true,
-        crate::load::ExpertMode::Mapped => false,
-        crate::load::ExpertMode::Stream => true,
-        crate::load::ExpertMode::Auto => !plan.all_experts_resident,
-    };
+    let stream = remote.is_some() || !experts_mapped(opts, plan.all_experts_resident);
     if !stream {
         return Ok(Loaded {
             model,
