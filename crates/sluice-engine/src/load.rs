@@ -167,7 +167,13 @@ pub fn open(dir: &Path, opts: &LoadOptions) -> Result<Loaded, EngineError> {
     let mut placed = place::place(&ckpt, model, opts, (0, ""))?;
     let stream = !place::experts_mapped(opts, placed.plan.all_experts_resident);
     if !stream {
-        return Ok(placed.mapped());
+        let loaded = placed.mapped();
+        // Every expert resident: their pages enter the page tables now, not one fault at a
+        // time inside the first pass (which a 256-token prefill spends touching nearly all).
+        if let Some(store) = loaded.model.experts() {
+            store.populate().map_err(ModelError::from)?;
+        }
+        return Ok(loaded);
     }
     let config = place::streaming_config(&mut placed.plan, opts, placed.io);
     let routed = placed.model.routed_experts().ok_or_else(|| {

@@ -265,6 +265,14 @@ pub trait ExpertStore: Send + Sync {
         Ok(false)
     }
 
+    /// Enters every expert this store serves from a mapping into the process's page tables now
+    /// (reading from storage what is not cached), so that the first passes do not pay a page
+    /// fault per few pages read; returns the bytes covered. Meant for load time, when the plan
+    /// has found every expert resident. The default, and a streaming store's answer: `Ok(0)`.
+    fn populate(&self) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+
     /// Counters so far.
     fn stats(&self) -> StoreStats;
 

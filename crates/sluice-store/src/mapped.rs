@@ -3,12 +3,24 @@
 //! describes them), so serving an expert is a few slices of the map, and every expert of a
 //! layer is resident at once ([`ExpertStore::with_all`]: a layer's experts batched into a few
 //! kernel calls).
+//!
+//! [`ExpertStore::populate`] enters every expert's pages in the page tables at load, on a few
+//! threads. Without it the first pass took the faults: a 256-token prefill touches nearly every
+//! expert, and its threads faulted in gigabytes 64 KiB at a time, inside the timed pass, where
+//! llama.cpp (which maps with `MAP_POPULATE`) pays them at load (docs/PERFORMANCE.md, session 19).
 
 use crate::layout::{resolve, ExpertLayout, MAX_PARTS};
+use crate::platform::advice;
 use crate::{AllExperts, ExpertStore, ExpertView, StoreError, StoreStats};
 use sluice_checkpoint::{Checkpoint, TensorEntry};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+
+/// Bytes [`ExpertStore::populate`] hands one thread at a time.
+const POPULATE_PIECE: usize = 64 << 20;
+/// Most threads [`ExpertStore::populate`] runs on: page faults of one process share its page
+/// table locks, so more threads than this add little.
+const POPULATE_THREADS: usize = 8;
 
 /// Experts served straight from the checkpoint's memory map.
 #[derive(Debug)]
@@ -100,6 +112,33 @@ impl ExpertStore for MappedExperts {
             .collect::<Result<Vec<_>, StoreError>>()?;
         f(&all)?;
         Ok(true)
+    }
+
+    fn populate(&self) -> Result<u64, StoreError> {
+        // Every part's bytes, cut into pieces that a few threads share.
+        let pieces: Vec<&[u8]> = self
+            .layers
+            .iter()
+            .flatten()
+            .flatten()
+            .flat_map(|e| self.ckpt.bytes(e).chunks(POPULATE_PIECE))
+            .collect();
+        let next = AtomicUsize::new(0);
+        let threads =
+            std::thread::available_parallelism().map_or(1, usize::from).min(POPULATE_THREADS);
+        let work = || {
+            while let Some(bytes) = pieces.get(next.fetch_add(1, Ordering::Relaxed)) {
+                // A failure costs the first pass its faults, not correctness.
+                let _ = advice::populate(bytes);
+            }
+        };
+        std::thread::scope(|s| {
+            for _ in 1..threads {
+                s.spawn(work);
+            }
+            work();
+        });
+        Ok(pieces.iter().map(|p| p.len() as u64).sum())
     }
 
     fn stats(&self) -> StoreStats {

@@ -451,3 +451,23 @@ fn experts_whose_parts_are_separated_by_small_gaps_are_one_read_each() {
         }
     }
 }
+
+#[test]
+fn a_first_pass_over_mapped_experts_took_their_page_faults_now_populated_at_load() {
+    let fx = Fixture::open("tiny-a");
+    let want = reference(&fx);
+    let mapped = fx.mapped();
+    let per_expert = mapped.expert_bytes(fx.moe_layers[0]);
+    let populated = mapped.populate().expect("populate");
+    assert!(populated > 0);
+    assert_eq!(populated, per_expert * (fx.moe_layers.len() * fx.experts) as u64);
+    // Populating changes no byte and counts no request: the store serves exactly as before.
+    assert_eq!(mapped.stats().requests, 0);
+    for &l in &fx.moe_layers {
+        let got = collect(&mapped, l, &fx.all_ids()).expect("mapped serves");
+        assert_same(&want, l, &got, "populated mapped store");
+    }
+    // A streaming store has nothing mapped to populate.
+    let streaming = fx.streaming(&StreamingConfig::default());
+    assert_eq!(streaming.populate().expect("populate"), 0);
+}
