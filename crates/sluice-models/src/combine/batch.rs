@@ -1,16 +1,36 @@
 //! A layer's resident experts in batches of [`LAYER_BATCH_BYTES`], three kernel-pool calls a
-//! batch ([`GluExpert::run_layer`]), in buffers each thread keeps for its life.
+//! batch, in buffers each thread keeps for its life: what every family's batch shares (the
+//! batching loop [`batches`], the buffers and their layout [`Batch::gather`], the weighted
+//! sums [`Sums::add`]), and the gated experts' batch ([`GluExpert::run_layer`]; GPT-OSS's is
+//! `gpt_oss::moe::run_batches`).
 
 use super::{activate, GluExpert, IdOrder, LAYER_BATCH_BYTES};
 use sluice_kernels::{add_rows_many, matmul_many, matmul_pair_many, AddRows, Job, Matrix, PairJob};
 use sluice_store::{ExpertStore, ExpertView, StoreError};
 
 /// The buffers of the batched path ([`LAYER_BATCH_BYTES`] at most): every pair's f32 values
-/// (input then output row, gate and activation, up, weight), and its prompt row.
+/// (for a gated expert: input then output row, gate and activation, up, weight), and its
+/// prompt row.
 #[derive(Default)]
-pub(super) struct Batch {
+pub(crate) struct Batch {
     vals: Vec<f32>,
     to: Vec<usize>,
+}
+
+/// A batch laid out in [`Batch`]'s buffers by [`Batch::gather`].
+pub(crate) struct Laid<'b, const N: usize> {
+    /// `regions[k][e]`: expert `e`'s region of kind `k`, its pairs' values of that kind.
+    pub(crate) regions: [Vec<&'b mut [f32]>; N],
+    /// The pairs' weights and prompt rows.
+    pub(crate) sums: Sums<'b>,
+}
+
+/// The pairs of a batch, expert by expert in ascending id: what [`Sums::add`] adds.
+pub(crate) struct Sums<'b> {
+    /// Each expert's pairs.
+    pub(crate) rows: Vec<usize>,
+    to: &'b [usize],
+    weights: &'b [f32],
 }
 
 impl Batch {
@@ -31,14 +51,107 @@ impl Batch {
     }
 
     /// Bytes held.
-    pub(super) fn held(&self) -> usize {
+    pub(crate) fn held(&self) -> usize {
         self.vals.capacity() * size_of::<f32>() + self.to.capacity() * size_of::<usize>()
+    }
+
+    /// Lays out a batch of experts in the buffers and gathers its inputs. Each expert
+    /// `(id, widths)` of `experts` (ascending id) gets `N` regions, region `k` holding
+    /// `widths[k]` values for each of its pairs `users[id]` (every expert's region of a kind
+    /// before the next kind); the pairs' input rows (`d_in` values of `x [T, d_in]` each) are
+    /// packed at the start of the expert's first region, and each pair's weight
+    /// `weight(row, slot)` and prompt row are kept, expert by expert. A pair takes
+    /// [`pair_bytes`] of the buffers.
+    pub(crate) fn gather<const N: usize>(
+        &mut self,
+        experts: &[(u32, [usize; N])],
+        d_in: usize,
+        users: &[Vec<(usize, usize)>],
+        x: &[f32],
+        weight: &impl Fn(usize, usize) -> f32,
+    ) -> Laid<'_, N> {
+        let rows: Vec<usize> = experts.iter().map(|(id, _)| users[*id as usize].len()).collect();
+        let size =
+            |k: usize| -> usize { experts.iter().zip(&rows).map(|((_, w), n)| n * w[k]).sum() };
+        let pairs: usize = rows.iter().sum();
+        self.fit((0..N).map(size).sum::<usize>() + pairs, pairs);
+        let Self { vals, to } = self;
+        let mut rest = vals.as_mut_slice();
+        let mut regions: [Vec<&mut [f32]>; N] = std::array::from_fn(|k| {
+            let mut each = Vec::with_capacity(experts.len());
+            for ((_, w), n) in experts.iter().zip(&rows) {
+                let (e, more) = std::mem::take(&mut rest).split_at_mut(n * w[k]);
+                rest = more;
+                each.push(e);
+            }
+            each
+        });
+        let weights = &mut rest[..pairs];
+        if let Some(xs) = regions.first_mut() {
+            for ((id, _), xe) in experts.iter().zip(xs.iter_mut()) {
+                for (j, &(row, slot)) in users[*id as usize].iter().enumerate() {
+                    xe[j * d_in..(j + 1) * d_in].copy_from_slice(&x[row * d_in..(row + 1) * d_in]);
+                    weights[to.len()] = weight(row, slot);
+                    to.push(row);
+                }
+            }
+        }
+        Laid { regions, sums: Sums { rows, to, weights } }
     }
 }
 
-/// Bytes one (prompt row, expert) pair of a batch takes (see [`LAYER_BATCH_BYTES`]).
-fn pair_bytes([g, _, d]: &[Matrix<'_>; 3]) -> usize {
-    (2 * g.rows() + g.cols().max(d.rows()) + 1) * size_of::<f32>() + size_of::<usize>()
+impl Sums<'_> {
+    /// `out[row] += weight · y` for every pair of the batch, `ys` holding each expert's output
+    /// rows (`width` values each, from its region's start), experts in ascending id: one pool
+    /// call over column ranges of `out` ([`add_rows_many`], on the calling thread when
+    /// small), each cell taking its experts' terms in that order.
+    pub(crate) fn add<'y>(
+        &self,
+        ys: impl Iterator<Item = &'y [f32]>,
+        width: usize,
+        out: &mut [f32],
+    ) {
+        let mut parts = Vec::with_capacity(self.rows.len());
+        let mut k = 0;
+        for (y, &n) in ys.zip(&self.rows) {
+            parts.push(AddRows {
+                y: &y[..n * width],
+                to: &self.to[k..k + n],
+                weight: &self.weights[k..k + n],
+            });
+            k += n;
+        }
+        add_rows_many(&parts, width, out);
+    }
+}
+
+/// Bytes one (prompt row, expert) pair of a batch takes in the buffers: `widths` values in
+/// its expert's regions ([`Batch::gather`]), its weight and its prompt row (see
+/// [`LAYER_BATCH_BYTES`]).
+pub(crate) fn pair_bytes<const N: usize>(widths: [usize; N]) -> usize {
+    (widths.iter().sum::<usize>() + 1) * size_of::<f32>() + size_of::<usize>()
+}
+
+/// The batches of a layer's experts `ms` (ascending id), in order: each the longest run of
+/// the experts left whose buffers (`bytes(m)` each) fit in `cap` bytes, with `true`; an expert
+/// that alone does not fit, alone, with `false` (it runs its family's per-expert path).
+pub(crate) fn batches<'m, E>(
+    ms: &'m [E],
+    cap: usize,
+    bytes: impl Fn(&E) -> usize + 'm,
+) -> impl Iterator<Item = (&'m [E], bool)> + 'm {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        let first = ms.get(start)?;
+        let (mut end, mut sum) = (start + 1, bytes(first));
+        while end < ms.len() && sum + bytes(&ms[end]) <= cap {
+            sum += bytes(&ms[end]);
+            end += 1;
+        }
+        let run = &ms[start..end];
+        start = end;
+        Some((run, sum <= cap))
+    })
 }
 
 thread_local! {
@@ -48,10 +161,21 @@ thread_local! {
     static BATCH: std::cell::RefCell<Batch> = std::cell::RefCell::default();
 }
 
+/// Runs `f` on the calling thread's batch buffers.
+pub(crate) fn with_batch<R>(f: impl FnOnce(&mut Batch) -> R) -> R {
+    BATCH.with_borrow_mut(f)
+}
+
 /// Bytes the calling thread's batch buffers hold ([`LAYER_BATCH_BYTES`] at most), for tests
 /// that measure a pass's working memory apart from the plan's fixed charges.
 pub fn layer_batch_held() -> usize {
     BATCH.with_borrow(Batch::held)
+}
+
+/// A gated expert's region widths in a batch ([`Batch::gather`]): the input row that then
+/// takes the output, the gate and activation, the up projection.
+fn glu_widths([g, _, d]: &[Matrix<'_>; 3]) -> [usize; 3] {
+    [g.cols().max(d.rows()), g.rows(), g.rows()]
 }
 
 impl GluExpert {
@@ -96,7 +220,7 @@ impl GluExpert {
                 order.next(*id)?;
                 ms.push((*id, matrices(*id, v)?));
             }
-            BATCH.with_borrow_mut(|b| {
+            with_batch(|b| {
                 self.run_batches(b, &ms, LAYER_BATCH_BYTES, &glu, users, block, x, &weight, out);
             });
             Ok(())
@@ -131,21 +255,16 @@ impl GluExpert {
         weight: &impl Fn(usize, usize) -> f32,
         out: &mut [f32],
     ) {
-        let bytes = |(id, m): &(u32, [Matrix<'_>; 3])| users[*id as usize].len() * pair_bytes(m);
-        let mut start = 0;
-        while start < ms.len() {
-            let (mut end, mut sum) = (start + 1, bytes(&ms[start]));
-            while end < ms.len() && sum + bytes(&ms[end]) <= cap {
-                sum += bytes(&ms[end]);
-                end += 1;
-            }
-            if sum > cap {
-                let (id, [g, u, d]) = &ms[start];
-                self.run([g, u, d], glu, &users[*id as usize], block, x, weight, out);
+        let bytes = |(id, m): &(u32, [Matrix<'_>; 3])| {
+            users[*id as usize].len() * pair_bytes(glu_widths(m))
+        };
+        for (run, fits) in batches(ms, cap, bytes) {
+            if fits {
+                batch(b, run, glu, users, x, weight, out);
             } else {
-                batch(b, &ms[start..end], glu, users, x, weight, out);
+                let (id, [g, u, d]) = &run[0];
+                self.run([g, u, d], glu, &users[*id as usize], block, x, weight, out);
             }
-            start = end;
         }
     }
 }
@@ -162,47 +281,19 @@ fn batch(
     weight: &impl Fn(usize, usize) -> f32,
     out: &mut [f32],
 ) {
-    let rows = |id: u32| users[id as usize].len();
-    let wide = |[g, _, d]: &[Matrix<'_>; 3]| g.cols().max(d.rows());
-    let n_xs: usize = ms.iter().map(|(id, m)| rows(*id) * wide(m)).sum();
-    let n_gate: usize = ms.iter().map(|(id, [g, ..])| rows(*id) * g.rows()).sum();
-    let pairs: usize = ms.iter().map(|(id, _)| rows(*id)).sum();
-    b.fit(n_xs + 2 * n_gate + pairs, pairs);
-    let Batch { vals, to } = b;
-    let (xs, rest) = vals.split_at_mut(n_xs);
-    let (gate, rest) = rest.split_at_mut(n_gate);
-    let (up, rest) = rest.split_at_mut(n_gate);
-    let weights = &mut rest[..pairs];
-    let mut at = 0;
-    for (id, m) in ms {
-        let d_in = m[0].cols();
-        for (j, &(row, slot)) in users[*id as usize].iter().enumerate() {
-            let xr = &mut xs[at + j * d_in..at + (j + 1) * d_in];
-            xr.copy_from_slice(&x[row * d_in..(row + 1) * d_in]);
-            weights[to.len()] = weight(row, slot);
-            to.push(row);
-        }
-        at += rows(*id) * wide(m);
-    }
-    // Each expert's slices of the three buffers, in id order.
-    let mut regions = Vec::with_capacity(ms.len());
-    let (mut xr, mut gr, mut ur) = (xs, gate, up);
-    for (id, m) in ms {
-        let n = rows(*id);
-        let (xe, xrest) = std::mem::take(&mut xr).split_at_mut(n * wide(m));
-        let (ge, grest) = std::mem::take(&mut gr).split_at_mut(n * m[0].rows());
-        let (ue, urest) = std::mem::take(&mut ur).split_at_mut(n * m[0].rows());
-        (xr, gr, ur) = (xrest, grest, urest);
-        regions.push((n, xe, ge, ue));
-    }
+    let shapes: Vec<(u32, [usize; 3])> = ms.iter().map(|(id, m)| (*id, glu_widths(m))).collect();
+    let d_in = ms.first().map_or(0, |(_, [g, ..])| g.cols());
+    let Laid { regions: [mut xs, mut gate, mut up], sums } =
+        b.gather(&shapes, d_in, users, x, weight);
     let mut pairs: Vec<PairJob<'_>> = ms
         .iter()
-        .zip(regions.iter_mut())
-        .map(|((_, [g, u, _]), (n, xe, ge, ue))| PairJob {
+        .zip(&sums.rows)
+        .zip(xs.iter().zip(gate.iter_mut().zip(up.iter_mut())))
+        .map(|(((_, [g, u, _]), &n), (xe, (ge, ue)))| PairJob {
             a: *g,
             b: *u,
-            x: &xe[..*n * g.cols()],
-            t: *n,
+            x: &xe[..n * g.cols()],
+            t: n,
             out_a: ge,
             out_b: ue,
         })
@@ -212,27 +303,18 @@ fn batch(
     // The down projections, each into its expert's (now dead) input rows.
     let mut downs: Vec<Job<'_>> = ms
         .iter()
-        .zip(regions.iter_mut())
-        .map(|((_, [_, _, d]), (n, xe, ge, _))| Job {
+        .zip(&sums.rows)
+        .zip(xs.iter_mut().zip(&gate))
+        .map(|(((_, [_, _, d]), &n), (xe, ge))| Job {
             m: *d,
             x: ge,
-            t: *n,
-            out: &mut xe[..*n * d.rows()],
+            t: n,
+            out: &mut xe[..n * d.rows()],
         })
         .collect();
     matmul_many(&mut downs);
     drop(downs);
     // out[row] += weight · y, experts in ascending id (the order of `ms`).
-    let mut parts = Vec::with_capacity(ms.len());
-    let mut k = 0;
-    for ((_, [_, _, d]), (n, xe, _, _)) in ms.iter().zip(&regions) {
-        parts.push(AddRows {
-            y: &xe[..*n * d.rows()],
-            to: &to[k..k + *n],
-            weight: &weights[k..k + *n],
-        });
-        k += *n;
-    }
     let width = ms.first().map_or(1, |(_, [_, _, d])| d.rows());
-    add_rows_many(&parts, width, out);
+    sums.add(xs.iter().map(|y| &**y), width, out);
 }

@@ -20,11 +20,14 @@
 //! batches of [`LAYER_BATCH_BYTES`], three kernel-pool calls a batch (every expert's gate, up
 //! and activation; every down projection; the weighted sums, split over columns, each cell
 //! taking its experts' terms in ascending id), instead of two calls per expert. The cells and
-//! the order of each sum are the per-expert path's, so the bits are too (`batch.rs`).
+//! the order of each sum are the per-expert path's, so the bits are too (`batch.rs`). GPT-OSS's
+//! experts (interleaved gate/up rows with biases) batch the same way through the same loop and
+//! buffers (`gpt_oss::moe::run_batches`).
 
 mod batch;
 
 pub use batch::layer_batch_held;
+pub(crate) use batch::{batches, pair_bytes, with_batch, Batch, Laid};
 
 use sluice_kernels::{matmul, matmul_add_rows, matmul_pair, Matrix};
 use sluice_store::StoreError;
@@ -32,7 +35,8 @@ use sluice_store::StoreError;
 /// Bytes the buffers of a batch of a layer's experts may take in [`GluExpert::run_layer`]:
 /// each (prompt row, expert) pair of a batch needs `2 · inter + max(d_in, d_out) + 1` f32
 /// (gate and activation, up, the gathered input row that then takes the output, its weight)
-/// and its prompt row's index. Experts are batched in ascending id while their sum fits; an
+/// and its prompt row's index; a GPT-OSS pair `3 · inter + d + 1` (gate_up, activation, input
+/// then output row, weight: 46 KB at gpt-oss-20b's widths, so 364 pairs a batch). Experts are batched in ascending id while their sum fits; an
 /// expert that alone does not fit runs the per-expert path. At 16 MiB a Qwen3-30B-A3B decode
 /// token's 8 experts take 115 KB and a 256-row prompt's 2,048 pairs two batches. The buffers
 /// are kept for the thread's life and never hold more than this ([`layer_batch_held`]); the
