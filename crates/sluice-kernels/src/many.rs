@@ -15,6 +15,9 @@
 //! bit. [`add_rows_many`] adds weighted rows into running sums in the order of its parts, each
 //! cell with the two roundings of [`add_weighted`], split over columns, so each cell sees the
 //! same operations in the same order as one [`matmul_add_rows`] per part in that order.
+//! [`matmul_then_many`] is [`matmul_then`] for every job, each chunk finishing its cells with
+//! its job's finish (GPT-OSS's interleaved gate/up rows with their bias into their activation,
+//! its down rows with theirs).
 
 use crate::finish::{add_weighted, Target};
 use crate::isa;
