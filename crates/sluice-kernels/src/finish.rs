@@ -29,9 +29,9 @@ use crate::matmul::matmul;
 /// and computed rows `r` go to row `to[ti]` of `out` (row `ti` for [`Target::rows`]), columns
 /// `r.start / per .. r.end / per`, a row of `out` being `rows / per` wide.
 pub struct Target<'o> {
-    out: &'o mut [f32],
-    to: Option<&'o [usize]>,
-    per: usize,
+    pub(crate) out: &'o mut [f32],
+    pub(crate) to: Option<&'o [usize]>,
+    pub(crate) per: usize,
 }
 
 impl<'o> Target<'o> {
@@ -47,6 +47,34 @@ impl<'o> Target<'o> {
     /// increasing, so no two activation rows finish into the same row of `out`.
     pub fn scatter(out: &'o mut [f32], to: &'o [usize]) -> Self {
         Self { out, to: Some(to), per: 1 }
+    }
+
+    /// The width of a row of `out` for a call of `t` activation rows on `rows` computed rows.
+    ///
+    /// # Panics
+    /// As [`matmul_then`] on its target.
+    pub(crate) fn check(&self, rows: usize, t: usize) -> usize {
+        let per = self.per;
+        assert!(
+            per > 0 && MIN_CHUNK_ROWS.is_multiple_of(per) && rows.is_multiple_of(per),
+            "matmul_then: {per} rows to a cell do not divide the row chunks of {rows} rows"
+        );
+        let width = rows / per;
+        match self.to {
+            None => assert_eq!(self.out.len(), t * width, "matmul_then: target length"),
+            Some(to) => {
+                assert_eq!(to.len(), t, "matmul_then: one target row per activation row");
+                assert!(
+                    to.windows(2).all(|w| w[0] < w[1]),
+                    "matmul_then: target rows not increasing"
+                );
+                assert!(
+                    to.last().is_none_or(|&l| (l + 1) * width <= self.out.len()),
+                    "matmul_then: target row past the end"
+                );
+            }
+        }
+        width
     }
 }
 
@@ -73,26 +101,11 @@ pub fn matmul_then(
     target: Target<'_>,
     finish: &Finish<'_>,
 ) {
-    let Target { out, to, per } = target;
     let rows = m.rows();
     assert_eq!(x.len(), t * m.cols(), "matmul: x length");
     assert_eq!(y.len(), t * rows, "matmul: out length");
-    assert!(
-        per > 0 && MIN_CHUNK_ROWS.is_multiple_of(per) && rows.is_multiple_of(per),
-        "matmul_then: {per} rows to a cell do not divide the row chunks of {rows} rows"
-    );
-    let width = rows / per;
-    match to {
-        None => assert_eq!(out.len(), t * width, "matmul_then: target length"),
-        Some(to) => {
-            assert_eq!(to.len(), t, "matmul_then: one target row per activation row");
-            assert!(to.windows(2).all(|w| w[0] < w[1]), "matmul_then: target rows not increasing");
-            assert!(
-                to.last().is_none_or(|&l| (l + 1) * width <= out.len()),
-                "matmul_then: target row past the end"
-            );
-        }
-    }
+    let width = target.check(rows, t);
+    let Target { out, to, per } = target;
     let isa = isa::isa();
     let (py, po) = (OutPtr::new(y), OutPtr::new(out));
     for_chunks(rows, m.cols(), t, &|tk, r| {

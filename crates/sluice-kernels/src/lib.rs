@@ -24,7 +24,10 @@ mod wide;
 
 pub use finish::{add_weighted, matmul_add_rows, matmul_pair, matmul_then, Target};
 pub use isa::{isa, Isa, IsaError};
-pub use many::{add_rows_many, matmul_many, matmul_pair_many, AddRows, Job, PairJob};
+pub use many::{
+    add_rows_many, matmul_many, matmul_pair_many, matmul_then_many, AddRows, Job, ManyFinish,
+    PairJob, ThenJob,
+};
 pub use matmul::{matmul, matmul_with, Matrix, WeightFormat};
 pub use pool::{Pool, PoolBusy};
 pub use wide::WIDE_SCRATCH_BYTES;

@@ -15,14 +15,20 @@
 //! bit. [`add_rows_many`] adds weighted rows into running sums in the order of its parts, each
 //! cell with the two roundings of [`add_weighted`], split over columns, so each cell sees the
 //! same operations in the same order as one [`matmul_add_rows`] per part in that order.
+//! [`matmul_then_many`] is [`matmul_then`] for every job, each chunk finishing its cells with
+//! its job's finish (GPT-OSS's interleaved gate/up rows with their bias into their activation,
+//! its down rows with theirs).
 
-use crate::finish::add_weighted;
+use crate::finish::{add_weighted, Target};
 use crate::isa;
 use crate::matmul::{run_cells, split, Matrix, OutPtr, MIN_CHUNK_ROWS, PAR_MIN_WORK};
 use std::ops::Range;
 
 #[cfg(doc)]
-use crate::{finish::matmul_add_rows, finish::matmul_pair, matmul::matmul};
+use crate::{
+    finish::matmul_add_rows, finish::matmul_pair, finish::matmul_then, finish::Finish,
+    matmul::matmul,
+};
 
 /// One job of [`matmul_many`]: `out = x · mᵀ` for `x [t, m.cols()]`, `out [t, m.rows()]`.
 pub struct Job<'a> {
@@ -165,6 +171,87 @@ pub fn matmul_pair_many(
             // returns.
             let (ca, cb) = unsafe { (pa.cells(at, r.len()), pb.cells(at, r.len())) };
             finish(ca, cb);
+        }
+    });
+}
+
+/// One job of [`matmul_then_many`]: `y = x · mᵀ` for `x [t, m.cols()]`, `y [t, m.rows()]`,
+/// its chunks finishing their cells into `target` ([`matmul_then`]'s), or in `y` alone.
+pub struct ThenJob<'a> {
+    /// The weight matrix.
+    pub m: Matrix<'a>,
+    /// The job's activation rows, `t × m.cols()`.
+    pub x: &'a [f32],
+    /// Activation rows.
+    pub t: usize,
+    /// The computed cells, `t × m.rows()`.
+    pub y: &'a mut [f32],
+    /// Where the chunks finish their cells, as in [`matmul_then`]; `None`: in `y` alone (the
+    /// `out` that `finish` sees is empty).
+    pub target: Option<Target<'a>>,
+}
+
+/// What a chunk of [`matmul_then_many`] hands its cells to: `finish(job, ti, r, y, out)`, as
+/// [`Finish`] with the job's index first (so each job can have its own bias).
+pub type ManyFinish<'f> = dyn Fn(usize, usize, Range<usize>, &mut [f32], &mut [f32]) + Sync + 'f;
+
+/// [`matmul_then`] for every job, in one pool call: each job's chunks are the ones [`matmul`]
+/// would cut for it alone, each computing its cells, then handing them to
+/// `finish(j, ti, r, &mut y[ti, r], out)` one activation row at a time, with `out` the job's
+/// [`Target`] cells for them (empty without a target). Every cell is computed by [`matmul`]'s
+/// code and an elementwise `finish` sees each once, so the results are bit for bit those of
+/// one [`matmul_then`] per job: a layer's GPT-OSS experts' gate_up projections (bias and
+/// clamped SwiGLU into their activations), or their down projections (and bias).
+///
+/// # Panics
+/// On what [`matmul_then`] panics on, for any job.
+pub fn matmul_then_many(jobs: &mut [ThenJob<'_>], finish: &ManyFinish<'_>) {
+    let isa = isa::isa();
+    let mut ins = Vec::with_capacity(jobs.len());
+    let mut outs = Vec::with_capacity(jobs.len());
+    for j in jobs.iter_mut() {
+        let rows = j.m.rows();
+        assert_eq!(j.x.len(), j.t * j.m.cols(), "matmul: x length");
+        assert_eq!(j.y.len(), j.t * rows, "matmul: out length");
+        let target = j.target.as_mut().map(|tg| {
+            let width = tg.check(rows, j.t);
+            (OutPtr::new(tg.out), tg.to, tg.per, width)
+        });
+        ins.push((j.m, j.x, j.t));
+        outs.push((OutPtr::new(j.y), target));
+    }
+    let threads = crate::pool::with_current(crate::pool::Pool::threads);
+    let cs = chunks(threads, ins.iter().map(|(m, _, t)| (m.rows(), m.cols(), *t)));
+    run(cs.len(), &|i| {
+        let (j, tk, r) = cs[i].clone();
+        let (m, x, _) = &ins[j];
+        let (py, target) = &outs[j];
+        let rows = m.rows();
+        // SAFETY: as in `matmul_many`, for job `j`'s `y` (`t * rows` long, asserted).
+        unsafe { run_cells(isa, m, x, tk.clone(), r.clone(), py) };
+        for ti in tk {
+            // SAFETY: `ti < t` and `r` lies inside `0..rows`, so the range is inside job `j`'s
+            // `y`; this chunk owns these cells and has just written them, and no other
+            // reference to them exists until the call returns.
+            let cy = unsafe { py.cells(ti * rows + r.start, r.len()) };
+            let Some((po, to, per, width)) = target else {
+                finish(j, ti, r.clone(), cy, &mut []);
+                continue;
+            };
+            // Cuts are multiples of MIN_CHUNK_ROWS (or `rows`), both multiples of `per`
+            // (checked).
+            assert!(
+                r.start.is_multiple_of(*per) && r.end.is_multiple_of(*per),
+                "matmul_then: a chunk splits a group"
+            );
+            let cols = r.start / per..r.end / per;
+            let row = to.map_or(ti, |to| to[ti]);
+            // SAFETY: as in `matmul_then`: `row * width + cols.end` is inside the job's target
+            // (checked), whose cells for this (row, columns) no other chunk touches; the
+            // target is its own exclusive borrow, held until the call returns, so it
+            // overlaps neither `y` nor another job's buffers.
+            let co = unsafe { po.cells(row * width + cols.start, cols.len()) };
+            finish(j, ti, r.clone(), cy, co);
         }
     });
 }

@@ -15,7 +15,7 @@ use proptest::test_runner::TestCaseError;
 use sluice_kernels::matmul::matmul_scalar;
 use sluice_kernels::{
     add_rows_many, matmul, matmul_add_rows, matmul_many, matmul_pair, matmul_pair_many,
-    matmul_then, matmul_with, AddRows, Job, PairJob, Pool, Target,
+    matmul_then, matmul_then_many, matmul_with, AddRows, Job, PairJob, Pool, Target, ThenJob,
 };
 
 /// Activation-row counts: small, around the 8-row and 64-row token blocks and the 6-row
@@ -321,6 +321,111 @@ fn interleaved_row_pairs_finished_on_the_engine_thread_alone_now_finished_by_eac
                 assert_eq!(bits(&y2), bits(&y), "{what}: the projection and its bias");
             }
         }
+    }
+}
+
+/// GPT-OSS's experts as jobs of one pool call ([`matmul_then_many`]): each job's gate_up rows
+/// finished pair by pair into their activation ([`Target::rows`]) with the job's own bias,
+/// its down rows finished in place (no target), and its rows added into running sums
+/// ([`Target::scatter`]), equal one [`matmul_then`] per job bit for bit, whatever each job's
+/// rows (0 to 40) and on pools of 1 to 16 threads: GPT-OSS's experts made two pool calls each.
+#[test]
+fn gpt_oss_experts_made_two_pool_calls_each_now_one_per_stage() {
+    let pools: Vec<Pool> = THREADS.iter().map(|&n| Pool::new(n).expect("kernel pool")).collect();
+    for (k, &(format, rows, cols)) in [("mxfp4", 96, 256), ("bf16", 70, 300)].iter().enumerate() {
+        let mut rng = Rng::new(0x6055_0000 + u64::try_from(k).expect("small"));
+        let ws: Vec<_> = (0..6)
+            .map(|_| Weights::gen(format, rows, cols, &mut Rng::new(rng.next_u64()), Mode::Normal))
+            .collect();
+        let biases: Vec<Vec<f32>> =
+            (0..ws.len()).map(|_| values(&mut rng, Mode::Normal, rows)).collect();
+        // The job's bias in place, then an elementwise function of each pair (or none).
+        let finish = |j: usize, r: std::ops::Range<usize>, y: &mut [f32], o: &mut [f32]| {
+            for (v, &b) in y.iter_mut().zip(&biases[j][r]) {
+                *v += b;
+            }
+            for (o, p) in o.iter_mut().zip(y.chunks_exact(2)) {
+                *o = p[0].min(2.0) * (p[1] + 1.0);
+            }
+        };
+        let n_out = 81;
+        for (pool, threads) in pools.iter().zip(THREADS) {
+            for round in 0..8 {
+                let ts: Vec<usize> = (0..ws.len()).map(|_| rng.below(41)).collect();
+                let xs: Vec<Vec<f32>> =
+                    ts.iter().map(|&t| values(&mut rng, Mode::Normal, t * cols)).collect();
+                let tos: Vec<Vec<usize>> = ts
+                    .iter()
+                    .map(|&t| {
+                        let mut to: Vec<usize> = (0..n_out).collect();
+                        for i in 0..t {
+                            to.swap(i, i + rng.below(n_out - i));
+                        }
+                        to.truncate(t);
+                        to.sort_unstable();
+                        to
+                    })
+                    .collect();
+                let what = format!("{format} rows {ts:?} threads={threads} round {round}");
+                let z = |n: usize| vec![f32::NAN; n];
+                for stage in ["pairs", "in place", "scatter"] {
+                    let out = |t: usize| match stage {
+                        "pairs" => z(t * rows / 2),
+                        "in place" => Vec::new(),
+                        _ => values(&mut Rng::new(7), Mode::Normal, n_out * rows),
+                    };
+                    let mut want: Vec<(Vec<f32>, Vec<f32>)> =
+                        ts.iter().map(|&t| (z(t * rows), out(t))).collect();
+                    let mut got = want.clone();
+                    pool.install(|| {
+                        for (j, ((w, x), ((t, to), (y, o)))) in
+                            ws.iter().zip(&xs).zip(ts.iter().zip(&tos).zip(&mut want)).enumerate()
+                        {
+                            let f = |_: usize, r, cy: &mut [f32], co: &mut [f32]| {
+                                finish(j, r, cy, co);
+                            };
+                            match target(stage, o, to) {
+                                Some(tg) => matmul_then(&w.matrix(), x, *t, y, tg, &f),
+                                // In place: a target of `y`'s own width the finish ignores.
+                                None => {
+                                    let mut o = vec![0.0f32; t * rows];
+                                    let f = |_: usize, r, cy: &mut [f32], _: &mut [f32]| {
+                                        finish(j, r, cy, &mut []);
+                                    };
+                                    matmul_then(&w.matrix(), x, *t, y, Target::rows(&mut o, 1), &f);
+                                }
+                            }
+                        }
+                        let mut jobs: Vec<ThenJob<'_>> = ws
+                            .iter()
+                            .zip(&xs)
+                            .zip(ts.iter().zip(&tos).zip(&mut got))
+                            .map(|((w, x), ((&t, to), (y, o)))| ThenJob {
+                                m: w.matrix(),
+                                x,
+                                t,
+                                y,
+                                target: target(stage, o, to),
+                            })
+                            .collect();
+                        matmul_then_many(&mut jobs, &|j, _, r, cy, co| finish(j, r, cy, co));
+                    });
+                    for (w, g) in want.iter().zip(&got) {
+                        assert_eq!(bits(&g.0), bits(&w.0), "{what} {stage}: cells and bias");
+                        assert_eq!(bits(&g.1), bits(&w.1), "{what} {stage}: finished cells");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The target of a job of [`gpt_oss_experts_made_two_pool_calls_each_now_one_per_stage`].
+fn target<'a>(stage: &str, o: &'a mut [f32], to: &'a [usize]) -> Option<Target<'a>> {
+    match stage {
+        "pairs" => Some(Target::rows(o, 2)),
+        "in place" => None,
+        _ => Some(Target::scatter(o, to)),
     }
 }
 
