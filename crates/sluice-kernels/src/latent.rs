@@ -45,20 +45,55 @@ pub fn weighted_rows(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32]) {
     weighted_rows_with(isa::isa(), p, m, width, out);
 }
 
+/// [`weighted_rows`] over matrix rows `stride` values apart (`m[i · stride + a]`, `a < width`):
+/// one head's values in a cache that holds every head of a position side by side.
+///
+/// # Panics
+/// As [`weighted_rows`] (a row of `p` weighing more rows than `m` holds), and if `stride <
+/// width`.
+pub fn weighted_rows_strided(
+    p: &[&[f32]],
+    m: &[f32],
+    stride: usize,
+    width: usize,
+    out: &mut [f32],
+) {
+    weighted_rows_on(isa::isa(), p, m, stride, width, out);
+}
+
 /// [`weighted_rows`] on an explicit tier (tests run every [`Isa::available`] one).
 ///
 /// # Panics
 /// As [`weighted_rows`], and if the running CPU does not support `isa`.
 pub fn weighted_rows_with(isa: Isa, p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32]) {
+    weighted_rows_on(isa, p, m, width, width, out);
+}
+
+/// [`weighted_rows_strided`] on an explicit tier.
+///
+/// # Panics
+/// As [`weighted_rows_strided`], and if the running CPU does not support `isa`.
+pub fn weighted_rows_on(
+    isa: Isa,
+    p: &[&[f32]],
+    m: &[f32],
+    stride: usize,
+    width: usize,
+    out: &mut [f32],
+) {
     assert_eq!(out.len(), p.len() * width, "weighted_rows: out length");
+    assert!(stride >= width, "weighted_rows: rows overlap");
     let n = p.iter().map(|r| r.len()).max().unwrap_or(0);
-    assert!(n * width <= m.len(), "weighted_rows: a row weighs more rows than the matrix has");
+    assert!(
+        n == 0 || (n - 1) * stride + width <= m.len(),
+        "weighted_rows: a row weighs more rows than the matrix has"
+    );
     crate::isa::on_tier!(isa, "weighted_rows", (
-        p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32],
+        p: &[&[f32]], m: &[f32], stride: usize, width: usize, out: &mut [f32],
     ) {
-        avx512("avx512f,fma") => weighted_rows_body::<true>(p, m, width, out),
-        avx2("avx2,fma") => weighted_rows_body::<true>(p, m, width, out),
-        _ => weighted_rows_body::<false>(p, m, width, out),
+        avx512("avx512f,fma") => weighted_rows_body::<true>(p, m, stride, width, out),
+        avx2("avx2,fma") => weighted_rows_body::<true>(p, m, stride, width, out),
+        _ => weighted_rows_body::<false>(p, m, stride, width, out),
     });
 }
 
@@ -73,6 +108,21 @@ pub fn dot_lanes(q: &[[f32; LANES]], m: &[f32], npos: usize, out: &mut [[f64; LA
     dot_lanes_with(isa::isa(), q, m, npos, out);
 }
 
+/// [`dot_lanes`] over matrix rows `stride` values apart (row `pos` is `m[pos · stride ..][..
+/// q.len()]`): one head's keys in a cache that holds every head of a position side by side.
+///
+/// # Panics
+/// If `m` is too short for `npos` such rows, `stride < q.len()`, or `out` is shorter than `npos`.
+pub fn dot_lanes_strided(
+    q: &[[f32; LANES]],
+    m: &[f32],
+    stride: usize,
+    npos: usize,
+    out: &mut [[f64; LANES]],
+) {
+    dot_lanes_on(isa::isa(), q, m, stride, npos, out);
+}
+
 /// [`dot_lanes`] on an explicit tier (tests run every [`Isa::available`] one).
 ///
 /// # Panics
@@ -84,32 +134,57 @@ pub fn dot_lanes_with(
     npos: usize,
     out: &mut [[f64; LANES]],
 ) {
-    assert!(npos * q.len() <= m.len(), "dot_lanes: fewer matrix rows than positions");
+    dot_lanes_on(isa, q, m, q.len(), npos, out);
+}
+
+/// [`dot_lanes_strided`] on an explicit tier.
+///
+/// # Panics
+/// As [`dot_lanes_strided`], and if the running CPU does not support `isa`.
+pub fn dot_lanes_on(
+    isa: Isa,
+    q: &[[f32; LANES]],
+    m: &[f32],
+    stride: usize,
+    npos: usize,
+    out: &mut [[f64; LANES]],
+) {
+    assert!(stride >= q.len(), "dot_lanes: rows overlap");
+    assert!(
+        npos == 0 || (npos - 1) * stride + q.len() <= m.len(),
+        "dot_lanes: fewer matrix rows than positions"
+    );
     assert!(out.len() >= npos, "dot_lanes: out length");
     crate::isa::on_tier!(isa, "dot_lanes", (
-        q: &[[f32; LANES]], m: &[f32], npos: usize, out: &mut [[f64; LANES]],
+        q: &[[f32; LANES]], m: &[f32], stride: usize, npos: usize, out: &mut [[f64; LANES]],
     ) {
-        avx512("avx512f,fma") => dot_lanes_body::<true>(q, m, npos, out),
-        avx2("avx2,fma") => dot_lanes_body::<true>(q, m, npos, out),
-        _ => dot_lanes_body::<false>(q, m, npos, out),
+        avx512("avx512f,fma") => dot_lanes_body::<true>(q, m, stride, npos, out),
+        avx2("avx2,fma") => dot_lanes_body::<true>(q, m, stride, npos, out),
+        _ => dot_lanes_body::<false>(q, m, stride, npos, out),
     });
 }
 
 /// [`weighted_rows`] for every tier: groups of [`ROWS`] rows, then single rows.
 #[inline(always)]
-fn weighted_rows_body<const FUSED: bool>(p: &[&[f32]], m: &[f32], width: usize, out: &mut [f32]) {
+fn weighted_rows_body<const FUSED: bool>(
+    p: &[&[f32]],
+    m: &[f32],
+    stride: usize,
+    width: usize,
+    out: &mut [f32],
+) {
     let mut r = 0;
     while r + ROWS <= p.len() {
         row_group::<ROWS, FUSED>(
             &p[r..r + ROWS],
             m,
-            width,
+            (stride, width),
             &mut out[r * width..(r + ROWS) * width],
         );
         r += ROWS;
     }
     while r < p.len() {
-        row_group::<1, FUSED>(&p[r..=r], m, width, &mut out[r * width..(r + 1) * width]);
+        row_group::<1, FUSED>(&p[r..=r], m, (stride, width), &mut out[r * width..(r + 1) * width]);
         r += 1;
     }
 }
@@ -122,7 +197,7 @@ fn weighted_rows_body<const FUSED: bool>(p: &[&[f32]], m: &[f32], width: usize, 
 fn row_group<const R: usize, const FUSED: bool>(
     p: &[&[f32]],
     m: &[f32],
-    width: usize,
+    (stride, width): (usize, usize),
     out: &mut [f32],
 ) {
     let joint = p.iter().map(|r| r.len()).min().unwrap_or(0);
@@ -130,7 +205,7 @@ fn row_group<const R: usize, const FUSED: bool>(
     while a0 + COLS <= width {
         let mut acc = [[0.0f64; COLS]; R];
         for i in 0..joint {
-            let row: &[f32; COLS] = m[i * width + a0..i * width + a0 + COLS]
+            let row: &[f32; COLS] = m[i * stride + a0..i * stride + a0 + COLS]
                 .try_into()
                 .expect("invariant: a slice of COLS values");
             let l = row.map(f64::from);
@@ -144,7 +219,7 @@ fn row_group<const R: usize, const FUSED: bool>(
         for (acc, pr) in acc.iter_mut().zip(p) {
             for (i, &pi) in pr.iter().enumerate().skip(joint) {
                 let pv = f64::from(pi);
-                let row = &m[i * width + a0..i * width + a0 + COLS];
+                let row = &m[i * stride + a0..i * stride + a0 + COLS];
                 for (a, &lv) in acc.iter_mut().zip(row) {
                     *a = madd::<FUSED>(pv, f64::from(lv), *a);
                 }
@@ -164,7 +239,7 @@ fn row_group<const R: usize, const FUSED: bool>(
         for (r, pr) in p.iter().enumerate() {
             let mut acc = 0.0f64;
             for (i, &pi) in pr.iter().enumerate() {
-                acc = madd::<FUSED>(f64::from(pi), f64::from(m[i * width + a]), acc);
+                acc = madd::<FUSED>(f64::from(pi), f64::from(m[i * stride + a]), acc);
             }
             #[allow(clippy::cast_possible_truncation)]
             {
@@ -179,19 +254,19 @@ fn row_group<const R: usize, const FUSED: bool>(
 fn dot_lanes_body<const FUSED: bool>(
     q: &[[f32; LANES]],
     m: &[f32],
+    stride: usize,
     npos: usize,
     out: &mut [[f64; LANES]],
 ) {
     let w = q.len();
     let mut pos = 0;
     while pos + POSITIONS <= npos {
-        let rows: [&[f32]; POSITIONS] =
-            std::array::from_fn(|j| &m[(pos + j) * w..(pos + j + 1) * w]);
+        let rows: [&[f32]; POSITIONS] = std::array::from_fn(|j| &m[(pos + j) * stride..][..w]);
         out[pos..pos + POSITIONS].copy_from_slice(&position_tile::<POSITIONS, FUSED>(q, rows));
         pos += POSITIONS;
     }
     while pos < npos {
-        out[pos] = position_tile::<1, FUSED>(q, [&m[pos * w..(pos + 1) * w]])[0];
+        out[pos] = position_tile::<1, FUSED>(q, [&m[pos * stride..][..w]])[0];
         pos += 1;
     }
 }
@@ -378,6 +453,44 @@ mod tests {
                             want.to_bits(),
                             "{isa} w {w} pos {pos} lane {l}"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn grouped_query_attention_summed_one_f64_at_a_time_now_a_head_in_strided_lanes() {
+        // One head's keys and values inside a cache row of every KV head (Qwen3's layout):
+        // rows `stride` apart from the head's offset, each sum still the one-at-a-time one.
+        for (w, stride, off, npos) in [(64, 256, 128, 9), (37, 40, 3, 5), (128, 512, 0, 17)] {
+            let m = values(npos * stride, 9);
+            let head = &m[off..];
+            let cols: Vec<Vec<f32>> = (70u32..).take(LANES).map(|seed| values(w, seed)).collect();
+            let q: Vec<[f32; LANES]> =
+                (0..w).map(|a| std::array::from_fn(|l| cols[l][a])).collect();
+            let pv: Vec<Vec<f32>> = (1..=npos).zip(200u32..).map(|(l, s)| values(l, s)).collect();
+            let p: Vec<&[f32]> = pv.iter().map(Vec::as_slice).collect();
+            for isa in Isa::available() {
+                let mut got = vec![[f64::NAN; LANES]; npos];
+                dot_lanes_on(isa, &q, head, stride, npos, &mut got);
+                for (pos, g) in got.iter().enumerate() {
+                    for (l, col) in cols.iter().enumerate() {
+                        let want = dot_f64(col, &head[pos * stride..][..w]);
+                        assert_eq!(g[l].to_bits(), want.to_bits(), "{isa} dot {w}/{stride} {pos}");
+                    }
+                }
+                let mut out = vec![f32::NAN; npos * w];
+                weighted_rows_on(isa, &p, head, stride, w, &mut out);
+                for (r, pr) in p.iter().enumerate() {
+                    for a in 0..w {
+                        let mut acc = 0.0f64;
+                        for (i, &x) in pr.iter().enumerate() {
+                            acc += f64::from(x) * f64::from(head[i * stride + a]);
+                        }
+                        #[allow(clippy::cast_possible_truncation)]
+                        let want = acc as f32;
+                        assert_eq!(out[r * w + a].to_bits(), want.to_bits(), "{isa} sum {r} {a}");
                     }
                 }
             }

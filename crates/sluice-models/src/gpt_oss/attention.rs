@@ -18,13 +18,20 @@
 //!
 //! Batch invariance: projections go through the batch-invariant matmul; biases, RoPE, scores and
 //! sums are per (row, head) in position order.
+//!
+//! Scores and weighted sums run eight rows of the pass at a time, one per vector lane
+//! ([`sluice_kernels::latent::dot_lanes_strided`], [`sluice_kernels::latent::weighted_rows_strided`]):
+//! each lane adds its row's f64 products in the one-row order, so each result is bit for bit the
+//! one-sum-at-a-time result. One f64 sum at a time was a chain of dependent additions: a
+//! 256-token prefill of a Qwen3-30B-A3B slice spent ~15% of its time there on 2 vCPUs
+//! (docs/PERFORMANCE.md, session 19).
 
 use super::config::{AttnKind, GptOssConfig};
 use super::rope::{apply, HalfRows};
 use super::weights::AttnWeights;
 use crate::qwen3::state::KvCache;
 use crate::qwen3::Ctx;
-use sluice_kernels::ops::dot_f64;
+use sluice_kernels::latent::{dot_lanes_strided, weighted_rows_strided, LANES};
 
 /// Adds `bias` to every row of `x [t, bias.len()]`.
 pub(crate) fn add_bias(x: &mut [f32], bias: &[f32]) {
@@ -74,48 +81,60 @@ pub(crate) fn forward(
     let scale = (hd as f64).powf(-0.5) as f32;
     let groups = heads / kv_heads;
     let (k_all, v_all) = (&cache.k, &cache.v);
+    let first = |pos: usize| match kind {
+        AttnKind::Full => 0,
+        AttnKind::Sliding => (pos + 1).saturating_sub(c.sliding_window),
+    };
     let per_head: Vec<Vec<f32>> = sluice_kernels::pool::map(heads, |h| {
         let kv = h / groups;
         let sink = w.sinks[h];
+        // This head's keys and values: rows `kw` apart in the cache, from the head's offset.
+        let (kh, vh) = (&k_all[kv * hd..], &v_all[kv * hd..]);
         let mut out = vec![0.0f32; t * hd];
-        let mut scores = Vec::with_capacity(past + t);
-        let mut acc = vec![0.0f64; hd];
-        for ti in 0..t {
-            let pos = past + ti;
-            let first = match kind {
-                AttnKind::Full => 0,
-                AttnKind::Sliding => (pos + 1).saturating_sub(c.sliding_window),
-            };
-            let qh = &q[ti * qw + h * hd..ti * qw + (h + 1) * hd];
-            scores.clear();
-            scores.extend((first..=pos).map(|p| {
-                let kh = &k_all[p * kw + kv * hd..p * kw + (kv + 1) * hd];
-                #[allow(clippy::cast_possible_truncation)]
-                let s = dot_f64(qh, kh) as f32;
-                s * scale
-            }));
-            // softmax over [scores, sink] in f32 after subtracting the max; the sink column is
-            // dropped from the weights but stays in the denominator.
-            let max = scores.iter().copied().fold(sink, f32::max);
-            let mut sum = f64::from((sink - max).exp());
-            for s in &mut scores {
-                *s = (*s - max).exp();
-                sum += f64::from(*s);
-            }
-            #[allow(clippy::cast_possible_truncation)]
-            let inv = (1.0 / sum) as f32;
-            acc.iter_mut().for_each(|a| *a = 0.0);
-            for (p, &e) in (first..=pos).zip(scores.iter()) {
-                let pr = e * inv;
-                let vh = &v_all[p * kw + kv * hd..p * kw + (kv + 1) * hd];
-                for (a, &vv) in acc.iter_mut().zip(vh) {
-                    *a += f64::from(pr) * f64::from(vv);
+        let mut lanes = vec![[0.0f32; LANES]; hd];
+        let mut dots = vec![[0.0f64; LANES]; past + t];
+        let mut probs: Vec<Vec<f32>> = Vec::with_capacity(LANES);
+        // LANES rows of the pass at a time, one per vector lane, each lane's dot products and
+        // weighted sums in the one-row order (`sluice_kernels::latent`).
+        for t0 in (0..t).step_by(LANES) {
+            let n = LANES.min(t - t0);
+            for (a, lane) in lanes.iter_mut().enumerate() {
+                for (l, v) in lane.iter_mut().enumerate() {
+                    *v = if l < n { q[(t0 + l) * qw + h * hd + a] } else { 0.0 };
                 }
             }
-            for (o, &a) in out[ti * hd..(ti + 1) * hd].iter_mut().zip(&acc) {
+            // Row `ti` scores positions first(pos) ..= pos (pos = past + ti); the block's first
+            // row sees the earliest.
+            let (f0, seen) = (first(past + t0), past + t0 + n);
+            dot_lanes_strided(&lanes, &kh[f0 * kw..], kw, seen - f0, &mut dots[..seen - f0]);
+            probs.resize_with(n, Vec::new);
+            for (l, p) in probs.iter_mut().enumerate() {
+                let pos = past + t0 + l;
+                p.clear();
                 #[allow(clippy::cast_possible_truncation)]
-                {
-                    *o = a as f32;
+                p.extend(dots[first(pos) - f0..=pos - f0].iter().map(|d| d[l] as f32 * scale));
+                // softmax over [scores, sink] in f32 after subtracting the max; the sink column
+                // is dropped from the weights but stays in the denominator.
+                let max = p.iter().copied().fold(sink, f32::max);
+                let mut sum = f64::from((sink - max).exp());
+                for s in p.iter_mut() {
+                    *s = (*s - max).exp();
+                    sum += f64::from(*s);
+                }
+                #[allow(clippy::cast_possible_truncation)]
+                let inv = (1.0 / sum) as f32;
+                p.iter_mut().for_each(|e| *e *= inv);
+            }
+            // out = probs @ v, each row from its own first position: the block at once where
+            // every row starts at the same one (full attention), row by row otherwise.
+            let block = &mut out[t0 * hd..(t0 + n) * hd];
+            if first(past + t0 + n - 1) == f0 {
+                let rows: Vec<&[f32]> = probs.iter().map(Vec::as_slice).collect();
+                weighted_rows_strided(&rows, &vh[f0 * kw..], kw, hd, block);
+            } else {
+                for (l, (p, o)) in probs.iter().zip(block.chunks_exact_mut(hd)).enumerate() {
+                    let f = first(past + t0 + l);
+                    weighted_rows_strided(&[p.as_slice()], &vh[f * kw..], kw, hd, o);
                 }
             }
         }

@@ -14,6 +14,13 @@
 //! every score and weighted sum are computed per (row, head) in position order, so a row's output
 //! never depends on how many rows share the pass or how the heads are split across threads.
 //!
+//! Scores and weighted sums run eight rows of the pass at a time, one per vector lane
+//! ([`sluice_kernels::latent::dot_lanes_strided`], [`sluice_kernels::latent::weighted_rows_strided`]):
+//! each lane adds its row's f64 products in the one-row order, so each result is bit for bit the
+//! one-sum-at-a-time result. One f64 sum at a time was a chain of dependent additions: a
+//! 256-token prefill of a Qwen3-30B-A3B slice spent ~15% of its time there on 2 vCPUs
+//! (docs/PERFORMANCE.md, session 19).
+//!
 //! ## RoPE
 //!
 //! Rotary position embedding computed the way transformers computes it, in f32, so that the
@@ -42,7 +49,8 @@ use super::config::Qwen3Config;
 use super::state::KvCache;
 use super::weights::AttnWeights;
 use super::Ctx;
-use sluice_kernels::ops::{dot_f64, rms_norm, softmax_inplace};
+use sluice_kernels::latent::{dot_lanes_strided, weighted_rows_strided, LANES};
+use sluice_kernels::ops::{rms_norm, softmax_inplace};
 
 /// Runs the attention of one layer on `x [t, d]` (the `input_layernorm` output), staging the t new
 /// rows in `cache`; returns the `o_proj` output `[t, d]`.
@@ -90,35 +98,36 @@ pub(crate) fn forward(
     let (k_all, v_all) = (&cache.k, &cache.v);
     let per_head: Vec<Vec<f32>> = sluice_kernels::pool::map(heads, |h| {
         let kv = h / groups;
+        // This head's keys and values: rows `kw` apart in the cache, from the head's offset.
+        let (kh, vh) = (&k_all[kv * hd..], &v_all[kv * hd..]);
         let mut out = vec![0.0f32; t * hd];
-        let mut scores = Vec::with_capacity(past + t);
-        let mut acc = vec![0.0f64; hd];
-        for ti in 0..t {
-            let qh = &q[ti * qw + h * hd..ti * qw + (h + 1) * hd];
+        let mut lanes = vec![[0.0f32; LANES]; hd];
+        let mut dots = vec![[0.0f64; LANES]; past + t];
+        let mut probs: Vec<Vec<f32>> = Vec::with_capacity(LANES);
+        // LANES rows of the pass at a time, one per vector lane, each lane's dot products and
+        // weighted sums in the one-row order (`sluice_kernels::latent`).
+        for t0 in (0..t).step_by(LANES) {
+            let n = LANES.min(t - t0);
+            for (a, lane) in lanes.iter_mut().enumerate() {
+                for (l, v) in lane.iter_mut().enumerate() {
+                    *v = if l < n { q[(t0 + l) * qw + h * hd + a] } else { 0.0 };
+                }
+            }
             // attn_weights = matmul(query, key_states.T) * scaling + causal mask: the mask
-            // removes positions after the row's own, so only 0..=past+ti are scored.
-            scores.clear();
-            scores.extend((0..=past + ti).map(|pos| {
-                let kh = &k_all[pos * kw + kv * hd..pos * kw + (kv + 1) * hd];
+            // removes positions after each row's own, so row `ti` scores 0..=past+ti.
+            let seen = past + t0 + n;
+            dot_lanes_strided(&lanes, kh, kw, seen, &mut dots[..seen]);
+            probs.resize_with(n, Vec::new);
+            for (l, p) in probs.iter_mut().enumerate() {
+                p.clear();
                 #[allow(clippy::cast_possible_truncation)]
-                let s = dot_f64(qh, kh) as f32;
-                s * scale
-            }));
-            // softmax(attn_weights, dim=-1, dtype=float32); attn_output = matmul(weights, v)
-            softmax_inplace(&mut scores);
-            acc.iter_mut().for_each(|a| *a = 0.0);
-            for (pos, &p) in scores.iter().enumerate() {
-                let vh = &v_all[pos * kw + kv * hd..pos * kw + (kv + 1) * hd];
-                for (a, &vv) in acc.iter_mut().zip(vh) {
-                    *a += f64::from(p) * f64::from(vv);
-                }
+                p.extend(dots[..=past + t0 + l].iter().map(|d| d[l] as f32 * scale));
+                // softmax(attn_weights, dim=-1, dtype=float32)
+                softmax_inplace(p);
             }
-            for (o, &a) in out[ti * hd..(ti + 1) * hd].iter_mut().zip(&acc) {
-                #[allow(clippy::cast_possible_truncation)]
-                {
-                    *o = a as f32;
-                }
-            }
+            // attn_output = matmul(attn_weights, value_states)
+            let rows: Vec<&[f32]> = probs.iter().map(Vec::as_slice).collect();
+            weighted_rows_strided(&rows, vh, kw, hd, &mut out[t0 * hd..(t0 + n) * hd]);
         }
         out
     });
