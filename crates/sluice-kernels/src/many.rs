@@ -6,9 +6,10 @@
 //! experts (768 × 2048 gate and up) carry ~10 µs per thread at 16 threads, about the cost of
 //! handing a call to the helpers and waiting for its last chunk, and a layer made two such calls
 //! per expert (16 for a decode token, 256 for a 256-row prompt). Here a call takes a list of
-//! jobs, each a matrix (or a gate/up pair) with its own activation rows and outputs; each
-//! job is cut exactly as [`matmul`] would cut it alone, and the pool runs every job's chunks,
-//! flattened in job order, as one call.
+//! jobs, each a matrix (or a gate/up pair) with its own activation rows and outputs, and the
+//! pool runs every job's chunks, flattened in job order, as one call. A call of at least as
+//! many jobs as threads is cut as one guided schedule (whole experts first, small chunks last);
+//! a call of fewer jobs cuts each as [`matmul`] would cut it alone.
 //!
 //! Every cell is computed by [`matmul`]'s code (`run_cells`), so the results are bit for bit
 //! those of one [`matmul`] (or [`matmul_pair`]) per job; how the jobs are batched changes no
@@ -21,7 +22,8 @@
 
 use crate::finish::{add_weighted, Target};
 use crate::isa;
-use crate::matmul::{run_cells, split, Matrix, OutPtr, MIN_CHUNK_ROWS, PAR_MIN_WORK};
+use crate::matmul::{run_cells, split, Matrix, OutPtr, GUIDED_SHARE, MIN_CHUNK_ROWS, PAR_MIN_WORK};
+use crate::wide::GROUP;
 use std::ops::Range;
 
 #[cfg(doc)]
@@ -62,12 +64,18 @@ pub struct PairJob<'a> {
 /// A chunk of a batched call: job, activation rows, output rows.
 type Chunk = (usize, Range<usize>, Range<usize>);
 
-/// The chunks of jobs of shapes `(rows, cols, t)`, each cut as [`matmul`] cuts a call of that
-/// shape on a pool of `threads` (one chunk of everything when it would run on the calling
-/// thread), in job order.
+/// The chunks of jobs of shapes `(rows, cols, t)`, in job order. A call of at least as many
+/// jobs as threads is cut as one whole ([`guided`]); otherwise each job is cut as [`matmul`]
+/// cuts a call of that shape on a pool of `threads` (one chunk of everything when it would run
+/// on the calling thread). How a job is cut changes no bit: every cell's reduction is the same.
 fn chunks(threads: usize, shapes: impl Iterator<Item = (usize, usize, usize)>) -> Vec<Chunk> {
+    let shapes: Vec<(usize, usize, usize)> = shapes.collect();
+    let work: usize = shapes.iter().map(|&(r, c, t)| r * c * t).sum();
+    if threads > 1 && shapes.len() >= threads && work >= PAR_MIN_WORK {
+        return guided(threads, &shapes, work);
+    }
     let mut all = Vec::new();
-    for (j, (rows, cols, t)) in shapes.enumerate() {
+    for (j, &(rows, cols, t)) in shapes.iter().enumerate() {
         let Some((cuts, token_chunks)) = split(threads, rows, cols, t) else {
             all.push((j, 0..t, 0..rows));
             continue;
@@ -77,6 +85,36 @@ fn chunks(threads: usize, shapes: impl Iterator<Item = (usize, usize, usize)>) -
             for r in cuts.windows(2) {
                 all.push((j, (ti * tc).min(t)..t.min((ti + 1) * tc), r[0]..r[1]));
             }
+        }
+    }
+    all
+}
+
+/// The chunks of a call of many jobs (`work` flops / 2 in all), cut across the call as one
+/// guided schedule: each chunk takes about `1 / (GUIDED_SHARE · threads)` of the work left
+/// after it, in whole row groups of the prefill nest while that is at least one, then in
+/// 16-row steps, never past its job's end. The first chunks are whole experts, so a thread
+/// reads an expert's rows in one run, and its prefetch of the next column chunk and row
+/// group carries it from panel to panel; the last chunks are small, so the call ends evenly.
+/// (Cut job by job, a 256-row prefill of Qwen3-30B-A3B's layer made ~18,000 chunks of 16
+/// rows on 16 threads, each starting cold: docs/PERFORMANCE.md, session 19.)
+fn guided(threads: usize, shapes: &[(usize, usize, usize)], work: usize) -> Vec<Chunk> {
+    let mut left = work;
+    let mut all = Vec::new();
+    for (j, &(rows, cols, t)) in shapes.iter().enumerate() {
+        let per_row = (cols * t).max(1);
+        let mut r0 = 0;
+        while r0 < rows {
+            let want = left / (GUIDED_SHARE * threads) / per_row;
+            let size = if want >= GROUP {
+                want / GROUP * GROUP
+            } else {
+                (want / MIN_CHUNK_ROWS * MIN_CHUNK_ROWS).max(MIN_CHUNK_ROWS)
+            };
+            let size = size.min(rows - r0);
+            all.push((j, 0..t, r0..r0 + size));
+            r0 += size;
+            left = left.saturating_sub(size * per_row);
         }
     }
     all
@@ -311,4 +349,40 @@ pub fn add_rows_many(parts: &[AddRows<'_>], width: usize, out: &mut [f32]) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefill_layer_batch_cut_each_expert_in_sixteen_row_chunks_that_all_started_cold() {
+        // Qwen3-30B-A3B's gate/up call at a 256-row prompt: 128 experts of 768 rows, ~16 rows
+        // each, 16 threads. Cut job by job it was ~6,000 chunks of 16 rows.
+        let shapes: Vec<(usize, usize, usize)> =
+            (0..128).map(|e| (768, 2 * 2048, 12 + e % 9)).collect();
+        for threads in [2, 16] {
+            let cs = chunks(threads, shapes.iter().copied());
+            assert!(cs.len() < 4 * shapes.len(), "{threads} threads: {} chunks", cs.len());
+            // Every (job, row) once, in job order, and every chunk whole 16-row steps unless it
+            // ends its job.
+            let mut next = vec![0usize; shapes.len()];
+            let mut last_job = 0;
+            for (j, tk, r) in &cs {
+                assert!(*j >= last_job);
+                last_job = *j;
+                assert_eq!(*tk, 0..shapes[*j].2);
+                assert_eq!(r.start, next[*j]);
+                assert!(r.len() % MIN_CHUNK_ROWS == 0 || r.end == shapes[*j].0, "{r:?}");
+                next[*j] = r.end;
+            }
+            assert!(next.iter().zip(&shapes).all(|(&n, s)| n == s.0));
+            // Whole experts first; the call ends in chunks of a row step.
+            assert_eq!(cs[0].2, 0..768);
+            assert_eq!(cs[cs.len() - 1].2.len(), MIN_CHUNK_ROWS);
+        }
+        // A decode's few experts on many threads are still cut expert by expert.
+        let few: Vec<(usize, usize, usize)> = (0..8).map(|_| (768, 4096, 1)).collect();
+        assert!(chunks(16, few.iter().copied()).len() > 8);
+    }
 }

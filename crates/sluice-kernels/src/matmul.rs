@@ -205,7 +205,7 @@ const _: () = assert!(crate::wide::GROUP.is_multiple_of(MIN_CHUNK_ROWS));
 /// activation rows (each such chunk decodes its weights again).
 const MIN_CHUNK_TOKENS: usize = 16;
 /// Each row chunk takes `1 / (GUIDED_SHARE · threads)` of the rows not yet handed out.
-const GUIDED_SHARE: usize = 2;
+pub(crate) const GUIDED_SHARE: usize = 2;
 
 /// [`matmul`] on an explicit tier (tests and benchmarks run every [`Isa::available`] tier).
 ///

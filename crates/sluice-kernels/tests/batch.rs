@@ -339,13 +339,22 @@ fn gpt_oss_experts_made_two_pool_calls_each_now_one_per_stage() {
             .collect();
         let biases: Vec<Vec<f32>> =
             (0..ws.len()).map(|_| values(&mut rng, Mode::Normal, rows)).collect();
-        // The job's bias in place, then an elementwise function of each pair (or none).
+        // The job's bias in place, then an elementwise function of each pair into a target of
+        // half the width, or of each cell into a target of the same width (running sums), or
+        // none. (A finish must not depend on where a chunk's rows start or end: the many-job
+        // call cuts jobs differently from one call per job.)
         let finish = |j: usize, r: std::ops::Range<usize>, y: &mut [f32], o: &mut [f32]| {
             for (v, &b) in y.iter_mut().zip(&biases[j][r]) {
                 *v += b;
             }
-            for (o, p) in o.iter_mut().zip(y.chunks_exact(2)) {
-                *o = p[0].min(2.0) * (p[1] + 1.0);
+            if o.len() == y.len() {
+                for (o, &v) in o.iter_mut().zip(y.iter()) {
+                    *o += v.min(2.0);
+                }
+            } else {
+                for (o, p) in o.iter_mut().zip(y.chunks_exact(2)) {
+                    *o = p[0].min(2.0) * (p[1] + 1.0);
+                }
             }
         };
         let n_out = 81;
