@@ -11,10 +11,10 @@
 //! ([`crate::platform::advice`]).
 //!
 //! The spine store asks for [`ReadAt::read_at_cached`] instead (through [`FromCache`]): a range
-//! that is already wholly in the page cache is copied from there with a buffered read that
-//! leaves the pages as they were ([`crate::platform::residency`]), since reading it again from
-//! storage with O_DIRECT costs a disk read and grows nothing that the copy would not; any other
-//! range is read as above.
+//! that is already wholly in the page cache is copied from there, out of a mapping that reads
+//! nothing ahead, leaving the pages as they were ([`crate::platform::residency`]): reading it
+//! again from storage with O_DIRECT would cost a disk read and keep nothing the copy does not;
+//! any other range is read as above.
 //!
 //! A queue-based backend ([`crate::uring`]) cannot call `read_at` (the kernel does the read), so
 //! the trait also splits a read in two: [`ReadAt::prepare`] says which descriptor to read (or
@@ -172,10 +172,9 @@ pub enum IoMode {
 struct Shard {
     buffered: File,
     direct: Option<File>,
-    /// A third descriptor, read-ahead off, for copying ranges already in the page cache
-    /// ([`ReadAt::read_at_cached`]); `None` in [`IoMode::Buffered`], where every read is
-    /// buffered anyway.
-    cached: Option<File>,
+    /// Whether [`ReadAt::read_at_cached`] copies ranges already in the page cache (not in
+    /// [`IoMode::Buffered`], where every read is buffered anyway).
+    copy_resident: bool,
     /// The file's length at open: a range is checked for residency up to here only.
     len: u64,
     /// Cleared when the direct descriptor refuses a read ([`direct::refused`]), so later reads
@@ -208,13 +207,10 @@ impl ShardFiles {
                 IoMode::BufferedDropCache | IoMode::Buffered => None,
             };
             let direct_ok = AtomicBool::new(direct.is_some());
-            let cached = match mode {
-                IoMode::Direct | IoMode::BufferedDropCache => residency::open(p),
-                IoMode::Buffered => None,
-            };
+            let copy_resident = mode != IoMode::Buffered;
             let len =
                 buffered.metadata().map_err(|source| StoreError::Io { path: p.clone(), source })?;
-            shards.push(Shard { buffered, direct, cached, len: len.len(), direct_ok });
+            shards.push(Shard { buffered, direct, copy_resident, len: len.len(), direct_ok });
         }
         Ok(Self {
             shards,
@@ -290,13 +286,16 @@ impl ReadAt for ShardFiles {
 
     fn read_at_cached(&self, file: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         let Some(s) = self.shards.get(file) else { return self.read_at(file, offset, buf) };
-        if let Some(c) = &s.cached {
-            // Only the bytes the file has: pages past its end are never resident.
-            let want = (buf.len() as u64).min(s.len.saturating_sub(offset));
-            if want > 0 && residency::resident(c, offset, want).unwrap_or(false) {
-                self.cached_reads.fetch_add(1, Ordering::Relaxed);
-                // The pages were cached before this read: they are left as they are.
-                return c.read_at(buf, offset);
+        // Only the bytes the file has (a read past its end is short, as `read_at`'s would be).
+        let want =
+            usize::try_from(s.len.saturating_sub(offset)).map_or(buf.len(), |n| n.min(buf.len()));
+        if s.copy_resident && want > 0 {
+            if let Some(b) = buf.get_mut(..want) {
+                // The pages were cached before this copy and are left as they are.
+                if let Ok(true) = residency::copy_if_resident(&s.buffered, offset, b) {
+                    self.cached_reads.fetch_add(1, Ordering::Relaxed);
+                    return Ok(want);
+                }
             }
         }
         self.read_at(file, offset, buf)

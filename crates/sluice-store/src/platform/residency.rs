@@ -1,26 +1,27 @@
-//! Whether a file range is already in the page cache, so that a read of it can copy it from
-//! there (memory speed) instead of reading it again from storage with an uncached read
-//! ([`super::direct`]). Copying resident pages grows the page cache by nothing; a range that is
+//! Whether a file range is already in the page cache, and copying it from there: a read of a
+//! resident range then costs a memory copy instead of another read from storage with an
+//! uncached read ([`super::direct`]). The copy grows the page cache by nothing; a range that is
 //! not wholly resident keeps its uncached read, so reading a model still does not fill memory
 //! outside the budget.
 //!
-//! The copy goes through a descriptor of its own with read-ahead off ([`open`]), so that reading
-//! a resident range does not start reading the pages after it into the cache.
-//!
-//! Both systems answer through `mincore` on a transient read-only mapping of the range: the
-//! mapping is made, asked and unmapped without one byte of it being read, so asking faults
-//! nothing in. The answer is a snapshot: a page may be evicted just after it was counted
-//! resident, and its read then brings that page back in (the cost of a race, a page at a time,
-//! never a whole model).
+//! Both systems answer through `mincore` on a transient read-only mapping of the range, and
+//! [`copy_if_resident`] copies out of that same mapping, advised `MADV_RANDOM` first: a fault
+//! on a mapped file page then reads nothing ahead. (A buffered `pread` would not do: on Linux a
+//! page that an earlier sequential read marked for read-ahead starts the next read-ahead window,
+//! `posix_fadvise(POSIX_FADV_RANDOM)` or not, which grew the cache by 8 MiB a marked page on the
+//! development VM.) The answer is a snapshot: a page evicted between the check and the copy
+//! is read back alone, never a whole model.
 //!
 //! - **Linux**: `mincore`'s vector holds one byte per page, bit 0 set when the page is resident;
-//!   read-ahead is turned off with `posix_fadvise(POSIX_FADV_RANDOM)`.
-//! - **macOS**: the same call; a page counts when `MINCORE_INCORE` is set (other bits say
-//!   whether it is referenced or modified); read-ahead is turned off with `F_RDAHEAD` 0.
+//!   `MADV_POPULATE_READ` maps the resident range in one call before the copy.
+//! - **macOS**: the same calls but the populate; a page counts when `MINCORE_INCORE` is set
+//!   (other bits say whether it is referenced or modified).
+//!
+//! As with any mapped file, a file truncated under the copy would end it with `SIGBUS`: model
+//! files are not written while a model is open (the mapped experts make the same assumption).
 
 use std::fs::File;
 use std::io;
-use std::path::Path;
 
 #[cfg(not(any(target_os = "linux", target_os = "macos")))]
 compile_error!(
@@ -29,67 +30,119 @@ compile_error!(
      every read stays uncached"
 );
 
-/// Opens `path` for copying resident ranges: a buffered descriptor with read-ahead off, or
-/// `None` where the file cannot be opened or read-ahead cannot be turned off (reads then stay
-/// uncached).
-#[cfg(target_os = "linux")]
-pub fn open(path: &Path) -> Option<File> {
-    use std::os::fd::AsRawFd;
-    let f = File::open(path).ok()?;
-    // SAFETY: `posix_fadvise` only reads its integer arguments on a descriptor `f` keeps open;
-    // RANDOM changes only how much this descriptor's reads read ahead (nothing).
-    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
-    (rc == 0).then_some(f)
-}
-
-/// Opens `path` for copying resident ranges: a buffered descriptor with read-ahead off, or
-/// `None` where the file cannot be opened or read-ahead cannot be turned off (reads then stay
-/// uncached).
-#[cfg(target_os = "macos")]
-pub fn open(path: &Path) -> Option<File> {
-    use std::os::fd::AsRawFd;
-    let f = File::open(path).ok()?;
-    // SAFETY: `fcntl` with an integer argument on a descriptor `f` keeps open; it changes only
-    // whether the kernel reads ahead on this file.
-    let rc = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_RDAHEAD, 0) };
-    (rc != -1).then_some(f)
-}
-
 /// True when every page of `file` covering `offset .. offset + len` is in the page cache (an
 /// empty range is). `Err` where the range cannot be mapped or asked about; callers then read
 /// as if it were not resident.
 pub fn resident(file: &File, offset: u64, len: u64) -> io::Result<bool> {
-    use std::os::fd::AsRawFd;
     if len == 0 {
         return Ok(true);
     }
-    let page = page_size();
-    let start = offset / page * page;
-    let end = offset.checked_add(len).ok_or(io::ErrorKind::InvalidInput)?;
-    let span = usize::try_from(end - start).map_err(|_| io::ErrorKind::InvalidInput)?;
-    let pages = span.div_ceil(usize::try_from(page).map_err(|_| io::ErrorKind::InvalidInput)?);
-    let (off, _) = super::off_pair(start, 0)?;
-    // SAFETY: a fresh read-only shared mapping at an address the kernel picks; nothing else
-    // refers to it, no byte of it is read, and it is unmapped below.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            span,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            off,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
+    Mapping::new(file, offset, len)?.resident()
+}
+
+/// Copies `file`'s bytes `offset .. offset + buf.len()` into `buf` if every page of them is in
+/// the page cache, and returns true; returns false, `buf` untouched, if any is not. The range
+/// must lie inside the file (a mapping past its end cannot be read).
+pub fn copy_if_resident(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
+    if buf.is_empty() {
+        return Ok(true);
     }
-    let mut vec = vec![0u8; pages];
-    let rc = incore(p, span, &mut vec);
-    // SAFETY: `p .. p + span` is the mapping made above; no reference into it exists.
-    unsafe { libc::munmap(p, span) };
-    rc?;
-    Ok(vec.iter().all(|&v| v & IN_CORE != 0))
+    let len = u64::try_from(buf.len()).map_err(|_| io::ErrorKind::InvalidInput)?;
+    let file_len = file.metadata()?.len();
+    if offset.checked_add(len).is_none_or(|end| end > file_len) {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
+    let m = Mapping::new(file, offset, len)?;
+    if !m.resident()? {
+        return Ok(false);
+    }
+    m.no_read_ahead()?;
+    m.populate();
+    // SAFETY: the mapping covers `offset .. offset + len` of the file, inside the file (checked
+    // above), so every byte of it can be read; `buf` is a distinct, exclusive slice of `len`
+    // bytes.
+    unsafe { std::ptr::copy_nonoverlapping(m.bytes_ptr(), buf.as_mut_ptr(), buf.len()) };
+    Ok(true)
+}
+
+/// A read-only shared mapping of the pages covering a file range, unmapped on drop.
+struct Mapping {
+    /// The first page.
+    start: *mut libc::c_void,
+    /// Bytes mapped (whole pages).
+    span: usize,
+    /// Bytes from `start` to the range's first byte.
+    lead: usize,
+}
+
+impl Mapping {
+    fn new(file: &File, offset: u64, len: u64) -> io::Result<Self> {
+        use std::os::fd::AsRawFd;
+        let page = page_size();
+        let first = offset / page * page;
+        let end = offset.checked_add(len).ok_or(io::ErrorKind::InvalidInput)?;
+        let span = usize::try_from(end - first).map_err(|_| io::ErrorKind::InvalidInput)?;
+        let lead = usize::try_from(offset - first).map_err(|_| io::ErrorKind::InvalidInput)?;
+        let (off, _) = super::off_pair(first, 0)?;
+        // SAFETY: a fresh read-only shared mapping at an address the kernel picks; nothing else
+        // refers to it, and it is unmapped on drop.
+        let start = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                span,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                off,
+            )
+        };
+        if start == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self { start, span, lead })
+    }
+
+    /// True when every mapped page is in the page cache (asking reads no byte).
+    fn resident(&self) -> io::Result<bool> {
+        let page = usize::try_from(page_size()).map_err(|_| io::ErrorKind::InvalidInput)?;
+        let mut vec = vec![0u8; self.span.div_ceil(page)];
+        incore(self.start, self.span, &mut vec)?;
+        Ok(vec.iter().all(|&v| v & IN_CORE != 0))
+    }
+
+    /// Advises `MADV_RANDOM`: a fault reads no page ahead.
+    fn no_read_ahead(&self) -> io::Result<()> {
+        // SAFETY: the range is this mapping; the advice changes only read-ahead.
+        let rc = unsafe { libc::madvise(self.start, self.span, libc::MADV_RANDOM) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Maps every page at once where the system can (best effort: faults do it otherwise).
+    fn populate(&self) {
+        #[cfg(target_os = "linux")]
+        // SAFETY: the range is this mapping; MADV_POPULATE_READ faults its pages in for
+        // reading, as the copy would, and changes no byte.
+        unsafe {
+            libc::madvise(self.start, self.span, libc::MADV_POPULATE_READ)
+        };
+    }
+
+    /// The range's first byte.
+    fn bytes_ptr(&self) -> *const u8 {
+        self.start.cast::<u8>().cast_const().wrapping_add(self.lead)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `start .. start + span` is the mapping made in `new`; no reference into it
+        // outlives the method that made it.
+        unsafe { libc::munmap(self.start, self.span) };
+    }
 }
 
 /// The bit of a `mincore` vector entry that says the page is resident.
@@ -138,11 +191,27 @@ mod tests {
     use std::io::Write;
 
     #[test]
+    fn a_resident_range_is_copied_exactly_whatever_its_alignment() {
+        let data: Vec<u8> = (0..300_000u32).map(|i| u8::try_from(i % 251).expect("byte")).collect();
+        let mut f = tempfile::NamedTempFile::new().expect("temp file");
+        f.write_all(&data).expect("write");
+        assert_eq!(std::fs::read(f.path()).expect("read"), data);
+        for (o, n) in
+            [(0usize, 300_000usize), (1, 4095), (4096, 8192), (12_345, 200_000), (299_999, 1)]
+        {
+            let mut buf = vec![0u8; n];
+            assert!(copy_if_resident(f.as_file(), o as u64, &mut buf).expect("copies"));
+            assert_eq!(&buf[..], &data[o..o + n], "{o}+{n}");
+        }
+        let mut past = vec![0u8; 2];
+        assert!(copy_if_resident(f.as_file(), 299_999, &mut past).is_err(), "past the end");
+    }
+
+    #[test]
     fn a_read_file_is_resident_and_a_dropped_one_is_not() {
         let mut f = tempfile::NamedTempFile::new().expect("temp file");
         f.write_all(&vec![3u8; 1 << 20]).expect("write");
         f.as_file().sync_all().expect("sync");
-        assert!(open(f.path()).is_some());
         assert_eq!(std::fs::read(f.path()).expect("read").len(), 1 << 20);
         assert!(resident(f.as_file(), 5000, 300_000).expect("asks"));
         assert!(resident(f.as_file(), 0, 0).expect("an empty range"));
@@ -150,6 +219,9 @@ mod tests {
         // tmpfs (which refuses O_DIRECT) keeps its pages whatever the advice.
         if super::super::direct::open(f.path()).is_some() {
             assert!(!resident(f.as_file(), 5000, 300_000).expect("asks"));
+            let mut buf = vec![9u8; 1000];
+            assert!(!copy_if_resident(f.as_file(), 5000, &mut buf).expect("asks"));
+            assert_eq!(buf, vec![9u8; 1000], "untouched");
         }
     }
 }
