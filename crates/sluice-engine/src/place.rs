@@ -206,13 +206,21 @@ pub(crate) fn place(
         );
         let files: Arc<dyn ReadAt> =
             Arc::new(ShardFiles::open(index.paths(), io).map_err(ModelError::from)?);
-        let store = SpineStore::open(index, files, plan.spine.placements(), 4, &budget)
-            .map_err(ModelError::from)?;
+        let store =
+            SpineStore::open(index, files, plan.spine.placements(), spine_readers(), &budget)
+                .map_err(ModelError::from)?;
         let store = Arc::new(store);
         model.set_spine(store.clone())?;
         Some(store)
     };
     Ok(Placed { model, plan, spine, budget, charges, io })
+}
+
+/// Reader threads of the spine store: one per core, from 4 (reads in flight on a small
+/// machine) to 16. At open they copy the resident pieces, from the page cache where the model
+/// is cached, which goes at memory speed only with several threads.
+fn spine_readers() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get().clamp(4, 16))
 }
 
 /// What the plan needs for `model` (its memory needs `mem`, `experts` routed experts in all)

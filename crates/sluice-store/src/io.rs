@@ -10,6 +10,12 @@
 //! plain buffered I/O was asked for, the pages it pulled into the page cache are dropped again
 //! ([`crate::platform::advice`]).
 //!
+//! The spine store asks for [`ReadAt::read_at_cached`] instead (through [`FromCache`]): a range
+//! that is already wholly in the page cache is copied from there, out of a mapping that reads
+//! nothing ahead, leaving the pages as they were ([`crate::platform::residency`]): reading it
+//! again from storage with O_DIRECT would cost a disk read and keep nothing the copy does not;
+//! any other range is read as above.
+//!
 //! A queue-based backend ([`crate::uring`]) cannot call `read_at` (the kernel does the read), so
 //! the trait also splits a read in two: [`ReadAt::prepare`] says which descriptor to read (or
 //! completes the read at once, which is how a fault injector fails or shortens it) and
@@ -17,7 +23,7 @@
 //! on the buffered descriptor, and buffered pages are dropped), so both backends share one seam.
 
 use crate::index::{Span, ALIGN};
-use crate::platform::{advice, direct};
+use crate::platform::{advice, direct, residency};
 use crate::StoreError;
 use std::fs::File;
 use std::io;
@@ -36,6 +42,13 @@ pub trait ReadAt: Send + Sync {
     /// Reads up to `buf.len()` bytes of file `file` starting at `offset`; returns how many
     /// were read (0 at end of file). Short reads are allowed; callers loop.
     fn read_at(&self, file: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+
+    /// Reads like [`ReadAt::read_at`], except that a range wholly in the page cache may be
+    /// copied from there rather than read again from storage (it grows the page cache by
+    /// nothing). The default is [`ReadAt::read_at`].
+    fn read_at_cached(&self, file: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_at(file, offset, buf)
+    }
 
     /// The first half of a read done by a queue-based backend: which descriptor the kernel
     /// should read up to `buf.len()` bytes of file `file` at `offset` from (into `buf`, after
@@ -99,6 +112,10 @@ impl<R: ReadAt + ?Sized> ReadAt for Arc<R> {
         (**self).read_at(file, offset, buf)
     }
 
+    fn read_at_cached(&self, file: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        (**self).read_at_cached(file, offset, buf)
+    }
+
     fn prepare(&self, file: usize, offset: u64, buf: &mut [u8]) -> Prepared {
         (**self).prepare(file, offset, buf)
     }
@@ -111,6 +128,23 @@ impl<R: ReadAt + ?Sized> ReadAt for Arc<R> {
         result: io::Result<usize>,
     ) -> Completed {
         (**self).complete(file, offset, p, result)
+    }
+}
+
+/// A [`ReadAt`] whose `read_at` is the wrapped reader's [`ReadAt::read_at_cached`], for
+/// [`read_span`] callers that prefer the page cache's copy of a resident range.
+#[derive(Clone, Copy)]
+pub struct FromCache<'a>(pub &'a dyn ReadAt);
+
+impl std::fmt::Debug for FromCache<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FromCache")
+    }
+}
+
+impl ReadAt for FromCache<'_> {
+    fn read_at(&self, file: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read_at_cached(file, offset, buf)
     }
 }
 
@@ -138,6 +172,11 @@ pub enum IoMode {
 struct Shard {
     buffered: File,
     direct: Option<File>,
+    /// Whether [`ReadAt::read_at_cached`] copies ranges already in the page cache (not in
+    /// [`IoMode::Buffered`], where every read is buffered anyway).
+    copy_resident: bool,
+    /// The file's length at open: a range is checked for residency up to here only.
+    len: u64,
     /// Cleared when the direct descriptor refuses a read ([`direct::refused`]), so later reads
     /// skip it.
     direct_ok: AtomicBool,
@@ -151,6 +190,7 @@ pub struct ShardFiles {
     mode: IoMode,
     direct_reads: AtomicU64,
     buffered_reads: AtomicU64,
+    cached_reads: AtomicU64,
 }
 
 impl ShardFiles {
@@ -167,7 +207,10 @@ impl ShardFiles {
                 IoMode::BufferedDropCache | IoMode::Buffered => None,
             };
             let direct_ok = AtomicBool::new(direct.is_some());
-            shards.push(Shard { buffered, direct, direct_ok });
+            let copy_resident = mode != IoMode::Buffered;
+            let len =
+                buffered.metadata().map_err(|source| StoreError::Io { path: p.clone(), source })?;
+            shards.push(Shard { buffered, direct, copy_resident, len: len.len(), direct_ok });
         }
         Ok(Self {
             shards,
@@ -175,6 +218,7 @@ impl ShardFiles {
             mode,
             direct_reads: AtomicU64::new(0),
             buffered_reads: AtomicU64::new(0),
+            cached_reads: AtomicU64::new(0),
         })
     }
 
@@ -186,6 +230,12 @@ impl ShardFiles {
     /// Reads served so far through O_DIRECT and through the buffered descriptor.
     pub fn read_counts(&self) -> (u64, u64) {
         (self.direct_reads.load(Ordering::Relaxed), self.buffered_reads.load(Ordering::Relaxed))
+    }
+
+    /// Reads served so far by copying a range already in the page cache
+    /// ([`ReadAt::read_at_cached`]); counted in neither of [`ShardFiles::read_counts`].
+    pub fn cached_reads(&self) -> u64 {
+        self.cached_reads.load(Ordering::Relaxed)
     }
 
     /// The mode asked for at open.
@@ -232,6 +282,23 @@ impl ReadAt for ShardFiles {
             drop_cached(&s.buffered, offset, n);
         }
         Ok(n)
+    }
+
+    fn read_at_cached(&self, file: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(s) = self.shards.get(file) else { return self.read_at(file, offset, buf) };
+        // Only the bytes the file has (a read past its end is short, as `read_at`'s would be).
+        let want =
+            usize::try_from(s.len.saturating_sub(offset)).map_or(buf.len(), |n| n.min(buf.len()));
+        if s.copy_resident && want > 0 {
+            if let Some(b) = buf.get_mut(..want) {
+                // The pages were cached before this copy and are left as they are.
+                if let Ok(true) = residency::copy_if_resident(&s.buffered, offset, b) {
+                    self.cached_reads.fetch_add(1, Ordering::Relaxed);
+                    return Ok(want);
+                }
+            }
+        }
+        self.read_at(file, offset, buf)
     }
 
     fn prepare(&self, file: usize, offset: u64, buf: &mut [u8]) -> Prepared {

@@ -2,11 +2,13 @@
 //! streamed through two buffers, rows), over several passes in pass order and out of order,
 //! through O_DIRECT and buffered reads; it charges the budget what it allocates and refuses
 //! when that does not fit; a failed read is a clear error naming the piece, and the next
-//! acquire reads the piece again.
+//! acquire reads the piece again. A spine already in the page cache is copied from there, not
+//! read again from the disk, and a spine that is not grows the page cache by nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
 
 use sluice_core::MemoryBudget;
 use sluice_store::fault::{Fault, When};
+use sluice_store::platform::{advice, residency};
 use sluice_store::spine::{PieceLayout, SpineFootprint, TensorRange};
 use sluice_store::{FaultyReader, IoMode, Placement, ReadAt, ShardFiles, SpineIndex, SpineStore};
 use std::io::Write;
@@ -169,4 +171,101 @@ fn read_faults_fail_the_acquire_with_the_piece_named_and_the_next_acquire_works(
         faulty.clear();
         check_rows(&store, pieces[0][0], &data);
     }
+}
+
+/// Pages of `path` in the page cache, one `mincore` question a page.
+fn cached_pages(path: &std::path::Path) -> usize {
+    let f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len();
+    (0..len.div_ceil(4096))
+        .filter(|p| residency::resident(&f, p * 4096, 4096.min(len - p * 4096)).unwrap())
+        .count()
+}
+
+/// Opens every piece resident through O_DIRECT and checks each tensor against the file;
+/// returns the reader's (direct, buffered, cached) read counts.
+fn load_resident(idx: &SpineIndex, pieces: &[Vec<TensorRange>], data: &[u8]) -> (u64, u64, u64) {
+    let files = Arc::new(ShardFiles::open(idx.paths(), IoMode::Direct).unwrap());
+    let store = SpineStore::open(
+        idx.clone(),
+        files.clone(),
+        vec![R; pieces.len()],
+        3,
+        &MemoryBudget::unlimited(),
+    )
+    .unwrap();
+    for (i, t) in pieces.iter().enumerate() {
+        check_piece(&store, i, t, data);
+    }
+    let (direct, buffered) = files.read_counts();
+    (direct, buffered, files.cached_reads())
+}
+
+#[test]
+fn a_spine_in_the_page_cache_was_read_again_from_the_disk() {
+    let (f, pieces, data) = fixture();
+    f.as_file().sync_all().unwrap();
+    let idx = index(&f, &pieces);
+    // tmpfs refuses O_DIRECT and keeps its pages whatever the advice: nothing to tell apart.
+    if sluice_store::platform::direct::open(f.path()).is_none() {
+        return;
+    }
+    let pages = data.len().div_ceil(4096);
+
+    // Resident: every chunk is copied from the page cache, none read from the disk again.
+    assert_eq!(std::fs::read(f.path()).unwrap(), data);
+    assert_eq!(cached_pages(f.path()), pages);
+    let (direct, _, cached) = load_resident(&idx, &pieces, &data);
+    assert_eq!(direct, 0, "a resident chunk went to the disk");
+    assert!(cached > 0);
+    assert_eq!(cached_pages(f.path()), pages, "the copy left the cache as it was");
+
+    // Not resident: O_DIRECT as before, and the page cache does not grow.
+    advice::drop_file(f.path()).unwrap();
+    assert_eq!(cached_pages(f.path()), 0);
+    let (direct, _, cached) = load_resident(&idx, &pieces, &data);
+    assert!(direct > 0);
+    assert_eq!(cached, 0, "nothing was resident to copy");
+    assert_eq!(cached_pages(f.path()), 0, "reading a model grew the page cache");
+
+    // Half resident: the resident chunks are copied, the rest read uncached, and the copies
+    // read nothing ahead into the cache.
+    {
+        // Through a mapping without read-ahead, so exactly these pages are cached.
+        // SAFETY: a read-only map of a temporary file nothing writes now.
+        let map = unsafe { memmap2::Mmap::map(f.as_file()) }.unwrap();
+        map.advise(memmap2::Advice::Random).unwrap();
+        let sum = map[..4 << 20].iter().step_by(4096).fold(0u8, |a, &b| a ^ b);
+        std::hint::black_box(sum);
+    }
+    let before = cached_pages(f.path());
+    assert!(before >= 1024 && before < pages, "{before} of {pages} pages cached");
+    let (direct, _, cached) = load_resident(&idx, &pieces, &data);
+    assert!(direct > 0 && cached > 0, "direct {direct}, cached {cached}");
+    assert_eq!(cached_pages(f.path()), before, "the load grew the page cache");
+}
+
+#[test]
+fn a_failed_resident_read_fails_the_open_with_the_first_failed_piece_named() {
+    let (f, pieces, _) = fixture();
+    let idx = index(&f, &pieces);
+    let faulty =
+        Arc::new(FaultyReader::new(ShardFiles::open(idx.paths(), IoMode::Direct).unwrap()));
+    // Pieces 2 and 4 fail; every resident chunk is queued at once, and piece 2 is named.
+    faulty.inject(
+        When::Overlaps { file: 0, start: 1_000_003, end: 1_000_004 },
+        Fault::Error(libc::EIO),
+        None,
+    );
+    faulty.inject(
+        When::Overlaps { file: 0, start: 8_000_001, end: 8_000_002 },
+        Fault::Error(libc::EIO),
+        None,
+    );
+    let budget = MemoryBudget::new(1 << 30);
+    let err = SpineStore::open(idx.clone(), faulty.clone(), vec![R; 5], 3, &budget)
+        .expect_err("piece 2 cannot be read")
+        .to_string();
+    assert!(err.contains("reading the spine of piece 2"), "{err}");
+    assert_eq!(budget.used(), 0, "charges returned with the failed open");
 }

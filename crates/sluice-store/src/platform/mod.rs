@@ -6,6 +6,8 @@
 //! - [`ring`]: the queue-based read backend where the system has one (io_uring on Linux);
 //! - [`advice`]: dropping a file's cached pages (`posix_fadvise` / `msync(MS_INVALIDATE)`), and
 //!   the whole page cache where this process may;
+//! - [`residency`]: whether a file range is already in the page cache (`mincore`), and a
+//!   descriptor without read-ahead to copy it from there;
 //! - [`holes`]: giving a file range's blocks back (`fallocate(PUNCH_HOLE)` / `F_PUNCHHOLE`);
 //! - [`memory`]: physical memory, limits and pressure, the default budget, and a memory limit for
 //!   a child process (`sluice bench --cgroup-limit`);
@@ -27,6 +29,7 @@ pub mod direct;
 pub mod holes;
 pub mod machine;
 pub mod memory;
+pub mod residency;
 pub mod ring;
 
 /// `(offset, len)` as the C `off_t` pair most of these calls take, or `InvalidInput` where a

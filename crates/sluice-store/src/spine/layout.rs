@@ -157,7 +157,7 @@ impl SpineIndex {
     }
 }
 
-/// A zero-initialised, [`ALIGN`]-aligned byte buffer whose disjoint ranges may be written
+/// An [`ALIGN`]-aligned byte buffer, zeroed or about to be filled by reads, whose disjoint ranges may be written
 /// concurrently by read jobs (the owner of the buffer enforces who touches what when).
 #[derive(Debug)]
 pub(crate) struct AlignedBuf {
@@ -172,15 +172,42 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    /// Allocates `len` bytes (rounded up to [`ALIGN`], at least one page).
+    /// Allocates `len` zeroed bytes (rounded up to [`ALIGN`], at least one page).
     pub(crate) fn new(len: u64) -> Result<Self, StoreError> {
+        // SAFETY: zeroed: every byte is initialised.
+        unsafe { Self::alloc(len, true) }
+    }
+
+    /// Allocates like [`Self::new`] without zeroing, for a buffer that reads are about to fill:
+    /// zeroing it first would write every byte twice (and, for an aligned allocation, in a
+    /// `memset` of its own on the thread that allocates).
+    ///
+    /// # Safety
+    ///
+    /// Every byte of the buffer must be written (through [`Self::range_mut`]) before
+    /// [`Self::bytes`] is called; a buffer may be dropped unread.
+    pub(crate) unsafe fn uninit(len: u64) -> Result<Self, StoreError> {
+        // SAFETY: the caller writes every byte before any is read.
+        unsafe { Self::alloc(len, false) }
+    }
+
+    /// # Safety
+    ///
+    /// With `zeroed` false, as for [`Self::uninit`].
+    unsafe fn alloc(len: u64, zeroed: bool) -> Result<Self, StoreError> {
         let bytes = align_up(len.max(1));
         let size = usize::try_from(bytes).map_err(|_| StoreError::Alloc { bytes })?;
         let align = usize::try_from(ALIGN).map_err(|_| StoreError::Alloc { bytes })?;
         let layout = std::alloc::Layout::from_size_align(size, align)
             .map_err(|_| StoreError::Alloc { bytes })?;
         // SAFETY: `layout` has a non-zero size and a power-of-two alignment.
-        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let raw = unsafe {
+            if zeroed {
+                std::alloc::alloc_zeroed(layout)
+            } else {
+                std::alloc::alloc(layout)
+            }
+        };
         let ptr = std::ptr::NonNull::new(raw).ok_or(StoreError::Alloc { bytes })?;
         Ok(Self { ptr, layout })
     }
@@ -196,8 +223,9 @@ impl AlignedBuf {
     ///
     /// No one may write the buffer while the returned slice lives.
     pub(crate) unsafe fn bytes(&self) -> &[u8] {
-        // SAFETY: the allocation holds `len()` initialised (zeroed or written) bytes and lives
-        // as long as `self`; the caller rules out concurrent writers.
+        // SAFETY: the allocation holds `len()` initialised bytes (zeroed by `new`, or written
+        // before this call as `uninit` requires) and lives as long as `self`; the caller rules
+        // out concurrent writers.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) }
     }
 
@@ -219,7 +247,8 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: `ptr` came from `alloc_zeroed(self.layout)` and is freed exactly once.
+        // SAFETY: `ptr` came from `alloc_zeroed` or `alloc` with `self.layout` and is freed
+        // exactly once.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
     }
 }

@@ -11,7 +11,10 @@
 //!   tokens into a one-row scratch buffer.
 //!
 //! A read is split into chunks of [`CHUNK`] bytes on a reader pool, so a piece keeps several
-//! reads in flight. Every read goes through [`ReadAt`], so faults can be injected: a failed
+//! reads in flight; at open, the chunks of every resident piece are queued together, into
+//! buffers that are not zeroed first (the reads write every byte). A chunk already wholly in
+//! the page cache is copied from there ([`crate::io::FromCache`]); any other is read uncached,
+//! so loading a model grows the page cache by nothing either way. Every read goes through [`ReadAt`], so faults can be injected: a failed
 //! read fails the acquire that waited for it with the piece, file and offset named, the buffer
 //! is emptied, and the next acquire reads the piece again.
 
@@ -20,7 +23,7 @@ mod layout;
 pub use layout::{PieceLayout, SpineIndex, TensorRange, MERGE_GAP};
 
 use crate::index::{Span, ALIGN};
-use crate::io::{read_span, ReadAt};
+use crate::io::{read_span, FromCache, ReadAt};
 use crate::reader::{Priority, ReaderPool};
 use crate::StoreError;
 use layout::AlignedBuf;
@@ -263,18 +266,28 @@ impl SpineStore {
         Ok(store)
     }
 
+    /// Reads every resident piece: all their chunks are queued at once, so the reader threads
+    /// stay busy across piece boundaries, and the buffers are allocated without zeroing.
     fn read_resident(&mut self) -> Result<(), StoreError> {
         let sh = self.shared.clone();
+        // The first failure of each piece, by piece.
+        let failures: Arc<Mutex<Vec<(usize, ReadFailure)>>> = Arc::new(Mutex::new(Vec::new()));
+        let mut reading = Vec::new();
         for (i, &pl) in self.placements.iter().enumerate() {
             if pl != Placement::Resident {
                 continue;
             }
             let Some(piece) = sh.index.piece(i) else { continue };
-            let buf = Arc::new(AlignedBuf::new(piece.buffer_len())?);
-            let failure: Arc<Mutex<Option<ReadFailure>>> = Arc::new(Mutex::new(None));
-            let mut handles = Vec::new();
-            for (span, chunk) in chunks(piece) {
-                let (sh2, buf2, failure2) = (sh.clone(), buf.clone(), failure.clone());
+            let chunks = chunks(piece);
+            // SAFETY: every byte is written before the buffer is read: the chunks' regions are
+            // written by their jobs (their unread tails zeroed by `read_chunk`), and what they
+            // do not cover is zeroed here, before any job starts; a piece whose read fails is
+            // dropped unread.
+            let buf = Arc::new(unsafe { AlignedBuf::uninit(piece.buffer_len())? });
+            zero_uncovered(&buf, &chunks);
+            let mut handles = Vec::with_capacity(chunks.len());
+            for (span, chunk) in chunks {
+                let (sh2, buf2, failures2) = (sh.clone(), buf.clone(), failures.clone());
                 handles.push(self.pool.submit(Priority::Demand, move || {
                     // SAFETY: the chunks of one piece are disjoint ranges of `buf`, and nobody
                     // reads `buf` until every chunk job has finished (the handles are waited
@@ -283,19 +296,30 @@ impl SpineStore {
                     match r {
                         Ok(n) => add(&sh2.counters.resident_bytes_read, n),
                         Err(e) => {
-                            let mut f = failure2.lock().unwrap_or_else(PoisonError::into_inner);
-                            f.get_or_insert(e);
+                            let mut f = failures2.lock().unwrap_or_else(PoisonError::into_inner);
+                            if !f.iter().any(|(p, _)| *p == i) {
+                                f.push((i, e));
+                            }
                         }
                     }
                 }));
             }
+            reading.push((i, buf, handles));
+        }
+        let mut read = Vec::with_capacity(reading.len());
+        for (i, buf, handles) in reading {
             for h in handles {
                 h.wait();
             }
-            let failed = failure.lock().unwrap_or_else(PoisonError::into_inner).take();
-            if let Some(f) = failed {
-                return Err(f.into_error(&sh.index, i));
-            }
+            read.push((i, buf));
+        }
+        let mut failed =
+            std::mem::take(&mut *failures.lock().unwrap_or_else(PoisonError::into_inner));
+        failed.sort_by_key(|(p, _)| *p);
+        if let Some((i, f)) = failed.into_iter().next() {
+            return Err(f.into_error(&sh.index, i));
+        }
+        for (i, buf) in read {
             let buf = Arc::try_unwrap(buf).map_err(|_| {
                 StoreError::Config("invariant: resident read jobs have finished".into())
             })?;
@@ -477,6 +501,25 @@ pub(crate) fn chunks(piece: &PieceLayout) -> Vec<(Span, Chunk)> {
     out
 }
 
+/// Zeroes the bytes of `buf` that no chunk of `chunks` covers (none for a piece's own layout,
+/// whose regions lie end to end, but the buffer is at least a page even for an empty piece).
+fn zero_uncovered(buf: &AlignedBuf, chunks: &[(Span, Chunk)]) {
+    let mut covered: Vec<(usize, usize)> =
+        chunks.iter().map(|(_, c)| (c.start, c.start.saturating_add(c.region))).collect();
+    covered.sort_unstable();
+    let mut at = 0usize;
+    for (start, end) in covered.into_iter().chain([(buf.len(), buf.len())]) {
+        let gap_end = start.min(buf.len());
+        if gap_end > at {
+            // SAFETY: called before any read job of `buf` starts: nothing else refers to it.
+            if let Some(gap) = unsafe { buf.range_mut(at, gap_end - at) } {
+                gap.fill(0);
+            }
+        }
+        at = at.max(end);
+    }
+}
+
 /// Reads one chunk into its range of `buf`; returns the bytes transferred.
 ///
 /// # Safety
@@ -492,5 +535,11 @@ pub(crate) unsafe fn read_chunk(
     let Some(region) = (unsafe { buf.range_mut(chunk.start, chunk.region) }) else {
         return Err(ReadFailure::new(span, std::io::Error::other("chunk outside its buffer")));
     };
-    read_span(reader, span, region).map_err(|e| ReadFailure::new(span, e))
+    let n = read_span(&FromCache(reader), span, region).map_err(|e| ReadFailure::new(span, e))?;
+    // The region past the end of the file (its last page's tail) is never read: zero it, so
+    // that a buffer allocated uninitialised has every byte of the chunk written.
+    if let Some(tail) = region.get_mut(usize::try_from(n).unwrap_or(usize::MAX)..) {
+        tail.fill(0);
+    }
+    Ok(n)
 }
