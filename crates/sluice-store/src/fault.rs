@@ -190,8 +190,15 @@ impl<R: ReadAt> FaultyReader<R> {
     }
 }
 
-impl<R: ReadAt> ReadAt for FaultyReader<R> {
-    fn read_at(&self, file: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+impl<R: ReadAt> FaultyReader<R> {
+    /// A synchronous read with this reader's faults: the stall, the error or the short count
+    /// decided for it, else `read` of the part of `buf` the count allows.
+    fn faulty_read(
+        &self,
+        (file, offset): (usize, u64),
+        buf: &mut [u8],
+        read: impl FnOnce(&mut [u8]) -> io::Result<usize>,
+    ) -> io::Result<usize> {
         let d = self.decide(file, offset, buf.len());
         if let Some(t) = d.stall {
             std::thread::sleep(t);
@@ -200,9 +207,21 @@ impl<R: ReadAt> ReadAt for FaultyReader<R> {
             return Err(io::Error::from_raw_os_error(code));
         }
         match buf.get_mut(..d.limit) {
-            Some(part) if !part.is_empty() => self.inner.read_at(file, offset, part),
+            Some(part) if !part.is_empty() => read(part),
             _ => Ok(0),
         }
+    }
+}
+
+impl<R: ReadAt> ReadAt for FaultyReader<R> {
+    fn read_at(&self, file: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.faulty_read((file, offset), buf, |part| self.inner.read_at(file, offset, part))
+    }
+
+    /// The same faults as [`ReadAt::read_at`], in front of the wrapped reader's copy from the
+    /// page cache (the spine store's path for resident ranges), so fault tests reach it too.
+    fn read_at_cached(&self, file: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.faulty_read((file, offset), buf, |part| self.inner.read_at_cached(file, offset, part))
     }
 
     fn prepare(&self, file: usize, offset: u64, buf: &mut [u8]) -> Prepared {
