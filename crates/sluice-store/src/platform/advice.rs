@@ -123,9 +123,8 @@ pub fn populate(bytes: &[u8]) -> io::Result<()> {
     }
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: `sysconf` only reads its integer argument.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        let start = bytes.as_ptr().addr() / page.max(1) * page.max(1);
+        let page = usize::try_from(super::machine::page_size()).unwrap_or(4096);
+        let start = bytes.as_ptr().addr() / page * page;
         let len = bytes.as_ptr().addr() + bytes.len() - start;
         // SAFETY: the range covers `bytes`, a live mapping, rounded down to its first page (of the
         // same mapping: mappings start on a page); MADV_POPULATE_READ only faults pages in for

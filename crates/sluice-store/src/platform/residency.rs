@@ -20,6 +20,7 @@
 //! As with any mapped file, a file truncated under the copy would end it with `SIGBUS`: model
 //! files are not written while a model is open (the mapped experts make the same assumption).
 
+use super::machine::page_size;
 use std::fs::File;
 use std::io;
 
@@ -177,12 +178,6 @@ fn incore(p: *mut libc::c_void, span: usize, vec: &mut [u8]) -> io::Result<()> {
     } else {
         Err(io::Error::last_os_error())
     }
-}
-
-/// The page size (4096 where the system will not say).
-fn page_size() -> u64 {
-    // SAFETY: `sysconf` only reads its integer argument.
-    u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1)
 }
 
 #[cfg(test)]
