@@ -29,6 +29,7 @@
 use super::config::{AttnKind, GptOssConfig};
 use super::rope::{apply, HalfRows};
 use super::weights::AttnWeights;
+use crate::qwen3::attention::query_lanes;
 use crate::qwen3::state::KvCache;
 use crate::qwen3::Ctx;
 use sluice_kernels::latent::{dot_lanes_strided, weighted_rows_strided, LANES};
@@ -98,11 +99,7 @@ pub(crate) fn forward(
         // weighted sums in the one-row order (`sluice_kernels::latent`).
         for t0 in (0..t).step_by(LANES) {
             let n = LANES.min(t - t0);
-            for (a, lane) in lanes.iter_mut().enumerate() {
-                for (l, v) in lane.iter_mut().enumerate() {
-                    *v = if l < n { q[(t0 + l) * qw + h * hd + a] } else { 0.0 };
-                }
-            }
+            query_lanes(&q[t0 * qw + h * hd..], qw, n, &mut lanes);
             // Row `ti` scores positions first(pos) ..= pos (pos = past + ti); the block's first
             // row sees the earliest.
             let (f0, seen) = (first(past + t0), past + t0 + n);

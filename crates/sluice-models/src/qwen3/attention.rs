@@ -108,11 +108,7 @@ pub(crate) fn forward(
         // weighted sums in the one-row order (`sluice_kernels::latent`).
         for t0 in (0..t).step_by(LANES) {
             let n = LANES.min(t - t0);
-            for (a, lane) in lanes.iter_mut().enumerate() {
-                for (l, v) in lane.iter_mut().enumerate() {
-                    *v = if l < n { q[(t0 + l) * qw + h * hd + a] } else { 0.0 };
-                }
-            }
+            query_lanes(&q[t0 * qw + h * hd..], qw, n, &mut lanes);
             // attn_weights = matmul(query, key_states.T) * scaling + causal mask: the mask
             // removes positions after each row's own, so row `ti` scores 0..=past+ti.
             let seen = past + t0 + n;
@@ -141,6 +137,17 @@ pub(crate) fn forward(
         }
     }
     ctx.mm(&w.o_proj, &attn, t)
+}
+
+/// Puts the queries of one head of `n ≤ LANES` consecutive rows in vector lanes, as
+/// [`dot_lanes_strided`] takes them: `lanes[a][l] = q[l · qw + a]` for `l < n` (`q` starts at
+/// the first row's head, rows `qw` apart), and 0.0 in the lanes past `n`.
+pub(crate) fn query_lanes(q: &[f32], qw: usize, n: usize, lanes: &mut [[f32; LANES]]) {
+    for (a, lane) in lanes.iter_mut().enumerate() {
+        for (l, v) in lane.iter_mut().enumerate() {
+            *v = if l < n { q[l * qw + a] } else { 0.0 };
+        }
+    }
 }
 
 /// Inverse frequencies of one head width and θ.
