@@ -269,3 +269,33 @@ fn a_failed_resident_read_fails_the_open_with_the_first_failed_piece_named() {
     assert!(err.contains("reading the spine of piece 2"), "{err}");
     assert_eq!(budget.used(), 0, "charges returned with the failed open");
 }
+
+#[test]
+fn a_fault_injected_spine_load_never_reached_the_copy_from_the_page_cache() {
+    // FaultyReader answered `read_at_cached` with the inner reader's plain `read_at`, so a
+    // resident spine opened through it was read again from the disk, and fault tests never
+    // reached the copy from the page cache.
+    let (f, pieces, data) = fixture();
+    f.as_file().sync_all().unwrap();
+    let idx = index(&f, &pieces);
+    if sluice_store::platform::direct::open(f.path()).is_none() {
+        return;
+    }
+    assert_eq!(std::fs::read(f.path()).unwrap(), data, "the file is read, so resident");
+    let faulty =
+        Arc::new(FaultyReader::new(ShardFiles::open(idx.paths(), IoMode::Direct).unwrap()));
+    let store = SpineStore::open(
+        idx.clone(),
+        faulty.clone(),
+        vec![R; pieces.len()],
+        3,
+        &MemoryBudget::unlimited(),
+    )
+    .unwrap();
+    for (i, t) in pieces.iter().enumerate() {
+        check_piece(&store, i, t, &data);
+    }
+    assert!(faulty.calls() > 0, "reads went through the fault injector");
+    assert!(faulty.inner().cached_reads() > 0, "and reached the copy from the page cache");
+    assert_eq!(faulty.inner().read_counts().0, 0, "no O_DIRECT read of a resident file");
+}
