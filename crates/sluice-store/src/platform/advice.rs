@@ -65,37 +65,10 @@ pub const ALL_METHOD: &str = "purge (root only; not run)";
 /// pages). Failures cost memory, not correctness, so callers may ignore them.
 #[cfg(target_os = "macos")]
 pub fn drop_range(file: &File, offset: u64, len: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
     if len == 0 {
         return Ok(());
     }
-    // SAFETY: `sysconf` only reads its integer argument.
-    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(16_384);
-    let start = offset / page.max(1) * page.max(1);
-    let end = offset.checked_add(len).ok_or(io::ErrorKind::InvalidInput)?;
-    let span = usize::try_from(end - start).map_err(|_| io::ErrorKind::InvalidInput)?;
-    let (off, _) = super::off_pair(start, 0)?;
-    // SAFETY: a fresh read-only shared mapping at an address the kernel picks; nothing else
-    // refers to it, and it is unmapped below without being read.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            span,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            off,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `p .. p + span` is the mapping made above.
-    let rc = unsafe { libc::msync(p, span, libc::MS_INVALIDATE) };
-    let result = if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
-    // SAFETY: as above; no reference into the mapping exists.
-    unsafe { libc::munmap(p, span) };
-    result
+    super::residency::Mapping::new(file, offset, len)?.invalidate()
 }
 
 /// Drops every clean page of the page cache: not possible for a process on macOS.

@@ -98,62 +98,27 @@ pub fn free_space(path: &Path) -> Option<(u64, u64)> {
 /// (nothing is faulted in) and makes one `mincore` call per window, so its cost is `windows`
 /// system calls whatever the file's size. `None` where the file cannot be mapped.
 pub fn resident_pages(file: &std::fs::File, windows: u64, window_pages: u64) -> Option<(u64, u64)> {
-    use std::os::fd::AsRawFd;
     let len = file.metadata().ok()?.len();
     if len == 0 {
         return Some((0, 0));
     }
     let page = page_size();
-    let span = usize::try_from(len).ok()?;
-    // SAFETY: a fresh read-only shared mapping at an address the kernel picks; it is only
-    // passed to `mincore` (never read) and unmapped below.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            span,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return None;
-    }
+    let map = super::residency::Mapping::new(file, 0, len).ok()?;
     let pages = len.div_ceil(page);
     let window = window_pages.clamp(1, pages);
     let n = windows.clamp(1, pages / window);
     let stride = pages / n;
-    let mut vec = vec![0u8; usize::try_from(window).unwrap_or(0)];
-    let (mut resident, mut sampled, mut ok) = (0u64, 0u64, true);
+    let mut vec = vec![0u8; usize::try_from(window).ok()?];
+    let (mut resident, mut sampled) = (0u64, 0u64);
     for i in 0..n {
         let first = i * stride;
         let count = window.min(pages - first);
         let bytes = (count * page).min(len - first * page);
-        let (Ok(off), Ok(b)) = (usize::try_from(first * page), usize::try_from(bytes)) else {
-            ok = false;
-            break;
-        };
-        // SAFETY: `p + off .. p + off + b` lies inside the mapping made above (first page <
-        // pages, bytes clipped to the file's end); `vec` has room for one byte per page.
-        let rc = unsafe {
-            libc::mincore(
-                p.cast::<u8>().add(off).cast::<libc::c_void>(),
-                b,
-                vec.as_mut_ptr().cast(),
-            )
-        };
-        if rc != 0 {
-            ok = false;
-            break;
-        }
-        let c = usize::try_from(count).unwrap_or(0);
-        resident += vec.iter().take(c).filter(|&&v| v & 1 == 1).count() as u64;
+        let (off, b) = (usize::try_from(first * page).ok()?, usize::try_from(bytes).ok()?);
+        resident += map.resident_pages(off, b, &mut vec).ok()?;
         sampled += count;
     }
-    // SAFETY: as above; no reference into the mapping exists.
-    unsafe { libc::munmap(p, span) };
-    ok.then_some((resident, sampled))
+    Some((resident, sampled))
 }
 
 /// Creates `path` (which must not exist) for uncached writes (`O_DIRECT`), or `None` where

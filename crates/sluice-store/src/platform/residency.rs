@@ -66,18 +66,22 @@ pub fn copy_if_resident(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<
     Ok(true)
 }
 
-/// A read-only shared mapping of the pages covering a file range, unmapped on drop.
-struct Mapping {
+/// A read-only shared mapping of the pages covering a file range, unmapped on drop: the one
+/// transient mapping of the platform module, which asks about residency through it
+/// (`resident`, `resident_pages`), copies from it, and on macOS drops pages through it
+/// (`invalidate`). It is never read but by [`copy_if_resident`].
+pub(super) struct Mapping {
     /// The first page.
     start: *mut libc::c_void,
-    /// Bytes mapped (whole pages).
+    /// Bytes mapped (from the first page to the range's end).
     span: usize,
     /// Bytes from `start` to the range's first byte.
     lead: usize,
 }
 
 impl Mapping {
-    fn new(file: &File, offset: u64, len: u64) -> io::Result<Self> {
+    /// Maps the pages of `file` covering `offset .. offset + len` (`len` > 0) read-only.
+    pub(super) fn new(file: &File, offset: u64, len: u64) -> io::Result<Self> {
         use std::os::fd::AsRawFd;
         let page = page_size();
         let first = offset / page * page;
@@ -106,15 +110,45 @@ impl Mapping {
     /// True when every mapped page is in the page cache (asking reads no byte).
     fn resident(&self) -> io::Result<bool> {
         let page = usize::try_from(page_size()).map_err(|_| io::ErrorKind::InvalidInput)?;
-        let mut vec = vec![0u8; self.span.div_ceil(page)];
-        incore(self.start, self.span, &mut vec)?;
-        Ok(vec.iter().all(|&v| v & IN_CORE != 0))
+        let pages = self.span.div_ceil(page);
+        let mut vec = vec![0u8; pages];
+        Ok(self.resident_pages(0, self.span, &mut vec)? == pages as u64)
+    }
+
+    /// How many pages of the mapped bytes `off .. off + len` are in the page cache (asking
+    /// reads no byte): one `mincore` call into `vec`, which needs an entry per page. `off` must
+    /// be a multiple of the page size and the bytes inside the mapping (`InvalidInput`
+    /// otherwise).
+    pub(super) fn resident_pages(&self, off: usize, len: usize, vec: &mut [u8]) -> io::Result<u64> {
+        let page = usize::try_from(page_size()).map_err(|_| io::ErrorKind::InvalidInput)?;
+        let pages = len.div_ceil(page);
+        let inside = off.checked_add(len).is_some_and(|end| end <= self.span);
+        let Some(vec) = vec.get_mut(..pages).filter(|_| inside && off.is_multiple_of(page)) else {
+            return Err(io::ErrorKind::InvalidInput.into());
+        };
+        // `off` is inside the mapping (checked above), so the pointer stays in it.
+        incore(self.start.cast::<u8>().wrapping_add(off).cast(), len, vec)?;
+        Ok(vec.iter().filter(|&&v| v & IN_CORE != 0).count() as u64)
     }
 
     /// Advises `MADV_RANDOM`: a fault reads no page ahead.
     fn no_read_ahead(&self) -> io::Result<()> {
         // SAFETY: the range is this mapping; the advice changes only read-ahead.
         let rc = unsafe { libc::madvise(self.start, self.span, libc::MADV_RANDOM) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Discards the mapped pages from the page cache (`msync(MS_INVALIDATE)`, what macOS has
+    /// for `posix_fadvise(DONTNEED)`); reads no byte.
+    #[cfg(target_os = "macos")]
+    pub(super) fn invalidate(&self) -> io::Result<()> {
+        // SAFETY: the range is this mapping; MS_INVALIDATE drops its cached pages, changes no
+        // byte of the file, and no reference into the mapping exists.
+        let rc = unsafe { libc::msync(self.start, self.span, libc::MS_INVALIDATE) };
         if rc == 0 {
             Ok(())
         } else {
