@@ -292,7 +292,7 @@ impl ReadAt for ShardFiles {
         if s.copy_resident && want > 0 {
             if let Some(b) = buf.get_mut(..want) {
                 // The pages were cached before this copy and are left as they are.
-                if let Ok(true) = residency::copy_if_resident(&s.buffered, offset, b) {
+                if let Ok(true) = residency::copy_if_resident(&s.buffered, s.len, offset, b) {
                     self.cached_reads.fetch_add(1, Ordering::Relaxed);
                     return Ok(want);
                 }

@@ -42,14 +42,20 @@ pub fn resident(file: &File, offset: u64, len: u64) -> io::Result<bool> {
 }
 
 /// Copies `file`'s bytes `offset .. offset + buf.len()` into `buf` if every page of them is in
-/// the page cache, and returns true; returns false, `buf` untouched, if any is not. The range
-/// must lie inside the file (a mapping past its end cannot be read).
-pub fn copy_if_resident(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
+/// the page cache, and returns true; returns false, `buf` untouched, if any is not. `file_len`
+/// is the file's length, which the caller asks once (a reader asks when it opens the file, not
+/// once per chunk it copies); the range must lie inside it (a mapping past the file's end
+/// cannot be read).
+pub fn copy_if_resident(
+    file: &File,
+    file_len: u64,
+    offset: u64,
+    buf: &mut [u8],
+) -> io::Result<bool> {
     if buf.is_empty() {
         return Ok(true);
     }
     let len = u64::try_from(buf.len()).map_err(|_| io::ErrorKind::InvalidInput)?;
-    let file_len = file.metadata()?.len();
     if offset.checked_add(len).is_none_or(|end| end > file_len) {
         return Err(io::ErrorKind::InvalidInput.into());
     }
@@ -60,8 +66,8 @@ pub fn copy_if_resident(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<
     m.no_read_ahead()?;
     m.populate();
     // SAFETY: the mapping covers `offset .. offset + len` of the file, inside the file (checked
-    // above), so every byte of it can be read; `buf` is a distinct, exclusive slice of `len`
-    // bytes.
+    // above against its length; model files are not truncated while open), so every byte of it
+    // can be read; `buf` is a distinct, exclusive slice of `len` bytes.
     unsafe { std::ptr::copy_nonoverlapping(m.bytes_ptr(), buf.as_mut_ptr(), buf.len()) };
     Ok(true)
 }
@@ -225,15 +231,16 @@ mod tests {
         let mut f = tempfile::NamedTempFile::new().expect("temp file");
         f.write_all(&data).expect("write");
         assert_eq!(std::fs::read(f.path()).expect("read"), data);
+        let len = f.as_file().metadata().expect("metadata").len();
         for (o, n) in
             [(0usize, 300_000usize), (1, 4095), (4096, 8192), (12_345, 200_000), (299_999, 1)]
         {
             let mut buf = vec![0u8; n];
-            assert!(copy_if_resident(f.as_file(), o as u64, &mut buf).expect("copies"));
+            assert!(copy_if_resident(f.as_file(), len, o as u64, &mut buf).expect("copies"));
             assert_eq!(&buf[..], &data[o..o + n], "{o}+{n}");
         }
         let mut past = vec![0u8; 2];
-        assert!(copy_if_resident(f.as_file(), 299_999, &mut past).is_err(), "past the end");
+        assert!(copy_if_resident(f.as_file(), len, 299_999, &mut past).is_err(), "past the end");
     }
 
     #[test]
@@ -249,7 +256,7 @@ mod tests {
         if super::super::direct::open(f.path()).is_some() {
             assert!(!resident(f.as_file(), 5000, 300_000).expect("asks"));
             let mut buf = vec![9u8; 1000];
-            assert!(!copy_if_resident(f.as_file(), 5000, &mut buf).expect("asks"));
+            assert!(!copy_if_resident(f.as_file(), 1 << 20, 5000, &mut buf).expect("asks"));
             assert_eq!(buf, vec![9u8; 1000], "untouched");
         }
     }
