@@ -24,7 +24,7 @@
 use super::config::DeepseekV3Config;
 use super::experts::{same_format, ExpertFormat};
 use super::quant::{Weight, FP8_BLOCK, INT4_GROUP};
-use crate::qwen3::weights::{Linear, Roster};
+use crate::qwen3::weights::{in_family, Linear, Roster};
 use crate::{spine, ModelError};
 use sluice_checkpoint::{Checkpoint, CheckpointError, TensorEntry};
 use sluice_core::DType;
@@ -111,12 +111,7 @@ pub struct DeepseekV3Weights {
 impl DeepseekV3Weights {
     /// Resolves and checks every tensor the config names.
     pub fn load(ckpt: &Checkpoint, c: &DeepseekV3Config) -> Result<Self, ModelError> {
-        Self::load_inner(ckpt, c).map_err(|e| match e {
-            ModelError::Checkpoint(source) => {
-                ModelError::FamilyTensor { family: c.model_type, source }
-            }
-            e => e,
-        })
+        Self::load_inner(ckpt, c).map_err(in_family(c.model_type))
     }
 
     fn load_inner(ckpt: &Checkpoint, c: &DeepseekV3Config) -> Result<Self, ModelError> {
@@ -188,13 +183,8 @@ impl DeepseekV3Weights {
                 ffn,
             });
         }
-        let embed = r.mat("model.embed_tokens.weight", c.vocab_size, d)?;
-        let lm_head = if c.tie_word_embeddings {
-            embed.clone()
-        } else {
-            r.mat("lm_head.weight", c.vocab_size, d)?
-        };
-        Ok(Self { embed, lm_head, norm: r.vec("model.norm.weight", d)?, layers, expert_format })
+        let (embed, lm_head, norm) = r.ends(c.vocab_size, d, c.tie_word_embeddings)?;
+        Ok(Self { embed, lm_head, norm, layers, expert_format })
     }
 
     /// Bytes of the weights a pass reads besides the routed experts (attention, dense MLPs,

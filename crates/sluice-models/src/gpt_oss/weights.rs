@@ -29,7 +29,7 @@
 //! biases are small (`[E, 2I]`, `[E, d]`) and stay with the spine, widened to f32 at load.
 
 use super::config::GptOssConfig;
-use crate::qwen3::weights::{Linear, Roster};
+use crate::qwen3::weights::{in_family, Linear, Roster};
 use crate::{spine, ModelError};
 use sluice_checkpoint::Checkpoint;
 use sluice_core::DType;
@@ -119,18 +119,10 @@ pub struct GptOssWeights {
     pub(crate) layers: Vec<LayerWeights>,
 }
 
-/// Names a checkpoint error after the family.
-fn in_family(e: ModelError) -> ModelError {
-    match e {
-        ModelError::Checkpoint(source) => ModelError::FamilyTensor { family: FAMILY, source },
-        e => e,
-    }
-}
-
 impl GptOssWeights {
     /// Resolves and checks every tensor the config names.
     pub fn load(ckpt: &Checkpoint, c: &GptOssConfig) -> Result<Self, ModelError> {
-        Self::load_inner(ckpt, c).map_err(in_family)
+        Self::load_inner(ckpt, c).map_err(in_family(FAMILY))
     }
 
     fn load_inner(ckpt: &Checkpoint, c: &GptOssConfig) -> Result<Self, ModelError> {
@@ -168,13 +160,8 @@ impl GptOssWeights {
                 moe,
             });
         }
-        let embed = r.mat("model.embed_tokens.weight", c.vocab_size, d)?;
-        let lm_head = if c.tie_word_embeddings {
-            embed.clone()
-        } else {
-            r.mat("lm_head.weight", c.vocab_size, d)?
-        };
-        Ok(Self { embed, lm_head, norm: r.vec("model.norm.weight", d)?, layers })
+        let (embed, lm_head, norm) = r.ends(c.vocab_size, d, c.tie_word_embeddings)?;
+        Ok(Self { embed, lm_head, norm, layers })
     }
 
     /// Bytes of the non-expert weight matrices a pass reads (attention, routers, embedding, an

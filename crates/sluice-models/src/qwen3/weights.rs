@@ -109,15 +109,8 @@ impl Qwen3Weights {
                 down: r.mat(&format!("{p}.mlp.down_proj.weight"), d, inter)?,
             });
         }
-        let embed = r.mat("model.embed_tokens.weight", c.vocab_size, d)?;
-        // Qwen3ForCausalLM._tied_weights_keys: with tie_word_embeddings the lm_head *is* the
-        // embedding, whether or not a stale `lm_head.weight` was saved alongside it.
-        let lm_head = if c.tie_word_embeddings {
-            embed.clone()
-        } else {
-            r.mat("lm_head.weight", c.vocab_size, d)?
-        };
-        Ok(Self { embed, lm_head, norm: r.vec("model.norm.weight", d)?, layers })
+        let (embed, lm_head, norm) = r.ends(c.vocab_size, d, c.tie_word_embeddings)?;
+        Ok(Self { embed, lm_head, norm, layers })
     }
 
     /// Bytes of the weight matrices in the checkpoint (a tied lm_head counted once; the norm
@@ -132,6 +125,15 @@ impl Qwen3Weights {
             })
             .sum();
         layer + self.embed.byte_len() + if tied { 0 } else { self.lm_head.byte_len() }
+    }
+}
+
+/// Names a checkpoint error after `family`: what a family's `load` maps its roster errors
+/// through.
+pub(crate) fn in_family(family: &'static str) -> impl Fn(ModelError) -> ModelError {
+    move |e| match e {
+        ModelError::Checkpoint(source) => ModelError::FamilyTensor { family, source },
+        e => e,
     }
 }
 
@@ -186,6 +188,22 @@ impl Roster<'_> {
             None
         };
         Ok(Linear::new(e.clone(), scale, rows, cols, format))
+    }
+
+    /// The two ends of the decoder stack, in this order: the embedding
+    /// (`model.embed_tokens.weight` `[vocab, d]`), the lm_head and the final norm
+    /// (`model.norm.weight` `[d]`). Qwen3ForCausalLM._tied_weights_keys (and every family that
+    /// ties): with `tied` the lm_head *is* the embedding, whether or not a stale
+    /// `lm_head.weight` was saved alongside it.
+    pub(crate) fn ends(
+        &self,
+        vocab: usize,
+        d: usize,
+        tied: bool,
+    ) -> Result<(Linear, Linear, Vec<f32>), ModelError> {
+        let embed = self.mat("model.embed_tokens.weight", vocab, d)?;
+        let lm_head = if tied { embed.clone() } else { self.mat("lm_head.weight", vocab, d)? };
+        Ok((embed, lm_head, self.vec("model.norm.weight", d)?))
     }
 
     /// A BF16 or F32 vector of `len` values, widened to f32.

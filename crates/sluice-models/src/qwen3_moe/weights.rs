@@ -23,7 +23,7 @@
 //! [`Qwen3MoeExpertLayout`], so no handle to them is kept.
 
 use super::config::Qwen3MoeConfig;
-use crate::qwen3::weights::{AttnWeights, Linear, Roster};
+use crate::qwen3::weights::{in_family, AttnWeights, Linear, Roster};
 use crate::{spine, ModelError};
 use sluice_checkpoint::Checkpoint;
 use sluice_core::DType;
@@ -73,18 +73,10 @@ pub struct Qwen3MoeWeights {
     pub(crate) layers: Vec<LayerWeights>,
 }
 
-/// Names a checkpoint error after the family.
-pub(crate) fn in_family(e: ModelError) -> ModelError {
-    match e {
-        ModelError::Checkpoint(source) => ModelError::FamilyTensor { family: FAMILY, source },
-        e => e,
-    }
-}
-
 impl Qwen3MoeWeights {
     /// Resolves and checks every tensor the config names.
     pub fn load(ckpt: &Checkpoint, c: &Qwen3MoeConfig) -> Result<Self, ModelError> {
-        Self::load_inner(ckpt, c).map_err(in_family)
+        Self::load_inner(ckpt, c).map_err(in_family(FAMILY))
     }
 
     fn load_inner(ckpt: &Checkpoint, c: &Qwen3MoeConfig) -> Result<Self, ModelError> {
@@ -120,13 +112,8 @@ impl Qwen3MoeWeights {
                 ffn,
             });
         }
-        let embed = r.mat("model.embed_tokens.weight", b.vocab_size, d)?;
-        let lm_head = if b.tie_word_embeddings {
-            embed.clone()
-        } else {
-            r.mat("lm_head.weight", b.vocab_size, d)?
-        };
-        Ok(Self { embed, lm_head, norm: r.vec("model.norm.weight", d)?, layers })
+        let (embed, lm_head, norm) = r.ends(b.vocab_size, d, b.tie_word_embeddings)?;
+        Ok(Self { embed, lm_head, norm, layers })
     }
 
     /// Bytes of the non-expert weight matrices a pass reads (attention, dense MLPs, routers,
