@@ -43,6 +43,24 @@ use sluice_store::StoreError;
 /// memory plan charges it as scratch (the engine's `place::plan_headroom`), whatever the pass.
 pub const LAYER_BATCH_BYTES: usize = 16 << 20;
 
+/// The routed experts of a pass: for each of the `e` experts the (row, slot) pairs whose
+/// routes chose it, and the ids of those chosen by any row, ascending (the union a MoE block
+/// asks the store for: each expert read once per pass, whatever its number of rows).
+pub(crate) fn users(
+    routes: &[crate::kimi_k3::Route],
+    e: usize,
+) -> (Vec<Vec<(usize, usize)>>, Vec<u32>) {
+    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
+    for (row, r) in routes.iter().enumerate() {
+        for (slot, &id) in r.ids.iter().enumerate() {
+            users[id as usize].push((row, slot));
+        }
+    }
+    let ids: Vec<u32> =
+        (0..e).filter(|&i| !users[i].is_empty()).filter_map(|i| u32::try_from(i).ok()).collect();
+    (users, ids)
+}
+
 /// Checks that the experts of one MoE block reach the combination in ascending id order (the
 /// store's contract, which the running sums rely on for their rounding).
 pub(crate) struct IdOrder {

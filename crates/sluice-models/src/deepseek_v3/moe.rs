@@ -130,14 +130,7 @@ pub(crate) fn forward(
     matmul(&w.router.get(src), x, t, &mut logits);
     let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, &w.bias, c)).collect();
 
-    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
-    for (row, r) in routes.iter().enumerate() {
-        for (slot, &id) in r.ids.iter().enumerate() {
-            users[id as usize].push((row, slot));
-        }
-    }
-    let ids: Vec<u32> =
-        (0..e).filter(|&i| !users[i].is_empty()).filter_map(|i| u32::try_from(i).ok()).collect();
+    let (users, ids) = crate::combine::users(&routes, e);
     // The misses start reading now; the shared experts and the next layer's guess compute
     // while they are in flight, and the store reads the guess once this layer's experts hold
     // their slots.

@@ -142,15 +142,7 @@ pub(crate) fn forward(
     let logits = ctx.mm(&w.router, &x, t);
     let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, &w.bias, c)).collect();
     drop(logits);
-    // Union of experts over the pass, each with the (row, slot) pairs that chose it.
-    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
-    for (ti, r) in routes.iter().enumerate() {
-        for (slot, &id) in r.ids.iter().enumerate() {
-            users[id as usize].push((ti, slot));
-        }
-    }
-    let ids: Vec<u32> =
-        (0..e).filter(|&i| !users[i].is_empty()).filter_map(|i| u32::try_from(i).ok()).collect();
+    let (users, ids) = crate::combine::users(&routes, e);
     // The misses start reading now; the work below that does not need them (the next layer's
     // guess, the latent projection, the shared experts) runs while they are in flight.
     ctx.experts.read_ahead(layer, &ids);

@@ -101,15 +101,7 @@ pub(crate) fn forward(
     let logits = ctx.mm(router, x, t);
     let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, c)).collect();
 
-    // The (row, slot) pairs that chose each expert.
-    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
-    for (row, r) in routes.iter().enumerate() {
-        for (slot, &id) in r.ids.iter().enumerate() {
-            users[id as usize].push((row, slot));
-        }
-    }
-    let ids: Vec<u32> =
-        (0..e).filter(|&i| !users[i].is_empty()).filter_map(|i| u32::try_from(i).ok()).collect();
+    let (users, ids) = crate::combine::users(&routes, e);
     // The misses start reading now; the next layer's guess is computed while they are in flight
     // and handed to the store, which reads it once this layer's experts hold their slots.
     store.read_ahead(layer, &ids);
