@@ -36,6 +36,8 @@ use std::sync::Arc;
 /// every family).
 pub use crate::kimi_k3::Trace;
 
+pub use crate::served::Experts;
+
 /// What a loaded model of a family does, behind [`crate::Model`].
 ///
 /// Methods with a default are the ones a dense family (no routed experts) or a family whose
@@ -123,12 +125,14 @@ pub trait FamilyModel: Any + Send + Sync + std::fmt::Debug {
 /// family's state is refused), `memory_needs`, and the three `Any` casts. A family with routed
 /// experts and a spine placed piece by piece (`placed`) also forwards `routed_experts`,
 /// `set_experts`, `set_prefetch`, `experts`, `spine_index`, `spine_small_bytes`, `set_spine`
-/// and `spine_stats`; a `dense` family keeps the trait's defaults for those. The methods after
+/// and `spine_stats`; a `served` family (one holding a [`crate::served::Served`]) gets those
+/// from [`crate::served::served_methods`] and its `Debug` (layers, experts, top-k) written here;
+/// a `dense` family keeps the trait's defaults for those. The methods after
 /// the `;` are the family's own, written as in any impl: at least `shape` and
 /// `spine_bytes_per_pass`, and any default it replaces (DeepSeek-V3's `spine_format`).
 ///
 /// ```text
-/// crate::family::family_model!(placed GptOss, "gpt_oss", Qwen3State;
+/// crate::family::family_model!(served GptOss, "gpt_oss", Qwen3State;
 ///     fn shape(&self) -> Shape { ... }
 ///     fn spine_bytes_per_pass(&self) -> u64 { self.dense_weight_bytes() }
 /// );
@@ -145,6 +149,24 @@ macro_rules! family_model {
             $crate::family::family_model!(@every $model, $name, $state);
             $crate::family::family_model!(@placed $model);
             $($own)*
+        }
+    };
+    (served $model:ident, $name:expr, $state:ty; $($own:tt)*) => {
+        impl $crate::family::FamilyModel for $model {
+            $crate::family::family_model!(@every $model, $name, $state);
+            $crate::served::served_methods!($model);
+            $($own)*
+        }
+        impl ::std::fmt::Debug for $model {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                use $crate::family::FamilyModel;
+                let (shape, routed) = (self.shape(), $model::routed_experts(self));
+                f.debug_struct(stringify!($model))
+                    .field("layers", &shape.layers)
+                    .field("experts", &routed.per_layer)
+                    .field("top_k", &shape.experts_per_token)
+                    .finish_non_exhaustive()
+            }
         }
     };
     (@every $model:ident, $name:expr, $state:ty) => {
@@ -280,12 +302,12 @@ pub const FAMILIES: &[Family] = &[
         routed: |c| Ok(Some(crate::kimi_k3::KimiK3::routed(&crate::kimi_k3::config::K3Config::from_json(c.text_config())?))), with_experts: |c, e| Ok(Box::new(crate::kimi_k3::KimiK3::with_store(c, e)?)) },
     Family { name: "qwen3", display: "Qwen3", architectures: &["Qwen3ForCausalLM"], places_spine: false, load: |c| Ok(Box::new(crate::qwen3::Qwen3::load(c)?)), check: check_by_loading,
         routed: no_routed, with_experts: |c, _| Ok(Box::new(crate::qwen3::Qwen3::load(c)?)) },
-    Family { name: "qwen3_moe", display: "Qwen3-MoE", architectures: &["Qwen3MoeForCausalLM"], places_spine: true, load: |c| Ok(Box::new(crate::qwen3_moe::Qwen3Moe::load(c)?)), check: check_by_loading,
-        routed: |c| Ok(Some(crate::qwen3_moe::Qwen3Moe::routed(&crate::qwen3_moe::config::Qwen3MoeConfig::from_json(c.text_config())?))), with_experts: |c, e| Ok(Box::new(crate::qwen3_moe::Qwen3Moe::with_store(c, e)?)) },
-    Family { name: "gpt_oss", display: "GPT-OSS", architectures: &["GptOssForCausalLM"], places_spine: true, load: |c| Ok(Box::new(crate::gpt_oss::GptOss::load(c)?)), check: check_by_loading,
-        routed: |c| Ok(Some(crate::gpt_oss::GptOss::routed(&crate::gpt_oss::config::GptOssConfig::from_json(c.text_config())?))), with_experts: |c, e| Ok(Box::new(crate::gpt_oss::GptOss::with_store(c, e)?)) },
-    Family { name: "deepseek_v3", display: "DeepSeek V3/R1, Kimi K2", architectures: &["DeepseekV3ForCausalLM"], places_spine: true, load: |c| Ok(Box::new(crate::deepseek_v3::DeepseekV3::load(c)?)), check: check_by_loading,
-        routed: |c| Ok(Some(crate::deepseek_v3::DeepseekV3::routed_for_config(c.text_config())?)), with_experts: |c, e| Ok(Box::new(crate::deepseek_v3::DeepseekV3::with_store(c, e)?)) },
+    Family { name: "qwen3_moe", display: "Qwen3-MoE", architectures: &["Qwen3MoeForCausalLM"], places_spine: true, load: |c| Ok(Box::new(crate::qwen3_moe::Qwen3Moe::load(c, Experts::Mapped)?)), check: check_by_loading,
+        routed: |c| Ok(Some(crate::qwen3_moe::Qwen3Moe::routed(&crate::qwen3_moe::config::Qwen3MoeConfig::from_json(c.text_config())?))), with_experts: |c, e| Ok(Box::new(crate::qwen3_moe::Qwen3Moe::load(c, Experts::Given(e))?)) },
+    Family { name: "gpt_oss", display: "GPT-OSS", architectures: &["GptOssForCausalLM"], places_spine: true, load: |c| Ok(Box::new(crate::gpt_oss::GptOss::load(c, Experts::Mapped)?)), check: check_by_loading,
+        routed: |c| Ok(Some(crate::gpt_oss::GptOss::routed(&crate::gpt_oss::config::GptOssConfig::from_json(c.text_config())?))), with_experts: |c, e| Ok(Box::new(crate::gpt_oss::GptOss::load(c, Experts::Given(e))?)) },
+    Family { name: "deepseek_v3", display: "DeepSeek V3/R1, Kimi K2", architectures: &["DeepseekV3ForCausalLM"], places_spine: true, load: |c| Ok(Box::new(crate::deepseek_v3::DeepseekV3::load(c, Experts::Mapped)?)), check: check_by_loading,
+        routed: |c| Ok(Some(crate::deepseek_v3::DeepseekV3::routed_for_config(c.text_config())?)), with_experts: |c, e| Ok(Box::new(crate::deepseek_v3::DeepseekV3::load(c, Experts::Given(e))?)) },
 ];
 
 /// The table line named `name`.

@@ -19,6 +19,7 @@ pub mod kimi_k3;
 pub mod linear;
 pub mod qwen3;
 pub mod qwen3_moe;
+mod served;
 pub mod snapshot;
 pub mod spine;
 pub mod state;

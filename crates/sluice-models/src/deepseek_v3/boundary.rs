@@ -7,7 +7,7 @@ use super::DeepseekV3;
 use crate::family::{family_model, Shape};
 use crate::kimi_k3::state::K3State;
 
-family_model!(placed DeepseekV3, "deepseek_v3", K3State;
+family_model!(served DeepseekV3, "deepseek_v3", K3State;
     fn shape(&self) -> Shape {
         let c = self.config();
         Shape {

@@ -17,7 +17,7 @@
 //!
 //! Routed experts come from an expert store over the published tensors ([`experts`]: FP8 weight
 //! and block scales, or INT4 packed weight and group scales, per projection): mapped in place
-//! until [`DeepseekV3::set_experts`] attaches another store, streamed from the shards when the
+//! until [`crate::Model::set_experts`] attaches another store, streamed from the shards when the
 //! memory plan says so. [`DeepseekV3::memory_needs`] is what the plan charges besides them.
 
 mod boundary;
@@ -29,19 +29,19 @@ pub mod quant;
 pub mod synth;
 pub mod weights;
 
-use crate::family::{add_into, moe_step, put, MemoryNeeds, RoutedExperts};
+use crate::family::{add_into, moe_step, put, Experts, MemoryNeeds, RoutedExperts};
 use crate::kimi_k3::state::{K3State, LayerShape, LayerState};
 use crate::kimi_k3::Trace;
 use crate::qwen3_moe::moe::At;
-use crate::spine::{head_piece, layer_piece, Spine, TensorBytes};
+use crate::served::{finite_logits, norm_rows, Served};
+use crate::spine::{head_piece, layer_piece, TensorBytes};
 use crate::{LogitRows, ModelError};
 use config::DeepseekV3Config;
 use experts::{DeepseekV3ExpertLayout, ExpertFormat};
 use quant::Weight;
 use sluice_checkpoint::Checkpoint;
 use sluice_kernels::matmul;
-use sluice_kernels::ops::rms_norm;
-use sluice_store::{ExpertStore, SpineIndex, SpineStats, SpineStore};
+use sluice_store::SpineIndex;
 use std::sync::Arc;
 use weights::{DeepseekV3Weights, Ffn, MoeWeights};
 
@@ -115,72 +115,37 @@ impl Rope {
 /// The loaded model.
 pub struct DeepseekV3 {
     cfg: DeepseekV3Config,
-    ckpt: Arc<Checkpoint>,
     weights: DeepseekV3Weights,
     rope: Rope,
     layout: DeepseekV3ExpertLayout,
-    experts: Arc<dyn ExpertStore>,
-    /// Where a pass reads its spine weights: mapped, or placed by a spine store.
-    spine: Spine,
-    /// Guess the next MoE layer's experts for the store to prefetch (see [`Self::set_prefetch`]).
-    prefetch: bool,
-}
-
-impl std::fmt::Debug for DeepseekV3 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeepseekV3")
-            .field("model_type", &self.cfg.model_type)
-            .field("layers", &self.cfg.num_hidden_layers)
-            .field("experts", &self.cfg.n_routed_experts)
-            .finish_non_exhaustive()
-    }
+    /// The checkpoint, the expert store, the prefetch switch and the spine placement.
+    served: Served,
 }
 
 impl DeepseekV3 {
     /// Loads the model from an opened checkpoint: parses `config.json`, resolves and checks every
-    /// tensor once (FP8 / INT4 weights are dequantized here).
-    pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self, ModelError> {
-        let cfg = DeepseekV3Config::from_json(ckpt.config().text_config())?;
-        let weights = DeepseekV3Weights::load(&ckpt, &cfg)?;
-        let rope = Rope::new(&cfg);
-        let layout = DeepseekV3ExpertLayout {
-            // A model without MoE layers has no experts; the format is then never used.
-            format: weights.expert_format.unwrap_or(ExpertFormat::Bf16),
-            inter: cfg.moe_intermediate_size as u64,
-            hidden: cfg.hidden_size as u64,
-        };
-        let experts = Arc::new(Self::routed(&cfg, layout).mapped(ckpt.clone())?);
-        Ok(Self {
-            cfg,
-            ckpt,
-            weights,
-            rope,
-            layout,
-            experts,
-            spine: Spine::Mapped,
-            prefetch: false,
-        })
-    }
-
-    /// Loads the model with its routed experts served by `experts` from the start: for a
-    /// checkpoint whose routed experts are not mapped (a stream install's sparse shards), where
-    /// [`Self::load`]'s in-place store cannot open. The routed experts' storage read from the
-    /// tensors must be the one `config.json` announces ([`Self::routed_for_config`]): it is
-    /// what `sluice pull --stream` left out.
-    pub fn with_store(
-        ckpt: Arc<Checkpoint>,
-        experts: Arc<dyn ExpertStore>,
-    ) -> Result<Self, ModelError> {
+    /// tensor once (FP8 / INT4 weights are dequantized here), settles the routed experts'
+    /// storage, builds the rotary table, then takes the routed experts from `experts`: in place
+    /// from the mapped shards, or from a given store (a stream install, whose routed experts
+    /// are not mapped), whose storage read from the tensors must then be the one `config.json`
+    /// announces ([`Self::routed_for_config`]): it is what `sluice pull --stream` left out.
+    pub fn load(ckpt: Arc<Checkpoint>, experts: Experts) -> Result<Self, ModelError> {
         let text = ckpt.config().text_config();
         let cfg = DeepseekV3Config::from_json(text)?;
         let weights = DeepseekV3Weights::load(&ckpt, &cfg)?;
         let announced = expert_format_of_config(text);
         let layout = DeepseekV3ExpertLayout {
-            format: weights.expert_format.unwrap_or(announced),
+            // In place, a model without MoE layers has no experts; the format is then never
+            // used. A given store serves what `config.json` announces.
+            format: weights.expert_format.unwrap_or(if experts.is_mapped() {
+                ExpertFormat::Bf16
+            } else {
+                announced
+            }),
             inter: cfg.moe_intermediate_size as u64,
             hidden: cfg.hidden_size as u64,
         };
-        if layout.format != announced {
+        if !experts.is_mapped() && layout.format != announced {
             return Err(ModelError::Config(format!(
                 "{}: config.json's quantization_config announces {} routed experts but the                  checkpoint's are {}; a stream install of it left out the wrong tensors",
                 cfg.model_type,
@@ -189,16 +154,8 @@ impl DeepseekV3 {
             )));
         }
         let rope = Rope::new(&cfg);
-        Ok(Self {
-            cfg,
-            ckpt,
-            weights,
-            rope,
-            layout,
-            experts,
-            spine: Spine::Mapped,
-            prefetch: false,
-        })
+        let served = Served::open(ckpt, experts, &Self::routed(&cfg, layout))?;
+        Ok(Self { cfg, weights, rope, layout, served })
     }
 
     /// Where the routed experts of a checkpoint with config `text` (its text config) are, from
@@ -234,7 +191,7 @@ impl DeepseekV3 {
     /// The spine pieces (embedding, each decoder layer's attention and dense MLP or router and
     /// shared experts, head) and their byte spans, for placing the spine piece by piece.
     pub fn spine_index(&self) -> Result<SpineIndex, ModelError> {
-        self.weights.spine_index(&self.ckpt)
+        self.weights.spine_index(&self.served.ckpt)
     }
 
     /// Bytes of the f32 vectors (norms, routing biases) the model keeps whatever the placement.
@@ -242,39 +199,9 @@ impl DeepseekV3 {
         self.weights.small_bytes()
     }
 
-    /// Takes spine bytes from `store` (opened on [`Self::spine_index`]) instead of the mapped
-    /// checkpoint.
-    pub fn set_spine(&mut self, store: Arc<SpineStore>) -> Result<(), ModelError> {
-        self.spine = Spine::placed(store, &self.spine_index()?)?;
-        Ok(())
-    }
-
-    /// Spine I/O counters (all zero while the spine is mapped).
-    pub fn spine_stats(&self) -> SpineStats {
-        self.spine.stats()
-    }
-
     /// How the routed experts are stored.
     pub fn expert_format(&self) -> ExpertFormat {
         self.layout.format
-    }
-
-    /// Takes routed experts from `experts` from now on.
-    pub fn set_experts(&mut self, experts: Arc<dyn ExpertStore>) {
-        self.experts = experts;
-    }
-
-    /// Turns next-layer expert prefetch on or off (worth it when experts stream): each MoE layer
-    /// guesses the next one's experts with that layer's router (sigmoid, correction bias and
-    /// group-limited top-k, as it routes) on its own input, and the first MoE layer's are
-    /// guessed before its attention runs.
-    pub fn set_prefetch(&mut self, on: bool) {
-        self.prefetch = on;
-    }
-
-    /// The expert store in use.
-    pub fn experts(&self) -> &Arc<dyn ExpertStore> {
-        &self.experts
     }
 
     /// What the model holds besides its expert cache: the spine (attention, dense MLPs,
@@ -311,7 +238,7 @@ impl DeepseekV3 {
     /// The spine's storage: `fp8`, `int4`, `bf16` / `f32`, or `mixed` when its matrices
     /// (attention, dense MLPs, shared experts, embedding, head) are not all stored one way.
     pub fn spine_format(&self) -> &'static str {
-        self.weights.spine_format(&*self.ckpt)
+        self.weights.spine_format(&*self.served.ckpt)
     }
 
     /// The typed configuration.
@@ -369,9 +296,9 @@ impl DeepseekV3 {
         )?;
         let d = c.hidden_size;
         // One pass at a time through streamed spine pieces; held until the logits are out.
-        let _pass = self.spine.begin_pass();
+        let _pass = self.served.spine.begin_pass();
         let mut h = vec![0.0f32; t * d];
-        self.spine.embed(&self.ckpt, &self.weights.embed, tokens, &mut h)?;
+        self.served.embed(&self.weights.embed, tokens, &mut h)?;
         put(&mut trace, || "embed".into(), &h);
         // MLA layers only: a partial commit truncates, so every pass may keep it possible.
         state.begin(t, false);
@@ -391,22 +318,16 @@ impl DeepseekV3 {
         for (i, lw) in layers.iter().enumerate() {
             // This layer's spine piece: mapped, resident, or its stream buffer (read during the
             // previous layer); every weight of the layer is read from it.
-            let piece = match self.spine.piece(&self.ckpt, layer_piece(i)) {
-                Ok(p) => p,
-                Err(e) => {
-                    state.rollback();
-                    return Err(e);
-                }
-            };
+            let piece = self.served.piece(layer_piece(i), state)?;
             let src: &dyn TensorBytes = &piece;
             let LayerState::Mla(cache) = &mut state.layers[i] else {
                 return Err(ModelError::Config("invariant: checked by fits".into()));
             };
             // The first MoE layer has no MoE layer before it to guess its experts: guess them
             // from its input (normed as its block will norm it) while its attention computes.
-            if let (true, Some(w)) = (self.prefetch && first_moe == Some(i), moe_of(i)) {
+            if let (true, Some(w)) = (self.served.prefetch && first_moe == Some(i), moe_of(i)) {
                 let g = self.norm_rows(&h, &lw.post_norm);
-                self.experts.prefetch(i, &guess_with(src, w, &g));
+                self.served.experts.prefetch(i, &guess_with(src, w, &g));
             }
             let a_in = self.norm_rows(&h, &lw.input_norm);
             put(&mut trace, || format!("layer{i}.attn_in"), &a_in);
@@ -418,13 +339,13 @@ impl DeepseekV3 {
             let m = match &lw.ffn {
                 Ffn::Dense(w) => moe::mlp(src, w, &m_in, t),
                 Ffn::Moe(w) => {
-                    let store = self.experts.as_ref();
-                    let next = if self.prefetch { next_moe(i) } else { None };
+                    let store = self.served.experts.as_ref();
+                    let next = if self.served.prefetch { next_moe(i) } else { None };
                     // The next layer's router is in its own piece: guessed only when that piece
                     // is at hand (mapped, resident, or already read), never waited for.
                     let guess = || {
                         let (j, nw) = next?;
-                        let nsrc = self.spine.peek(&self.ckpt, layer_piece(j))?;
+                        let nsrc = self.served.peek(layer_piece(j))?;
                         Some((j, guess_with(&nsrc, nw, &m_in)))
                     };
                     let at = At { layer: i, guess: &guess };
@@ -441,33 +362,15 @@ impl DeepseekV3 {
         let n = sel.len();
         let normed = self.norm_rows(&h[sel.start * d..sel.end * d], &self.weights.norm);
         put(&mut trace, || "final_norm".into(), &normed);
-        let head = match self.spine.piece(&self.ckpt, head_piece(c.num_hidden_layers)) {
-            Ok(p) => p,
-            Err(e) => {
-                state.rollback();
-                return Err(e);
-            }
-        };
+        let head = self.served.piece(head_piece(c.num_hidden_layers), state)?;
         let mut logits = vec![0.0f32; n * c.vocab_size];
         matmul(&self.weights.lm_head.get(&head), &normed, n, &mut logits);
-        if !crate::finite::all_finite(&logits) {
-            state.rollback();
-            return Err(ModelError::NonFiniteActivation {
-                stage: "the logits".into(),
-                cause: "a weight of the model holds NaN/Inf or the arithmetic overflowed".into(),
-            });
-        }
-        Ok(logits)
+        finite_logits(logits, state)
     }
 
     /// `DeepseekV3RMSNorm(hidden_size, eps=rms_norm_eps)` on every row of `x [n, d]`.
     fn norm_rows(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
-        let (d, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
-        let mut out = vec![0.0f32; x.len()];
-        for (i, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-            rms_norm(i, Some(w), eps, o);
-        }
-        out
+        norm_rows(x, w, self.cfg.hidden_size, self.cfg.rms_norm_eps)
     }
 }
 /// How the routed experts of a checkpoint with text config `text` are stored, as its

@@ -6,7 +6,7 @@ use super::GptOss;
 use crate::family::{family_model, Shape};
 use crate::qwen3::Qwen3State;
 
-family_model!(placed GptOss, "gpt_oss", Qwen3State;
+family_model!(served GptOss, "gpt_oss", Qwen3State;
     fn shape(&self) -> Shape {
         let c = self.config();
         Shape {

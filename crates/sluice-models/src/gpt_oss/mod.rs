@@ -21,83 +21,38 @@ pub mod rope;
 pub mod synth;
 pub mod weights;
 
-use crate::family::{add_into, moe_step, put, MemoryNeeds, RoutedExperts};
+use crate::family::{add_into, moe_step, put, Experts, MemoryNeeds, RoutedExperts};
 use crate::qwen3::{Ctx, Qwen3State, Trace};
-use crate::spine::{head_piece, layer_piece, Spine, TensorBytes};
+use crate::served::{norm_rows, Served};
+use crate::spine::{head_piece, layer_piece, TensorBytes};
 use crate::{LogitRows, ModelError};
 use config::GptOssConfig;
 use rope::YarnRope;
 use sluice_checkpoint::Checkpoint;
-use sluice_kernels::ops::rms_norm;
-use sluice_store::{ExpertStore, SpineIndex, SpineStats, SpineStore};
+use sluice_store::SpineIndex;
 use std::sync::Arc;
 use weights::{GptOssExpertLayout, GptOssWeights};
 
 /// The loaded GPT-OSS model.
 pub struct GptOss {
     cfg: GptOssConfig,
-    ckpt: Arc<Checkpoint>,
     weights: GptOssWeights,
     rope: YarnRope,
-    experts: Arc<dyn ExpertStore>,
-    /// Guess the next layer's experts for the store to prefetch (see [`Self::set_prefetch`]).
-    prefetch: bool,
-    /// Where a pass reads its spine matrices: mapped, or placed by a spine store.
-    spine: Spine,
-}
-
-impl std::fmt::Debug for GptOss {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GptOss")
-            .field("layers", &self.cfg.num_hidden_layers)
-            .field("experts", &self.cfg.num_local_experts)
-            .field("top_k", &self.cfg.num_experts_per_tok)
-            .finish_non_exhaustive()
-    }
+    /// The checkpoint, the expert store, the prefetch switch and the spine placement.
+    served: Served,
 }
 
 impl GptOss {
-    /// Loads the model from an opened checkpoint: parses `config.json` and resolves and checks
-    /// every tensor once. Experts are served in place from the mapped shards until
-    /// [`Self::set_experts`] gives the model another store.
-    pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self, ModelError> {
-        Self::assemble(ckpt, |cfg, ckpt| {
-            let mapped: Arc<dyn ExpertStore> = Arc::new(Self::routed(cfg).mapped(ckpt.clone())?);
-            Ok(mapped)
-        })
-    }
-
-    /// Loads the model with its routed experts served by `experts` from the start: for a
-    /// checkpoint whose routed experts are not mapped (a stream install's sparse shards), where
-    /// [`Self::load`]'s in-place store cannot open.
-    pub fn with_store(
-        ckpt: Arc<Checkpoint>,
-        experts: Arc<dyn ExpertStore>,
-    ) -> Result<Self, ModelError> {
-        Self::assemble(ckpt, |_, _| Ok(experts))
-    }
-
-    /// What [`Self::load`] and [`Self::with_store`] share: the config parsed, every tensor
-    /// resolved and checked, the rotary tables built, then the routed experts `experts` serves.
-    fn assemble(
-        ckpt: Arc<Checkpoint>,
-        experts: impl FnOnce(
-            &GptOssConfig,
-            &Arc<Checkpoint>,
-        ) -> Result<Arc<dyn ExpertStore>, ModelError>,
-    ) -> Result<Self, ModelError> {
+    /// Loads the model from an opened checkpoint: parses `config.json`, resolves and checks every
+    /// tensor once and builds the rotary tables, then takes the routed experts from `experts`:
+    /// in place from the mapped shards, or from a given store (a stream install, whose routed
+    /// experts are not mapped).
+    pub fn load(ckpt: Arc<Checkpoint>, experts: Experts) -> Result<Self, ModelError> {
         let cfg = GptOssConfig::from_json(ckpt.config().text_config())?;
         let weights = GptOssWeights::load(&ckpt, &cfg)?;
         let rope = YarnRope::new(cfg.head_dim, cfg.rope_theta, &cfg.yarn);
-        let experts = experts(&cfg, &ckpt)?;
-        Ok(Self { cfg, ckpt, weights, rope, experts, prefetch: false, spine: Spine::Mapped })
-    }
-
-    /// Turns next-layer expert prefetch on or off (worth it when experts stream): each layer
-    /// guesses the next one's experts with that layer's router (and bias) on its own input, and
-    /// layer 0's are guessed before its attention runs.
-    pub fn set_prefetch(&mut self, on: bool) {
-        self.prefetch = on;
+        let served = Served::open(ckpt, experts, &Self::routed(&cfg))?;
+        Ok(Self { cfg, weights, rope, served })
     }
 
     /// A guess of the experts `layer`'s router picks for `x [t, d]` (see
@@ -115,7 +70,7 @@ impl GptOss {
         let src = match src {
             Some(s) => s,
             None => {
-                peeked = self.spine.peek(&self.ckpt, layer_piece(layer))?;
+                peeked = self.served.peek(layer_piece(layer))?;
                 &peeked
             }
         };
@@ -144,16 +99,6 @@ impl GptOss {
     /// Where this model's routed experts are (for opening an expert store over them).
     pub fn routed_experts(&self) -> RoutedExperts {
         Self::routed(&self.cfg)
-    }
-
-    /// Takes routed experts from `experts` from now on.
-    pub fn set_experts(&mut self, experts: Arc<dyn ExpertStore>) {
-        self.experts = experts;
-    }
-
-    /// The expert store in use.
-    pub fn experts(&self) -> &Arc<dyn ExpertStore> {
-        &self.experts
     }
 
     /// What the model holds besides its expert cache: the spine, a KV cache of keys and values
@@ -191,24 +136,12 @@ impl GptOss {
     /// The spine pieces (embedding, each decoder layer's attention and router, head) and
     /// their byte spans, for placing the spine piece by piece.
     pub fn spine_index(&self) -> Result<SpineIndex, ModelError> {
-        self.weights.spine_index(&self.ckpt)
+        self.weights.spine_index(&self.served.ckpt)
     }
 
     /// Bytes of the f32 vectors (norms, biases, sinks) the model keeps whatever the placement.
     pub fn spine_small_bytes(&self) -> u64 {
         self.weights.small_bytes()
-    }
-
-    /// Takes spine bytes from `store` (opened on [`Self::spine_index`]) instead of the mapped
-    /// checkpoint.
-    pub fn set_spine(&mut self, store: Arc<SpineStore>) -> Result<(), ModelError> {
-        self.spine = Spine::placed(store, &self.spine_index()?)?;
-        Ok(())
-    }
-
-    /// Spine I/O counters (all zero while the spine is mapped).
-    pub fn spine_stats(&self) -> SpineStats {
-        self.spine.stats()
     }
 
     /// Bytes of the non-expert weight matrices a pass reads.
@@ -250,29 +183,23 @@ impl GptOss {
         )?;
         let d = c.hidden_size;
         // One pass at a time through streamed spine pieces; held until the logits are out.
-        let _pass = self.spine.begin_pass();
+        let _pass = self.served.spine.begin_pass();
         let mut h = vec![0.0f32; t * d];
-        self.spine.embed(&self.ckpt, &self.weights.embed, tokens, &mut h)?;
+        self.served.embed(&self.weights.embed, tokens, &mut h)?;
         put(&mut trace, || "embed".into(), &h);
         let rope = self.rope.rows(state.len(), t);
         state.begin(t);
         for (i, lw) in self.weights.layers.iter().enumerate() {
             // This layer's spine piece: mapped, resident, or its stream buffer (read during the
             // previous layer); every matrix of the layer is read from it.
-            let piece = match self.spine.piece(&self.ckpt, layer_piece(i)) {
-                Ok(p) => p,
-                Err(e) => {
-                    state.rollback();
-                    return Err(e);
-                }
-            };
+            let piece = self.served.piece(layer_piece(i), state)?;
             let ctx = Ctx { src: &piece };
             // Layer 0 has no layer before it to guess its experts: guess them from its input
             // (normed as its block will norm it) while its attention computes.
-            if self.prefetch && i == 0 {
+            if self.served.prefetch && i == 0 {
                 let x = self.norm_rows(&h, &lw.post_norm);
                 if let Some((l, ids)) = self.guess(Some(&piece), 0, &x, t) {
-                    self.experts.prefetch(l, &ids);
+                    self.served.experts.prefetch(l, &ids);
                 }
             }
             let a_in = self.norm_rows(&h, &lw.input_norm);
@@ -284,8 +211,9 @@ impl GptOss {
             add_into(&mut h, &a);
             let m_in = self.norm_rows(&h, &lw.post_norm);
             put(&mut trace, || format!("layer{i}.mlp_in"), &m_in);
-            let store = self.experts.as_ref();
-            let guess = || if self.prefetch { self.guess(None, i + 1, &m_in, t) } else { None };
+            let store = self.served.experts.as_ref();
+            let guess =
+                || if self.served.prefetch { self.guess(None, i + 1, &m_in, t) } else { None };
             let at = crate::qwen3_moe::moe::At { layer: i, guess: &guess };
             let m = moe_step(state, &mut trace, i, || {
                 moe::forward(&ctx, &lw.moe, store, at, c, &m_in, t)
@@ -298,23 +226,12 @@ impl GptOss {
         let n = sel.len();
         let normed = self.norm_rows(&h[sel.start * d..sel.end * d], &self.weights.norm);
         put(&mut trace, || "final_norm".into(), &normed);
-        let head = match self.spine.piece(&self.ckpt, head_piece(c.num_hidden_layers)) {
-            Ok(p) => p,
-            Err(e) => {
-                state.rollback();
-                return Err(e);
-            }
-        };
+        let head = self.served.piece(head_piece(c.num_hidden_layers), state)?;
         Ok(Ctx { src: &head }.mm(&self.weights.lm_head, &normed, n))
     }
 
     /// GptOssRMSNorm on every row of `x [n, d]`.
     fn norm_rows(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
-        let (d, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
-        let mut out = vec![0.0f32; x.len()];
-        for (i, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-            rms_norm(i, Some(w), eps, o);
-        }
-        out
+        norm_rows(x, w, self.cfg.hidden_size, self.cfg.rms_norm_eps)
     }
 }

@@ -24,7 +24,7 @@ use attention::Rope;
 use config::Qwen3Config;
 use sluice_checkpoint::Checkpoint;
 use sluice_kernels::matmul;
-use sluice_kernels::ops::{rms_norm, silu_glu};
+use sluice_kernels::ops::silu_glu;
 use std::sync::Arc;
 use weights::{Linear, Qwen3Weights};
 
@@ -169,25 +169,12 @@ impl Qwen3 {
         let n = sel.len();
         let normed = self.norm_rows(&h[sel.start * d..sel.end * d], &self.weights.norm);
         put(&mut trace, || "final_norm".into(), &normed);
-        let logits = ctx.mm(&self.weights.lm_head, &normed, n);
-        if !crate::finite::all_finite(&logits) {
-            state.rollback();
-            return Err(ModelError::NonFiniteActivation {
-                stage: "the logits".into(),
-                cause: "a weight of the model holds NaN/Inf or the arithmetic overflowed".into(),
-            });
-        }
-        Ok(logits)
+        crate::served::finite_logits(ctx.mm(&self.weights.lm_head, &normed, n), state)
     }
 
     /// Qwen3RMSNorm on every row of `x [n, d]`.
     fn norm_rows(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
-        let d = self.cfg.hidden_size;
-        let mut out = vec![0.0f32; x.len()];
-        for (i, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-            rms_norm(i, Some(w), self.cfg.rms_norm_eps, o);
-        }
-        out
+        crate::served::norm_rows(x, w, self.cfg.hidden_size, self.cfg.rms_norm_eps)
     }
 }
 

@@ -6,7 +6,7 @@ use super::Qwen3Moe;
 use crate::family::{family_model, Shape};
 use crate::qwen3::Qwen3State;
 
-family_model!(placed Qwen3Moe, "qwen3_moe", Qwen3State;
+family_model!(served Qwen3Moe, "qwen3_moe", Qwen3State;
     fn shape(&self) -> Shape {
         let c = self.config();
         Shape {

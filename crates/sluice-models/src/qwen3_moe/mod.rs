@@ -20,83 +20,38 @@ pub mod moe;
 pub mod synth;
 pub mod weights;
 
-use crate::family::{add_into, moe_step, put, MemoryNeeds, RoutedExperts};
+use crate::family::{add_into, moe_step, put, Experts, MemoryNeeds, RoutedExperts};
 use crate::qwen3::attention::{self, Rope};
 use crate::qwen3::{Ctx, Qwen3State, Trace};
-use crate::spine::{head_piece, layer_piece, Spine};
+use crate::served::{norm_rows, Served};
+use crate::spine::{head_piece, layer_piece};
 use crate::{LogitRows, ModelError};
 use config::Qwen3MoeConfig;
 use sluice_checkpoint::Checkpoint;
-use sluice_kernels::ops::rms_norm;
-use sluice_store::{ExpertStore, SpineIndex, SpineStats, SpineStore};
+use sluice_store::SpineIndex;
 use std::sync::Arc;
 use weights::{Ffn, Qwen3MoeExpertLayout, Qwen3MoeWeights};
 
 /// The loaded Qwen3-MoE model.
 pub struct Qwen3Moe {
     cfg: Qwen3MoeConfig,
-    ckpt: Arc<Checkpoint>,
     weights: Qwen3MoeWeights,
     rope: Rope,
-    experts: Arc<dyn ExpertStore>,
-    /// Guess the next MoE layer's experts for the store to prefetch (see [`Self::set_prefetch`]).
-    prefetch: bool,
-    /// Where a pass reads its spine matrices: mapped, or placed by a spine store.
-    spine: Spine,
-}
-
-impl std::fmt::Debug for Qwen3Moe {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Qwen3Moe")
-            .field("layers", &self.cfg.base.num_hidden_layers)
-            .field("experts", &self.cfg.num_experts)
-            .field("top_k", &self.cfg.num_experts_per_tok)
-            .finish_non_exhaustive()
-    }
+    /// The checkpoint, the expert store, the prefetch switch and the spine placement.
+    served: Served,
 }
 
 impl Qwen3Moe {
-    /// Loads the model from an opened checkpoint: parses `config.json` and resolves and checks
-    /// every tensor once. Experts are served in place from the mapped shards until
-    /// [`Self::set_experts`] gives the model another store.
-    pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self, ModelError> {
-        Self::assemble(ckpt, |cfg, ckpt| {
-            let mapped: Arc<dyn ExpertStore> = Arc::new(Self::routed(cfg).mapped(ckpt.clone())?);
-            Ok(mapped)
-        })
-    }
-
-    /// Loads the model with its routed experts served by `experts` from the start: for a
-    /// checkpoint whose routed experts are not mapped (a stream install's sparse shards), where
-    /// [`Self::load`]'s in-place store cannot open.
-    pub fn with_store(
-        ckpt: Arc<Checkpoint>,
-        experts: Arc<dyn ExpertStore>,
-    ) -> Result<Self, ModelError> {
-        Self::assemble(ckpt, |_, _| Ok(experts))
-    }
-
-    /// What [`Self::load`] and [`Self::with_store`] share: the config parsed, every tensor
-    /// resolved and checked, the rotary tables built, then the routed experts `experts` serves.
-    fn assemble(
-        ckpt: Arc<Checkpoint>,
-        experts: impl FnOnce(
-            &Qwen3MoeConfig,
-            &Arc<Checkpoint>,
-        ) -> Result<Arc<dyn ExpertStore>, ModelError>,
-    ) -> Result<Self, ModelError> {
+    /// Loads the model from an opened checkpoint: parses `config.json`, resolves and checks every
+    /// tensor once and builds the rotary tables, then takes the routed experts from `experts`:
+    /// in place from the mapped shards, or from a given store (a stream install, whose routed
+    /// experts are not mapped).
+    pub fn load(ckpt: Arc<Checkpoint>, experts: Experts) -> Result<Self, ModelError> {
         let cfg = Qwen3MoeConfig::from_json(ckpt.config().text_config())?;
         let weights = Qwen3MoeWeights::load(&ckpt, &cfg)?;
         let rope = Rope::new(cfg.base.head_dim, cfg.base.rope_theta);
-        let experts = experts(&cfg, &ckpt)?;
-        Ok(Self { cfg, ckpt, weights, rope, experts, prefetch: false, spine: Spine::Mapped })
-    }
-
-    /// Turns next-layer expert prefetch on or off (worth it when experts stream): each MoE layer
-    /// guesses the next one's experts with that layer's router on its own input, and the first
-    /// MoE layer's are guessed before its attention runs.
-    pub fn set_prefetch(&mut self, on: bool) {
-        self.prefetch = on;
+        let served = Served::open(ckpt, experts, &Self::routed(&cfg))?;
+        Ok(Self { cfg, weights, rope, served })
     }
 
     /// Where the routed experts of a model of config `c` are.
@@ -117,16 +72,6 @@ impl Qwen3Moe {
     /// Where this model's routed experts are (for opening an expert store over them).
     pub fn routed_experts(&self) -> RoutedExperts {
         Self::routed(&self.cfg)
-    }
-
-    /// Takes routed experts from `experts` from now on.
-    pub fn set_experts(&mut self, experts: Arc<dyn ExpertStore>) {
-        self.experts = experts;
-    }
-
-    /// The expert store in use.
-    pub fn experts(&self) -> &Arc<dyn ExpertStore> {
-        &self.experts
     }
 
     /// What the model holds besides its expert cache: the spine, a KV cache of keys and values
@@ -155,24 +100,12 @@ impl Qwen3Moe {
     /// The spine pieces (embedding, each decoder layer's attention and dense MLP or router,
     /// head) and their byte spans, for placing the spine piece by piece.
     pub fn spine_index(&self) -> Result<SpineIndex, ModelError> {
-        self.weights.spine_index(&self.ckpt)
+        self.weights.spine_index(&self.served.ckpt)
     }
 
     /// Bytes of the f32 norm vectors the model keeps whatever the spine placement.
     pub fn spine_small_bytes(&self) -> u64 {
         self.weights.small_bytes()
-    }
-
-    /// Takes spine bytes from `store` (opened on [`Self::spine_index`]) instead of the mapped
-    /// checkpoint.
-    pub fn set_spine(&mut self, store: Arc<SpineStore>) -> Result<(), ModelError> {
-        self.spine = Spine::placed(store, &self.spine_index()?)?;
-        Ok(())
-    }
-
-    /// Spine I/O counters (all zero while the spine is mapped).
-    pub fn spine_stats(&self) -> SpineStats {
-        self.spine.stats()
     }
 
     /// The typed configuration.
@@ -225,10 +158,10 @@ impl Qwen3Moe {
         )?;
         let d = c.hidden_size;
         // One pass at a time through streamed spine pieces; held until the logits are out.
-        let _pass = self.spine.begin_pass();
+        let _pass = self.served.spine.begin_pass();
         // inputs_embeds = self.embed_tokens(input_ids)
         let mut h = vec![0.0f32; t * d];
-        self.spine.embed(&self.ckpt, &self.weights.embed, tokens, &mut h)?;
+        self.served.embed(&self.weights.embed, tokens, &mut h)?;
         put(&mut trace, || "embed".into(), &h);
         let rope = self.rope.rows(state.len(), t);
         state.begin(t);
@@ -243,19 +176,13 @@ impl Qwen3Moe {
         for (i, lw) in layers.iter().enumerate() {
             // This layer's spine piece: mapped, resident, or its stream buffer (read during the
             // previous layer); every matrix of the layer is read from it.
-            let piece = match self.spine.piece(&self.ckpt, layer_piece(i)) {
-                Ok(p) => p,
-                Err(e) => {
-                    state.rollback();
-                    return Err(e);
-                }
-            };
+            let piece = self.served.piece(layer_piece(i), state)?;
             let ctx = Ctx { src: &piece };
             // The first MoE layer has no MoE layer before it to guess its experts: guess them
             // from its input (normed as its block will norm it) while its attention computes.
-            if let (true, Some(r)) = (self.prefetch && first_moe == Some(i), router(i)) {
+            if let (true, Some(r)) = (self.served.prefetch && first_moe == Some(i), router(i)) {
                 let g = self.norm_rows(&h, &lw.post_norm);
-                self.experts.prefetch(i, &moe::guess_union(&ctx.mm(r, &g, t), e, k));
+                self.served.experts.prefetch(i, &moe::guess_union(&ctx.mm(r, &g, t), e, k));
             }
             // Qwen3MoeDecoderLayer.forward: pre-norm attention and MLP, each added to the residual.
             let a_in = self.norm_rows(&h, &lw.input_norm);
@@ -268,13 +195,13 @@ impl Qwen3Moe {
             let m = match &lw.ffn {
                 Ffn::Dense(w) => crate::qwen3::mlp(&ctx, [&w.gate, &w.up, &w.down], &m_in, t),
                 Ffn::Moe { router } => {
-                    let store = self.experts.as_ref();
-                    let next = if self.prefetch { next_moe(i) } else { None };
+                    let store = self.served.experts.as_ref();
+                    let next = if self.served.prefetch { next_moe(i) } else { None };
                     // The next layer's router is in its own piece: guessed only when that piece
                     // is at hand (mapped, resident, or already read), never waited for.
                     let guess = || {
                         let (j, r) = next?;
-                        let src = self.spine.peek(&self.ckpt, layer_piece(j))?;
+                        let src = self.served.peek(layer_piece(j))?;
                         Some((j, moe::guess_union(&Ctx { src: &src }.mm(r, &m_in, t), e, k)))
                     };
                     let at = moe::At { layer: i, guess: &guess };
@@ -291,23 +218,12 @@ impl Qwen3Moe {
         let n = sel.len();
         let normed = self.norm_rows(&h[sel.start * d..sel.end * d], &self.weights.norm);
         put(&mut trace, || "final_norm".into(), &normed);
-        let head = match self.spine.piece(&self.ckpt, head_piece(layers.len())) {
-            Ok(p) => p,
-            Err(e) => {
-                state.rollback();
-                return Err(e);
-            }
-        };
+        let head = self.served.piece(head_piece(layers.len()), state)?;
         Ok(Ctx { src: &head }.mm(&self.weights.lm_head, &normed, n))
     }
 
     /// Qwen3MoeRMSNorm on every row of `x [n, d]`.
     fn norm_rows(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
-        let (d, eps) = (self.cfg.base.hidden_size, self.cfg.base.rms_norm_eps);
-        let mut out = vec![0.0f32; x.len()];
-        for (i, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-            rms_norm(i, Some(w), eps, o);
-        }
-        out
+        norm_rows(x, w, self.cfg.base.hidden_size, self.cfg.base.rms_norm_eps)
     }
 }
