@@ -30,6 +30,7 @@ pub mod synth;
 pub mod weights;
 
 use crate::family::{add_into, moe_step, put, Experts, MemoryNeeds, RoutedExperts};
+use crate::gpt_oss::rope::YarnRope;
 use crate::kimi_k3::state::{K3State, LayerShape, LayerState};
 use crate::kimi_k3::Trace;
 use crate::qwen3_moe::moe::At;
@@ -54,61 +55,26 @@ pub(crate) fn mm(src: &dyn TensorBytes, w: &Weight, x: &[f32], t: usize) -> Vec<
 }
 
 /// The rotary table of the `qk_rope_head_dim` dims (`DeepseekV3RotaryEmbedding`): plain or
-/// YaRN inverse frequencies and the cos/sin scale (`attention_factor`).
-#[derive(Debug, Clone)]
-pub struct Rope {
-    inv_freq: Vec<f32>,
-    scale: f32,
-}
+/// YaRN inverse frequencies and the cos/sin scale (`attention_factor`), whose half-width rows
+/// are computed as GPT-OSS's YaRN table computes its own.
+pub type Rope = YarnRope;
 
-impl Rope {
-    /// The table `c` describes.
-    pub fn new(c: &DeepseekV3Config) -> Self {
-        let dim = c.qk_rope_head_dim;
-        match &c.yarn {
-            Some(y) => {
-                let t = crate::gpt_oss::rope::YarnRope::new(dim, c.rope_theta, y);
-                #[allow(clippy::cast_possible_truncation)]
-                let scale = y.attention_factor as f32;
-                Self { inv_freq: t.inv_freq().to_vec(), scale }
-            }
-            None => {
-                // inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-                #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
-                let inv_freq = (0..dim / 2)
-                    .map(|j| {
-                        let e = (2 * j) as f32 / dim as f32;
-                        1.0f32 / (c.rope_theta.powf(f64::from(e)) as f32)
-                    })
-                    .collect();
-                Self { inv_freq, scale: 1.0 }
-            }
+/// The rotary table `c` describes.
+pub fn rope(c: &DeepseekV3Config) -> Rope {
+    let dim = c.qk_rope_head_dim;
+    match &c.yarn {
+        Some(y) => YarnRope::new(dim, c.rope_theta, y),
+        None => {
+            // inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+            #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+            let inv_freq = (0..dim / 2)
+                .map(|j| {
+                    let e = (2 * j) as f32 / dim as f32;
+                    1.0f32 / (c.rope_theta.powf(f64::from(e)) as f32)
+                })
+                .collect();
+            YarnRope::from_inv_freq(inv_freq, 1.0)
         }
-    }
-
-    /// `inv_freq [rope / 2]` (HF's `model.rotary_emb.inv_freq`).
-    pub fn inv_freq(&self) -> &[f32] {
-        &self.inv_freq
-    }
-
-    /// Half-width cos/sin rows (`[t, rope / 2]`) for positions `pos0 .. pos0 + t`.
-    pub fn rows(&self, pos0: usize, t: usize) -> crate::gpt_oss::rope::HalfRows {
-        let half = self.inv_freq.len();
-        let mut cos = Vec::with_capacity(t * half);
-        let mut sin = Vec::with_capacity(t * half);
-        for ti in 0..t {
-            #[allow(clippy::cast_precision_loss)]
-            let pos = (pos0 + ti) as f32;
-            for &f in &self.inv_freq {
-                // freqs = inv_freq @ position (f32); emb.cos() * attention_scaling
-                let angle = f64::from(pos * f);
-                #[allow(clippy::cast_possible_truncation)]
-                let (c, s) = (angle.cos() as f32, angle.sin() as f32);
-                cos.push(c * self.scale);
-                sin.push(s * self.scale);
-            }
-        }
-        crate::gpt_oss::rope::HalfRows { cos, sin }
     }
 }
 
@@ -153,7 +119,7 @@ impl DeepseekV3 {
                 layout.format.name()
             )));
         }
-        let rope = Rope::new(&cfg);
+        let rope = rope(&cfg);
         let served = Served::open(ckpt, experts, &Self::routed(&cfg, layout))?;
         Ok(Self { cfg, weights, rope, layout, served })
     }

@@ -75,6 +75,12 @@ impl YarnRope {
         Self { inv_freq, scale: y.attention_factor as f32 }
     }
 
+    /// The table of inverse frequencies `inv_freq` whose cos/sin are scaled by `scale`: another
+    /// family's (DeepSeek-V3's plain RoPE), rotated as this one is.
+    pub(crate) fn from_inv_freq(inv_freq: Vec<f32>, scale: f32) -> Self {
+        Self { inv_freq, scale }
+    }
+
     /// `inv_freq [head_dim / 2]` (HF's `model.rotary_emb.inv_freq`).
     pub fn inv_freq(&self) -> &[f32] {
         &self.inv_freq
