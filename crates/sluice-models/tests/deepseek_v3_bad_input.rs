@@ -75,3 +75,40 @@ fn a_dense_layer_made_sparse_has_no_experts() {
     let e = load(d.path()).expect_err("must not load");
     assert!(e.contains("expert 0 of model.layers.0 is missing"), "{e}");
 }
+
+/// A store that is never read: the load it is given to fails first.
+struct NeverRead;
+
+impl sluice_store::ExpertStore for NeverRead {
+    fn for_each(
+        &self,
+        _layer: usize,
+        _ids: &[u32],
+        _f: &mut dyn FnMut(
+            u32,
+            sluice_store::ExpertView<'_>,
+        ) -> Result<(), sluice_store::StoreError>,
+    ) -> Result<(), sluice_store::StoreError> {
+        Err(sluice_store::StoreError::Config("never read".into()))
+    }
+
+    fn stats(&self) -> sluice_store::StoreStats {
+        sluice_store::StoreStats::default()
+    }
+}
+
+#[test]
+fn a_stream_install_with_the_wrong_expert_format_was_refused_with_18_stray_spaces() {
+    // tiny-a's experts are FP8; its config made to announce tiny-b's INT4 experts instead.
+    let b = copy_fixture("deepseek_v3", "tiny-b");
+    let q: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(b.path().join("config.json")).unwrap()).unwrap();
+    let d = copy_fixture("deepseek_v3", "tiny-a");
+    edit_config(d.path(), |v| v["quantization_config"] = q["quantization_config"].clone());
+    let c = std::sync::Arc::new(sluice_checkpoint::Checkpoint::open(d.path()).unwrap());
+    let e = sluice_models::family::load_with_experts(c, std::sync::Arc::new(NeverRead))
+        .expect_err("must not load")
+        .to_string();
+    assert!(e.contains("announces") && e.contains("a stream install of it"), "{e}");
+    assert!(!e.contains("  "), "{e}");
+}

@@ -113,7 +113,7 @@ impl DeepseekV3 {
         };
         if !experts.is_mapped() && layout.format != announced {
             return Err(ModelError::Config(format!(
-                "{}: config.json's quantization_config announces {} routed experts but the                  checkpoint's are {}; a stream install of it left out the wrong tensors",
+                "{}: config.json's quantization_config announces {} routed experts but the checkpoint's are {}; a stream install of it left out the wrong tensors",
                 cfg.model_type,
                 announced.name(),
                 layout.format.name()
