@@ -17,6 +17,7 @@ pub mod matmul;
 pub mod ops;
 pub mod pool;
 pub mod probe;
+mod reduce;
 pub mod selftest;
 mod sweep;
 mod tiled;

@@ -213,6 +213,16 @@ pub(crate) trait Kernel {
         // SAFETY: guaranteed by the caller.
         unsafe { fold_one_buffered::<Self, F, R>(rows, c0, x, acc) }
     }
+
+    /// [`reduce16`] of each of 16 accumulators, bit for bit: every cell takes the same
+    /// additions of the same pairs of lanes in the same order, 16 cells at once (see
+    /// [`crate::reduce`]). The default is [`reduce16`] cell by cell.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier.
+    unsafe fn reduce16x16(acc: [&Lanes; 16]) -> [f32; 16] {
+        acc.map(|a| reduce16(*a))
+    }
 }
 
 /// [`Kernel::fold_one`] by `decode` into a buffer and `fold`, [`CHUNK`] columns at a time:
@@ -348,10 +358,15 @@ unsafe fn run_blocks<K: Kernel, F: Format, const TB: usize>(
                     unsafe { b.one_row::<K>(&x[t0 * cols..(t0 + 1) * cols], &xpad[0]) };
                 }
             }
-            for (r, a) in acc[..rb].iter().enumerate() {
-                for (j, lanes) in a[..tb].iter().enumerate() {
-                    emit(t0 + j, r0 + r, F::finish(block[r], reduce16(*lanes)));
-                }
+            let cells = acc[..rb]
+                .iter()
+                .enumerate()
+                .flat_map(|(r, a)| a[..tb].iter().enumerate().map(move |(j, lanes)| (j, r, lanes)));
+            // SAFETY: the caller guarantees the tier.
+            unsafe {
+                crate::reduce::reduce_cells::<K>(cells, |j, r, s| {
+                    emit(t0 + j, r0 + r, F::finish(block[r], s));
+                });
             }
         }
     }

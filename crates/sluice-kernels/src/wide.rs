@@ -75,7 +75,7 @@ use std::ops::Range;
 
 use crate::arch::prefetch;
 use crate::formats::Format;
-use crate::matmul::{reduce16, Matrix};
+use crate::matmul::Matrix;
 use crate::sweep::{fold_tiles, Prefill};
 use crate::tiled::{Kernel, Lanes, CHUNK};
 
@@ -279,11 +279,15 @@ unsafe fn run_in<K: Kernel, F: Format>(
                     unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, None) };
                 }
             }
-            for (i, a) in acc.chunks_exact(n).enumerate() {
-                let row = F::row(m, g0 + i);
-                for (j, lanes) in a.iter().enumerate() {
-                    emit(t0 + j, g0 + i, F::finish(row, reduce16(*lanes)));
-                }
+            let cells = acc
+                .chunks_exact(n)
+                .enumerate()
+                .flat_map(|(i, a)| a.iter().enumerate().map(move |(j, lanes)| (j, i, lanes)));
+            // SAFETY: the caller guarantees the tier.
+            unsafe {
+                crate::reduce::reduce_cells::<K>(cells, |j, i, s| {
+                    emit(t0 + j, g0 + i, F::finish(F::row(m, g0 + i), s));
+                });
             }
         }
     }

@@ -80,6 +80,11 @@ impl Kernel for Avx512 {
         }
     }
     #[target_feature(enable = "avx512f")]
+    unsafe fn reduce16x16(acc: [&Lanes; 16]) -> [f32; 16] {
+        reduce16x16(acc)
+    }
+
+    #[target_feature(enable = "avx512f")]
     unsafe fn fold_wide<const R: usize, const N: usize>(
         w: [&[f32]; R],
         x: [&[f32]; N],
@@ -193,4 +198,44 @@ pub(crate) fn store1<const R: usize>(a: &[__m512; R], lanes: [&mut Lanes; R]) {
         // SAFETY: `l` holds 16 f32.
         unsafe { _mm512_storeu_ps(l.as_mut_ptr(), *v) };
     }
+}
+
+/// [`crate::matmul::reduce16`] of 16 accumulators at once (see [`crate::reduce`]): each level
+/// adds, for every cell, its lower lanes (first operand) to the lanes the scalar tree pairs
+/// them with, with shuffles that only move whole partial sums between registers.
+///
+/// Level by level: `s1[l] = a[l] + a[l + 8]` (cells in pairs: 128-bit quarters 0–1 of both
+/// cells against quarters 2–3), `s2[l] = s1[l] + s1[l + 4]` (fours of cells: quarters 0, 2
+/// against 1, 3), `s3[l] = s2[l] + s2[l + 2]` and `s4 = s3[0] + s3[1]` (within quarters);
+/// the last register holds cell `4k + i` in lane `4i + k`, put back in cell order by one
+/// permute.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn reduce16x16(acc: [&Lanes; 16]) -> [f32; 16] {
+    // SAFETY: each `acc[c]` holds 16 f32.
+    let a: [__m512; 16] = std::array::from_fn(|c| unsafe { _mm512_loadu_ps(acc[c].as_ptr()) });
+    // Quarters [a.0, a.1, b.0, b.1] + [a.2, a.3, b.2, b.3]: cell 2p's s1 in lanes 0–7, 2p + 1's in 8–15.
+    let b: [__m512; 8] = std::array::from_fn(|p| {
+        let (x, y) = (a[2 * p], a[2 * p + 1]);
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(x, y), _mm512_shuffle_f32x4::<0xEE>(x, y))
+    });
+    // Quarters [x.0, x.2, y.0, y.2] + [x.1, x.3, y.1, y.3]: quarter i holds cell 4q + i's s2.
+    let c: [__m512; 4] = std::array::from_fn(|q| {
+        let (x, y) = (b[2 * q], b[2 * q + 1]);
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(x, y), _mm512_shuffle_f32x4::<0xDD>(x, y))
+    });
+    // Within quarters [x0, x1, y0, y1] + [x2, x3, y2, y3]: quarter i holds s3 of cells 8r + i
+    // (lanes 0, 1) and 8r + 4 + i (lanes 2, 3).
+    let d: [__m512; 2] = std::array::from_fn(|r| {
+        let (x, y) = (c[2 * r], c[2 * r + 1]);
+        _mm512_add_ps(_mm512_shuffle_ps::<0x44>(x, y), _mm512_shuffle_ps::<0xEE>(x, y))
+    });
+    // Within quarters [x0, x2, y0, y2] + [x1, x3, y1, y3]: lane 4i + k holds cell 4k + i.
+    let e =
+        _mm512_add_ps(_mm512_shuffle_ps::<0x88>(d[0], d[1]), _mm512_shuffle_ps::<0xDD>(d[0], d[1]));
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    let mut out = [0.0f32; 16];
+    // SAFETY: `out` holds 16 f32.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), _mm512_permutexvar_ps(order, e)) };
+    out
 }

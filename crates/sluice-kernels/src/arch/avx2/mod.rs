@@ -37,6 +37,11 @@ impl Kernel for Avx2 {
     const HALVES: bool = true;
 
     #[target_feature(enable = "avx2,fma")]
+    unsafe fn reduce16x16(acc: [&Lanes; 16]) -> [f32; 16] {
+        reduce16x16(acc)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn decode<F: Format>(row: F::Row<'_>, c0: usize, out: &mut [f32]) {
         // SAFETY: the caller guarantees AVX2 and FMA.
         unsafe { F::avx2_decode(row, c0, out) }
@@ -206,6 +211,41 @@ unsafe fn fold_half<const R: usize, const N: usize, const AHEAD: bool, const STA
 
 /// Accumulator registers of a one-activation-row tile: lanes 0–7 and 8–15 per row.
 pub(crate) type Acc2<const R: usize> = [[__m256; 2]; R];
+
+/// [`crate::matmul::reduce16`] of 16 accumulators at once (see [`crate::reduce`]), each
+/// level adding every cell's lower lanes (first operand) to the lanes the scalar tree pairs
+/// them with: `s1 = lo + hi` per cell, `s2` across 128-bit halves of two cells, `s3` and
+/// `s4` within halves of two registers. The last two registers hold cell `8r + h + 2k` in
+/// lane `4h + k` of register `r`, put back in cell order by one permute each.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn reduce16x16(acc: [&Lanes; 16]) -> [f32; 16] {
+    // SAFETY: each `acc[c]` holds 16 f32.
+    let s: [__m256; 16] = std::array::from_fn(|c| unsafe {
+        _mm256_add_ps(_mm256_loadu_ps(acc[c].as_ptr()), _mm256_loadu_ps(acc[c].as_ptr().add(8)))
+    });
+    // Halves [x.lo, y.lo] + [x.hi, y.hi]: half h holds cell 2p + h's s2.
+    let t: [__m256; 8] = std::array::from_fn(|p| {
+        let (x, y) = (s[2 * p], s[2 * p + 1]);
+        _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(x, y), _mm256_permute2f128_ps::<0x31>(x, y))
+    });
+    // Within halves [x0, x1, y0, y1] + [x2, x3, y2, y3]: half h holds s3 of cells 4q + h
+    // (lanes 0, 1) and 4q + 2 + h (lanes 2, 3).
+    let u: [__m256; 4] = std::array::from_fn(|q| {
+        let (x, y) = (t[2 * q], t[2 * q + 1]);
+        _mm256_add_ps(_mm256_shuffle_ps::<0x44>(x, y), _mm256_shuffle_ps::<0xEE>(x, y))
+    });
+    // Within halves [x0, x2, y0, y2] + [x1, x3, y1, y3]: lane 4h + k holds cell 8r + h + 2k.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let mut out = [0.0f32; 16];
+    for (r, o) in out.chunks_exact_mut(8).enumerate() {
+        let (x, y) = (u[2 * r], u[2 * r + 1]);
+        let v = _mm256_add_ps(_mm256_shuffle_ps::<0x88>(x, y), _mm256_shuffle_ps::<0xDD>(x, y));
+        // SAFETY: `o` holds 8 f32.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), _mm256_permutevar8x32_ps(v, order)) };
+    }
+    out
+}
 
 /// Loads `R` 16-lane accumulators into registers.
 #[target_feature(enable = "avx2,fma")]

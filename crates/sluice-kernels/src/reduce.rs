@@ -1,0 +1,116 @@
+//! The last step of every output cell: its 16-lane accumulator reduced to one sum by
+//! [`reduce16`]'s tree (lane `l` plus lane `l + 8`, then `+ 4`, `+ 2`, `+ 1`), 16 cells at a
+//! time on the SIMD tiers ([`Kernel::reduce16x16`]).
+//!
+//! One cell at a time, the tree is 15 dependent scalar additions and a few moves: at 16
+//! activation rows (an expert's share of a 256-token prefill) and 768 columns (Qwen3-30B-A3B's
+//! down projection) a cell has only 48 FMAs of 16 lanes, so the reduction was a share of the
+//! call's time the FMAs' own size. 16 cells at once, the tree is 15 vector additions and 30
+//! shuffles for all 16 (AVX-512): the shuffles only gather the lanes each addition pairs.
+//!
+//! **Exactness.** Each cell's sum takes the same additions as [`reduce16`]: at every level,
+//! the same two partial sums, the lower lanes' as the first operand. Vectors only carry
+//! several cells' partial sums side by side, so every cell's result is [`reduce16`]'s bit
+//! for bit (tested below on every tier the CPU has, with zeros of both signs, infinities,
+//! NaNs and subnormals).
+
+use crate::matmul::reduce16;
+use crate::tiled::{Kernel, Lanes};
+
+/// A cell's accumulator that is not there: the lanes of the unused places of the last batch
+/// of 16 (never emitted).
+static NONE: Lanes = [0.0; 16];
+
+/// Reduces each cell `(j, r, lanes)` of `cells` to [`reduce16`]`(lanes)` and hands it to
+/// `out(j, r, sum)`, in the cells' order; full batches of 16 go through the tier's
+/// [`Kernel::reduce16x16`], the rest one at a time.
+///
+/// # Safety
+/// The running CPU supports the tier `K`.
+#[inline]
+pub(crate) unsafe fn reduce_cells<'a, K: Kernel>(
+    cells: impl Iterator<Item = (usize, usize, &'a Lanes)>,
+    mut out: impl FnMut(usize, usize, f32),
+) {
+    let mut batch: [(usize, usize, &Lanes); 16] = [(0, 0, &NONE); 16];
+    let mut n = 0;
+    for cell in cells {
+        batch[n] = cell;
+        n += 1;
+        if n == 16 {
+            // SAFETY: the caller guarantees the tier.
+            let sums = unsafe { K::reduce16x16(batch.map(|(_, _, l)| l)) };
+            for (&(j, r, _), s) in batch.iter().zip(sums) {
+                out(j, r, s);
+            }
+            n = 0;
+        }
+    }
+    for &(j, r, lanes) in &batch[..n] {
+        out(j, r, reduce16(*lanes));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::Portable;
+
+    /// Accumulators whose sums round differently in every order but [`reduce16`]'s, with
+    /// zeros of both signs, infinities of both signs, NaNs and subnormals among them.
+    fn cells(seed: u32) -> Vec<Lanes> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9) | 1;
+        let specials =
+            [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, -1e-41, f32::MAX];
+        (0..64)
+            .map(|c| {
+                std::array::from_fn(|l| {
+                    s ^= s << 13;
+                    s ^= s >> 17;
+                    s ^= s << 5;
+                    let v = f32::from_bits((s & 0x807F_FFFF) | ((100 + s % 56) << 23));
+                    // A few cells carry a special value in one lane.
+                    if c % 9 == 0 && l == (c / 9) % 16 {
+                        specials[(c / 9) % specials.len()]
+                    } else {
+                        v
+                    }
+                })
+            })
+            .collect()
+    }
+
+    fn check<K: Kernel>(name: &str) {
+        for seed in 1..20 {
+            let acc = cells(seed);
+            for len in [0, 1, 15, 16, 17, 33, 64] {
+                let mut got = Vec::new();
+                let it = acc[..len].iter().enumerate().map(|(i, l)| (i / 5, i % 5, l));
+                // SAFETY: only called for tiers the CPU has (below).
+                unsafe { reduce_cells::<K>(it, |j, r, s| got.push((j, r, s.to_bits()))) };
+                let want: Vec<(usize, usize, u32)> = acc[..len]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| (i / 5, i % 5, reduce16(*l).to_bits()))
+                    .collect();
+                assert_eq!(got, want, "{name}, seed {seed}, {len} cells");
+            }
+        }
+    }
+
+    #[test]
+    fn sixteen_cells_reduced_at_once_equal_reduce16_bit_for_bit_on_every_tier() {
+        check::<Portable>("portable");
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::isa::Isa::Avx2.is_available() {
+                check::<crate::arch::avx2::Avx2>("avx2");
+            }
+            if crate::isa::Isa::Avx512.is_available() {
+                check::<crate::arch::avx512::Avx512>("avx512");
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        check::<crate::arch::aarch64::Neon>("neon");
+    }
+}
