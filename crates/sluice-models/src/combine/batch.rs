@@ -88,12 +88,32 @@ impl Batch {
         });
         let weights = &mut rest[..pairs];
         if let Some(xs) = regions.first_mut() {
-            for ((id, _), xe) in experts.iter().zip(xs.iter_mut()) {
-                for (j, &(row, slot)) in users[*id as usize].iter().enumerate() {
-                    xe[j * d_in..(j + 1) * d_in].copy_from_slice(&x[row * d_in..(row + 1) * d_in]);
+            for (id, _) in experts {
+                for &(row, slot) in &users[*id as usize] {
                     weights[to.len()] = weight(row, slot);
                     to.push(row);
                 }
+            }
+            // The input rows, expert by expert: on the kernel pool when there are many (a
+            // 256-row prefill of Qwen3-30B-A3B copies 16 MB a layer, which took the engine
+            // thread alone), on the calling thread for a few decode rows.
+            let mut jobs: Vec<GatherJob<'_>> = experts
+                .iter()
+                .zip(xs.iter_mut())
+                .map(|((id, _), xe)| (&mut **xe, users[*id as usize].as_slice()))
+                .collect();
+            let copy = |jobs: &mut [GatherJob<'_>]| {
+                for (xe, pairs) in jobs {
+                    for (j, &(row, _)) in pairs.iter().enumerate() {
+                        xe[j * d_in..(j + 1) * d_in]
+                            .copy_from_slice(&x[row * d_in..(row + 1) * d_in]);
+                    }
+                }
+            };
+            if pairs * d_in < GATHER_ON_POOL {
+                copy(&mut jobs);
+            } else {
+                sluice_kernels::pool::map_chunks_mut(&mut jobs, 1, |_, job| copy(job));
             }
         }
         Laid { regions, sums: Sums { rows, to, weights } }
@@ -124,6 +144,12 @@ impl Sums<'_> {
         add_rows_many(&parts, width, out);
     }
 }
+
+/// One expert's part of a gather: its region for the input rows, and its (row, slot) pairs.
+type GatherJob<'a> = (&'a mut [f32], &'a [(usize, usize)]);
+
+/// Input values of a batch from which its gather runs on the kernel pool (256 KiB).
+const GATHER_ON_POOL: usize = 1 << 16;
 
 /// Bytes one (prompt row, expert) pair of a batch takes in the buffers: `widths` values in
 /// its expert's regions ([`Batch::gather`]), its weight and its prompt row (see

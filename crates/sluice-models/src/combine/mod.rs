@@ -43,6 +43,28 @@ use sluice_store::StoreError;
 /// memory plan charges it as scratch (the engine's `place::plan_headroom`), whatever the pass.
 pub const LAYER_BATCH_BYTES: usize = 16 << 20;
 
+/// Each row's route from router `logits [t, e]` by `route`, rows in chunks on the kernel
+/// pool (each route is a function of its own row, so the split changes nothing): a 256-row
+/// prefill's softmaxes and sorts took the engine thread alone.
+pub(crate) fn routes_on_pool(
+    logits: &[f32],
+    e: usize,
+    route: impl Fn(&[f32]) -> crate::kimi_k3::Route + Sync,
+) -> Vec<crate::kimi_k3::Route> {
+    let per = crate::served::ROWS_PER_CHUNK * e.max(1);
+    if logits.len() <= per {
+        return logits.chunks_exact(e.max(1)).map(route).collect();
+    }
+    let chunks = logits.len().div_ceil(per);
+    sluice_kernels::pool::map(chunks, |i| {
+        let rows = &logits[i * per..((i + 1) * per).min(logits.len())];
+        rows.chunks_exact(e).map(&route).collect::<Vec<_>>()
+    })
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
 /// The routed experts of a pass: for each of the `e` experts the (row, slot) pairs whose
 /// routes chose it, and the ids of those chosen by any row, ascending (the union a MoE block
 /// asks the store for: each expert read once per pass, whatever its number of rows).

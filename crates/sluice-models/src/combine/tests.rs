@@ -189,7 +189,8 @@ fn bits(v: &[f32]) -> Vec<u32> {
 #[test]
 fn a_layers_small_experts_made_two_pool_calls_each_now_three_for_the_layer() {
     // The whole layer handed at once: three pool calls (gate/up/activation, down, the
-    // weighted sums; the last on the engine thread when small), bit for bit the per-expert
+    // weighted sums; the last on the engine thread when small) and a fourth for the gather of
+    // the rows' inputs when it is large, bit for bit the per-expert
     // path's sums, at every T up to 40 and on pools of 1 to 16 threads, bf16 and MXFP4.
     let pools: Vec<_> = [1, 2, 3, 16].map(|n| sluice_kernels::Pool::new(n).expect("pool")).into();
     let mut rng = Rng(0x5EED_0020);
@@ -224,7 +225,7 @@ fn a_layers_small_experts_made_two_pool_calls_each_now_three_for_the_layer() {
                 let ((each, each_calls), (all, all_calls)) = (layer(false), layer(true));
                 let at = format!("mxfp4 {mxfp4}, {t} rows, {} threads", pool.threads());
                 assert_eq!(bits(&all), bits(&each), "{at}");
-                assert!(all_calls <= 3, "{at}: {all_calls} pool calls");
+                assert!(all_calls <= 4, "{at}: {all_calls} pool calls");
                 // Experts of 4 rows or more are worth splitting: two calls each, one by one.
                 if pool.threads() > 1 && r.users.iter().all(|u| u.is_empty() || u.len() >= 4) {
                     assert!(each_calls >= 2 * r.ids.len() as u64, "{at}: {each_calls}");

@@ -128,7 +128,7 @@ pub(crate) fn forward(
     let (d, e) = (c.hidden_size, c.n_routed_experts);
     let mut logits = vec![0.0f32; t * e];
     matmul(&w.router.get(src), x, t, &mut logits);
-    let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, &w.bias, c)).collect();
+    let routes = crate::combine::routes_on_pool(&logits, e, |l| route(l, &w.bias, c));
 
     let (users, ids) = crate::combine::users(&routes, e);
     // The misses start reading now; the shared experts and the next layer's guess compute

@@ -304,7 +304,7 @@ pub(crate) fn forward(
     let (d, e, k) = (c.hidden_size, c.num_local_experts, c.num_experts_per_tok);
     let mut logits = ctx.mm(&w.router, x, t);
     add_bias(&mut logits, &w.router_bias);
-    let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, k)).collect();
+    let routes = crate::combine::routes_on_pool(&logits, e, |l| route(l, k));
 
     let (users, ids) = crate::combine::users(&routes, e);
     // The misses start reading now; the next layer's guess is computed while they are in flight

@@ -140,7 +140,7 @@ pub(crate) fn forward(
     let inter = c.moe_intermediate_size;
 
     let logits = ctx.mm(&w.router, &x, t);
-    let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, &w.bias, c)).collect();
+    let routes = crate::combine::routes_on_pool(&logits, e, |l| route(l, &w.bias, c));
     drop(logits);
     let (users, ids) = crate::combine::users(&routes, e);
     // The misses start reading now; the work below that does not need them (the next layer's

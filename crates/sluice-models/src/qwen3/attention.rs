@@ -72,20 +72,25 @@ pub(crate) fn forward(
     let mut q = ctx.mm(&w.q_proj, x, t);
     let mut k = ctx.mm(&w.k_proj, x, t);
     let v = ctx.mm(&w.v_proj, x, t);
-    let mut normed = vec![0.0f32; hd];
-    for ti in 0..t {
-        let (cos, sin) = (&rope.cos[ti * hd..(ti + 1) * hd], &rope.sin[ti * hd..(ti + 1) * hd]);
-        for head in q[ti * qw..(ti + 1) * qw].chunks_exact_mut(hd) {
-            rms_norm(head, Some(&w.q_norm), eps, &mut normed);
-            apply_rope(&mut normed, cos, sin);
-            head.copy_from_slice(&normed);
-        }
-        for head in k[ti * kw..(ti + 1) * kw].chunks_exact_mut(hd) {
-            rms_norm(head, Some(&w.k_norm), eps, &mut normed);
-            apply_rope(&mut normed, cos, sin);
-            head.copy_from_slice(&normed);
-        }
-    }
+    // Row by row (rows in chunks on the kernel pool; each row's values do not depend on the
+    // split): every head normed, then rotated.
+    let norm_rope = |rows: &mut [f32], width: usize, norm: &[f32]| {
+        crate::served::rows_on_pool(rows, width, |r0, block| {
+            let mut normed = vec![0.0f32; hd];
+            for (i, row) in block.chunks_exact_mut(width).enumerate() {
+                let ti = r0 + i;
+                let (cos, sin) =
+                    (&rope.cos[ti * hd..(ti + 1) * hd], &rope.sin[ti * hd..(ti + 1) * hd]);
+                for head in row.chunks_exact_mut(hd) {
+                    rms_norm(head, Some(norm), eps, &mut normed);
+                    apply_rope(&mut normed, cos, sin);
+                    head.copy_from_slice(&normed);
+                }
+            }
+        });
+    };
+    norm_rope(&mut q, qw, &w.q_norm);
+    norm_rope(&mut k, kw, &w.k_norm);
     // key_states, value_states = past_key_values.update(key_states, value_states, layer_idx)
     cache.k.extend_from_slice(&k);
     cache.v.extend_from_slice(&v);

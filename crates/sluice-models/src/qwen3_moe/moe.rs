@@ -99,7 +99,7 @@ pub(crate) fn forward(
     let layer = at.layer;
     let (d, e, inter) = (c.base.hidden_size, c.num_experts, c.moe_intermediate_size);
     let logits = ctx.mm(router, x, t);
-    let routes: Vec<Route> = logits.chunks_exact(e).map(|l| route(l, c)).collect();
+    let routes = crate::combine::routes_on_pool(&logits, e, |l| route(l, c));
 
     let (users, ids) = crate::combine::users(&routes, e);
     // The misses start reading now; the next layer's guess is computed while they are in flight
