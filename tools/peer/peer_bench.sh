@@ -71,9 +71,10 @@ grep -q KIMI_K3 "$LL/gguf-py/gguf/constants.py" || fail "the vendored llama.cpp 
 
 # 2. The library (CPU only, llama.cpp's default flags) and the small driver against its C API.
 [ -d "$W/venv-build/bin" ] && PATH=$W/venv-build/bin:$PATH
-command -v cmake > /dev/null && command -v ninja > /dev/null \
-  || fail "cmake and ninja are needed on PATH to build llama.cpp"
 if [ ! -x "$W/peer_run" ]; then
+  # (Only to build: a WORK that already holds peer_run and its libraries needs neither.)
+  command -v cmake > /dev/null && command -v ninja > /dev/null \
+    || fail "cmake and ninja are needed on PATH to build llama.cpp"
   cmake -S "$LL" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
       -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF > "$W/cmake.log" 2>&1 \
