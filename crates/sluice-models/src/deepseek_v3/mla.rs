@@ -77,10 +77,7 @@ pub(crate) fn forward(
             QProj::Lora(l) => {
                 let qa = mm(src, &l.a, x, t);
                 let ql = l.a.rows();
-                let mut qn = vec![0.0f32; qa.len()];
-                for (i, o) in qa.chunks_exact(ql).zip(qn.chunks_exact_mut(ql)) {
-                    rms_norm(i, Some(&l.norm), LATENT_NORM_EPS, o);
-                }
+                let qn = crate::served::norm_rows(&qa, &l.norm, ql, LATENT_NORM_EPS);
                 mm(src, &l.b, &qn, t)
             }
             QProj::Plain(p) => mm(src, p, x, t),

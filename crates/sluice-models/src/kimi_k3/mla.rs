@@ -40,10 +40,7 @@ pub(crate) fn forward(
 
         // q = q_b(RMSNorm_1e-6(q_a x)); eps 1e-6 is the KimiRMSNorm default (K3.md §0.2).
         let qa = ctx.mm(&w.q_a, x, t);
-        let mut qa_n = vec![0.0f32; t * ql];
-        for (i, o) in qa.chunks_exact(ql).zip(qa_n.chunks_exact_mut(ql)) {
-            rms_norm(i, Some(&w.q_a_norm), 1e-6, o);
-        }
+        let qa_n = crate::served::norm_rows(&qa, &w.q_a_norm, ql, 1e-6);
         let q = ctx.mm(&w.q_b, &qa_n, t);
         let ckv = ctx.mm(&w.kv_a, x, t);
         let past = st.lat.len() / kl;

@@ -417,13 +417,8 @@ impl KimiK3 {
         let eps = c.rms_norm_eps;
         let mut anchors: Vec<Vec<f32>> = Vec::new();
         let mut prefix: Option<Vec<f32>> = Some(embed);
-        let norm_rows = |x: &[f32], w: &[f32]| {
-            let mut o = vec![0.0f32; x.len()];
-            for (i, r) in x.chunks_exact(d).zip(o.chunks_exact_mut(d)) {
-                rms_norm(i, Some(w), eps, r);
-            }
-            o
-        };
+        // Rows in chunks on the kernel pool (each row's norm is the same code on any thread).
+        let norm_rows = |x: &[f32], w: &[f32]| crate::served::norm_rows(x, w, d, eps);
         for (i, lw) in self.weights.layers.iter().enumerate() {
             // This layer's spine piece: resident, or its stream buffer (read during the
             // previous layer); the guard is dropped at the end of the layer.
