@@ -283,10 +283,12 @@ unsafe fn run_in<K: Kernel, F: Format>(
                 .chunks_exact(n)
                 .enumerate()
                 .flat_map(|(i, a)| a.iter().enumerate().map(move |(j, lanes)| (j, i, lanes)));
+            // Each row of the group once, not once per cell.
+            let group: [F::Row<'_>; GROUP] = std::array::from_fn(|i| F::row(m, g0 + i.min(gr - 1)));
             // SAFETY: the caller guarantees the tier.
             unsafe {
                 crate::reduce::reduce_cells::<K>(cells, |j, i, s| {
-                    emit(t0 + j, g0 + i, F::finish(F::row(m, g0 + i), s));
+                    emit(t0 + j, g0 + i, F::finish(group[i], s));
                 });
             }
         }
