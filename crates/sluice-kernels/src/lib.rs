@@ -19,6 +19,7 @@ pub mod pool;
 pub mod probe;
 mod reduce;
 pub mod selftest;
+mod stored;
 mod sweep;
 mod tiled;
 mod wide;

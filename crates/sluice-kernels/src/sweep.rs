@@ -112,7 +112,7 @@ pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
 /// Weight rows per tile for a token group of `n`: 4 on 32-register tiers and for a lone
 /// token; in halves, as many as leave one register for an activation and one per row for its
 /// weights (`R · N + R + 1 ≤ 16`); otherwise 2.
-fn tile_rows<K: Kernel>(n: usize, halves: bool) -> usize {
+pub(crate) fn tile_rows<K: Kernel>(n: usize, halves: bool) -> usize {
     if K::WIDE || n == 1 {
         4
     } else if halves {
@@ -138,7 +138,7 @@ pub(crate) struct Prefill<'s> {
 /// (5 to 7 tokens left: two groups of about half, rather than 4 and a rest of 1 to 3)
 /// against row triples (12 registers). 16 in whole accumulators: groups of 3 (2 when that
 /// leaves no group of 1) against row pairs (12 registers).
-fn group<K: Kernel>(left: usize, halves: bool) -> usize {
+pub(crate) fn group<K: Kernel>(left: usize, halves: bool) -> usize {
     if K::WIDE {
         left.min(6)
     } else if halves {

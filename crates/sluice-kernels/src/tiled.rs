@@ -16,7 +16,8 @@
 //! - **Several rows: decode once, reuse for every token.** Each row's [`CHUNK`]-column span is
 //!   widened once per block of up to [`TOKEN_BLOCK`] activation rows into a stack buffer, so
 //!   a verification pass of 8 rows pays the MXFP4 or int8 decode once, not eight times. Calls
-//!   of more rows (prefill chunks) take the compute-bound nest of [`crate::wide`].
+//!   of more rows (prefill chunks) take the compute-bound nest of [`crate::wide`], and calls
+//!   of 2 to 32 rows on a format the tier folds from its stored bytes take [`crate::stored`].
 //! - **Activations stay in L1.** A chunk of each activation row (2 KiB) is reused by all
 //!   [`ROW_BLOCK`] weight rows of the block before the next chunk is touched; without this a
 //!   T-row call streams all T activation rows from L2 once per weight row.
@@ -214,6 +215,32 @@ pub(crate) trait Kernel {
         unsafe { fold_one_buffered::<Self, F, R>(rows, c0, x, acc) }
     }
 
+    /// Whether the tier folds `F`'s rows straight from their stored bytes
+    /// ([`Kernel::fold_stored`]) rather than through widened copies: what the nest of
+    /// [`crate::stored`] needs.
+    fn stored<F: Format>() -> bool {
+        false
+    }
+
+    /// [`Kernel::fold`] of `R` rows read from their stored bytes (columns `c0 ..` as many as
+    /// every `x[j]` holds: a multiple of 16 and of [`Format::BLOCK`], as is `c0`), widened in
+    /// registers; when `ahead` is not 0, the bytes `ahead` on from each row's span are named
+    /// to the prefetcher as the span is read. The default decodes into a buffer and folds it.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier; the span lies inside the rows.
+    unsafe fn fold_stored<F: Format, const R: usize, const N: usize>(
+        rows: [F::Row<'_>; R],
+        c0: usize,
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: usize,
+    ) {
+        let _ = ahead;
+        // SAFETY: guaranteed by the caller.
+        unsafe { fold_stored_buffered::<Self, F, R, N>(rows, c0, x, acc) }
+    }
+
     /// [`reduce16`] of each of 16 accumulators, bit for bit: every cell takes the same
     /// additions of the same pairs of lanes in the same order, 16 cells at once (see
     /// [`crate::reduce`]). The default is [`reduce16`] cell by cell.
@@ -249,6 +276,40 @@ pub(crate) unsafe fn fold_one_buffered<K: Kernel + ?Sized, F: Format, const R: u
         });
         // SAFETY: the caller guarantees the tier.
         unsafe { K::fold(ws, [xs], a) };
+    }
+}
+
+/// [`Kernel::fold_stored`] by `decode` into a buffer and `fold`, [`CHUNK`] columns at a time:
+/// the default, exact on every tier.
+///
+/// # Safety
+/// The running CPU supports the tier `K`; `c0` and the span suit [`Kernel::fold_stored`].
+pub(crate) unsafe fn fold_stored_buffered<
+    K: Kernel + ?Sized,
+    F: Format,
+    const R: usize,
+    const N: usize,
+>(
+    rows: [F::Row<'_>; R],
+    c0: usize,
+    x: [&[f32]; N],
+    mut acc: [&mut [Lanes; N]; R],
+) {
+    let len = x.first().map_or(0, |s| s.len());
+    let mut buf = [[0.0f32; CHUNK]; R];
+    for k in (0..len).step_by(CHUNK) {
+        let n = CHUNK.min(len - k);
+        for (b, &row) in buf.iter_mut().zip(&rows) {
+            // SAFETY: the caller guarantees the tier and the span.
+            unsafe { K::decode::<F>(row, c0 + k, &mut b[..n]) };
+        }
+        let ws: [&[f32]; R] = std::array::from_fn(|r| &buf[r][..n]);
+        let xs: [&[f32]; N] = std::array::from_fn(|j| &x[j][k..k + n]);
+        let mut it = acc.iter_mut();
+        let a: [&mut [Lanes; N]; R] =
+            std::array::from_fn(|_| &mut **it.next().expect("invariant: R rows of accumulators"));
+        // SAFETY: the caller guarantees the tier.
+        unsafe { K::fold(ws, xs, a) };
     }
 }
 
@@ -293,6 +354,10 @@ pub(crate) unsafe fn run<K: Kernel, F: Format>(
     match t {
         // SAFETY: guaranteed by the caller.
         1 => unsafe { run_blocks::<K, F, 1>(m, x, t, rows, emit) },
+        // SAFETY: guaranteed by the caller (the wide nest hands the call to `crate::stored`).
+        _ if crate::stored::serves::<K, F>(m, t) => unsafe {
+            crate::wide::run::<K, F>(m, x, t, rows, emit)
+        },
         // SAFETY: guaranteed by the caller.
         2..=TOKEN_BLOCK => unsafe { run_blocks::<K, F, TOKEN_BLOCK>(m, x, t, rows, emit) },
         // SAFETY: guaranteed by the caller.

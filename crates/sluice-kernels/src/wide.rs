@@ -163,7 +163,8 @@ thread_local! {
 }
 
 /// `emit(ti, r, Σ_c W[r, c] · x[ti, c])` for every `r` in `rows` and `ti < t`, each sum in the
-/// canonical order, on the tier `K`, for any `t` (meant for `t` > [`crate::tiled::TOKEN_BLOCK`]).
+/// canonical order, on the tier `K`, for any `t` (meant for `t` > [`crate::tiled::TOKEN_BLOCK`],
+/// and for the calls [`crate::stored`] serves, which it hands there with the same scratch).
 /// Runs in this thread's reusable [`Scratch`] (a fresh one if this thread is already inside a
 /// call, which only an `emit` that calls back into the kernels would cause).
 ///
@@ -213,6 +214,22 @@ unsafe fn run_in<K: Kernel, F: Format>(
     rows: Range<usize>,
     mut emit: impl FnMut(usize, usize, f32),
 ) {
+    if crate::stored::serves::<K, F>(m, t) {
+        // SAFETY: guaranteed by the caller; `serves` holds, and the scratch holds
+        // `GROUP * WIDE_TOKEN_BLOCK >= GROUP * t` accumulators.
+        unsafe {
+            crate::stored::run::<K, F>(
+                lanes_mut(&mut s.acc),
+                floats_mut(&mut s.stage),
+                m,
+                x,
+                t,
+                rows,
+                emit,
+            );
+        };
+        return;
+    }
     let cols = m.cols();
     // Blocks of equal size, so that none is left with a lone activation row.
     let size = t.div_ceil(t.div_ceil(WIDE_TOKEN_BLOCK));

@@ -574,6 +574,50 @@ fn activations_16_bytes_past_a_line_split_every_avx512_load_the_staged_copy_is_e
     }
 }
 
+/// Calls of 2 to 32 activation rows on bf16 rows of a multiple of 16 columns used to widen
+/// every chunk into a buffer (8 rows or fewer) or a panel before folding it, waiting on memory
+/// first; the AVX-512 tier now folds them straight from the stored bytes (`stored.rs`). Every
+/// result still equals the scalar reference bit for bit, on every tier, at every token count
+/// of the range (whole and partial 6-token groups), row counts around the 4-row tiles and the
+/// 64-row groups, one to three column chunks and a partial one, activations on and off a
+/// cache line, and in a pool of three threads (row chunks split between them).
+#[test]
+fn few_row_bf16_calls_widened_each_chunk_before_folding_now_fold_the_stored_bytes_same_bits() {
+    let shapes = [(1, 16), (5, 1024), (70, 1040), (130, 2064), (3, 3072)];
+    let pools = [Pool::new(1).expect("kernel pool"), Pool::new(3).expect("kernel pool")];
+    for (k, &(rows, cols)) in shapes.iter().enumerate() {
+        let mut rng = Rng::new(0x5704_ED00 + u64::try_from(k).expect("small"));
+        let w = Weights::gen("bf16", rows, cols, &mut rng, Mode::Mixed);
+        let m = w.matrix();
+        let t_max = 33;
+        let x = values(
+            &mut rng,
+            if k.is_multiple_of(2) { Mode::Mixed } else { Mode::Normal },
+            t_max * cols,
+        );
+        let mut want = vec![0.0f32; t_max * rows];
+        matmul_scalar(&m, &x, t_max, &mut want);
+        let want = bits(&want);
+        let mut buf = vec![0.0f32; t_max * cols + 4];
+        for t in 2..=t_max {
+            let off = t % 5;
+            buf[off..off + t * cols].copy_from_slice(&x[..t * cols]);
+            let xs = &buf[off..off + t * cols];
+            for isa in tiers() {
+                for (pool, threads) in pools.iter().zip([1, 3]) {
+                    let mut got = vec![f32::NAN; t * rows];
+                    pool.install(|| matmul_with(isa, &m, xs, t, &mut got));
+                    assert_eq!(
+                        bits(&got),
+                        want[..t * rows],
+                        "{isa} bf16 {rows}x{cols} t={t} threads={threads}, activations {off} floats in"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// `matmul_with` on every tier equals `matmul_scalar` bit for bit.
 fn check(
     format: &'static str,

@@ -79,6 +79,22 @@ impl Kernel for Avx512 {
             }
         }
     }
+    fn stored<F: Format>() -> bool {
+        F::AVX512_TILE
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fold_stored<F: Format, const R: usize, const N: usize>(
+        rows: [F::Row<'_>; R],
+        c0: usize,
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: usize,
+    ) {
+        // SAFETY: the caller guarantees AVX-512F and the span.
+        unsafe { F::avx512_tile(rows, c0, x, acc, ahead) }
+    }
+
     #[target_feature(enable = "avx512f")]
     unsafe fn reduce16x16(acc: [&Lanes; 16]) -> [f32; 16] {
         reduce16x16(acc)

@@ -81,6 +81,27 @@ impl Format for Bf16 {
     }
 
     #[cfg(target_arch = "x86_64")]
+    const AVX512_TILE: bool = true;
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512_tile<const R: usize, const N: usize>(
+        rows: [&[u8]; R],
+        c0: usize,
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: usize,
+    ) {
+        let n = x.first().map_or(0, |s| s.len());
+        let w = rows.map(|w| &w[2 * c0..2 * (c0 + n)]);
+        if ahead == 0 {
+            x86::bf16_tile_avx512::<R, N, false>(w, x, acc, 0);
+        } else {
+            x86::bf16_tile_avx512::<R, N, true>(w, x, acc, ahead);
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn avx512_fold_one<const R: usize>(
         rows: [&[u8]; R],
@@ -194,6 +215,56 @@ mod x86 {
             }
         }
         store2(&acc, lanes);
+    }
+
+    /// bf16 rows against `N` activation rows, widened in registers as they are read: per
+    /// 16-column step, R loads of 32 bytes widened (zero-extension and a shift), N activation
+    /// loads and R · N FMAs. With `PF`, each row's bytes `ahead` on are named to the
+    /// prefetcher, a line per 32 columns.
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn bf16_tile_avx512<const R: usize, const N: usize, const PF: bool>(
+        w: [&[u8]; R],
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: usize,
+    ) {
+        let len = x.first().map_or(0, |s| s.len());
+        assert!(len.is_multiple_of(16), "bf16 tile span");
+        assert!(w.iter().all(|w| w.len() == 2 * len) && x.iter().all(|x| x.len() == len));
+        let mut a = [[_mm512_setzero_ps(); N]; R];
+        for (ar, lanes_r) in a.iter_mut().zip(acc.iter()) {
+            for (aj, lanes) in ar.iter_mut().zip(lanes_r.iter()) {
+                // SAFETY: `lanes` holds 16 f32.
+                *aj = unsafe { _mm512_loadu_ps(lanes.as_ptr()) };
+            }
+        }
+        let wp: [*const u8; R] = std::array::from_fn(|r| w[r].as_ptr());
+        let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
+        for c in (0..len).step_by(16) {
+            if PF && (2 * c).is_multiple_of(64) {
+                for p in wp {
+                    prefetch_line(p.wrapping_add(2 * c + ahead));
+                }
+            }
+            // SAFETY: `c + 16 <= len`; each row holds `2 * len` bytes, each `x[j]` `len` f32
+            // (asserted).
+            let wv: [__m512; R] = std::array::from_fn(|r| unsafe {
+                widen_512(_mm256_loadu_si256(wp[r].add(2 * c).cast()))
+            });
+            for (j, &xj) in xp.iter().enumerate() {
+                // SAFETY: as above.
+                let xv = unsafe { _mm512_loadu_ps(xj.add(c)) };
+                for (v, ar) in wv.iter().zip(a.iter_mut()) {
+                    ar[j] = _mm512_fmadd_ps(*v, xv, ar[j]);
+                }
+            }
+        }
+        for (ar, lanes_r) in a.iter().zip(acc) {
+            for (v, lanes) in ar.iter().zip(lanes_r) {
+                // SAFETY: `lanes` holds 16 f32.
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
+            }
+        }
     }
 
     /// bf16 rows against one activation row (AVX-512).

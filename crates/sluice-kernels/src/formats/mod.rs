@@ -213,6 +213,38 @@ pub(crate) trait Format: Sized + 'static {
         Self::fold_values(row, c0, out);
     }
 
+    /// Whether [`Format::avx512_tile`] folds the stored bytes itself (else the prefill nest
+    /// widens the rows into a panel first).
+    #[cfg(target_arch = "x86_64")]
+    const AVX512_TILE: bool = false;
+
+    /// AVX-512F fold of a tile of `R` rows straight from their stored bytes against `N`
+    /// activation rows ([`crate::tiled::Kernel::fold_stored`]): for every `r < R`, `j < N`
+    /// and `i` in increasing order, `acc[r][j][i % 16] = fma(W_r[c0 + i], x[j][i], ...)`,
+    /// `W_r` as [`Format::fold_values`] widens row `r`. When `ahead` is not 0, the bytes
+    /// `ahead` on from each row's span are named to the prefetcher as the span is read. The
+    /// default decodes into a buffer and folds it.
+    ///
+    /// # Safety
+    /// The running CPU supports AVX-512F; `c0` and the span's length (every `x[j]`'s) are
+    /// multiples of 16 and of [`Format::BLOCK`], and the span lies inside the rows.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx512_tile<const R: usize, const N: usize>(
+        rows: [Self::Row<'_>; R],
+        c0: usize,
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: usize,
+    ) {
+        let _ = ahead;
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            crate::tiled::fold_stored_buffered::<crate::arch::avx512::Avx512, Self, R, N>(
+                rows, c0, x, acc,
+            )
+        }
+    }
+
     /// AVX2 one-activation-row fold ([`crate::tiled::Kernel::fold_one`]); the default
     /// decodes into a buffer and folds it.
     ///

@@ -1,0 +1,181 @@
+//! The nest of calls of a few activation rows (2 to [`STORED_ROWS`]) on formats a tier folds
+//! straight from their stored bytes ([`Kernel::stored`]): no widened copy of the weights.
+//!
+//! An expert of a mixture-of-experts layer sees only its share of a prefill's tokens (16 of
+//! 256 for Qwen3-30B-A3B, 8 of 128 experts a token; about 5 for Kimi K3), and a speculative
+//! verification pass is 2 to 8 rows. At so few activation rows a weight is used so few
+//! times that reading it from memory takes as long as folding it, and the other nests put
+//! the two one after the other: the few-row nest ([`crate::tiled`]) widens each chunk of 8
+//! rows into a buffer and the wide nest ([`crate::wide`]) a chunk of 64 rows into a panel,
+//! each pass waiting on memory before the folds start. Here each tile reads its rows' stored
+//! bytes and widens them in registers as it folds, so the loads from memory run under the
+//! FMAs, a token group's later sweeps find the stored bytes (half the widened ones' size for
+//! bf16) in L2, and the second token group's sweep names the span the group folds next to the
+//! prefetcher (measured in docs/PERFORMANCE.md, issue 20, session 21).
+//!
+//! The blocking is otherwise the wide nest's: row groups of [`GROUP`] rows whose
+//! accumulators live in the thread's scratch between chunks of [`WIDE_CHUNK`] columns, token
+//! groups of the tier's tile ([`crate::sweep`]), tiles of up to 4 rows; a token group's
+//! chunk of activations is copied once into the scratch's stage, rows on cache lines and off
+//! the 4 KiB stride, so that no activation load straddles two lines and the group's rows do
+//! not all fall in one L1 set.
+//!
+//! **Exactness** is every nest's: accumulators start at +0.0, are stored and reloaded
+//! bit-unchanged between chunks, every span starts at a multiple of 16 columns and spans are
+//! folded in increasing column order, and the widened values are the format's
+//! `fold_values`. Only rows whose width is a multiple of 16 come here (no partial last step),
+//! so every result is the canonical reduction of [`crate::matmul`].
+
+use std::ops::Range;
+
+use crate::formats::Format;
+use crate::matmul::Matrix;
+use crate::sweep::{group, tile_rows};
+use crate::tiled::{Kernel, Lanes};
+use crate::wide::{GROUP, PANEL_STRIDE, WIDE_CHUNK};
+
+/// The most activation rows a call folds from the stored bytes (more: the panel pays).
+pub(crate) const STORED_ROWS: usize = 32;
+
+/// Whether [`run`] serves a call of `t` activation rows against `m` on the tier `K`.
+pub(crate) fn serves<K: Kernel, F: Format>(m: &Matrix<'_>, t: usize) -> bool {
+    K::stored::<F>() && t <= STORED_ROWS && m.cols().is_multiple_of(16)
+}
+
+/// `emit(ti, r, Σ_c W[r, c] · x[ti, c])` for every `r` in `rows` and `ti < t`, in the
+/// canonical order, with `acc` (at least `GROUP * t` accumulators) as the row group's.
+///
+/// # Safety
+/// The running CPU supports the tier `K`; [`serves`] holds.
+pub(crate) unsafe fn run<K: Kernel, F: Format>(
+    acc: &mut [Lanes],
+    stage: &mut [f32],
+    m: &Matrix<'_>,
+    x: &[f32],
+    t: usize,
+    rows: Range<usize>,
+    mut emit: impl FnMut(usize, usize, f32),
+) {
+    let cols = m.cols();
+    // The token group whose sweep names the next span to the prefetcher: the second (the
+    // first reads what the previous chunk's second named), or the only one.
+    let first = group::<K>(t, false);
+    let namer = if first < t { first } else { 0 };
+    for g0 in rows.clone().step_by(GROUP) {
+        let gr = GROUP.min(rows.end - g0);
+        let acc = &mut acc[..gr * t];
+        acc.fill([0.0; 16]);
+        let group_rows: [F::Row<'_>; GROUP] =
+            std::array::from_fn(|i| F::row(m, g0 + i.min(gr - 1)));
+        let g = Group::<F> { rows: &group_rows, gr, t };
+        for c0 in (0..cols).step_by(WIDE_CHUNK) {
+            let len = WIDE_CHUNK.min(cols - c0);
+            // Bytes from a row's span to the span the group folds next: the same row's next
+            // chunk, or the row a group on's first chunk (none after the last group).
+            let row_bytes = F::row_bytes(group_rows[0]);
+            let next = if c0 + len < cols {
+                row_bytes * len / cols
+            } else if g0 + GROUP < rows.end {
+                GROUP * row_bytes - row_bytes * c0 / cols
+            } else {
+                0
+            };
+            let mut j = 0;
+            while j < t {
+                let n = group::<K>(t - j, false);
+                // The group's activations on cache lines, rows a line off the 4 KiB stride.
+                for (i, st) in stage.chunks_exact_mut(PANEL_STRIDE).take(n).enumerate() {
+                    st[..len].copy_from_slice(&x[(j + i) * cols + c0..][..len]);
+                }
+                let xs = &*stage;
+                let ahead = if j == namer { next } else { 0 };
+                // SAFETY: guaranteed by the caller (every arm).
+                unsafe {
+                    match n {
+                        6 => g.sweep::<K, 6>(acc, xs, c0, len, j, ahead),
+                        5 => g.sweep::<K, 5>(acc, xs, c0, len, j, ahead),
+                        4 => g.sweep::<K, 4>(acc, xs, c0, len, j, ahead),
+                        3 => g.sweep::<K, 3>(acc, xs, c0, len, j, ahead),
+                        2 => g.sweep::<K, 2>(acc, xs, c0, len, j, ahead),
+                        _ => g.sweep::<K, 1>(acc, xs, c0, len, j, ahead),
+                    }
+                }
+                j += n;
+            }
+        }
+        let cells = acc
+            .chunks_exact(t)
+            .enumerate()
+            .flat_map(|(i, a)| a.iter().enumerate().map(move |(j, lanes)| (j, i, lanes)));
+        // SAFETY: the caller guarantees the tier.
+        unsafe {
+            crate::reduce::reduce_cells::<K>(cells, |j, i, s| {
+                emit(j, g0 + i, F::finish(group_rows[i], s));
+            });
+        }
+    }
+}
+
+/// One row group of a call: its rows, how many, and the call's shape.
+struct Group<'g, 'm, F: Format> {
+    rows: &'g [F::Row<'m>; GROUP],
+    gr: usize,
+    t: usize,
+}
+
+impl<F: Format> Group<'_, '_, F> {
+    /// Folds columns `c0 .. c0 + len` of every row of the group against tokens `j .. j + N`,
+    /// in tiles of [`tile_rows`] rows; the first token group's tiles name the next tile's
+    /// bytes to the prefetcher.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier `K`; the span lies in the rows.
+    unsafe fn sweep<K: Kernel, const N: usize>(
+        &self,
+        acc: &mut [Lanes],
+        stage: &[f32],
+        c0: usize,
+        len: usize,
+        j: usize,
+        ahead: usize,
+    ) {
+        let xs: [&[f32]; N] = std::array::from_fn(|i| &stage[i * PANEL_STRIDE..][..len]);
+        let most = tile_rows::<K>(N, false);
+        let mut r = 0;
+        while r < self.gr {
+            // SAFETY: guaranteed by the caller (every arm).
+            r += unsafe {
+                match most.min(self.gr - r) {
+                    4 => self.tile::<K, 4, N>(acc, xs, c0, r, j, ahead),
+                    3 => self.tile::<K, 3, N>(acc, xs, c0, r, j, ahead),
+                    2 => self.tile::<K, 2, N>(acc, xs, c0, r, j, ahead),
+                    _ => self.tile::<K, 1, N>(acc, xs, c0, r, j, ahead),
+                }
+            };
+        }
+    }
+
+    /// One R × N tile (rows `r .. r + R`, tokens `j .. j + N`); returns R.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier `K`; the span lies in the rows.
+    unsafe fn tile<K: Kernel, const R: usize, const N: usize>(
+        &self,
+        acc: &mut [Lanes],
+        xs: [&[f32]; N],
+        c0: usize,
+        r: usize,
+        j: usize,
+        ahead: usize,
+    ) -> usize {
+        let rows: [F::Row<'_>; R] = std::array::from_fn(|i| self.rows[r + i]);
+        let mut it = acc[r * self.t..].chunks_exact_mut(self.t);
+        let a: [&mut [Lanes; N]; R] = std::array::from_fn(|_| {
+            let row = it.next().expect("invariant: R rows of accumulators");
+            (&mut row[j..j + N]).try_into().expect("invariant: N tokens were sliced")
+        });
+        // SAFETY: guaranteed by the caller.
+        unsafe { K::fold_stored::<F, R, N>(rows, c0, xs, a, ahead) };
+        R
+    }
+}
