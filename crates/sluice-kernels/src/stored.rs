@@ -14,9 +14,9 @@
 //! prefetcher (measured in docs/PERFORMANCE.md, issue 20, session 21).
 //!
 //! **Formats** (AVX-512, [`crate::formats::Format::avx512_tile`]): bf16 up to 32 rows; MXFP4
-//! (`formats/mxfp4_avx512.rs`) up to the few rows where widening each block again for every
-//! token group of six still costs less than waiting on memory
-//! ([`crate::formats::Format::AVX512_TILE_ROWS`]). The other formats take the panel.
+//! and INT4 groups (one nibble tile, `formats/mxfp4_avx512.rs`) up to the few rows where
+//! widening each block again for every token group of six still costs less than waiting on
+//! memory ([`crate::formats::Format::AVX512_TILE_ROWS`]). The other formats take the panel.
 //!
 //! The blocking is otherwise the wide nest's: row groups of [`GROUP`] rows whose
 //! accumulators live in the thread's scratch between chunks of [`WIDE_CHUNK`] columns, token

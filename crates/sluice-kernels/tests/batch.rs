@@ -598,6 +598,15 @@ fn few_row_mxfp4_calls_fold_the_packed_nibbles_same_bits() {
     few_row_calls_same_bits("mxfp4", &shapes, &modes, 0x5704_ED10);
 }
 
+/// As the bf16 test above, on INT4 group rows: MXFP4's tile over the table `nibble − 8` and
+/// the bf16 group scales (`formats/int4_group.rs`).
+#[test]
+fn few_row_int4_calls_fold_the_packed_nibbles_same_bits() {
+    let shapes = [(1, 32), (5, 1024), (70, 1056), (130, 2080), (3, 3072), (9, 64)];
+    let modes = [Mode::Mixed, Mode::Normal, Mode::Tiny, Mode::Large, Mode::Zeros];
+    few_row_calls_same_bits("int4", &shapes, &modes, 0x5704_ED20);
+}
+
 /// Every call of 2 to 33 activation rows on `format` rows of `shapes` (weights of
 /// `modes[k % modes.len()]` for shape `k`) equals the scalar reference bit for bit, on every
 /// tier, activations off a cache line, in pools of one and three threads.
