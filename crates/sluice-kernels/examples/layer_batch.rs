@@ -2,10 +2,12 @@
 //! expert's gate and up projections in one pool call, every down projection in another, each
 //! expert on its own few rows. Prints wall-clock GFLOP/s and the ratio to the FMA peak of all
 //! the pool's threads, measured in the same run:
-//! `cargo run --release -p sluice-kernels --example layer_batch -- THREADS [EXPERTS ROWS INTER HIDDEN REPS]`
+//! `cargo run --release -p sluice-kernels --example layer_batch -- THREADS [EXPERTS ROWS INTER HIDDEN REPS FORMAT]`
 //! (defaults: Qwen3-30B-A3B's layer at a 256-token prefill, 128 bf16 experts of 768 × 2048 with
-//! 16 rows each, 5 reps). The weights are 1.2 GB, read from memory once per layer, as a layer
-//! of a model in memory is.
+//! 16 rows each, 5 reps). The weights are 1.2 GB in bf16, read from memory once per layer, as a
+//! layer of a model in memory is. FORMAT (`bf16`, `mxfp4`, `fp8`, `int4`, `int8`, `f32`) stores
+//! the same shapes in that format, with random bytes and scales of the magnitudes
+//! `sluice_kernels::probe` uses.
 
 use std::time::Instant;
 
@@ -32,23 +34,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         flops += fma_loop(isa, 1 << 22);
     }
     let peak = flops / t0.elapsed().as_secs_f64() / 1e9 * threads as f64;
-    // Three matrices an expert (gate, up: inter × hidden; down: hidden × inter), bf16 with
-    // bounded exponents, distinct bytes for every expert so that each is read from memory.
-    let per = inter * hidden * 2;
-    let mut w = random_bytes(3 * per * experts, 3);
-    for hi in w.iter_mut().skip(1).step_by(2) {
-        *hi = (*hi & 0x83) | 0x3C;
-    }
-    let mats: Vec<[Matrix<'_>; 3]> = w
-        .chunks_exact(3 * per)
+    let format = std::env::args().nth(7).unwrap_or_else(|| "bf16".to_owned());
+    // Three matrices an expert (gate, up: inter × hidden; down: hidden × inter), distinct
+    // bytes for every expert so that each is read from memory.
+    let shapes = [(inter, hidden), (inter, hidden), (hidden, inter)];
+    let stores: Vec<[(Vec<u8>, Vec<u8>); 3]> = (0..experts)
         .map(|e| {
-            Ok([
-                Matrix::bf16(inter, hidden, &e[..per])?,
-                Matrix::bf16(inter, hidden, &e[per..2 * per])?,
-                Matrix::bf16(hidden, inter, &e[2 * per..])?,
-            ])
+            let mut k = 0;
+            shapes.map(|(r, c)| {
+                k += 1;
+                stored(&format, r, c, 3 * e as u64 + k)
+            })
         })
-        .collect::<Result<_, sluice_kernels::KernelError>>()?;
+        .collect();
+    let mats: Vec<[Matrix<'_>; 3]> = stores
+        .iter()
+        .map(|s| {
+            let mut it = s.iter().zip(shapes);
+            let mut next = || {
+                let ((d, sc), (r, c)) = it.next().expect("three matrices");
+                matrix(&format, r, c, d, sc)
+            };
+            Ok([next()?, next()?, next()?])
+        })
+        .collect::<Result<_, Box<dyn std::error::Error>>>()?;
+    let per: usize = stores[0].iter().map(|(d, s)| d.len() + s.len()).sum::<usize>() / 3;
     let x: Vec<f32> = random_bytes(experts * rows * hidden, 11)
         .into_iter()
         .map(|b| f32::from(b) / 128.0 - 1.0)
@@ -58,7 +68,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut y = vec![0.0f32; experts * rows * hidden];
     let work = 2.0 * 3.0 * (experts * rows * inter * hidden) as f64;
     println!(
-        "{isa}, {threads} threads: FMA peak {peak:.1} GFLOP/s; {experts} experts of {inter} x {hidden} bf16, {rows} rows each"
+        "{isa}, {threads} threads: FMA peak {peak:.1} GFLOP/s; {experts} experts of {inter} x {hidden} {format}, {rows} rows each"
     );
     let mut times = Vec::new();
     for _ in 0..reps {
@@ -103,4 +113,69 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (3 * per * experts) as f64 / med / 1e9
     );
     Ok(())
+}
+
+/// Random bytes and scales of a `rows × cols` matrix in `format` (bf16 and f32 with a finite,
+/// moderate exponent; the scales as `sluice_kernels::probe` makes them).
+fn stored(format: &str, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
+    let n = rows * cols;
+    let masked = |len: usize| {
+        let mut w = random_bytes(len, seed);
+        for hi in w.iter_mut().skip(1).step_by(2) {
+            *hi = (*hi & 0x83) | 0x3C;
+        }
+        w
+    };
+    let side = |len: usize| random_bytes(len, (seed << 20) + 1);
+    match format {
+        "f32" => (masked(4 * n), Vec::new()),
+        "int8" => (random_bytes(n, seed), [0x00, 0x20].repeat(rows)),
+        "mxfp4" => {
+            (random_bytes(n / 2, seed), side(n / 32).into_iter().map(|s| 119 + s % 8).collect())
+        }
+        "fp8" => {
+            // No NaN codes (0x7F, 0xFF).
+            let codes = random_bytes(n, seed)
+                .into_iter()
+                .map(|b| if b & 0x7F == 0x7F { b - 1 } else { b })
+                .collect();
+            let scales = side(rows.div_ceil(128) * cols.div_ceil(128) * 4)
+                .chunks_exact(4)
+                .flat_map(|b| {
+                    let m = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x007F_FFFF;
+                    f32::from_bits(m | (115 + u32::from(b[3] % 4)) << 23).to_le_bytes()
+                })
+                .collect();
+            (codes, scales)
+        }
+        "int4" => {
+            let scales = side(n / 16)
+                .chunks_exact(2)
+                .flat_map(|b| {
+                    (u16::from(b[0] & 0x7F) | u16::from(118 + b[1] % 4) << 7).to_le_bytes()
+                })
+                .collect();
+            (random_bytes(n / 2, seed), scales)
+        }
+        _ => (masked(2 * n), Vec::new()),
+    }
+}
+
+/// The matrix in `format` over [`stored`]'s bytes.
+fn matrix<'a>(
+    format: &str,
+    rows: usize,
+    cols: usize,
+    d: &'a [u8],
+    s: &'a [u8],
+) -> Result<Matrix<'a>, Box<dyn std::error::Error>> {
+    Ok(match format {
+        "bf16" => Matrix::bf16(rows, cols, d)?,
+        "f32" => Matrix::f32(rows, cols, d)?,
+        "int8" => Matrix::int8_row(rows, cols, d, s)?,
+        "mxfp4" => Matrix::mxfp4(rows, cols, d, s)?,
+        "fp8" => Matrix::fp8_block(rows, cols, d, s)?,
+        "int4" => Matrix::int4_group(rows, cols, d, s)?,
+        other => return Err(format!("unknown format {other}").into()),
+    })
 }

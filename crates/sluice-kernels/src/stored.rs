@@ -1,5 +1,5 @@
 //! The nest of calls of a few activation rows (2 to [`STORED_ROWS`]) on formats a tier folds
-//! straight from their stored bytes ([`Kernel::stored`]): no widened copy of the weights.
+//! straight from their stored bytes ([`Kernel::stored_rows`]): no widened copy of the weights.
 //!
 //! An expert of a mixture-of-experts layer sees only its share of a prefill's tokens (16 of
 //! 256 for Qwen3-30B-A3B, 8 of 128 experts a token; about 5 for Kimi K3), and a speculative
@@ -12,6 +12,11 @@
 //! FMAs, a token group's later sweeps find the stored bytes (half the widened ones' size for
 //! bf16) in L2, and the second token group's sweep names the span the group folds next to the
 //! prefetcher (measured in docs/PERFORMANCE.md, issue 20, session 21).
+//!
+//! **Formats** (AVX-512, [`crate::formats::Format::avx512_tile`]): bf16 up to 32 rows; MXFP4
+//! and INT4 groups (one nibble tile, `formats/mxfp4_avx512.rs`) up to the few rows where
+//! widening each block again for every token group of six still costs less than waiting on
+//! memory ([`crate::formats::Format::AVX512_TILE_ROWS`]). The other formats take the panel.
 //!
 //! The blocking is otherwise the wide nest's: row groups of [`GROUP`] rows whose
 //! accumulators live in the thread's scratch between chunks of [`WIDE_CHUNK`] columns, token
@@ -39,7 +44,7 @@ pub(crate) const STORED_ROWS: usize = 32;
 
 /// Whether [`run`] serves a call of `t` activation rows against `m` on the tier `K`.
 pub(crate) fn serves<K: Kernel, F: Format>(m: &Matrix<'_>, t: usize) -> bool {
-    K::stored::<F>() && t <= STORED_ROWS && m.cols().is_multiple_of(16)
+    t <= K::stored_rows::<F>().min(STORED_ROWS) && m.cols().is_multiple_of(16)
 }
 
 /// `emit(ti, r, Σ_c W[r, c] · x[ti, c])` for every `r` in `rows` and `ti < t`, in the

@@ -215,11 +215,11 @@ pub(crate) trait Kernel {
         unsafe { fold_one_buffered::<Self, F, R>(rows, c0, x, acc) }
     }
 
-    /// Whether the tier folds `F`'s rows straight from their stored bytes
-    /// ([`Kernel::fold_stored`]) rather than through widened copies: what the nest of
-    /// [`crate::stored`] needs.
-    fn stored<F: Format>() -> bool {
-        false
+    /// The most activation rows of a call for which the tier folds `F`'s rows straight from
+    /// their stored bytes ([`Kernel::fold_stored`]) rather than through widened copies (what
+    /// the nest of [`crate::stored`] needs); 0 where it never does.
+    fn stored_rows<F: Format>() -> usize {
+        0
     }
 
     /// [`Kernel::fold`] of `R` rows read from their stored bytes (columns `c0 ..` as many as

@@ -584,10 +584,42 @@ fn activations_16_bytes_past_a_line_split_every_avx512_load_the_staged_copy_is_e
 #[test]
 fn few_row_bf16_calls_widened_each_chunk_before_folding_now_fold_the_stored_bytes_same_bits() {
     let shapes = [(1, 16), (5, 1024), (70, 1040), (130, 2064), (3, 3072)];
+    few_row_calls_same_bits("bf16", &shapes, &[Mode::Mixed], 0x5704_ED00);
+}
+
+/// As the bf16 test above, on MXFP4 rows: the AVX-512 tile decodes each half block of its
+/// rows in a register from the packed nibbles and scales (`formats/mxfp4_avx512.rs`); the
+/// weights alternate the generator's modes, so scales range over 100..150 and over its set of
+/// edge bytes (2^-127, the subnormal one, included) and codes over every nibble and ±0 only.
+#[test]
+fn few_row_mxfp4_calls_fold_the_packed_nibbles_same_bits() {
+    let shapes = [(1, 32), (5, 1024), (70, 1056), (130, 2080), (3, 3072), (9, 64)];
+    let modes = [Mode::Mixed, Mode::Normal, Mode::Zeros];
+    few_row_calls_same_bits("mxfp4", &shapes, &modes, 0x5704_ED10);
+}
+
+/// As the bf16 test above, on INT4 group rows: MXFP4's tile over the table `nibble − 8` and
+/// the bf16 group scales (`formats/int4_group.rs`).
+#[test]
+fn few_row_int4_calls_fold_the_packed_nibbles_same_bits() {
+    let shapes = [(1, 32), (5, 1024), (70, 1056), (130, 2080), (3, 3072), (9, 64)];
+    let modes = [Mode::Mixed, Mode::Normal, Mode::Tiny, Mode::Large, Mode::Zeros];
+    few_row_calls_same_bits("int4", &shapes, &modes, 0x5704_ED20);
+}
+
+/// Every call of 2 to 33 activation rows on `format` rows of `shapes` (weights of
+/// `modes[k % modes.len()]` for shape `k`) equals the scalar reference bit for bit, on every
+/// tier, activations off a cache line, in pools of one and three threads.
+fn few_row_calls_same_bits(
+    format: &'static str,
+    shapes: &[(usize, usize)],
+    modes: &[Mode],
+    seed: u64,
+) {
     let pools = [Pool::new(1).expect("kernel pool"), Pool::new(3).expect("kernel pool")];
     for (k, &(rows, cols)) in shapes.iter().enumerate() {
-        let mut rng = Rng::new(0x5704_ED00 + u64::try_from(k).expect("small"));
-        let w = Weights::gen("bf16", rows, cols, &mut rng, Mode::Mixed);
+        let mut rng = Rng::new(seed + u64::try_from(k).expect("small"));
+        let w = Weights::gen(format, rows, cols, &mut rng, modes[k % modes.len()]);
         let m = w.matrix();
         let t_max = 33;
         let x = values(
@@ -610,7 +642,7 @@ fn few_row_bf16_calls_widened_each_chunk_before_folding_now_fold_the_stored_byte
                     assert_eq!(
                         bits(&got),
                         want[..t * rows],
-                        "{isa} bf16 {rows}x{cols} t={t} threads={threads}, activations {off} floats in"
+                        "{isa} {format} {rows}x{cols} t={t} threads={threads}, activations {off} floats in"
                     );
                 }
             }

@@ -79,8 +79,12 @@ impl Kernel for Avx512 {
             }
         }
     }
-    fn stored<F: Format>() -> bool {
-        F::AVX512_TILE
+    fn stored_rows<F: Format>() -> usize {
+        if F::AVX512_TILE {
+            F::AVX512_TILE_ROWS
+        } else {
+            0
+        }
     }
 
     #[target_feature(enable = "avx512f")]

@@ -49,6 +49,11 @@ impl Int4Row<'_> {
 /// Stored nibble → the integer it holds (`nibble − 8`).
 const Q: [i8; 16] = [-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7];
 
+/// [`Q`] as f32 (the AVX-512 tile's table).
+#[cfg(target_arch = "x86_64")]
+const Q_F32: [f32; 16] =
+    [-8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0];
+
 impl<'a> Matrix<'a> {
     /// An INT4 pack-quantized matrix: `packed` is `weight_packed`'s bytes (`[rows, cols/8]`
     /// little-endian i32, `rows * cols / 2` bytes), `scales` is `weight_scale`,
@@ -150,6 +155,42 @@ impl Format for Int4Group {
         acc: [&mut Lanes; R],
     ) {
         x86::fold_one_avx2(rows, c0, x, acc);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    const AVX512_TILE: bool = true;
+
+    /// As MXFP4's (the same tile): measured against the panel on one thread
+    /// (`layer_batch 1 64 T 768 2048 3 int4`, medians of 3 rounds), 1.4× as fast at 2 rows,
+    /// 2.1× at 4, 1.45× at 8, slower at 16 and even at 32.
+    #[cfg(target_arch = "x86_64")]
+    const AVX512_TILE_ROWS: usize = 8;
+
+    /// MXFP4's tile over the table `nibble − 8` and the bf16 group scales (the same nibble
+    /// order and 32-column blocks; every product exact, as the decode's).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512_tile<const R: usize, const N: usize>(
+        rows: [Int4Row<'_>; R],
+        c0: usize,
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: usize,
+    ) {
+        let n = x.first().map_or(0, |s| s.len());
+        if !(c0.is_multiple_of(GROUP) && n.is_multiple_of(GROUP)) {
+            // SAFETY: guaranteed by the caller.
+            unsafe {
+                crate::tiled::fold_stored_buffered::<crate::arch::avx512::Avx512, Self, R, N>(
+                    rows, c0, x, acc,
+                );
+            }
+            return;
+        }
+        let (p, s) = ((c0 / 2, (c0 + n) / 2), (2 * c0 / GROUP, 2 * (c0 + n) / GROUP));
+        let w = rows.map(|r| (&r.packed[p.0..p.1], &r.scales[s.0..s.1]));
+        let scale = |s: &[u8]| bf16_to_f32(u16::from_le_bytes([s[0], s[1]]));
+        super::mxfp4::avx512::nibble_tile::<R, N, 2>(&Q_F32, scale, w, x, acc, ahead);
     }
 
     #[cfg(target_arch = "x86_64")]

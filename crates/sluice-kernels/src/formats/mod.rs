@@ -218,6 +218,13 @@ pub(crate) trait Format: Sized + 'static {
     #[cfg(target_arch = "x86_64")]
     const AVX512_TILE: bool = false;
 
+    /// The most activation rows of a call that [`Format::avx512_tile`] serves, where it does
+    /// (at most [`crate::stored::STORED_ROWS`]): a format whose decode costs more than its
+    /// fold gains from not waiting on memory only up to a few rows, as each token group of
+    /// six widens the stored bytes again where the panel widens them once.
+    #[cfg(target_arch = "x86_64")]
+    const AVX512_TILE_ROWS: usize = crate::stored::STORED_ROWS;
+
     /// AVX-512F fold of a tile of `R` rows straight from their stored bytes against `N`
     /// activation rows ([`crate::tiled::Kernel::fold_stored`]): for every `r < R`, `j < N`
     /// and `i` in increasing order, `acc[r][j][i % 16] = fma(W_r[c0 + i], x[j][i], ...)`,

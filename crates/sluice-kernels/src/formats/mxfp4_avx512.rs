@@ -1,10 +1,13 @@
-//! The AVX-512 side of [`super`]'s MXFP4 kernels: the one-row fold and the block decode the
-//! wide nest's panel uses. `vpermps` over the 16 E2M1 values scaled by the block's
+//! The AVX-512 side of [`super`]'s MXFP4 kernels: the one-row fold, the block decode the
+//! wide nest's panel uses, and the tile that folds a few activation rows straight from the
+//! stored nibbles ([`nibble_tile`], which INT4 groups share: the same nibble order and
+//! 32-column blocks, another table and scale). `vpermps` over the 16 E2M1 values scaled by the block's
 //! `e8m0_to_f32(s)`, its indices made by one `vpmultishiftqb` per 16 columns where the CPU has
 //! AVX-512 VBMI, else by byte unpacks and a widening (see the parent module's docs).
 
 use super::{e8m0_to_f32, E2M1};
 use crate::arch::prefetch_line;
+use crate::tiled::Lanes;
 use core::arch::x86_64::*;
 
 /// Whether the CPU has AVX-512 VBMI, checked once per call (std caches the detection).
@@ -140,6 +143,153 @@ macro_rules! mxfp4_kernels {
     };
 }
 
+/// The `vpermps` indices of the 16 columns whose 8 packed bytes are at `p` (half a block),
+/// as [`indices_unpack`] makes them: the bytes interleaved with themselves shifted right by 4,
+/// widened to dwords.
+///
+/// # Safety
+/// `p` points at 8 readable bytes.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn half_unpack(_ctl: __m512i, p: *const u8) -> __m512i {
+    // SAFETY: guaranteed by the caller.
+    let bytes = unsafe { _mm_loadl_epi64(p.cast()) };
+    _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, _mm_srli_epi16::<4>(bytes)))
+}
+
+/// The `vpermps` indices of the 16 columns whose 8 packed bytes are at `p`, as
+/// [`indices_vbmi`] makes them (the 8 bytes broadcast, one `vpmultishiftqb` by `ctl`).
+///
+/// # Safety
+/// `p` points at 8 readable bytes.
+#[target_feature(enable = "avx512f,avx512vbmi")]
+#[inline]
+unsafe fn half_vbmi(ctl: __m512i, p: *const u8) -> __m512i {
+    // SAFETY: guaranteed by the caller.
+    let q = unsafe { p.cast::<i64>().read_unaligned() };
+    _mm512_multishift_epi64_epi8(ctl, _mm512_set1_epi64(i64::from_le(q)))
+}
+
+/// Blocks a tile's per-row scale factors are computed for at a time (a stack array).
+const TILE_SPAN_BLOCKS: usize = 32;
+
+/// The tile fold of [`nibble_tile`], compiled once per way of making indices.
+macro_rules! nibble_tiles {
+    ($tile:ident, $features:literal, $half:ident) => {
+        /// `R` rows of 4-bit codes in 32-column blocks against `N` activation rows, 16
+        /// columns (half a block) at a time: each row's 16 values decoded in a register and
+        /// folded against the `N` activation vectors. The table is permuted first and the 16
+        /// values then multiplied by the block's factor: for MXFP4 the same pairs as
+        /// [`decode_block`] multiplies, so the same bits, and no scaled table per row to keep
+        /// (scaled tables held across both halves, as the compiler kept them, left too few
+        /// registers for the 24 accumulators, which it then loaded and stored around every
+        /// FMA). With `PF`, each 64 packed bytes read name a line `ahead` bytes on, and the
+        /// rows' scales `ahead / 16 · SB` on (the same span of the next rows).
+        #[target_feature(enable = $features)]
+        fn $tile<const R: usize, const N: usize, const PF: bool, const SB: usize>(
+            table: &[f32; 16],
+            factor: fn(&[u8]) -> f32,
+            w: [(&[u8], &[u8]); R],
+            x: [&[f32]; N],
+            acc: [&mut [Lanes; N]; R],
+            ahead: usize,
+        ) {
+            let len = x.first().map_or(0, |s| s.len());
+            let blocks = len / 32;
+            assert!(len.is_multiple_of(32) && x.iter().all(|x| x.len() == len), "nibble tile");
+            assert!(w.iter().all(|(p, s)| p.len() == 16 * blocks && s.len() == SB * blocks));
+            let ctl = nibble_shifts();
+            // SAFETY: `table` holds 16 f32.
+            let lut = unsafe { _mm512_loadu_ps(table.as_ptr()) };
+            let mut a = [[_mm512_setzero_ps(); N]; R];
+            for (ar, lanes_r) in a.iter_mut().zip(acc.iter()) {
+                for (aj, lanes) in ar.iter_mut().zip(lanes_r.iter()) {
+                    // SAFETY: `lanes` holds 16 f32.
+                    *aj = unsafe { _mm512_loadu_ps(lanes.as_ptr()) };
+                }
+            }
+            if PF && blocks > 0 {
+                for (_, s) in &w {
+                    let p = s.as_ptr().wrapping_add(ahead / 16 * SB);
+                    prefetch_line(p);
+                    prefetch_line(p.wrapping_add(SB * blocks - 1));
+                }
+            }
+            let pp: [*const u8; R] = std::array::from_fn(|r| w[r].0.as_ptr());
+            let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
+            let mut factors = [[0.0f32; TILE_SPAN_BLOCKS]; R];
+            for b0 in (0..blocks).step_by(TILE_SPAN_BLOCKS) {
+                let nb = TILE_SPAN_BLOCKS.min(blocks - b0);
+                for (f, (_, s)) in factors.iter_mut().zip(&w) {
+                    let s = &s[SB * b0..SB * (b0 + nb)];
+                    for (fb, s) in f.iter_mut().zip(s.chunks_exact(SB)) {
+                        *fb = factor(s);
+                    }
+                }
+                // One 16-column step per iteration, the same code for both halves of a
+                // block (unrolled by halves, the compiler kept each row's factor in a
+                // register across them and spilled accumulators).
+                for c in (32 * b0..32 * (b0 + nb)).step_by(16) {
+                    if PF && c.is_multiple_of(128) {
+                        for p in pp {
+                            prefetch_line(p.wrapping_add(c / 2 + ahead));
+                        }
+                    }
+                    let wv: [__m512; R] = std::array::from_fn(|r| {
+                        // SAFETY: column `c < len` and the 15 after it lie in the row's
+                        // `len / 2` packed bytes (asserted), 8 bytes from `c / 2`.
+                        let idx = unsafe { $half(ctl, pp[r].add(c / 2)) };
+                        let f = _mm512_set1_ps(factors[r][c / 32 - b0]);
+                        _mm512_mul_ps(_mm512_permutexvar_ps(idx, lut), f)
+                    });
+                    for (j, &xj) in xp.iter().enumerate() {
+                        // SAFETY: `c + 16 <= len`, each `x[j]`'s length.
+                        let xv = unsafe { _mm512_loadu_ps(xj.add(c)) };
+                        for (v, ar) in wv.iter().zip(a.iter_mut()) {
+                            ar[j] = _mm512_fmadd_ps(*v, xv, ar[j]);
+                        }
+                    }
+                }
+            }
+            for (ar, lanes_r) in a.iter().zip(acc) {
+                for (v, lanes) in ar.iter().zip(lanes_r) {
+                    // SAFETY: `lanes` holds 16 f32.
+                    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
+                }
+            }
+        }
+    };
+}
+
+nibble_tiles!(tile_unpack, "avx512f", half_unpack);
+nibble_tiles!(tile_vbmi, "avx512f,avx512vbmi", half_vbmi);
+
+/// `R` rows of 4-bit codes, low nibble first, in 32-column blocks with `SB` scale bytes
+/// each (each row the span's packed bytes and scales), against `N` activation rows, folded
+/// from the stored bytes (see [`crate::formats::Format::avx512_tile`]): code `k` of a block
+/// folds as `table[k] · factor(block's scale bytes)`, one rounding. MXFP4 (E2M1 values and
+/// E8M0 scales) and INT4 groups (`k − 8` and bf16 scales) share it. On AVX-512 VBMI where the
+/// CPU has it; `ahead != 0` names the bytes `ahead` on to the prefetcher.
+#[target_feature(enable = "avx512f")]
+pub(crate) fn nibble_tile<const R: usize, const N: usize, const SB: usize>(
+    table: &[f32; 16],
+    factor: fn(&[u8]) -> f32,
+    w: [(&[u8], &[u8]); R],
+    x: [&[f32]; N],
+    acc: [&mut [Lanes; N]; R],
+    ahead: usize,
+) {
+    let (t, f) = (table, factor);
+    match (vbmi(), ahead != 0) {
+        // SAFETY: the CPU has AVX-512F (this function's feature) and VBMI (checked).
+        (true, true) => unsafe { tile_vbmi::<R, N, true, SB>(t, f, w, x, acc, ahead) },
+        // SAFETY: as above.
+        (true, false) => unsafe { tile_vbmi::<R, N, false, SB>(t, f, w, x, acc, 0) },
+        (false, true) => tile_unpack::<R, N, true, SB>(t, f, w, x, acc, ahead),
+        (false, false) => tile_unpack::<R, N, false, SB>(t, f, w, x, acc, 0),
+    }
+}
+
 mxfp4_kernels!(one_unpack, blocks_unpack, "avx512f", indices_unpack);
 mxfp4_kernels!(one_vbmi, blocks_vbmi, "avx512f,avx512vbmi", indices_vbmi);
 
@@ -194,5 +344,41 @@ mod tests {
         }
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&a), bits(&b));
+    }
+
+    /// Both index paths of the tile fold every nibble under every scale byte (2^-127 and
+    /// NaN included) to the same bits, over more than one span of scale factors.
+    #[test]
+    fn vbmi_and_unpack_tiles_fold_alike() {
+        if !(is_x86_feature_detected!("avx512f") && vbmi()) {
+            return;
+        }
+        const R: usize = 3;
+        const N: usize = 2;
+        let len = 32 * (TILE_SPAN_BLOCKS + 40);
+        let packed: Vec<u8> =
+            (0..R * len / 2).map(|i| (i * 37 + i / 16).to_le_bytes()[0]).collect();
+        let scales: Vec<u8> = (0..R * len / 32).map(|i| (i * 7 + 1).to_le_bytes()[0]).collect();
+        let x: Vec<f32> = (0..N * len).map(|i| (i % 97) as f32 / 16.0 - 3.0).collect();
+        let fold = |vbmi: bool| {
+            let w: [(&[u8], &[u8]); R] = std::array::from_fn(|r| {
+                (&packed[r * len / 2..][..len / 2], &scales[r * len / 32..][..len / 32])
+            });
+            let xs: [&[f32]; N] = std::array::from_fn(|j| &x[j * len..][..len]);
+            let mut acc = [[[0.25f32; 16]; N]; R];
+            let mut it = acc.iter_mut();
+            let a: [&mut [Lanes; N]; R] = std::array::from_fn(|_| it.next().expect("R rows"));
+            let f = |s: &[u8]| e8m0_to_f32(s[0]);
+            // SAFETY: AVX-512F and VBMI are present (checked above).
+            unsafe {
+                if vbmi {
+                    tile_vbmi::<R, N, true, 1>(&E2M1, f, w, xs, a, 64);
+                } else {
+                    tile_unpack::<R, N, false, 1>(&E2M1, f, w, xs, a, 0);
+                }
+            }
+            acc.map(|r| r.map(|l| l.map(f32::to_bits)))
+        };
+        assert_eq!(fold(true), fold(false));
     }
 }
