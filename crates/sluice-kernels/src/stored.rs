@@ -13,10 +13,14 @@
 //! bf16) in L2, and the second token group's sweep names the span the group folds next to the
 //! prefetcher (measured in docs/PERFORMANCE.md, issue 20, session 21).
 //!
-//! **Formats** (AVX-512, [`crate::formats::Format::avx512_tile`]): bf16 up to 32 rows; MXFP4
-//! and INT4 groups (one nibble tile, `formats/mxfp4_avx512.rs`) up to the few rows where
-//! widening each block again for every token group of six still costs less than waiting on
-//! memory ([`crate::formats::Format::AVX512_TILE_ROWS`]). The other formats take the panel.
+//! **Formats** (AVX-512, [`crate::formats::Format::avx512_tile`]): bf16 up to 32 rows; row
+//! int8 and f32 up to 32 rows (one tile, `arch::avx512::fold_stored_tile`, over each
+//! format's widening of 16 columns: sign extension and an exact conversion, or plain loads;
+//! int8's row scale still multiplies the reduced sum), 1.6× as fast as the panel at 2-4
+//! rows for int8, 1.25× for f32, about even at 32 (session 22); MXFP4 and INT4 groups (one
+//! nibble tile, `formats/mxfp4_avx512.rs`) up to the few rows where widening each block
+//! again for every token group of six still costs less than waiting on memory
+//! ([`crate::formats::Format::AVX512_TILE_ROWS`]). FP8 blocks take the panel.
 //!
 //! The blocking is otherwise the wide nest's: row groups of [`GROUP`] rows whose
 //! accumulators live in the thread's scratch between chunks of [`WIDE_CHUNK`] columns, token
@@ -37,7 +41,7 @@ use crate::formats::Format;
 use crate::matmul::Matrix;
 use crate::sweep::{group, tile_rows};
 use crate::tiled::{Kernel, Lanes};
-use crate::wide::{GROUP, PANEL_STRIDE, WIDE_CHUNK};
+use crate::wide::{emit_group, group_rows, GROUP, PANEL_STRIDE, WIDE_CHUNK};
 
 /// The most activation rows a call folds from the stored bytes (more: the panel pays).
 pub(crate) const STORED_ROWS: usize = 32;
@@ -70,14 +74,13 @@ pub(crate) unsafe fn run<K: Kernel, F: Format>(
         let gr = GROUP.min(rows.end - g0);
         let acc = &mut acc[..gr * t];
         acc.fill([0.0; 16]);
-        let group_rows: [F::Row<'_>; GROUP] =
-            std::array::from_fn(|i| F::row(m, g0 + i.min(gr - 1)));
-        let g = Group::<F> { rows: &group_rows, gr, t };
+        let views = group_rows::<F>(m, g0, gr);
+        let g = Group::<F> { rows: &views, gr, t };
         for c0 in (0..cols).step_by(WIDE_CHUNK) {
             let len = WIDE_CHUNK.min(cols - c0);
             // Bytes from a row's span to the span the group folds next: the same row's next
             // chunk, or the row a group on's first chunk (none after the last group).
-            let row_bytes = F::row_bytes(group_rows[0]);
+            let row_bytes = F::row_bytes(views[0]);
             let next = if c0 + len < cols {
                 row_bytes * len / cols
             } else if g0 + GROUP < rows.end {
@@ -108,16 +111,8 @@ pub(crate) unsafe fn run<K: Kernel, F: Format>(
                 j += n;
             }
         }
-        let cells = acc
-            .chunks_exact(t)
-            .enumerate()
-            .flat_map(|(i, a)| a.iter().enumerate().map(move |(j, lanes)| (j, i, lanes)));
         // SAFETY: the caller guarantees the tier.
-        unsafe {
-            crate::reduce::reduce_cells::<K>(cells, |j, i, s| {
-                emit(j, g0 + i, F::finish(group_rows[i], s));
-            });
-        }
+        unsafe { emit_group::<K, F>(acc, t, &views, 0, g0, &mut emit) };
     }
 }
 

@@ -607,6 +607,26 @@ fn few_row_int4_calls_fold_the_packed_nibbles_same_bits() {
     few_row_calls_same_bits("int4", &shapes, &modes, 0x5704_ED20);
 }
 
+/// As the bf16 test above, on row-int8 rows, which widened each chunk into a buffer or a
+/// panel too: the AVX-512 tile sign-extends and converts 16 stored bytes in a register and
+/// folds the integers, the row scale multiplying the reduced sum as before; the weights
+/// alternate the generator's modes (scales from f16 subnormals to 65504, all-zero rows).
+#[test]
+fn few_row_int8_calls_widened_each_chunk_before_folding_now_fold_the_stored_bytes_same_bits() {
+    let shapes = [(1, 16), (5, 1024), (70, 1040), (130, 2064), (3, 3072), (9, 48)];
+    let modes = [Mode::Mixed, Mode::Normal, Mode::Large, Mode::Tiny, Mode::Zeros];
+    few_row_calls_same_bits("int8", &shapes, &modes, 0x5704_ED30);
+}
+
+/// As the bf16 test above, on f32 rows, which were copied chunk by chunk into a buffer or a
+/// panel before folding: the AVX-512 tile loads them as they are stored.
+#[test]
+fn few_row_f32_calls_copied_each_chunk_before_folding_now_fold_the_stored_bytes_same_bits() {
+    let shapes = [(1, 16), (5, 1024), (70, 1040), (130, 2064), (3, 3072), (9, 48)];
+    let modes = [Mode::Mixed, Mode::Normal, Mode::Large, Mode::Tiny, Mode::Zeros];
+    few_row_calls_same_bits("f32", &shapes, &modes, 0x5704_ED40);
+}
+
 /// Every call of 2 to 33 activation rows on `format` rows of `shapes` (weights of
 /// `modes[k % modes.len()]` for shape `k`) equals the scalar reference bit for bit, on every
 /// tier, activations off a cache line, in pools of one and three threads.

@@ -8,7 +8,8 @@
 //!
 //! Decoding is each format's `avx512_decode` hook and the one-activation-row fold its
 //! `avx512_fold_one` (in `crate::formats`), which widen 16 columns per register and fold them
-//! at once, moving the accumulators with [`load1`] / [`store1`].
+//! at once, moving the accumulators with [`load1`] / [`store1`] (a tile's with [`load_tile`] /
+//! [`store_tile`]).
 //!
 //! Only AVX-512F instructions are used (no byte-granular masks, which need BW), so F alone
 //! is required. All loads and stores are unaligned.
@@ -49,13 +50,7 @@ impl Kernel for Avx512 {
         acc: [&mut [Lanes; N]; R],
     ) {
         let len = crate::tiled::span_len(&w, &x);
-        let mut a = [[_mm512_setzero_ps(); N]; R];
-        for (ar, lanes_r) in a.iter_mut().zip(acc.iter()) {
-            for (aj, lanes) in ar.iter_mut().zip(lanes_r.iter()) {
-                // SAFETY: `lanes` holds 16 f32.
-                *aj = unsafe { _mm512_loadu_ps(lanes.as_ptr()) };
-            }
-        }
+        let mut a = load_tile(&acc);
         for c in (0..len).step_by(16) {
             // The tile's weights once per step (R registers), then each activation row against
             // all of them: R + N loads per R · N FMAs.
@@ -72,12 +67,7 @@ impl Kernel for Avx512 {
                 }
             }
         }
-        for (ar, lanes_r) in a.iter().zip(acc) {
-            for (v, lanes) in ar.iter().zip(lanes_r) {
-                // SAFETY: `lanes` holds 16 f32.
-                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
-            }
-        }
+        store_tile(&a, acc);
     }
     fn stored_rows<F: Format>() -> usize {
         if F::AVX512_TILE {
@@ -151,13 +141,7 @@ unsafe fn fold_wide<const R: usize, const N: usize, const AHEAD: bool, const STA
     stage: [*mut f32; N],
 ) {
     let len = crate::tiled::span_len(&w, &x);
-    let mut a = [[_mm512_setzero_ps(); N]; R];
-    for (ar, lanes_r) in a.iter_mut().zip(acc.iter()) {
-        for (aj, lanes) in ar.iter_mut().zip(lanes_r.iter()) {
-            // SAFETY: `lanes` holds 16 f32.
-            *aj = unsafe { _mm512_loadu_ps(lanes.as_ptr()) };
-        }
-    }
+    let mut a = load_tile(&acc);
     let wp: [*const f32; R] = std::array::from_fn(|r| w[r].as_ptr());
     let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
     // One 16-column step at `c`: the tile's weights once (R registers), then each activation
@@ -194,12 +178,7 @@ unsafe fn fold_wide<const R: usize, const N: usize, const AHEAD: bool, const STA
         }
         step(&mut a, c);
     }
-    for (ar, lanes_r) in a.iter().zip(acc) {
-        for (v, lanes) in ar.iter().zip(lanes_r) {
-            // SAFETY: `lanes` holds 16 f32.
-            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
-        }
-    }
+    store_tile(&a, acc);
 }
 
 /// Loads `R` 16-lane accumulators into registers.
@@ -217,6 +196,105 @@ pub(crate) fn store1<const R: usize>(a: &[__m512; R], lanes: [&mut Lanes; R]) {
     for (v, l) in a.iter().zip(lanes) {
         // SAFETY: `l` holds 16 f32.
         unsafe { _mm512_storeu_ps(l.as_mut_ptr(), *v) };
+    }
+}
+
+/// A format stored as one fixed-size value per column that AVX-512F widens 16 columns at a
+/// time (int8 rows, f32): what [`fold_stored_tile`] needs of it. bf16 keeps its own tile
+/// (`formats/bf16.rs`), the same loop: moved onto this one it measured 1-3% slower at 4 and 8
+/// rows (one thread, session 22), a difference not worth chasing on a loaded machine.
+pub(crate) trait Widen16 {
+    /// Stored bytes per column.
+    const BYTES: usize;
+
+    /// The 16 columns whose stored bytes start at `p`, as the format's `fold_values` widens
+    /// them (the values its panel would hold).
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `p` points at `16 * BYTES` readable bytes.
+    unsafe fn widen16(p: *const u8) -> __m512;
+}
+
+/// `R` rows stored as `W` (each the span's bytes) against `N` activation rows, folded from
+/// the stored bytes ([`crate::formats::Format::avx512_tile`]): per 16-column step, R loads
+/// widened in registers, N activation loads and R · N FMAs, in the order the panel's fold
+/// takes them. When `ahead` is not 0, each row's bytes `ahead` on are named to the
+/// prefetcher, a line per 64 bytes read.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn fold_stored_tile<W: Widen16, const R: usize, const N: usize>(
+    w: [&[u8]; R],
+    x: [&[f32]; N],
+    acc: [&mut [Lanes; N]; R],
+    ahead: usize,
+) {
+    if ahead == 0 {
+        stored_tile::<W, R, N, false>(w, x, acc, 0);
+    } else {
+        stored_tile::<W, R, N, true>(w, x, acc, ahead);
+    }
+}
+
+/// [`fold_stored_tile`]'s loop, naming `ahead` to the prefetcher when `PF`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn stored_tile<W: Widen16, const R: usize, const N: usize, const PF: bool>(
+    w: [&[u8]; R],
+    x: [&[f32]; N],
+    acc: [&mut [Lanes; N]; R],
+    ahead: usize,
+) {
+    let len = x.first().map_or(0, |s| s.len());
+    assert!(len.is_multiple_of(16), "stored tile span");
+    assert!(w.iter().all(|w| w.len() == W::BYTES * len) && x.iter().all(|x| x.len() == len));
+    let mut a = load_tile(&acc);
+    let wp: [*const u8; R] = std::array::from_fn(|r| w[r].as_ptr());
+    let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
+    for c in (0..len).step_by(16) {
+        if PF && (W::BYTES * c).is_multiple_of(64) {
+            for p in wp {
+                crate::arch::prefetch_line(p.wrapping_add(W::BYTES * c + ahead));
+            }
+        }
+        // SAFETY: the CPU has AVX-512F (this function's feature); `c + 16 <= len` and each
+        // row holds `BYTES * len` bytes (asserted), so the 16 columns at `c` lie inside it.
+        let wv: [__m512; R] =
+            std::array::from_fn(|r| unsafe { W::widen16(wp[r].add(W::BYTES * c)) });
+        for (j, &xj) in xp.iter().enumerate() {
+            // SAFETY: `c + 16 <= len`, each `x[j]`'s length (asserted).
+            let xv = unsafe { _mm512_loadu_ps(xj.add(c)) };
+            for (v, ar) in wv.iter().zip(a.iter_mut()) {
+                ar[j] = _mm512_fmadd_ps(*v, xv, ar[j]);
+            }
+        }
+    }
+    store_tile(&a, acc);
+}
+
+/// Loads an `R` × `N` tile of 16-lane accumulators into registers.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn load_tile<const R: usize, const N: usize>(
+    lanes: &[&mut [Lanes; N]; R],
+) -> [[__m512; N]; R] {
+    std::array::from_fn(|r| {
+        // SAFETY: each `lanes[r][j]` holds 16 f32.
+        std::array::from_fn(|j| unsafe { _mm512_loadu_ps(lanes[r][j].as_ptr()) })
+    })
+}
+
+/// Stores an `R` × `N` tile of registers back into its 16-lane accumulators.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn store_tile<const R: usize, const N: usize>(
+    a: &[[__m512; N]; R],
+    lanes: [&mut [Lanes; N]; R],
+) {
+    for (ar, lanes_r) in a.iter().zip(lanes) {
+        for (v, l) in ar.iter().zip(lanes_r) {
+            // SAFETY: `l` holds 16 f32.
+            unsafe { _mm512_storeu_ps(l.as_mut_ptr(), *v) };
+        }
     }
 }
 

@@ -118,7 +118,7 @@ impl Format for Bf16 {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use crate::arch::avx2::{load2, store2};
-    use crate::arch::avx512::{load1, store1};
+    use crate::arch::avx512::{load1, load_tile, store1, store_tile};
     use crate::arch::prefetch_line;
     use crate::tiled::Lanes;
     use core::arch::x86_64::*;
@@ -231,13 +231,7 @@ mod x86 {
         let len = x.first().map_or(0, |s| s.len());
         assert!(len.is_multiple_of(16), "bf16 tile span");
         assert!(w.iter().all(|w| w.len() == 2 * len) && x.iter().all(|x| x.len() == len));
-        let mut a = [[_mm512_setzero_ps(); N]; R];
-        for (ar, lanes_r) in a.iter_mut().zip(acc.iter()) {
-            for (aj, lanes) in ar.iter_mut().zip(lanes_r.iter()) {
-                // SAFETY: `lanes` holds 16 f32.
-                *aj = unsafe { _mm512_loadu_ps(lanes.as_ptr()) };
-            }
-        }
+        let mut a = load_tile(&acc);
         let wp: [*const u8; R] = std::array::from_fn(|r| w[r].as_ptr());
         let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
         for c in (0..len).step_by(16) {
@@ -259,12 +253,7 @@ mod x86 {
                 }
             }
         }
-        for (ar, lanes_r) in a.iter().zip(acc) {
-            for (v, lanes) in ar.iter().zip(lanes_r) {
-                // SAFETY: `lanes` holds 16 f32.
-                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
-            }
-        }
+        store_tile(&a, acc);
     }
 
     /// bf16 rows against one activation row (AVX-512).

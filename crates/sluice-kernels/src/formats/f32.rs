@@ -73,6 +73,30 @@ impl Format for F32 {
     }
 
     #[cfg(target_arch = "x86_64")]
+    const AVX512_TILE: bool = true;
+
+    /// Measured against the panel on one thread (`layer_batch 1 64 T 768 2048 5 f32`, medians
+    /// of 3 interleaved rounds): 1.25× as fast at 2, 4 and 16 rows, 1.15× at 8, 1.04× at 32,
+    /// so the stored nest's whole range.
+    #[cfg(target_arch = "x86_64")]
+    const AVX512_TILE_ROWS: usize = crate::stored::STORED_ROWS;
+
+    /// The weights loaded as they are, no copy into a panel first.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512_tile<const R: usize, const N: usize>(
+        rows: [&[u8]; R],
+        c0: usize,
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: usize,
+    ) {
+        let n = x.first().map_or(0, |s| s.len());
+        let w = rows.map(|w| &w[4 * c0..4 * (c0 + n)]);
+        crate::arch::avx512::fold_stored_tile::<Self, R, N>(w, x, acc, ahead);
+    }
+
+    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn avx512_fold_one<const R: usize>(
         rows: [&[u8]; R],
@@ -90,7 +114,7 @@ impl Format for F32 {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use crate::arch::avx2::{load2, store2};
-    use crate::arch::avx512::{load1, store1};
+    use crate::arch::avx512::{load1, store1, Widen16};
     use crate::arch::prefetch_line;
     use crate::tiled::Lanes;
     use core::arch::x86_64::*;
@@ -156,6 +180,18 @@ mod x86 {
             }
         }
         store2(&acc, lanes);
+    }
+
+    /// The stored tile's "widening": 16 f32 loaded as they are.
+    impl Widen16 for super::F32 {
+        const BYTES: usize = 4;
+
+        #[target_feature(enable = "avx512f")]
+        #[inline]
+        unsafe fn widen16(p: *const u8) -> __m512 {
+            // SAFETY: `p` points at 64 readable bytes (the caller's contract).
+            unsafe { _mm512_loadu_ps(p.cast()) }
+        }
     }
 
     /// f32 rows against one activation row (AVX-512).

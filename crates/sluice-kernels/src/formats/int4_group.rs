@@ -177,20 +177,21 @@ impl Format for Int4Group {
         acc: [&mut [Lanes; N]; R],
         ahead: usize,
     ) {
-        let n = x.first().map_or(0, |s| s.len());
-        if !(c0.is_multiple_of(GROUP) && n.is_multiple_of(GROUP)) {
-            // SAFETY: guaranteed by the caller.
-            unsafe {
-                crate::tiled::fold_stored_buffered::<crate::arch::avx512::Avx512, Self, R, N>(
-                    rows, c0, x, acc,
-                );
-            }
-            return;
-        }
-        let (p, s) = ((c0 / 2, (c0 + n) / 2), (2 * c0 / GROUP, 2 * (c0 + n) / GROUP));
-        let w = rows.map(|r| (&r.packed[p.0..p.1], &r.scales[s.0..s.1]));
         let scale = |s: &[u8]| bf16_to_f32(u16::from_le_bytes([s[0], s[1]]));
-        super::mxfp4::avx512::nibble_tile::<R, N, 2>(&Q_F32, scale, w, x, acc, ahead);
+        const _: () = assert!(GROUP == 32, "the nibble tile's blocks");
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            super::mxfp4::avx512::nibble_rows_tile::<Self, R, N, 2>(
+                &Q_F32,
+                scale,
+                |r| (r.packed, r.scales),
+                rows,
+                c0,
+                x,
+                acc,
+                ahead,
+            );
+        }
     }
 
     #[cfg(target_arch = "x86_64")]

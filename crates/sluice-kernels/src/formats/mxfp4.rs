@@ -190,18 +190,20 @@ impl Format for Mxfp4 {
         acc: [&mut [Lanes; N]; R],
         ahead: usize,
     ) {
-        let n = x.first().map_or(0, |s| s.len());
-        if !(c0.is_multiple_of(32) && n.is_multiple_of(32)) {
-            // SAFETY: guaranteed by the caller.
-            unsafe {
-                crate::tiled::fold_stored_buffered::<crate::arch::avx512::Avx512, Self, R, N>(
-                    rows, c0, x, acc,
-                );
-            }
-            return;
+        let (table, factor) = (&E2M1, |s: &[u8]| e8m0_to_f32(s[0]));
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            avx512::nibble_rows_tile::<Self, R, N, 1>(
+                table,
+                factor,
+                |r| (r.packed, r.scales),
+                rows,
+                c0,
+                x,
+                acc,
+                ahead,
+            );
         }
-        let w = rows.map(|r| (&r.packed[c0 / 2..(c0 + n) / 2], &r.scales[c0 / 32..(c0 + n) / 32]));
-        avx512::nibble_tile::<R, N, 1>(&E2M1, |s| e8m0_to_f32(s[0]), w, x, acc, ahead);
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -6,6 +6,7 @@
 //! AVX-512 VBMI, else by byte unpacks and a widening (see the parent module's docs).
 
 use super::{e8m0_to_f32, E2M1};
+use crate::arch::avx512::{load_tile, store_tile};
 use crate::arch::prefetch_line;
 use crate::tiled::Lanes;
 use core::arch::x86_64::*;
@@ -201,13 +202,7 @@ macro_rules! nibble_tiles {
             let ctl = nibble_shifts();
             // SAFETY: `table` holds 16 f32.
             let lut = unsafe { _mm512_loadu_ps(table.as_ptr()) };
-            let mut a = [[_mm512_setzero_ps(); N]; R];
-            for (ar, lanes_r) in a.iter_mut().zip(acc.iter()) {
-                for (aj, lanes) in ar.iter_mut().zip(lanes_r.iter()) {
-                    // SAFETY: `lanes` holds 16 f32.
-                    *aj = unsafe { _mm512_loadu_ps(lanes.as_ptr()) };
-                }
-            }
+            let mut a = load_tile(&acc);
             if PF && blocks > 0 {
                 for (_, s) in &w {
                     let p = s.as_ptr().wrapping_add(ahead / 16 * SB);
@@ -251,12 +246,7 @@ macro_rules! nibble_tiles {
                     }
                 }
             }
-            for (ar, lanes_r) in a.iter().zip(acc) {
-                for (v, lanes) in ar.iter().zip(lanes_r) {
-                    // SAFETY: `lanes` holds 16 f32.
-                    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
-                }
-            }
+            store_tile(&a, acc);
         }
     };
 }
@@ -288,6 +278,46 @@ pub(crate) fn nibble_tile<const R: usize, const N: usize, const SB: usize>(
         (false, true) => tile_unpack::<R, N, true, SB>(t, f, w, x, acc, ahead),
         (false, false) => tile_unpack::<R, N, false, SB>(t, f, w, x, acc, 0),
     }
+}
+
+/// [`crate::formats::Format::avx512_tile`] of a format of 4-bit codes in 32-column blocks
+/// of `SB` scale bytes each (MXFP4, INT4 groups): `parts(row)` gives a row's packed bytes
+/// and scales, whose span's share [`nibble_tile`] folds with `table` and `factor`. A span
+/// that does not start and end on a block (never the stored nest's) is decoded into a
+/// buffer and folded instead.
+///
+/// # Safety
+/// As [`crate::formats::Format::avx512_tile`].
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn nibble_rows_tile<'a, F, const R: usize, const N: usize, const SB: usize>(
+    table: &[f32; 16],
+    factor: fn(&[u8]) -> f32,
+    parts: impl Fn(F::Row<'a>) -> (&'a [u8], &'a [u8]),
+    rows: [F::Row<'a>; R],
+    c0: usize,
+    x: [&[f32]; N],
+    acc: [&mut [Lanes; N]; R],
+    ahead: usize,
+) where
+    F: crate::formats::Format,
+{
+    let n = x.first().map_or(0, |s| s.len());
+    if !(c0.is_multiple_of(32) && n.is_multiple_of(32)) {
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            crate::tiled::fold_stored_buffered::<crate::arch::avx512::Avx512, F, R, N>(
+                rows, c0, x, acc,
+            );
+        }
+        return;
+    }
+    let (b0, b1) = (c0 / 32, (c0 + n) / 32);
+    let w = rows.map(|r| {
+        let (packed, scales) = parts(r);
+        (&packed[16 * b0..16 * b1], &scales[SB * b0..SB * b1])
+    });
+    nibble_tile::<R, N, SB>(table, factor, w, x, acc, ahead);
 }
 
 mxfp4_kernels!(one_unpack, blocks_unpack, "avx512f", indices_unpack);
