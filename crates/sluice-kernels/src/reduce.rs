@@ -7,6 +7,9 @@
 //! down projection) a cell has only 48 FMAs of 16 lanes, so the reduction was a share of the
 //! call's time the FMAs' own size. 16 cells at once, the tree is 15 vector additions and 30
 //! shuffles for all 16 (AVX-512): the shuffles only gather the lanes each addition pairs.
+//! Where a row's accumulators lie side by side (the prefill nest, 16 activation rows or more)
+//! [`reduce_run`] takes them 16 at a time in place; gathering each batch cell by cell
+//! ([`reduce_cells`], 24 bytes a cell) cost about as much as the reductions themselves.
 //!
 //! **Exactness.** Each cell's sum takes the same additions as [`reduce16`]: at every level,
 //! the same two partial sums, the lower lanes' as the first operand. Vectors only carry
@@ -48,6 +51,31 @@ pub(crate) unsafe fn reduce_cells<'a, K: Kernel>(
     }
     for &(j, r, lanes) in &batch[..n] {
         out(j, r, reduce16(*lanes));
+    }
+}
+
+/// Reduces each accumulator `lanes[k]` to [`reduce16`]`(lanes[k])` and hands it to
+/// `out(k, sum)`, in order: 16 side by side at a time through the tier's
+/// [`Kernel::reduce16x16`] (no batch gathered cell by cell, as [`reduce_cells`] must), the
+/// last few one at a time.
+///
+/// # Safety
+/// The running CPU supports the tier `K`.
+#[inline]
+pub(crate) unsafe fn reduce_run<K: Kernel>(lanes: &[Lanes], mut out: impl FnMut(usize, f32)) {
+    let mut batches = lanes.chunks_exact(16);
+    let mut k = 0;
+    for batch in &mut batches {
+        // SAFETY: the caller guarantees the tier.
+        let sums = unsafe { K::reduce16x16(std::array::from_fn(|i| &batch[i])) };
+        for s in sums {
+            out(k, s);
+            k += 1;
+        }
+    }
+    for lanes in batches.remainder() {
+        out(k, reduce16(*lanes));
+        k += 1;
     }
 }
 
@@ -94,6 +122,12 @@ mod tests {
                     .map(|(i, l)| (i / 5, i % 5, reduce16(*l).to_bits()))
                     .collect();
                 assert_eq!(got, want, "{name}, seed {seed}, {len} cells");
+                let mut run = Vec::new();
+                // SAFETY: as above.
+                unsafe {
+                    reduce_run::<K>(&acc[..len], |k, s| run.push((k / 5, k % 5, s.to_bits())))
+                };
+                assert_eq!(run, want, "{name}, seed {seed}, {len} accumulators side by side");
             }
         }
     }

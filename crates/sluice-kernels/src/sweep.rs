@@ -15,6 +15,10 @@
 //!   first tile does not wait on L3 for all of them at once, and the prefetches are spread
 //!   between the FMAs rather than issued in a burst (a burst of prefetches between tiles
 //!   lost 2–3 points: the load queue filled behind it).
+//! - **The next span's weight rows named ahead**: the tiles that name no activations (all
+//!   but the first few of a sweep) name a row of the bytes the nest decodes next, one each
+//!   (see [`Prefill::next`]), so that those lines, a whole row apart, arrive under the FMAs
+//!   rather than during the decode.
 //! - **An aligned stage**: activations are the caller's, and a large `Vec<f32>` starts 16
 //!   bytes past a cache line, so every 64-byte AVX-512 load of them straddles two lines (and
 //!   every high-half 32-byte load of AVX2). On the tiers of 32 registers and of halves, a
@@ -55,24 +59,23 @@ pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
     stride: usize,
     x: &impl Fn(usize) -> &'x [f32],
     prefill: Option<Prefill<'_>>,
-) {
-    let (halves, mut stage) = prefill.map_or((false, None), |p| (p.halves, Some(p.stage)));
+) -> usize {
+    let (halves, mut stage, next) =
+        prefill.map_or((false, None, &[][..]), |p| (p.halves, Some(p.stage), p.next));
     assert!(stride >= tb && acc.len() >= rb * stride, "fold_tiles: accumulators");
     assert!(K::HALVES || !halves, "fold_tiles: halves on a tier of whole accumulators");
     let wide = stage.is_some();
-    let mut j = 0;
-    while j < tb {
-        let n = group::<K>(tb - j, halves);
-        let mut ahead: [&[f32]; STAGE_ROWS] = [&[]; STAGE_ROWS];
-        if wide && j + n < tb {
-            let next = group::<K>(tb - j - n, halves);
-            for (i, a) in ahead.iter_mut().take(next).enumerate() {
-                *a = x(j + n + i);
-            }
+    let mut named = 0;
+    for Group { j, n, acts, take } in Plan::<K>::new(rb, tb, halves, wide, next.len()) {
+        let mut ahead: [&[u8]; STAGE_ROWS] = [&[]; STAGE_ROWS];
+        for (i, a) in ahead.iter_mut().take(acts).enumerate() {
+            *a = bytes(x(j + n + i));
         }
+        let spans = &next[named..named + take];
+        named += take;
         let len = x(j).len();
         let misaligned = !x(j).as_ptr().addr().is_multiple_of(64);
-        let s = Sweep { rb, stride, j, halves, wide, ahead, r0: 0 };
+        let s = Sweep { rb, stride, j, halves, wide, ahead, acts, spans, r0: 0 };
         match stage.as_deref_mut() {
             Some(st)
                 if (K::WIDE || halves)
@@ -105,8 +108,79 @@ pub(crate) unsafe fn fold_tiles<'w, 'x, K: Kernel>(
                 }
             },
         }
-        j += n;
     }
+    named
+}
+
+/// How many of `spans` next spans' rows [`fold_tiles`] names to the prefetcher in a prefill
+/// call of `tb` activation rows over `rb` weight rows (the caller names the rest itself).
+pub(crate) fn spans_named<K: Kernel>(rb: usize, tb: usize, halves: bool, spans: usize) -> usize {
+    Plan::<K>::new(rb, tb, halves, true, spans).map(|g| g.take).sum()
+}
+
+/// One token group of [`fold_tiles`]: its first activation row and size, how many rows of
+/// the next token group its tiles name to the prefetcher, and how many next spans' rows.
+struct Group {
+    j: usize,
+    n: usize,
+    acts: usize,
+    take: usize,
+}
+
+/// The token groups of [`fold_tiles`] in order: a prefill call's (`wide`) tiles name the
+/// next group's activation rows, then the next spans' rows (`spans` of them, spread evenly
+/// over the sweeps), one each.
+struct Plan<K> {
+    rb: usize,
+    tb: usize,
+    halves: bool,
+    wide: bool,
+    per_sweep: usize,
+    left: usize,
+    j: usize,
+    tier: std::marker::PhantomData<K>,
+}
+
+impl<K: Kernel> Plan<K> {
+    fn new(rb: usize, tb: usize, halves: bool, wide: bool, spans: usize) -> Self {
+        let (mut sweeps, mut j) = (0, 0);
+        while j < tb {
+            j += group::<K>(tb - j, halves);
+            sweeps += 1;
+        }
+        let left = if wide { spans } else { 0 };
+        let per_sweep = left.div_ceil(sweeps.max(1));
+        Self { rb, tb, halves, wide, per_sweep, left, j: 0, tier: std::marker::PhantomData }
+    }
+}
+
+impl<K: Kernel> Iterator for Plan<K> {
+    type Item = Group;
+
+    fn next(&mut self) -> Option<Group> {
+        let j = self.j;
+        if j >= self.tb {
+            return None;
+        }
+        let n = group::<K>(self.tb - j, self.halves);
+        self.j += n;
+        let acts = if self.wide && self.j < self.tb {
+            group::<K>(self.tb - self.j, self.halves)
+        } else {
+            0
+        };
+        let tiles = self.rb.div_ceil(tile_rows::<K>(n, self.halves));
+        let take = self.per_sweep.min(tiles.saturating_sub(acts)).min(self.left);
+        self.left -= take;
+        Some(Group { j, n, acts, take })
+    }
+}
+
+/// `x`'s bytes: what a tile names to the prefetcher.
+fn bytes(x: &[f32]) -> &[u8] {
+    // SAFETY: an f32 is 4 initialised bytes with no padding, and u8 has alignment 1; the
+    // borrow is shared and as long as `x`'s.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), size_of_val(x)) }
 }
 
 /// Weight rows per tile for a token group of `n`: 4 on 32-register tiers and for a lone
@@ -131,6 +205,10 @@ pub(crate) struct Prefill<'s> {
     /// The aligned stage for a token group's activations: [`STAGE_ROWS`] rows of
     /// [`PANEL_STRIDE`] floats.
     pub(crate) stage: &'s mut [f32],
+    /// The stored bytes the nest decodes next, one weight row's span each: the tiles that
+    /// name no activations name them to the prefetcher, one each, spread over the sweeps
+    /// ([`fold_tiles`] returns how many it named; the caller names the rest itself).
+    pub(crate) next: &'s [&'s [u8]],
 }
 
 /// The size of the next token group when `left` activation rows are left. 32 registers:
@@ -167,12 +245,26 @@ struct Sweep<'a> {
     wide: bool,
     /// The next token group's activation rows: the sweep's `i`-th tile names row `i` to the
     /// prefetcher (empty rows: nothing).
-    ahead: [&'a [f32]; STAGE_ROWS],
+    ahead: [&'a [u8]; STAGE_ROWS],
+    /// How many of `ahead` are activation rows.
+    acts: usize,
+    /// The next spans' rows the sweep's tiles after the first `acts` name, one each.
+    spans: &'a [&'a [u8]],
     /// The first row to sweep.
     r0: usize,
 }
 
-impl Sweep<'_> {
+impl<'a> Sweep<'a> {
+    /// What the sweep's `i`-th tile names to the prefetcher: a row of the next token group's
+    /// activations, else a row of the next spans, else nothing.
+    fn named(&self, i: usize) -> &'a [u8] {
+        if i < self.acts {
+            self.ahead[i]
+        } else {
+            self.spans.get(i - self.acts).copied().unwrap_or_default()
+        }
+    }
+
     /// Sweeps rows `r0..rb` for tokens `j..j + N` in tiles of as many rows as the registers
     /// hold ([`tile_rows`]).
     ///
@@ -190,7 +282,7 @@ impl Sweep<'_> {
         let mut i = usize::from(self.r0 > 0);
         while r < self.rb {
             let a = &mut *acc;
-            let ahead = self.ahead.get(i).copied().unwrap_or_default();
+            let ahead = self.named(i);
             i += 1;
             // SAFETY: the caller guarantees the tier (every arm).
             r += unsafe {
@@ -265,10 +357,10 @@ impl Sweep<'_> {
         });
         if self.halves {
             // SAFETY: the caller guarantees the tier; `fold_half_wide` checks the lengths.
-            unsafe { K::fold_half_wide(ws, xs, a, self.ahead[0], Some(st)) };
+            unsafe { K::fold_half_wide(ws, xs, a, self.named(0), Some(st)) };
         } else {
             // SAFETY: the caller guarantees the tier; `fold_wide` checks the slice lengths.
-            unsafe { K::fold_wide(ws, xs, a, self.ahead[0], Some(st)) };
+            unsafe { K::fold_wide(ws, xs, a, self.named(0), Some(st)) };
         }
     }
 }
@@ -293,7 +385,7 @@ impl Tile {
         acc: &mut [Lanes],
         r: usize,
         x: &impl Fn(usize) -> &'x [f32],
-        ahead: &[f32],
+        ahead: &[u8],
     ) -> usize {
         let (stride, j) = (self.stride, self.j);
         let ws: [&[f32]; R] = std::array::from_fn(|i| w(r + i));
@@ -317,5 +409,54 @@ impl Tile {
             unsafe { K::fold(ws, xs, a) };
         }
         R
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every token group once, in order; a group's tiles name at most one row each (the next
+    /// group's activation rows first, then next spans' rows), the spans spread evenly.
+    fn check<K: Kernel>(name: &str, halves: bool) {
+        for rb in [1, 3, 4, 17, 64] {
+            for tb in [1, 9, 12, 13, 64, 128] {
+                for spans in [0, 1, 5, 64] {
+                    let groups: Vec<Group> = Plan::<K>::new(rb, tb, halves, true, spans).collect();
+                    let per_sweep = spans.div_ceil(groups.len());
+                    let mut j = 0;
+                    for g in &groups {
+                        assert_eq!(g.j, j, "{name}: groups in order");
+                        j += g.n;
+                        let tiles = rb.div_ceil(tile_rows::<K>(g.n, halves));
+                        assert!(g.acts <= STAGE_ROWS, "{name}: {} activation rows", g.acts);
+                        assert!(g.take <= tiles.saturating_sub(g.acts), "{name}: one row a tile");
+                        assert!(g.take <= per_sweep, "{name}: spread over the sweeps");
+                    }
+                    assert_eq!(j, tb, "{name}: every token once");
+                    let last = groups.last().expect("tb > 0");
+                    assert_eq!(last.acts, 0, "{name}: nothing after the last group");
+                    let named: usize = groups.iter().map(|g| g.take).sum();
+                    assert_eq!(named, spans_named::<K>(rb, tb, halves, spans), "{name}");
+                    assert!(named <= spans, "{name}: {named} of {spans} spans");
+                    if tb >= 64 && rb == 64 {
+                        assert_eq!(named, spans, "{name}: a prefill call names every span");
+                    }
+                    let few: usize =
+                        Plan::<K>::new(rb, tb, halves, false, spans).map(|g| g.take + g.acts).sum();
+                    assert_eq!(few, 0, "{name}: the few-row nest names nothing");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_next_spans_were_named_in_a_burst_while_the_panel_was_decoded_now_tiles_name_them() {
+        check::<crate::arch::Portable>("portable", false);
+        #[cfg(target_arch = "x86_64")]
+        {
+            check::<crate::arch::avx512::Avx512>("avx512", false);
+            check::<crate::arch::avx2::Avx2>("avx2 halves", true);
+        }
     }
 }

@@ -152,7 +152,7 @@ pub(crate) trait Kernel {
 
     /// [`Kernel::fold_half`] as the prefill nest ([`crate::wide`]) calls it, with the extras
     /// of [`Kernel::fold_wide`] (which change no result): `ahead`'s cache lines named to the
-    /// prefetcher, one per 16-column step from its start, and with `stage`, every activation
+    /// prefetcher, one per 16-column step from its start while any are left, and with `stage`, every activation
     /// value the fold loads also stored at the same place of `stage[j]`. The default stores
     /// the whole span first and prefetches nothing.
     ///
@@ -162,7 +162,7 @@ pub(crate) trait Kernel {
         w: [&[f32]; R],
         x: [&[f32]; N],
         acc: [&mut [Lanes; N]; R],
-        ahead: &[f32],
+        ahead: &[u8],
         stage: Option<[&mut [f32]; N]>,
     ) {
         let _ = ahead;
@@ -173,7 +173,8 @@ pub(crate) trait Kernel {
 
     /// [`Kernel::fold`] as the prefill nest ([`crate::wide`]) calls it, with two extras that
     /// change no result: the cache lines of `ahead` are named to the prefetcher, one per
-    /// 16-column step from its start (at most `ahead.len() / 16` of them), and with `stage`,
+    /// 16-column step from its start (at most `ahead.len() / 64` of them: an activation row's
+    /// span, or the stored bytes of a weight row's next span), and with `stage`,
     /// every activation vector the fold loads is also stored at the same place of
     /// `stage[j]` (each as long as the span). The default stores the whole span first and
     /// prefetches nothing; a tier overrides it to do both inside its fold loop.
@@ -187,7 +188,7 @@ pub(crate) trait Kernel {
         w: [&[f32]; R],
         x: [&[f32]; N],
         acc: [&mut [Lanes; N]; R],
-        ahead: &[f32],
+        ahead: &[u8],
         stage: Option<[&mut [f32]; N]>,
     ) {
         let _ = ahead;

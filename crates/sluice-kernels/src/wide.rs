@@ -22,11 +22,17 @@
 //!   its accumulators loaded and stored, the loop's exit) are paid half as often, while a
 //!   token group's activations (up to 6 × 4 KiB) and a tile's weight rows still fit in L1
 //!   (2048 columns did not: measured in docs/PERFORMANCE.md, issue 20, session 11).
-//! - **The next span prefetched a whole chunk ahead**: while row `i` of the panel is decoded,
-//!   the bytes it will decode next (the same row's next chunk, or row `i` of the next group)
-//!   are named to the prefetcher, one row at a time rather than in a burst that would queue
-//!   the decode's own loads behind it. A group's rows lie a whole row apart, a pattern the
-//!   hardware prefetchers follow poorly, so without this the decode waited on memory.
+//! - **The next span prefetched a whole chunk ahead**: the bytes each panel row decodes next
+//!   (the same row's next chunk, or the same row of the next group) are named to the
+//!   prefetcher by the fold's tiles, one row's span per tile that names no activations,
+//!   spread evenly over the token groups' sweeps ([`crate::sweep`]), so the lines arrive
+//!   while the FMAs run. A group's rows lie a whole row apart, a pattern the hardware
+//!   prefetchers follow poorly, so without this the decode waited on memory; naming them
+//!   while the panel was decoded, one row per row decoded, left the decode waiting on the
+//!   line fill buffers instead (+1–2 points of the FMA peak for bf16, +2–3 for f32 at
+//!   T=256, one thread: docs/PERFORMANCE.md, issue 20, session 22). What the tiles cannot
+//!   name (a call of few token groups) and every row's share of the scales are still named
+//!   during the decode.
 //! - **No allocation per call**: the panel, accumulators, activation tails and stage are one
 //!   thread-local [`Scratch`] per thread, sized for the largest call ([`WIDE_SCRATCH_BYTES`])
 //!   when the thread first makes such a call, and never zeroed again (every value a call reads
@@ -261,9 +267,21 @@ unsafe fn run_in<K: Kernel, F: Format>(
                     (rows.start, 0)
                 };
                 let pn = GROUP.min(rows.end - pr0);
+                // The next span's stored bytes, row by row: the fold's tiles name as many as
+                // they can to the prefetcher, spread between their FMAs; the rest, and every
+                // row's share of the scales, are named here, one row per row decoded.
+                let next: [&[u8]; GROUP] =
+                    std::array::from_fn(|i| if i < pn { span(m, 0, pr0 + i, pc0) } else { &[] });
+                let named = crate::sweep::spans_named::<K>(gr, n, K::HALVES, pn);
+                let name = |i: usize| {
+                    prefetch(span(m, 1, pr0 + i, pc0));
+                    if i >= named {
+                        prefetch(next[i]);
+                    }
+                };
                 for (i, p) in panel.chunks_exact_mut(PANEL_STRIDE).take(gr).enumerate() {
                     if i < pn {
-                        prefetch_span(m, pr0 + i, pc0);
+                        name(i);
                     }
                     let row = F::row(m, g0 + i);
                     // SAFETY: the caller guarantees the tier; the span `c0..c0 + len` lies in
@@ -279,15 +297,18 @@ unsafe fn run_in<K: Kernel, F: Format>(
                     }
                     p[len..len.next_multiple_of(16)].fill(0.0);
                 }
-                for i in gr..pn {
-                    prefetch_span(m, pr0 + i, pc0);
-                }
+                (gr..pn).for_each(name);
                 let panel = &*panel;
                 let w = |r: usize| &panel[r * PANEL_STRIDE..][..main];
                 let xs = |j: usize| &x[(t0 + j) * cols + c0..][..main];
-                let prefill = Some(Prefill { halves: K::HALVES, stage: floats_mut(&mut s.stage) });
+                let prefill = Some(Prefill {
+                    halves: K::HALVES,
+                    stage: floats_mut(&mut s.stage),
+                    next: &next[..pn],
+                });
                 // SAFETY: the caller guarantees the tier.
-                unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, prefill) };
+                let by_tiles = unsafe { fold_tiles::<K>(&w, gr, n, acc, n, &xs, prefill) };
+                debug_assert_eq!(by_tiles, named, "the tiles named the spans planned");
                 if main < len {
                     let w = |r: usize| &panel[r * PANEL_STRIDE + main..][..16];
                     let xpad = floats(&s.xpad);
@@ -314,7 +335,9 @@ pub(crate) fn group_rows<'m, F: Format>(
 
 /// The end of a row group (this nest's and [`crate::stored`]'s): every accumulator of `acc`
 /// (the group's rows one after the other, `n` tokens each) reduced, finished with its row of
-/// `rows` and handed to `emit(t0 + token, g0 + row, value)`.
+/// `rows` and handed to `emit(t0 + token, g0 + row, value)`. At 16 tokens or more a row's
+/// accumulators are reduced 16 at a time where they lie ([`crate::reduce::reduce_run`]);
+/// fewer, in batches gathered across rows.
 ///
 /// # Safety
 /// The running CPU supports the tier `K`.
@@ -329,15 +352,27 @@ pub(crate) unsafe fn emit_group<K: Kernel, F: Format>(
     g0: usize,
     mut emit: impl FnMut(usize, usize, f32),
 ) {
-    let cells = acc
-        .chunks_exact(n)
-        .enumerate()
-        .flat_map(|(i, a)| a.iter().enumerate().map(move |(j, lanes)| (j, i, lanes)));
-    // SAFETY: the caller guarantees the tier.
-    unsafe {
-        crate::reduce::reduce_cells::<K>(cells, |j, i, s| {
-            emit(t0 + j, g0 + i, F::finish(rows[i], s));
-        });
+    if n >= 16 {
+        // A row's accumulators lie side by side: 16 of them reduced at once, in place.
+        for (i, a) in acc.chunks_exact(n).enumerate() {
+            // SAFETY: the caller guarantees the tier.
+            unsafe {
+                crate::reduce::reduce_run::<K>(a, |j, s| {
+                    emit(t0 + j, g0 + i, F::finish(rows[i], s));
+                });
+            }
+        }
+    } else {
+        let cells = acc
+            .chunks_exact(n)
+            .enumerate()
+            .flat_map(|(i, a)| a.iter().enumerate().map(move |(j, lanes)| (j, i, lanes)));
+        // SAFETY: the caller guarantees the tier.
+        unsafe {
+            crate::reduce::reduce_cells::<K>(cells, |j, i, s| {
+                emit(t0 + j, g0 + i, F::finish(rows[i], s));
+            });
+        }
     }
 }
 
@@ -357,16 +392,15 @@ fn split_halves(line: &[f32], out: &mut [f32]) {
     tail.copy_from_slice(&line[main..]);
 }
 
-/// Names to the prefetcher the stored bytes of columns `c0 .. c0 + WIDE_CHUNK` (clamped to
-/// the row) of row `r`: its weights and its share of the scales. Every format stores the same
+/// The stored bytes of columns `c0 .. c0 + WIDE_CHUNK` (clamped to the row) of row `r` in
+/// buffer `buf` of the matrix (0: the weights, 1: the scales). Every format stores the same
 /// number of bytes per 32 columns of a row, row after row; FP8's scales, which serve 128 rows,
-/// give an approximate span, which is harmless: a prefetch changes no result.
-fn prefetch_span(m: &Matrix<'_>, r: usize, c0: usize) {
+/// give an approximate span, which is harmless: the span is only named to the prefetcher.
+fn span<'a>(m: &Matrix<'a>, buf: usize, r: usize, c0: usize) -> &'a [u8] {
     let cols = m.cols().max(1);
-    for buf in m.rows_bytes(r..r + 1) {
-        let (a, b) = (buf.len() * c0 / cols, buf.len() * (c0 + WIDE_CHUNK).min(cols) / cols);
-        prefetch(buf.get(a..b).unwrap_or_default());
-    }
+    let bytes = m.rows_bytes(r..r + 1)[buf];
+    let (a, b) = (bytes.len() * c0 / cols, bytes.len() * (c0 + WIDE_CHUNK).min(cols) / cols);
+    bytes.get(a..b).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -99,7 +99,7 @@ impl Kernel for Avx512 {
         w: [&[f32]; R],
         x: [&[f32]; N],
         acc: [&mut [Lanes; N]; R],
-        ahead: &[f32],
+        ahead: &[u8],
         stage: Option<[&mut [f32]; N]>,
     ) {
         // SAFETY: the caller guarantees AVX-512F.
@@ -113,17 +113,19 @@ impl WideLoop for Avx512 {
         w: [&[f32]; R],
         x: [&[f32]; N],
         acc: [&mut [Lanes; N]; R],
-        ahead: *const f32,
+        ahead: *const u8,
+        ahead_len: usize,
         stage: [*mut f32; N],
     ) {
         // SAFETY: the caller guarantees AVX-512F and the stage rows' length.
-        unsafe { fold_wide::<R, N, AHEAD, STAGE>(w, x, acc, ahead, stage) }
+        unsafe { fold_wide::<R, N, AHEAD, STAGE>(w, x, acc, ahead, ahead_len, stage) }
     }
 }
 
 /// [`Kernel::fold_wide`]'s loop: the 4 × 6 tile's fold two 16-column steps per iteration
 /// (the loop's own instructions and its exit paid half as often), naming two lines of
-/// `ahead` to the prefetcher per iteration when `AHEAD`, and storing each activation vector
+/// `ahead` to the prefetcher per iteration when `AHEAD` (while the iteration's offset in bytes,
+/// 4 per column, is below `ahead_len`), and storing each activation vector
 /// into `stage` when `STAGE`.
 ///
 /// # Safety
@@ -137,7 +139,8 @@ unsafe fn fold_wide<const R: usize, const N: usize, const AHEAD: bool, const STA
     w: [&[f32]; R],
     x: [&[f32]; N],
     acc: [&mut [Lanes; N]; R],
-    ahead: *const f32,
+    ahead: *const u8,
+    ahead_len: usize,
     stage: [*mut f32; N],
 ) {
     let len = crate::tiled::span_len(&w, &x);
@@ -163,18 +166,18 @@ unsafe fn fold_wide<const R: usize, const N: usize, const AHEAD: bool, const STA
     };
     let mut c = 0;
     while c + 32 <= len {
-        if AHEAD {
-            // The two lines of `ahead` at the same offset as this iteration's 32 columns.
-            crate::arch::prefetch_line(ahead.wrapping_add(c).cast());
-            crate::arch::prefetch_line(ahead.wrapping_add(c + 16).cast());
+        if AHEAD && 4 * c < ahead_len {
+            // Two lines of `ahead`, at four times this iteration's first column.
+            crate::arch::prefetch_line(ahead.wrapping_add(4 * c));
+            crate::arch::prefetch_line(ahead.wrapping_add(4 * c + 64));
         }
         step(&mut a, c);
         step(&mut a, c + 16);
         c += 32;
     }
     if c < len {
-        if AHEAD {
-            crate::arch::prefetch_line(ahead.wrapping_add(c).cast());
+        if AHEAD && 4 * c < ahead_len {
+            crate::arch::prefetch_line(ahead.wrapping_add(4 * c));
         }
         step(&mut a, c);
     }

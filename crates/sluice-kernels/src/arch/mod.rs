@@ -65,7 +65,8 @@ pub(crate) fn prefetch_line(p: *const u8) {
 #[cfg(target_arch = "x86_64")]
 pub(crate) trait WideLoop {
     /// The fold loop of `w` (`R` weight rows) against `x` (`N` activation rows) into `acc`;
-    /// when `AHEAD`, naming one line of `ahead` per 16-column step to the prefetcher; when
+    /// when `AHEAD`, naming one line of `ahead` per 16-column step to the prefetcher while the
+    /// step's offset in bytes (4 per column) is below `ahead_len`; when
     /// `STAGE`, storing every activation value it loads at the same place of `stage[j]`.
     ///
     /// # Safety
@@ -78,13 +79,14 @@ pub(crate) trait WideLoop {
         w: [&[f32]; R],
         x: [&[f32]; N],
         acc: [&mut [Lanes; N]; R],
-        ahead: *const f32,
+        ahead: *const u8,
+        ahead_len: usize,
         stage: [*mut f32; N],
     );
 }
 
 /// [`Kernel::fold_wide`] (or [`Kernel::fold_half_wide`]) through `L`'s loop: prefetches only
-/// when `ahead` covers the span, stages only into `stage`'s rows, checked to be as long as the
+/// when `ahead` is not empty, stages only into `stage`'s rows, checked to be as long as the
 /// span.
 ///
 /// # Safety
@@ -99,12 +101,12 @@ pub(crate) unsafe fn fold_wide_with<L: WideLoop, const R: usize, const N: usize>
     w: [&[f32]; R],
     x: [&[f32]; N],
     acc: [&mut [Lanes; N]; R],
-    ahead: &[f32],
+    ahead: &[u8],
     stage: Option<[&mut [f32]; N]>,
 ) {
     let len = tiled::span_len(&w, &x);
-    let pf = ahead.len() >= len;
-    let ahead = ahead.as_ptr();
+    let pf = !ahead.is_empty();
+    let (ahead, al) = (ahead.as_ptr(), ahead.len());
     // SAFETY: the caller guarantees the tier (every arm); the stage rows are `len` long
     // (checked); with no stage, none is written.
     unsafe {
@@ -113,17 +115,17 @@ pub(crate) unsafe fn fold_wide_with<L: WideLoop, const R: usize, const N: usize>
                 assert!(s.iter().all(|s| s.len() == len), "fold_wide: stage rows");
                 let s = s.map(|s| s.as_mut_ptr());
                 if pf {
-                    L::fold_loop::<R, N, true, true>(w, x, acc, ahead, s);
+                    L::fold_loop::<R, N, true, true>(w, x, acc, ahead, al, s);
                 } else {
-                    L::fold_loop::<R, N, false, true>(w, x, acc, ahead, s);
+                    L::fold_loop::<R, N, false, true>(w, x, acc, ahead, al, s);
                 }
             }
             None => {
                 let s = [std::ptr::null_mut(); N];
                 if pf {
-                    L::fold_loop::<R, N, true, false>(w, x, acc, ahead, s);
+                    L::fold_loop::<R, N, true, false>(w, x, acc, ahead, al, s);
                 } else {
-                    L::fold_loop::<R, N, false, false>(w, x, acc, ahead, s);
+                    L::fold_loop::<R, N, false, false>(w, x, acc, ahead, al, s);
                 }
             }
         }

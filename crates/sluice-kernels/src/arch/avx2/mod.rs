@@ -101,7 +101,14 @@ impl Kernel for Avx2 {
     ) {
         // SAFETY: the caller guarantees AVX2 and FMA; nothing is prefetched.
         unsafe {
-            fold_half::<R, N, false, false>(w, x, acc, std::ptr::null(), [std::ptr::null_mut(); N])
+            fold_half::<R, N, false, false>(
+                w,
+                x,
+                acc,
+                std::ptr::null(),
+                0,
+                [std::ptr::null_mut(); N],
+            )
         }
     }
 
@@ -110,7 +117,7 @@ impl Kernel for Avx2 {
         w: [&[f32]; R],
         x: [&[f32]; N],
         acc: [&mut [Lanes; N]; R],
-        ahead: &[f32],
+        ahead: &[u8],
         stage: Option<[&mut [f32]; N]>,
     ) {
         // SAFETY: the caller guarantees AVX2 and FMA.
@@ -136,16 +143,18 @@ impl WideLoop for Avx2 {
         w: [&[f32]; R],
         x: [&[f32]; N],
         acc: [&mut [Lanes; N]; R],
-        ahead: *const f32,
+        ahead: *const u8,
+        ahead_len: usize,
         stage: [*mut f32; N],
     ) {
         // SAFETY: the caller guarantees AVX2, FMA and the stage rows' length.
-        unsafe { fold_half::<R, N, AHEAD, STAGE>(w, x, acc, ahead, stage) }
+        unsafe { fold_half::<R, N, AHEAD, STAGE>(w, x, acc, ahead, ahead_len, stage) }
     }
 }
 
 /// [`Kernel::fold_half`]'s loop; when `AHEAD`, the low half's pass names one line of `ahead`
-/// per 16-column step to the prefetcher (the line at the step's own offset), and when
+/// per 16-column step to the prefetcher (at four times the step's first column, while that
+/// is below `ahead_len`), and when
 /// `STAGE`, each pass stores every activation half it loads at the same place of `stage[j]`.
 ///
 /// # Safety
@@ -159,7 +168,8 @@ unsafe fn fold_half<const R: usize, const N: usize, const AHEAD: bool, const STA
     w: [&[f32]; R],
     x: [&[f32]; N],
     acc: [&mut [Lanes; N]; R],
-    ahead: *const f32,
+    ahead: *const u8,
+    ahead_len: usize,
     stage: [*mut f32; N],
 ) {
     let len = crate::tiled::span_len(&w, &x);
@@ -178,8 +188,8 @@ unsafe fn fold_half<const R: usize, const N: usize, const AHEAD: bool, const STA
         }
         let (mut c, mut cw) = (h, wh);
         while c < len {
-            if AHEAD && h == 0 {
-                crate::arch::prefetch_line(ahead.wrapping_add(c).cast());
+            if AHEAD && h == 0 && 4 * c < ahead_len {
+                crate::arch::prefetch_line(ahead.wrapping_add(4 * c));
             }
             // SAFETY: `c + 8 <= len` (`c % 16` is `h`, `len` a multiple of 16) and every
             // slice is `len` long (asserted above); `cw = wh + (c - h) / 2`, so
