@@ -41,7 +41,7 @@ use crate::formats::Format;
 use crate::matmul::Matrix;
 use crate::sweep::{group, tile_rows};
 use crate::tiled::{Kernel, Lanes};
-use crate::wide::{emit_group, group_rows, GROUP, PANEL_STRIDE, WIDE_CHUNK};
+use crate::wide::{group_rows, GROUP, PANEL_STRIDE, WIDE_CHUNK};
 
 /// The most activation rows a call folds from the stored bytes (more: the panel pays).
 pub(crate) const STORED_ROWS: usize = 32;
@@ -111,8 +111,16 @@ pub(crate) unsafe fn run<K: Kernel, F: Format>(
                 j += n;
             }
         }
+        let cells = acc
+            .chunks_exact(t)
+            .enumerate()
+            .flat_map(|(i, a)| a.iter().enumerate().map(move |(j, lanes)| (j, i, lanes)));
         // SAFETY: the caller guarantees the tier.
-        unsafe { emit_group::<K, F>(acc, t, &views, 0, g0, &mut emit) };
+        unsafe {
+            crate::reduce::reduce_cells::<K>(cells, |j, i, s| {
+                emit(j, g0 + i, F::finish(views[i], s));
+            });
+        }
     }
 }
 

@@ -333,7 +333,7 @@ pub(crate) fn group_rows<'m, F: Format>(
     std::array::from_fn(|i| F::row(m, g0 + i.min(gr - 1)))
 }
 
-/// The end of a row group (this nest's and [`crate::stored`]'s): every accumulator of `acc`
+/// The end of a row group of this nest: every accumulator of `acc`
 /// (the group's rows one after the other, `n` tokens each) reduced, finished with its row of
 /// `rows` and handed to `emit(t0 + token, g0 + row, value)`. At 16 tokens or more a row's
 /// accumulators are reduced 16 at a time where they lie ([`crate::reduce::reduce_run`]);
@@ -341,10 +341,11 @@ pub(crate) fn group_rows<'m, F: Format>(
 ///
 /// # Safety
 /// The running CPU supports the tier `K`.
-// Inlined as the code it replaces was: as a call of its own, the few-row nest around it was
-// inlined into its caller instead and measured 1-4% slower (bf16, 8 rows, one thread).
+// The stored nest ([`crate::stored`]) ends its groups with the same lines written out: through
+// this function, inlined or not, its bf16 calls of 4 and 8 rows measured 2-5% slower (session
+// 22, one thread), the code around it inlined differently.
 #[inline(always)]
-pub(crate) unsafe fn emit_group<K: Kernel, F: Format>(
+unsafe fn emit_group<K: Kernel, F: Format>(
     acc: &[Lanes],
     n: usize,
     rows: &[F::Row<'_>; GROUP],
