@@ -17,7 +17,9 @@
 //! - **Column chunks** of [`WIDE_CHUNK`] within a group: the group's chunk is widened to f32
 //!   once into a panel (260 KiB, in L2; rows [`PANEL_STRIDE`] apart), and every (row,
 //!   activation row) pair's 16-lane accumulator lives in a buffer (the group × block
-//!   accumulators: up to 512 KiB, in a 2 MiB L2) between chunks. The chunk is twice the few-row
+//!   accumulators: up to 512 KiB, in L2: 2 MiB on the device's Xeon, only 1.25 MiB on the
+//!   dev VM's, where with the block's activations they overflow it, session 22) between
+//!   chunks. The chunk is twice the few-row
 //!   nest's [`CHUNK`], so that a register tile runs 64 steps of 16 columns per call instead of 32: the per-tile costs (the call,
 //!   its accumulators loaded and stored, the loop's exit) are paid half as often, while a
 //!   token group's activations (up to 6 × 4 KiB) and a tile's weight rows still fit in L1
