@@ -218,19 +218,27 @@ pub(crate) trait Widen16 {
     unsafe fn widen16(p: *const u8) -> __m512;
 }
 
-/// `R` rows stored as `W` (each the span's bytes) against `N` activation rows, folded from
-/// the stored bytes ([`crate::formats::Format::avx512_tile`]): per 16-column step, R loads
-/// widened in registers, N activation loads and R · N FMAs, in the order the panel's fold
-/// takes them. When `ahead` is not 0, each row's bytes `ahead` on are named to the
+/// [`crate::formats::Format::avx512_tile`] of a format stored as `W`: `R` rows (each the
+/// whole row's bytes) against `N` activation rows, folded from the stored bytes of the span
+/// from column `c0` (as long as every `x[j]`): per 16-column step, R loads widened in
+/// registers, N activation loads and R · N FMAs, in the order the panel's fold takes them.
+/// When `ahead` is not 0, each row's bytes `ahead` on from its span are named to the
 /// prefetcher, a line per 64 bytes read.
+///
+/// # Panics
+/// If the span does not lie inside a row, the `x[j]` differ in length, or their length is not
+/// a multiple of 16.
 #[target_feature(enable = "avx512f")]
 #[inline]
 pub(crate) fn fold_stored_tile<W: Widen16, const R: usize, const N: usize>(
-    w: [&[u8]; R],
+    rows: [&[u8]; R],
+    c0: usize,
     x: [&[f32]; N],
     acc: [&mut [Lanes; N]; R],
     ahead: usize,
 ) {
+    let n = x.first().map_or(0, |s| s.len());
+    let w = rows.map(|w| &w[W::BYTES * c0..W::BYTES * (c0 + n)]);
     if ahead == 0 {
         stored_tile::<W, R, N, false>(w, x, acc, 0);
     } else {

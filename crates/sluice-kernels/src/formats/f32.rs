@@ -91,9 +91,7 @@ impl Format for F32 {
         acc: [&mut [Lanes; N]; R],
         ahead: usize,
     ) {
-        let n = x.first().map_or(0, |s| s.len());
-        let w = rows.map(|w| &w[4 * c0..4 * (c0 + n)]);
-        crate::arch::avx512::fold_stored_tile::<Self, R, N>(w, x, acc, ahead);
+        crate::arch::avx512::fold_stored_tile::<Self, R, N>(rows, c0, x, acc, ahead);
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -129,9 +129,8 @@ impl Format for Int8Row {
         acc: [&mut [Lanes; N]; R],
         ahead: usize,
     ) {
-        let n = x.first().map_or(0, |s| s.len());
-        let w = rows.map(|r| &r.values[c0..c0 + n]);
-        crate::arch::avx512::fold_stored_tile::<Self, R, N>(w, x, acc, ahead);
+        let w = rows.map(|r| r.values);
+        crate::arch::avx512::fold_stored_tile::<Self, R, N>(w, c0, x, acc, ahead);
     }
 
     #[cfg(target_arch = "x86_64")]

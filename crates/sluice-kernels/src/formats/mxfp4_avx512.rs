@@ -261,7 +261,7 @@ nibble_tiles!(tile_vbmi, "avx512f,avx512vbmi", half_vbmi);
 /// E8M0 scales) and INT4 groups (`k − 8` and bf16 scales) share it. On AVX-512 VBMI where the
 /// CPU has it; `ahead != 0` names the bytes `ahead` on to the prefetcher.
 #[target_feature(enable = "avx512f")]
-pub(crate) fn nibble_tile<const R: usize, const N: usize, const SB: usize>(
+fn nibble_tile<const R: usize, const N: usize, const SB: usize>(
     table: &[f32; 16],
     factor: fn(&[u8]) -> f32,
     w: [(&[u8], &[u8]); R],
