@@ -108,11 +108,11 @@ pub fn matmul_then(
     let Target { out, to, per } = target;
     let isa = isa::isa();
     let (py, po) = (OutPtr::new(y), OutPtr::new(out));
-    for_chunks(rows, m.cols(), t, &|tk, r| {
+    for_chunks(isa, x, t, rows, m.cols(), &|tk, r, pack| {
         // SAFETY: `isa` is the process's tier, which the CPU supports; `y` is `t * rows` long
         // (asserted) and exclusively borrowed until `for_chunks` returns, after every chunk
         // has finished, and the chunks' (token, row) ranges are disjoint.
-        unsafe { run_cells(isa, m, x, tk.clone(), r.clone(), &py) };
+        unsafe { run_cells(isa, m, x, tk.clone(), r.clone(), &py, pack) };
         // Cuts are multiples of MIN_CHUNK_ROWS (or `rows`), both multiples of `per` (asserted).
         assert!(
             r.start.is_multiple_of(per) && r.end.is_multiple_of(per),
@@ -166,11 +166,11 @@ pub fn matmul_pair(
     let isa = isa::isa();
     let rows = a.rows();
     let (pa, pb) = (OutPtr::new(out_a), OutPtr::new(out_b));
-    for_chunks(rows, 2 * a.cols(), t, &|tk, r| {
+    for_chunks(isa, x, t, rows, 2 * a.cols(), &|tk, r, pack| {
         // SAFETY: as in `matmul_then`, for each of the two outputs.
         unsafe {
-            run_cells(isa, a, x, tk.clone(), r.clone(), &pa);
-            run_cells(isa, b, x, tk.clone(), r.clone(), &pb);
+            run_cells(isa, a, x, tk.clone(), r.clone(), &pa, pack);
+            run_cells(isa, b, x, tk.clone(), r.clone(), &pb, pack);
         }
         for ti in tk {
             let at = ti * rows + r.start;

@@ -15,6 +15,11 @@ pub mod latent;
 pub mod many;
 pub mod matmul;
 pub mod ops;
+#[cfg(target_arch = "x86_64")]
+mod outer;
+// Only the AVX-512 tier packs (x86-64): elsewhere the calls carry no pack and most of it is unused.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+mod packed;
 pub mod pool;
 pub mod probe;
 mod reduce;
@@ -31,12 +36,14 @@ pub use many::{
     PairJob, ThenJob,
 };
 pub use matmul::{matmul, matmul_with, Matrix, WeightFormat};
+pub use packed::PACK_BYTES;
 pub use pool::{Pool, PoolBusy};
 pub use wide::WIDE_SCRATCH_BYTES;
 
 /// Makes every thread of `pool` hold what its first call of more than eight activation rows
-/// keeps for the thread's life (the wide nest's scratch, [`WIDE_SCRATCH_BYTES`] each), by
-/// running one such call, a tiny one, on each thread ([`Pool::on_every_thread`]). After it,
+/// keeps for the thread's life (the wide nest's scratch and, on a tier that packs a prefill's
+/// activations, the pack buffer: [`WIDE_SCRATCH_BYTES`] in all), by running one such call, a
+/// tiny one, on each thread ([`Pool::on_every_thread`]), and making the pack buffer. After it,
 /// the first prefill-sized pass allocates no more than later ones do, whichever threads its
 /// row chunks reach. A thread that holds its scratch already allocates nothing.
 ///
@@ -53,6 +60,7 @@ pub fn reserve_scratch(pool: &Pool) -> Result<(), PoolBusy> {
         let x = [0.0f32; T * COLS];
         let mut out = [0.0f32; T];
         matmul(&m, &x, T, &mut out);
+        packed::reserve(isa());
     })
 }
 

@@ -159,7 +159,7 @@ pub fn matmul_many(jobs: &mut [Job<'_>]) {
         // returns, after every chunk has finished. The chunks of one job are its cuts of
         // `0..t × 0..rows` as `matmul` makes them, so disjoint, and the chunks of different
         // jobs write different buffers (each job holds its own `&mut`, so they never overlap).
-        unsafe { run_cells(isa, m, x, tk, r, &outs[j]) };
+        unsafe { run_cells(isa, m, x, tk, r, &outs[j], None) };
     });
 }
 
@@ -198,8 +198,8 @@ pub fn matmul_pair_many(
         // SAFETY: as in `matmul_many`, for each of job `j`'s two outputs (`t * rows` long,
         // asserted; two exclusive borrows, so they never overlap each other or another job's).
         unsafe {
-            run_cells(isa, a, x, tk.clone(), r.clone(), pa);
-            run_cells(isa, b, x, tk.clone(), r.clone(), pb);
+            run_cells(isa, a, x, tk.clone(), r.clone(), pa, None);
+            run_cells(isa, b, x, tk.clone(), r.clone(), pb, None);
         }
         for ti in tk {
             let at = ti * rows + r.start;
@@ -266,7 +266,7 @@ pub fn matmul_then_many(jobs: &mut [ThenJob<'_>], finish: &ManyFinish<'_>) {
         let (py, target) = &outs[j];
         let rows = m.rows();
         // SAFETY: as in `matmul_many`, for job `j`'s `y` (`t * rows` long, asserted).
-        unsafe { run_cells(isa, m, x, tk.clone(), r.clone(), py) };
+        unsafe { run_cells(isa, m, x, tk.clone(), r.clone(), py, None) };
         for ti in tk {
             // SAFETY: `ti < t` and `r` lies inside `0..rows`, so the range is inside job `j`'s
             // `y`; this chunk owns these cells and has just written them, and no other

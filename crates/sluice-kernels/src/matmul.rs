@@ -32,8 +32,10 @@
 use crate::arch;
 use crate::formats::{Format, Visit};
 use crate::isa::{self, Isa};
+use crate::packed::Packed;
 use crate::tiled::TOKEN_BLOCK;
 use std::cell::RefCell;
+use std::ops::Range;
 use std::rc::Rc;
 
 pub use crate::formats::{e4m3_to_f32, e8m0_to_f32, WeightFormat, E2M1, E4M3};
@@ -216,34 +218,46 @@ pub fn matmul_with(isa: Isa, m: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32
     assert_eq!(out.len(), t * m.rows, "matmul: out length");
     assert!(isa.is_available(), "matmul: the {isa} tier is not supported by this CPU");
     let out_ptr = OutPtr::new(out);
-    for_chunks(m.rows, m.cols, t, &|tk, r| {
+    for_chunks(isa, x, t, m.rows, m.cols, &|tk, r, pack| {
         // SAFETY: `isa` is available (asserted above); `out` is `t * rows` long and exclusively
         // borrowed until `for_chunks` returns, which is after every chunk has finished, and
         // the chunks' (token, row) ranges are disjoint, so each cell is written by exactly one
         // chunk and read by none.
-        unsafe { run_cells(isa, m, x, tk, r, &out_ptr) };
+        unsafe { run_cells(isa, m, x, tk, r, &out_ptr, pack) };
     });
 }
 
-/// Runs `f(tokens, rows)` over the chunks of a call of `t` activation rows on a `rows × cols`
-/// matrix ([`split`]) on the current pool, or once over everything on the calling thread.
+/// What [`for_chunks`] runs for each chunk: `f(tokens, rows, pack)`.
+pub(crate) type ChunkFn<'f> = dyn Fn(Range<usize>, Range<usize>, Option<&Packed<'_>>) + Sync + 'f;
+
+/// Runs `f(tokens, rows, pack)` over the chunks of a call of `t` activation rows `x` on a
+/// matrix of `rows` rows ([`split`], which weighs the call as `work_cols` columns) on the
+/// current pool, or once over everything on the calling thread. Where the tier packs a
+/// prefill's activations ([`crate::packed`]), they are packed first, in blocks of tokens if
+/// need be, each block cut into chunks on its own and its chunks handed the pack.
 pub(crate) fn for_chunks(
-    rows: usize,
-    cols: usize,
+    isa: Isa,
+    x: &[f32],
     t: usize,
-    f: &(dyn Fn(std::ops::Range<usize>, std::ops::Range<usize>) + Sync),
+    rows: usize,
+    work_cols: usize,
+    f: &ChunkFn<'_>,
 ) {
-    crate::pool::with_current(|pool| {
-        let Some((cuts, token_chunks)) = split(pool.threads(), rows, cols, t) else {
-            f(0..t, 0..rows);
-            return;
-        };
-        let cuts: &[usize] = &cuts;
-        let row_chunks = cuts.len() - 1;
-        let tc = t.div_ceil(token_chunks);
-        pool.run(row_chunks * token_chunks, &|i| {
-            let (ri, ti) = (i % row_chunks, i / row_chunks);
-            f((ti * tc).min(t)..t.min((ti + 1) * tc), cuts[ri]..cuts[ri + 1]);
+    let cols = x.len().checked_div(t).unwrap_or(0);
+    crate::packed::in_blocks(isa, x, t, cols, &mut |tokens, pack| {
+        let (t0, n) = (tokens.start, tokens.len());
+        crate::pool::with_current(|pool| {
+            let Some((cuts, token_chunks)) = split(pool.threads(), rows, work_cols, n) else {
+                f(tokens.clone(), 0..rows, pack);
+                return;
+            };
+            let cuts: &[usize] = &cuts;
+            let row_chunks = cuts.len() - 1;
+            let tc = n.div_ceil(token_chunks);
+            pool.run(row_chunks * token_chunks, &|i| {
+                let (ri, ti) = (i % row_chunks, i / row_chunks);
+                f(t0 + (ti * tc).min(n)..t0 + n.min((ti + 1) * tc), cuts[ri]..cuts[ri + 1], pack);
+            });
         });
     });
 }
@@ -366,7 +380,8 @@ impl OutPtr {
 }
 
 /// Computes the cells `(ti, r)` for `ti` in `tokens` and `r` in `rows` on `isa` (see
-/// [`crate::tiled`]).
+/// [`crate::tiled`]), from the call's packed activations `pack` if it has them (which hold
+/// `tokens`: see [`for_chunks`]).
 ///
 /// # Safety
 /// The CPU supports `isa`; `out` points to `x.len() / m.cols() * m.rows()` f32 whose cells
@@ -378,6 +393,7 @@ pub(crate) unsafe fn run_cells(
     tokens: std::ops::Range<usize>,
     rows: std::ops::Range<usize>,
     out: &OutPtr,
+    pack: Option<&Packed<'_>>,
 ) {
     assert!(rows.end <= m.rows, "matmul: row range");
     assert!(tokens.end * m.cols <= x.len(), "matmul: token range");
@@ -389,7 +405,14 @@ pub(crate) unsafe fn run_cells(
         unsafe { out.write((t0 + ti) * m.rows + r, v) };
     };
     let x = &x[t0 * m.cols..tokens.end * m.cols];
-    arch::run(isa, m, x, t, rows, emit);
+    let pack = pack.map(|p| {
+        assert!(
+            t0 >= p.first && tokens.end <= p.first + p.tokens,
+            "matmul: chunk outside its pack"
+        );
+        (p, t0 - p.first)
+    });
+    arch::run(isa, m, x, t, rows, pack, emit);
 }
 
 #[cfg(test)]

@@ -101,11 +101,36 @@ pub(crate) const PANEL_STRIDE: usize = WIDE_CHUNK + 16;
 /// (its f32 weight panel, accumulators and padded activation tails), whatever the row count:
 /// allocated by the first such call on a thread and reused by every later one for the
 /// thread's life, a fixed cost per kernel thread that a memory plan's headroom must cover.
-pub const WIDE_SCRATCH_BYTES: usize = (GROUP * PANEL_STRIDE
-    + GROUP * WIDE_TOKEN_BLOCK * 16
-    + WIDE_TOKEN_BLOCK * 16
-    + STAGE_ROWS * PANEL_STRIDE)
-    * 4;
+///
+/// On x86-64 it also counts the buffer a thread packs a prefill call's activations into
+/// ([`crate::PACK_BYTES`], made on the AVX-512 tier only), since any thread may make a call.
+pub const WIDE_SCRATCH_BYTES: usize =
+    (GROUP * PANEL_STRIDE + ACC_LINES * 16 + WIDE_TOKEN_BLOCK * 16 + STAGE_ROWS * PANEL_STRIDE) * 4
+        + if cfg!(target_arch = "x86_64") { crate::packed::PACK_BYTES } else { 0 };
+
+/// Accumulator lines of the scratch: a row group × token block of this nest, or the outer
+/// nest's block ([`crate::outer`]), whichever is more.
+#[cfg(target_arch = "x86_64")]
+const ACC_LINES: usize = max(GROUP * WIDE_TOKEN_BLOCK, crate::outer::ACC_FLOATS / 16);
+#[cfg(not(target_arch = "x86_64"))]
+const ACC_LINES: usize = GROUP * WIDE_TOKEN_BLOCK;
+
+/// The larger of `a` and `b`, in a constant.
+#[cfg(target_arch = "x86_64")]
+const fn max(a: usize, b: usize) -> usize {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+// The outer nest runs in this scratch: its panel, accumulators and decode stage fit.
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(
+    crate::outer::PANEL_FLOATS <= GROUP * PANEL_STRIDE
+        && crate::outer::STAGE_FLOATS <= STAGE_ROWS * PANEL_STRIDE
+);
 
 /// Activation rows of the aligned stage: a token group of the widest tile (4 × 6).
 pub(crate) const STAGE_ROWS: usize = 6;
@@ -155,7 +180,7 @@ impl Scratch {
         let zero = Line([0.0; 16]);
         Self {
             panel: vec![zero; GROUP * PANEL_STRIDE / 16],
-            acc: vec![zero; GROUP * WIDE_TOKEN_BLOCK],
+            acc: vec![zero; ACC_LINES],
             xpad: vec![zero; WIDE_TOKEN_BLOCK],
             stage: vec![zero; STAGE_ROWS * PANEL_STRIDE / 16],
         }
@@ -194,20 +219,63 @@ pub(crate) unsafe fn run<K: Kernel, F: Format>(
         return;
     }
     let mut emit = Some(emit);
-    let mut go = |s: &mut Scratch| {
+    with_scratch(|s| {
         if let Some(emit) = emit.take() {
             // SAFETY: guaranteed by the caller.
             unsafe { run_in::<K, F>(s, m, x, t, rows.clone(), emit) };
         }
-    };
-    // A thread that is being torn down has no scratch left to lend: it gets a fresh one too.
-    let lent = SCRATCH.try_with(|cell| match cell.try_borrow_mut() {
-        Ok(mut slot) => go(slot.get_or_insert_with(Scratch::new)),
-        Err(_) => go(&mut Scratch::new()),
     });
-    if lent.is_err() {
+}
+
+/// Runs `go` once with this thread's [`Scratch`], or a fresh one if the thread is already
+/// inside a call (an `emit` that calls back into the kernels) or being torn down.
+fn with_scratch(mut go: impl FnMut(&mut Scratch)) {
+    let mut done = false;
+    let _ = SCRATCH.try_with(|cell| {
+        match cell.try_borrow_mut() {
+            Ok(mut slot) => go(slot.get_or_insert_with(Scratch::new)),
+            Err(_) => go(&mut Scratch::new()),
+        }
+        done = true;
+    });
+    if !done {
         go(&mut Scratch::new());
     }
+}
+
+/// The outer-product nest ([`crate::outer::run`]) of the tokens `tokens` of the pack `p` (a
+/// prefill call's activations, packed once for all its chunks) in this thread's [`Scratch`]:
+/// `emit(j, r, sum)` for token `j` (relative to `tokens.start`) and every `r` in `rows`.
+///
+/// # Safety
+/// The running CPU supports AVX-512F.
+///
+/// # Panics
+/// If `p` is not `m`'s columns, `tokens` runs past the pack or `rows` past `m`.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn run_outer<F: Format>(
+    m: &Matrix<'_>,
+    p: &crate::packed::Packed<'_>,
+    tokens: Range<usize>,
+    rows: Range<usize>,
+    emit: impl FnMut(usize, usize, f32),
+) {
+    if tokens.is_empty() || rows.is_empty() {
+        return;
+    }
+    let mut emit = Some(emit);
+    with_scratch(|s| {
+        if let Some(emit) = emit.take() {
+            let buffers = crate::outer::Buffers {
+                panel: floats_mut(&mut s.panel),
+                acc: floats_mut(&mut s.acc),
+                stage: floats_mut(&mut s.stage),
+            };
+            // SAFETY: guaranteed by the caller; the scratch's buffers are on cache lines and
+            // hold what the nest needs (asserted at compile time above).
+            unsafe { crate::outer::run::<F>(buffers, m, p, tokens.clone(), rows.clone(), emit) };
+        }
+    });
 }
 
 /// [`run`] in the buffers `s`, for `t > 0` and non-empty `rows`.
@@ -399,7 +467,7 @@ fn split_halves(line: &[f32], out: &mut [f32]) {
 /// buffer `buf` of the matrix (0: the weights, 1: the scales). Every format stores the same
 /// number of bytes per 32 columns of a row, row after row; FP8's scales, which serve 128 rows,
 /// give an approximate span, which is harmless: the span is only named to the prefetcher.
-fn span<'a>(m: &Matrix<'a>, buf: usize, r: usize, c0: usize) -> &'a [u8] {
+pub(crate) fn span<'a>(m: &Matrix<'a>, buf: usize, r: usize, c0: usize) -> &'a [u8] {
     let cols = m.cols().max(1);
     let bytes = m.rows_bytes(r..r + 1)[buf];
     let (a, b) = (bytes.len() * c0 / cols, bytes.len() * (c0 + WIDE_CHUNK).min(cols) / cols);

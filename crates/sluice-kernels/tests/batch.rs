@@ -728,3 +728,41 @@ proptest! {
         check("mxfp4", rows, cols, t, seed, wm, xm)?;
     }
 }
+
+/// Prefill tiles folded 16 columns of one weight row per FMA and streamed their weights from
+/// L2 (about half the FMA peak at T = 256 on one thread); the outer-product nest (AVX-512)
+/// holds lane `l` of 16 rows per register against one broadcast activation, over activations
+/// packed once per call. Every format equals the scalar reference bit for bit at its edges:
+/// 1 to 4 vectors of rows and a partial one, token groups of 6 and a partial one, blocks of
+/// 128 tokens and an uneven split, columns with a partial 16-column step and past a
+/// 1,024-column chunk, rows wide enough that a pack holds fewer than 128 tokens, and pools
+/// that split a call by activation rows (chunks that start inside a pack).
+#[test]
+fn prefill_tiles_streamed_their_weights_from_l2_now_a_lanes_weights_stay_in_l1_same_bits() {
+    let cases = [
+        ("f32", 17, 1041, 33),
+        ("bf16", 70, 300, 129),
+        ("int8", 130, 2100, 40),
+        ("mxfp4", 48, 1056, 200),
+        ("fp8", 33, 1152, 47),
+        ("int4", 64, 1024, 257),
+        ("bf16", 5, 40_000, 100),
+    ];
+    let pools = [Pool::new(1).expect("pool"), Pool::new(3).expect("pool")];
+    for (k, &(format, rows, cols, t)) in cases.iter().enumerate() {
+        let mut rng = Rng::new(0x0E7E_0000 + u64::try_from(k).expect("small"));
+        let w = Weights::gen(format, rows, cols, &mut rng, Mode::Mixed);
+        let m = w.matrix();
+        let x = values(&mut rng, Mode::Mixed, t * cols);
+        for (pool, threads) in pools.iter().zip([1, 3]) {
+            pool.install(|| {
+                common::assert_tiers_equal_scalar_nan_as_one(
+                    &m,
+                    &x,
+                    t,
+                    &format!("{format} {rows}x{cols} t={t} threads={threads}"),
+                );
+            });
+        }
+    }
+}

@@ -21,6 +21,7 @@ use std::ops::Range;
 use crate::formats::{Format, Visit};
 use crate::isa::Isa;
 use crate::matmul::Matrix;
+use crate::packed::Packed;
 use crate::tiled::{self, Kernel, Lanes};
 
 /// Asks the CPU to start loading `bytes` into its L2 cache; changes no result. Weights are
@@ -159,21 +160,30 @@ impl Kernel for Portable {
 }
 
 /// One call of the loop nest, waiting for its format ([`Visit`]).
-struct Run<'m, 'a, 'x, E> {
+struct Run<'m, 'a, 'x, 'p, E> {
     isa: Isa,
     m: &'m Matrix<'a>,
     x: &'x [f32],
     t: usize,
     rows: Range<usize>,
+    pack: Option<(&'p Packed<'p>, usize)>,
     emit: E,
 }
 
-impl<E: FnMut(usize, usize, f32)> Visit for Run<'_, '_, '_, E> {
+impl<E: FnMut(usize, usize, f32)> Visit for Run<'_, '_, '_, '_, E> {
     type Out = ();
 
     fn visit<F: Format>(self) {
-        let Self { isa, m, x, t, rows, emit } = self;
+        let Self { isa, m, x, t, rows, pack, emit } = self;
         assert!(isa.is_available(), "matmul: the {isa} tier is not supported by this CPU");
+        #[cfg(target_arch = "x86_64")]
+        if let (Isa::Avx512, Some((p, j0))) = (isa, pack) {
+            // SAFETY: the CPU supports AVX-512F (asserted above).
+            unsafe { crate::wide::run_outer::<F>(m, p, j0..j0 + t, rows, emit) };
+            return;
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = pack;
         match isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the CPU supports AVX-512F (asserted above).
@@ -190,7 +200,9 @@ impl<E: FnMut(usize, usize, f32)> Visit for Run<'_, '_, '_, E> {
     }
 }
 
-/// Runs the loop nest of [`crate::tiled::run`] on `isa`'s kernel and `m`'s format.
+/// Runs the loop nest of [`crate::tiled::run`] on `isa`'s kernel and `m`'s format, or, given
+/// the call's packed activations and where `x`'s rows start in them, the outer-product nest
+/// ([`crate::outer`], which only AVX-512 packs for).
 ///
 /// # Panics
 /// If the running CPU does not support `isa` ([`Isa::is_available`]).
@@ -200,9 +212,10 @@ pub(crate) fn run(
     x: &[f32],
     t: usize,
     rows: Range<usize>,
+    pack: Option<(&Packed<'_>, usize)>,
     emit: impl FnMut(usize, usize, f32),
 ) {
-    m.format().visit(Run { isa, m, x, t, rows, emit });
+    m.format().visit(Run { isa, m, x, t, rows, pack, emit });
 }
 
 #[cfg(test)]
@@ -220,7 +233,7 @@ mod tests {
         let x: Vec<f32> =
             (0..t * cols).map(|i| f32::from(u16::try_from(i).unwrap_or(0)).sin()).collect();
         let mut got = vec![f32::NAN; t * rows];
-        run(Isa::Scalar, &m, &x, t, 0..rows, |j, r, v| got[j * rows + r] = v);
+        run(Isa::Scalar, &m, &x, t, 0..rows, None, |j, r, v| got[j * rows + r] = v);
         for r in 0..rows {
             for j in 0..t {
                 let want = dot_row_scalar(&m, r, &x[j * cols..(j + 1) * cols]);

@@ -1,0 +1,476 @@
+//! The prefill nest in outer-product form (AVX-512): a register holds one lane of 16 weight
+//! rows' accumulators, not 16 lanes of one row's, so the weights a tile folds stay in L1
+//! while every token group of the block passes over them.
+//!
+//! **Why.** The canonical reduction ([`crate::matmul`]) gives each (row, token) cell 16
+//! lanes, lane `l` folding columns `l, l + 16, l + 32, …` in increasing order, then
+//! [`crate::matmul::reduce16`]'s tree. The other nests hold a cell's 16 lanes in one register
+//! and fold 16 columns per FMA, so each FMA needs 16 weights *and* 16 activations: a tile of
+//! 4 rows × 6 tokens streams 4 KiB of weights per 1,536 FMAs from the L2 panel, and a token
+//! group's 24 KiB of activations and the tile's weights share L1 (≈ 52% of the FMA peak at
+//! T = 256 on one thread of the dev VM, issue 20, sessions 11–22). Here a register holds lane
+//! `l` of 16 rows × 1 token: an FMA takes 16 weights (column `c` of 16 rows) and **one**
+//! activation value, broadcast. A tile of 64 rows × 6 tokens then reads, per step, four
+//! weight vectors and six scalars: the lane's slab of the panel (64 rows × 64 columns, 16 KiB)
+//! stays in L1 while all the block's token groups fold over it, and a token group streams
+//! only 1.5 KiB of activations per tile.
+//!
+//! **Layout.** Both operands are transposed so that a lane's values lie together:
+//! - the **panel** of a row group's column chunk is `P[l][k][r]` = `W[g0 + r][c0 + 16k + l]`
+//!   (64 rows, [`CHUNK`] columns, so 64 steps `k` a lane), made by decoding 16 rows × 256
+//!   columns through the format's decode and transposing 16 × 16 blocks in registers;
+//! - the activations are **packed** once per call ([`pack`]): `A[ch][l][k][j]` =
+//!   `x[j][ch · CHUNK + 16k + l]`, tokens side by side, shared by every thread's row chunks,
+//!   a block of at most [`BLOCK`] tokens at a time ([`crate::packed::in_blocks`]). A pack of
+//!   the whole call (256 tokens) left a tile's block 8 lines of every 17 of a lane's steps,
+//!   which the hardware prefetchers did not follow: the fold ran at 56% of the peak at
+//!   T = 256 against 87% at T = 64; a pack of one block keeps the lines it reads together
+//!   (docs/PERFORMANCE.md, issue 20, session 23).
+//!
+//! **Tiles** are 1 to 4 vectors of 16 rows (as many as the group has) × 6 tokens: per step,
+//! up to four aligned loads of the panel, six broadcasts, 24 FMAs, and one prefetch of the
+//! line the next tile's last token needs at this step (the next group's, or the next lane's
+//! first group's). While the tiles run, the stored bytes the nest decodes next are named to
+//! the prefetcher, a few lines before each tile, as the other prefill nest does
+//! ([`crate::wide`]).
+//!
+//! **Exactness.** Lane `l` of cell (r, j) still folds `fma(W[r][c], x[j][c], acc)` for
+//! `c = l, l + 16, …` in increasing order: chunks in increasing order, steps `k` in
+//! increasing order within a chunk, accumulators starting at +0.0 and stored bit-unchanged
+//! between chunks. A row's last partial 16 columns fold +0.0 weights against −0.0 activations
+//! (`fma(+0, −0, acc) = acc`, as in every nest), and the 16 lanes of a cell are added in
+//! [`crate::matmul::reduce16`]'s tree, the lower lanes' as the first operand, for 16 rows at
+//! once. So every result is the canonical reduction, bit for bit.
+
+use std::ops::Range;
+
+use core::arch::x86_64::*;
+
+use crate::arch::avx512::Avx512;
+use crate::formats::Format;
+use crate::matmul::Matrix;
+use crate::packed::{pack_size, Packed, BLOCK, CHUNK, STEPS};
+use crate::tiled::Kernel;
+
+/// Weight rows of a row group: four 16-row vectors.
+pub(crate) const ROWS: usize = 64;
+/// Tokens of a tile: 4 × 6 accumulators, 4 weight registers, 1 broadcast.
+const GROUP_TOKENS: usize = 6;
+/// Floats of one lane's slab of the panel: a chunk of 64 rows and one cache line, so that the
+/// 16 slabs a transposed block is stored into do not all fall in one L1 set.
+pub(crate) const PANEL_LANE: usize = STEPS * ROWS + 16;
+/// Columns a row is decoded in at a time (16 rows of it: 16 KiB, in L1) before transposing.
+const SUB: usize = 256;
+/// Floats of the panel, the accumulators and the decode stage the nest needs.
+pub(crate) const PANEL_FLOATS: usize = 16 * PANEL_LANE;
+/// Accumulator floats of a block: 16 lanes × token groups × 24 vectors of 16.
+pub(crate) const ACC_FLOATS: usize = 16 * BLOCK.div_ceil(GROUP_TOKENS) * 24 * 16;
+/// Floats of the decode stage: 16 rows of [`SUB`] columns.
+pub(crate) const STAGE_FLOATS: usize = 16 * SUB;
+
+const _: () = assert!(CHUNK.is_multiple_of(SUB) && SUB.is_multiple_of(128));
+const _: () = assert!(ROWS == 4 * 16 && ROWS == crate::wide::GROUP);
+
+/// The nest's buffers, each on a cache line: the panel ([`PANEL_FLOATS`]), the accumulators
+/// ([`ACC_FLOATS`]) and the decode stage ([`STAGE_FLOATS`]).
+pub(crate) struct Buffers<'s> {
+    pub(crate) panel: &'s mut [f32],
+    pub(crate) acc: &'s mut [f32],
+    pub(crate) stage: &'s mut [f32],
+}
+
+/// Writes the part of the pack of `x` (`tokens` rows of `cols`) that holds column chunks
+/// `chunks` of token blocks `blocks` (16 tokens each) into `out`, the whole pack's buffer
+/// ([`pack_size`] floats): columns past `cols` as −0.0, tokens past `tokens` as
+/// +0.0.
+///
+/// # Safety
+/// The CPU supports AVX-512F; `out` points to `pack_size(tokens, cols).0` writable floats on a
+/// cache line, of which no other thread touches this part during the call; `blocks` ends
+/// within the pack's stride.
+///
+/// # Panics
+/// If `x` is not `tokens * cols` long.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn pack(
+    x: &[f32],
+    tokens: usize,
+    cols: usize,
+    chunks: Range<usize>,
+    blocks: Range<usize>,
+    out: *mut f32,
+) {
+    assert_eq!(x.len(), tokens * cols, "pack: x length");
+    let (_, stride) = pack_size(tokens, cols);
+    assert!(blocks.end * 16 <= stride, "pack: token blocks");
+    let steps = cols.div_ceil(16);
+    for ch in chunks {
+        for k in 0..STEPS {
+            let s = ch * STEPS + k;
+            if s >= steps {
+                break;
+            }
+            let c = 16 * s;
+            let tail = (cols - c).min(16);
+            // Lanes past the row's end load −0.0 (masked lanes never fault).
+            let mask: __mmask16 = if tail == 16 { 0xFFFF } else { (1 << tail) - 1 };
+            for jb in blocks.clone().map(|b| 16 * b) {
+                let mut r = [_mm512_setzero_ps(); 16];
+                for (i, v) in r.iter_mut().enumerate() {
+                    let j = jb + i;
+                    if j < tokens {
+                        // SAFETY: row `j < tokens` of `x` holds `cols` floats from
+                        // `j * cols`, and the mask keeps the load inside `c..cols`.
+                        *v = unsafe {
+                            _mm512_mask_loadu_ps(
+                                _mm512_set1_ps(-0.0),
+                                mask,
+                                x.as_ptr().add(j * cols + c),
+                            )
+                        };
+                    }
+                }
+                transpose16(&mut r);
+                for (l, v) in r.iter().enumerate() {
+                    // SAFETY: the index is below `pack_size(..).0` (`ch < chunks`, `k < STEPS`,
+                    // `jb + 16 <= stride`, asserted), and a multiple of 16 of a buffer on a cache line.
+                    unsafe {
+                        _mm512_store_ps(out.add(((ch * 16 + l) * STEPS + k) * stride + jb), *v)
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// `emit(j, r, Σ_c W[r, c] · x[j, c])` for every `r` in `rows` and token `j` of `tokens`
+/// (of the pack `p`; `j` handed relative to `tokens.start`), each sum in the canonical
+/// order, in the buffers `panel`, `acc` and `stage` of [`Buffers`] ([`PANEL_FLOATS`], [`ACC_FLOATS`],
+/// [`STAGE_FLOATS`] floats, each on a cache line).
+///
+/// # Safety
+/// The CPU supports AVX-512F.
+///
+/// # Panics
+/// If a buffer is too short or off a cache line, `p` is not `m`'s columns, `tokens` runs past
+/// the pack or `rows` past `m`.
+pub(crate) unsafe fn run<F: Format>(
+    Buffers { panel, acc, stage }: Buffers<'_>,
+    m: &Matrix<'_>,
+    p: &Packed<'_>,
+    tokens: Range<usize>,
+    rows: Range<usize>,
+    mut emit: impl FnMut(usize, usize, f32),
+) {
+    assert!(panel.len() >= PANEL_FLOATS && acc.len() >= ACC_FLOATS, "outer: scratch");
+    assert!(stage.len() >= STAGE_FLOATS, "outer: stage");
+    for b in [panel.as_ptr(), acc.as_ptr(), stage.as_ptr()] {
+        assert!(b.addr().is_multiple_of(64), "outer: scratch alignment");
+    }
+    assert!(p.cols == m.cols() && tokens.end <= p.tokens, "outer: pack");
+    assert!(rows.end <= m.rows(), "matmul: row range");
+    let cols = m.cols();
+    // Blocks of equal size, so that none is left with a few tokens to decode the weights for.
+    let size = tokens.len().div_ceil(tokens.len().div_ceil(BLOCK).max(1));
+    for b0 in tokens.clone().step_by(size.max(1)) {
+        let n = size.min(tokens.end - b0);
+        let groups = n.div_ceil(GROUP_TOKENS);
+        // Floats of one lane's accumulators: `groups` tiles of 24 vectors.
+        let lane_acc = groups * 24 * 16;
+        for g0 in rows.clone().step_by(ROWS) {
+            let gr = ROWS.min(rows.end - g0);
+            for ch in 0..Packed::chunks(cols) {
+                let c0 = ch * CHUNK;
+                let len = CHUNK.min(cols - c0);
+                // SAFETY: the CPU supports AVX-512F; the buffers' sizes are asserted above.
+                unsafe { decode_panel::<F>(m, g0, gr, c0, len, panel, stage) };
+                let steps = len.div_ceil(16);
+                // The stored bytes the nest decodes next (this group's next chunk, the next
+                // group's first, or the first group's again for the next block), named to the
+                // prefetcher a few lines per tile, so that they arrive under the FMAs.
+                let (nr, nc) = if c0 + CHUNK < cols {
+                    (g0, c0 + CHUNK)
+                } else if g0 + ROWS < rows.end {
+                    (g0 + ROWS, 0)
+                } else {
+                    (rows.start, 0)
+                };
+                let nn = ROWS.min(rows.end - nr);
+                let ahead: [&[u8]; ROWS] = std::array::from_fn(|i| {
+                    if i < nn {
+                        crate::wide::span(m, 0, nr + i, nc)
+                    } else {
+                        &[]
+                    }
+                });
+                let row_lines = ahead[0].len().div_ceil(64).max(1);
+                let (tiles, lines) = (16 * groups, nn * ahead[0].len().div_ceil(64));
+                let mut named = 0;
+                for l in 0..16 {
+                    let base = ((ch * 16 + l) * STEPS) * p.stride + b0;
+                    for g in 0..groups {
+                        let upto = (l * groups + g + 1) * lines / tiles;
+                        while named < upto {
+                            let (r, q) = (named / row_lines, named % row_lines);
+                            crate::arch::prefetch_line(ahead[r].as_ptr().wrapping_add(64 * q));
+                            named += 1;
+                        }
+                        // SAFETY: the CPU supports AVX-512F. Lane `l`'s slab lies inside the
+                        // panel (`16 · PANEL_LANE`); the tile's accumulators inside `acc`
+                        // (`l · lane_acc + 24 · 16 · (g + 1) <= ACC_FLOATS`, as
+                        // `groups <= BLOCK / 6` rounded up); its activations at
+                        // `base + 6g + j + k · stride` for `j < 6`, `k < steps`: inside the
+                        // pack, as `b0 + 6g + 5 < tokens.end + 5 < stride`.
+                        unsafe {
+                            let w = panel.as_ptr().add(l * PANEL_LANE);
+                            let x = p.data.as_ptr().add(base + g * GROUP_TOKENS);
+                            let a = acc.as_mut_ptr().add(l * lane_acc + g * 24 * 16);
+                            // The activations the next tile reads last (the next group's in
+                            // this lane, or the first group's in the next), named to L1 a
+                            // step ahead: a lane's steps lie a stride apart, a pattern the
+                            // hardware prefetchers do not follow.
+                            let next = if g + 1 < groups {
+                                x.wrapping_add(2 * GROUP_TOKENS - 1)
+                            } else {
+                                x.wrapping_add(
+                                    STEPS * p.stride - g * GROUP_TOKENS + GROUP_TOKENS - 1,
+                                )
+                            };
+                            match (ch == 0, (gr - 1) / 16) {
+                                (true, 0) => tile::<true, 1>(w, x, next, p.stride, steps, a),
+                                (true, 1) => tile::<true, 2>(w, x, next, p.stride, steps, a),
+                                (true, 2) => tile::<true, 3>(w, x, next, p.stride, steps, a),
+                                (true, _) => tile::<true, 4>(w, x, next, p.stride, steps, a),
+                                (false, 0) => tile::<false, 1>(w, x, next, p.stride, steps, a),
+                                (false, 1) => tile::<false, 2>(w, x, next, p.stride, steps, a),
+                                (false, 2) => tile::<false, 3>(w, x, next, p.stride, steps, a),
+                                (false, _) => tile::<false, 4>(w, x, next, p.stride, steps, a),
+                            }
+                        }
+                    }
+                }
+            }
+            let views = crate::wide::group_rows::<F>(m, g0, gr);
+            for g in 0..groups {
+                for j in 0..GROUP_TOKENS {
+                    let tok = g * GROUP_TOKENS + j;
+                    if tok >= n {
+                        break;
+                    }
+                    for v in (0..gr).step_by(16) {
+                        // SAFETY: the CPU supports AVX-512F; the 16 lanes' vectors of the cell
+                        // block lie at `(g · 24 + 4j + v / 16) · 16 + l · lane_acc`, inside
+                        // `acc` (as for the tiles above).
+                        let sums = unsafe {
+                            reduce_lanes(acc.as_ptr().add((g * 24 + j * 4 + v / 16) * 16), lane_acc)
+                        };
+                        for (i, &s) in sums.iter().enumerate().take(gr - v) {
+                            emit(b0 - tokens.start + tok, g0 + v + i, F::finish(views[v + i], s));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Decodes columns `c0 .. c0 + len` of rows `g0 .. g0 + gr` into the panel `P[l][k][r]`
+/// (lane `l`'s slab at `l · PANEL_LANE`), 16 rows × [`SUB`] columns at a time through `stage`;
+/// a row's last partial 16 columns are padded with +0.0. Rows past `gr` are left as they are
+/// (their cells are never emitted).
+///
+/// # Safety
+/// The CPU supports AVX-512F; `panel` and `stage` are at least [`PANEL_FLOATS`] and
+/// [`STAGE_FLOATS`] long, on cache lines; `c0` is a multiple of [`CHUNK`] and
+/// `len <= CHUNK` reaches the chunk's or the row's end.
+#[target_feature(enable = "avx512f")]
+unsafe fn decode_panel<F: Format>(
+    m: &Matrix<'_>,
+    g0: usize,
+    gr: usize,
+    c0: usize,
+    len: usize,
+    panel: &mut [f32],
+    stage: &mut [f32],
+) {
+    for rb in (0..gr).step_by(16) {
+        for s0 in (0..len).step_by(SUB) {
+            let sl = SUB.min(len - s0);
+            let padded = sl.next_multiple_of(16);
+            for (i, dst) in stage.chunks_exact_mut(SUB).take(16).enumerate() {
+                if rb + i < gr {
+                    // SAFETY: the CPU supports AVX-512F; the span starts at a multiple of
+                    // 256 columns (so of every format's block) inside the row, and is `SUB`
+                    // long or ends the row.
+                    unsafe { Avx512::decode::<F>(F::row(m, g0 + rb + i), c0 + s0, &mut dst[..sl]) };
+                    dst[sl..padded].fill(0.0);
+                } else {
+                    dst[..padded].fill(0.0);
+                }
+            }
+            for st in 0..padded / 16 {
+                let k = s0 / 16 + st;
+                let mut r = [_mm512_setzero_ps(); 16];
+                for (i, v) in r.iter_mut().enumerate() {
+                    // SAFETY: `i · SUB + 16 · st + 16 <= 16 · SUB`: inside the stage.
+                    *v = unsafe { _mm512_load_ps(stage.as_ptr().add(i * SUB + 16 * st)) };
+                }
+                transpose16(&mut r);
+                for (l, v) in r.iter().enumerate() {
+                    // SAFETY: `l · PANEL_LANE + k · ROWS + rb + 16 <= PANEL_FLOATS` (as
+                    // `k < STEPS`, `rb + 16 <= ROWS`), a multiple of 16 of a buffer on a line.
+                    unsafe {
+                        _mm512_store_ps(panel.as_mut_ptr().add(l * PANEL_LANE + k * ROWS + rb), *v)
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// One tile of `V` vectors of 16 rows × 6 tokens:
+/// `acc[j][v] = fma(w[k][v], x[k · stride + j], acc[j][v])` for `k < steps` in increasing
+/// order, from +0.0 if `FIRST` (accumulator `(j, v)` at `acc + 16 · (4j + v)`); the line
+/// of `next + k · stride` is named to the prefetcher at each step.
+///
+/// # Safety
+/// The CPU supports AVX-512F; `w` holds `steps` steps of 64 floats on a cache line (the first
+/// `16 · V` of each read), `x` is readable at `k · stride + j` for `k < steps`, `j < 6`, and
+/// `acc` holds 24 · 16 floats on a line.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn tile<const FIRST: bool, const V: usize>(
+    w: *const f32,
+    x: *const f32,
+    next: *const f32,
+    stride: usize,
+    steps: usize,
+    acc: *mut f32,
+) {
+    let mut a = [[_mm512_setzero_ps(); V]; GROUP_TOKENS];
+    if !FIRST {
+        for (j, aj) in a.iter_mut().enumerate() {
+            for (v, av) in aj.iter_mut().enumerate() {
+                // SAFETY: guaranteed by the caller.
+                *av = unsafe { _mm512_load_ps(acc.add(16 * (4 * j + v))) };
+            }
+        }
+    }
+    for k in 0..steps {
+        // SAFETY: guaranteed by the caller.
+        let (wk, xk) = unsafe { (w.add(k * ROWS), x.add(k * stride)) };
+        // A prefetch never faults and has no architectural effect.
+        _mm_prefetch::<_MM_HINT_NTA>(next.wrapping_add(k * stride).cast());
+        let mut wv = [_mm512_setzero_ps(); V];
+        for (v, w) in wv.iter_mut().enumerate() {
+            // SAFETY: as above: step `k`'s first `16 · V` rows.
+            *w = unsafe { _mm512_load_ps(wk.add(16 * v)) };
+        }
+        for (j, aj) in a.iter_mut().enumerate() {
+            // SAFETY: as above.
+            let b = _mm512_set1_ps(unsafe { *xk.add(j) });
+            for (av, w) in aj.iter_mut().zip(&wv) {
+                *av = _mm512_fmadd_ps(*w, b, *av);
+            }
+        }
+    }
+    for (j, aj) in a.iter().enumerate() {
+        for (v, av) in aj.iter().enumerate() {
+            // SAFETY: guaranteed by the caller.
+            unsafe { _mm512_store_ps(acc.add(16 * (4 * j + v)), *av) };
+        }
+    }
+}
+
+/// The 16 lanes' vectors at `acc + l · lane` (each 16 rows' lane `l`) added in
+/// [`crate::matmul::reduce16`]'s tree: lane `l` plus lane `l + 8`, then `+ 4`, `+ 2`, `+ 1`,
+/// the lower lane the first operand. Returns the 16 rows' sums.
+///
+/// # Safety
+/// The CPU supports AVX-512F; each of the 16 vectors is readable and on a cache line.
+#[target_feature(enable = "avx512f")]
+unsafe fn reduce_lanes(acc: *const f32, lane: usize) -> [f32; 16] {
+    let mut q = [_mm512_setzero_ps(); 16];
+    for (l, v) in q.iter_mut().enumerate() {
+        // SAFETY: guaranteed by the caller.
+        *v = unsafe { _mm512_load_ps(acc.add(l * lane)) };
+    }
+    for w in [8, 4, 2, 1] {
+        for l in 0..w {
+            q[l] = _mm512_add_ps(q[l], q[l + w]);
+        }
+    }
+    let mut out = [0.0f32; 16];
+    // SAFETY: `out` holds 16 floats.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), q[0]) };
+    out
+}
+
+/// Transposes 16 vectors in place: lane `i` of `r[l]` becomes lane `l` of the old `r[i]`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16(r: &mut [__m512; 16]) {
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for i in 0..4 {
+        let (a, b) = (_mm512_castps_pd(t[4 * i]), _mm512_castps_pd(t[4 * i + 1]));
+        let (c, d) = (_mm512_castps_pd(t[4 * i + 2]), _mm512_castps_pd(t[4 * i + 3]));
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    // r[4i + q] holds, for rows 4i .. 4i + 4, column q + 4s in its 128-bit lane s.
+    for h in 0..2 {
+        for q in 0..4 {
+            let (a, b) = (r[8 * h + q], r[8 * h + 4 + q]);
+            t[8 * h + q] = _mm512_shuffle_f32x4::<0x88>(a, b);
+            t[8 * h + 4 + q] = _mm512_shuffle_f32x4::<0xdd>(a, b);
+        }
+    }
+    for q in 0..8 {
+        r[q] = _mm512_shuffle_f32x4::<0x88>(t[q], t[8 + q]);
+        r[8 + q] = _mm512_shuffle_f32x4::<0xdd>(t[q], t[8 + q]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose16_moves_lane_i_of_vector_l_to_lane_l_of_vector_i() {
+        if !crate::isa::Isa::Avx512.is_available() {
+            return;
+        }
+        let rows: Vec<[f32; 16]> =
+            (0..16u8).map(|i| std::array::from_fn(|l| f32::from(i) * 16.0 + l as f32)).collect();
+        // SAFETY: the CPU supports AVX-512F (checked); every load and store is of 16 floats.
+        let out = unsafe { transposed(&rows) };
+        for (l, v) in out.iter().enumerate() {
+            for (i, &e) in v.iter().enumerate() {
+                assert_eq!(e, rows[i][l], "vector {l}, lane {i}");
+            }
+        }
+    }
+
+    /// `rows` transposed by [`transpose16`].
+    #[target_feature(enable = "avx512f")]
+    unsafe fn transposed(rows: &[[f32; 16]]) -> Vec<[f32; 16]> {
+        // SAFETY: each row holds 16 floats.
+        let mut r: [__m512; 16] =
+            std::array::from_fn(|i| unsafe { _mm512_loadu_ps(rows[i].as_ptr()) });
+        transpose16(&mut r);
+        r.iter()
+            .map(|v| {
+                let mut o = [0.0f32; 16];
+                // SAFETY: `o` holds 16 floats.
+                unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *v) };
+                o
+            })
+            .collect()
+    }
+}

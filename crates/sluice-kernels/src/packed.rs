@@ -1,0 +1,184 @@
+//! A call's activation rows packed for the outer-product prefill nest ([`crate::outer`], on
+//! AVX-512): transposed so that each of the 16 lanes' values lie together, tokens side by
+//! side, once per call, before its row chunks are handed to the pool.
+//!
+//! The pack is made once and shared: every row chunk of the call (every thread) reads the same
+//! one. Made per chunk, a call of a few dozen chunks would transpose its activations a few
+//! dozen times. It is made on the pool too (one part per 16 tokens × [`CHUNK`] columns), and
+//! lives in a buffer the calling thread keeps for its life ([`PACK_BYTES`], made by its first
+//! packed call or by [`crate::reserve_scratch`]). A call is packed and run in blocks of at
+//! most [`BLOCK`] tokens ([`in_blocks`]), each block's results those of the whole call (no
+//! result depends on how the tokens are cut): a pack of just the block the nest folds keeps
+//! the lines a tile reads close together (one pack of 256 tokens made the nest's fold a
+//! third slower, measured in docs/PERFORMANCE.md, issue 20, session 23), and costs no decode
+//! (the nest decodes its weights once per block anyway).
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use crate::isa::Isa;
+
+/// Columns per chunk of the outer nest: 64 steps of 16 (a multiple of every format's block).
+pub(crate) const CHUNK: usize = 1024;
+/// Steps of 16 columns per chunk (a lane's values per chunk).
+pub(crate) const STEPS: usize = CHUNK / 16;
+/// The most bytes of packed activations a calling thread keeps, made by its first packed
+/// call (or [`crate::reserve_scratch`]) and kept for its life: a block of [`BLOCK`] tokens of
+/// up to 14,336 columns (twice Kimi K3's hidden size) fits; wider rows are packed in smaller
+/// blocks.
+pub const PACK_BYTES: usize = 8 << 20;
+/// Most tokens per block of the outer nest: its weights are decoded once per block (22
+/// token groups of 6).
+pub(crate) const BLOCK: usize = 128;
+/// Fewest activation rows of a call that the outer nest takes (fewer take the other nests).
+pub(crate) const MIN_TOKENS: usize = 33;
+
+/// A call's activation rows `first .. first + tokens`, packed: `A[ch][l][k][j]` =
+/// `x[first + j][ch · CHUNK + 16k + l]` at `((ch · 16 + l) · STEPS + k) · stride + j`
+/// (columns past the row's end −0.0, tokens past `tokens` +0.0).
+pub(crate) struct Packed<'p> {
+    /// The pack, on a cache line.
+    pub(crate) data: &'p [f32],
+    /// Floats from one step of a lane to the next: the tokens, padded.
+    pub(crate) stride: usize,
+    /// The activation rows' columns.
+    pub(crate) cols: usize,
+    /// The call's first activation row the pack holds.
+    pub(crate) first: usize,
+    /// Activation rows held.
+    pub(crate) tokens: usize,
+}
+
+impl Packed<'_> {
+    /// The column chunks of a pack of `cols` columns.
+    pub(crate) fn chunks(cols: usize) -> usize {
+        cols.div_ceil(CHUNK)
+    }
+}
+
+/// Floats a pack of `tokens` rows of `cols` columns takes, and its stride: one cache line more
+/// than the tokens, so that a token group read past the last token (at most 5 more) stays
+/// inside it, and a lane's steps do not all share an L1 set when the tokens are a power of two.
+pub(crate) fn pack_size(tokens: usize, cols: usize) -> (usize, usize) {
+    let stride = tokens.next_multiple_of(16) + 16;
+    (cols.next_multiple_of(CHUNK) * stride, stride)
+}
+
+/// Tokens a pack of `cols` columns holds: [`BLOCK`], or as many as fit in [`PACK_BYTES`] (a
+/// multiple of 16) if fewer; `None` if not even 16.
+fn block_tokens(cols: usize) -> Option<usize> {
+    let per_token = cols.max(1).next_multiple_of(CHUNK);
+    let fit = (PACK_BYTES / 4 / per_token).checked_sub(16)? / 16 * 16;
+    (fit >= 16).then_some(fit.min(BLOCK))
+}
+
+/// 16 floats on a cache line of their own: the unit of the pack buffer.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+thread_local! {
+    /// This thread's pack buffer ([`PACK_BYTES`]), made by its first packed call.
+    static BUF: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Makes this thread's pack buffer if the process's tier packs (what [`crate::reserve_scratch`]
+/// asks of every pool thread).
+pub(crate) fn reserve(isa: Isa) {
+    if packs(isa) {
+        let _ = BUF.try_with(|b| {
+            if let Ok(mut b) = b.try_borrow_mut() {
+                made(&mut b);
+            }
+        });
+    }
+}
+
+/// Whether calls on `isa` take the outer nest.
+fn packs(isa: Isa) -> bool {
+    cfg!(target_arch = "x86_64") && isa == Isa::Avx512
+}
+
+/// The buffer `b`, made at its full size if it is not yet.
+fn made(b: &mut Vec<Line>) -> &mut [f32] {
+    if b.is_empty() {
+        *b = vec![Line([0.0; 16]); PACK_BYTES / 64];
+    }
+    // SAFETY: `Line` is `repr(C)` around `[f32; 16]`, 64 bytes, so the lines are `16 · len`
+    // contiguous initialised floats; the borrow is unique.
+    unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len() * 16) }
+}
+
+/// Runs `f(tokens, pack)` over the activation rows `0..t` of a call on `isa` (`x`, `t` rows
+/// of `cols`): where the outer nest takes the call, in blocks of at most [`BLOCK`] tokens of
+/// equal size, each packed first (on the current pool) and handed with its pack; otherwise
+/// once, `f(0..t, None)`. The blocks
+/// cover `0..t` in order, so every cell is computed once, as the call would compute it whole.
+pub(crate) fn in_blocks(
+    isa: Isa,
+    x: &[f32],
+    t: usize,
+    cols: usize,
+    f: &mut dyn FnMut(Range<usize>, Option<&Packed<'_>>),
+) {
+    let size = match block_tokens(cols) {
+        Some(most) if packs(isa) && t >= MIN_TOKENS => t.div_ceil(t.div_ceil(most)),
+        _ => return f(0..t, None),
+    };
+    let mut f = Some(f);
+    let _ = BUF.try_with(|b| {
+        // A call from inside a packed call's `emit` finds the buffer lent: it runs unpacked.
+        let Ok(mut b) = b.try_borrow_mut() else { return };
+        let Some(f) = f.take() else { return };
+        let buf = made(&mut b);
+        for s0 in (0..t).step_by(size) {
+            let n = size.min(t - s0);
+            fill(&x[s0 * cols..(s0 + n) * cols], n, cols, buf);
+            let (len, stride) = pack_size(n, cols);
+            let p = Packed { data: &buf[..len], stride, cols, first: s0, tokens: n };
+            f(s0..s0 + n, Some(&p));
+        }
+    });
+    if let Some(f) = f {
+        f(0..t, None);
+    }
+}
+
+/// A pointer the pack's parts write through, each its own part.
+struct Parts(*mut f32);
+
+// SAFETY: only dereferenced by `crate::outer::pack`, each part of the pool call writing a
+// disjoint part of the buffer, which the calling thread holds exclusively until the call ends.
+unsafe impl Sync for Parts {}
+
+impl Parts {
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Packs `x` (`tokens` rows of `cols`) into `buf` on the current pool: one part per 16
+/// tokens × [`CHUNK`] columns, or all on this thread for a small call or a pool of one.
+fn fill(x: &[f32], tokens: usize, cols: usize, buf: &mut [f32]) {
+    let (len, stride) = pack_size(tokens, cols);
+    assert!(buf.len() >= len && buf.as_ptr().addr().is_multiple_of(64), "pack: buffer");
+    let (chunks, blocks) = (Packed::chunks(cols), stride / 16);
+    let out = Parts(buf.as_mut_ptr());
+    #[cfg(target_arch = "x86_64")]
+    crate::pool::with_current(|pool| {
+        let part = |i: usize| {
+            let (ch, b) = (i / blocks, i % blocks);
+            // SAFETY: only called where `packs` holds, so the CPU supports AVX-512F; `buf`
+            // holds the pack on a cache line (asserted), and each part writes its own chunk
+            // and token block of it.
+            unsafe { crate::outer::pack(x, tokens, cols, ch..ch + 1, b..b + 1, out.get()) };
+        };
+        if pool.threads() <= 1 || tokens * cols < crate::matmul::PAR_MIN_WORK {
+            (0..chunks * blocks).for_each(part);
+        } else {
+            pool.run(chunks * blocks, &part);
+        }
+    });
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (x, out, chunks, blocks);
+}
