@@ -24,9 +24,10 @@ pub(crate) const CHUNK: usize = 1024;
 pub(crate) const STEPS: usize = CHUNK / 16;
 /// The most bytes of packed activations a calling thread keeps, made by its first packed
 /// call (or [`crate::reserve_scratch`]) and kept for its life: a block of [`BLOCK`] tokens of
-/// up to 14,336 columns (twice Kimi K3's hidden size) fits; wider rows are packed in smaller
-/// blocks.
-pub const PACK_BYTES: usize = 8 << 20;
+/// up to 7,168 columns (Kimi K3's hidden size) fits; wider rows are packed in smaller blocks.
+/// Every plan charges it per kernel thread (in [`crate::WIDE_SCRATCH_BYTES`]): at 8 MiB a
+/// 96 MiB budget's expert cache lost slots to it (`tests/streaming_budget.rs` in sluice-cli).
+pub const PACK_BYTES: usize = 4 << 20;
 /// Most tokens per block of the outer nest: its weights are decoded once per block (22
 /// token groups of 6).
 pub(crate) const BLOCK: usize = 128;
