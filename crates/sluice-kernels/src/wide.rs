@@ -1,5 +1,8 @@
 //! The loop nest of prefill-sized calls (more than [`crate::tiled::TOKEN_BLOCK`] activation
-//! rows); its register tiles are [`crate::sweep`]'s.
+//! rows); its register tiles are [`crate::sweep`]'s. On the AVX-512 tier, calls of at least
+//! 33 rows through `matmul`, `matmul_then` and `matmul_pair` take the outer-product nest
+//! instead (`crate::outer`, over activations packed once per call: `crate::packed`), which
+//! runs in this module's scratch; a layer's batched experts (`crate::many`) still run here.
 //!
 //! A call of T activation rows against a weight matrix is compute-bound once T is large, so
 //! the nest is arranged so that the FMA units, not a cache level, set the pace:
