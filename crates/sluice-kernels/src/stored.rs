@@ -13,11 +13,11 @@
 //! bf16) in L2, and the second token group's sweep names the span the group folds next to the
 //! prefetcher (measured in docs/PERFORMANCE.md, issue 20, session 21).
 //!
-//! **Formats** (AVX-512, [`crate::formats::Format::avx512_tile`]): bf16 up to 32 rows; row
-//! int8 and f32 up to 32 rows (one tile, `arch::avx512::fold_stored_tile`, over each
-//! format's widening of 16 columns: sign extension and an exact conversion, or plain loads;
-//! int8's row scale still multiplies the reduced sum), 1.6× as fast as the panel at 2-4
-//! rows for int8, 1.25× for f32, about even at 32 (session 22); MXFP4 and INT4 groups (one
+//! **Formats** (AVX-512, [`crate::formats::Format::avx512_tile`]): bf16, row int8 and f32
+//! up to 32 rows (one tile, `arch::avx512::fold_stored_tile`, over each format's widening of
+//! 16 columns: zero extension and a shift, sign extension and an exact conversion, or plain
+//! loads; int8's row scale still multiplies the reduced sum), 1.6× as fast as the panel at
+//! 2-4 rows for int8, 1.25× for f32, about even at 32 (session 22); MXFP4 and INT4 groups (one
 //! nibble tile, `formats/mxfp4_avx512.rs`) up to the few rows where widening each block
 //! again for every token group of six still costs less than waiting on memory
 //! ([`crate::formats::Format::AVX512_TILE_ROWS`]). FP8 blocks take the panel.

@@ -203,9 +203,7 @@ pub(crate) fn store1<const R: usize>(a: &[__m512; R], lanes: [&mut Lanes; R]) {
 }
 
 /// A format stored as one fixed-size value per column that AVX-512F widens 16 columns at a
-/// time (int8 rows, f32): what [`fold_stored_tile`] needs of it. bf16 keeps its own tile
-/// (`formats/bf16.rs`), the same loop: moved onto this one it measured 1-3% slower at 4 and 8
-/// rows (one thread, session 22), a difference not worth chasing on a loaded machine.
+/// time (bf16, int8 rows, f32): what [`fold_stored_tile`] needs of it.
 pub(crate) trait Widen16 {
     /// Stored bytes per column.
     const BYTES: usize;

@@ -83,6 +83,8 @@ impl Format for Bf16 {
     #[cfg(target_arch = "x86_64")]
     const AVX512_TILE: bool = true;
 
+    /// The patterns widened in registers as the tile reads them (zero-extension and a
+    /// 16-bit shift, exact).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn avx512_tile<const R: usize, const N: usize>(
@@ -92,13 +94,7 @@ impl Format for Bf16 {
         acc: [&mut [Lanes; N]; R],
         ahead: usize,
     ) {
-        let n = x.first().map_or(0, |s| s.len());
-        let w = rows.map(|w| &w[2 * c0..2 * (c0 + n)]);
-        if ahead == 0 {
-            x86::bf16_tile_avx512::<R, N, false>(w, x, acc, 0);
-        } else {
-            x86::bf16_tile_avx512::<R, N, true>(w, x, acc, ahead);
-        }
+        crate::arch::avx512::fold_stored_tile::<Self, R, N>(rows, c0, x, acc, ahead);
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -118,7 +114,7 @@ impl Format for Bf16 {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use crate::arch::avx2::{load2, store2};
-    use crate::arch::avx512::{load1, load_tile, store1, store_tile};
+    use crate::arch::avx512::{load1, store1, Widen16};
     use crate::arch::prefetch_line;
     use crate::tiled::Lanes;
     use core::arch::x86_64::*;
@@ -217,43 +213,16 @@ mod x86 {
         store2(&acc, lanes);
     }
 
-    /// bf16 rows against `N` activation rows, widened in registers as they are read: per
-    /// 16-column step, R loads of 32 bytes widened (zero-extension and a shift), N activation
-    /// loads and R · N FMAs. With `PF`, each row's bytes `ahead` on are named to the
-    /// prefetcher, a line per 32 columns.
-    #[target_feature(enable = "avx512f")]
-    pub(super) fn bf16_tile_avx512<const R: usize, const N: usize, const PF: bool>(
-        w: [&[u8]; R],
-        x: [&[f32]; N],
-        acc: [&mut [Lanes; N]; R],
-        ahead: usize,
-    ) {
-        let len = x.first().map_or(0, |s| s.len());
-        assert!(len.is_multiple_of(16), "bf16 tile span");
-        assert!(w.iter().all(|w| w.len() == 2 * len) && x.iter().all(|x| x.len() == len));
-        let mut a = load_tile(&acc);
-        let wp: [*const u8; R] = std::array::from_fn(|r| w[r].as_ptr());
-        let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
-        for c in (0..len).step_by(16) {
-            if PF && (2 * c).is_multiple_of(64) {
-                for p in wp {
-                    prefetch_line(p.wrapping_add(2 * c + ahead));
-                }
-            }
-            // SAFETY: `c + 16 <= len`; each row holds `2 * len` bytes, each `x[j]` `len` f32
-            // (asserted).
-            let wv: [__m512; R] = std::array::from_fn(|r| unsafe {
-                widen_512(_mm256_loadu_si256(wp[r].add(2 * c).cast()))
-            });
-            for (j, &xj) in xp.iter().enumerate() {
-                // SAFETY: as above.
-                let xv = unsafe { _mm512_loadu_ps(xj.add(c)) };
-                for (v, ar) in wv.iter().zip(a.iter_mut()) {
-                    ar[j] = _mm512_fmadd_ps(*v, xv, ar[j]);
-                }
-            }
+    /// The stored tile's widening: 16 patterns zero-extended and shifted into the high half.
+    impl Widen16 for super::Bf16 {
+        const BYTES: usize = 2;
+
+        #[target_feature(enable = "avx512f")]
+        #[inline]
+        unsafe fn widen16(p: *const u8) -> __m512 {
+            // SAFETY: `p` points at 32 readable bytes (the caller's contract).
+            widen_512(unsafe { _mm256_loadu_si256(p.cast()) })
         }
-        store_tile(&a, acc);
     }
 
     /// bf16 rows against one activation row (AVX-512).
