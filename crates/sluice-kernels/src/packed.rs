@@ -30,18 +30,25 @@ pub(crate) const STEPS: usize = CHUNK / 16;
 pub const PACK_BYTES: usize = 4 << 20;
 /// Most tokens per block of the outer nest: its weights are decoded once per block (22
 /// token groups of 6).
-pub(crate) const BLOCK: usize = 128;
+pub(crate) const BLOCK: usize = 22 * GROUP_TOKENS;
 /// Fewest activation rows of a call that the outer nest takes (fewer take the other nests).
 pub(crate) const MIN_TOKENS: usize = 33;
 
-/// A call's activation rows `first .. first + tokens`, packed: `A[ch][l][k][j]` =
-/// `x[first + j][ch · CHUNK + 16k + l]` at `((ch · 16 + l) · STEPS + k) · stride + j`
-/// (columns past the row's end −0.0, tokens past `tokens` +0.0).
+/// Tokens a tile of the outer nest folds at once: the pack keeps each group of 6 together.
+pub(crate) const GROUP_TOKENS: usize = 6;
+/// Floats of one lane's column chunk for one token group: [`STEPS`] steps of 6 tokens (1,536
+/// bytes, 24 cache lines), the values a tile reads, in the order it reads them.
+pub(crate) const MICRO: usize = STEPS * GROUP_TOKENS;
+
+/// A call's activation rows `first .. first + tokens`, packed in token groups of 6:
+/// `A[ch][l][g][k][j]` = `x[first + 6g + j][ch · CHUNK + 16k + l]` at
+/// `((ch · 16 + l) · groups + g) · MICRO + 6k + j` (columns past the row's end −0.0, tokens
+/// past `tokens` +0.0), so that a tile's activations are one run of 24 cache lines.
 pub(crate) struct Packed<'p> {
     /// The pack, on a cache line.
     pub(crate) data: &'p [f32],
-    /// Floats from one step of a lane to the next: the tokens, padded.
-    pub(crate) stride: usize,
+    /// Token groups of 6 held (the last one padded with +0.0 tokens).
+    pub(crate) groups: usize,
     /// The activation rows' columns.
     pub(crate) cols: usize,
     /// The call's first activation row the pack holds.
@@ -57,20 +64,18 @@ impl Packed<'_> {
     }
 }
 
-/// Floats a pack of `tokens` rows of `cols` columns takes, and its stride: one cache line more
-/// than the tokens, so that a token group read past the last token (at most 5 more) stays
-/// inside it, and a lane's steps do not all share an L1 set when the tokens are a power of two.
+/// Floats a pack of `tokens` rows of `cols` columns takes, and its token groups of 6.
 pub(crate) fn pack_size(tokens: usize, cols: usize) -> (usize, usize) {
-    let stride = tokens.next_multiple_of(16) + 16;
-    (cols.next_multiple_of(CHUNK) * stride, stride)
+    let groups = tokens.div_ceil(GROUP_TOKENS);
+    (cols.next_multiple_of(CHUNK) * groups * GROUP_TOKENS, groups)
 }
 
-/// Tokens a pack of `cols` columns holds: [`BLOCK`], or as many as fit in [`PACK_BYTES`] (a
-/// multiple of 16) if fewer; `None` if not even 16.
+/// Tokens a pack of `cols` columns holds: [`BLOCK`], or as many whole groups of 6 as fit in
+/// [`PACK_BYTES`] if fewer; `None` if not even 6.
 fn block_tokens(cols: usize) -> Option<usize> {
     let per_token = cols.max(1).next_multiple_of(CHUNK);
-    let fit = (PACK_BYTES / 4 / per_token).checked_sub(16)? / 16 * 16;
-    (fit >= 16).then_some(fit.min(BLOCK))
+    let fit = PACK_BYTES / 4 / per_token / GROUP_TOKENS * GROUP_TOKENS;
+    (fit >= GROUP_TOKENS).then_some(fit.min(BLOCK))
 }
 
 /// 16 floats on a cache line of their own: the unit of the pack buffer.
@@ -123,7 +128,10 @@ pub(crate) fn in_blocks(
     f: &mut dyn FnMut(Range<usize>, Option<&Packed<'_>>),
 ) {
     let size = match block_tokens(cols) {
-        Some(most) if packs(isa) && t >= MIN_TOKENS => t.div_ceil(t.div_ceil(most)),
+        // Blocks of about equal size, each of whole token groups but the last.
+        Some(most) if packs(isa) && t >= MIN_TOKENS => {
+            t.div_ceil(t.div_ceil(most)).next_multiple_of(GROUP_TOKENS).min(most)
+        }
         _ => return f(0..t, None),
     };
     let mut f = Some(f);
@@ -135,8 +143,8 @@ pub(crate) fn in_blocks(
         for s0 in (0..t).step_by(size) {
             let n = size.min(t - s0);
             fill(&x[s0 * cols..(s0 + n) * cols], n, cols, buf);
-            let (len, stride) = pack_size(n, cols);
-            let p = Packed { data: &buf[..len], stride, cols, first: s0, tokens: n };
+            let (len, groups) = pack_size(n, cols);
+            let p = Packed { data: &buf[..len], groups, cols, first: s0, tokens: n };
             f(s0..s0 + n, Some(&p));
         }
     });
@@ -159,11 +167,12 @@ impl Parts {
 }
 
 /// Packs `x` (`tokens` rows of `cols`) into `buf` on the current pool: one part per 16
-/// tokens × [`CHUNK`] columns, or all on this thread for a small call or a pool of one.
+/// tokens × [`CHUNK`] columns (the last 16 reaching the last group's end), or all on this
+/// thread for a small call or a pool of one.
 fn fill(x: &[f32], tokens: usize, cols: usize, buf: &mut [f32]) {
-    let (len, stride) = pack_size(tokens, cols);
+    let (len, groups) = pack_size(tokens, cols);
     assert!(buf.len() >= len && buf.as_ptr().addr().is_multiple_of(64), "pack: buffer");
-    let (chunks, blocks) = (Packed::chunks(cols), stride / 16);
+    let (chunks, blocks) = (Packed::chunks(cols), (groups * GROUP_TOKENS).div_ceil(16));
     let out = Parts(buf.as_mut_ptr());
     #[cfg(target_arch = "x86_64")]
     crate::pool::with_current(|pool| {
