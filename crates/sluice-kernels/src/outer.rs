@@ -135,7 +135,8 @@ pub(crate) unsafe fn pack(
                 for g in jb / GROUP_TOKENS..(jb + 16).min(slots).div_ceil(GROUP_TOKENS) {
                     let first = GROUP_TOKENS * g;
                     let (lo, hi) = (first.max(jb) - jb, (first + GROUP_TOKENS).min(jb + 16) - jb);
-                    let keep = ((1u32 << hi) - (1u32 << lo)) as __mmask16;
+                    // Lanes `lo..hi` (`lo < hi <= 16`).
+                    let keep: __mmask16 = (u16::MAX >> (16 - hi)) & (u16::MAX << lo);
                     for (l, v) in r.iter().enumerate() {
                         let slot = ((ch * 16 + l) * groups + g) * MICRO + GROUP_TOKENS * k;
                         // SAFETY: lane `i` of the vector lands at `slot + jb + i - first`;
