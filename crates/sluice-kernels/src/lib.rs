@@ -36,16 +36,17 @@ pub use many::{
     PairJob, ThenJob,
 };
 pub use matmul::{matmul, matmul_with, Matrix, WeightFormat};
-pub use packed::PACK_BYTES;
+pub use packed::{pool_scratch_bytes, PACK_BYTES};
 pub use pool::{Pool, PoolBusy};
 pub use wide::WIDE_SCRATCH_BYTES;
 
 /// Makes every thread of `pool` hold what its first call of more than eight activation rows
-/// keeps for the thread's life (the wide nest's scratch and, on a tier that packs a prefill's
-/// activations, the pack buffer: [`WIDE_SCRATCH_BYTES`] in all), by running one such call, a
-/// tiny one, on each thread ([`Pool::on_every_thread`]), and making the pack buffer. After it,
-/// the first prefill-sized pass allocates no more than later ones do, whichever threads its
-/// row chunks reach. A thread that holds its scratch already allocates nothing.
+/// keeps for the thread's life (the wide nest's scratch, [`WIDE_SCRATCH_BYTES`]), by running
+/// one such call, a tiny one, on each thread ([`Pool::on_every_thread`]), and makes the
+/// pool's own pack buffer where the tier packs a prefill's activations
+/// ([`pool_scratch_bytes`]). After it, the first prefill-sized pass allocates no more than
+/// later ones do, whichever threads its row chunks reach. What is made already is not made
+/// again.
 ///
 /// # Errors
 /// [`PoolBusy`] if `pool` is running another call (nothing has been reserved then).
@@ -60,8 +61,9 @@ pub fn reserve_scratch(pool: &Pool) -> Result<(), PoolBusy> {
         let x = [0.0f32; T * COLS];
         let mut out = [0.0f32; T];
         matmul(&m, &x, T, &mut out);
-        packed::reserve(isa());
-    })
+    })?;
+    pool.pack_buf().reserve(isa());
+    Ok(())
 }
 
 /// Errors from constructing kernel operands.

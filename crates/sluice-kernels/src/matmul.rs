@@ -32,7 +32,7 @@
 use crate::arch;
 use crate::formats::{Format, Visit};
 use crate::isa::{self, Isa};
-use crate::packed::Packed;
+use crate::packed::{Packed, GROUP_TOKENS};
 use crate::tiled::TOKEN_BLOCK;
 use std::cell::RefCell;
 use std::ops::Range;
@@ -253,7 +253,9 @@ pub(crate) fn for_chunks(
             };
             let cuts: &[usize] = &cuts;
             let row_chunks = cuts.len() - 1;
+            // A pack's chunks start on its token groups (the outer nest folds whole groups).
             let tc = n.div_ceil(token_chunks);
+            let tc = if pack.is_some() { tc.next_multiple_of(GROUP_TOKENS) } else { tc };
             pool.run(row_chunks * token_chunks, &|i| {
                 let (ri, ti) = (i % row_chunks, i / row_chunks);
                 f(t0 + (ti * tc).min(n)..t0 + n.min((ti + 1) * tc), cuts[ri]..cuts[ri + 1], pack);

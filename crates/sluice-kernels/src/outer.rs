@@ -49,13 +49,11 @@ use core::arch::x86_64::*;
 use crate::arch::avx512::Avx512;
 use crate::formats::Format;
 use crate::matmul::Matrix;
-use crate::packed::{pack_size, Packed, BLOCK, CHUNK, STEPS};
+use crate::packed::{pack_size, Packed, BLOCK, CHUNK, GROUP_TOKENS, MICRO, STEPS};
 use crate::tiled::Kernel;
 
 /// Weight rows of a row group: four 16-row vectors.
 pub(crate) const ROWS: usize = 64;
-/// Tokens of a tile: 4 × 6 accumulators, 4 weight registers, 1 broadcast.
-const GROUP_TOKENS: usize = 6;
 /// Floats of one lane's slab of the panel: a chunk of 64 rows and one cache line, so that the
 /// 16 slabs a transposed block is stored into do not all fall in one L1 set.
 pub(crate) const PANEL_LANE: usize = STEPS * ROWS + 16;
@@ -81,13 +79,13 @@ pub(crate) struct Buffers<'s> {
 
 /// Writes the part of the pack of `x` (`tokens` rows of `cols`) that holds column chunks
 /// `chunks` of token blocks `blocks` (16 tokens each) into `out`, the whole pack's buffer
-/// ([`pack_size`] floats): columns past `cols` as −0.0, tokens past `tokens` as
-/// +0.0.
+/// ([`pack_size`] floats): columns past `cols` as −0.0, tokens past `tokens` as +0.0. A token
+/// group that straddles two blocks gets its tokens from both, each writing only its own.
 ///
 /// # Safety
-/// The CPU supports AVX-512F; `out` points to `pack_size(tokens, cols).0` writable floats on a
-/// cache line, of which no other thread touches this part during the call; `blocks` ends
-/// within the pack's stride.
+/// The CPU supports AVX-512F; `out` points to `pack_size(tokens, cols).0` writable floats, of
+/// which no other thread touches this part's tokens during the call; `blocks` ends within the
+/// last token group's 16.
 ///
 /// # Panics
 /// If `x` is not `tokens * cols` long.
@@ -101,8 +99,9 @@ pub(crate) unsafe fn pack(
     out: *mut f32,
 ) {
     assert_eq!(x.len(), tokens * cols, "pack: x length");
-    let (_, stride) = pack_size(tokens, cols);
-    assert!(blocks.end * 16 <= stride, "pack: token blocks");
+    let (_, groups) = pack_size(tokens, cols);
+    let slots = groups * GROUP_TOKENS;
+    assert!(blocks.end * 16 <= slots.next_multiple_of(16), "pack: token blocks");
     let steps = cols.div_ceil(16);
     for ch in chunks {
         for k in 0..STEPS {
@@ -131,12 +130,27 @@ pub(crate) unsafe fn pack(
                     }
                 }
                 transpose16(&mut r);
-                for (l, v) in r.iter().enumerate() {
-                    // SAFETY: the index is below `pack_size(..).0` (`ch < chunks`, `k < STEPS`,
-                    // `jb + 16 <= stride`, asserted), and a multiple of 16 of a buffer on a cache line.
-                    unsafe {
-                        _mm512_store_ps(out.add(((ch * 16 + l) * STEPS + k) * stride + jb), *v)
-                    };
+                // Lane `i` of `r[l]` is token `jb + i`: slot `(jb + i) % 6` of group
+                // `(jb + i) / 6`, stored by one masked store per group the block meets.
+                for g in jb / GROUP_TOKENS..(jb + 16).min(slots).div_ceil(GROUP_TOKENS) {
+                    let first = GROUP_TOKENS * g;
+                    let (lo, hi) = (first.max(jb) - jb, (first + GROUP_TOKENS).min(jb + 16) - jb);
+                    // Lanes `lo..hi` (`lo < hi <= 16`).
+                    let keep: __mmask16 = (u16::MAX >> (16 - hi)) & (u16::MAX << lo);
+                    for (l, v) in r.iter().enumerate() {
+                        let slot = ((ch * 16 + l) * groups + g) * MICRO + GROUP_TOKENS * k;
+                        // SAFETY: lane `i` of the vector lands at `slot + jb + i - first`;
+                        // the kept lanes (`first <= jb + i < first + 6`) land in the group's
+                        // six slots of step `k`, below `pack_size(..).0` (`ch < chunks`,
+                        // `g < groups`); masked lanes are neither written nor fault.
+                        unsafe {
+                            _mm512_mask_storeu_ps(
+                                out.wrapping_add(slot + jb).wrapping_sub(first),
+                                keep,
+                                *v,
+                            )
+                        };
+                    }
                 }
             }
         }
@@ -168,10 +182,13 @@ pub(crate) unsafe fn run<F: Format>(
         assert!(b.addr().is_multiple_of(64), "outer: scratch alignment");
     }
     assert!(p.cols == m.cols() && tokens.end <= p.tokens, "outer: pack");
+    assert!(tokens.start.is_multiple_of(GROUP_TOKENS), "outer: tokens off a group");
     assert!(rows.end <= m.rows(), "matmul: row range");
     let cols = m.cols();
-    // Blocks of equal size, so that none is left with a few tokens to decode the weights for.
+    // Blocks of about equal size, of whole token groups, so that none is left with a few
+    // tokens to decode the weights for.
     let size = tokens.len().div_ceil(tokens.len().div_ceil(BLOCK).max(1));
+    let size = size.next_multiple_of(GROUP_TOKENS).min(BLOCK);
     for b0 in tokens.clone().step_by(size.max(1)) {
         let n = size.min(tokens.end - b0);
         let groups = n.div_ceil(GROUP_TOKENS);
@@ -207,7 +224,9 @@ pub(crate) unsafe fn run<F: Format>(
                 let (tiles, lines) = (16 * groups, nn * ahead[0].len().div_ceil(64));
                 let mut named = 0;
                 for l in 0..16 {
-                    let base = ((ch * 16 + l) * STEPS) * p.stride + b0;
+                    // Lane `l`'s micro-panels of this chunk, one per token group, in a row.
+                    let lane = ((ch * 16 + l) * p.groups + b0 / GROUP_TOKENS) * MICRO;
+                    let next_lane = lane + p.groups * MICRO;
                     for g in 0..groups {
                         let upto = (l * groups + g + 1) * lines / tiles;
                         while named < upto {
@@ -218,33 +237,30 @@ pub(crate) unsafe fn run<F: Format>(
                         // SAFETY: the CPU supports AVX-512F. Lane `l`'s slab lies inside the
                         // panel (`16 · PANEL_LANE`); the tile's accumulators inside `acc`
                         // (`l · lane_acc + 24 · 16 · (g + 1) <= ACC_FLOATS`, as
-                        // `groups <= BLOCK / 6` rounded up); its activations at
-                        // `base + 6g + j + k · stride` for `j < 6`, `k < steps`: inside the
-                        // pack, as `b0 + 6g + 5 < tokens.end + 5 < stride`.
+                        // `groups <= BLOCK / 6`); its activations, the micro-panel at
+                        // `lane + g · MICRO` (`MICRO` floats), inside the pack, as
+                        // `b0 / 6 + g < p.groups`.
                         unsafe {
                             let w = panel.as_ptr().add(l * PANEL_LANE);
-                            let x = p.data.as_ptr().add(base + g * GROUP_TOKENS);
+                            let x = p.data.as_ptr().add(lane + g * MICRO);
                             let a = acc.as_mut_ptr().add(l * lane_acc + g * 24 * 16);
-                            // The activations the next tile reads last (the next group's in
-                            // this lane, or the first group's in the next), named to L1 a
-                            // step ahead: a lane's steps lie a stride apart, a pattern the
-                            // hardware prefetchers do not follow.
+                            // The activations the next tile reads (the next group's in this
+                            // lane, or the first group's in the next), named to L1 a tile
+                            // ahead.
                             let next = if g + 1 < groups {
-                                x.wrapping_add(2 * GROUP_TOKENS - 1)
+                                x.wrapping_add(MICRO)
                             } else {
-                                x.wrapping_add(
-                                    STEPS * p.stride - g * GROUP_TOKENS + GROUP_TOKENS - 1,
-                                )
+                                p.data.as_ptr().wrapping_add(next_lane)
                             };
                             match (ch == 0, (gr - 1) / 16) {
-                                (true, 0) => tile::<true, 1>(w, x, next, p.stride, steps, a),
-                                (true, 1) => tile::<true, 2>(w, x, next, p.stride, steps, a),
-                                (true, 2) => tile::<true, 3>(w, x, next, p.stride, steps, a),
-                                (true, _) => tile::<true, 4>(w, x, next, p.stride, steps, a),
-                                (false, 0) => tile::<false, 1>(w, x, next, p.stride, steps, a),
-                                (false, 1) => tile::<false, 2>(w, x, next, p.stride, steps, a),
-                                (false, 2) => tile::<false, 3>(w, x, next, p.stride, steps, a),
-                                (false, _) => tile::<false, 4>(w, x, next, p.stride, steps, a),
+                                (true, 0) => tile::<true, 1>(w, x, next, steps, a),
+                                (true, 1) => tile::<true, 2>(w, x, next, steps, a),
+                                (true, 2) => tile::<true, 3>(w, x, next, steps, a),
+                                (true, _) => tile::<true, 4>(w, x, next, steps, a),
+                                (false, 0) => tile::<false, 1>(w, x, next, steps, a),
+                                (false, 1) => tile::<false, 2>(w, x, next, steps, a),
+                                (false, 2) => tile::<false, 3>(w, x, next, steps, a),
+                                (false, _) => tile::<false, 4>(w, x, next, steps, a),
                             }
                         }
                     }
@@ -329,21 +345,20 @@ unsafe fn decode_panel<F: Format>(
 }
 
 /// One tile of `V` vectors of 16 rows × 6 tokens:
-/// `acc[j][v] = fma(w[k][v], x[k · stride + j], acc[j][v])` for `k < steps` in increasing
-/// order, from +0.0 if `FIRST` (accumulator `(j, v)` at `acc + 16 · (4j + v)`); the line
-/// of `next + k · stride` is named to the prefetcher at each step.
+/// `acc[j][v] = fma(w[k][v], x[6k + j], acc[j][v])` for `k < steps` in increasing order,
+/// from +0.0 if `FIRST` (accumulator `(j, v)` at `acc + 16 · (4j + v)`); the line of
+/// `next + 6k` is named to the prefetcher at each step.
 ///
 /// # Safety
 /// The CPU supports AVX-512F; `w` holds `steps` steps of 64 floats on a cache line (the first
-/// `16 · V` of each read), `x` is readable at `k · stride + j` for `k < steps`, `j < 6`, and
-/// `acc` holds 24 · 16 floats on a line.
+/// `16 · V` of each read), `x` is readable at `6k + j` for `k < steps`, `j < 6`, and `acc`
+/// holds 24 · 16 floats on a line.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn tile<const FIRST: bool, const V: usize>(
     w: *const f32,
     x: *const f32,
     next: *const f32,
-    stride: usize,
     steps: usize,
     acc: *mut f32,
 ) {
@@ -358,9 +373,9 @@ unsafe fn tile<const FIRST: bool, const V: usize>(
     }
     for k in 0..steps {
         // SAFETY: guaranteed by the caller.
-        let (wk, xk) = unsafe { (w.add(k * ROWS), x.add(k * stride)) };
+        let (wk, xk) = unsafe { (w.add(k * ROWS), x.add(k * GROUP_TOKENS)) };
         // A prefetch never faults and has no architectural effect.
-        _mm_prefetch::<_MM_HINT_NTA>(next.wrapping_add(k * stride).cast());
+        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(k * GROUP_TOKENS).cast());
         let mut wv = [_mm512_setzero_ps(); V];
         for (v, w) in wv.iter_mut().enumerate() {
             // SAFETY: as above: step `k`'s first `16 · V` rows.

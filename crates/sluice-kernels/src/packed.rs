@@ -4,17 +4,23 @@
 //!
 //! The pack is made once and shared: every row chunk of the call (every thread) reads the same
 //! one. Made per chunk, a call of a few dozen chunks would transpose its activations a few
-//! dozen times. It is made on the pool too (one part per 16 tokens × [`CHUNK`] columns), and
-//! lives in a buffer the calling thread keeps for its life ([`PACK_BYTES`], made by its first
-//! packed call or by [`crate::reserve_scratch`]). A call is packed and run in blocks of at
+//! dozen times. It is made on the pool too (one part per 16 tokens × [`CHUNK`] columns), in a
+//! buffer the **pool** keeps for its life and lends to one call at a time ([`PackBuf`],
+//! [`PACK_BYTES`], made by the pool's first packed call or by [`crate::reserve_scratch`]): a
+//! call that finds it lent (another thread's, or one made from inside a packed call) runs
+//! unpacked, in the other nests, with the same bits. A call is packed and run in blocks of at
 //! most [`BLOCK`] tokens ([`in_blocks`]), each block's results those of the whole call (no
-//! result depends on how the tokens are cut): a pack of just the block the nest folds keeps
-//! the lines a tile reads close together (one pack of 256 tokens made the nest's fold a
-//! third slower, measured in docs/PERFORMANCE.md, issue 20, session 23), and costs no decode
-//! (the nest decodes its weights once per block anyway).
+//! result depends on how the tokens are cut); the nest decodes its weights once per block.
+//!
+//! Each lane's values are kept in **token groups of 6**, the tokens a tile folds, so that a
+//! tile's activations are one run of 24 cache lines: packed with the tokens side by side
+//! (a lane's steps a stride of all the block's tokens apart), a pack of 256 tokens made the
+//! fold a third slower than one of 64, the reason blocks were once 128 tokens; in groups, a
+//! block of 264 tokens decodes the weights of a 256-token prefill once instead of twice
+//! (docs/PERFORMANCE.md, issue 20, sessions 23 and 24).
 
-use std::cell::RefCell;
 use std::ops::Range;
+use std::sync::{Mutex, TryLockError};
 
 use crate::isa::Isa;
 
@@ -22,26 +28,33 @@ use crate::isa::Isa;
 pub(crate) const CHUNK: usize = 1024;
 /// Steps of 16 columns per chunk (a lane's values per chunk).
 pub(crate) const STEPS: usize = CHUNK / 16;
-/// The most bytes of packed activations a calling thread keeps, made by its first packed
-/// call (or [`crate::reserve_scratch`]) and kept for its life: a block of [`BLOCK`] tokens of
-/// up to 7,168 columns (Kimi K3's hidden size) fits; wider rows are packed in smaller blocks.
-/// Every plan charges it per kernel thread (in [`crate::WIDE_SCRATCH_BYTES`]): at 8 MiB a
-/// 96 MiB budget's expert cache lost slots to it (`tests/streaming_budget.rs` in sluice-cli).
-pub const PACK_BYTES: usize = 4 << 20;
-/// Most tokens per block of the outer nest: its weights are decoded once per block (22
-/// token groups of 6).
-pub(crate) const BLOCK: usize = 128;
+/// The bytes of packed activations a pool keeps ([`PackBuf`]), made by its first packed call
+/// (or [`crate::reserve_scratch`]) and kept for its life: a block of [`BLOCK`] tokens of up
+/// to 7,168 columns (Kimi K3's hidden size) fits; wider rows are packed in smaller blocks.
+/// Charged once per pool ([`pool_scratch_bytes`]): held per thread, 8 MiB a thread took a
+/// 96 MiB budget's expert cache slots (`tests/streaming_budget.rs` in sluice-cli, session 23).
+pub const PACK_BYTES: usize = 8 << 20;
+/// Most tokens per block of the outer nest: its weights are decoded once per block (44
+/// token groups of 6, so that a 256-token prefill decodes them once).
+pub(crate) const BLOCK: usize = 44 * GROUP_TOKENS;
 /// Fewest activation rows of a call that the outer nest takes (fewer take the other nests).
 pub(crate) const MIN_TOKENS: usize = 33;
 
-/// A call's activation rows `first .. first + tokens`, packed: `A[ch][l][k][j]` =
-/// `x[first + j][ch · CHUNK + 16k + l]` at `((ch · 16 + l) · STEPS + k) · stride + j`
-/// (columns past the row's end −0.0, tokens past `tokens` +0.0).
+/// Tokens a tile of the outer nest folds at once: the pack keeps each group of 6 together.
+pub(crate) const GROUP_TOKENS: usize = 6;
+/// Floats of one lane's column chunk for one token group: [`STEPS`] steps of 6 tokens (1,536
+/// bytes, 24 cache lines), the values a tile reads, in the order it reads them.
+pub(crate) const MICRO: usize = STEPS * GROUP_TOKENS;
+
+/// A call's activation rows `first .. first + tokens`, packed in token groups of 6:
+/// `A[ch][l][g][k][j]` = `x[first + 6g + j][ch · CHUNK + 16k + l]` at
+/// `((ch · 16 + l) · groups + g) · MICRO + 6k + j` (columns past the row's end −0.0, tokens
+/// past `tokens` +0.0), so that a tile's activations are one run of 24 cache lines.
 pub(crate) struct Packed<'p> {
     /// The pack, on a cache line.
     pub(crate) data: &'p [f32],
-    /// Floats from one step of a lane to the next: the tokens, padded.
-    pub(crate) stride: usize,
+    /// Token groups of 6 held (the last one padded with +0.0 tokens).
+    pub(crate) groups: usize,
     /// The activation rows' columns.
     pub(crate) cols: usize,
     /// The call's first activation row the pack holds.
@@ -57,20 +70,18 @@ impl Packed<'_> {
     }
 }
 
-/// Floats a pack of `tokens` rows of `cols` columns takes, and its stride: one cache line more
-/// than the tokens, so that a token group read past the last token (at most 5 more) stays
-/// inside it, and a lane's steps do not all share an L1 set when the tokens are a power of two.
+/// Floats a pack of `tokens` rows of `cols` columns takes, and its token groups of 6.
 pub(crate) fn pack_size(tokens: usize, cols: usize) -> (usize, usize) {
-    let stride = tokens.next_multiple_of(16) + 16;
-    (cols.next_multiple_of(CHUNK) * stride, stride)
+    let groups = tokens.div_ceil(GROUP_TOKENS);
+    (cols.next_multiple_of(CHUNK) * groups * GROUP_TOKENS, groups)
 }
 
-/// Tokens a pack of `cols` columns holds: [`BLOCK`], or as many as fit in [`PACK_BYTES`] (a
-/// multiple of 16) if fewer; `None` if not even 16.
+/// Tokens a pack of `cols` columns holds: [`BLOCK`], or as many whole groups of 6 as fit in
+/// [`PACK_BYTES`] if fewer; `None` if not even 6.
 fn block_tokens(cols: usize) -> Option<usize> {
     let per_token = cols.max(1).next_multiple_of(CHUNK);
-    let fit = (PACK_BYTES / 4 / per_token).checked_sub(16)? / 16 * 16;
-    (fit >= 16).then_some(fit.min(BLOCK))
+    let fit = PACK_BYTES / 4 / per_token / GROUP_TOKENS * GROUP_TOKENS;
+    (fit >= GROUP_TOKENS).then_some(fit.min(BLOCK))
 }
 
 /// 16 floats on a cache line of their own: the unit of the pack buffer.
@@ -78,20 +89,34 @@ fn block_tokens(cols: usize) -> Option<usize> {
 #[repr(C, align(64))]
 struct Line([f32; 16]);
 
-thread_local! {
-    /// This thread's pack buffer ([`PACK_BYTES`]), made by its first packed call.
-    static BUF: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
+/// A pool's pack buffer ([`PACK_BYTES`]): made by the first packed call on the pool (or
+/// [`crate::reserve_scratch`]), kept for the pool's life, lent to one call at a time.
+#[derive(Default)]
+pub(crate) struct PackBuf(Mutex<Vec<Line>>);
+
+impl PackBuf {
+    /// Makes the buffer if the process's tier packs and it is not made yet (what
+    /// [`crate::reserve_scratch`] asks of a pool); a buffer lent to a call is left as it is.
+    pub(crate) fn reserve(&self, isa: Isa) {
+        if packs(isa) {
+            match self.0.try_lock() {
+                Ok(mut b) => drop(made(&mut b)),
+                Err(TryLockError::Poisoned(p)) => drop(made(&mut p.into_inner())),
+                Err(TryLockError::WouldBlock) => {}
+            }
+        }
+    }
 }
 
-/// Makes this thread's pack buffer if the process's tier packs (what [`crate::reserve_scratch`]
-/// asks of every pool thread).
-pub(crate) fn reserve(isa: Isa) {
-    if packs(isa) {
-        let _ = BUF.try_with(|b| {
-            if let Ok(mut b) = b.try_borrow_mut() {
-                made(&mut b);
-            }
-        });
+/// The bytes a pool keeps for the calls made on it beyond its threads' own scratch
+/// ([`crate::WIDE_SCRATCH_BYTES`] each): its pack buffer ([`PACK_BYTES`]) where the process's
+/// tier packs a prefill's activations (AVX-512), else nothing. A memory plan charges it once
+/// per pool.
+pub fn pool_scratch_bytes() -> usize {
+    if packs(crate::isa()) {
+        PACK_BYTES
+    } else {
+        0
     }
 }
 
@@ -123,26 +148,30 @@ pub(crate) fn in_blocks(
     f: &mut dyn FnMut(Range<usize>, Option<&Packed<'_>>),
 ) {
     let size = match block_tokens(cols) {
-        Some(most) if packs(isa) && t >= MIN_TOKENS => t.div_ceil(t.div_ceil(most)),
+        // Blocks of about equal size, each of whole token groups but the last.
+        Some(most) if packs(isa) && t >= MIN_TOKENS => {
+            t.div_ceil(t.div_ceil(most)).next_multiple_of(GROUP_TOKENS).min(most)
+        }
         _ => return f(0..t, None),
     };
-    let mut f = Some(f);
-    let _ = BUF.try_with(|b| {
-        // A call from inside a packed call's `emit` finds the buffer lent: it runs unpacked.
-        let Ok(mut b) = b.try_borrow_mut() else { return };
-        let Some(f) = f.take() else { return };
+    crate::pool::with_current(|pool| {
+        // A call from inside a packed call (or from another thread during one) finds the
+        // buffer lent: it runs unpacked. A buffer poisoned by a panicking call is filled anew
+        // before it is read.
+        let mut b = match pool.pack_buf().0.try_lock() {
+            Ok(b) => b,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return f(0..t, None),
+        };
         let buf = made(&mut b);
         for s0 in (0..t).step_by(size) {
             let n = size.min(t - s0);
             fill(&x[s0 * cols..(s0 + n) * cols], n, cols, buf);
-            let (len, stride) = pack_size(n, cols);
-            let p = Packed { data: &buf[..len], stride, cols, first: s0, tokens: n };
+            let (len, groups) = pack_size(n, cols);
+            let p = Packed { data: &buf[..len], groups, cols, first: s0, tokens: n };
             f(s0..s0 + n, Some(&p));
         }
     });
-    if let Some(f) = f {
-        f(0..t, None);
-    }
 }
 
 /// A pointer the pack's parts write through, each its own part.
@@ -159,11 +188,12 @@ impl Parts {
 }
 
 /// Packs `x` (`tokens` rows of `cols`) into `buf` on the current pool: one part per 16
-/// tokens × [`CHUNK`] columns, or all on this thread for a small call or a pool of one.
+/// tokens × [`CHUNK`] columns (the last 16 reaching the last group's end), or all on this
+/// thread for a small call or a pool of one.
 fn fill(x: &[f32], tokens: usize, cols: usize, buf: &mut [f32]) {
-    let (len, stride) = pack_size(tokens, cols);
+    let (len, groups) = pack_size(tokens, cols);
     assert!(buf.len() >= len && buf.as_ptr().addr().is_multiple_of(64), "pack: buffer");
-    let (chunks, blocks) = (Packed::chunks(cols), stride / 16);
+    let (chunks, blocks) = (Packed::chunks(cols), (groups * GROUP_TOKENS).div_ceil(16));
     let out = Parts(buf.as_mut_ptr());
     #[cfg(target_arch = "x86_64")]
     crate::pool::with_current(|pool| {

@@ -163,6 +163,8 @@ pub struct Pool {
     shared: Arc<Shared>,
     helpers: Vec<JoinHandle<()>>,
     threads: usize,
+    /// The buffer a prefill call's activations are packed into, lent to one call at a time.
+    pack: crate::packed::PackBuf,
 }
 
 impl std::fmt::Debug for Pool {
@@ -217,7 +219,8 @@ impl Pool {
             wake: Condvar::new(),
             counters: Tally::default(),
         });
-        let mut pool = Self { shared, helpers: Vec::new(), threads };
+        let mut pool =
+            Self { shared, helpers: Vec::new(), threads, pack: crate::packed::PackBuf::default() };
         for index in 1..threads {
             let s = Arc::clone(&pool.shared);
             let h = std::thread::Builder::new()
@@ -339,6 +342,11 @@ impl Pool {
         drop(guard);
         resume(s, mine);
         Ok(())
+    }
+
+    /// The buffer this pool lends a packed prefill call ([`crate::packed`]).
+    pub(crate) fn pack_buf(&self) -> &crate::packed::PackBuf {
+        &self.pack
     }
 
     /// Makes `self` the pool that [`current`] returns on this thread while `f` runs.

@@ -104,12 +104,10 @@ pub(crate) const PANEL_STRIDE: usize = WIDE_CHUNK + 16;
 /// (its f32 weight panel, accumulators and padded activation tails), whatever the row count:
 /// allocated by the first such call on a thread and reused by every later one for the
 /// thread's life, a fixed cost per kernel thread that a memory plan's headroom must cover.
-///
-/// On x86-64 it also counts the buffer a thread packs a prefill call's activations into
-/// ([`crate::PACK_BYTES`], made on the AVX-512 tier only), since any thread may make a call.
+/// The buffer a prefill call's activations are packed into is the pool's, not a thread's
+/// ([`crate::pool_scratch_bytes`]).
 pub const WIDE_SCRATCH_BYTES: usize =
-    (GROUP * PANEL_STRIDE + ACC_LINES * 16 + WIDE_TOKEN_BLOCK * 16 + STAGE_ROWS * PANEL_STRIDE) * 4
-        + if cfg!(target_arch = "x86_64") { crate::packed::PACK_BYTES } else { 0 };
+    (GROUP * PANEL_STRIDE + ACC_LINES * 16 + WIDE_TOKEN_BLOCK * 16 + STAGE_ROWS * PANEL_STRIDE) * 4;
 
 /// Accumulator lines of the scratch: a row group × token block of this nest, or the outer
 /// nest's block ([`crate::outer`]), whichever is more.

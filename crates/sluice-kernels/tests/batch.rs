@@ -766,3 +766,46 @@ fn prefill_tiles_streamed_their_weights_from_l2_now_a_lanes_weights_stay_in_l1_s
         }
     }
 }
+
+/// Two threads calling prefill-sized `matmul`s on one pool at once: the pool lends its one
+/// pack buffer to one call at a time (each calling thread kept a buffer of its own before,
+/// charged per kernel thread), so the other call runs unpacked, in the other nests; every
+/// result is the scalar reference's, bit for bit, whichever call held the buffer.
+#[test]
+fn each_thread_kept_its_own_pack_buffer_now_the_pool_lends_one_to_a_call_at_a_time_same_bits() {
+    let pool = Pool::new(2).expect("kernel pool");
+    sluice_kernels::reserve_scratch(&pool).expect("nothing else runs on the pool");
+    let calls = [("bf16", 70, 1100, 64), ("int8", 130, 2100, 264), ("f32", 64, 1024, 300)];
+    let cases: Vec<_> = calls
+        .iter()
+        .enumerate()
+        .map(|(k, &(format, rows, cols, t))| {
+            let mut rng = Rng::new(0x9A0C_0000 + u64::try_from(k).expect("small"));
+            let w = Weights::gen(format, rows, cols, &mut rng, Mode::Mixed);
+            let x = values(&mut rng, Mode::Mixed, t * cols);
+            let mut want = vec![0.0f32; t * rows];
+            matmul_scalar(&w.matrix(), &x, t, &mut want);
+            (format, w, x, t, rows, want)
+        })
+        .collect();
+    let start = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        for caller in 0..2 {
+            let (cases, pool, start) = (&cases, &pool, &start);
+            s.spawn(move || {
+                start.wait();
+                for round in 0..4 {
+                    for (format, w, x, t, rows, want) in cases {
+                        let mut got = vec![f32::NAN; t * rows];
+                        pool.install(|| matmul(&w.matrix(), x, *t, &mut got));
+                        assert_eq!(
+                            common::bits_nan_as_one(&got),
+                            common::bits_nan_as_one(want),
+                            "caller {caller} round {round}: {format} {rows} rows t={t}"
+                        );
+                    }
+                }
+            });
+        }
+    });
+}
