@@ -19,20 +19,22 @@
 //! - the **panel** of a row group's column chunk is `P[l][k][r]` = `W[g0 + r][c0 + 16k + l]`
 //!   (64 rows, [`CHUNK`] columns, so 64 steps `k` a lane), made by decoding 16 rows × 256
 //!   columns through the format's decode and transposing 16 × 16 blocks in registers;
-//! - the activations are **packed** once per call ([`pack`]): `A[ch][l][k][j]` =
-//!   `x[j][ch · CHUNK + 16k + l]`, tokens side by side, shared by every thread's row chunks,
-//!   a block of at most [`BLOCK`] tokens at a time ([`crate::packed::in_blocks`]). A pack of
-//!   the whole call (256 tokens) left a tile's block 8 lines of every 17 of a lane's steps,
-//!   which the hardware prefetchers did not follow: the fold ran at 56% of the peak at
-//!   T = 256 against 87% at T = 64; a pack of one block keeps the lines it reads together
-//!   (docs/PERFORMANCE.md, issue 20, session 23).
+//! - the activations are **packed** once per call ([`pack`]): `A[ch][l][g][k][j]` =
+//!   `x[6g + j][ch · CHUNK + 16k + l]`, in token groups of 6 (the tokens a tile folds), so
+//!   that a tile's activations are one run of 24 cache lines; shared by every thread's row
+//!   chunks, a block of at most [`BLOCK`] (264) tokens at a time
+//!   ([`crate::packed::in_blocks`]). The weights are decoded once per block: a 256-token
+//!   prefill decodes them once. (Packed with a block's tokens side by side instead, a lane's
+//!   steps lay a stride of all the tokens apart, which the hardware prefetchers did not
+//!   follow: the fold ran at 56% of the peak at T = 256 against 87% at T = 64, and blocks
+//!   were kept to 128 tokens, each decoding the weights again; docs/PERFORMANCE.md, issue 20,
+//!   sessions 23 and 24.)
 //!
 //! **Tiles** are 1 to 4 vectors of 16 rows (as many as the group has) × 6 tokens: per step,
 //! up to four aligned loads of the panel, six broadcasts, 24 FMAs, and one prefetch of the
-//! line the next tile's last token needs at this step (the next group's, or the next lane's
-//! first group's). While the tiles run, the stored bytes the nest decodes next are named to
-//! the prefetcher, a few lines before each tile, as the other prefill nest does
-//! ([`crate::wide`]).
+//! next tile's activations at this step (the next group's, or the next lane's first
+//! group's). While the tiles run, the stored bytes the nest decodes next are named to the
+//! prefetcher, a few lines before each tile, as the other prefill nest does ([`crate::wide`]).
 //!
 //! **Exactness.** Lane `l` of cell (r, j) still folds `fma(W[r][c], x[j][c], acc)` for
 //! `c = l, l + 16, …` in increasing order: chunks in increasing order, steps `k` in

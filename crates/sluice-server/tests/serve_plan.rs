@@ -40,7 +40,8 @@ fn plan_line(server: &Server) -> String {
 /// at every 16-row checkpoint (after in-pass captures, at the fifth: 80 rows), and the expert
 /// cache got the minimum of two slots. (The budget is 104 MiB since every kernel thread's
 /// fixed scratch grew by the 4 MiB pack buffer of the AVX-512 prefill nest, session 23: at 96
-/// MiB the two threads' 8 MiB left the chunk 44 rows, short of the rule's 80.)
+/// MiB the two threads' 8 MiB left the chunk 44 rows, short of the rule's 80. Since session
+/// 24 the pack is one 8 MiB buffer of the pool's, the same 8 MiB at two threads.)
 #[test]
 fn a_server_gave_the_prefill_chunk_every_spare_byte_and_the_cache_two_slots() {
     let (_tmp, m) = synth();
