@@ -58,7 +58,7 @@ pub(crate) const ROWS: usize = 64;
 /// 16 slabs a transposed block is stored into do not all fall in one L1 set.
 pub(crate) const PANEL_LANE: usize = STEPS * ROWS + 16;
 /// Columns a row is decoded in at a time (16 rows of it: 16 KiB, in L1) before transposing.
-const SUB: usize = 256;
+pub(crate) const SUB: usize = 256;
 /// Floats of the panel, the accumulators and the decode stage the nest needs.
 pub(crate) const PANEL_FLOATS: usize = 16 * PANEL_LANE;
 /// Accumulator floats of a block: 16 lanes × token groups × 24 vectors of 16.
