@@ -1,6 +1,7 @@
 //! The prefill nest in outer-product form (AVX-512): a register holds one lane of 16 weight
 //! rows' accumulators, not 16 lanes of one row's, so the weights a tile folds stay in L1
-//! while every token group of the block passes over them.
+//! while every token group of the block passes over them. AVX2's nest (`crate::outer_avx2`)
+//! is the same with 8-lane registers, on the same pack and panel.
 //!
 //! **Why.** The canonical reduction ([`crate::matmul`]) gives each (row, token) cell 16
 //! lanes, lane `l` folding columns `l, l + 16, l + 32, …` in increasing order, then

@@ -1,6 +1,7 @@
 //! A call's activation rows packed for the outer-product prefill nest ([`crate::outer`] on
-//! AVX-512, `crate::outer_avx2` on AVX2, one layout for both): transposed so that each of the 16 lanes' values lie together, tokens side by
-//! side, once per call, before its row chunks are handed to the pool.
+//! AVX-512, `crate::outer_avx2` on AVX2, one layout for both): transposed so that each of the
+//! 16 lanes' values lie together, tokens side by side, once per call, before its row chunks
+//! are handed to the pool.
 //!
 //! The pack is made once and shared: every row chunk of the call (every thread) reads the same
 //! one. Made per chunk, a call of a few dozen chunks would transpose its activations a few
@@ -110,8 +111,8 @@ impl PackBuf {
 
 /// The bytes a pool keeps for the calls made on it beyond its threads' own scratch
 /// ([`crate::WIDE_SCRATCH_BYTES`] each): its pack buffer ([`PACK_BYTES`]) where the process's
-/// tier packs a prefill's activations (AVX-512 and AVX2), else nothing. A memory plan charges it once
-/// per pool.
+/// tier packs a prefill's activations (AVX-512 and AVX2), else nothing. A memory plan charges
+/// it once per pool.
 pub fn pool_scratch_bytes() -> usize {
     if packs(crate::isa()) {
         PACK_BYTES
@@ -177,8 +178,9 @@ pub(crate) fn in_blocks(
 /// A pointer the pack's parts write through, each its own part.
 struct Parts(*mut f32);
 
-// SAFETY: only dereferenced by `crate::outer::pack` and `crate::outer_avx2::pack`, each part of the pool call writing a
-// disjoint part of the buffer, which the calling thread holds exclusively until the call ends.
+// SAFETY: only dereferenced by `crate::outer::pack` and `crate::outer_avx2::pack`, each part
+// of the pool call writing a disjoint part of the buffer, which the calling thread holds
+// exclusively until the call ends.
 unsafe impl Sync for Parts {}
 
 impl Parts {
