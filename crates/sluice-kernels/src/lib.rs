@@ -17,7 +17,10 @@ pub mod matmul;
 pub mod ops;
 #[cfg(target_arch = "x86_64")]
 mod outer;
-// Only the AVX-512 tier packs (x86-64): elsewhere the calls carry no pack and most of it is unused.
+#[cfg(target_arch = "x86_64")]
+mod outer_avx2;
+// Only the AVX-512 and AVX2 tiers pack (x86-64): elsewhere the calls carry no pack and most of
+// it is unused.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 mod packed;
 pub mod pool;

@@ -1,6 +1,7 @@
 //! The prefill nest in outer-product form (AVX-512): a register holds one lane of 16 weight
 //! rows' accumulators, not 16 lanes of one row's, so the weights a tile folds stay in L1
-//! while every token group of the block passes over them.
+//! while every token group of the block passes over them. AVX2's nest (`crate::outer_avx2`)
+//! is the same with 8-lane registers, on the same pack and panel.
 //!
 //! **Why.** The canonical reduction ([`crate::matmul`]) gives each (row, token) cell 16
 //! lanes, lane `l` folding columns `l, l + 16, l + 32, …` in increasing order, then
@@ -60,7 +61,7 @@ pub(crate) const ROWS: usize = 64;
 /// 16 slabs a transposed block is stored into do not all fall in one L1 set.
 pub(crate) const PANEL_LANE: usize = STEPS * ROWS + 16;
 /// Columns a row is decoded in at a time (16 rows of it: 16 KiB, in L1) before transposing.
-const SUB: usize = 256;
+pub(crate) const SUB: usize = 256;
 /// Floats of the panel, the accumulators and the decode stage the nest needs.
 pub(crate) const PANEL_FLOATS: usize = 16 * PANEL_LANE;
 /// Accumulator floats of a block: 16 lanes × token groups × 24 vectors of 16.

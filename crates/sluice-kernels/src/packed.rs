@@ -1,6 +1,7 @@
-//! A call's activation rows packed for the outer-product prefill nest ([`crate::outer`], on
-//! AVX-512): transposed so that each of the 16 lanes' values lie together, tokens side by
-//! side, once per call, before its row chunks are handed to the pool.
+//! A call's activation rows packed for the outer-product prefill nest ([`crate::outer`] on
+//! AVX-512, `crate::outer_avx2` on AVX2, one layout for both): transposed so that each of the
+//! 16 lanes' values lie together, tokens side by side, once per call, before its row chunks
+//! are handed to the pool.
 //!
 //! The pack is made once and shared: every row chunk of the call (every thread) reads the same
 //! one. Made per chunk, a call of a few dozen chunks would transpose its activations a few
@@ -110,8 +111,8 @@ impl PackBuf {
 
 /// The bytes a pool keeps for the calls made on it beyond its threads' own scratch
 /// ([`crate::WIDE_SCRATCH_BYTES`] each): its pack buffer ([`PACK_BYTES`]) where the process's
-/// tier packs a prefill's activations (AVX-512), else nothing. A memory plan charges it once
-/// per pool.
+/// tier packs a prefill's activations (AVX-512 and AVX2), else nothing. A memory plan charges
+/// it once per pool.
 pub fn pool_scratch_bytes() -> usize {
     if packs(crate::isa()) {
         PACK_BYTES
@@ -122,7 +123,7 @@ pub fn pool_scratch_bytes() -> usize {
 
 /// Whether calls on `isa` take the outer nest.
 fn packs(isa: Isa) -> bool {
-    cfg!(target_arch = "x86_64") && isa == Isa::Avx512
+    cfg!(target_arch = "x86_64") && matches!(isa, Isa::Avx512 | Isa::Avx2)
 }
 
 /// The buffer `b`, made at its full size if it is not yet.
@@ -166,7 +167,7 @@ pub(crate) fn in_blocks(
         let buf = made(&mut b);
         for s0 in (0..t).step_by(size) {
             let n = size.min(t - s0);
-            fill(&x[s0 * cols..(s0 + n) * cols], n, cols, buf);
+            fill(isa, &x[s0 * cols..(s0 + n) * cols], n, cols, buf);
             let (len, groups) = pack_size(n, cols);
             let p = Packed { data: &buf[..len], groups, cols, first: s0, tokens: n };
             f(s0..s0 + n, Some(&p));
@@ -177,8 +178,9 @@ pub(crate) fn in_blocks(
 /// A pointer the pack's parts write through, each its own part.
 struct Parts(*mut f32);
 
-// SAFETY: only dereferenced by `crate::outer::pack`, each part of the pool call writing a
-// disjoint part of the buffer, which the calling thread holds exclusively until the call ends.
+// SAFETY: only dereferenced by `crate::outer::pack` and `crate::outer_avx2::pack`, each part
+// of the pool call writing a disjoint part of the buffer, which the calling thread holds
+// exclusively until the call ends.
 unsafe impl Sync for Parts {}
 
 impl Parts {
@@ -187,10 +189,10 @@ impl Parts {
     }
 }
 
-/// Packs `x` (`tokens` rows of `cols`) into `buf` on the current pool: one part per 16
-/// tokens × [`CHUNK`] columns (the last 16 reaching the last group's end), or all on this
-/// thread for a small call or a pool of one.
-fn fill(x: &[f32], tokens: usize, cols: usize, buf: &mut [f32]) {
+/// Packs `x` (`tokens` rows of `cols`) into `buf` on the current pool with `isa`'s pack: one
+/// part per 16 tokens × [`CHUNK`] columns (the last 16 reaching the last group's end), or all
+/// on this thread for a small call or a pool of one.
+fn fill(isa: Isa, x: &[f32], tokens: usize, cols: usize, buf: &mut [f32]) {
     let (len, groups) = pack_size(tokens, cols);
     assert!(buf.len() >= len && buf.as_ptr().addr().is_multiple_of(64), "pack: buffer");
     let (chunks, blocks) = (Packed::chunks(cols), (groups * GROUP_TOKENS).div_ceil(16));
@@ -199,10 +201,17 @@ fn fill(x: &[f32], tokens: usize, cols: usize, buf: &mut [f32]) {
     crate::pool::with_current(|pool| {
         let part = |i: usize| {
             let (ch, b) = (i / blocks, i % blocks);
-            // SAFETY: only called where `packs` holds, so the CPU supports AVX-512F; `buf`
-            // holds the pack on a cache line (asserted), and each part writes its own chunk
-            // and token block of it.
-            unsafe { crate::outer::pack(x, tokens, cols, ch..ch + 1, b..b + 1, out.get()) };
+            let (chunk, block, out) = (ch..ch + 1, b..b + 1, out.get());
+            // SAFETY: only called where `packs(isa)` holds for a tier the CPU supports, so
+            // AVX-512F, or AVX2 and FMA; `buf` holds the pack on a cache line (asserted), and
+            // each part writes its own chunk and token block of it.
+            unsafe {
+                if isa == Isa::Avx512 {
+                    crate::outer::pack(x, tokens, cols, chunk, block, out);
+                } else {
+                    crate::outer_avx2::pack(x, tokens, cols, chunk, block, out);
+                }
+            }
         };
         if pool.threads() <= 1 || tokens * cols < crate::matmul::PAR_MIN_WORK {
             (0..chunks * blocks).for_each(part);
@@ -211,5 +220,5 @@ fn fill(x: &[f32], tokens: usize, cols: usize, buf: &mut [f32]) {
         }
     });
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (x, out, chunks, blocks);
+    let _ = (isa, x, out, chunks, blocks);
 }

@@ -1,8 +1,9 @@
 //! The loop nest of prefill-sized calls (more than [`crate::tiled::TOKEN_BLOCK`] activation
-//! rows); its register tiles are [`crate::sweep`]'s. On the AVX-512 tier, calls of at least
-//! 33 rows through `matmul`, `matmul_then` and `matmul_pair` take the outer-product nest
-//! instead (`crate::outer`, over activations packed once per call: `crate::packed`), which
-//! runs in this module's scratch; a layer's batched experts (`crate::many`) still run here.
+//! rows); its register tiles are [`crate::sweep`]'s. On the AVX-512 and AVX2 tiers, calls of
+//! at least 33 rows through `matmul`, `matmul_then` and `matmul_pair` take the outer-product
+//! nest instead (`crate::outer`, `crate::outer_avx2`, over activations packed once per call:
+//! `crate::packed`), which runs in this module's scratch; a layer's batched experts
+//! (`crate::many`) still run here.
 //!
 //! A call of T activation rows against a weight matrix is compute-bound once T is large, so
 //! the nest is arranged so that the FMA units, not a cache level, set the pace:
@@ -244,17 +245,20 @@ fn with_scratch(mut go: impl FnMut(&mut Scratch)) {
     }
 }
 
-/// The outer-product nest ([`crate::outer::run`]) of the tokens `tokens` of the pack `p` (a
-/// prefill call's activations, packed once for all its chunks) in this thread's [`Scratch`]:
+/// The outer-product nest of `isa` ([`crate::outer::run`] on AVX-512,
+/// `crate::outer_avx2::run` on AVX2) of the tokens `tokens` of the pack `p` (a prefill call's
+/// activations, packed once for all its chunks) in this thread's [`Scratch`]:
 /// `emit(j, r, sum)` for token `j` (relative to `tokens.start`) and every `r` in `rows`.
 ///
 /// # Safety
-/// The running CPU supports AVX-512F.
+/// The running CPU supports `isa`.
 ///
 /// # Panics
-/// If `p` is not `m`'s columns, `tokens` runs past the pack or `rows` past `m`.
+/// If `isa` is neither AVX-512 nor AVX2, `p` is not `m`'s columns, `tokens` runs past the
+/// pack or `rows` past `m`.
 #[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn run_outer<F: Format>(
+    isa: crate::isa::Isa,
     m: &Matrix<'_>,
     p: &crate::packed::Packed<'_>,
     tokens: Range<usize>,
@@ -272,9 +276,21 @@ pub(crate) unsafe fn run_outer<F: Format>(
                 acc: floats_mut(&mut s.acc),
                 stage: floats_mut(&mut s.stage),
             };
-            // SAFETY: guaranteed by the caller; the scratch's buffers are on cache lines and
-            // hold what the nest needs (asserted at compile time above).
-            unsafe { crate::outer::run::<F>(buffers, m, p, tokens.clone(), rows.clone(), emit) };
+            let (tokens, rows) = (tokens.clone(), rows.clone());
+            // SAFETY: the caller guarantees the tier; the scratch's buffers are on cache lines
+            // and hold what either nest needs (asserted at compile time above and in
+            // `crate::outer_avx2`).
+            unsafe {
+                match isa {
+                    crate::isa::Isa::Avx512 => {
+                        crate::outer::run::<F>(buffers, m, p, tokens, rows, emit)
+                    }
+                    crate::isa::Isa::Avx2 => {
+                        crate::outer_avx2::run::<F>(buffers, m, p, tokens, rows, emit)
+                    }
+                    other => panic!("outer nest: the {other} tier has none"),
+                }
+            }
         }
     });
 }

@@ -177,9 +177,9 @@ impl<E: FnMut(usize, usize, f32)> Visit for Run<'_, '_, '_, '_, E> {
         let Self { isa, m, x, t, rows, pack, emit } = self;
         assert!(isa.is_available(), "matmul: the {isa} tier is not supported by this CPU");
         #[cfg(target_arch = "x86_64")]
-        if let (Isa::Avx512, Some((p, j0))) = (isa, pack) {
-            // SAFETY: the CPU supports AVX-512F (asserted above).
-            unsafe { crate::wide::run_outer::<F>(m, p, j0..j0 + t, rows, emit) };
+        if let (Isa::Avx512 | Isa::Avx2, Some((p, j0))) = (isa, pack) {
+            // SAFETY: the CPU supports the tier (asserted above), AVX-512 or AVX2.
+            unsafe { crate::wide::run_outer::<F>(isa, m, p, j0..j0 + t, rows, emit) };
             return;
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -202,7 +202,7 @@ impl<E: FnMut(usize, usize, f32)> Visit for Run<'_, '_, '_, '_, E> {
 
 /// Runs the loop nest of [`crate::tiled::run`] on `isa`'s kernel and `m`'s format, or, given
 /// the call's packed activations and where `x`'s rows start in them, the outer-product nest
-/// ([`crate::outer`], which only AVX-512 packs for).
+/// ([`crate::outer`] on AVX-512, `crate::outer_avx2` on AVX2, the tiers that pack).
 ///
 /// # Panics
 /// If the running CPU does not support `isa` ([`Isa::is_available`]).

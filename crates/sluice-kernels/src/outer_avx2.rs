@@ -1,0 +1,515 @@
+//! The outer-product prefill nest on AVX2 ([`crate::outer`]'s, for 8-lane registers): a
+//! register holds one lane of 8 weight rows' accumulators, so the weights a tile folds stay in
+//! L1 while every token group of the block passes over them.
+//!
+//! **Why.** AVX2's prefill nest ([`crate::wide`]) folds 16 columns of one (row, token) cell
+//! per pair of FMAs, so each FMA needs 8 weights *and* 8 activations from the cache; its tiles
+//! of 3 rows × 4 tokens in halves stream the weights from the L2 panel (about two thirds of
+//! the FMA peak at T = 256 on one thread, issue 20). Here, as in [`crate::outer`], an FMA
+//! takes 8 weights (column `c` of 8 rows) and **one** activation value, broadcast, and a
+//! lane's slab of the panel (64 rows × 64 columns, 16 KiB) stays in L1 while all the block's
+//! token groups fold over it.
+//!
+//! **Layout.** The same as [`crate::outer`]'s, so the two tiers share the pack
+//! ([`crate::packed`]) and the scratch: the panel `P[l][k][r]` = `W[g0 + r][c0 + 16k + l]`
+//! (64 rows a step, lane `l`'s slab at `l · PANEL_LANE`), decoded 16 rows × 256 columns at a
+//! time through the format's AVX2 decode and transposed in 8 × 8 blocks ([`transpose8`]; a
+//! 16 × 16 block is four); the activations `A[ch][l][g][k][j]` packed once per call
+//! ([`pack`], 8 × 8 transposes too). A lane's accumulators for token group `g` are the 4 tiles
+//! of 16 rows × 6 tokens one after the other ([`CELLS`] floats), a tile's 12 registers of 8
+//! rows side by side ([`TILE`] floats), on cache lines.
+//!
+//! **Tiles** are 2 vectors of 8 rows × 6 tokens: 12 accumulators, and per step two aligned
+//! loads of the panel and six broadcasts for 12 FMAs (15 of the 16 registers). A lane's token
+//! group runs the group's 4 tiles (64 rows) one after the other: its activations (1.5 KiB)
+//! come from L2 once and serve all four from L1, and the first tile names the line the next
+//! group's (or the next lane's first group's) activations need at each step to the
+//! prefetcher. The stored bytes the nest decodes next are named as in [`crate::outer`].
+//!
+//! **Exactness.** As in [`crate::outer`]: lane `l` of cell (r, j) folds
+//! `fma(W[r][c], x[j][c], acc)` for `c = l, l + 16, …` in increasing order from +0.0 (chunks
+//! in order, steps in order, accumulators stored bit-unchanged between chunks), a row's last
+//! partial 16 columns fold +0.0 weights against −0.0 activations, and the 16 lanes of a cell
+//! are added in [`crate::matmul::reduce16`]'s tree, the lower lanes' as the first operand, for
+//! 8 rows at once ([`reduce_lanes`]). So every result is the canonical reduction, bit for bit.
+
+use std::ops::Range;
+
+use core::arch::x86_64::*;
+
+use crate::arch::avx2::Avx2;
+use crate::formats::Format;
+use crate::matmul::Matrix;
+use crate::outer::{Buffers, ACC_FLOATS, PANEL_FLOATS, PANEL_LANE, ROWS, STAGE_FLOATS, SUB};
+use crate::packed::{pack_size, Packed, BLOCK, CHUNK, GROUP_TOKENS, MICRO, STEPS};
+use crate::tiled::Kernel;
+
+/// Floats of one tile's accumulators: 2 vectors of 8 rows × 6 tokens, token-major.
+const TILE: usize = 2 * 8 * GROUP_TOKENS;
+/// Floats of one lane's accumulators for one token group: the 4 tiles of a 64-row group.
+const CELLS: usize = ROWS * GROUP_TOKENS;
+/// Lanes of a mask: the first `n` of 8 set when loaded from `n` floats before the zeros.
+const MASKS: [i32; 16] = [-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0];
+
+const _: () = assert!(CELLS == 4 * TILE && TILE.is_multiple_of(16) && CELLS.is_multiple_of(16));
+const _: () = assert!(16 * BLOCK.div_ceil(GROUP_TOKENS) * CELLS <= ACC_FLOATS);
+
+/// The mask of lanes `lo..hi` of 8 (`lo <= hi <= 8`).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn lanes(lo: usize, hi: usize) -> __m256i {
+    assert!(lo <= hi && hi <= 8, "mask lanes");
+    // SAFETY: `8 - hi + 8 <= 16` and `8 - lo + 8 <= 16`: both loads inside `MASKS`.
+    unsafe {
+        let below_hi = _mm256_loadu_si256(MASKS.as_ptr().add(8 - hi).cast());
+        let below_lo = _mm256_loadu_si256(MASKS.as_ptr().add(8 - lo).cast());
+        _mm256_andnot_si256(below_lo, below_hi)
+    }
+}
+
+/// Writes the part of the pack of `x` (`tokens` rows of `cols`) that holds column chunks
+/// `chunks` of token blocks `blocks` (16 tokens each) into `out`, as [`crate::outer::pack`]
+/// does on AVX-512: columns past `cols` as −0.0, tokens past `tokens` as +0.0; a token group
+/// that straddles two blocks gets its tokens from both, each writing only its own.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; `out` points to `pack_size(tokens, cols).0` writable floats,
+/// of which no other thread touches this part's tokens during the call; `blocks` ends within
+/// the last token group's 16.
+///
+/// # Panics
+/// If `x` is not `tokens * cols` long.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn pack(
+    x: &[f32],
+    tokens: usize,
+    cols: usize,
+    chunks: Range<usize>,
+    blocks: Range<usize>,
+    out: *mut f32,
+) {
+    assert_eq!(x.len(), tokens * cols, "pack: x length");
+    let (_, groups) = pack_size(tokens, cols);
+    let slots = groups * GROUP_TOKENS;
+    assert!(blocks.end * 16 <= slots.next_multiple_of(16), "pack: token blocks");
+    let steps = cols.div_ceil(16);
+    let neg = _mm256_set1_ps(-0.0);
+    for ch in chunks {
+        for k in 0..STEPS {
+            let s = ch * STEPS + k;
+            if s >= steps {
+                break;
+            }
+            let c = 16 * s;
+            let tail = (cols - c).min(16);
+            for h in 0..2 {
+                // Columns `c + 8h ..` in the row: the first `n` of the 8.
+                let n = tail.saturating_sub(8 * h).min(8);
+                let keep = lanes(0, n);
+                // The sign bit where a lane is past the row's end (loaded as +0.0).
+                let past = _mm256_andnot_ps(_mm256_castsi256_ps(keep), neg);
+                for j0 in blocks.clone().flat_map(|b| [16 * b, 16 * b + 8]) {
+                    if j0 >= slots {
+                        break;
+                    }
+                    let mut r = [_mm256_setzero_ps(); 8];
+                    for (i, v) in r.iter_mut().enumerate() {
+                        let j = j0 + i;
+                        if j >= tokens {
+                            break;
+                        }
+                        *v = if n == 0 {
+                            neg
+                        } else {
+                            // SAFETY: row `j < tokens` of `x` holds `cols` floats from
+                            // `j * cols`, `c + 8h < cols` (as `n > 0`), and the mask keeps
+                            // the load inside `c + 8h .. cols` (masked lanes never fault).
+                            let v = unsafe {
+                                _mm256_maskload_ps(x.as_ptr().add(j * cols + c + 8 * h), keep)
+                            };
+                            _mm256_or_ps(v, past)
+                        };
+                    }
+                    transpose8(&mut r);
+                    // Lane `i` of `r[l]` is token `j0 + i`: slot `(j0 + i) % 6` of group
+                    // `(j0 + i) / 6`, stored by one masked store per group the 8 tokens meet.
+                    for g in j0 / GROUP_TOKENS..(j0 + 8).min(slots).div_ceil(GROUP_TOKENS) {
+                        let first = GROUP_TOKENS * g;
+                        let (lo, hi) =
+                            (first.max(j0) - j0, (first + GROUP_TOKENS).min(j0 + 8) - j0);
+                        let mask = lanes(lo, hi);
+                        for (l, v) in r.iter().enumerate() {
+                            let lane = 8 * h + l;
+                            let slot = ((ch * 16 + lane) * groups + g) * MICRO + GROUP_TOKENS * k;
+                            // SAFETY: lane `i` of the vector lands at `slot + j0 + i - first`;
+                            // the kept lanes (`first <= j0 + i < first + 6`) land in the
+                            // group's six slots of step `k`, below `pack_size(..).0`
+                            // (`ch < chunks`, `g < groups`); masked lanes are neither written
+                            // nor fault.
+                            unsafe {
+                                _mm256_maskstore_ps(
+                                    out.wrapping_add(slot + j0).wrapping_sub(first),
+                                    mask,
+                                    *v,
+                                )
+                            };
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `emit(j, r, Σ_c W[r, c] · x[j, c])` for every `r` in `rows` and token `j` of `tokens`
+/// (of the pack `p`; `j` handed relative to `tokens.start`), each sum in the canonical
+/// order, in the buffers of [`Buffers`] ([`PANEL_FLOATS`], [`ACC_FLOATS`], [`STAGE_FLOATS`]
+/// floats, each on a cache line), as [`crate::outer::run`] does on AVX-512.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA.
+///
+/// # Panics
+/// If a buffer is too short or off a cache line, `p` is not `m`'s columns, `tokens` runs past
+/// the pack or `rows` past `m`.
+pub(crate) unsafe fn run<F: Format>(
+    Buffers { panel, acc, stage }: Buffers<'_>,
+    m: &Matrix<'_>,
+    p: &Packed<'_>,
+    tokens: Range<usize>,
+    rows: Range<usize>,
+    mut emit: impl FnMut(usize, usize, f32),
+) {
+    assert!(panel.len() >= PANEL_FLOATS && acc.len() >= ACC_FLOATS, "outer: scratch");
+    assert!(stage.len() >= STAGE_FLOATS, "outer: stage");
+    for b in [panel.as_ptr(), acc.as_ptr(), stage.as_ptr()] {
+        assert!(b.addr().is_multiple_of(64), "outer: scratch alignment");
+    }
+    assert!(p.cols == m.cols() && tokens.end <= p.tokens, "outer: pack");
+    assert!(tokens.start.is_multiple_of(GROUP_TOKENS), "outer: tokens off a group");
+    assert!(rows.end <= m.rows(), "matmul: row range");
+    let cols = m.cols();
+    // Blocks of about equal size, of whole token groups (as in `crate::outer::run`).
+    let size = tokens.len().div_ceil(tokens.len().div_ceil(BLOCK).max(1));
+    let size = size.next_multiple_of(GROUP_TOKENS).min(BLOCK);
+    for b0 in tokens.clone().step_by(size.max(1)) {
+        let n = size.min(tokens.end - b0);
+        let groups = n.div_ceil(GROUP_TOKENS);
+        // Floats of one lane's accumulators: `groups` token groups of 4 tiles.
+        let lane_acc = groups * CELLS;
+        for g0 in rows.clone().step_by(ROWS) {
+            let gr = ROWS.min(rows.end - g0);
+            // Tiles of 16 rows the group has (the panel holds +0.0 past `gr` within them).
+            let pairs = gr.div_ceil(16);
+            for ch in 0..Packed::chunks(cols) {
+                let c0 = ch * CHUNK;
+                let len = CHUNK.min(cols - c0);
+                // SAFETY: the CPU supports AVX2 and FMA; the buffers' sizes are asserted
+                // above.
+                unsafe { decode_panel::<F>(m, g0, gr, c0, len, panel, stage) };
+                let steps = len.div_ceil(16);
+                // The stored bytes the nest decodes next, named to the prefetcher a few lines
+                // per token group (as in `crate::outer::run`).
+                let (nr, nc) = if c0 + CHUNK < cols {
+                    (g0, c0 + CHUNK)
+                } else if g0 + ROWS < rows.end {
+                    (g0 + ROWS, 0)
+                } else {
+                    (rows.start, 0)
+                };
+                let nn = ROWS.min(rows.end - nr);
+                let ahead: [&[u8]; ROWS] = std::array::from_fn(|i| {
+                    if i < nn {
+                        crate::wide::span(m, 0, nr + i, nc)
+                    } else {
+                        &[]
+                    }
+                });
+                let row_lines = ahead[0].len().div_ceil(64).max(1);
+                let (units, lines) = (16 * groups, nn * ahead[0].len().div_ceil(64));
+                let mut named = 0;
+                for l in 0..16 {
+                    // Lane `l`'s micro-panels of this chunk, one per token group, in a row.
+                    let lane = ((ch * 16 + l) * p.groups + b0 / GROUP_TOKENS) * MICRO;
+                    let next_lane = lane + p.groups * MICRO;
+                    for g in 0..groups {
+                        let upto = (l * groups + g + 1) * lines / units;
+                        while named < upto {
+                            let (r, q) = (named / row_lines, named % row_lines);
+                            crate::arch::prefetch_line(ahead[r].as_ptr().wrapping_add(64 * q));
+                            named += 1;
+                        }
+                        for t in 0..pairs {
+                            // SAFETY: the CPU supports AVX2 and FMA. Lane `l`'s slab lies
+                            // inside the panel (`16 · PANEL_LANE`), rows `16t .. 16t + 16` of
+                            // each step inside its 64; the tile's accumulators inside `acc`
+                            // (`l · lane_acc + g · CELLS + (t + 1) · TILE <= 16 · lane_acc
+                            // <= ACC_FLOATS`, as `groups <= BLOCK / 6`); its activations,
+                            // the micro-panel at `lane + g · MICRO` (`MICRO` floats), inside
+                            // the pack, as `b0 / 6 + g < p.groups`.
+                            unsafe {
+                                let w = panel.as_ptr().add(l * PANEL_LANE + 16 * t);
+                                let x = p.data.as_ptr().add(lane + g * MICRO);
+                                let a = acc.as_mut_ptr().add(l * lane_acc + g * CELLS + t * TILE);
+                                // The activations the next group reads (the next group's in
+                                // this lane, or the first group's in the next), named to L1
+                                // by the group's first tile.
+                                let next = if g + 1 < groups {
+                                    x.wrapping_add(MICRO)
+                                } else {
+                                    p.data.as_ptr().wrapping_add(next_lane)
+                                };
+                                match (ch == 0, t == 0) {
+                                    (true, true) => tile::<true, true>(w, x, next, steps, a),
+                                    (true, false) => tile::<true, false>(w, x, next, steps, a),
+                                    (false, true) => tile::<false, true>(w, x, next, steps, a),
+                                    (false, false) => tile::<false, false>(w, x, next, steps, a),
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            let views = crate::wide::group_rows::<F>(m, g0, gr);
+            for g in 0..groups {
+                for j in 0..GROUP_TOKENS {
+                    let tok = g * GROUP_TOKENS + j;
+                    if tok >= n {
+                        break;
+                    }
+                    for v in (0..gr).step_by(8) {
+                        // Rows `v .. v + 8`: vector `v / 8 % 2` of tile `v / 16`.
+                        let at = g * CELLS + v / 16 * TILE + 8 * (2 * j + v / 8 % 2);
+                        // SAFETY: the CPU supports AVX2 and FMA; the 16 lanes' vectors of the
+                        // cell block lie at `at + l · lane_acc`, inside `acc` (as for the
+                        // tiles above) and on 32 bytes.
+                        let sums = unsafe { reduce_lanes(acc.as_ptr().add(at), lane_acc) };
+                        for (i, &s) in sums.iter().enumerate().take(gr - v) {
+                            emit(b0 - tokens.start + tok, g0 + v + i, F::finish(views[v + i], s));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Decodes columns `c0 .. c0 + len` of rows `g0 .. g0 + gr` into the panel `P[l][k][r]`
+/// (lane `l`'s slab at `l · PANEL_LANE`), 16 rows × [`SUB`] columns at a time through `stage`,
+/// each 16 × 16 block transposed as four 8 × 8 blocks; a row's last partial 16 columns and
+/// the rows of a 16-row block past `gr` are +0.0. Blocks past `gr` are left as they are.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; `panel` and `stage` are at least [`PANEL_FLOATS`] and
+/// [`STAGE_FLOATS`] long, on cache lines; `c0` is a multiple of [`CHUNK`] and
+/// `len <= CHUNK` reaches the chunk's or the row's end.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn decode_panel<F: Format>(
+    m: &Matrix<'_>,
+    g0: usize,
+    gr: usize,
+    c0: usize,
+    len: usize,
+    panel: &mut [f32],
+    stage: &mut [f32],
+) {
+    for rb in (0..gr).step_by(16) {
+        for s0 in (0..len).step_by(SUB) {
+            let sl = SUB.min(len - s0);
+            let padded = sl.next_multiple_of(16);
+            for (i, dst) in stage.chunks_exact_mut(SUB).take(16).enumerate() {
+                if rb + i < gr {
+                    // SAFETY: the CPU supports AVX2 and FMA; the span starts at a multiple of
+                    // 256 columns (so of every format's block) inside the row, and is `SUB`
+                    // long or ends the row.
+                    unsafe { Avx2::decode::<F>(F::row(m, g0 + rb + i), c0 + s0, &mut dst[..sl]) };
+                    dst[sl..padded].fill(0.0);
+                } else {
+                    dst[..padded].fill(0.0);
+                }
+            }
+            for st in 0..padded / 16 {
+                let k = s0 / 16 + st;
+                for (rh, ch) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                    let mut r = [_mm256_setzero_ps(); 8];
+                    for (i, v) in r.iter_mut().enumerate() {
+                        // SAFETY: `(8rh + i) · SUB + 16st + 8ch + 8 <= 16 · SUB`: inside the
+                        // stage, on 32 bytes.
+                        *v = unsafe {
+                            _mm256_load_ps(
+                                stage.as_ptr().add((8 * rh + i) * SUB + 16 * st + 8 * ch),
+                            )
+                        };
+                    }
+                    transpose8(&mut r);
+                    for (l, v) in r.iter().enumerate() {
+                        let at = (8 * ch + l) * PANEL_LANE + k * ROWS + rb + 8 * rh;
+                        // SAFETY: `at + 8 <= PANEL_FLOATS` (as `k < STEPS`, `rb + 16 <= ROWS`),
+                        // a multiple of 8 of a buffer on a line.
+                        unsafe { _mm256_store_ps(panel.as_mut_ptr().add(at), *v) };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One tile of 2 vectors of 8 rows × 6 tokens:
+/// `acc[j][v] = fma(w[k][v], x[6k + j], acc[j][v])` for `k < steps` in increasing order,
+/// from +0.0 if `FIRST` (accumulator `(j, v)` at `acc + 8 · (2j + v)`); when `AHEAD`, the
+/// line of `next + 6k` is named to the prefetcher at each step.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; `w` holds `steps` steps [`ROWS`] floats apart, each's first
+/// 16 read, on 32 bytes; `x` is readable at `6k + j` for `k < steps`, `j < 6`; and `acc`
+/// holds [`TILE`] floats on 32 bytes.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn tile<const FIRST: bool, const AHEAD: bool>(
+    w: *const f32,
+    x: *const f32,
+    next: *const f32,
+    steps: usize,
+    acc: *mut f32,
+) {
+    let mut a = [[_mm256_setzero_ps(); 2]; GROUP_TOKENS];
+    if !FIRST {
+        for (j, aj) in a.iter_mut().enumerate() {
+            for (v, av) in aj.iter_mut().enumerate() {
+                // SAFETY: guaranteed by the caller.
+                *av = unsafe { _mm256_load_ps(acc.add(8 * (2 * j + v))) };
+            }
+        }
+    }
+    for k in 0..steps {
+        // SAFETY: guaranteed by the caller.
+        let (wk, xk) = unsafe { (w.add(k * ROWS), x.add(k * GROUP_TOKENS)) };
+        if AHEAD {
+            // A prefetch never faults and has no architectural effect.
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(k * GROUP_TOKENS).cast());
+        }
+        // SAFETY: as above: step `k`'s first 16 rows.
+        let (w0, w1) = unsafe { (_mm256_load_ps(wk), _mm256_load_ps(wk.add(8))) };
+        for (j, aj) in a.iter_mut().enumerate() {
+            // SAFETY: as above.
+            let b = _mm256_set1_ps(unsafe { *xk.add(j) });
+            aj[0] = _mm256_fmadd_ps(w0, b, aj[0]);
+            aj[1] = _mm256_fmadd_ps(w1, b, aj[1]);
+        }
+    }
+    for (j, aj) in a.iter().enumerate() {
+        for (v, av) in aj.iter().enumerate() {
+            // SAFETY: guaranteed by the caller.
+            unsafe { _mm256_store_ps(acc.add(8 * (2 * j + v)), *av) };
+        }
+    }
+}
+
+/// The 16 lanes' vectors at `acc + l · lane` (each 8 rows' lane `l`) added in
+/// [`crate::matmul::reduce16`]'s tree: lane `l` plus lane `l + 8`, then `+ 4`, `+ 2`, `+ 1`,
+/// the lower lane the first operand. Returns the 8 rows' sums.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; each of the 16 vectors is readable and on 32 bytes.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn reduce_lanes(acc: *const f32, lane: usize) -> [f32; 8] {
+    let mut q = [_mm256_setzero_ps(); 16];
+    for (l, v) in q.iter_mut().enumerate() {
+        // SAFETY: guaranteed by the caller.
+        *v = unsafe { _mm256_load_ps(acc.add(l * lane)) };
+    }
+    for w in [8, 4, 2, 1] {
+        for l in 0..w {
+            q[l] = _mm256_add_ps(q[l], q[l + w]);
+        }
+    }
+    let mut out = [0.0f32; 8];
+    // SAFETY: `out` holds 8 floats.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), q[0]) };
+    out
+}
+
+/// Transposes 8 vectors in place: lane `i` of `r[l]` becomes lane `l` of the old `r[i]`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn transpose8(r: &mut [__m256; 8]) {
+    let mut t = [_mm256_setzero_ps(); 8];
+    for i in 0..4 {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // t[2i] holds, in each 128-bit half, rows 2i, 2i + 1 of columns 0, 1 (4, 5 in the high
+    // half); t[2i + 1] of columns 2, 3 (6, 7).
+    let mut u = [_mm256_setzero_ps(); 8];
+    for i in 0..2 {
+        let (a, b) = (t[4 * i], t[4 * i + 2]);
+        let (c, d) = (t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i] = _mm256_shuffle_ps::<0x44>(a, b);
+        u[4 * i + 1] = _mm256_shuffle_ps::<0xEE>(a, b);
+        u[4 * i + 2] = _mm256_shuffle_ps::<0x44>(c, d);
+        u[4 * i + 3] = _mm256_shuffle_ps::<0xEE>(c, d);
+    }
+    // u[4i + q] holds rows 4i .. 4i + 4 of column q in its low half, of column q + 4 in its
+    // high half.
+    for q in 0..4 {
+        r[q] = _mm256_permute2f128_ps::<0x20>(u[q], u[4 + q]);
+        r[4 + q] = _mm256_permute2f128_ps::<0x31>(u[q], u[4 + q]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose8_moves_lane_i_of_vector_l_to_lane_l_of_vector_i() {
+        if !crate::isa::Isa::Avx2.is_available() {
+            return;
+        }
+        let rows: Vec<[f32; 8]> =
+            (0..8u8).map(|i| std::array::from_fn(|l| f32::from(i) * 8.0 + l as f32)).collect();
+        // SAFETY: the CPU supports AVX2 and FMA (checked); every load and store is of 8 floats.
+        let out = unsafe { transposed(&rows) };
+        for (l, v) in out.iter().enumerate() {
+            for (i, &e) in v.iter().enumerate() {
+                assert_eq!(e, rows[i][l], "vector {l}, lane {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn mask_lanes_lo_to_hi_are_set_and_no_others() {
+        if !crate::isa::Isa::Avx2.is_available() {
+            return;
+        }
+        for lo in 0..=8 {
+            for hi in lo..=8 {
+                let mut got = [0i32; 8];
+                // SAFETY: the CPU supports AVX2 and FMA (checked); `got` holds 8 i32.
+                unsafe { _mm256_storeu_si256(got.as_mut_ptr().cast(), lanes(lo, hi)) };
+                let want: [i32; 8] =
+                    std::array::from_fn(|i| if (lo..hi).contains(&i) { -1 } else { 0 });
+                assert_eq!(got, want, "lanes {lo}..{hi}");
+            }
+        }
+    }
+
+    /// `rows` transposed by [`transpose8`].
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn transposed(rows: &[[f32; 8]]) -> Vec<[f32; 8]> {
+        let mut r = [_mm256_setzero_ps(); 8];
+        for (v, row) in r.iter_mut().zip(rows) {
+            // SAFETY: each row holds 8 floats.
+            *v = unsafe { _mm256_loadu_ps(row.as_ptr()) };
+        }
+        transpose8(&mut r);
+        r.iter()
+            .map(|v| {
+                let mut o = [0.0f32; 8];
+                // SAFETY: `o` holds 8 floats.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *v) };
+                o
+            })
+            .collect()
+    }
+}
