@@ -32,9 +32,11 @@
 //!   sessions 23 and 24.)
 //!
 //! **Tiles** are 1 to 4 vectors of 16 rows (as many as the group has) × 6 tokens: per step,
-//! up to four aligned loads of the panel, six broadcasts, 24 FMAs, and one prefetch of the
-//! next tile's activations at this step (the next group's, or the next lane's first
-//! group's). While the tiles run, the stored bytes the nest decodes next are named to the
+//! up to four aligned loads of the panel, six broadcasts, 24 FMAs, and, in the first 24
+//! steps, a prefetch of a line of the next tile's activations (the next group's, or the
+//! next lane's first group's) and one of its accumulators: a block's accumulators (1 MiB)
+//! and a chunk's pack do not stay in L2 together, and naming the next tile's 24 + 24 lines
+//! took T = 256 from 62–65% to 70–77% of the peak on the dev VM (issue 20, session 25). While the tiles run, the stored bytes the nest decodes next are named to the
 //! prefetcher, a few lines before each tile, as the other prefill nest does ([`crate::wide`]).
 //!
 //! **Exactness.** Lane `l` of cell (r, j) still folds `fma(W[r][c], x[j][c], acc)` for
@@ -225,7 +227,7 @@ pub(crate) unsafe fn run<F: Format>(
                 });
                 let row_lines = ahead[0].len().div_ceil(64).max(1);
                 let (tiles, lines) = (16 * groups, nn * ahead[0].len().div_ceil(64));
-                let mut named = 0;
+                let (mut named, mut r, mut q) = (0, 0, 0);
                 for l in 0..16 {
                     // Lane `l`'s micro-panels of this chunk, one per token group, in a row.
                     let lane = ((ch * 16 + l) * p.groups + b0 / GROUP_TOKENS) * MICRO;
@@ -233,9 +235,13 @@ pub(crate) unsafe fn run<F: Format>(
                     for g in 0..groups {
                         let upto = (l * groups + g + 1) * lines / tiles;
                         while named < upto {
-                            let (r, q) = (named / row_lines, named % row_lines);
+                            // Line `q` of row `r` (`named = r · row_lines + q`).
                             crate::arch::prefetch_line(ahead[r].as_ptr().wrapping_add(64 * q));
                             named += 1;
+                            q += 1;
+                            if q == row_lines {
+                                (r, q) = (r + 1, 0);
+                            }
                         }
                         // SAFETY: the CPU supports AVX-512F. Lane `l`'s slab lies inside the
                         // panel (`16 · PANEL_LANE`); the tile's accumulators inside `acc`
@@ -349,8 +355,9 @@ unsafe fn decode_panel<F: Format>(
 
 /// One tile of `V` vectors of 16 rows × 6 tokens:
 /// `acc[j][v] = fma(w[k][v], x[6k + j], acc[j][v])` for `k < steps` in increasing order,
-/// from +0.0 if `FIRST` (accumulator `(j, v)` at `acc + 16 · (4j + v)`); the line of
-/// `next + 6k` is named to the prefetcher at each step.
+/// from +0.0 if `FIRST` (accumulator `(j, v)` at `acc + 16 · (4j + v)`); the next tile's
+/// activations (the [`MICRO`] floats at `next`) and accumulators (the 24 lines after this
+/// tile's) are named to L1, a line of each at each of the first 24 steps.
 ///
 /// # Safety
 /// The CPU supports AVX-512F; `w` holds `steps` steps of 64 floats on a cache line (the first
@@ -377,8 +384,13 @@ unsafe fn tile<const FIRST: bool, const V: usize>(
     for k in 0..steps {
         // SAFETY: guaranteed by the caller.
         let (wk, xk) = unsafe { (w.add(k * ROWS), x.add(k * GROUP_TOKENS)) };
-        // A prefetch never faults and has no architectural effect.
-        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(k * GROUP_TOKENS).cast());
+        if k < MICRO / 16 {
+            // A prefetch never faults and has no architectural effect. Line `k` of the next
+            // tile's activations and of its accumulators (the next group's, or the next
+            // lane's first: the 24 lines after this tile's, either way).
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(16 * k).cast());
+            _mm_prefetch::<_MM_HINT_T0>(acc.wrapping_add(24 * 16 + 16 * k).cast());
+        }
         let mut wv = [_mm512_setzero_ps(); V];
         for (v, w) in wv.iter_mut().enumerate() {
             // SAFETY: as above: step `k`'s first `16 · V` rows.

@@ -22,9 +22,10 @@
 //! **Tiles** are 2 vectors of 8 rows × 6 tokens: 12 accumulators, and per step two aligned
 //! loads of the panel and six broadcasts for 12 FMAs (15 of the 16 registers). A lane's token
 //! group runs the group's 4 tiles (64 rows) one after the other: its activations (1.5 KiB)
-//! come from L2 once and serve all four from L1, and the first tile names the line the next
-//! group's (or the next lane's first group's) activations need at each step to the
-//! prefetcher. The stored bytes the nest decodes next are named as in [`crate::outer`].
+//! come from L2 once and serve all four from L1, and the first tile names the next group's
+//! (or the next lane's first group's) activations to the prefetcher, a line a step; each
+//! tile names the next tile's accumulators (as [`crate::outer`]'s tiles do: within noise on
+//! the dev VM, session 25, where this nest already ran at 76–80%). The stored bytes the nest decodes next are named as in [`crate::outer`].
 //!
 //! **Exactness.** As in [`crate::outer`]: lane `l` of cell (r, j) folds
 //! `fma(W[r][c], x[j][c], acc)` for `c = l, l + 16, …` in increasing order from +0.0 (chunks
@@ -227,7 +228,7 @@ pub(crate) unsafe fn run<F: Format>(
                 });
                 let row_lines = ahead[0].len().div_ceil(64).max(1);
                 let (units, lines) = (16 * groups, nn * ahead[0].len().div_ceil(64));
-                let mut named = 0;
+                let (mut named, mut r, mut q) = (0, 0, 0);
                 for l in 0..16 {
                     // Lane `l`'s micro-panels of this chunk, one per token group, in a row.
                     let lane = ((ch * 16 + l) * p.groups + b0 / GROUP_TOKENS) * MICRO;
@@ -235,9 +236,13 @@ pub(crate) unsafe fn run<F: Format>(
                     for g in 0..groups {
                         let upto = (l * groups + g + 1) * lines / units;
                         while named < upto {
-                            let (r, q) = (named / row_lines, named % row_lines);
+                            // Line `q` of row `r` (`named = r · row_lines + q`).
                             crate::arch::prefetch_line(ahead[r].as_ptr().wrapping_add(64 * q));
                             named += 1;
+                            q += 1;
+                            if q == row_lines {
+                                (r, q) = (r + 1, 0);
+                            }
                         }
                         for t in 0..pairs {
                             // SAFETY: the CPU supports AVX2 and FMA. Lane `l`'s slab lies
@@ -356,8 +361,10 @@ unsafe fn decode_panel<F: Format>(
 
 /// One tile of 2 vectors of 8 rows × 6 tokens:
 /// `acc[j][v] = fma(w[k][v], x[6k + j], acc[j][v])` for `k < steps` in increasing order,
-/// from +0.0 if `FIRST` (accumulator `(j, v)` at `acc + 8 · (2j + v)`); when `AHEAD`, the
-/// line of `next + 6k` is named to the prefetcher at each step.
+/// from +0.0 if `FIRST` (accumulator `(j, v)` at `acc + 8 · (2j + v)`). The [`TILE`] floats
+/// after this tile's accumulators (the next tile's) are named to L1, a line at each of the
+/// first six steps, and when `AHEAD` the [`MICRO`] floats at `next` (the next group's
+/// activations), a line at each of the first 24.
 ///
 /// # Safety
 /// The CPU supports AVX2 and FMA; `w` holds `steps` steps [`ROWS`] floats apart, each's first
@@ -384,9 +391,14 @@ unsafe fn tile<const FIRST: bool, const AHEAD: bool>(
     for k in 0..steps {
         // SAFETY: guaranteed by the caller.
         let (wk, xk) = unsafe { (w.add(k * ROWS), x.add(k * GROUP_TOKENS)) };
-        if AHEAD {
-            // A prefetch never faults and has no architectural effect.
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(k * GROUP_TOKENS).cast());
+        // A prefetch never faults and has no architectural effect.
+        if AHEAD && k < MICRO / 16 {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(16 * k).cast());
+        }
+        if k < TILE / 16 {
+            // Line `k` of the next tile's accumulators (the next tile's of this group, or the
+            // next group's first: the lines after this tile's where the group has 64 rows).
+            _mm_prefetch::<_MM_HINT_T0>(acc.wrapping_add(TILE + 16 * k).cast());
         }
         // SAFETY: as above: step `k`'s first 16 rows.
         let (w0, w1) = unsafe { (_mm256_load_ps(wk), _mm256_load_ps(wk.add(8))) };
