@@ -19,6 +19,8 @@ pub mod ops;
 mod outer;
 #[cfg(target_arch = "x86_64")]
 mod outer_avx2;
+#[cfg(target_arch = "x86_64")]
+mod outer_avx512;
 // Only the AVX-512 and AVX2 tiers pack (x86-64): elsewhere the calls carry no pack and most of
 // it is unused.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]

@@ -25,7 +25,8 @@
 //! come from L2 once and serve all four from L1, and the first tile names the next group's
 //! (or the next lane's first group's) activations to the prefetcher, a line a step; each
 //! tile names the next tile's accumulators (as [`crate::outer`]'s tiles do: within noise on
-//! the dev VM, session 25, where this nest already ran at 76–80%). The stored bytes the nest decodes next are named as in [`crate::outer`].
+//! the dev VM, session 25, where this nest already ran at 76–80%). The stored bytes the
+//! nest decodes next are named as in [`crate::outer`].
 //!
 //! **Exactness.** As in [`crate::outer`]: lane `l` of cell (r, j) folds
 //! `fma(W[r][c], x[j][c], acc)` for `c = l, l + 16, …` in increasing order from +0.0 (chunks
@@ -41,14 +42,12 @@ use core::arch::x86_64::*;
 use crate::arch::avx2::Avx2;
 use crate::formats::Format;
 use crate::matmul::Matrix;
-use crate::outer::{Buffers, ACC_FLOATS, PANEL_FLOATS, PANEL_LANE, ROWS, STAGE_FLOATS, SUB};
-use crate::packed::{pack_size, Packed, BLOCK, CHUNK, GROUP_TOKENS, MICRO, STEPS};
+use crate::outer::{groups_met, Tier, ACC_FLOATS, CELLS, PANEL_LANE, ROWS, SUB};
+use crate::packed::{pack_size, BLOCK, GROUP_TOKENS, MICRO, STEPS};
 use crate::tiled::Kernel;
 
 /// Floats of one tile's accumulators: 2 vectors of 8 rows × 6 tokens, token-major.
 const TILE: usize = 2 * 8 * GROUP_TOKENS;
-/// Floats of one lane's accumulators for one token group: the 4 tiles of a 64-row group.
-const CELLS: usize = ROWS * GROUP_TOKENS;
 /// Lanes of a mask: the first `n` of 8 set when loaded from `n` floats before the zeros.
 const MASKS: [i32; 16] = [-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0];
 
@@ -69,7 +68,7 @@ fn lanes(lo: usize, hi: usize) -> __m256i {
 }
 
 /// Writes the part of the pack of `x` (`tokens` rows of `cols`) that holds column chunks
-/// `chunks` of token blocks `blocks` (16 tokens each) into `out`, as [`crate::outer::pack`]
+/// `chunks` of token blocks `blocks` (16 tokens each) into `out`, as `crate::outer_avx512::pack`
 /// does on AVX-512: columns past `cols` as −0.0, tokens past `tokens` as +0.0; a token group
 /// that straddles two blocks gets its tokens from both, each writing only its own.
 ///
@@ -134,10 +133,7 @@ pub(crate) unsafe fn pack(
                     transpose8(&mut r);
                     // Lane `i` of `r[l]` is token `j0 + i`: slot `(j0 + i) % 6` of group
                     // `(j0 + i) / 6`, stored by one masked store per group the 8 tokens meet.
-                    for g in j0 / GROUP_TOKENS..(j0 + 8).min(slots).div_ceil(GROUP_TOKENS) {
-                        let first = GROUP_TOKENS * g;
-                        let (lo, hi) =
-                            (first.max(j0) - j0, (first + GROUP_TOKENS).min(j0 + 8) - j0);
+                    for (g, first, Range { start: lo, end: hi }) in groups_met(j0, 8, slots) {
                         let mask = lanes(lo, hi);
                         for (l, v) in r.iter().enumerate() {
                             let lane = 8 * h + l;
@@ -162,152 +158,67 @@ pub(crate) unsafe fn pack(
     }
 }
 
-/// `emit(j, r, Σ_c W[r, c] · x[j, c])` for every `r` in `rows` and token `j` of `tokens`
-/// (of the pack `p`; `j` handed relative to `tokens.start`), each sum in the canonical
-/// order, in the buffers of [`Buffers`] ([`PANEL_FLOATS`], [`ACC_FLOATS`], [`STAGE_FLOATS`]
-/// floats, each on a cache line), as [`crate::outer::run`] does on AVX-512.
-///
-/// # Safety
-/// The CPU supports AVX2 and FMA.
-///
-/// # Panics
-/// If a buffer is too short or off a cache line, `p` is not `m`'s columns, `tokens` runs past
-/// the pack or `rows` past `m`.
-pub(crate) unsafe fn run<F: Format>(
-    Buffers { panel, acc, stage }: Buffers<'_>,
-    m: &Matrix<'_>,
-    p: &Packed<'_>,
-    tokens: Range<usize>,
-    rows: Range<usize>,
-    mut emit: impl FnMut(usize, usize, f32),
-) {
-    assert!(panel.len() >= PANEL_FLOATS && acc.len() >= ACC_FLOATS, "outer: scratch");
-    assert!(stage.len() >= STAGE_FLOATS, "outer: stage");
-    for b in [panel.as_ptr(), acc.as_ptr(), stage.as_ptr()] {
-        assert!(b.addr().is_multiple_of(64), "outer: scratch alignment");
+impl Tier for Avx2 {
+    const WIDTH: usize = 8;
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn decode_panel<F: Format>(
+        m: &Matrix<'_>,
+        g0: usize,
+        gr: usize,
+        c0: usize,
+        len: usize,
+        panel: &mut [f32],
+        stage: &mut [f32],
+    ) {
+        // SAFETY: guaranteed by the caller.
+        unsafe { decode_panel::<F>(m, g0, gr, c0, len, panel, stage) }
     }
-    assert!(p.cols == m.cols() && tokens.end <= p.tokens, "outer: pack");
-    assert!(tokens.start.is_multiple_of(GROUP_TOKENS), "outer: tokens off a group");
-    assert!(rows.end <= m.rows(), "matmul: row range");
-    let cols = m.cols();
-    // Blocks of about equal size, of whole token groups (as in `crate::outer::run`).
-    let size = tokens.len().div_ceil(tokens.len().div_ceil(BLOCK).max(1));
-    let size = size.next_multiple_of(GROUP_TOKENS).min(BLOCK);
-    for b0 in tokens.clone().step_by(size.max(1)) {
-        let n = size.min(tokens.end - b0);
-        let groups = n.div_ceil(GROUP_TOKENS);
-        // Floats of one lane's accumulators: `groups` token groups of 4 tiles.
-        let lane_acc = groups * CELLS;
-        for g0 in rows.clone().step_by(ROWS) {
-            let gr = ROWS.min(rows.end - g0);
-            // Tiles of 16 rows the group has (the panel holds +0.0 past `gr` within them).
-            let pairs = gr.div_ceil(16);
-            for ch in 0..Packed::chunks(cols) {
-                let c0 = ch * CHUNK;
-                let len = CHUNK.min(cols - c0);
-                // SAFETY: the CPU supports AVX2 and FMA; the buffers' sizes are asserted
-                // above.
-                unsafe { decode_panel::<F>(m, g0, gr, c0, len, panel, stage) };
-                let steps = len.div_ceil(16);
-                // The stored bytes the nest decodes next, named to the prefetcher a few lines
-                // per token group (as in `crate::outer::run`).
-                let (nr, nc) = if c0 + CHUNK < cols {
-                    (g0, c0 + CHUNK)
-                } else if g0 + ROWS < rows.end {
-                    (g0 + ROWS, 0)
-                } else {
-                    (rows.start, 0)
-                };
-                let nn = ROWS.min(rows.end - nr);
-                let ahead: [&[u8]; ROWS] = std::array::from_fn(|i| {
-                    if i < nn {
-                        crate::wide::span(m, 0, nr + i, nc)
-                    } else {
-                        &[]
-                    }
-                });
-                let row_lines = ahead[0].len().div_ceil(64).max(1);
-                let (units, lines) = (16 * groups, nn * ahead[0].len().div_ceil(64));
-                let (mut named, mut r, mut q) = (0, 0, 0);
-                for l in 0..16 {
-                    // Lane `l`'s micro-panels of this chunk, one per token group, in a row.
-                    let lane = ((ch * 16 + l) * p.groups + b0 / GROUP_TOKENS) * MICRO;
-                    let next_lane = lane + p.groups * MICRO;
-                    for g in 0..groups {
-                        let upto = (l * groups + g + 1) * lines / units;
-                        while named < upto {
-                            // Line `q` of row `r` (`named = r · row_lines + q`).
-                            crate::arch::prefetch_line(ahead[r].as_ptr().wrapping_add(64 * q));
-                            named += 1;
-                            q += 1;
-                            if q == row_lines {
-                                (r, q) = (r + 1, 0);
-                            }
-                        }
-                        for t in 0..pairs {
-                            // SAFETY: the CPU supports AVX2 and FMA. Lane `l`'s slab lies
-                            // inside the panel (`16 · PANEL_LANE`), rows `16t .. 16t + 16` of
-                            // each step inside its 64; the tile's accumulators inside `acc`
-                            // (`l · lane_acc + g · CELLS + (t + 1) · TILE <= 16 · lane_acc
-                            // <= ACC_FLOATS`, as `groups <= BLOCK / 6`); its activations,
-                            // the micro-panel at `lane + g · MICRO` (`MICRO` floats), inside
-                            // the pack, as `b0 / 6 + g < p.groups`.
-                            unsafe {
-                                let w = panel.as_ptr().add(l * PANEL_LANE + 16 * t);
-                                let x = p.data.as_ptr().add(lane + g * MICRO);
-                                let a = acc.as_mut_ptr().add(l * lane_acc + g * CELLS + t * TILE);
-                                // The activations the next group reads (the next group's in
-                                // this lane, or the first group's in the next), named to L1
-                                // by the group's first tile.
-                                let next = if g + 1 < groups {
-                                    x.wrapping_add(MICRO)
-                                } else {
-                                    p.data.as_ptr().wrapping_add(next_lane)
-                                };
-                                match (ch == 0, t == 0) {
-                                    (true, true) => tile::<true, true>(w, x, next, steps, a),
-                                    (true, false) => tile::<true, false>(w, x, next, steps, a),
-                                    (false, true) => tile::<false, true>(w, x, next, steps, a),
-                                    (false, false) => tile::<false, false>(w, x, next, steps, a),
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            let views = crate::wide::group_rows::<F>(m, g0, gr);
-            for g in 0..groups {
-                for j in 0..GROUP_TOKENS {
-                    let tok = g * GROUP_TOKENS + j;
-                    if tok >= n {
-                        break;
-                    }
-                    for v in (0..gr).step_by(8) {
-                        // Rows `v .. v + 8`: vector `v / 8 % 2` of tile `v / 16`.
-                        let at = g * CELLS + v / 16 * TILE + 8 * (2 * j + v / 8 % 2);
-                        // SAFETY: the CPU supports AVX2 and FMA; the 16 lanes' vectors of the
-                        // cell block lie at `at + l · lane_acc`, inside `acc` (as for the
-                        // tiles above) and on 32 bytes.
-                        let sums = unsafe { reduce_lanes(acc.as_ptr().add(at), lane_acc) };
-                        for (i, &s) in sums.iter().enumerate().take(gr - v) {
-                            emit(b0 - tokens.start + tok, g0 + v + i, F::finish(views[v + i], s));
-                        }
-                    }
+
+    /// The group's tiles of 16 rows one after the other: its activations come from L2 once
+    /// and serve all of them from L1; the first names the next group's.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fold(
+        w: *const f32,
+        x: *const f32,
+        next: *const f32,
+        steps: usize,
+        acc: *mut f32,
+        gr: usize,
+        first: bool,
+    ) {
+        // Tiles of 16 rows the group has (the panel holds +0.0 past `gr` within them).
+        for t in 0..gr.div_ceil(16) {
+            // SAFETY: guaranteed by the caller: rows `16t .. 16t + 16` of each step lie in
+            // its 64, tile `t`'s accumulators in the group's `CELLS` (`(t + 1) · TILE`).
+            unsafe {
+                let (w, a) = (w.add(16 * t), acc.add(t * TILE));
+                match (first, t == 0) {
+                    (true, true) => tile::<true, true>(w, x, next, steps, a),
+                    (true, false) => tile::<true, false>(w, x, next, steps, a),
+                    (false, true) => tile::<false, true>(w, x, next, steps, a),
+                    (false, false) => tile::<false, false>(w, x, next, steps, a),
                 }
             }
         }
     }
+
+    /// Rows `v .. v + 8`: vector `v / 8 % 2` of tile `v / 16`.
+    fn cell(j: usize, v: usize) -> usize {
+        v / 16 * TILE + 8 * (2 * j + v / 8 % 2)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn reduce_lanes(acc: *const f32, lane: usize) -> [f32; 16] {
+        // SAFETY: guaranteed by the caller.
+        unsafe { reduce_lanes(acc, lane) }
+    }
 }
 
-/// Decodes columns `c0 .. c0 + len` of rows `g0 .. g0 + gr` into the panel `P[l][k][r]`
-/// (lane `l`'s slab at `l · PANEL_LANE`), 16 rows × [`SUB`] columns at a time through `stage`,
-/// each 16 × 16 block transposed as four 8 × 8 blocks; a row's last partial 16 columns and
-/// the rows of a 16-row block past `gr` are +0.0. Blocks past `gr` are left as they are.
+/// [`Tier::decode_panel`] on AVX2: each 16 × 16 block transposed as four 8 × 8 blocks.
 ///
 /// # Safety
-/// The CPU supports AVX2 and FMA; `panel` and `stage` are at least [`PANEL_FLOATS`] and
-/// [`STAGE_FLOATS`] long, on cache lines; `c0` is a multiple of [`CHUNK`] and
-/// `len <= CHUNK` reaches the chunk's or the row's end.
+/// As [`Tier::decode_panel`]'s, on AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn decode_panel<F: Format>(
     m: &Matrix<'_>,
@@ -419,12 +330,12 @@ unsafe fn tile<const FIRST: bool, const AHEAD: bool>(
 
 /// The 16 lanes' vectors at `acc + l · lane` (each 8 rows' lane `l`) added in
 /// [`crate::matmul::reduce16`]'s tree: lane `l` plus lane `l + 8`, then `+ 4`, `+ 2`, `+ 1`,
-/// the lower lane the first operand. Returns the 8 rows' sums.
+/// the lower lane the first operand. Returns the 8 rows' sums (the first 8 of 16).
 ///
 /// # Safety
 /// The CPU supports AVX2 and FMA; each of the 16 vectors is readable and on 32 bytes.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn reduce_lanes(acc: *const f32, lane: usize) -> [f32; 8] {
+unsafe fn reduce_lanes(acc: *const f32, lane: usize) -> [f32; 16] {
     let mut q = [_mm256_setzero_ps(); 16];
     for (l, v) in q.iter_mut().enumerate() {
         // SAFETY: guaranteed by the caller.
@@ -435,8 +346,8 @@ unsafe fn reduce_lanes(acc: *const f32, lane: usize) -> [f32; 8] {
             q[l] = _mm256_add_ps(q[l], q[l + w]);
         }
     }
-    let mut out = [0.0f32; 8];
-    // SAFETY: `out` holds 8 floats.
+    let mut out = [0.0f32; 16];
+    // SAFETY: `out` holds 16 floats.
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), q[0]) };
     out
 }

@@ -178,7 +178,7 @@ pub(crate) fn in_blocks(
 /// A pointer the pack's parts write through, each its own part.
 struct Parts(*mut f32);
 
-// SAFETY: only dereferenced by `crate::outer::pack` and `crate::outer_avx2::pack`, each part
+// SAFETY: only dereferenced by `crate::outer_avx512::pack` and `crate::outer_avx2::pack`, each part
 // of the pool call writing a disjoint part of the buffer, which the calling thread holds
 // exclusively until the call ends.
 unsafe impl Sync for Parts {}
@@ -207,7 +207,7 @@ fn fill(isa: Isa, x: &[f32], tokens: usize, cols: usize, buf: &mut [f32]) {
             // each part writes its own chunk and token block of it.
             unsafe {
                 if isa == Isa::Avx512 {
-                    crate::outer::pack(x, tokens, cols, chunk, block, out);
+                    crate::outer_avx512::pack(x, tokens, cols, chunk, block, out);
                 } else {
                     crate::outer_avx2::pack(x, tokens, cols, chunk, block, out);
                 }

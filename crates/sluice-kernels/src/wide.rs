@@ -23,9 +23,9 @@
 //!   activation row) pair's 16-lane accumulator lives in a buffer (the group × block
 //!   accumulators: up to 512 KiB, in L2: 2 MiB on the device's Xeon, only 1.25 MiB on the
 //!   dev VM's, where with the block's activations they overflow it, session 22) between
-//!   chunks. The chunk is twice the few-row
-//!   nest's [`CHUNK`], so that a register tile runs 64 steps of 16 columns per call instead of 32: the per-tile costs (the call,
-//!   its accumulators loaded and stored, the loop's exit) are paid half as often, while a
+//!   chunks. The chunk is twice the few-row nest's [`CHUNK`], so that a register tile runs
+//!   64 steps of 16 columns per call instead of 32: the per-tile costs (the call, its
+//!   accumulators loaded and stored, the loop's exit) are paid half as often, while a
 //!   token group's activations (up to 6 × 4 KiB) and a tile's weight rows still fit in L1
 //!   (2048 columns did not: measured in docs/PERFORMANCE.md, issue 20, session 11).
 //! - **The next span prefetched a whole chunk ahead**: the bytes each panel row decodes next
@@ -245,8 +245,8 @@ fn with_scratch(mut go: impl FnMut(&mut Scratch)) {
     }
 }
 
-/// The outer-product nest of `isa` ([`crate::outer::run`] on AVX-512,
-/// `crate::outer_avx2::run` on AVX2) of the tokens `tokens` of the pack `p` (a prefill call's
+/// The outer-product nest of `isa` ([`crate::outer::run`], with AVX-512's tiles or AVX2's
+/// from `crate::outer_avx2`) of the tokens `tokens` of the pack `p` (a prefill call's
 /// activations, packed once for all its chunks) in this thread's [`Scratch`]:
 /// `emit(j, r, sum)` for token `j` (relative to `tokens.start`) and every `r` in `rows`.
 ///
@@ -282,12 +282,12 @@ pub(crate) unsafe fn run_outer<F: Format>(
             // `crate::outer_avx2`).
             unsafe {
                 match isa {
-                    crate::isa::Isa::Avx512 => {
-                        crate::outer::run::<F>(buffers, m, p, tokens, rows, emit)
-                    }
-                    crate::isa::Isa::Avx2 => {
-                        crate::outer_avx2::run::<F>(buffers, m, p, tokens, rows, emit)
-                    }
+                    crate::isa::Isa::Avx512 => crate::outer::run::<crate::arch::avx512::Avx512, F>(
+                        buffers, m, p, tokens, rows, emit,
+                    ),
+                    crate::isa::Isa::Avx2 => crate::outer::run::<crate::arch::avx2::Avx2, F>(
+                        buffers, m, p, tokens, rows, emit,
+                    ),
                     other => panic!("outer nest: the {other} tier has none"),
                 }
             }
@@ -346,13 +346,7 @@ unsafe fn run_in<K: Kernel, F: Format>(
                 let main = len - len % 16;
                 // Where each panel row's next span lies (this row's next chunk, the same row
                 // of the next group, or of the first group again for the next token block).
-                let (pr0, pc0) = if c0 + WIDE_CHUNK < cols {
-                    (g0, c0 + WIDE_CHUNK)
-                } else if g0 + GROUP < rows.end {
-                    (g0 + GROUP, 0)
-                } else {
-                    (rows.start, 0)
-                };
+                let (pr0, pc0) = next_span(&rows, GROUP, g0, c0, WIDE_CHUNK, cols);
                 let pn = GROUP.min(rows.end - pr0);
                 // The next span's stored bytes, row by row: the fold's tiles name as many as
                 // they can to the prefetcher, spread between their FMAs; the rest, and every
@@ -478,6 +472,27 @@ fn split_halves(line: &[f32], out: &mut [f32]) {
         h.copy_from_slice(&step[8..]);
     }
     tail.copy_from_slice(&line[main..]);
+}
+
+/// Where the stored bytes a prefill nest decodes after chunk `c0` (of `chunk` columns, of
+/// `cols`) of the row group at `g0` (of `group` rows, of the call's `rows`) start: the
+/// group's next chunk, the next group's first, or the first group's again (for the next
+/// token block). Returns (row, column).
+pub(crate) fn next_span(
+    rows: &Range<usize>,
+    group: usize,
+    g0: usize,
+    c0: usize,
+    chunk: usize,
+    cols: usize,
+) -> (usize, usize) {
+    if c0 + chunk < cols {
+        (g0, c0 + chunk)
+    } else if g0 + group < rows.end {
+        (g0 + group, 0)
+    } else {
+        (rows.start, 0)
+    }
 }
 
 /// The stored bytes of columns `c0 .. c0 + WIDE_CHUNK` (clamped to the row) of row `r` in
