@@ -161,6 +161,7 @@ pub(crate) unsafe fn pack(
 impl Tier for Avx2 {
     const WIDTH: usize = 8;
 
+    /// Each 16 × 16 block transposed as four 8 × 8 blocks ([`transpose8`]).
     #[target_feature(enable = "avx2,fma")]
     unsafe fn decode_panel<F: Format>(
         m: &Matrix<'_>,
@@ -171,8 +172,47 @@ impl Tier for Avx2 {
         panel: &mut [f32],
         stage: &mut [f32],
     ) {
-        // SAFETY: guaranteed by the caller.
-        unsafe { decode_panel::<F>(m, g0, gr, c0, len, panel, stage) }
+        for rb in (0..gr).step_by(16) {
+            for s0 in (0..len).step_by(SUB) {
+                let sl = SUB.min(len - s0);
+                let padded = sl.next_multiple_of(16);
+                for (i, dst) in stage.chunks_exact_mut(SUB).take(16).enumerate() {
+                    if rb + i < gr {
+                        // SAFETY: the CPU supports AVX2 and FMA; the span starts at a multiple of
+                        // 256 columns (so of every format's block) inside the row, and is `SUB`
+                        // long or ends the row.
+                        unsafe {
+                            Avx2::decode::<F>(F::row(m, g0 + rb + i), c0 + s0, &mut dst[..sl])
+                        };
+                        dst[sl..padded].fill(0.0);
+                    } else {
+                        dst[..padded].fill(0.0);
+                    }
+                }
+                for st in 0..padded / 16 {
+                    let k = s0 / 16 + st;
+                    for (rh, ch) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                        let mut r = [_mm256_setzero_ps(); 8];
+                        for (i, v) in r.iter_mut().enumerate() {
+                            // SAFETY: `(8rh + i) · SUB + 16st + 8ch + 8 <= 16 · SUB`: inside the
+                            // stage, on 32 bytes.
+                            *v = unsafe {
+                                _mm256_load_ps(
+                                    stage.as_ptr().add((8 * rh + i) * SUB + 16 * st + 8 * ch),
+                                )
+                            };
+                        }
+                        transpose8(&mut r);
+                        for (l, v) in r.iter().enumerate() {
+                            let at = (8 * ch + l) * PANEL_LANE + k * ROWS + rb + 8 * rh;
+                            // SAFETY: `at + 8 <= PANEL_FLOATS` (as `k < STEPS`, `rb + 16 <= ROWS`),
+                            // a multiple of 8 of a buffer on a line.
+                            unsafe { _mm256_store_ps(panel.as_mut_ptr().add(at), *v) };
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// The group's tiles of 16 rows one after the other: its activations come from L2 once
@@ -208,65 +248,23 @@ impl Tier for Avx2 {
         v / 16 * TILE + 8 * (2 * j + v / 8 % 2)
     }
 
+    /// The 8 rows' sums, the first 8 of the 16 returned.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn reduce_lanes(acc: *const f32, lane: usize) -> [f32; 16] {
-        // SAFETY: guaranteed by the caller.
-        unsafe { reduce_lanes(acc, lane) }
-    }
-}
-
-/// [`Tier::decode_panel`] on AVX2: each 16 × 16 block transposed as four 8 × 8 blocks.
-///
-/// # Safety
-/// As [`Tier::decode_panel`]'s, on AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn decode_panel<F: Format>(
-    m: &Matrix<'_>,
-    g0: usize,
-    gr: usize,
-    c0: usize,
-    len: usize,
-    panel: &mut [f32],
-    stage: &mut [f32],
-) {
-    for rb in (0..gr).step_by(16) {
-        for s0 in (0..len).step_by(SUB) {
-            let sl = SUB.min(len - s0);
-            let padded = sl.next_multiple_of(16);
-            for (i, dst) in stage.chunks_exact_mut(SUB).take(16).enumerate() {
-                if rb + i < gr {
-                    // SAFETY: the CPU supports AVX2 and FMA; the span starts at a multiple of
-                    // 256 columns (so of every format's block) inside the row, and is `SUB`
-                    // long or ends the row.
-                    unsafe { Avx2::decode::<F>(F::row(m, g0 + rb + i), c0 + s0, &mut dst[..sl]) };
-                    dst[sl..padded].fill(0.0);
-                } else {
-                    dst[..padded].fill(0.0);
-                }
-            }
-            for st in 0..padded / 16 {
-                let k = s0 / 16 + st;
-                for (rh, ch) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
-                    let mut r = [_mm256_setzero_ps(); 8];
-                    for (i, v) in r.iter_mut().enumerate() {
-                        // SAFETY: `(8rh + i) · SUB + 16st + 8ch + 8 <= 16 · SUB`: inside the
-                        // stage, on 32 bytes.
-                        *v = unsafe {
-                            _mm256_load_ps(
-                                stage.as_ptr().add((8 * rh + i) * SUB + 16 * st + 8 * ch),
-                            )
-                        };
-                    }
-                    transpose8(&mut r);
-                    for (l, v) in r.iter().enumerate() {
-                        let at = (8 * ch + l) * PANEL_LANE + k * ROWS + rb + 8 * rh;
-                        // SAFETY: `at + 8 <= PANEL_FLOATS` (as `k < STEPS`, `rb + 16 <= ROWS`),
-                        // a multiple of 8 of a buffer on a line.
-                        unsafe { _mm256_store_ps(panel.as_mut_ptr().add(at), *v) };
-                    }
-                }
+        let mut q = [_mm256_setzero_ps(); 16];
+        for (l, v) in q.iter_mut().enumerate() {
+            // SAFETY: guaranteed by the caller.
+            *v = unsafe { _mm256_load_ps(acc.add(l * lane)) };
+        }
+        for w in [8, 4, 2, 1] {
+            for l in 0..w {
+                q[l] = _mm256_add_ps(q[l], q[l + w]);
             }
         }
+        let mut out = [0.0f32; 16];
+        // SAFETY: `out` holds 16 floats.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), q[0]) };
+        out
     }
 }
 
@@ -326,30 +324,6 @@ unsafe fn tile<const FIRST: bool, const AHEAD: bool>(
             unsafe { _mm256_store_ps(acc.add(8 * (2 * j + v)), *av) };
         }
     }
-}
-
-/// The 16 lanes' vectors at `acc + l · lane` (each 8 rows' lane `l`) added in
-/// [`crate::matmul::reduce16`]'s tree: lane `l` plus lane `l + 8`, then `+ 4`, `+ 2`, `+ 1`,
-/// the lower lane the first operand. Returns the 8 rows' sums (the first 8 of 16).
-///
-/// # Safety
-/// The CPU supports AVX2 and FMA; each of the 16 vectors is readable and on 32 bytes.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn reduce_lanes(acc: *const f32, lane: usize) -> [f32; 16] {
-    let mut q = [_mm256_setzero_ps(); 16];
-    for (l, v) in q.iter_mut().enumerate() {
-        // SAFETY: guaranteed by the caller.
-        *v = unsafe { _mm256_load_ps(acc.add(l * lane)) };
-    }
-    for w in [8, 4, 2, 1] {
-        for l in 0..w {
-            q[l] = _mm256_add_ps(q[l], q[l + w]);
-        }
-    }
-    let mut out = [0.0f32; 16];
-    // SAFETY: `out` holds 16 floats.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), q[0]) };
-    out
 }
 
 /// Transposes 8 vectors in place: lane `i` of `r[l]` becomes lane `l` of the old `r[i]`.

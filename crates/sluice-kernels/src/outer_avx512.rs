@@ -101,6 +101,7 @@ pub(crate) unsafe fn pack(
 impl Tier for Avx512 {
     const WIDTH: usize = 16;
 
+    /// Each 16 × 16 block transposed in registers ([`transpose16`]).
     #[target_feature(enable = "avx512f")]
     unsafe fn decode_panel<F: Format>(
         m: &Matrix<'_>,
@@ -111,8 +112,44 @@ impl Tier for Avx512 {
         panel: &mut [f32],
         stage: &mut [f32],
     ) {
-        // SAFETY: guaranteed by the caller.
-        unsafe { decode_panel::<F>(m, g0, gr, c0, len, panel, stage) }
+        for rb in (0..gr).step_by(16) {
+            for s0 in (0..len).step_by(SUB) {
+                let sl = SUB.min(len - s0);
+                let padded = sl.next_multiple_of(16);
+                for (i, dst) in stage.chunks_exact_mut(SUB).take(16).enumerate() {
+                    if rb + i < gr {
+                        // SAFETY: the CPU supports AVX-512F; the span starts at a multiple of
+                        // 256 columns (so of every format's block) inside the row, and is `SUB`
+                        // long or ends the row.
+                        unsafe {
+                            Avx512::decode::<F>(F::row(m, g0 + rb + i), c0 + s0, &mut dst[..sl])
+                        };
+                        dst[sl..padded].fill(0.0);
+                    } else {
+                        dst[..padded].fill(0.0);
+                    }
+                }
+                for st in 0..padded / 16 {
+                    let k = s0 / 16 + st;
+                    let mut r = [_mm512_setzero_ps(); 16];
+                    for (i, v) in r.iter_mut().enumerate() {
+                        // SAFETY: `i · SUB + 16 · st + 16 <= 16 · SUB`: inside the stage.
+                        *v = unsafe { _mm512_load_ps(stage.as_ptr().add(i * SUB + 16 * st)) };
+                    }
+                    transpose16(&mut r);
+                    for (l, v) in r.iter().enumerate() {
+                        // SAFETY: `l · PANEL_LANE + k · ROWS + rb + 16 <= PANEL_FLOATS` (as
+                        // `k < STEPS`, `rb + 16 <= ROWS`), a multiple of 16 of a buffer on a line.
+                        unsafe {
+                            _mm512_store_ps(
+                                panel.as_mut_ptr().add(l * PANEL_LANE + k * ROWS + rb),
+                                *v,
+                            )
+                        };
+                    }
+                }
+            }
+        }
     }
 
     #[target_feature(enable = "avx512f")]
@@ -146,57 +183,20 @@ impl Tier for Avx512 {
 
     #[target_feature(enable = "avx512f")]
     unsafe fn reduce_lanes(acc: *const f32, lane: usize) -> [f32; 16] {
-        // SAFETY: guaranteed by the caller.
-        unsafe { reduce_lanes(acc, lane) }
-    }
-}
-
-/// [`Tier::decode_panel`] on AVX-512.
-///
-/// # Safety
-/// As [`Tier::decode_panel`]'s, on AVX-512F.
-#[target_feature(enable = "avx512f")]
-unsafe fn decode_panel<F: Format>(
-    m: &Matrix<'_>,
-    g0: usize,
-    gr: usize,
-    c0: usize,
-    len: usize,
-    panel: &mut [f32],
-    stage: &mut [f32],
-) {
-    for rb in (0..gr).step_by(16) {
-        for s0 in (0..len).step_by(SUB) {
-            let sl = SUB.min(len - s0);
-            let padded = sl.next_multiple_of(16);
-            for (i, dst) in stage.chunks_exact_mut(SUB).take(16).enumerate() {
-                if rb + i < gr {
-                    // SAFETY: the CPU supports AVX-512F; the span starts at a multiple of
-                    // 256 columns (so of every format's block) inside the row, and is `SUB`
-                    // long or ends the row.
-                    unsafe { Avx512::decode::<F>(F::row(m, g0 + rb + i), c0 + s0, &mut dst[..sl]) };
-                    dst[sl..padded].fill(0.0);
-                } else {
-                    dst[..padded].fill(0.0);
-                }
-            }
-            for st in 0..padded / 16 {
-                let k = s0 / 16 + st;
-                let mut r = [_mm512_setzero_ps(); 16];
-                for (i, v) in r.iter_mut().enumerate() {
-                    // SAFETY: `i · SUB + 16 · st + 16 <= 16 · SUB`: inside the stage.
-                    *v = unsafe { _mm512_load_ps(stage.as_ptr().add(i * SUB + 16 * st)) };
-                }
-                transpose16(&mut r);
-                for (l, v) in r.iter().enumerate() {
-                    // SAFETY: `l · PANEL_LANE + k · ROWS + rb + 16 <= PANEL_FLOATS` (as
-                    // `k < STEPS`, `rb + 16 <= ROWS`), a multiple of 16 of a buffer on a line.
-                    unsafe {
-                        _mm512_store_ps(panel.as_mut_ptr().add(l * PANEL_LANE + k * ROWS + rb), *v)
-                    };
-                }
+        let mut q = [_mm512_setzero_ps(); 16];
+        for (l, v) in q.iter_mut().enumerate() {
+            // SAFETY: guaranteed by the caller.
+            *v = unsafe { _mm512_load_ps(acc.add(l * lane)) };
+        }
+        for w in [8, 4, 2, 1] {
+            for l in 0..w {
+                q[l] = _mm512_add_ps(q[l], q[l + w]);
             }
         }
+        let mut out = [0.0f32; 16];
+        // SAFETY: `out` holds 16 floats.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), q[0]) };
+        out
     }
 }
 
@@ -257,30 +257,6 @@ unsafe fn tile<const FIRST: bool, const V: usize>(
             unsafe { _mm512_store_ps(acc.add(16 * (4 * j + v)), *av) };
         }
     }
-}
-
-/// The 16 lanes' vectors at `acc + l · lane` (each 16 rows' lane `l`) added in
-/// [`crate::matmul::reduce16`]'s tree: lane `l` plus lane `l + 8`, then `+ 4`, `+ 2`, `+ 1`,
-/// the lower lane the first operand. Returns the 16 rows' sums.
-///
-/// # Safety
-/// The CPU supports AVX-512F; each of the 16 vectors is readable and on a cache line.
-#[target_feature(enable = "avx512f")]
-unsafe fn reduce_lanes(acc: *const f32, lane: usize) -> [f32; 16] {
-    let mut q = [_mm512_setzero_ps(); 16];
-    for (l, v) in q.iter_mut().enumerate() {
-        // SAFETY: guaranteed by the caller.
-        *v = unsafe { _mm512_load_ps(acc.add(l * lane)) };
-    }
-    for w in [8, 4, 2, 1] {
-        for l in 0..w {
-            q[l] = _mm512_add_ps(q[l], q[l + w]);
-        }
-    }
-    let mut out = [0.0f32; 16];
-    // SAFETY: `out` holds 16 floats.
-    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), q[0]) };
-    out
 }
 
 /// Transposes 16 vectors in place: lane `i` of `r[l]` becomes lane `l` of the old `r[i]`.
