@@ -214,6 +214,10 @@ pub(crate) struct Part<'p> {
     pub(crate) pack: Option<Packed<'p>>,
 }
 
+/// A part of a turn as [`in_turns`] plans it: job, activation rows, and where their pack starts
+/// in the buffer if they are packed.
+type Slot = (usize, Range<usize>, Option<usize>);
+
 /// Runs `f(parts)` over the activation rows of a batched call's jobs (a layer's experts, each
 /// on its own rows) on `isa`, in as few turns as the pool's pack buffer allows: each job the
 /// outer nest takes is cut in blocks as [`in_blocks`] cuts it, and its blocks are packed side
@@ -237,8 +241,7 @@ pub(crate) fn in_turns(isa: Isa, jobs: &[Acts<'_>], f: &mut dyn FnMut(&[Part<'_>
             return f(&whole());
         };
         let buf = made(&mut b);
-        // Each turn's parts: job, rows, and where the pack starts in the buffer if packed.
-        let mut turns: Vec<Vec<(usize, Range<usize>, Option<usize>)>> = vec![Vec::new()];
+        let mut turns: Vec<Vec<Slot>> = vec![Vec::new()];
         let mut used = 0;
         for (j, (a, size)) in jobs.iter().zip(&sizes).enumerate() {
             let Some(size) = *size else {
