@@ -11,6 +11,15 @@
 //! many jobs as threads is cut as one guided schedule (whole experts first, small chunks last);
 //! a call of fewer jobs cuts each as [`matmul`] would cut it alone.
 //!
+//! A prefill's experts that receive at least [`MIN_TOKENS`] rows (GPT-OSS-20B's 32 experts at
+//! a 256-token prompt, Qwen3-30B-A3B's 128 at 1,024) take the outer-product nest, as one
+//! [`matmul`] of theirs would: their activations are packed side by side into the pool's one
+//! pack buffer (in blocks of at most 264 rows, as [`matmul`] packs a call), as many as it
+//! holds at a time, all of a turn's in one pool call, and the turn's chunks, small jobs among
+//! them, are then one pool call with their packs. No memory beyond that buffer: jobs whose
+//! packs do not fit run in further turns (`crate::packed::in_turns`). A call that finds the
+//! buffer lent runs every job unpacked, in one call, with the same bits.
+//!
 //! Every cell is computed by [`matmul`]'s code (`run_cells`), so the results are bit for bit
 //! those of one [`matmul`] (or [`matmul_pair`]) per job; how the jobs are batched changes no
 //! bit. [`add_rows_many`] adds weighted rows into running sums in the order of its parts, each
@@ -21,15 +30,16 @@
 //! its down rows with theirs).
 
 use crate::finish::{add_weighted, Target};
-use crate::isa;
+use crate::isa::{self, Isa};
 use crate::matmul::{run_cells, split, Matrix, OutPtr, GUIDED_SHARE, MIN_CHUNK_ROWS, PAR_MIN_WORK};
+use crate::packed::{in_turns, Acts, Packed, Part, GROUP_TOKENS};
 use crate::wide::GROUP;
 use std::ops::Range;
 
 #[cfg(doc)]
 use crate::{
     finish::matmul_add_rows, finish::matmul_pair, finish::matmul_then, finish::Finish,
-    matmul::matmul,
+    matmul::matmul, packed::MIN_TOKENS,
 };
 
 /// One job of [`matmul_many`]: `out = x · mᵀ` for `x [t, m.cols()]`, `out [t, m.rows()]`.
@@ -61,26 +71,39 @@ pub struct PairJob<'a> {
     pub out_b: &'a mut [f32],
 }
 
-/// A chunk of a batched call: job, activation rows, output rows.
+/// A chunk of a batched call: part, activation rows (of the part's), output rows.
 type Chunk = (usize, Range<usize>, Range<usize>);
 
-/// The chunks of jobs of shapes `(rows, cols, t)`, in job order. A call of at least as many
-/// jobs as threads is cut as one whole ([`guided`]); otherwise each job is cut as [`matmul`]
-/// cuts a call of that shape on a pool of `threads` (one chunk of everything when it would run
-/// on the calling thread). How a job is cut changes no bit: every cell's reduction is the same.
-fn chunks(threads: usize, shapes: impl Iterator<Item = (usize, usize, usize)>) -> Vec<Chunk> {
-    let shapes: Vec<(usize, usize, usize)> = shapes.collect();
-    let work: usize = shapes.iter().map(|&(r, c, t)| r * c * t).sum();
+/// A part of a batched call as [`chunks`] cuts it: `t` activation rows on a matrix of `rows`
+/// rows, weighed as `cols` columns; `grouped` where the rows are packed, so that its token
+/// chunks start on whole token groups (the outer nest folds whole groups).
+#[derive(Clone, Copy)]
+struct Shape {
+    rows: usize,
+    cols: usize,
+    t: usize,
+    grouped: bool,
+}
+
+/// The chunks of parts of shapes `shapes`, in part order. A call of at least as many parts as
+/// threads is cut as one whole ([`guided`]); otherwise each part is cut as [`matmul`] cuts a
+/// call of that shape on a pool of `threads` (one chunk of everything when it would run on the
+/// calling thread). How a part is cut changes no bit: every cell's reduction is the same.
+fn chunks(threads: usize, shapes: impl Iterator<Item = Shape>) -> Vec<Chunk> {
+    let shapes: Vec<Shape> = shapes.collect();
+    let work: usize = shapes.iter().map(|s| s.rows * s.cols * s.t).sum();
     if threads > 1 && shapes.len() >= threads && work >= PAR_MIN_WORK {
         return guided(threads, &shapes, work);
     }
     let mut all = Vec::new();
-    for (j, &(rows, cols, t)) in shapes.iter().enumerate() {
+    for (j, &Shape { rows, cols, t, grouped }) in shapes.iter().enumerate() {
         let Some((cuts, token_chunks)) = split(threads, rows, cols, t) else {
             all.push((j, 0..t, 0..rows));
             continue;
         };
+        // As `for_chunks` cuts a packed call: token chunks on whole groups.
         let tc = t.div_ceil(token_chunks);
+        let tc = if grouped { tc.next_multiple_of(GROUP_TOKENS) } else { tc };
         for ti in 0..token_chunks {
             for r in cuts.windows(2) {
                 all.push((j, (ti * tc).min(t)..t.min((ti + 1) * tc), r[0]..r[1]));
@@ -90,18 +113,18 @@ fn chunks(threads: usize, shapes: impl Iterator<Item = (usize, usize, usize)>) -
     all
 }
 
-/// The chunks of a call of many jobs (`work` flops / 2 in all), cut across the call as one
+/// The chunks of a call of many parts (`work` flops / 2 in all), cut across the call as one
 /// guided schedule: each chunk takes about `1 / (GUIDED_SHARE · threads)` of the work left
 /// after it, in whole row groups of the prefill nest while that is at least one, then in
-/// 16-row steps, never past its job's end. The first chunks are whole experts, so a thread
+/// 16-row steps, never past its part's end. The first chunks are whole experts, so a thread
 /// reads an expert's rows in one run, and its prefetch of the next column chunk and row
 /// group carries it from panel to panel; the last chunks are small, so the call ends evenly.
 /// (Cut job by job, a 256-row prefill of Qwen3-30B-A3B's layer made ~18,000 chunks of 16
 /// rows on 16 threads, each starting cold: docs/PERFORMANCE.md, session 19.)
-fn guided(threads: usize, shapes: &[(usize, usize, usize)], work: usize) -> Vec<Chunk> {
+fn guided(threads: usize, shapes: &[Shape], work: usize) -> Vec<Chunk> {
     let mut left = work;
     let mut all = Vec::new();
-    for (j, &(rows, cols, t)) in shapes.iter().enumerate() {
+    for (j, &Shape { rows, cols, t, .. }) in shapes.iter().enumerate() {
         let per_row = (cols * t).max(1);
         let mut r0 = 0;
         while r0 < rows {
@@ -133,6 +156,45 @@ fn run(n: usize, f: &(dyn Fn(usize) + Sync)) {
     });
 }
 
+/// A job of a batched call as [`for_jobs`] cuts it: its activation rows, and its matrix's
+/// rows and columns, the columns it is weighed as (both matrices' for a pair).
+#[derive(Clone, Copy)]
+struct JobShape<'x> {
+    acts: Acts<'x>,
+    rows: usize,
+    work_cols: usize,
+}
+
+/// What [`for_jobs`] runs for each chunk: `f(job, tokens, rows, pack)`.
+type JobChunkFn<'f> = dyn Fn(usize, Range<usize>, Range<usize>, Option<&Packed<'_>>) + Sync + 'f;
+
+/// Runs `f(job, tokens, rows, pack)` over the chunks of the jobs `jobs` ([`chunks`]), in one
+/// pool call per turn of the pool's pack buffer ([`in_turns`]): where the tier packs a
+/// prefill's activations, the jobs of at least [`MIN_TOKENS`] rows are packed (in blocks as
+/// [`matmul`] packs a call, as many as the buffer holds a turn) and their chunks handed their
+/// block's pack, the other jobs' chunks none; else one call over every job, unpacked. Each
+/// job's chunks cover its (token, row) cells once, disjoint, so every cell is computed once,
+/// by [`matmul`]'s code.
+fn for_jobs(isa: Isa, jobs: &[JobShape<'_>], f: &JobChunkFn<'_>) {
+    let threads = crate::pool::with_current(crate::pool::Pool::threads);
+    let acts: Vec<Acts<'_>> = jobs.iter().map(|j| j.acts).collect();
+    in_turns(isa, &acts, &mut |parts| {
+        let shape = |p: &Part<'_>| Shape {
+            rows: jobs[p.job].rows,
+            cols: jobs[p.job].work_cols,
+            t: p.tokens.len(),
+            grouped: p.pack.is_some(),
+        };
+        let cs = chunks(threads, parts.iter().map(shape));
+        run(cs.len(), &|i| {
+            let (k, tk, r) = cs[i].clone();
+            let p = &parts[k];
+            let t0 = p.tokens.start;
+            f(p.job, t0 + tk.start..t0 + tk.end, r, p.pack.as_ref());
+        });
+    });
+}
+
 /// [`matmul`] for every job, in one pool call: each job's chunks are the ones [`matmul`]
 /// would cut for it alone, and every cell is computed by the same code, so each `out` is bit
 /// for bit what [`matmul`] gives.
@@ -141,25 +203,22 @@ fn run(n: usize, f: &(dyn Fn(usize) + Sync)) {
 /// If a job's `x` is not `t * m.cols()` long or its `out` not `t * m.rows()` long.
 pub fn matmul_many(jobs: &mut [Job<'_>]) {
     let isa = isa::isa();
-    let mut ins = Vec::with_capacity(jobs.len());
-    let mut outs = Vec::with_capacity(jobs.len());
+    let (mut mats, mut shapes, mut outs) = (vec![], vec![], vec![]);
     for j in jobs.iter_mut() {
-        assert_eq!(j.x.len(), j.t * j.m.cols(), "matmul: x length");
-        assert_eq!(j.out.len(), j.t * j.m.rows(), "matmul: out length");
-        ins.push((j.m, j.x, j.t));
+        let (rows, cols) = (j.m.rows(), j.m.cols());
+        assert_eq!(j.x.len(), j.t * cols, "matmul: x length");
+        assert_eq!(j.out.len(), j.t * rows, "matmul: out length");
+        mats.push(j.m);
+        shapes.push(JobShape { acts: Acts { x: j.x, t: j.t, cols }, rows, work_cols: cols });
         outs.push(OutPtr::new(j.out));
     }
-    let threads = crate::pool::with_current(crate::pool::Pool::threads);
-    let cs = chunks(threads, ins.iter().map(|(m, _, t)| (m.rows(), m.cols(), *t)));
-    run(cs.len(), &|i| {
-        let (j, tk, r) = cs[i].clone();
-        let (m, x, _) = &ins[j];
+    for_jobs(isa, &shapes, &|j, tk, r, pack| {
         // SAFETY: `isa` is the process's tier, which the CPU supports. Job `j`'s `out` is
-        // `t * rows` long (asserted) and exclusively borrowed through `jobs` until `run`
-        // returns, after every chunk has finished. The chunks of one job are its cuts of
-        // `0..t × 0..rows` as `matmul` makes them, so disjoint, and the chunks of different
-        // jobs write different buffers (each job holds its own `&mut`, so they never overlap).
-        unsafe { run_cells(isa, m, x, tk, r, &outs[j], None) };
+        // `t * rows` long (asserted) and exclusively borrowed through `jobs` until `for_jobs`
+        // returns, after every chunk has finished. The chunks of one job cover its
+        // `0..t × 0..rows` cells once, disjoint, and the chunks of different jobs write
+        // different buffers (each job holds its own `&mut`, so they never overlap).
+        unsafe { run_cells(isa, &mats[j], shapes[j].acts.x, tk, r, &outs[j], pack) };
     });
 }
 
@@ -176,30 +235,27 @@ pub fn matmul_pair_many(
     finish: &(dyn Fn(&mut [f32], &mut [f32]) + Sync),
 ) {
     let isa = isa::isa();
-    let mut ins = Vec::with_capacity(jobs.len());
-    let mut outs = Vec::with_capacity(jobs.len());
+    let (mut mats, mut shapes, mut outs) = (vec![], vec![], vec![]);
     for j in jobs.iter_mut() {
         let (rows, cols) = (j.a.rows(), j.a.cols());
         assert_eq!((rows, cols), (j.b.rows(), j.b.cols()), "matmul_pair: shapes");
         assert_eq!(j.x.len(), j.t * cols, "matmul: x length");
         assert_eq!(j.out_a.len(), j.t * rows, "matmul: out length");
         assert_eq!(j.out_b.len(), j.t * rows, "matmul: out length");
-        ins.push((j.a, j.b, j.x, j.t));
+        mats.push((j.a, j.b));
+        // Cut as `matmul_pair` cuts: both matrices' columns count as the call's work.
+        let acts = Acts { x: j.x, t: j.t, cols };
+        shapes.push(JobShape { acts, rows, work_cols: 2 * cols });
         outs.push((OutPtr::new(j.out_a), OutPtr::new(j.out_b)));
     }
-    let threads = crate::pool::with_current(crate::pool::Pool::threads);
-    // Cut as `matmul_pair` cuts: both matrices' columns count as the call's work.
-    let cs = chunks(threads, ins.iter().map(|(a, _, _, t)| (a.rows(), 2 * a.cols(), *t)));
-    run(cs.len(), &|i| {
-        let (j, tk, r) = cs[i].clone();
-        let (a, b, x, _) = &ins[j];
+    for_jobs(isa, &shapes, &|j, tk, r, pack| {
+        let ((a, b), x, rows) = (&mats[j], shapes[j].acts.x, shapes[j].rows);
         let (pa, pb) = &outs[j];
-        let rows = a.rows();
         // SAFETY: as in `matmul_many`, for each of job `j`'s two outputs (`t * rows` long,
         // asserted; two exclusive borrows, so they never overlap each other or another job's).
         unsafe {
-            run_cells(isa, a, x, tk.clone(), r.clone(), pa, None);
-            run_cells(isa, b, x, tk.clone(), r.clone(), pb, None);
+            run_cells(isa, a, x, tk.clone(), r.clone(), pa, pack);
+            run_cells(isa, b, x, tk.clone(), r.clone(), pb, pack);
         }
         for ti in tk {
             let at = ti * rows + r.start;
@@ -245,28 +301,24 @@ pub type ManyFinish<'f> = dyn Fn(usize, usize, Range<usize>, &mut [f32], &mut [f
 /// On what [`matmul_then`] panics on, for any job.
 pub fn matmul_then_many(jobs: &mut [ThenJob<'_>], finish: &ManyFinish<'_>) {
     let isa = isa::isa();
-    let mut ins = Vec::with_capacity(jobs.len());
-    let mut outs = Vec::with_capacity(jobs.len());
+    let (mut mats, mut shapes, mut outs) = (vec![], vec![], vec![]);
     for j in jobs.iter_mut() {
-        let rows = j.m.rows();
-        assert_eq!(j.x.len(), j.t * j.m.cols(), "matmul: x length");
+        let (rows, cols) = (j.m.rows(), j.m.cols());
+        assert_eq!(j.x.len(), j.t * cols, "matmul: x length");
         assert_eq!(j.y.len(), j.t * rows, "matmul: out length");
         let target = j.target.as_mut().map(|tg| {
             let width = tg.check(rows, j.t);
             (OutPtr::new(tg.out), tg.to, tg.per, width)
         });
-        ins.push((j.m, j.x, j.t));
+        mats.push(j.m);
+        shapes.push(JobShape { acts: Acts { x: j.x, t: j.t, cols }, rows, work_cols: cols });
         outs.push((OutPtr::new(j.y), target));
     }
-    let threads = crate::pool::with_current(crate::pool::Pool::threads);
-    let cs = chunks(threads, ins.iter().map(|(m, _, t)| (m.rows(), m.cols(), *t)));
-    run(cs.len(), &|i| {
-        let (j, tk, r) = cs[i].clone();
-        let (m, x, _) = &ins[j];
+    for_jobs(isa, &shapes, &|j, tk, r, pack| {
+        let (m, x, rows) = (&mats[j], shapes[j].acts.x, shapes[j].rows);
         let (py, target) = &outs[j];
-        let rows = m.rows();
         // SAFETY: as in `matmul_many`, for job `j`'s `y` (`t * rows` long, asserted).
-        unsafe { run_cells(isa, m, x, tk.clone(), r.clone(), py, None) };
+        unsafe { run_cells(isa, m, x, tk.clone(), r.clone(), py, pack) };
         for ti in tk {
             // SAFETY: `ti < t` and `r` lies inside `0..rows`, so the range is inside job `j`'s
             // `y`; this chunk owns these cells and has just written them, and no other
@@ -359,8 +411,8 @@ mod tests {
     fn a_prefill_layer_batch_cut_each_expert_in_sixteen_row_chunks_that_all_started_cold() {
         // Qwen3-30B-A3B's gate/up call at a 256-row prompt: 128 experts of 768 rows, ~16 rows
         // each, 16 threads. Cut job by job it was ~6,000 chunks of 16 rows.
-        let shapes: Vec<(usize, usize, usize)> =
-            (0..128).map(|e| (768, 2 * 2048, 12 + e % 9)).collect();
+        let shape = |t| Shape { rows: 768, cols: 2 * 2048, t, grouped: false };
+        let shapes: Vec<Shape> = (0..128).map(|e| shape(12 + e % 9)).collect();
         for threads in [2, 16] {
             let cs = chunks(threads, shapes.iter().copied());
             assert!(cs.len() < 4 * shapes.len(), "{threads} threads: {} chunks", cs.len());
@@ -371,18 +423,19 @@ mod tests {
             for (j, tk, r) in &cs {
                 assert!(*j >= last_job);
                 last_job = *j;
-                assert_eq!(*tk, 0..shapes[*j].2);
+                assert_eq!(*tk, 0..shapes[*j].t);
                 assert_eq!(r.start, next[*j]);
-                assert!(r.len() % MIN_CHUNK_ROWS == 0 || r.end == shapes[*j].0, "{r:?}");
+                assert!(r.len() % MIN_CHUNK_ROWS == 0 || r.end == shapes[*j].rows, "{r:?}");
                 next[*j] = r.end;
             }
-            assert!(next.iter().zip(&shapes).all(|(&n, s)| n == s.0));
+            assert!(next.iter().zip(&shapes).all(|(&n, s)| n == s.rows));
             // Whole experts first; the call ends in chunks of a row step.
             assert_eq!(cs[0].2, 0..768);
             assert_eq!(cs[cs.len() - 1].2.len(), MIN_CHUNK_ROWS);
         }
         // A decode's few experts on many threads are still cut expert by expert.
-        let few: Vec<(usize, usize, usize)> = (0..8).map(|_| (768, 4096, 1)).collect();
+        let few: Vec<Shape> =
+            (0..8).map(|_| Shape { rows: 768, cols: 4096, t: 1, grouped: false }).collect();
         assert!(chunks(16, few.iter().copied()).len() > 8);
     }
 }

@@ -1,5 +1,5 @@
-//! A call's activation rows packed for the outer-product prefill nest ([`crate::outer`] on
-//! AVX-512, `crate::outer_avx2` on AVX2, one layout for both): transposed so that each of the
+//! A call's activation rows packed for the outer-product prefill nest ([`crate::outer`], one
+//! layout for its AVX-512 and AVX2 tiers): transposed so that each of the
 //! 16 lanes' values lie together, tokens side by side, once per call, before its row chunks
 //! are handed to the pool.
 //!
@@ -13,6 +13,12 @@
 //! most [`BLOCK`] tokens ([`in_blocks`]), each block's results those of the whole call (no
 //! result depends on how the tokens are cut); the nest decodes its weights once per block.
 //!
+//! Two kinds of call pack: one matmul ([`in_blocks`]: `matmul`, `matmul_pair`, `matmul_then`)
+//! and a layer's batched experts ([`in_turns`]: `matmul_many` and its kin, `crate::many`),
+//! whose jobs of at least [`MIN_TOKENS`] rows are cut in blocks as one matmul's would be and
+//! packed side by side, as many blocks as the buffer holds a turn, each turn packed in one
+//! pool call and run in one more.
+//!
 //! Each lane's values are kept in **token groups of 6**, the tokens a tile folds, so that a
 //! tile's activations are one run of 24 cache lines: packed with the tokens side by side
 //! (a lane's steps a stride of all the block's tokens apart), a pack of 256 tokens made the
@@ -21,7 +27,7 @@
 //! (docs/PERFORMANCE.md, issue 20, sessions 23 and 24).
 
 use std::ops::Range;
-use std::sync::{Mutex, TryLockError};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use crate::isa::Isa;
 
@@ -136,6 +142,26 @@ fn made(b: &mut Vec<Line>) -> &mut [f32] {
     unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len() * 16) }
 }
 
+/// Tokens per block of a call of `t` activation rows of `cols` on `isa`: where the outer nest
+/// takes the call, blocks of about equal size, each of whole token groups but the last, at
+/// most [`BLOCK`] (or what [`PACK_BYTES`] holds); `None` where the call runs unpacked.
+fn block_size(isa: Isa, t: usize, cols: usize) -> Option<usize> {
+    let most = block_tokens(cols)?;
+    (packs(isa) && t >= MIN_TOKENS)
+        .then(|| t.div_ceil(t.div_ceil(most)).next_multiple_of(GROUP_TOKENS).min(most))
+}
+
+/// The pool's pack buffer, or `None` if it is lent (to a call on another thread, or to the
+/// packed call this one is made from inside): such a call runs unpacked. A buffer poisoned by
+/// a panicking call is filled anew before it is read.
+fn lend(buf: &PackBuf) -> Option<MutexGuard<'_, Vec<Line>>> {
+    match buf.0.try_lock() {
+        Ok(b) => Some(b),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
 /// Runs `f(tokens, pack)` over the activation rows `0..t` of a call on `isa` (`x`, `t` rows
 /// of `cols`): where the outer nest takes the call, in blocks of at most [`BLOCK`] tokens of
 /// equal size, each packed first (on the current pool) and handed with its pack; otherwise
@@ -148,26 +174,17 @@ pub(crate) fn in_blocks(
     cols: usize,
     f: &mut dyn FnMut(Range<usize>, Option<&Packed<'_>>),
 ) {
-    let size = match block_tokens(cols) {
-        // Blocks of about equal size, each of whole token groups but the last.
-        Some(most) if packs(isa) && t >= MIN_TOKENS => {
-            t.div_ceil(t.div_ceil(most)).next_multiple_of(GROUP_TOKENS).min(most)
-        }
-        _ => return f(0..t, None),
+    let Some(size) = block_size(isa, t, cols) else {
+        return f(0..t, None);
     };
     crate::pool::with_current(|pool| {
-        // A call from inside a packed call (or from another thread during one) finds the
-        // buffer lent: it runs unpacked. A buffer poisoned by a panicking call is filled anew
-        // before it is read.
-        let mut b = match pool.pack_buf().0.try_lock() {
-            Ok(b) => b,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return f(0..t, None),
+        let Some(mut b) = lend(pool.pack_buf()) else {
+            return f(0..t, None);
         };
         let buf = made(&mut b);
         for s0 in (0..t).step_by(size) {
             let n = size.min(t - s0);
-            fill(isa, &x[s0 * cols..(s0 + n) * cols], n, cols, buf);
+            fill(isa, &[Fill { x: &x[s0 * cols..(s0 + n) * cols], tokens: n, cols, at: 0 }], buf);
             let (len, groups) = pack_size(n, cols);
             let p = Packed { data: &buf[..len], groups, cols, first: s0, tokens: n };
             f(s0..s0 + n, Some(&p));
@@ -175,12 +192,112 @@ pub(crate) fn in_blocks(
     });
 }
 
+/// A job of a batched call as [`in_turns`] sees it: `t` activation rows of `cols`, `x`.
+#[derive(Clone, Copy)]
+pub(crate) struct Acts<'x> {
+    /// The job's activation rows, `t × cols`.
+    pub(crate) x: &'x [f32],
+    /// Activation rows.
+    pub(crate) t: usize,
+    /// Columns of a row.
+    pub(crate) cols: usize,
+}
+
+/// A part of a turn of [`in_turns`]: activation rows `tokens` of job `job`, with their pack
+/// where they are packed.
+pub(crate) struct Part<'p> {
+    /// The job's index.
+    pub(crate) job: usize,
+    /// The job's activation rows the part holds.
+    pub(crate) tokens: Range<usize>,
+    /// Their pack (`first` is `tokens.start`), or `None`: the part runs unpacked.
+    pub(crate) pack: Option<Packed<'p>>,
+}
+
+/// A part of a turn as [`in_turns`] plans it: job, activation rows, and where their pack starts
+/// in the buffer if they are packed.
+type Slot = (usize, Range<usize>, Option<usize>);
+
+/// Runs `f(parts)` over the activation rows of a batched call's jobs (a layer's experts, each
+/// on its own rows) on `isa`, in as few turns as the pool's pack buffer allows: each job the
+/// outer nest takes is cut in blocks as [`in_blocks`] cuts it, and its blocks are packed side
+/// by side into the buffer, all of a turn's in one pool call, a turn ending where the next
+/// block would not fit ([`PACK_BYTES`], no more memory than one call's pack); the other jobs
+/// (fewer than [`MIN_TOKENS`] rows) join the turn of the jobs around them, whole and unpacked.
+/// Where nothing packs, or the buffer is lent, `f` runs once over every job, whole and
+/// unpacked. Every job's rows are handed once, in job order, each part's pack its rows' own,
+/// so every cell is computed once, as one call per job would compute it.
+pub(crate) fn in_turns(isa: Isa, jobs: &[Acts<'_>], f: &mut dyn FnMut(&[Part<'_>])) {
+    let sizes: Vec<Option<usize>> = jobs.iter().map(|a| block_size(isa, a.t, a.cols)).collect();
+    let whole = || -> Vec<Part<'_>> {
+        let part = |(job, a): (usize, &Acts<'_>)| Part { job, tokens: 0..a.t, pack: None };
+        jobs.iter().enumerate().map(part).collect()
+    };
+    if sizes.iter().all(Option::is_none) {
+        return f(&whole());
+    }
+    crate::pool::with_current(|pool| {
+        let Some(mut b) = lend(pool.pack_buf()) else {
+            return f(&whole());
+        };
+        let buf = made(&mut b);
+        let mut turns: Vec<Vec<Slot>> = vec![Vec::new()];
+        let mut used = 0;
+        for (j, (a, size)) in jobs.iter().zip(&sizes).enumerate() {
+            let Some(size) = *size else {
+                turns.last_mut().expect("invariant: a turn").push((j, 0..a.t, None));
+                continue;
+            };
+            for s0 in (0..a.t).step_by(size) {
+                let n = size.min(a.t - s0);
+                // A block fits an empty buffer (`block_tokens`); a full turn starts the next.
+                let len = pack_size(n, a.cols).0;
+                if used + len > buf.len() {
+                    turns.push(Vec::new());
+                    used = 0;
+                }
+                turns.last_mut().expect("invariant: a turn").push((j, s0..s0 + n, Some(used)));
+                used += len;
+            }
+        }
+        for turn in &turns {
+            let fills: Vec<Fill<'_>> = turn
+                .iter()
+                .filter_map(|(j, tk, at)| {
+                    let (x, cols) = (jobs[*j].x, jobs[*j].cols);
+                    at.map(|at| Fill {
+                        x: &x[tk.start * cols..tk.end * cols],
+                        tokens: tk.len(),
+                        cols,
+                        at,
+                    })
+                })
+                .collect();
+            fill(isa, &fills, buf);
+            let view: &[f32] = buf;
+            let parts: Vec<Part<'_>> = turn
+                .iter()
+                .map(|(j, tk, at)| {
+                    let cols = jobs[*j].cols;
+                    let pack = at.map(|at| {
+                        let (len, groups) = pack_size(tk.len(), cols);
+                        let data = &view[at..at + len];
+                        Packed { data, groups, cols, first: tk.start, tokens: tk.len() }
+                    });
+                    Part { job: *j, tokens: tk.clone(), pack }
+                })
+                .collect();
+            f(&parts);
+        }
+    });
+}
+
 /// A pointer the pack's parts write through, each its own part.
 struct Parts(*mut f32);
 
-// SAFETY: only dereferenced by `crate::outer_avx512::pack` and `crate::outer_avx2::pack`, each part
-// of the pool call writing a disjoint part of the buffer, which the calling thread holds
-// exclusively until the call ends.
+// SAFETY: only dereferenced by `crate::outer_avx512::pack` and `crate::outer_avx2::pack`,
+// each part of the pool call writing a disjoint part of the buffer, which the calling thread
+// holds exclusively until the call ends.
 unsafe impl Sync for Parts {}
 
 impl Parts {
@@ -189,36 +306,63 @@ impl Parts {
     }
 }
 
-/// Packs `x` (`tokens` rows of `cols`) into `buf` on the current pool with `isa`'s pack: one
-/// part per 16 tokens × [`CHUNK`] columns (the last 16 reaching the last group's end), or all
-/// on this thread for a small call or a pool of one.
-fn fill(isa: Isa, x: &[f32], tokens: usize, cols: usize, buf: &mut [f32]) {
-    let (len, groups) = pack_size(tokens, cols);
-    assert!(buf.len() >= len && buf.as_ptr().addr().is_multiple_of(64), "pack: buffer");
-    let (chunks, blocks) = (Packed::chunks(cols), (groups * GROUP_TOKENS).div_ceil(16));
+/// One pack of [`fill`]: `tokens` rows of `cols` (`x`), packed from float `at` of the buffer.
+struct Fill<'x> {
+    x: &'x [f32],
+    tokens: usize,
+    cols: usize,
+    at: usize,
+}
+
+/// Packs each of `fills` into `buf` on the current pool, in one pool call, with `isa`'s pack:
+/// one part per 16 tokens × [`CHUNK`] columns of a pack (the last 16 reaching the last
+/// group's end), or all on this thread for a small call or a pool of one.
+///
+/// # Panics
+/// If a pack runs past `buf`, starts off a cache line, or overlaps the one before it.
+fn fill(isa: Isa, fills: &[Fill<'_>], buf: &mut [f32]) {
+    assert!(buf.as_ptr().addr().is_multiple_of(64), "pack: buffer");
+    // The parts before each pack's end, its token blocks of 16, and all the packs' work.
+    let (mut ends, mut blocks, mut work, mut end, mut parts) = (vec![], vec![], 0, 0, 0);
+    for f in fills {
+        let (len, groups) = pack_size(f.tokens, f.cols);
+        assert!(f.at >= end && f.at.is_multiple_of(16), "pack: packs overlap");
+        end = f.at + len;
+        assert!(end <= buf.len(), "pack: buffer");
+        assert_eq!(f.x.len(), f.tokens * f.cols, "pack: x length");
+        blocks.push((groups * GROUP_TOKENS).div_ceil(16));
+        parts += Packed::chunks(f.cols) * blocks[blocks.len() - 1];
+        ends.push(parts);
+        work += f.tokens * f.cols;
+    }
     let out = Parts(buf.as_mut_ptr());
     #[cfg(target_arch = "x86_64")]
     crate::pool::with_current(|pool| {
         let part = |i: usize| {
-            let (ch, b) = (i / blocks, i % blocks);
-            let (chunk, block, out) = (ch..ch + 1, b..b + 1, out.get());
+            let k = ends.partition_point(|&e| e <= i);
+            let (f, i) = (&fills[k], i - k.checked_sub(1).map_or(0, |k| ends[k]));
+            let (ch, b) = (i / blocks[k], i % blocks[k]);
+            let (chunk, block) = (ch..ch + 1, b..b + 1);
             // SAFETY: only called where `packs(isa)` holds for a tier the CPU supports, so
-            // AVX-512F, or AVX2 and FMA; `buf` holds the pack on a cache line (asserted), and
-            // each part writes its own chunk and token block of it.
+            // AVX-512F, or AVX2 and FMA. Pack `k` lies at `at .. at + pack_size` inside `buf`
+            // (asserted), on a cache line (`buf` is, and `at` is a multiple of 16 floats),
+            // overlapping no other pack (asserted), and each part writes its own chunk and
+            // token block of it; `buf` is borrowed exclusively until the call ends.
             unsafe {
+                let out = out.get().add(f.at);
                 if isa == Isa::Avx512 {
-                    crate::outer_avx512::pack(x, tokens, cols, chunk, block, out);
+                    crate::outer_avx512::pack(f.x, f.tokens, f.cols, chunk, block, out);
                 } else {
-                    crate::outer_avx2::pack(x, tokens, cols, chunk, block, out);
+                    crate::outer_avx2::pack(f.x, f.tokens, f.cols, chunk, block, out);
                 }
             }
         };
-        if pool.threads() <= 1 || tokens * cols < crate::matmul::PAR_MIN_WORK {
-            (0..chunks * blocks).for_each(part);
+        if pool.threads() <= 1 || work < crate::matmul::PAR_MIN_WORK {
+            (0..parts).for_each(part);
         } else {
-            pool.run(chunks * blocks, &part);
+            pool.run(parts, &part);
         }
     });
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (isa, x, out, chunks, blocks);
+    let _ = (isa, out, ends, blocks, work);
 }

@@ -1,9 +1,9 @@
 //! The loop nest of prefill-sized calls (more than [`crate::tiled::TOKEN_BLOCK`] activation
 //! rows); its register tiles are [`crate::sweep`]'s. On the AVX-512 and AVX2 tiers, calls of
-//! at least 33 rows through `matmul`, `matmul_then` and `matmul_pair` take the outer-product
-//! nest instead (`crate::outer`, `crate::outer_avx2`, over activations packed once per call:
-//! `crate::packed`), which runs in this module's scratch; a layer's batched experts
-//! (`crate::many`) still run here.
+//! at least 33 rows (through `matmul`, `matmul_then`, `matmul_pair`, or a layer's batched
+//! experts, `crate::many`) take the outer-product nest instead (`crate::outer`, over
+//! activations packed once per call: `crate::packed`), which runs in this module's scratch;
+//! fewer rows, other tiers, and calls that find the pack buffer lent run here.
 //!
 //! A call of T activation rows against a weight matrix is compute-bound once T is large, so
 //! the nest is arranged so that the FMA units, not a cache level, set the pace:
