@@ -184,12 +184,15 @@ macro_rules! nibble_tiles {
         /// [`decode_block`] multiplies, so the same bits, and no scaled table per row to keep
         /// (scaled tables held across both halves, as the compiler kept them, left too few
         /// registers for the 24 accumulators, which it then loaded and stored around every
-        /// FMA). With `PF`, each 64 packed bytes read name a line `ahead` bytes on, and the
+        /// FMA). `factor` is a closure the tile is compiled for, inlined: passed as a
+        /// function pointer it was an indirect call per block and row, which took about half
+        /// of an MXFP4 tile's time at 2 activation rows on a Zen 5 (docs/PERFORMANCE.md,
+        /// session 26). With `PF`, each 64 packed bytes read name a line `ahead` bytes on, and the
         /// rows' scales `ahead / 16 · SB` on (the same span of the next rows).
         #[target_feature(enable = $features)]
         fn $tile<const R: usize, const N: usize, const PF: bool, const SB: usize>(
             table: &[f32; 16],
-            factor: fn(&[u8]) -> f32,
+            factor: impl Fn(&[u8]) -> f32 + Copy,
             w: [(&[u8], &[u8]); R],
             x: [&[f32]; N],
             acc: [&mut [Lanes; N]; R],
@@ -263,7 +266,7 @@ nibble_tiles!(tile_vbmi, "avx512f,avx512vbmi", half_vbmi);
 #[target_feature(enable = "avx512f")]
 fn nibble_tile<const R: usize, const N: usize, const SB: usize>(
     table: &[f32; 16],
-    factor: fn(&[u8]) -> f32,
+    factor: impl Fn(&[u8]) -> f32 + Copy,
     w: [(&[u8], &[u8]); R],
     x: [&[f32]; N],
     acc: [&mut [Lanes; N]; R],
@@ -292,7 +295,7 @@ fn nibble_tile<const R: usize, const N: usize, const SB: usize>(
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn nibble_rows_tile<'a, F, const R: usize, const N: usize, const SB: usize>(
     table: &[f32; 16],
-    factor: fn(&[u8]) -> f32,
+    factor: impl Fn(&[u8]) -> f32 + Copy,
     parts: impl Fn(F::Row<'a>) -> (&'a [u8], &'a [u8]),
     rows: [F::Row<'a>; R],
     c0: usize,
