@@ -576,7 +576,8 @@ fn activations_16_bytes_past_a_line_split_every_avx512_load_the_staged_copy_is_e
 
 /// Calls of 2 to 32 activation rows on bf16 rows of a multiple of 16 columns used to widen
 /// every chunk into a buffer (8 rows or fewer) or a panel before folding it, waiting on memory
-/// first; the AVX-512 tier now folds them straight from the stored bytes (`stored.rs`). Every
+/// first; the AVX-512 tier now folds them straight from the stored bytes (`stored.rs`), and
+/// so does the AVX2 tier (session 26: `arch/avx2/stored.rs`, bf16, int8 and f32). Every
 /// result still equals the scalar reference bit for bit, on every tier, at every token count
 /// of the range (whole and partial 6-token groups), row counts around the 4-row tiles and the
 /// 64-row groups, one to three column chunks and a partial one, activations on and off a

@@ -81,6 +81,22 @@ impl Format for Bf16 {
     }
 
     #[cfg(target_arch = "x86_64")]
+    const AVX2_TILE: bool = true;
+
+    /// The patterns widened in registers as the tile reads them (AVX2).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2_tile<const R: usize, const N: usize>(
+        rows: [&[u8]; R],
+        c0: usize,
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: usize,
+    ) {
+        crate::arch::avx2::fold_stored_tile::<Self, R, N>(rows, c0, x, acc, ahead);
+    }
+
+    #[cfg(target_arch = "x86_64")]
     const AVX512_TILE: bool = true;
 
     /// The patterns widened in registers as the tile reads them (zero-extension and a
@@ -113,7 +129,7 @@ impl Format for Bf16 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use crate::arch::avx2::{load2, store2};
+    use crate::arch::avx2::{load2, store2, Widen8};
     use crate::arch::avx512::{load1, store1, Widen16};
     use crate::arch::prefetch_line;
     use crate::tiled::Lanes;
@@ -211,6 +227,19 @@ mod x86 {
             }
         }
         store2(&acc, lanes);
+    }
+
+    /// The AVX2 stored tile's widening: 8 patterns zero-extended and shifted into the high half.
+    impl Widen8 for super::Bf16 {
+        const BYTES: usize = 2;
+
+        #[target_feature(enable = "avx2,fma")]
+        #[inline]
+        unsafe fn widen8(p: *const u8) -> __m256 {
+            // SAFETY: `p` points at 16 readable bytes (the caller's contract).
+            let raw = unsafe { _mm_loadu_si128(p.cast()) };
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(raw)))
+        }
     }
 
     /// The stored tile's widening: 16 patterns zero-extended and shifted into the high half.

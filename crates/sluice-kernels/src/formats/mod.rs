@@ -252,6 +252,39 @@ pub(crate) trait Format: Sized + 'static {
         }
     }
 
+    /// Whether [`Format::avx2_tile`] folds the stored bytes itself (else a few activation
+    /// rows take the buffered few-row nest).
+    #[cfg(target_arch = "x86_64")]
+    const AVX2_TILE: bool = false;
+
+    /// The most activation rows of a call that [`Format::avx2_tile`] serves, where it does
+    /// (at most [`crate::stored::STORED_ROWS`]), as [`Format::AVX512_TILE_ROWS`].
+    #[cfg(target_arch = "x86_64")]
+    const AVX2_TILE_ROWS: usize = crate::stored::STORED_ROWS;
+
+    /// AVX2 + FMA fold of a tile of `R` rows straight from their stored bytes against `N`
+    /// activation rows (as [`Format::avx512_tile`]). The default decodes into a buffer and
+    /// folds it.
+    ///
+    /// # Safety
+    /// The running CPU supports AVX2 and FMA; otherwise as [`Format::avx512_tile`].
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx2_tile<const R: usize, const N: usize>(
+        rows: [Self::Row<'_>; R],
+        c0: usize,
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: usize,
+    ) {
+        let _ = ahead;
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            crate::tiled::fold_stored_buffered::<crate::arch::avx2::Avx2, Self, R, N>(
+                rows, c0, x, acc,
+            )
+        }
+    }
+
     /// AVX2 one-activation-row fold ([`crate::tiled::Kernel::fold_one`]); the default
     /// decodes into a buffer and folds it.
     ///

@@ -18,12 +18,20 @@
 //! half its bytes. In the prefill nest (`fold_half_wide`) the low half's pass also names one
 //! line of the next token group's activations to the prefetcher per step.
 //!
+//! **A few activation rows** (2 to [`crate::stored::STORED_ROWS`], a verification pass or an
+//! expert's share of a prefill) fold bf16, int8 and f32 rows straight from their stored
+//! bytes in `stored`'s tile ([`fold_stored_tile`]), with no widened copy.
+//!
 //! [`NibbleDecoder`] is the 4-bit decode MXFP4 and INT4 share: a `vpshufb` lookup of each
 //! nibble in a 16-entry signed-byte table, interleaved into column order and spread into the
 //! top byte of each dword.
 //!
 //! All loads and stores are unaligned: safetensors offsets carry no alignment. Each function
 //! asserts the lengths its pointer arithmetic relies on before its loop.
+
+mod stored;
+
+pub(crate) use stored::{fold_stored_tile, Widen8};
 
 use crate::arch::{fold_wide_with, WideLoop};
 use crate::formats::Format;
@@ -122,6 +130,26 @@ impl Kernel for Avx2 {
     ) {
         // SAFETY: the caller guarantees AVX2 and FMA.
         unsafe { fold_wide_with::<Self, R, N>(w, x, acc, ahead, stage) }
+    }
+
+    fn stored_rows<F: Format>() -> usize {
+        if F::AVX2_TILE {
+            F::AVX2_TILE_ROWS
+        } else {
+            0
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fold_stored<F: Format, const R: usize, const N: usize>(
+        rows: [F::Row<'_>; R],
+        c0: usize,
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: usize,
+    ) {
+        // SAFETY: the caller guarantees AVX2, FMA and the span.
+        unsafe { F::avx2_tile(rows, c0, x, acc, ahead) }
     }
 
     #[target_feature(enable = "avx2,fma")]

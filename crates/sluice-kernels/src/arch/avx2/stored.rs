@@ -1,0 +1,112 @@
+//! The AVX2 tile of the few-row nest ([`crate::stored`]): a tile of weight rows folded
+//! straight from their stored bytes against a few activation rows, each 8 columns widened in
+//! a register as the tile reads them (bf16, row int8, f32: [`Widen8`]).
+//!
+//! A 16-lane accumulator is two 8-lane registers here, so a tile of 2 weight rows × 3
+//! activation rows holds 12 accumulator registers, and each 16-column step folds one 8-lane
+//! half at a time: the half's 2 weights widened (2 registers), then each activation half
+//! loaded (1 register) against both, 15 of the 16 registers. Per step that is 4 widening
+//! loads, 6 activation loads and 12 FMAs, where the buffered few-row nest stored every
+//! widened weight into a buffer and loaded it back before folding it (the AVX2 tier at 2
+//! rows ran slower than at 1, measured in docs/PERFORMANCE.md, session 26).
+//!
+//! **Exactness**: each lane takes the FMAs of the panel's fold, in the same order (the
+//! widened values are the format's `fold_values`), so a result does not depend on the nest.
+
+use crate::tiled::Lanes;
+use core::arch::x86_64::*;
+
+/// A weight format whose 8 consecutive columns widen to f32 in one register on AVX2 (bf16,
+/// int8 rows, f32): what [`fold_stored_tile`] needs of it.
+pub(crate) trait Widen8 {
+    /// Stored bytes per column.
+    const BYTES: usize;
+
+    /// The 8 columns whose stored bytes start at `p`, as the format's `fold_values` widens
+    /// them (the values its panel would hold).
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA; `p` points at `8 * BYTES` readable bytes.
+    unsafe fn widen8(p: *const u8) -> __m256;
+}
+
+/// [`crate::formats::Format::avx2_tile`] of a format stored as `W`: `R` rows (each the whole
+/// row's bytes) against `N` activation rows, folded from the stored bytes of the span from
+/// column `c0` (as long as every `x[j]`), one 8-lane half of each 16-column step at a time.
+/// When `ahead` is not 0, each row's bytes `ahead` on from its span are named to the
+/// prefetcher, a line per 64 bytes read.
+///
+/// # Panics
+/// If the span does not lie inside a row, the `x[j]` differ in length, or their length is not
+/// a multiple of 16.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) fn fold_stored_tile<W: Widen8, const R: usize, const N: usize>(
+    rows: [&[u8]; R],
+    c0: usize,
+    x: [&[f32]; N],
+    acc: [&mut [Lanes; N]; R],
+    ahead: usize,
+) {
+    let n = x.first().map_or(0, |s| s.len());
+    let w = rows.map(|w| &w[W::BYTES * c0..W::BYTES * (c0 + n)]);
+    if ahead == 0 {
+        stored_tile::<W, R, N, false>(w, x, acc, 0);
+    } else {
+        stored_tile::<W, R, N, true>(w, x, acc, ahead);
+    }
+}
+
+/// [`fold_stored_tile`]'s loop, naming `ahead` to the prefetcher when `PF`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn stored_tile<W: Widen8, const R: usize, const N: usize, const PF: bool>(
+    w: [&[u8]; R],
+    x: [&[f32]; N],
+    acc: [&mut [Lanes; N]; R],
+    ahead: usize,
+) {
+    let len = x.first().map_or(0, |s| s.len());
+    assert!(len.is_multiple_of(16), "stored tile span");
+    assert!(w.iter().all(|w| w.len() == W::BYTES * len) && x.iter().all(|x| x.len() == len));
+    let mut a: [[[__m256; 2]; N]; R] = std::array::from_fn(|r| {
+        std::array::from_fn(|j| {
+            let l = acc[r][j].as_ptr();
+            // SAFETY: each `acc[r][j]` holds 16 f32.
+            unsafe { [_mm256_loadu_ps(l), _mm256_loadu_ps(l.add(8))] }
+        })
+    });
+    let wp: [*const u8; R] = std::array::from_fn(|r| w[r].as_ptr());
+    let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
+    for c in (0..len).step_by(16) {
+        if PF && (W::BYTES * c).is_multiple_of(64) {
+            for p in wp {
+                crate::arch::prefetch_line(p.wrapping_add(W::BYTES * c + ahead));
+            }
+        }
+        for h in 0..2 {
+            let ch = c + 8 * h;
+            // SAFETY: the CPU has AVX2 and FMA (this function's features); `ch + 8 <= len`
+            // and each row holds `BYTES * len` bytes (asserted), so the 8 columns at `ch`
+            // lie inside it.
+            let wv: [__m256; R] =
+                std::array::from_fn(|r| unsafe { W::widen8(wp[r].add(W::BYTES * ch)) });
+            for (j, &xj) in xp.iter().enumerate() {
+                // SAFETY: `ch + 8 <= len`, each `x[j]`'s length (asserted).
+                let xv = unsafe { _mm256_loadu_ps(xj.add(ch)) };
+                for (v, ar) in wv.iter().zip(a.iter_mut()) {
+                    ar[j][h] = _mm256_fmadd_ps(*v, xv, ar[j][h]);
+                }
+            }
+        }
+    }
+    for (ar, lanes_r) in a.iter().zip(acc) {
+        for ([lo, hi], lanes) in ar.iter().zip(lanes_r) {
+            // SAFETY: `lanes` holds 16 f32.
+            unsafe {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), *lo);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), *hi);
+            }
+        }
+    }
+}
