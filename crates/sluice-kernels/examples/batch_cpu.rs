@@ -1,7 +1,9 @@
 //! Many-row matmul rates against the FMA peak on one thread, timed in on-CPU time (Linux
 //! `/proc/thread-self/schedstat`), so that a shared, oversubscribed machine still gives
-//! comparable figures: `cargo run --release -p sluice-kernels --example batch_cpu -- [REPS]`
-//! (tier from `SLUICE_ISA` or detection). Prints one line per format and row count: GFLOP/s
+//! comparable figures: `cargo run --release -p sluice-kernels --example batch_cpu -- [REPS]
+//! [T,T,...] [FORMAT,FORMAT,...]` (defaults: 5 reps, T = 1, 8, 64, 256, every format: `int8`,
+//! `bf16`, `f32`, `mxfp4`, `mxfp4-gptoss`, `fp8`, `int4`; tier from `SLUICE_ISA` or
+//! detection). Prints one line per format and row count: GFLOP/s
 //! per on-CPU second, the ratio to the FMA loop's, and GB/s of weight bytes (at T=1 the
 //! decode rate of a matrix that fits the last-level cache: what the kernel can consume, the
 //! figure to hold against storage bandwidth).
@@ -38,6 +40,12 @@ fn rate(reps: usize, mut f: impl FnMut() -> f64) -> Result<f64, Box<dyn std::err
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let reps = std::env::args().nth(1).map_or(Ok(5), |a| a.parse())?;
+    let ts: Vec<usize> = match std::env::args().nth(2) {
+        Some(a) => a.split(',').map(str::parse).collect::<Result<_, _>>()?,
+        None => vec![1, 8, 64, 256],
+    };
+    let formats = std::env::args().nth(3);
+    let wanted = |name: &str| formats.as_ref().is_none_or(|f| f.split(',').any(|f| f == name));
     let isa = isa();
     let peak = rate(reps, || fma_loop(isa, 1 << 22))?;
     println!("{isa}: FMA peak {peak:.1} GFLOP/s per on-CPU second");
@@ -67,8 +75,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("int4", Matrix::int4_group(ir, ic, &bytes[..ir * ic / 2], &int4_scales)?),
     ];
     let pool = Pool::new(1)?;
-    for t in [1usize, 8, 64, 256] {
-        for (name, m) in &ms {
+    for &t in &ts {
+        for (name, m) in ms.iter().filter(|(name, _)| wanted(name)) {
             let x: Vec<f32> = random_bytes(t * m.cols(), 11)
                 .into_iter()
                 .map(|b| f32::from(b) / 128.0 - 1.0)
