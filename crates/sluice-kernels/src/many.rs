@@ -31,8 +31,11 @@
 
 use crate::finish::{add_weighted, Target};
 use crate::isa::{self, Isa};
-use crate::matmul::{run_cells, split, Matrix, OutPtr, GUIDED_SHARE, MIN_CHUNK_ROWS, PAR_MIN_WORK};
-use crate::packed::{in_turns, Acts, Packed, Part, GROUP_TOKENS};
+use crate::matmul::{
+    run_cells, split, token_chunk, token_range, Matrix, OutPtr, GUIDED_SHARE, MIN_CHUNK_ROWS,
+    PAR_MIN_WORK,
+};
+use crate::packed::{in_turns, Acts, Packed, Part};
 use crate::wide::GROUP;
 use std::ops::Range;
 
@@ -102,11 +105,10 @@ fn chunks(threads: usize, shapes: impl Iterator<Item = Shape>) -> Vec<Chunk> {
             continue;
         };
         // As `for_chunks` cuts a packed call: token chunks on whole groups.
-        let tc = t.div_ceil(token_chunks);
-        let tc = if grouped { tc.next_multiple_of(GROUP_TOKENS) } else { tc };
+        let tc = token_chunk(t, token_chunks, grouped);
         for ti in 0..token_chunks {
             for r in cuts.windows(2) {
-                all.push((j, (ti * tc).min(t)..t.min((ti + 1) * tc), r[0]..r[1]));
+                all.push((j, token_range(ti, tc, t), r[0]..r[1]));
             }
         }
     }

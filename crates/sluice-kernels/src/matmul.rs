@@ -253,15 +253,32 @@ pub(crate) fn for_chunks(
             };
             let cuts: &[usize] = &cuts;
             let row_chunks = cuts.len() - 1;
-            // A pack's chunks start on its token groups (the outer nest folds whole groups).
-            let tc = n.div_ceil(token_chunks);
-            let tc = if pack.is_some() { tc.next_multiple_of(GROUP_TOKENS) } else { tc };
+            let tc = token_chunk(n, token_chunks, pack.is_some());
             pool.run(row_chunks * token_chunks, &|i| {
                 let (ri, ti) = (i % row_chunks, i / row_chunks);
-                f(t0 + (ti * tc).min(n)..t0 + n.min((ti + 1) * tc), cuts[ri]..cuts[ri + 1], pack);
+                let tokens = token_range(ti, tc, n);
+                f(t0 + tokens.start..t0 + tokens.end, cuts[ri]..cuts[ri + 1], pack);
             });
         });
     });
+}
+
+/// Activation rows per chunk when a call's `n` rows are cut into `token_chunks` chunks: whole
+/// token groups where the chunks fold a pack (`grouped`: the outer nest folds whole groups, so
+/// a pack's chunks start on them). [`for_chunks`] and [`crate::many`] cut calls alike.
+pub(crate) fn token_chunk(n: usize, token_chunks: usize, grouped: bool) -> usize {
+    let tc = n.div_ceil(token_chunks);
+    if grouped {
+        tc.next_multiple_of(GROUP_TOKENS)
+    } else {
+        tc
+    }
+}
+
+/// Activation rows of token chunk `ti` of `tc` rows each ([`token_chunk`]) in a call of `n`
+/// (empty past the last).
+pub(crate) fn token_range(ti: usize, tc: usize, n: usize) -> Range<usize> {
+    (ti * tc).min(n)..n.min((ti + 1) * tc)
 }
 
 /// How a call of `t` activation rows on a `rows × cols` matrix is split over `threads`: the
