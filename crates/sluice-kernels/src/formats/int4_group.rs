@@ -162,9 +162,11 @@ impl Format for Int4Group {
 
     /// As MXFP4's (the same tile): measured against the panel on one thread
     /// (`layer_batch 1 64 T 768 2048 3 int4`, medians of 3 rounds), 1.4× as fast at 2 rows,
-    /// 2.1× at 4, 1.45× at 8, slower at 16 and even at 32.
+    /// 2.1× at 4, 1.45× at 8, slower at 16 and even at 32. Session 26 (Zen 5, one expert's
+    /// shape from cache, one thread, 3 rounds) against the cap of 8: 1.18× at 9 rows, 1.13× at
+    /// 10, 1.05× at 12, even at 16.
     #[cfg(target_arch = "x86_64")]
-    const AVX512_TILE_ROWS: usize = 8;
+    const AVX512_TILE_ROWS: usize = 12;
 
     /// MXFP4's tile over the table `nibble − 8` and the bf16 group scales (the same nibble
     /// order and 32-column blocks; every product exact, as the decode's).

@@ -177,9 +177,12 @@ impl Format for Mxfp4 {
     /// The tile decodes each block once per token group of six (the panel once in all):
     /// measured against the panel on one thread (`layer_batch 1 64 T 768 2048 3 mxfp4`,
     /// medians of 3 rounds, two runs), 1.4-1.9× as fast at 2 rows, 1.5-1.65× at 4, 1.25-1.65×
-    /// at 8, 1.15× at 10, no faster at 12 to 16, slower at 32.
+    /// at 8, 1.15× at 10, no faster at 12 to 16, slower at 32. Session 26 (Zen 5, the tile's
+    /// scale factor inlined, twice as fast at 2 to 8 rows): a layer of 128 K3 experts from
+    /// memory (`layer_batch 2 128 T 3072 3584 3 mxfp4`, 3 rounds) 1.13× at 10 rows, 1.04× at 12,
+    /// 0.94× at 16 against the cap of 8; one expert from cache 1.05–1.12× at 9 to 12.
     #[cfg(target_arch = "x86_64")]
-    const AVX512_TILE_ROWS: usize = 8;
+    const AVX512_TILE_ROWS: usize = 12;
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
