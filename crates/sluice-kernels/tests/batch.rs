@@ -9,13 +9,15 @@
 #[allow(dead_code)]
 mod common;
 
-use common::{bits, mode, tiers, values, Mode, Rng, Weights};
+use common::{
+    bits, mode, pair_and_plain_stages_equal_one_call_per_job, tiers, values, Mode, Rng, Weights,
+};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use sluice_kernels::matmul::matmul_scalar;
 use sluice_kernels::{
-    add_rows_many, matmul, matmul_add_rows, matmul_many, matmul_pair, matmul_pair_many,
-    matmul_then, matmul_then_many, matmul_with, AddRows, Job, PairJob, Pool, Target, ThenJob,
+    add_rows_many, matmul, matmul_add_rows, matmul_pair, matmul_then, matmul_then_many,
+    matmul_with, AddRows, Pool, Target, ThenJob,
 };
 
 /// Activation-row counts: small, around the 8-row and 64-row token blocks and the 6-row
@@ -192,50 +194,17 @@ fn a_layers_small_experts_made_two_pool_calls_each_now_one_per_stage() {
                 let xs: Vec<Vec<f32>> =
                     ts.iter().map(|&t| values(&mut rng, Mode::Normal, t * cols)).collect();
                 let what = format!("{format} rows {ts:?} threads={threads} round {round}");
-                // One call per job.
-                let mut want: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = Vec::new();
-                let mut got: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = Vec::new();
-                for (t, _) in ts.iter().zip(&ws) {
-                    let z = || vec![f32::NAN; t * rows];
-                    want.push((z(), z(), z()));
-                    got.push((z(), z(), z()));
-                }
-                pool.install(|| {
-                    for (((wa, wb), x), (t, (ga, gb, y))) in
-                        ws.iter().zip(&xs).zip(ts.iter().zip(&mut want))
-                    {
-                        matmul_pair(&wa.matrix(), &wb.matrix(), x, *t, ga, gb, &act);
-                        // The plain stage: the first matrix again.
-                        matmul(&wa.matrix(), x, *t, y);
-                    }
-                    let mut pairs: Vec<PairJob<'_>> = ws
-                        .iter()
-                        .zip(&xs)
-                        .zip(ts.iter().zip(&mut got))
-                        .map(|(((wa, wb), x), (&t, (ga, gb, _)))| PairJob {
-                            a: wa.matrix(),
-                            b: wb.matrix(),
-                            x,
-                            t,
-                            out_a: ga,
-                            out_b: gb,
-                        })
-                        .collect();
-                    matmul_pair_many(&mut pairs, &act);
-                    drop(pairs);
-                    let mut jobs: Vec<Job<'_>> = ws
-                        .iter()
-                        .zip(&xs)
-                        .zip(ts.iter().zip(&mut got))
-                        .map(|(((wa, _), x), (&t, (_, _, y)))| Job { m: wa.matrix(), x, t, out: y })
-                        .collect();
-                    matmul_many(&mut jobs);
-                });
-                for (w, g) in want.iter().zip(&got) {
-                    assert_eq!(bits(&g.0), bits(&w.0), "{what}: gate cells");
-                    assert_eq!(bits(&g.1), bits(&w.1), "{what}: up cells");
-                    assert_eq!(bits(&g.2), bits(&w.2), "{what}: plain cells");
-                }
+                // One call per job against the batched pair and plain stages (the plain
+                // stage: the first matrix again).
+                let want = pair_and_plain_stages_equal_one_call_per_job(
+                    pool,
+                    &ws,
+                    &xs,
+                    &ts,
+                    &act,
+                    |w| &w.0,
+                    &what,
+                );
                 // Each job's rows into some of 81 running sums, in job order (rows of
                 // different jobs overlap), the jobs eight times over (enough cells that the
                 // call is split over the pool).
@@ -268,7 +237,7 @@ fn a_layers_small_experts_made_two_pool_calls_each_now_one_per_stage() {
                     }
                     let parts: Vec<AddRows<'_>> = (0..8)
                         .flat_map(|_| want.iter().zip(&tos).zip(&wts))
-                        .map(|(((_, _, y), to), wt)| AddRows { y, to, weight: wt })
+                        .map(|(([_, _, y], to), wt)| AddRows { y, to, weight: wt })
                         .collect();
                     add_rows_many(&parts, rows, &mut all);
                 });

@@ -9,10 +9,9 @@
 #[allow(dead_code)]
 mod common;
 
-use common::{bits, values, Mode, Rng, Weights};
+use common::{bits, pair_and_plain_stages_equal_one_call_per_job, values, Mode, Rng, Weights};
 use sluice_kernels::{
-    matmul, matmul_many, matmul_pair, matmul_pair_many, matmul_then, matmul_then_many, Job,
-    PairJob, Pool, Target, ThenJob,
+    matmul, matmul_many, matmul_then, matmul_then_many, Job, Pool, Target, ThenJob,
 };
 
 /// Pool sizes.
@@ -111,42 +110,7 @@ fn batched_stages_equal_one_call_per_job(
         }
     };
     let cells = |j: usize| ts[j] * ws[j].0.rows;
-    let mut want: Vec<[Vec<f32>; 3]> =
-        (0..ts.len()).map(|j| [z(cells(j)), z(cells(j)), z(cells(j))]).collect();
-    let mut got = want.clone();
-    pool.install(|| {
-        for (((wa, wb), x), (&t, [ga, gb, y])) in ws.iter().zip(&xs).zip(ts.iter().zip(&mut want)) {
-            matmul_pair(&wa.matrix(), &wb.matrix(), x, t, ga, gb, &act);
-            matmul(&wb.matrix(), x, t, y);
-        }
-        let mut pairs: Vec<PairJob<'_>> = ws
-            .iter()
-            .zip(&xs)
-            .zip(ts.iter().zip(&mut got))
-            .map(|(((wa, wb), x), (&t, [ga, gb, _]))| PairJob {
-                a: wa.matrix(),
-                b: wb.matrix(),
-                x,
-                t,
-                out_a: ga,
-                out_b: gb,
-            })
-            .collect();
-        matmul_pair_many(&mut pairs, &act);
-        drop(pairs);
-        let mut jobs: Vec<Job<'_>> = ws
-            .iter()
-            .zip(&xs)
-            .zip(ts.iter().zip(&mut got))
-            .map(|(((_, wb), x), (&t, [_, _, y]))| Job { m: wb.matrix(), x, t, out: y })
-            .collect();
-        matmul_many(&mut jobs);
-    });
-    for (j, (w, g)) in want.iter().zip(&got).enumerate() {
-        for (stage, (w, g)) in ["gate", "up", "plain"].iter().zip(w.iter().zip(g)) {
-            assert_eq!(bits(g), bits(w), "{what}: job {j} ({} rows), {stage} cells", ts[j]);
-        }
-    }
+    pair_and_plain_stages_equal_one_call_per_job(pool, ws, &xs, ts, &act, |w| &w.1, what);
     // Each job's cells scaled by a factor of its own in place, then finished into pairs of half
     // the width, or added into running sums (every other row, from row `j % 2`).
     let then = |j: usize, _: usize, _: std::ops::Range<usize>, y: &mut [f32], o: &mut [f32]| {

@@ -6,6 +6,8 @@
 //! the CPU lacks are skipped with a printed note; run the suite on an AVX-512 machine, an
 //! AVX2-only machine and an AArch64 machine to cover all four.
 
+// Not every helper of the shared test module is used here.
+#[allow(dead_code)]
 mod common;
 
 use common::{

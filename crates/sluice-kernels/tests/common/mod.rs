@@ -1,12 +1,13 @@
 //! Test-data generation shared by the matmul tests: proptest picks the shape, a seed and the
 //! kind of values; a small deterministic generator then fills matrices of up to a million
 //! elements quickly (a proptest `vec` strategy of that size would be far too slow). Also the
-//! owned matrix of any format ([`Weights`]) and the tiers under test ([`tiers`]), which every
-//! matmul test file shares.
+//! owned matrix of any format ([`Weights`]), the tiers under test ([`tiers`]), which every
+//! matmul test file shares, and a layer batch's pair and plain stages checked against one call
+//! per job ([`pair_and_plain_stages_equal_one_call_per_job`]).
 
 use proptest::prelude::*;
 use sluice_kernels::matmul::Matrix;
-use sluice_kernels::Isa;
+use sluice_kernels::{matmul, matmul_many, matmul_pair, matmul_pair_many, Isa, Job, PairJob, Pool};
 
 /// splitmix64: tiny, fast and good enough for test data.
 pub struct Rng(u64);
@@ -288,4 +289,63 @@ pub fn assert_tiers_equal_scalar_nan_as_one(m: &Matrix<'_>, x: &[f32], t: usize,
         sluice_kernels::matmul_with(isa, m, x, t, &mut got);
         assert_eq!(bits_nan_as_one(&got), bits_nan_as_one(&want), "{isa} {what}");
     }
+}
+
+/// The cells of one job's three stages: gate, up and plain.
+pub type Stages = [Vec<f32>; 3];
+
+/// A layer batch's first two stages on `pool`, [`matmul_pair_many`] of every job's pair
+/// (`ws[j]`, finished by `act`) and [`matmul_many`] of every job's `plain(&ws[j])`, equal one
+/// call per job ([`matmul_pair`], [`matmul`]) bit for bit, for job `j` on `xs[j]` (`ts[j]`
+/// activation rows). Returns the per-job cells, for stages that build on them.
+pub fn pair_and_plain_stages_equal_one_call_per_job(
+    pool: &Pool,
+    ws: &[(Weights, Weights)],
+    xs: &[Vec<f32>],
+    ts: &[usize],
+    act: &(dyn Fn(&mut [f32], &mut [f32]) + Sync),
+    plain: fn(&(Weights, Weights)) -> &Weights,
+    what: &str,
+) -> Vec<Stages> {
+    let z = |n: usize| vec![f32::NAN; n];
+    let mut want: Vec<Stages> = ws
+        .iter()
+        .zip(ts)
+        .map(|((wa, _), &t)| [z(t * wa.rows), z(t * wa.rows), z(t * wa.rows)])
+        .collect();
+    let mut got = want.clone();
+    pool.install(|| {
+        for ((w, x), (&t, [ga, gb, y])) in ws.iter().zip(xs).zip(ts.iter().zip(&mut want)) {
+            matmul_pair(&w.0.matrix(), &w.1.matrix(), x, t, ga, gb, act);
+            matmul(&plain(w).matrix(), x, t, y);
+        }
+        let mut pairs: Vec<PairJob<'_>> = ws
+            .iter()
+            .zip(xs)
+            .zip(ts.iter().zip(&mut got))
+            .map(|(((wa, wb), x), (&t, [ga, gb, _]))| PairJob {
+                a: wa.matrix(),
+                b: wb.matrix(),
+                x,
+                t,
+                out_a: ga,
+                out_b: gb,
+            })
+            .collect();
+        matmul_pair_many(&mut pairs, act);
+        drop(pairs);
+        let mut jobs: Vec<Job<'_>> = ws
+            .iter()
+            .zip(xs)
+            .zip(ts.iter().zip(&mut got))
+            .map(|((w, x), (&t, [_, _, y]))| Job { m: plain(w).matrix(), x, t, out: y })
+            .collect();
+        matmul_many(&mut jobs);
+    });
+    for (j, (w, g)) in want.iter().zip(&got).enumerate() {
+        for (stage, (w, g)) in ["gate", "up", "plain"].iter().zip(w.iter().zip(g)) {
+            assert_eq!(bits(g), bits(w), "{what}: job {j} ({} rows), {stage} cells", ts[j]);
+        }
+    }
+    want
 }
