@@ -13,6 +13,7 @@
 //! **Exactness**: each lane takes the FMAs of the panel's fold, in the same order (the
 //! widened values are the format's `fold_values`), so a result does not depend on the nest.
 
+use super::{load2, store2, Acc2};
 use crate::tiled::Lanes;
 use core::arch::x86_64::*;
 
@@ -69,13 +70,8 @@ fn stored_tile<W: Widen8, const R: usize, const N: usize, const PF: bool>(
     let len = x.first().map_or(0, |s| s.len());
     assert!(len.is_multiple_of(16), "stored tile span");
     assert!(w.iter().all(|w| w.len() == W::BYTES * len) && x.iter().all(|x| x.len() == len));
-    let mut a: [[[__m256; 2]; N]; R] = std::array::from_fn(|r| {
-        std::array::from_fn(|j| {
-            let l = acc[r][j].as_ptr();
-            // SAFETY: each `acc[r][j]` holds 16 f32.
-            unsafe { [_mm256_loadu_ps(l), _mm256_loadu_ps(l.add(8))] }
-        })
-    });
+    let mut acc = acc;
+    let mut a: [Acc2<N>; R] = std::array::from_fn(|r| load2(&acc[r].each_mut()));
     let wp: [*const u8; R] = std::array::from_fn(|r| w[r].as_ptr());
     let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
     for c in (0..len).step_by(16) {
@@ -101,12 +97,6 @@ fn stored_tile<W: Widen8, const R: usize, const N: usize, const PF: bool>(
         }
     }
     for (ar, lanes_r) in a.iter().zip(acc) {
-        for ([lo, hi], lanes) in ar.iter().zip(lanes_r) {
-            // SAFETY: `lanes` holds 16 f32.
-            unsafe {
-                _mm256_storeu_ps(lanes.as_mut_ptr(), *lo);
-                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), *hi);
-            }
-        }
+        store2(ar, lanes_r.each_mut());
     }
 }
