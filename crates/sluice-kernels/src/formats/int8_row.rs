@@ -112,7 +112,8 @@ impl Format for Int8Row {
     #[cfg(target_arch = "x86_64")]
     const AVX2_TILE: bool = true;
 
-    /// The integers widened in registers as the tile reads them (AVX2); the scale stays out of the sum.
+    /// The integers widened in registers as the tile reads them (AVX2); the scale stays out
+    /// of the sum.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn avx2_tile<const R: usize, const N: usize>(

@@ -64,13 +64,12 @@ pub(crate) fn fold_stored_tile<W: Widen8, const R: usize, const N: usize>(
 fn stored_tile<W: Widen8, const R: usize, const N: usize, const PF: bool>(
     w: [&[u8]; R],
     x: [&[f32]; N],
-    acc: [&mut [Lanes; N]; R],
+    mut acc: [&mut [Lanes; N]; R],
     ahead: usize,
 ) {
     let len = x.first().map_or(0, |s| s.len());
     assert!(len.is_multiple_of(16), "stored tile span");
     assert!(w.iter().all(|w| w.len() == W::BYTES * len) && x.iter().all(|x| x.len() == len));
-    let mut acc = acc;
     let mut a: [Acc2<N>; R] = std::array::from_fn(|r| load2(&acc[r].each_mut()));
     let wp: [*const u8; R] = std::array::from_fn(|r| w[r].as_ptr());
     let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
