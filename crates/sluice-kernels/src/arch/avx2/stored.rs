@@ -99,3 +99,26 @@ fn stored_tile<W: Widen8, const R: usize, const N: usize, const PF: bool>(
         store2(ar, lanes_r.each_mut());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::Avx2;
+    use crate::formats::{bf16::Bf16, float32::F32, int4_group::Int4Group, int8_row::Int8Row};
+    use crate::formats::{fp8_block::Fp8Block, mxfp4::Mxfp4};
+    use crate::stored::STORED_ROWS;
+    use crate::tiled::Kernel;
+
+    /// Calls of 2 to 32 activation rows on bf16 and int8 (12 on f32) widened every chunk into a
+    /// buffer before folding it on the AVX2 tier, so 2 rows ran slower than 1 (session 26);
+    /// they now take the stored nest. The formats whose decode is several shuffles a block
+    /// keep the buffered nest. (Each path's bits are the few-row tests' in `tests/batch.rs`.)
+    #[test]
+    fn avx2_few_row_calls_widened_each_chunk_into_a_buffer_now_fold_the_stored_bytes() {
+        assert_eq!(Avx2::stored_rows::<Bf16>(), STORED_ROWS);
+        assert_eq!(Avx2::stored_rows::<Int8Row>(), STORED_ROWS);
+        assert_eq!(Avx2::stored_rows::<F32>(), 12);
+        assert_eq!(Avx2::stored_rows::<Mxfp4>(), 0);
+        assert_eq!(Avx2::stored_rows::<Int4Group>(), 0);
+        assert_eq!(Avx2::stored_rows::<Fp8Block>(), 0);
+    }
+}
