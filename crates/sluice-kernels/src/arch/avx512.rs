@@ -70,11 +70,7 @@ impl Kernel for Avx512 {
         store_tile(&a, acc);
     }
     fn stored_rows<F: Format>() -> usize {
-        if F::AVX512_TILE {
-            F::AVX512_TILE_ROWS
-        } else {
-            0
-        }
+        F::AVX512_TILE_ROWS
     }
 
     #[target_feature(enable = "avx512f")]

@@ -81,7 +81,7 @@ impl Format for Bf16 {
     }
 
     #[cfg(target_arch = "x86_64")]
-    const AVX2_TILE: bool = true;
+    const AVX2_TILE_ROWS: usize = crate::stored::STORED_ROWS;
 
     /// The patterns widened in registers as the tile reads them (AVX2).
     #[cfg(target_arch = "x86_64")]
@@ -97,7 +97,7 @@ impl Format for Bf16 {
     }
 
     #[cfg(target_arch = "x86_64")]
-    const AVX512_TILE: bool = true;
+    const AVX512_TILE_ROWS: usize = crate::stored::STORED_ROWS;
 
     /// The patterns widened in registers as the tile reads them (zero-extension and a
     /// 16-bit shift, exact).

@@ -72,9 +72,6 @@ impl Format for F32 {
         x86::f32_one_avx2(w, x, acc, ahead);
     }
 
-    #[cfg(target_arch = "x86_64")]
-    const AVX2_TILE: bool = true;
-
     /// Measured against the buffered few-row nest and the panel on one thread (the Zen 5
     /// development VM, a 2048 × 7168 matrix, 58 MB, from memory, 2 interleaved rounds): 1.3–2×
     /// as fast at 2 to 8 rows, even at 12 and 16, 0.88–0.91× at 24 and 32 (session 26).
@@ -93,9 +90,6 @@ impl Format for F32 {
     ) {
         crate::arch::avx2::fold_stored_tile::<Self, R, N>(rows, c0, x, acc, ahead);
     }
-
-    #[cfg(target_arch = "x86_64")]
-    const AVX512_TILE: bool = true;
 
     /// Measured against the panel on one thread (`layer_batch 1 64 T 768 2048 5 f32`, medians
     /// of 3 interleaved rounds): 1.25× as fast at 2, 4 and 16 rows, 1.15× at 8, 1.04× at 32,

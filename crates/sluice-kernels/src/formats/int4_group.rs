@@ -157,9 +157,6 @@ impl Format for Int4Group {
         x86::fold_one_avx2(rows, c0, x, acc);
     }
 
-    #[cfg(target_arch = "x86_64")]
-    const AVX512_TILE: bool = true;
-
     /// As MXFP4's (the same tile): measured against the panel on one thread
     /// (`layer_batch 1 64 T 768 2048 3 int4`, medians of 3 rounds), 1.4× as fast at 2 rows,
     /// 2.1× at 4, 1.45× at 8, slower at 16 and even at 32. Session 26 (Zen 5, one expert's

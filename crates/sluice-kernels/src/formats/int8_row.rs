@@ -110,7 +110,7 @@ impl Format for Int8Row {
     }
 
     #[cfg(target_arch = "x86_64")]
-    const AVX2_TILE: bool = true;
+    const AVX2_TILE_ROWS: usize = crate::stored::STORED_ROWS;
 
     /// The integers widened in registers as the tile reads them (AVX2); the scale stays out
     /// of the sum.
@@ -131,9 +131,6 @@ impl Format for Int8Row {
             ahead,
         );
     }
-
-    #[cfg(target_arch = "x86_64")]
-    const AVX512_TILE: bool = true;
 
     /// Measured against the panel on one thread (`layer_batch 1 64 T 768 2048 5 int8`, medians
     /// of 3 interleaved rounds): 1.6× as fast at 2 and 4 rows, 1.4× at 8, 1.16× at 16, 1.03×

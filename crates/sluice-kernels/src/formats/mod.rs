@@ -213,17 +213,13 @@ pub(crate) trait Format: Sized + 'static {
         Self::fold_values(row, c0, out);
     }
 
-    /// Whether [`Format::avx512_tile`] folds the stored bytes itself (else the prefill nest
-    /// widens the rows into a panel first).
+    /// The most activation rows of a call that [`Format::avx512_tile`] folds straight from the
+    /// stored bytes (at most [`crate::stored::STORED_ROWS`]); 0, the default, where the format
+    /// has no such tile and the prefill nest widens the rows into a panel first. A format whose
+    /// decode costs more than its fold gains from not waiting on memory sets a few rows, as
+    /// each token group of six widens the stored bytes again where the panel widens them once.
     #[cfg(target_arch = "x86_64")]
-    const AVX512_TILE: bool = false;
-
-    /// The most activation rows of a call that [`Format::avx512_tile`] serves, where it does
-    /// (at most [`crate::stored::STORED_ROWS`]): a format whose decode costs more than its
-    /// fold gains from not waiting on memory only up to a few rows, as each token group of
-    /// six widens the stored bytes again where the panel widens them once.
-    #[cfg(target_arch = "x86_64")]
-    const AVX512_TILE_ROWS: usize = crate::stored::STORED_ROWS;
+    const AVX512_TILE_ROWS: usize = 0;
 
     /// AVX-512F fold of a tile of `R` rows straight from their stored bytes against `N`
     /// activation rows ([`crate::tiled::Kernel::fold_stored`]): for every `r < R`, `j < N`
@@ -252,15 +248,11 @@ pub(crate) trait Format: Sized + 'static {
         }
     }
 
-    /// Whether [`Format::avx2_tile`] folds the stored bytes itself (else a few activation
-    /// rows take the buffered few-row nest).
+    /// The most activation rows of a call that [`Format::avx2_tile`] folds straight from the
+    /// stored bytes (as [`Format::AVX512_TILE_ROWS`]); 0, the default, where a few activation
+    /// rows take the buffered few-row nest.
     #[cfg(target_arch = "x86_64")]
-    const AVX2_TILE: bool = false;
-
-    /// The most activation rows of a call that [`Format::avx2_tile`] serves, where it does
-    /// (at most [`crate::stored::STORED_ROWS`]), as [`Format::AVX512_TILE_ROWS`].
-    #[cfg(target_arch = "x86_64")]
-    const AVX2_TILE_ROWS: usize = crate::stored::STORED_ROWS;
+    const AVX2_TILE_ROWS: usize = 0;
 
     /// AVX2 + FMA fold of a tile of `R` rows straight from their stored bytes against `N`
     /// activation rows (as [`Format::avx512_tile`]). The default decodes into a buffer and

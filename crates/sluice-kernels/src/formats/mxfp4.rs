@@ -171,9 +171,6 @@ impl Format for Mxfp4 {
         store2(&a, acc);
     }
 
-    #[cfg(target_arch = "x86_64")]
-    const AVX512_TILE: bool = true;
-
     /// The tile decodes each block once per token group of six (the panel once in all):
     /// measured against the panel on one thread (`layer_batch 1 64 T 768 2048 3 mxfp4`,
     /// medians of 3 rounds, two runs), 1.4-1.9× as fast at 2 rows, 1.5-1.65× at 4, 1.25-1.65×

@@ -133,11 +133,7 @@ impl Kernel for Avx2 {
     }
 
     fn stored_rows<F: Format>() -> usize {
-        if F::AVX2_TILE {
-            F::AVX2_TILE_ROWS
-        } else {
-            0
-        }
+        F::AVX2_TILE_ROWS
     }
 
     #[target_feature(enable = "avx2,fma")]
