@@ -60,13 +60,30 @@ pub const E2M1: [f32; 16] =
 
 /// E8M0 scale byte → `2^(s − 127)` as f32 (s = 0 gives 2^-127, a subnormal; 255 gives NaN).
 #[inline]
-pub fn e8m0_to_f32(s: u8) -> f32 {
+pub const fn e8m0_to_f32(s: u8) -> f32 {
     match s {
         0 => f32::from_bits(0x0040_0000),
         255 => f32::NAN,
-        _ => f32::from_bits(u32::from(s) << 23),
+        _ => f32::from_bits((s as u32) << 23),
     }
 }
+
+/// [`e8m0_to_f32`] of every scale byte: a kernel that indexes it with the byte broadcasts a
+/// block's factor straight from memory (one load, no shuffle), where computing it takes a
+/// shift, a move into a vector register and a broadcast there, on the port the table's
+/// permutes need (the AVX-512 one-row fold, docs/PERFORMANCE.md, session 27).
+#[cfg(target_arch = "x86_64")]
+pub(crate) static E8M0: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut s: u8 = 0;
+    loop {
+        t[s as usize] = e8m0_to_f32(s);
+        if s == u8::MAX {
+            break t;
+        }
+        s += 1;
+    }
+};
 
 impl<'a> Matrix<'a> {
     /// An MXFP4 matrix: `packed` is `[rows, cols/2]`, `scales` is `[rows, cols/32]` (GPT-OSS's
@@ -190,7 +207,7 @@ impl Format for Mxfp4 {
         acc: [&mut [Lanes; N]; R],
         ahead: usize,
     ) {
-        let (table, factor) = (&E2M1, |s: &[u8]| e8m0_to_f32(s[0]));
+        let (table, factor) = (&E2M1, |s: &[u8]| E8M0[usize::from(s[0])]);
         // SAFETY: guaranteed by the caller.
         unsafe {
             avx512::nibble_rows_tile::<Self, R, N, 1>(
@@ -523,5 +540,21 @@ mod neon {
                 unsafe { store4(out.as_mut_ptr().add(32 * b + 16 * half), v) };
             }
         }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::{e8m0_to_f32, E8M0};
+
+    /// The table the AVX-512 kernels broadcast a block's factor from holds the reference's
+    /// factor of every scale byte, bit for bit (2^-127 subnormal at 0, NaN at 255).
+    #[test]
+    fn e8m0_table_is_the_reference_factor_of_every_byte() {
+        for s in 0..=255u8 {
+            assert_eq!(E8M0[usize::from(s)].to_bits(), e8m0_to_f32(s).to_bits(), "byte {s}");
+        }
+        assert_eq!(E8M0[0].to_bits(), 0x0040_0000);
+        assert!(E8M0[255].is_nan());
     }
 }

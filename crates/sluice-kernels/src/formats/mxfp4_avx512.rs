@@ -5,7 +5,7 @@
 //! `e8m0_to_f32(s)`, its indices made by one `vpmultishiftqb` per 16 columns where the CPU has
 //! AVX-512 VBMI, else by byte unpacks and a widening (see the parent module's docs).
 
-use super::{e8m0_to_f32, E2M1};
+use super::{E2M1, E8M0};
 use crate::arch::avx512::{load_tile, store_tile};
 use crate::arch::prefetch_line;
 use crate::tiled::Lanes;
@@ -80,7 +80,7 @@ fn indices_vbmi(ctl: __m512i, packed: &[u8]) -> [__m512i; 2] {
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn decode_block(lut: __m512, idx: [__m512i; 2], s: u8) -> [__m512; 2] {
-    let scaled = _mm512_mul_ps(lut, _mm512_set1_ps(e8m0_to_f32(s)));
+    let scaled = _mm512_mul_ps(lut, _mm512_set1_ps(E8M0[usize::from(s)]));
     [_mm512_permutexvar_ps(idx[0], scaled), _mm512_permutexvar_ps(idx[1], scaled)]
 }
 
@@ -401,7 +401,7 @@ mod tests {
             let mut acc = [[[0.25f32; 16]; N]; R];
             let mut it = acc.iter_mut();
             let a: [&mut [Lanes; N]; R] = std::array::from_fn(|_| it.next().expect("R rows"));
-            let f = |s: &[u8]| e8m0_to_f32(s[0]);
+            let f = |s: &[u8]| E8M0[usize::from(s[0])];
             // SAFETY: AVX-512F and VBMI are present (checked above).
             unsafe {
                 if vbmi {
