@@ -4,7 +4,7 @@
 //! Every test runs each tier of [`tiers`]: all the running CPU supports, or only the one
 //! `SLUICE_ISA=scalar|avx2|avx512|neon` forces (so CI can run the suite once per tier). Tiers
 //! the CPU lacks are skipped with a printed note; run the suite on an AVX-512 machine, an
-//! AVX2-only machine and an AArch64 machine to cover all four.
+//! AVX2-only machine and an AArch64 machine (or under qemu, as `.ci/run` does) to cover all four.
 
 // Not every helper of the shared test module is used here.
 #[allow(dead_code)]

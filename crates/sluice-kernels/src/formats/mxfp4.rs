@@ -207,7 +207,7 @@ impl Format for Mxfp4 {
         acc: [&mut [Lanes; N]; R],
         ahead: usize,
     ) {
-        let (table, factor) = (&E2M1, |s: &[u8]| E8M0[usize::from(s[0])]);
+        let (table, factor) = (&E2M1, avx512::factor);
         // SAFETY: guaranteed by the caller.
         unsafe {
             avx512::nibble_rows_tile::<Self, R, N, 1>(

@@ -73,6 +73,13 @@ fn indices_vbmi(ctl: __m512i, packed: &[u8]) -> [__m512i; 2] {
     [half(0), half(8)]
 }
 
+/// The factor of a block whose scale byte is `s[0]`, as the tile takes it ([`nibble_rows_tile`]'s
+/// `factor`): [`E8M0`]'s entry, the reference's `e8m0_to_f32`.
+#[inline]
+pub(super) fn factor(s: &[u8]) -> f32 {
+    E8M0[usize::from(s[0])]
+}
+
 /// One block's 32 columns from its indices: the 16 E2M1 values times `e8m0_to_f32(s)`
 /// (one multiplication per value, the reference's expression), then permuted. Scaling the
 /// table before the permutation multiplies the same pairs as scaling after it, so the bits
@@ -401,7 +408,7 @@ mod tests {
             let mut acc = [[[0.25f32; 16]; N]; R];
             let mut it = acc.iter_mut();
             let a: [&mut [Lanes; N]; R] = std::array::from_fn(|_| it.next().expect("R rows"));
-            let f = |s: &[u8]| E8M0[usize::from(s[0])];
+            let f = factor;
             // SAFETY: AVX-512F and VBMI are present (checked above).
             unsafe {
                 if vbmi {
