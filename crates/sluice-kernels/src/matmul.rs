@@ -206,6 +206,11 @@ const _: () = assert!(crate::wide::GROUP.is_multiple_of(MIN_CHUNK_ROWS));
 /// Fewest activation rows in a chunk when a call of many activation rows is also split by
 /// activation rows (each such chunk decodes its weights again).
 const MIN_CHUNK_TOKENS: usize = 16;
+/// Fewest activation rows in a chunk of a packed call cut by activation rows
+/// ([`packed_cuts`]), a multiple of the outer nest's token groups: each such chunk decodes
+/// its row group's weights again.
+pub(crate) const MIN_SLICE_TOKENS: usize = 48;
+const _: () = assert!(MIN_SLICE_TOKENS.is_multiple_of(GROUP_TOKENS));
 /// Each row chunk takes `1 / (GUIDED_SHARE · threads)` of the rows not yet handed out.
 pub(crate) const GUIDED_SHARE: usize = 2;
 
@@ -247,13 +252,26 @@ pub(crate) fn for_chunks(
     crate::packed::in_blocks(isa, x, t, cols, &mut |tokens, pack| {
         let (t0, n) = (tokens.start, tokens.len());
         crate::pool::with_current(|pool| {
+            if pack.is_some() {
+                let cs = packed_chunks(pool.threads(), rows, work_cols, n);
+                let run = |i: usize| {
+                    let (tk, r) = cs[i].clone();
+                    f(t0 + tk.start..t0 + tk.end, r, pack);
+                };
+                if cs.len() > 1 {
+                    pool.run(cs.len(), &run);
+                } else {
+                    run(0);
+                }
+                return;
+            }
             let Some((cuts, token_chunks)) = split(pool.threads(), rows, work_cols, n) else {
                 f(tokens.clone(), 0..rows, pack);
                 return;
             };
             let cuts: &[usize] = &cuts;
             let row_chunks = cuts.len() - 1;
-            let tc = token_chunk(n, token_chunks, pack.is_some());
+            let tc = token_chunk(n, token_chunks);
             pool.run(row_chunks * token_chunks, &|i| {
                 let (ri, ti) = (i % row_chunks, i / row_chunks);
                 let tokens = token_range(ti, tc, n);
@@ -263,16 +281,11 @@ pub(crate) fn for_chunks(
     });
 }
 
-/// Activation rows per chunk when a call's `n` rows are cut into `token_chunks` chunks: whole
-/// token groups where the chunks fold a pack (`grouped`: the outer nest folds whole groups, so
-/// a pack's chunks start on them). [`for_chunks`] and [`crate::many`] cut calls alike.
-pub(crate) fn token_chunk(n: usize, token_chunks: usize, grouped: bool) -> usize {
-    let tc = n.div_ceil(token_chunks);
-    if grouped {
-        tc.next_multiple_of(GROUP_TOKENS)
-    } else {
-        tc
-    }
+/// Activation rows per chunk when a call's `n` rows are cut into `token_chunks` chunks (a
+/// packed call is cut by [`packed_cuts`] instead). [`for_chunks`] and [`crate::many`] cut
+/// calls alike.
+pub(crate) fn token_chunk(n: usize, token_chunks: usize) -> usize {
+    n.div_ceil(token_chunks)
 }
 
 /// Activation rows of token chunk `ti` of `tc` rows each ([`token_chunk`]) in a call of `n`
@@ -317,6 +330,77 @@ pub(crate) fn split(
         1
     };
     (row_chunks * token_chunks > 1).then_some((cuts, token_chunks))
+}
+
+/// The chunks `(activation rows, rows)` of a packed call (one the outer nest folds,
+/// [`crate::packed`]) of `t` activation rows on a `rows × cols` matrix on a pool of
+/// `threads`: [`packed_cuts`] over the whole call, or one chunk of everything where the call
+/// runs on the calling thread.
+pub(crate) fn packed_chunks(
+    threads: usize,
+    rows: usize,
+    cols: usize,
+    t: usize,
+) -> Vec<(Range<usize>, Range<usize>)> {
+    let mut chunks = Vec::new();
+    if threads <= 1 || rows * cols * t < PAR_MIN_WORK {
+        chunks.push((0..t, 0..rows));
+    } else {
+        let mut left = rows * cols * t;
+        packed_cuts(threads, rows, cols, t, &mut left, |tk, r| chunks.push((tk, r)));
+    }
+    chunks
+}
+
+/// Cuts a packed call's `rows` × `t` activation rows (weighed as `cols` columns) on a guided
+/// schedule, `left` the work (`rows · cols · t` summed) not yet handed out, updated: each
+/// chunk takes about `1 / (GUIDED_SHARE · threads)` of it, in whole row groups of the outer
+/// nest ([`crate::wide::GROUP`], all the activation rows) while that is at least one, then
+/// one row group at a time, cut by activation rows in whole token groups of at least
+/// [`MIN_SLICE_TOKENS`], so that the call still ends evenly.
+///
+/// **Why.** Cut as the other nests' calls are, the last chunks shrank to 16 rows: on 16
+/// threads half of a 2,048-row call's rows were folded in 16-row chunks, whose tiles hold
+/// one vector of rows (one weight load per six broadcast activations) and each of which
+/// read the call's whole pack for its 16 rows, four times a row group's activation bytes per
+/// FMA, from the L3 that the 16 cores share (docs/PERFORMANCE.md, issue 20, session 28).
+/// A row group cut by activation rows keeps its tiles whole and reads only its tokens' share
+/// of the pack; it decodes its weights once per chunk, which a chunk of at least
+/// [`MIN_SLICE_TOKENS`] amortises.
+pub(crate) fn packed_cuts(
+    threads: usize,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    left: &mut usize,
+    mut push: impl FnMut(Range<usize>, Range<usize>),
+) {
+    let group = crate::wide::GROUP;
+    let share = GUIDED_SHARE * threads.max(1);
+    let mut r0 = 0;
+    while r0 < rows {
+        let want = *left / share / (cols * t).max(1);
+        if want >= group {
+            let size = (want / group * group).min(rows - r0);
+            push(0..t, r0..r0 + size);
+            *left = left.saturating_sub(size * cols * t);
+            r0 += size;
+            continue;
+        }
+        let gr = group.min(rows - r0);
+        let mut k0 = 0;
+        while k0 < t {
+            let want = *left / share / (gr * cols).max(1);
+            let mut n = (want / GROUP_TOKENS * GROUP_TOKENS).max(MIN_SLICE_TOKENS).min(t - k0);
+            if t - k0 - n < MIN_SLICE_TOKENS {
+                n = t - k0;
+            }
+            push(k0..k0 + n, r0..r0 + gr);
+            *left = left.saturating_sub(n * gr * cols);
+            k0 += n;
+        }
+        r0 += gr;
+    }
 }
 
 /// [`guided_cuts`], kept per thread for the shapes seen last (a pass multiplies a few dozen
@@ -479,5 +563,44 @@ mod tests {
         }
         let (cuts, _) = split(16, 3072, 7168, 11).expect("split");
         assert_eq!(cuts[cuts.len() - 1] - cuts[cuts.len() - 2], 16, "{cuts:?}");
+    }
+
+    #[test]
+    fn packed_calls_last_chunks_were_16_row_chunks_rereading_the_whole_pack_now_row_groups_cut_by_tokens(
+    ) {
+        for (threads, rows, cols, t) in [
+            (16, 2048, 7168, 264),
+            (16, 3072, 3584, 256),
+            (16, 7168, 2048, 264),
+            (2, 2048, 7168, 264),
+            (3, 200, 1024, 100),
+            (16, 64, 4096, 256),
+            (16, 40, 4096, 60),
+        ] {
+            let chunks = packed_chunks(threads, rows, cols, t);
+            // Every (token, row) cell once.
+            let mut seen = vec![0u8; rows * t];
+            for (tk, r) in &chunks {
+                for j in tk.clone() {
+                    for i in r.clone() {
+                        seen[j * rows + i] += 1;
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&n| n == 1), "{threads} {rows}x{cols} t={t}: {chunks:?}");
+            for (tk, r) in &chunks {
+                // Whole row groups (the last may be the matrix's remainder), so whole 16-row
+                // steps for `crate::finish`; token slices on whole token groups, of at least
+                // the minimum unless the call has fewer.
+                assert!(r.start % 64 == 0 && (r.len() % 64 == 0 || r.end == rows), "{r:?}");
+                assert!(tk.start % GROUP_TOKENS == 0, "{tk:?}");
+                assert!(tk.len() >= MIN_SLICE_TOKENS.min(t), "{tk:?} of {t}");
+                assert!(tk.len() == t || r.len() <= 64, "{tk:?} {r:?}");
+            }
+            // Spread over the threads, and no chunk of fewer than 64 rows where there are 64.
+            assert!(chunks.len() >= threads.min(rows.div_ceil(64) * t / MIN_SLICE_TOKENS));
+            assert!(chunks.iter().all(|(_, r)| r.len() >= 64.min(rows - r.start)));
+        }
+        assert_eq!(packed_chunks(1, 2048, 7168, 264), vec![(0..264, 0..2048)]);
     }
 }

@@ -41,7 +41,8 @@ fn t_rows_equal_one_row_calls_at_any_t_and_thread_count() {
         ("bf16", 20, 300),
         ("f32", 65, 17),
         // Enough rows that a 2-thread prefill's last chunks are partial row groups (48, 32
-        // and 16 rows after whole groups of 64), and a 16-thread one's are all 16 rows.
+        // and 16 rows after whole groups of 64), and a 16-thread one's are all 16 rows; where
+        // the tier packs (T >= 33 on AVX-512 and AVX2), row groups cut by activation rows.
         ("int8", 400, 40),
     ];
     let pools: Vec<Pool> = THREADS.iter().map(|&n| Pool::new(n).expect("kernel pool")).collect();
