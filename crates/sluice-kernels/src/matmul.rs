@@ -357,7 +357,11 @@ pub(crate) fn packed_chunks(
 /// chunk takes about `1 / (GUIDED_SHARE · threads)` of it, in whole row groups of the outer
 /// nest ([`crate::wide::GROUP`], all the activation rows) while that is at least one, then
 /// one row group at a time, cut by activation rows in whole token groups of at least
-/// [`MIN_SLICE_TOKENS`], so that the call still ends evenly.
+/// [`MIN_SLICE_TOKENS`] (18 where the matrix has fewer row groups than `threads`), so that
+/// the call still ends evenly. A call of fewer than twice
+/// that many activation rows ends in 16-row steps instead, as [`split`] cuts the others: cut
+/// only in whole row groups, a 64-token call's last chunks left threads idle (T = 64 at 16
+/// threads 60–69% of the peak against 63–73%, session 28).
 ///
 /// **Why.** Cut as the other nests' calls are, the last chunks shrank to 16 rows: on 16
 /// threads half of a 2,048-row call's rows were folded in 16-row chunks, whose tiles hold
@@ -377,6 +381,13 @@ pub(crate) fn packed_cuts(
 ) {
     let group = crate::wide::GROUP;
     let share = GUIDED_SHARE * threads.max(1);
+    // A matrix of fewer row groups than threads is cut in thinner slices, as [`split`] cuts
+    // one by activation rows, so that every thread has work.
+    let min = if rows.div_ceil(group) >= threads {
+        MIN_SLICE_TOKENS
+    } else {
+        MIN_CHUNK_TOKENS.next_multiple_of(GROUP_TOKENS)
+    };
     let mut r0 = 0;
     while r0 < rows {
         let want = *left / share / (cols * t).max(1);
@@ -387,12 +398,21 @@ pub(crate) fn packed_cuts(
             r0 += size;
             continue;
         }
+        if t < 2 * min {
+            // Too few activation rows to cut: 16-row steps, as the other nests' calls end.
+            let size = (want / MIN_CHUNK_ROWS * MIN_CHUNK_ROWS).max(MIN_CHUNK_ROWS);
+            let size = size.min(rows - r0);
+            push(0..t, r0..r0 + size);
+            *left = left.saturating_sub(size * cols * t);
+            r0 += size;
+            continue;
+        }
         let gr = group.min(rows - r0);
         let mut k0 = 0;
         while k0 < t {
             let want = *left / share / (gr * cols).max(1);
-            let mut n = (want / GROUP_TOKENS * GROUP_TOKENS).max(MIN_SLICE_TOKENS).min(t - k0);
-            if t - k0 - n < MIN_SLICE_TOKENS {
+            let mut n = (want / GROUP_TOKENS * GROUP_TOKENS).max(min).min(t - k0);
+            if t - k0 - n < min {
                 n = t - k0;
             }
             push(k0..k0 + n, r0..r0 + gr);
@@ -575,7 +595,9 @@ mod tests {
             (2, 2048, 7168, 264),
             (3, 200, 1024, 100),
             (16, 64, 4096, 256),
-            (16, 40, 4096, 60),
+            (16, 40, 4096, 100),
+            (16, 2048, 7168, 64),
+            (2, 300, 1024, 95),
         ] {
             let chunks = packed_chunks(threads, rows, cols, t);
             // Every (token, row) cell once.
@@ -588,18 +610,28 @@ mod tests {
                 }
             }
             assert!(seen.iter().all(|&n| n == 1), "{threads} {rows}x{cols} t={t}: {chunks:?}");
+            let few = rows.div_ceil(64) < threads;
+            let min = if few { 18 } else { MIN_SLICE_TOKENS };
+            if t < 2 * min {
+                // Too few activation rows to cut: the rows as `split` cuts a prefill.
+                let cuts = guided_cuts(rows, threads, 64, 16);
+                let want: Vec<_> = cuts.windows(2).map(|w| (0..t, w[0]..w[1])).collect();
+                assert_eq!(chunks, want, "{threads} {rows}x{cols} t={t}");
+                continue;
+            }
             for (tk, r) in &chunks {
                 // Whole row groups (the last may be the matrix's remainder), so whole 16-row
                 // steps for `crate::finish`; token slices on whole token groups, of at least
-                // the minimum unless the call has fewer.
+                // the minimum.
                 assert!(r.start % 64 == 0 && (r.len() % 64 == 0 || r.end == rows), "{r:?}");
                 assert!(tk.start % GROUP_TOKENS == 0, "{tk:?}");
-                assert!(tk.len() >= MIN_SLICE_TOKENS.min(t), "{tk:?} of {t}");
+                assert!(tk.len() >= min, "{tk:?} of {t}");
                 assert!(tk.len() == t || r.len() <= 64, "{tk:?} {r:?}");
             }
             // Spread over the threads, and no chunk of fewer than 64 rows where there are 64.
-            assert!(chunks.len() >= threads.min(rows.div_ceil(64) * t / MIN_SLICE_TOKENS));
+            assert!(chunks.len() >= threads.min(rows.div_ceil(64) * t / min), "{chunks:?}");
             assert!(chunks.iter().all(|(_, r)| r.len() >= 64.min(rows - r.start)));
+            assert!(chunks.iter().any(|(tk, _)| tk.len() < t), "cut by tokens: {chunks:?}");
         }
         assert_eq!(packed_chunks(1, 2048, 7168, 264), vec![(0..264, 0..2048)]);
     }
