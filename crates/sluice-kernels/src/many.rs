@@ -110,7 +110,7 @@ fn chunks(threads: usize, shapes: impl Iterator<Item = Shape>) -> Vec<Chunk> {
             all.push((j, 0..t, 0..rows));
             continue;
         };
-        let tc = token_chunk(t, token_chunks);
+        let tc = token_chunk(t, token_chunks, false);
         for ti in 0..token_chunks {
             for r in cuts.windows(2) {
                 all.push((j, token_range(ti, tc, t), r[0]..r[1]));

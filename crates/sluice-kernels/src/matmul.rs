@@ -271,7 +271,7 @@ pub(crate) fn for_chunks(
             };
             let cuts: &[usize] = &cuts;
             let row_chunks = cuts.len() - 1;
-            let tc = token_chunk(n, token_chunks);
+            let tc = token_chunk(n, token_chunks, false);
             pool.run(row_chunks * token_chunks, &|i| {
                 let (ri, ti) = (i % row_chunks, i / row_chunks);
                 let tokens = token_range(ti, tc, n);
@@ -281,11 +281,16 @@ pub(crate) fn for_chunks(
     });
 }
 
-/// Activation rows per chunk when a call's `n` rows are cut into `token_chunks` chunks (a
-/// packed call is cut by [`packed_cuts`] instead). [`for_chunks`] and [`crate::many`] cut
-/// calls alike.
-pub(crate) fn token_chunk(n: usize, token_chunks: usize) -> usize {
-    n.div_ceil(token_chunks)
+/// Activation rows per chunk when a call's `n` rows are cut into `token_chunks` chunks: whole
+/// token groups where the chunks fold a pack (`grouped`: the outer nest folds whole groups, so
+/// a pack's chunks start on them). [`for_chunks`] and [`crate::many`] cut calls alike.
+pub(crate) fn token_chunk(n: usize, token_chunks: usize, grouped: bool) -> usize {
+    let tc = n.div_ceil(token_chunks);
+    if grouped {
+        tc.next_multiple_of(GROUP_TOKENS)
+    } else {
+        tc
+    }
 }
 
 /// Activation rows of token chunk `ti` of `tc` rows each ([`token_chunk`]) in a call of `n`
@@ -334,8 +339,10 @@ pub(crate) fn split(
 
 /// The chunks `(activation rows, rows)` of a packed call (one the outer nest folds,
 /// [`crate::packed`]) of `t` activation rows on a `rows × cols` matrix on a pool of
-/// `threads`: [`packed_cuts`] over the whole call, or one chunk of everything where the call
-/// runs on the calling thread.
+/// `threads`: [`packed_cuts`] over the whole call where it has at least a row group per
+/// thread and twice [`MIN_SLICE_TOKENS`] activation rows; otherwise as [`split`] cuts it (a
+/// small matrix also by activation rows, on whole token groups), or one chunk of everything
+/// where the call runs on the calling thread.
 pub(crate) fn packed_chunks(
     threads: usize,
     rows: usize,
@@ -343,12 +350,23 @@ pub(crate) fn packed_chunks(
     t: usize,
 ) -> Vec<(Range<usize>, Range<usize>)> {
     let mut chunks = Vec::new();
-    if threads <= 1 || rows * cols * t < PAR_MIN_WORK {
-        chunks.push((0..t, 0..rows));
-    } else {
-        let mut left = rows * cols * t;
-        packed_cuts(threads, rows, cols, t, &mut left, |tk, r| chunks.push((tk, r)));
+    if rows.div_ceil(crate::wide::GROUP) >= threads && t >= 2 * MIN_SLICE_TOKENS {
+        if threads > 1 && rows * cols * t >= PAR_MIN_WORK {
+            let mut left = rows * cols * t;
+            packed_cuts(threads, rows, cols, t, &mut left, |tk, r| chunks.push((tk, r)));
+            return chunks;
+        }
+    } else if let Some((cuts, token_chunks)) = split(threads, rows, cols, t) {
+        let tc = token_chunk(t, token_chunks, true);
+        for ti in 0..token_chunks {
+            let tokens = token_range(ti, tc, t);
+            if !tokens.is_empty() {
+                chunks.extend(cuts.windows(2).map(|r| (tokens.clone(), r[0]..r[1])));
+            }
+        }
+        return chunks;
     }
+    chunks.push((0..t, 0..rows));
     chunks
 }
 
@@ -357,11 +375,10 @@ pub(crate) fn packed_chunks(
 /// chunk takes about `1 / (GUIDED_SHARE · threads)` of it, in whole row groups of the outer
 /// nest ([`crate::wide::GROUP`], all the activation rows) while that is at least one, then
 /// one row group at a time, cut by activation rows in whole token groups of at least
-/// [`MIN_SLICE_TOKENS`] (18 where the matrix has fewer row groups than `threads`), so that
-/// the call still ends evenly. A call of fewer than twice
-/// that many activation rows ends in 16-row steps instead, as [`split`] cuts the others: cut
-/// only in whole row groups, a 64-token call's last chunks left threads idle (T = 64 at 16
-/// threads 60–69% of the peak against 63–73%, session 28).
+/// [`MIN_SLICE_TOKENS`], so that the call still ends evenly. A call of fewer than twice that
+/// many activation rows ends in 16-row steps instead, as [`split`] cuts the others: cut only
+/// in whole row groups, a 64-token call's last chunks left threads idle (T = 64 at 16 threads
+/// 60–69% of the peak against 63–73%, session 28).
 ///
 /// **Why.** Cut as the other nests' calls are, the last chunks shrank to 16 rows: on 16
 /// threads half of a 2,048-row call's rows were folded in 16-row chunks, whose tiles hold
@@ -381,13 +398,7 @@ pub(crate) fn packed_cuts(
 ) {
     let group = crate::wide::GROUP;
     let share = GUIDED_SHARE * threads.max(1);
-    // A matrix of fewer row groups than threads is cut in thinner slices, as [`split`] cuts
-    // one by activation rows, so that every thread has work.
-    let min = if rows.div_ceil(group) >= threads {
-        MIN_SLICE_TOKENS
-    } else {
-        MIN_CHUNK_TOKENS.next_multiple_of(GROUP_TOKENS)
-    };
+    let min = MIN_SLICE_TOKENS;
     let mut r0 = 0;
     while r0 < rows {
         let want = *left / share / (cols * t).max(1);
@@ -610,13 +621,13 @@ mod tests {
                 }
             }
             assert!(seen.iter().all(|&n| n == 1), "{threads} {rows}x{cols} t={t}: {chunks:?}");
-            let few = rows.div_ceil(64) < threads;
-            let min = if few { 18 } else { MIN_SLICE_TOKENS };
-            if t < 2 * min {
-                // Too few activation rows to cut: the rows as `split` cuts a prefill.
-                let cuts = guided_cuts(rows, threads, 64, 16);
-                let want: Vec<_> = cuts.windows(2).map(|w| (0..t, w[0]..w[1])).collect();
-                assert_eq!(chunks, want, "{threads} {rows}x{cols} t={t}");
+            let min = MIN_SLICE_TOKENS;
+            if t < 2 * min || rows.div_ceil(64) < threads {
+                // Too few activation rows or row groups to cut so: as `split` cuts the call.
+                let (cuts, token_chunks) = split(threads, rows, cols, t).expect("split");
+                let tc = token_chunk(t, token_chunks, true);
+                assert!(chunks.iter().all(|(tk, _)| tk.start % tc == 0 && !tk.is_empty()));
+                assert_eq!(chunks.len(), (cuts.len() - 1) * t.div_ceil(tc), "{chunks:?}");
                 continue;
             }
             for (tk, r) in &chunks {
