@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::isa::isa;
 use crate::matmul::{matmul, Matrix, WeightFormat};
-use crate::pool::{Pool, PoolError};
+use crate::pool::{Pool, PoolBusy, PoolError};
 
 mod peaks;
 pub use peaks::fma_loop;
@@ -147,6 +147,9 @@ pub enum ProbeError {
     /// The thread pool of the requested size could not be started.
     #[error(transparent)]
     Pool(#[from] PoolError),
+    /// The probe's own pool was taken by another call (it never is: the pool is the probe's).
+    #[error(transparent)]
+    Busy(#[from] PoolBusy),
 }
 
 /// Measures memory read bandwidth, every format's matmul rate at [`TOKEN_COUNTS`] activation
@@ -161,9 +164,9 @@ pub fn measure(threads: usize, budget_secs: f64) -> Result<KernelProbe, ProbeErr
     // overheads share the budget.
     let slots = 3 + 7 * (TOKEN_COUNTS.len() + BATCH_COUNTS.len());
     let per = Duration::from_secs_f64((budget_secs.max(0.0) / slots as f64).min(3600.0));
-    Ok(pool.install(|| {
+    pool.install(|| {
         let memory_read_gbps = memory_read(&pool, &data.bytes, per);
-        let fma_peak_gflops = fma_peak(&pool, per);
+        let fma_peak_gflops = fma_peak(&pool, per)?;
         let mut kernels = Vec::new();
         for t in TOKEN_COUNTS.into_iter().chain(BATCH_COUNTS) {
             for f in [WeightFormat::Int8Row, WeightFormat::Bf16, WeightFormat::F32] {
@@ -179,7 +182,7 @@ pub fn measure(threads: usize, budget_secs: f64) -> Result<KernelProbe, ProbeErr
             k.ratio_to_fma_peak = k.gflops / fma_peak_gflops;
         }
         let dispatch = dispatch(&pool, per);
-        KernelProbe {
+        Ok(KernelProbe {
             isa: isa().name().to_owned(),
             threads,
             memory_read_gbps,
@@ -187,8 +190,8 @@ pub fn measure(threads: usize, budget_secs: f64) -> Result<KernelProbe, ProbeErr
             kernels,
             dispatch_overhead_ns: dispatch.join_ns,
             dispatch,
-        }
-    }))
+        })
+    })
 }
 
 /// One buffer of random bytes serves every format (bf16 with a finite, moderate exponent;

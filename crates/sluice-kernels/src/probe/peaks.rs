@@ -8,29 +8,41 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::isa::isa;
-use crate::pool::Pool;
+use crate::pool::{Pool, PoolBusy};
 
-/// Rounds of the FMA loop per chunk: 12 vector FMAs each, a few milliseconds per chunk on
-/// any current core, so the pool's join is a negligible share of a timed call.
-const FMA_ROUNDS: u64 = 1 << 20;
+/// Rounds of the FMA loop each thread times: 12 vector FMAs each, about 10 ms on any
+/// current core, so that a helper that comes late to the call (woken from its park) still
+/// runs beside the others for nearly all of it.
+const FMA_ROUNDS: u64 = 1 << 22;
 
-/// The FMA loop of the selected tier on every pool thread at once (one chunk per thread):
-/// the median rate of the whole call, GFLOP/s.
-pub(super) fn fma_peak(pool: &Pool, budget: Duration) -> f64 {
+/// The FMA loop of the selected tier on every pool thread at once, each thread timing its
+/// own loop: the median over repetitions of the sum of the threads' rates, GFLOP/s. That sum
+/// is what a call whose threads claim chunks as they free up can reach, whichever threads
+/// are slower.
+///
+/// **Why each thread times itself.** Timed as one pool call of a chunk per thread, the
+/// call's wall time is its slowest thread's. The device host's 16 vCPUs are not 16 whole
+/// cores: run side by side, 6–8 of them ran the loop at 79–105 GFLOP/s and the rest at
+/// 136–163, so the one call read 1,303–1,422 GFLOP/s for all 16 against a sum of 1,885–2,287,
+/// and the kernels' share of that "peak" read 83–106% (docs/PERFORMANCE.md, issue 20,
+/// session 29).
+pub(super) fn fma_peak(pool: &Pool, budget: Duration) -> Result<f64, PoolBusy> {
     let n = pool.threads();
-    let sinks: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    let rates: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
     let isa = isa();
-    let rates = timed(budget, || {
-        let start = Instant::now();
-        pool.run(n, &|i| {
-            let sink = crate::arch::peak::fma_loop(isa, black_box(FMA_ROUNDS));
-            sinks[i].store(u64::from(sink.to_bits()), Ordering::Relaxed);
-        });
-        black_box(&sinks);
-        let flops = crate::arch::peak::fma_loop_flops(isa, FMA_ROUNDS) * n as f64;
-        flops / start.elapsed().as_secs_f64() / 1e9
-    });
-    median(&rates)
+    let flops = crate::arch::peak::fma_loop_flops(isa, FMA_ROUNDS);
+    let mut sums = Vec::new();
+    let start = Instant::now();
+    while sums.len() < 3 || start.elapsed() < budget {
+        pool.on_every_thread(&|i| {
+            let t0 = Instant::now();
+            black_box(crate::arch::peak::fma_loop(isa, black_box(FMA_ROUNDS)));
+            let rate = flops / t0.elapsed().as_secs_f64() / 1e9;
+            rates[i % n].store(rate.to_bits(), Ordering::Relaxed);
+        })?;
+        sums.push(rates.iter().map(|r| f64::from_bits(r.load(Ordering::Relaxed))).sum());
+    }
+    Ok(median(&sums))
 }
 
 /// Runs `rounds` rounds of the FMA loop [`super::measure`] takes the peak from on the calling thread,
