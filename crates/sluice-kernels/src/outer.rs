@@ -78,21 +78,6 @@ pub(crate) struct Buffers<'s> {
     pub(crate) stage: &'s mut [f32],
 }
 
-/// The token groups that the `width` tokens from `j0` meet, of a pack of `slots` token
-/// slots: `(g, first, lo..hi)`, group `g` holding tokens `first .. first + 6`, of which the
-/// `width` tokens' lanes `lo..hi` are (what a tier's pack stores with one masked store per
-/// group).
-pub(crate) fn groups_met(
-    j0: usize,
-    width: usize,
-    slots: usize,
-) -> impl Iterator<Item = (usize, usize, Range<usize>)> {
-    (j0 / GROUP_TOKENS..(j0 + width).min(slots).div_ceil(GROUP_TOKENS)).map(move |g| {
-        let first = GROUP_TOKENS * g;
-        (g, first, first.max(j0) - j0..(first + GROUP_TOKENS).min(j0 + width) - j0)
-    })
-}
-
 /// What a SIMD tier brings to the nest's driver ([`run`]): the panel's decode, the tiles of
 /// a lane's token group, and where a cell's accumulators lie. AVX-512's is here, AVX2's in
 /// `crate::outer_avx2`; both keep a lane's accumulators for a token group in [`CELLS`]

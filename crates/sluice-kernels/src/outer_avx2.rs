@@ -42,7 +42,7 @@ use core::arch::x86_64::*;
 use crate::arch::avx2::Avx2;
 use crate::formats::Format;
 use crate::matmul::Matrix;
-use crate::outer::{groups_met, Tier, ACC_FLOATS, CELLS, PANEL_LANE, ROWS, SUB};
+use crate::outer::{Tier, ACC_FLOATS, CELLS, PANEL_LANE, ROWS, SUB};
 use crate::packed::{pack_size, BLOCK, GROUP_TOKENS, MICRO, STEPS};
 use crate::tiled::Kernel;
 
@@ -67,89 +67,78 @@ fn lanes(lo: usize, hi: usize) -> __m256i {
     }
 }
 
-/// Writes the part of the pack of `x` (`tokens` rows of `cols`) that holds column chunks
-/// `chunks` of token blocks `blocks` (16 tokens each) into `out`, as `crate::outer_avx512::pack`
-/// does on AVX-512: columns past `cols` as −0.0, tokens past `tokens` as +0.0; a token group
-/// that straddles two blocks gets its tokens from both, each writing only its own.
+/// Steps of a pack's micro run that [`pack`] writes at once: 8 steps of 6 tokens are
+/// 48 floats, six whole vectors on whole cache lines.
+const PACK_WINDOW: usize = 8;
+const _: () = assert!(STEPS.is_multiple_of(PACK_WINDOW));
+
+/// AVX2's [`crate::outer_avx512::pack`]: the pack's column chunks `chunks` of token
+/// groups `gs`, each group's micro run of a lane written in whole aligned vectors from 8 × 8
+/// transposes of the group's 6 rows over 8 steps, half a step's 16 columns at a time.
 ///
 /// # Safety
-/// The CPU supports AVX2 and FMA; `out` points to `pack_size(tokens, cols).0` writable floats,
-/// of which no other thread touches this part's tokens during the call; `blocks` ends within
-/// the last token group's 16.
+/// The CPU supports AVX2 and FMA; `out` points to `pack_size(tokens, cols).0` writable floats
+/// on a cache line, of which no other thread touches these groups during the call.
 ///
 /// # Panics
-/// If `x` is not `tokens * cols` long.
+/// If `x` is not `tokens * cols` long, or `gs` ends past the pack's last group.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn pack(
     x: &[f32],
     tokens: usize,
     cols: usize,
     chunks: Range<usize>,
-    blocks: Range<usize>,
+    gs: Range<usize>,
     out: *mut f32,
 ) {
     assert_eq!(x.len(), tokens * cols, "pack: x length");
     let (_, groups) = pack_size(tokens, cols);
-    let slots = groups * GROUP_TOKENS;
-    assert!(blocks.end * 16 <= slots.next_multiple_of(16), "pack: token blocks");
+    assert!(gs.end <= groups, "pack: token groups");
     let steps = cols.div_ceil(16);
     let neg = _mm256_set1_ps(-0.0);
     for ch in chunks {
-        for k in 0..STEPS {
-            let s = ch * STEPS + k;
-            if s >= steps {
-                break;
-            }
-            let c = 16 * s;
-            let tail = (cols - c).min(16);
-            for h in 0..2 {
-                // Columns `c + 8h ..` in the row: the first `n` of the 8.
-                let n = tail.saturating_sub(8 * h).min(8);
-                let keep = lanes(0, n);
-                // The sign bit where a lane is past the row's end (loaded as +0.0).
-                let past = _mm256_andnot_ps(_mm256_castsi256_ps(keep), neg);
-                for j0 in blocks.clone().flat_map(|b| [16 * b, 16 * b + 8]) {
-                    if j0 >= slots {
-                        break;
-                    }
-                    let mut r = [_mm256_setzero_ps(); 8];
-                    for (i, v) in r.iter_mut().enumerate() {
-                        let j = j0 + i;
-                        if j >= tokens {
-                            break;
+        for g in gs.clone() {
+            for w0 in (0..STEPS).step_by(PACK_WINDOW) {
+                if ch * STEPS + w0 >= steps {
+                    break;
+                }
+                for h in 0..2 {
+                    for b in 0..6 {
+                        let mut r = [_mm256_setzero_ps(); 8];
+                        for (i, v) in r.iter_mut().enumerate() {
+                            let m = 8 * b + i;
+                            let (kk, j) = (m / GROUP_TOKENS, m % GROUP_TOKENS);
+                            let (tok, s) = (GROUP_TOKENS * g + j, ch * STEPS + w0 + kk);
+                            if tok >= tokens {
+                                continue;
+                            }
+                            // Columns `c .. c + n` of the 8 are in the row.
+                            let c = 16 * s + 8 * h;
+                            let n = cols.saturating_sub(c).min(8);
+                            *v = if n == 0 {
+                                neg
+                            } else {
+                                let keep = lanes(0, n);
+                                // The sign bit where a lane is past the row's end.
+                                let past = _mm256_andnot_ps(_mm256_castsi256_ps(keep), neg);
+                                // SAFETY: row `tok < tokens` of `x` holds `cols` floats from
+                                // `tok * cols`, `c < cols` (as `n > 0`), and the mask keeps
+                                // the load inside `c..cols` (masked lanes never fault).
+                                let v = unsafe {
+                                    _mm256_maskload_ps(x.as_ptr().add(tok * cols + c), keep)
+                                };
+                                _mm256_or_ps(v, past)
+                            };
                         }
-                        *v = if n == 0 {
-                            neg
-                        } else {
-                            // SAFETY: row `j < tokens` of `x` holds `cols` floats from
-                            // `j * cols`, `c + 8h < cols` (as `n > 0`), and the mask keeps
-                            // the load inside `c + 8h .. cols` (masked lanes never fault).
-                            let v = unsafe {
-                                _mm256_maskload_ps(x.as_ptr().add(j * cols + c + 8 * h), keep)
-                            };
-                            _mm256_or_ps(v, past)
-                        };
-                    }
-                    transpose8(&mut r);
-                    // Lane `i` of `r[l]` is token `j0 + i`: slot `(j0 + i) % 6` of group
-                    // `(j0 + i) / 6`, stored by one masked store per group the 8 tokens meet.
-                    for (g, first, Range { start: lo, end: hi }) in groups_met(j0, 8, slots) {
-                        let mask = lanes(lo, hi);
+                        transpose8(&mut r);
                         for (l, v) in r.iter().enumerate() {
-                            let lane = 8 * h + l;
-                            let slot = ((ch * 16 + lane) * groups + g) * MICRO + GROUP_TOKENS * k;
-                            // SAFETY: lane `i` of the vector lands at `slot + j0 + i - first`;
-                            // the kept lanes (`first <= j0 + i < first + 6`) land in the
-                            // group's six slots of step `k`, below `pack_size(..).0`
-                            // (`ch < chunks`, `g < groups`); masked lanes are neither written
-                            // nor fault.
-                            unsafe {
-                                _mm256_maskstore_ps(
-                                    out.wrapping_add(slot + j0).wrapping_sub(first),
-                                    mask,
-                                    *v,
-                                )
-                            };
+                            let at = ((ch * 16 + 8 * h + l) * groups + g) * MICRO
+                                + GROUP_TOKENS * w0
+                                + 8 * b;
+                            // SAFETY: `at + 8 <= pack_size(..).0` (`ch < chunks`, `g < groups`,
+                            // `w0 + 8 <= STEPS`), a multiple of 8 floats from `out`, which is
+                            // on a line; these groups are this call's alone.
+                            unsafe { _mm256_store_ps(out.add(at), *v) };
                         }
                     }
                 }

@@ -16,81 +16,80 @@ use core::arch::x86_64::*;
 use crate::arch::avx512::Avx512;
 use crate::formats::Format;
 use crate::matmul::Matrix;
-use crate::outer::{groups_met, Tier, PANEL_LANE, ROWS, SUB};
+use crate::outer::{Tier, PANEL_LANE, ROWS, SUB};
 use crate::packed::{pack_size, GROUP_TOKENS, MICRO, STEPS};
 use crate::tiled::Kernel;
 
+/// Steps of a pack's micro run that [`pack`] writes at once: 8 steps of 6 tokens are
+/// 48 floats, three whole vectors on whole cache lines.
+const PACK_WINDOW: usize = 8;
+const _: () = assert!(STEPS.is_multiple_of(PACK_WINDOW));
+
 /// Writes the part of the pack of `x` (`tokens` rows of `cols`) that holds column chunks
-/// `chunks` of token blocks `blocks` (16 tokens each) into `out`, the whole pack's buffer
-/// ([`pack_size`] floats): columns past `cols` as −0.0, tokens past `tokens` as +0.0. A token
-/// group that straddles two blocks gets its tokens from both, each writing only its own.
+/// `chunks` of token groups `gs` into `out`, the whole pack's buffer ([`pack_size`] floats):
+/// columns past `cols` as −0.0 (whole steps past the row's end too), tokens past `tokens` as
+/// +0.0. Each group's micro run of a lane is written in whole aligned vectors, three per 8
+/// steps, from 16 × 16 transposes of the group's 6 rows over 8 steps, so every cache line of
+/// the pack is written whole by one store.
 ///
 /// # Safety
-/// The CPU supports AVX-512F; `out` points to `pack_size(tokens, cols).0` writable floats, of
-/// which no other thread touches this part's tokens during the call; `blocks` ends within the
-/// last token group's 16.
+/// The CPU supports AVX-512F; `out` points to `pack_size(tokens, cols).0` writable floats on
+/// a cache line, of which no other thread touches these groups during the call.
 ///
 /// # Panics
-/// If `x` is not `tokens * cols` long.
+/// If `x` is not `tokens * cols` long, or `gs` ends past the pack's last group.
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn pack(
     x: &[f32],
     tokens: usize,
     cols: usize,
     chunks: Range<usize>,
-    blocks: Range<usize>,
+    gs: Range<usize>,
     out: *mut f32,
 ) {
     assert_eq!(x.len(), tokens * cols, "pack: x length");
     let (_, groups) = pack_size(tokens, cols);
-    let slots = groups * GROUP_TOKENS;
-    assert!(blocks.end * 16 <= slots.next_multiple_of(16), "pack: token blocks");
+    assert!(gs.end <= groups, "pack: token groups");
     let steps = cols.div_ceil(16);
     for ch in chunks {
-        for k in 0..STEPS {
-            let s = ch * STEPS + k;
-            if s >= steps {
-                break;
-            }
-            let c = 16 * s;
-            let tail = (cols - c).min(16);
-            // Lanes past the row's end load −0.0 (masked lanes never fault).
-            let mask: __mmask16 = if tail == 16 { 0xFFFF } else { (1 << tail) - 1 };
-            for jb in blocks.clone().map(|b| 16 * b) {
-                let mut r = [_mm512_setzero_ps(); 16];
-                for (i, v) in r.iter_mut().enumerate() {
-                    let j = jb + i;
-                    if j < tokens {
-                        // SAFETY: row `j < tokens` of `x` holds `cols` floats from
-                        // `j * cols`, and the mask keeps the load inside `c..cols`.
-                        *v = unsafe {
-                            _mm512_mask_loadu_ps(
-                                _mm512_set1_ps(-0.0),
-                                mask,
-                                x.as_ptr().add(j * cols + c),
-                            )
+        for g in gs.clone() {
+            for w0 in (0..STEPS).step_by(PACK_WINDOW) {
+                if ch * STEPS + w0 >= steps {
+                    break;
+                }
+                for b in 0..3 {
+                    let mut r = [_mm512_setzero_ps(); 16];
+                    for (i, v) in r.iter_mut().enumerate() {
+                        let (kk, j) = ((16 * b + i) / GROUP_TOKENS, (16 * b + i) % GROUP_TOKENS);
+                        let (tok, s) = (GROUP_TOKENS * g + j, ch * STEPS + w0 + kk);
+                        if tok >= tokens {
+                            continue;
+                        }
+                        *v = if s >= steps {
+                            _mm512_set1_ps(-0.0)
+                        } else {
+                            let c = 16 * s;
+                            let tail = (cols - c).min(16);
+                            let mask: __mmask16 = if tail == 16 { 0xFFFF } else { (1 << tail) - 1 };
+                            // SAFETY: row `tok < tokens` of `x` holds `cols` floats from
+                            // `tok * cols`, `c < cols`, and the mask keeps the load inside
+                            // `c..cols` (masked lanes never fault).
+                            unsafe {
+                                _mm512_mask_loadu_ps(
+                                    _mm512_set1_ps(-0.0),
+                                    mask,
+                                    x.as_ptr().add(tok * cols + c),
+                                )
+                            }
                         };
                     }
-                }
-                transpose16(&mut r);
-                // Lane `i` of `r[l]` is token `jb + i`: slot `(jb + i) % 6` of group
-                // `(jb + i) / 6`, stored by one masked store per group the block meets.
-                for (g, first, Range { start: lo, end: hi }) in groups_met(jb, 16, slots) {
-                    // Lanes `lo..hi` (`lo < hi <= 16`).
-                    let keep: __mmask16 = (u16::MAX >> (16 - hi)) & (u16::MAX << lo);
+                    transpose16(&mut r);
                     for (l, v) in r.iter().enumerate() {
-                        let slot = ((ch * 16 + l) * groups + g) * MICRO + GROUP_TOKENS * k;
-                        // SAFETY: lane `i` of the vector lands at `slot + jb + i - first`;
-                        // the kept lanes (`first <= jb + i < first + 6`) land in the group's
-                        // six slots of step `k`, below `pack_size(..).0` (`ch < chunks`,
-                        // `g < groups`); masked lanes are neither written nor fault.
-                        unsafe {
-                            _mm512_mask_storeu_ps(
-                                out.wrapping_add(slot + jb).wrapping_sub(first),
-                                keep,
-                                *v,
-                            )
-                        };
+                        let at = ((ch * 16 + l) * groups + g) * MICRO + GROUP_TOKENS * w0 + 16 * b;
+                        // SAFETY: `at + 16 <= pack_size(..).0` (`ch < chunks`, `g < groups`,
+                        // `w0 + 8 <= STEPS`), a multiple of 16 floats from `out`, which is on
+                        // a line; these groups are this call's alone.
+                        unsafe { _mm512_store_ps(out.add(at), *v) };
                     }
                 }
             }

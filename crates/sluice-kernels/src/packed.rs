@@ -5,7 +5,7 @@
 //!
 //! The pack is made once and shared: every row chunk of the call (every thread) reads the same
 //! one. Made per chunk, a call of a few dozen chunks would transpose its activations a few
-//! dozen times. It is made on the pool too (one part per 16 tokens × [`CHUNK`] columns), in a
+//! dozen times. It is made on the pool too (one part per 8 token groups × [`CHUNK`] columns), in a
 //! buffer the **pool** keeps for its life and lends to one call at a time ([`PackBuf`],
 //! [`PACK_BYTES`], made by the pool's first packed call or by [`crate::reserve_scratch`]): a
 //! call that finds it lent (another thread's, or one made from inside a packed call) runs
@@ -314,24 +314,31 @@ struct Fill<'x> {
     at: usize,
 }
 
+/// Token groups of a pack that each part of [`fill`] writes.
+const PART_GROUPS: usize = 8;
+
 /// Packs each of `fills` into `buf` on the current pool, in one pool call, with `isa`'s pack:
-/// one part per 16 tokens × [`CHUNK`] columns of a pack (the last 16 reaching the last
-/// group's end), or all on this thread for a small call or a pool of one.
+/// one part per [`PART_GROUPS`] token groups × [`CHUNK`] columns of a pack, or all on this
+/// thread for a small call or a pool of one. A part writes its groups' micro runs whole, in
+/// aligned vectors (`outer_avx512::pack`); written 6 floats at a time, one 16-token block
+/// per part, a 256-token, 7,168-column pack took 3.9 ms on one of the device Xeon's threads
+/// and 2.0 ms on the Zen 5 dev VM's, against 0.89 and 0.76 ms now (docs/PERFORMANCE.md,
+/// issue 20, session 29).
 ///
 /// # Panics
 /// If a pack runs past `buf`, starts off a cache line, or overlaps the one before it.
 fn fill(isa: Isa, fills: &[Fill<'_>], buf: &mut [f32]) {
     assert!(buf.as_ptr().addr().is_multiple_of(64), "pack: buffer");
-    // The parts before each pack's end, its token blocks of 16, and all the packs' work.
-    let (mut ends, mut blocks, mut work, mut end, mut parts) = (vec![], vec![], 0, 0, 0);
+    // The parts before each pack's end, its parts per column chunk, and all the packs' work.
+    let (mut ends, mut per, mut work, mut end, mut parts) = (vec![], vec![], 0, 0, 0);
     for f in fills {
         let (len, groups) = pack_size(f.tokens, f.cols);
         assert!(f.at >= end && f.at.is_multiple_of(16), "pack: packs overlap");
         end = f.at + len;
         assert!(end <= buf.len(), "pack: buffer");
         assert_eq!(f.x.len(), f.tokens * f.cols, "pack: x length");
-        blocks.push((groups * GROUP_TOKENS).div_ceil(16));
-        parts += Packed::chunks(f.cols) * blocks[blocks.len() - 1];
+        per.push(groups.div_ceil(PART_GROUPS));
+        parts += Packed::chunks(f.cols) * per[per.len() - 1];
         ends.push(parts);
         work += f.tokens * f.cols;
     }
@@ -341,19 +348,20 @@ fn fill(isa: Isa, fills: &[Fill<'_>], buf: &mut [f32]) {
         let part = |i: usize| {
             let k = ends.partition_point(|&e| e <= i);
             let (f, i) = (&fills[k], i - k.checked_sub(1).map_or(0, |k| ends[k]));
-            let (ch, b) = (i / blocks[k], i % blocks[k]);
-            let (chunk, block) = (ch..ch + 1, b..b + 1);
+            let (_, groups) = pack_size(f.tokens, f.cols);
+            let (ch, g0) = (i / per[k], PART_GROUPS * (i % per[k]));
+            let (chunk, gs) = (ch..ch + 1, g0..groups.min(g0 + PART_GROUPS));
             // SAFETY: only called where `packs(isa)` holds for a tier the CPU supports, so
             // AVX-512F, or AVX2 and FMA. Pack `k` lies at `at .. at + pack_size` inside `buf`
             // (asserted), on a cache line (`buf` is, and `at` is a multiple of 16 floats),
-            // overlapping no other pack (asserted), and each part writes its own chunk and
-            // token block of it; `buf` is borrowed exclusively until the call ends.
+            // overlapping no other pack (asserted), and each part writes its own groups of
+            // its own chunk; `buf` is borrowed exclusively until the call ends.
             unsafe {
                 let out = out.get().add(f.at);
                 if isa == Isa::Avx512 {
-                    crate::outer_avx512::pack(f.x, f.tokens, f.cols, chunk, block, out);
+                    crate::outer_avx512::pack(f.x, f.tokens, f.cols, chunk, gs, out);
                 } else {
-                    crate::outer_avx2::pack(f.x, f.tokens, f.cols, chunk, block, out);
+                    crate::outer_avx2::pack(f.x, f.tokens, f.cols, chunk, gs, out);
                 }
             }
         };
@@ -364,5 +372,88 @@ fn fill(isa: Isa, fills: &[Fill<'_>], buf: &mut [f32]) {
         }
     });
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (isa, out, ends, blocks, work);
+    let _ = (isa, out, ends, per, work);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::Pool;
+
+    /// The pack's layout, [`Packed`]: `x[6g + j][ch · CHUNK + 16k + l]`, −0.0 past a row's
+    /// end, +0.0 past the last token.
+    fn want(x: &[f32], tokens: usize, cols: usize, ch: usize, l: usize, g: usize, k: usize) -> u32 {
+        let (tok, col) =
+            (GROUP_TOKENS * g + k % GROUP_TOKENS, ch * CHUNK + 16 * (k / GROUP_TOKENS) + l);
+        if tok >= tokens {
+            0.0f32.to_bits()
+        } else if col >= cols {
+            (-0.0f32).to_bits()
+        } else {
+            x[tok * cols + col].to_bits()
+        }
+    }
+
+    #[test]
+    fn a_pack_written_six_floats_at_a_time_took_four_times_longer_now_whole_lines_same_layout() {
+        let shapes = [(1, 16), (5, 300), (6, 1024), (7, 1040), (47, 2100), (48, 64), (100, 7)];
+        for isa in Isa::available().into_iter().filter(|&i| packs(i)) {
+            for threads in [1, 3] {
+                let pool = Pool::new(threads).expect("pool");
+                // Two packs side by side (a layer batch's turn) and one alone.
+                for pair in [&shapes[..], &shapes[4..6]] {
+                    let xs: Vec<Vec<f32>> = pair
+                        .iter()
+                        .enumerate()
+                        .map(|(n, &(t, c))| {
+                            (0..t * c).map(|i| (i * 7 + n * 13) as f32 * 0.25 - 3.0).collect()
+                        })
+                        .collect();
+                    let mut at = 0;
+                    let fills: Vec<Fill<'_>> = pair
+                        .iter()
+                        .zip(&xs)
+                        .map(|(&(tokens, cols), x)| {
+                            let f = Fill { x, tokens, cols, at };
+                            at += pack_size(tokens, cols).0;
+                            f
+                        })
+                        .collect();
+                    let mut lines = vec![Line([f32::NAN; 16]); at.div_ceil(16)];
+                    let buf = made_of(&mut lines);
+                    pool.install(|| fill(isa, &fills, buf));
+                    for f in &fills {
+                        let (_, groups) = pack_size(f.tokens, f.cols);
+                        let steps = f.cols.div_ceil(16);
+                        for ch in 0..Packed::chunks(f.cols) {
+                            for l in 0..16 {
+                                for g in 0..groups {
+                                    for k in 0..MICRO {
+                                        if ch * STEPS + k / GROUP_TOKENS >= steps {
+                                            // Past the row's last step: never read.
+                                            continue;
+                                        }
+                                        let i = f.at + ((ch * 16 + l) * groups + g) * MICRO + k;
+                                        assert_eq!(
+                                            buf[i].to_bits(),
+                                            want(f.x, f.tokens, f.cols, ch, l, g, k),
+                                            "{isa} {threads} threads, {} x {}: chunk {ch} lane {l} group {g} slot {k}",
+                                            f.tokens,
+                                            f.cols
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `lines` as floats.
+    fn made_of(lines: &mut [Line]) -> &mut [f32] {
+        // SAFETY: `Line` is `repr(C)` around `[f32; 16]`, so the lines are contiguous floats.
+        unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), lines.len() * 16) }
+    }
 }
