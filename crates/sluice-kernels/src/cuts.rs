@@ -3,7 +3,7 @@
 //! shrink as they go so that the threads finish together ([`split`], [`guided_cuts`]); a
 //! small matrix by activation rows too; a packed prefill call ([`crate::packed`]) in whole row
 //! groups of the outer nest and then, one row group at a time, by activation rows
-//! ([`packed_cuts`]). No cut changes a result bit: every cell is computed by the same code,
+//! ([`cut_guided`]). No cut changes a result bit: every cell is computed by the same code,
 //! whichever chunk holds it.
 
 use crate::packed::GROUP_TOKENS;
@@ -29,7 +29,7 @@ const _: () = assert!(crate::wide::GROUP.is_multiple_of(MIN_CHUNK_ROWS));
 /// activation rows (each such chunk decodes its weights again).
 const MIN_CHUNK_TOKENS: usize = 16;
 /// Fewest activation rows in a chunk of a packed call cut by activation rows
-/// ([`packed_cuts`]), a multiple of the outer nest's token groups: each such chunk decodes
+/// ([`cut_guided`]), a multiple of the outer nest's token groups: each such chunk decodes
 /// its row group's weights again.
 pub(crate) const MIN_SLICE_TOKENS: usize = 48;
 const _: () = assert!(MIN_SLICE_TOKENS.is_multiple_of(GROUP_TOKENS));
@@ -95,82 +95,104 @@ pub(crate) fn split(
 
 /// The chunks `(activation rows, rows)` of a packed call (one the outer nest folds,
 /// [`crate::packed`]) of `t` activation rows on a `rows × cols` matrix on a pool of
-/// `threads`: [`packed_cuts`] over the whole call where it has at least a row group per
-/// thread and twice [`MIN_SLICE_TOKENS`] activation rows; otherwise as [`split`] cuts it (a
-/// small matrix also by activation rows, on whole token groups), or one chunk of everything
-/// where the call runs on the calling thread.
+/// `threads`: [`cut_guided`] with token slices over the whole call where it has at least a
+/// row group per thread and [`slices`] holds; otherwise as [`split`] cuts it
+/// ([`chunk_list`]: a small matrix also by activation rows, on whole token groups), or one
+/// chunk of everything where the call runs on the calling thread.
 pub(crate) fn packed_chunks(
     threads: usize,
     rows: usize,
     cols: usize,
     t: usize,
 ) -> Vec<(Range<usize>, Range<usize>)> {
-    let mut chunks = Vec::new();
-    if rows.div_ceil(crate::wide::GROUP) >= threads && t >= 2 * MIN_SLICE_TOKENS {
-        if threads > 1 && rows * cols * t >= PAR_MIN_WORK {
-            let mut left = rows * cols * t;
-            packed_cuts(threads, rows, cols, t, &mut left, |tk, r| chunks.push((tk, r)));
-            return chunks;
-        }
-    } else if let Some((cuts, token_chunks)) = split(threads, rows, cols, t) {
-        let tc = token_chunk(t, token_chunks, true);
-        for ti in 0..token_chunks {
-            let tokens = token_range(ti, tc, t);
-            if !tokens.is_empty() {
-                chunks.extend(cuts.windows(2).map(|r| (tokens.clone(), r[0]..r[1])));
-            }
-        }
-        return chunks;
+    if rows.div_ceil(crate::wide::GROUP) < threads || !slices(true, t) {
+        return chunk_list(threads, rows, cols, t, true);
     }
-    chunks.push((0..t, 0..rows));
+    let mut chunks = Vec::new();
+    if threads > 1 && rows * cols * t >= PAR_MIN_WORK {
+        let mut left = rows * cols * t;
+        cut_guided(threads, rows, cols, t, true, &mut left, |tk, r| chunks.push((tk, r)));
+    } else {
+        chunks.push((0..t, 0..rows));
+    }
     chunks
 }
 
-/// Cuts a packed call's `rows` × `t` activation rows (weighed as `cols` columns) on a guided
-/// schedule, `left` the work (`rows · cols · t` summed) not yet handed out, updated: each
-/// chunk takes about `1 / (GUIDED_SHARE · threads)` of it, in whole row groups of the outer
-/// nest ([`crate::wide::GROUP`], all the activation rows) while that is at least one, then
-/// one row group at a time, cut by activation rows in whole token groups of at least
-/// [`MIN_SLICE_TOKENS`], so that the call still ends evenly. A call of fewer than twice that
-/// many activation rows ends in 16-row steps instead, as [`split`] cuts the others: cut only
-/// in whole row groups, a 64-token call's last chunks left threads idle (T = 64 at 16 threads
-/// 60–69% of the peak against 63–73%, session 28).
-///
-/// **Why.** Cut as the other nests' calls are, the last chunks shrank to 16 rows: on 16
-/// threads half of a 2,048-row call's rows were folded in 16-row chunks, whose tiles hold
-/// one vector of rows (one weight load per six broadcast activations) and each of which
-/// read the call's whole pack for its 16 rows, four times a row group's activation bytes per
-/// FMA, from the L3 that the 16 cores share (docs/PERFORMANCE.md, issue 20, session 28).
-/// A row group cut by activation rows keeps its tiles whole and reads only its tokens' share
-/// of the pack; it decodes its weights once per chunk, which a chunk of at least
-/// [`MIN_SLICE_TOKENS`] amortises.
-pub(crate) fn packed_cuts(
+/// The chunks `(activation rows, rows)` of a call of `t` activation rows on a `rows × cols`
+/// matrix on a pool of `threads` as [`split`] cuts it: every row chunk of each non-empty
+/// token chunk (whole token groups where `grouped`, [`token_chunk`]), token chunks outer; one
+/// chunk of everything where the call runs on the calling thread.
+pub(crate) fn chunk_list(
     threads: usize,
     rows: usize,
     cols: usize,
     t: usize,
+    grouped: bool,
+) -> Vec<(Range<usize>, Range<usize>)> {
+    let Some((cuts, token_chunks)) = split(threads, rows, cols, t) else {
+        return vec![(0..t, 0..rows)];
+    };
+    let tc = token_chunk(t, token_chunks, grouped);
+    (0..token_chunks)
+        .map(|ti| token_range(ti, tc, t))
+        .filter(|tokens| !tokens.is_empty())
+        .flat_map(|tokens| cuts.windows(2).map(move |r| (tokens.clone(), r[0]..r[1])))
+        .collect()
+}
+
+/// Whether [`cut_guided`] cuts a part's last row groups by activation rows: a packed part
+/// (`grouped`) of at least twice [`MIN_SLICE_TOKENS`] activation rows.
+pub(crate) fn slices(grouped: bool, t: usize) -> bool {
+    grouped && t >= 2 * MIN_SLICE_TOKENS
+}
+
+/// Rows of a guided chunk that wants `want` rows: a multiple of `coarse` while `want` is at
+/// least that, else of `fine` (at least `fine`).
+fn guided_size(want: usize, coarse: usize, fine: usize) -> usize {
+    if want >= coarse {
+        want / coarse * coarse
+    } else {
+        (want / fine * fine).max(fine)
+    }
+}
+
+/// Cuts a call's part of `rows` × `t` activation rows (weighed as `cols` columns) on a
+/// guided schedule, `left` the work (`rows · cols · t` summed over the call's parts) not yet
+/// handed out, updated: each chunk takes about `1 / (GUIDED_SHARE · threads)` of it, in whole
+/// row groups of the outer nest ([`crate::wide::GROUP`], all the activation rows) while that
+/// is at least one; then, where `slice` ([`slices`]: a packed part), one row group at a time
+/// cut by activation rows in whole token groups of at least [`MIN_SLICE_TOKENS`], so that the
+/// call still ends evenly; otherwise in 16-row steps, as [`split`] cuts the other calls (cut
+/// only in whole row groups, a 64-token call's last chunks left threads idle: T = 64 at 16
+/// threads 60–69% of the peak against 63–73%, session 28).
+///
+/// **Why slices.** Cut as the other nests' calls are, a packed call's last chunks shrank to
+/// 16 rows: on 16 threads half of a 2,048-row call's rows were folded in 16-row chunks, whose
+/// tiles hold one vector of rows (one weight load per six broadcast activations) and each of
+/// which read the call's whole pack for its 16 rows, four times a row group's activation bytes
+/// per FMA, from the L3 that the 16 cores share (docs/PERFORMANCE.md, issue 20, session 28).
+/// A row group cut by activation rows keeps its tiles whole and reads only its tokens' share
+/// of the pack; it decodes its weights once per chunk, which a chunk of at least
+/// [`MIN_SLICE_TOKENS`] amortises.
+pub(crate) fn cut_guided(
+    threads: usize,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    slice: bool,
     left: &mut usize,
     mut push: impl FnMut(Range<usize>, Range<usize>),
 ) {
     let group = crate::wide::GROUP;
     let share = GUIDED_SHARE * threads.max(1);
-    let min = MIN_SLICE_TOKENS;
+    let per_row = (cols * t).max(1);
     let mut r0 = 0;
     while r0 < rows {
-        let want = *left / share / (cols * t).max(1);
-        if want >= group {
-            let size = (want / group * group).min(rows - r0);
+        let want = *left / share / per_row;
+        if want >= group || !slice {
+            let size = guided_size(want, group, MIN_CHUNK_ROWS).min(rows - r0);
             push(0..t, r0..r0 + size);
-            *left = left.saturating_sub(size * cols * t);
-            r0 += size;
-            continue;
-        }
-        if t < 2 * min {
-            // Too few activation rows to cut: 16-row steps, as the other nests' calls end.
-            let size = (want / MIN_CHUNK_ROWS * MIN_CHUNK_ROWS).max(MIN_CHUNK_ROWS);
-            let size = size.min(rows - r0);
-            push(0..t, r0..r0 + size);
-            *left = left.saturating_sub(size * cols * t);
+            *left = left.saturating_sub(size * per_row);
             r0 += size;
             continue;
         }
@@ -178,8 +200,8 @@ pub(crate) fn packed_cuts(
         let mut k0 = 0;
         while k0 < t {
             let want = *left / share / (gr * cols).max(1);
-            let mut n = (want / GROUP_TOKENS * GROUP_TOKENS).max(min).min(t - k0);
-            if t - k0 - n < min {
+            let mut n = (want / GROUP_TOKENS * GROUP_TOKENS).max(MIN_SLICE_TOKENS).min(t - k0);
+            if t - k0 - n < MIN_SLICE_TOKENS {
                 n = t - k0;
             }
             push(k0..k0 + n, r0..r0 + gr);
@@ -227,9 +249,7 @@ fn guided_cuts(rows: usize, threads: usize, coarse: usize, fine: usize) -> Vec<u
     while start < rows {
         let left = rows - start;
         let want = left / (GUIDED_SHARE * threads);
-        let size =
-            if want >= coarse { want / coarse * coarse } else { (want / fine * fine).max(fine) };
-        start += size.min(left);
+        start += guided_size(want, coarse, fine).min(left);
         cuts.push(start);
     }
     cuts

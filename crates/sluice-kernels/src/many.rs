@@ -29,14 +29,11 @@
 //! its job's finish (GPT-OSS's interleaved gate/up rows with their bias into their activation,
 //! its down rows with theirs).
 
+use crate::cuts::{chunk_list, cut_guided, packed_chunks, slices};
 use crate::finish::{add_weighted, Target};
 use crate::isa::{self, Isa};
-use crate::matmul::{
-    packed_chunks, packed_cuts, run_cells, split, token_chunk, token_range, Matrix, OutPtr,
-    GUIDED_SHARE, MIN_CHUNK_ROWS, PAR_MIN_WORK,
-};
+use crate::matmul::{run_cells, Matrix, OutPtr, MIN_CHUNK_ROWS, PAR_MIN_WORK};
 use crate::packed::{in_turns, Acts, Packed, Part};
-use crate::wide::GROUP;
 use std::ops::Range;
 
 #[cfg(doc)]
@@ -79,7 +76,7 @@ type Chunk = (usize, Range<usize>, Range<usize>);
 
 /// A part of a batched call as [`chunks`] cuts it: `t` activation rows on a matrix of `rows`
 /// rows, weighed as `cols` columns; `grouped` where the rows are packed, so that it is cut as
-/// a packed call is ([`packed_cuts`]: whole row groups, then token slices of whole groups).
+/// a packed call is ([`cut_guided`]: whole row groups, then token slices of whole groups).
 #[derive(Clone, Copy)]
 struct Shape {
     rows: usize,
@@ -100,22 +97,13 @@ fn chunks(threads: usize, shapes: impl Iterator<Item = Shape>) -> Vec<Chunk> {
     }
     let mut all = Vec::new();
     for (j, &Shape { rows, cols, t, grouped }) in shapes.iter().enumerate() {
-        if grouped {
-            // As `for_chunks` cuts a packed call.
-            let cs = packed_chunks(threads, rows, cols, t);
-            all.extend(cs.into_iter().map(|(tk, r)| (j, tk, r)));
-            continue;
-        }
-        let Some((cuts, token_chunks)) = split(threads, rows, cols, t) else {
-            all.push((j, 0..t, 0..rows));
-            continue;
+        // As `for_chunks` cuts a call of that shape.
+        let cs = if grouped {
+            packed_chunks(threads, rows, cols, t)
+        } else {
+            chunk_list(threads, rows, cols, t, false)
         };
-        let tc = token_chunk(t, token_chunks, false);
-        for ti in 0..token_chunks {
-            for r in cuts.windows(2) {
-                all.push((j, token_range(ti, tc, t), r[0]..r[1]));
-            }
-        }
+        all.extend(cs.into_iter().map(|(tk, r)| (j, tk, r)));
     }
     all
 }
@@ -124,7 +112,7 @@ fn chunks(threads: usize, shapes: impl Iterator<Item = Shape>) -> Vec<Chunk> {
 /// guided schedule: each chunk takes about `1 / (GUIDED_SHARE · threads)` of the work left
 /// after it, in whole row groups of the prefill nest while that is at least one, then in
 /// 16-row steps (a packed part: one row group at a time, by activation rows,
-/// [`packed_cuts`]), never past its part's end. The first chunks are whole experts, so a thread
+/// [`cut_guided`]), never past its part's end. The first chunks are whole experts, so a thread
 /// reads an expert's rows in one run, and its prefetch of the next column chunk and row
 /// group carries it from panel to panel; the last chunks are small, so the call ends evenly.
 /// (Cut job by job, a 256-row prefill of Qwen3-30B-A3B's layer made ~18,000 chunks of 16
@@ -133,24 +121,8 @@ fn guided(threads: usize, shapes: &[Shape], work: usize) -> Vec<Chunk> {
     let mut left = work;
     let mut all = Vec::new();
     for (j, &Shape { rows, cols, t, grouped }) in shapes.iter().enumerate() {
-        if grouped {
-            packed_cuts(threads, rows, cols, t, &mut left, |tk, r| all.push((j, tk, r)));
-            continue;
-        }
-        let per_row = (cols * t).max(1);
-        let mut r0 = 0;
-        while r0 < rows {
-            let want = left / (GUIDED_SHARE * threads) / per_row;
-            let size = if want >= GROUP {
-                want / GROUP * GROUP
-            } else {
-                (want / MIN_CHUNK_ROWS * MIN_CHUNK_ROWS).max(MIN_CHUNK_ROWS)
-            };
-            let size = size.min(rows - r0);
-            all.push((j, 0..t, r0..r0 + size));
-            r0 += size;
-            left = left.saturating_sub(size * per_row);
-        }
+        let slice = slices(grouped, t);
+        cut_guided(threads, rows, cols, t, slice, &mut left, |tk, r| all.push((j, tk, r)));
     }
     all
 }

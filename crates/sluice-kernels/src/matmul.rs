@@ -36,8 +36,7 @@ use crate::packed::Packed;
 use std::ops::Range;
 
 pub(crate) use crate::cuts::{
-    packed_chunks, packed_cuts, split, token_chunk, token_range, GUIDED_SHARE, MIN_CHUNK_ROWS,
-    PAR_MIN_WORK,
+    packed_chunks, split, token_chunk, token_range, MIN_CHUNK_ROWS, PAR_MIN_WORK,
 };
 
 pub use crate::formats::{e4m3_to_f32, e8m0_to_f32, WeightFormat, E2M1, E4M3};
