@@ -1,7 +1,7 @@
 //! One MoE layer's routed experts in a prefill, as a layer batch runs them (`many.rs`): every
 //! expert's gate and up projections in one pool call, every down projection in another, each
 //! expert on its own few rows. Prints wall-clock GFLOP/s and the ratio to the FMA peak of all
-//! the pool's threads, measured in the same run:
+//! the pool's threads (each thread's loop side by side, summed), measured in the same run:
 //! `cargo run --release -p sluice-kernels --example layer_batch -- THREADS [EXPERTS ROWS INTER HIDDEN REPS FORMAT]`
 //! (defaults: Qwen3-30B-A3B's layer at a 256-token prefill, 128 bf16 experts of 768 × 2048 with
 //! 16 rows each, 5 reps). The weights are 1.2 GB in bf16, read from memory once per layer, as a
@@ -27,13 +27,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let reps = arg(6, 5)?;
     let isa = isa();
     let pool = Pool::new(threads)?;
-    // One thread's FMA loop, timed on the wall clock, times the threads.
-    let t0 = Instant::now();
-    let mut flops = 0.0;
-    while t0.elapsed().as_secs_f64() < 0.3 {
-        flops += fma_loop(isa, 1 << 22);
-    }
-    let peak = flops / t0.elapsed().as_secs_f64() / 1e9 * threads as f64;
+    // The FMA loop on every thread side by side, each timed on the wall clock, summed: the
+    // threads of a virtual machine may share cores, so one thread's rate times the threads
+    // overstates them (docs/PERFORMANCE.md, issue 20, session 29).
+    let barrier = std::sync::Barrier::new(threads.max(1));
+    let peak: f64 = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    let t0 = Instant::now();
+                    let mut flops = 0.0;
+                    while t0.elapsed().as_secs_f64() < 0.3 {
+                        flops += fma_loop(isa, 1 << 22);
+                    }
+                    flops / t0.elapsed().as_secs_f64() / 1e9
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
+    });
     let format = std::env::args().nth(7).unwrap_or_else(|| "bf16".to_owned());
     // Three matrices an expert (gate, up: inter × hidden; down: hidden × inter), distinct
     // bytes for every expert so that each is read from memory.
