@@ -105,16 +105,17 @@ pub(crate) fn packed_chunks(
     cols: usize,
     t: usize,
 ) -> Vec<(Range<usize>, Range<usize>)> {
-    if rows.div_ceil(crate::wide::GROUP) < threads || !slices(true, t) {
+    let mut left = rows * cols * t;
+    if threads <= 1
+        || left < PAR_MIN_WORK
+        || rows.div_ceil(crate::wide::GROUP) < threads
+        || !slices(true, t)
+    {
+        // `split` runs the first two whole on the calling thread.
         return chunk_list(threads, rows, cols, t, true);
     }
     let mut chunks = Vec::new();
-    if threads > 1 && rows * cols * t >= PAR_MIN_WORK {
-        let mut left = rows * cols * t;
-        cut_guided(threads, rows, cols, t, true, &mut left, |tk, r| chunks.push((tk, r)));
-    } else {
-        chunks.push((0..t, 0..rows));
-    }
+    cut_guided(threads, rows, cols, t, true, &mut left, |tk, r| chunks.push((tk, r)));
     chunks
 }
 

@@ -43,7 +43,7 @@ use crate::arch::avx2::Avx2;
 use crate::formats::Format;
 use crate::matmul::Matrix;
 use crate::outer::{Tier, ACC_FLOATS, CELLS, PANEL_LANE, ROWS, SUB};
-use crate::packed::{pack_size, BLOCK, GROUP_TOKENS, MICRO, STEPS};
+use crate::packed::{pack_size, BLOCK, GROUP_TOKENS, MICRO, PACK_WINDOW, STEPS, WINDOW_FLOATS};
 use crate::tiled::Kernel;
 
 /// Floats of one tile's accumulators: 2 vectors of 8 rows × 6 tokens, token-major.
@@ -66,11 +66,6 @@ fn lanes(lo: usize, hi: usize) -> __m256i {
         _mm256_andnot_si256(below_lo, below_hi)
     }
 }
-
-/// Steps of a pack's micro run that [`pack`] writes at once: 8 steps of 6 tokens are
-/// 48 floats, six whole vectors on whole cache lines.
-const PACK_WINDOW: usize = 8;
-const _: () = assert!(STEPS.is_multiple_of(PACK_WINDOW));
 
 /// AVX2's [`crate::outer_avx512::pack`]: the pack's column chunks `chunks` of token
 /// groups `gs`, each group's micro run of a lane written in whole aligned vectors from 8 × 8
@@ -103,7 +98,7 @@ pub(crate) unsafe fn pack(
                     break;
                 }
                 for h in 0..2 {
-                    for b in 0..6 {
+                    for b in 0..WINDOW_FLOATS / 8 {
                         let mut r = [_mm256_setzero_ps(); 8];
                         for (i, v) in r.iter_mut().enumerate() {
                             let m = 8 * b + i;

@@ -17,13 +17,8 @@ use crate::arch::avx512::Avx512;
 use crate::formats::Format;
 use crate::matmul::Matrix;
 use crate::outer::{Tier, PANEL_LANE, ROWS, SUB};
-use crate::packed::{pack_size, GROUP_TOKENS, MICRO, STEPS};
+use crate::packed::{pack_size, GROUP_TOKENS, MICRO, PACK_WINDOW, STEPS, WINDOW_FLOATS};
 use crate::tiled::Kernel;
-
-/// Steps of a pack's micro run that [`pack`] writes at once: 8 steps of 6 tokens are
-/// 48 floats, three whole vectors on whole cache lines.
-const PACK_WINDOW: usize = 8;
-const _: () = assert!(STEPS.is_multiple_of(PACK_WINDOW));
 
 /// Writes the part of the pack of `x` (`tokens` rows of `cols`) that holds column chunks
 /// `chunks` of token groups `gs` into `out`, the whole pack's buffer ([`pack_size`] floats):
@@ -57,7 +52,7 @@ pub(crate) unsafe fn pack(
                 if ch * STEPS + w0 >= steps {
                     break;
                 }
-                for b in 0..3 {
+                for b in 0..WINDOW_FLOATS / 16 {
                     let mut r = [_mm512_setzero_ps(); 16];
                     for (i, v) in r.iter_mut().enumerate() {
                         let (kk, j) = ((16 * b + i) / GROUP_TOKENS, (16 * b + i) % GROUP_TOKENS);

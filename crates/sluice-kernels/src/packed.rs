@@ -52,6 +52,12 @@ pub(crate) const GROUP_TOKENS: usize = 6;
 /// Floats of one lane's column chunk for one token group: [`STEPS`] steps of 6 tokens (1,536
 /// bytes, 24 cache lines), the values a tile reads, in the order it reads them.
 pub(crate) const MICRO: usize = STEPS * GROUP_TOKENS;
+/// Steps of a micro run that a tier's pack writes at once (`outer_avx512::pack`): 8 steps of
+/// 6 tokens are 48 floats, three whole cache lines, so every line is written whole.
+pub(crate) const PACK_WINDOW: usize = 8;
+/// Floats of a micro run's [`PACK_WINDOW`] steps.
+pub(crate) const WINDOW_FLOATS: usize = PACK_WINDOW * GROUP_TOKENS;
+const _: () = assert!(STEPS.is_multiple_of(PACK_WINDOW) && WINDOW_FLOATS.is_multiple_of(16));
 
 /// A call's activation rows `first .. first + tokens`, packed in token groups of 6:
 /// `A[ch][l][g][k][j]` = `x[first + 6g + j][ch · CHUNK + 16k + l]` at
@@ -400,7 +406,7 @@ mod tests {
         for isa in Isa::available().into_iter().filter(|&i| packs(i)) {
             for threads in [1, 3] {
                 let pool = Pool::new(threads).expect("pool");
-                // Two packs side by side (a layer batch's turn) and one alone.
+                // Seven packs side by side (a layer batch's turn), then two.
                 for pair in [&shapes[..], &shapes[4..6]] {
                     let xs: Vec<Vec<f32>> = pair
                         .iter()
@@ -420,7 +426,8 @@ mod tests {
                         })
                         .collect();
                     let mut lines = vec![Line([f32::NAN; 16]); at.div_ceil(16)];
-                    let buf = made_of(&mut lines);
+                    // Not empty, so `made` lends these lines as they are.
+                    let buf = made(&mut lines);
                     pool.install(|| fill(isa, &fills, buf));
                     for f in &fills {
                         let (_, groups) = pack_size(f.tokens, f.cols);
@@ -449,11 +456,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// `lines` as floats.
-    fn made_of(lines: &mut [Line]) -> &mut [f32] {
-        // SAFETY: `Line` is `repr(C)` around `[f32; 16]`, so the lines are contiguous floats.
-        unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), lines.len() * 16) }
     }
 }
