@@ -9,9 +9,9 @@
 //! the same shapes in that format, with random bytes and scales of the magnitudes
 //! `sluice_kernels::probe` uses.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use sluice_kernels::probe::{fma_loop, random_bytes};
+use sluice_kernels::probe::{fma_peak, random_bytes};
 use sluice_kernels::{isa, matmul_many, matmul_pair_many, Job, Matrix, PairJob, Pool};
 
 fn arg(i: usize, default: usize) -> Result<usize, Box<dyn std::error::Error>> {
@@ -27,26 +27,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let reps = arg(6, 5)?;
     let isa = isa();
     let pool = Pool::new(threads)?;
-    // The FMA loop on every thread side by side, each timed on the wall clock, summed: the
-    // threads of a virtual machine may share cores, so one thread's rate times the threads
-    // overstates them (docs/PERFORMANCE.md, issue 20, session 29).
-    let barrier = std::sync::Barrier::new(threads.max(1));
-    let peak: f64 = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads.max(1))
-            .map(|_| {
-                s.spawn(|| {
-                    barrier.wait();
-                    let t0 = Instant::now();
-                    let mut flops = 0.0;
-                    while t0.elapsed().as_secs_f64() < 0.3 {
-                        flops += fma_loop(isa, 1 << 22);
-                    }
-                    flops / t0.elapsed().as_secs_f64() / 1e9
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
-    });
+    // The FMA loop on every pool thread side by side, each timed on the wall clock, summed
+    // (`sluice_kernels::probe::fma_peak`): the threads of a virtual machine may share cores,
+    // so one thread's rate times the threads overstates them.
+    let peak = fma_peak(&pool, Duration::from_millis(300))?;
     let format = std::env::args().nth(7).unwrap_or_else(|| "bf16".to_owned());
     // Three matrices an expert (gate, up: inter × hidden; down: hidden × inter), distinct
     // bytes for every expert so that each is read from memory.

@@ -27,8 +27,8 @@ use crate::matmul::{matmul, Matrix, WeightFormat};
 use crate::pool::{Pool, PoolBusy, PoolError};
 
 mod peaks;
-pub use peaks::fma_loop;
-use peaks::{fma_peak, median, memory_read, timed};
+pub use peaks::{fma_loop, fma_peak};
+use peaks::{median, memory_read, timed};
 
 /// Shape of the bf16 and int8 matrices measured (a large Kimi K3 spine projection,
 /// `[out, in]`: 117 MB in bf16).

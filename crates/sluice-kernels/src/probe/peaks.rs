@@ -15,10 +15,10 @@ use crate::pool::{Pool, PoolBusy};
 /// runs beside the others for nearly all of it.
 const FMA_ROUNDS: u64 = 1 << 22;
 
-/// The FMA loop of the selected tier on every pool thread at once, each thread timing its
-/// own loop: the median over repetitions of the sum of the threads' rates, GFLOP/s. That sum
-/// is what a call whose threads claim chunks as they free up can reach, whichever threads
-/// are slower.
+/// The FMA loop of the selected tier on every thread of `pool` at once, each thread timing its
+/// own loop, repeated for at least `budget` (three times at least): the median of the sums of
+/// the threads' rates, GFLOP/s. That sum is what a call whose threads claim chunks as they
+/// free up can reach, whichever threads are slower.
 ///
 /// **Why each thread times itself.** Timed as one pool call of a chunk per thread, the
 /// call's wall time is its slowest thread's. The device host's 16 vCPUs are not 16 whole
@@ -26,7 +26,10 @@ const FMA_ROUNDS: u64 = 1 << 22;
 /// 136–163, so the one call read 1,303–1,422 GFLOP/s for all 16 against a sum of 1,885–2,287,
 /// and the kernels' share of that "peak" read 83–106% (docs/PERFORMANCE.md, issue 20,
 /// session 29).
-pub(super) fn fma_peak(pool: &Pool, budget: Duration) -> Result<f64, PoolBusy> {
+///
+/// # Errors
+/// [`PoolBusy`] if `pool` is running another call.
+pub fn fma_peak(pool: &Pool, budget: Duration) -> Result<f64, PoolBusy> {
     let n = pool.threads();
     let rates: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
     let isa = isa();
