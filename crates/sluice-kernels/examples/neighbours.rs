@@ -8,7 +8,8 @@
 //!   an all-core vector load, but no memory or cache traffic from the neighbours);
 //! - **independent**: `THREADS` one-thread calls at once, each on its own matrix and
 //!   activations (every core busy with the nest, nothing shared, no cuts);
-//! - **pool**: one call of `THREADS` threads on one matrix, cut as the engine cuts it.
+//! - **pool**: one call of `THREADS` threads on one matrix, cut as the engine cuts it;
+//!   then the FMA peak `sluice probe` reads against (`probe::fma_peak`) on the same pool.
 //!
 //! alone ≈ beside FMA ≈ independent > pool points at the cutting and the shared pack;
 //! independent < beside FMA at what the cores share (L3, memory); beside FMA < alone at
@@ -20,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 use std::time::Instant;
 
-use sluice_kernels::probe::{fma_loop, random_bytes};
+use sluice_kernels::probe::{fma_loop, fma_peak, random_bytes};
 use sluice_kernels::{isa, matmul, Isa, Matrix, Pool};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -195,6 +196,12 @@ fn main() -> Result<(), Error> {
         sum_fma,
         100.0 * whole / sum_fma,
         whole / threads as f64
+    );
+    // The peak `sluice probe --kernels` reads its ratios against, on the same pool.
+    let peak = fma_peak(&pool, std::time::Duration::from_millis(300))?;
+    println!(
+        "probe's peak  {peak:7.1} GFLOP/s ({:.1}% of the side-by-side sum above)",
+        100.0 * peak / sum_fma
     );
     Ok(())
 }

@@ -161,11 +161,13 @@ fn guided_size(want: usize, coarse: usize, fine: usize) -> usize {
 /// guided schedule, `left` the work (`rows · cols · t` summed over the call's parts) not yet
 /// handed out, updated: each chunk takes about `1 / (GUIDED_SHARE · threads)` of it, in whole
 /// row groups of the outer nest ([`crate::wide::GROUP`], all the activation rows) while that
-/// is at least one; then, where `slice` ([`slices`]: a packed part), one row group at a time
-/// cut by activation rows in whole token groups of at least [`MIN_SLICE_TOKENS`], so that the
-/// call still ends evenly; otherwise in 16-row steps, as [`split`] cuts the other calls (cut
-/// only in whole row groups, a 64-token call's last chunks left threads idle: T = 64 at 16
-/// threads 60–69% of the peak against 63–73%, session 28).
+/// is at least one; then, where `slice` ([`slices`]: a packed part), whole row groups still
+/// while more work is left than a row group for each thread, and only the last (about one a
+/// thread) cut by activation rows, each in whole token groups of at least
+/// [`MIN_SLICE_TOKENS`] and about `1 / threads` of the work left, so that the call still ends
+/// evenly; otherwise in 16-row steps, as [`split`] cuts the other calls (cut only in whole row
+/// groups, a 64-token call's last chunks left threads idle: T = 64 at 16 threads 60–69% of the
+/// peak against 63–73%, session 28).
 ///
 /// **Why slices.** Cut as the other nests' calls are, a packed call's last chunks shrank to
 /// 16 rows: on 16 threads half of a 2,048-row call's rows were folded in 16-row chunks, whose
@@ -175,6 +177,13 @@ fn guided_size(want: usize, coarse: usize, fine: usize) -> usize {
 /// A row group cut by activation rows keeps its tiles whole and reads only its tokens' share
 /// of the pack; it decodes its weights once per chunk, which a chunk of at least
 /// [`MIN_SLICE_TOKENS`] amortises.
+///
+/// **Why only the last row groups.** Slicing began where a guided share fell below a row
+/// group: on 16 threads, at the second of a 2,048-row call's 32 groups, so most groups were
+/// decoded two to five times for slices of 48–200 tokens. Keeping whole groups until one a
+/// thread is left took the device host's 16-thread T = 256 call 1.03–1.05× faster at 1,024
+/// and 2,048 rows (bf16 and MXFP4) and 1.02× at 7,168, medians of 21–41 interleaved pairs
+/// (docs/PERFORMANCE.md, issue 20, session 30).
 pub(crate) fn cut_guided(
     threads: usize,
     rows: usize,
@@ -185,11 +194,15 @@ pub(crate) fn cut_guided(
     mut push: impl FnMut(Range<usize>, Range<usize>),
 ) {
     let group = crate::wide::GROUP;
-    let share = GUIDED_SHARE * threads.max(1);
+    let threads = threads.max(1);
+    let share = GUIDED_SHARE * threads;
     let per_row = (cols * t).max(1);
     let mut r0 = 0;
     while r0 < rows {
-        let want = *left / share / per_row;
+        let mut want = *left / share / per_row;
+        if slice && *left > threads * group * per_row {
+            want = want.max(group);
+        }
         if want >= group || !slice {
             let size = guided_size(want, group, MIN_CHUNK_ROWS).min(rows - r0);
             push(0..t, r0..r0 + size);
@@ -200,7 +213,7 @@ pub(crate) fn cut_guided(
         let gr = group.min(rows - r0);
         let mut k0 = 0;
         while k0 < t {
-            let want = *left / share / (gr * cols).max(1);
+            let want = *left / threads / (gr * cols).max(1);
             let mut n = (want / GROUP_TOKENS * GROUP_TOKENS).max(MIN_SLICE_TOKENS).min(t - k0);
             if t - k0 - n < MIN_SLICE_TOKENS {
                 n = t - k0;
@@ -352,5 +365,30 @@ mod tests {
             assert!(chunks.iter().any(|(tk, _)| tk.len() < t), "cut by tokens: {chunks:?}");
         }
         assert_eq!(packed_chunks(1, 2048, 7168, 264), vec![(0..264, 0..2048)]);
+    }
+
+    #[test]
+    fn packed_calls_sliced_from_their_second_row_group_decoded_most_groups_again_now_whole_until_one_a_thread(
+    ) {
+        for (threads, rows, cols, t) in [
+            (16, 2048, 7168, 256),
+            (16, 1024, 7168, 256),
+            (16, 7168, 7168, 256),
+            (4, 640, 2048, 96),
+        ] {
+            let chunks = packed_chunks(threads, rows, cols, t);
+            let groups = rows.div_ceil(64);
+            // Row groups cut by activation rows, each counted once.
+            let mut cut: Vec<usize> =
+                chunks.iter().filter(|(tk, _)| tk.len() < t).map(|(_, r)| r.start / 64).collect();
+            cut.dedup();
+            // Only the last ones, no more than one a thread, and some: the call ends evenly.
+            assert!(!cut.is_empty() && cut.len() <= threads, "{threads} {rows}: {chunks:?}");
+            assert!(cut.iter().all(|&g| g >= groups - threads), "{threads} {rows}: {cut:?}");
+            // The whole ones first, in chunks of whole groups.
+            let whole = chunks.iter().take_while(|(tk, _)| tk.len() == t);
+            assert!(whole.clone().all(|(_, r)| r.len() % 64 == 0), "{chunks:?}");
+            assert_eq!(whole.map(|(_, r)| r.len()).sum::<usize>(), 64 * cut[0], "{chunks:?}");
+        }
     }
 }
