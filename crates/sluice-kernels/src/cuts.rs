@@ -33,6 +33,9 @@ const MIN_CHUNK_TOKENS: usize = 16;
 /// its row group's weights again.
 pub(crate) const MIN_SLICE_TOKENS: usize = 48;
 const _: () = assert!(MIN_SLICE_TOKENS.is_multiple_of(GROUP_TOKENS));
+/// Fewest [`slice_units`] a thread for a packed call to be cut by [`cut_guided`]
+/// ([`sliced_enough`]).
+pub(crate) const SLICES_PER_THREAD: usize = 2;
 /// Each row chunk takes `1 / (GUIDED_SHARE · threads)` of the rows not yet handed out.
 pub(crate) const GUIDED_SHARE: usize = 2;
 
@@ -95,8 +98,8 @@ pub(crate) fn split(
 
 /// The chunks `(activation rows, rows)` of a packed call (one the outer nest folds,
 /// [`crate::packed`]) of `t` activation rows on a `rows × cols` matrix on a pool of
-/// `threads`: [`cut_guided`] with token slices over the whole call where it has at least a
-/// row group per thread and [`slices`] holds; otherwise as [`split`] cuts it
+/// `threads`: [`cut_guided`] with token slices over the whole call where [`slices`] and
+/// [`sliced_enough`] hold; otherwise as [`split`] cuts it
 /// ([`chunk_list`]: a small matrix also by activation rows, on whole token groups), or one
 /// chunk of everything where the call runs on the calling thread.
 pub(crate) fn packed_chunks(
@@ -106,11 +109,7 @@ pub(crate) fn packed_chunks(
     t: usize,
 ) -> Vec<(Range<usize>, Range<usize>)> {
     let mut left = rows * cols * t;
-    if threads <= 1
-        || left < PAR_MIN_WORK
-        || rows.div_ceil(crate::wide::GROUP) < threads
-        || !slices(true, t)
-    {
+    if threads <= 1 || left < PAR_MIN_WORK || !slices(true, t) || !sliced_enough(threads, rows, t) {
         // `split` runs the first two whole on the calling thread.
         return chunk_list(threads, rows, cols, t, true);
     }
@@ -145,6 +144,22 @@ pub(crate) fn chunk_list(
 /// (`grouped`) of at least twice [`MIN_SLICE_TOKENS`] activation rows.
 pub(crate) fn slices(grouped: bool, t: usize) -> bool {
     grouped && t >= 2 * MIN_SLICE_TOKENS
+}
+
+/// Slices of [`MIN_SLICE_TOKENS`] a part of `rows` × `t` activation rows holds: its row
+/// groups times its activation rows' whole slices.
+pub(crate) fn slice_units(rows: usize, t: usize) -> usize {
+    rows.div_ceil(crate::wide::GROUP) * (t / MIN_SLICE_TOKENS)
+}
+
+/// Whether a packed call of `rows` × `t` activation rows is cut by [`cut_guided`] on a pool
+/// of `threads`: where its [`slice_units`] are at least [`SLICES_PER_THREAD`] a thread.
+/// Fewer row groups than threads were once cut as [`split`] cuts a small matrix, in 16-row
+/// chunks; cut by [`cut_guided`] instead, the device host's 16 threads ran a 768 × 2,048
+/// call at T = 256 (60 units) 1.18–1.22× and 512 × 7,168 (40) 1.06× faster, but 768 × 2,048
+/// at T = 128 (24) 0.92× and 256 × 7,168 at T = 256 (20) 0.84–0.88× (issue 20, session 30).
+pub(crate) fn sliced_enough(threads: usize, rows: usize, t: usize) -> bool {
+    slice_units(rows, t) >= SLICES_PER_THREAD * threads
 }
 
 /// Rows of a guided chunk that wants `want` rows: a multiple of `coarse` while `want` is at
@@ -329,6 +344,8 @@ mod tests {
             (16, 40, 4096, 100),
             (16, 2048, 7168, 64),
             (2, 300, 1024, 95),
+            (16, 768, 2048, 256),
+            (16, 256, 7168, 256),
         ] {
             let chunks = packed_chunks(threads, rows, cols, t);
             // Every (token, row) cell once.
@@ -342,7 +359,7 @@ mod tests {
             }
             assert!(seen.iter().all(|&n| n == 1), "{threads} {rows}x{cols} t={t}: {chunks:?}");
             let min = MIN_SLICE_TOKENS;
-            if t < 2 * min || rows.div_ceil(64) < threads {
+            if t < 2 * min || !sliced_enough(threads, rows, t) {
                 // Too few activation rows or row groups to cut so: as `split` cuts the call.
                 let (cuts, token_chunks) = split(threads, rows, cols, t).expect("split");
                 let tc = token_chunk(t, token_chunks, true);
@@ -360,7 +377,7 @@ mod tests {
                 assert!(tk.len() == t || r.len() <= 64, "{tk:?} {r:?}");
             }
             // Spread over the threads, and no chunk of fewer than 64 rows where there are 64.
-            assert!(chunks.len() >= threads.min(rows.div_ceil(64) * t / min), "{chunks:?}");
+            assert!(chunks.len() >= threads.min(slice_units(rows, t)), "{chunks:?}");
             assert!(chunks.iter().all(|(_, r)| r.len() >= 64.min(rows - r.start)));
             assert!(chunks.iter().any(|(tk, _)| tk.len() < t), "cut by tokens: {chunks:?}");
         }
@@ -375,6 +392,7 @@ mod tests {
             (16, 1024, 7168, 256),
             (16, 7168, 7168, 256),
             (4, 640, 2048, 96),
+            (16, 768, 2048, 256),
         ] {
             let chunks = packed_chunks(threads, rows, cols, t);
             let groups = rows.div_ceil(64);
@@ -384,7 +402,7 @@ mod tests {
             cut.dedup();
             // Only the last ones, no more than one a thread, and some: the call ends evenly.
             assert!(!cut.is_empty() && cut.len() <= threads, "{threads} {rows}: {chunks:?}");
-            assert!(cut.iter().all(|&g| g >= groups - threads), "{threads} {rows}: {cut:?}");
+            assert!(cut.iter().all(|&g| g >= groups.saturating_sub(threads)), "{threads} {rows}: {cut:?}");
             // The whole ones first, in chunks of whole groups.
             let whole = chunks.iter().take_while(|(tk, _)| tk.len() == t);
             assert!(whole.clone().all(|(_, r)| r.len() % 64 == 0), "{chunks:?}");
