@@ -402,7 +402,10 @@ mod tests {
             cut.dedup();
             // Only the last ones, no more than one a thread, and some: the call ends evenly.
             assert!(!cut.is_empty() && cut.len() <= threads, "{threads} {rows}: {chunks:?}");
-            assert!(cut.iter().all(|&g| g >= groups.saturating_sub(threads)), "{threads} {rows}: {cut:?}");
+            assert!(
+                cut.iter().all(|&g| g >= groups.saturating_sub(threads)),
+                "{threads} {rows}: {cut:?}"
+            );
             // The whole ones first, in chunks of whole groups.
             let whole = chunks.iter().take_while(|(tk, _)| tk.len() == t);
             assert!(whole.clone().all(|(_, r)| r.len() % 64 == 0), "{chunks:?}");
