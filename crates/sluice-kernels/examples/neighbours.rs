@@ -24,37 +24,11 @@ use std::time::Instant;
 use sluice_kernels::probe::{fma_loop, fma_peak, random_bytes};
 use sluice_kernels::{isa, matmul, Isa, Matrix, Pool};
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
+mod stored;
+use stored::{matrix, stored, Error};
 
 fn arg(i: usize, default: usize) -> Result<usize, Error> {
     std::env::args().nth(i).map_or(Ok(default), |a| Ok(a.parse()?))
-}
-
-/// A matrix's stored bytes and scales in `format`, random, with moderate magnitudes.
-fn stored(format: &str, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
-    let n = rows * cols;
-    if format == "mxfp4" {
-        let scales = random_bytes(n / 32, seed + 7).into_iter().map(|s| 119 + s % 8).collect();
-        return (random_bytes(n / 2, seed), scales);
-    }
-    let mut w = random_bytes(2 * n, seed);
-    for hi in w.iter_mut().skip(1).step_by(2) {
-        *hi = (*hi & 0x83) | 0x3C;
-    }
-    (w, Vec::new())
-}
-
-fn matrix<'a>(
-    format: &str,
-    rows: usize,
-    cols: usize,
-    (d, s): &'a (Vec<u8>, Vec<u8>),
-) -> Result<Matrix<'a>, Error> {
-    Ok(match format {
-        "mxfp4" => Matrix::mxfp4(rows, cols, d, s)?,
-        "bf16" => Matrix::bf16(rows, cols, d)?,
-        other => return Err(format!("format {other}: bf16 or mxfp4").into()),
-    })
 }
 
 /// The FMA loop on the calling thread for about `secs`: GFLOP/s.
@@ -103,7 +77,7 @@ fn main() -> Result<(), Error> {
     // Alone.
     let fma1 = fma_rate(isa, 0.3);
     let data = stored(&format, rows, cols, 1);
-    let m = matrix(&format, rows, cols, &data)?;
+    let m = matrix(&format, rows, cols, &data.0, &data.1)?;
     let alone = one.install(|| call_rate(&m, &x, t, reps));
     println!("alone         {alone:7.1} GFLOP/s, FMA {fma1:6.1}: {:5.1}%", 100.0 * alone / fma1);
 
@@ -166,7 +140,7 @@ fn main() -> Result<(), Error> {
                 let barrier = &barrier;
                 let format = &format;
                 s.spawn(move || -> Result<f64, Error> {
-                    let m = matrix(format, rows, cols, d)?;
+                    let m = matrix(format, rows, cols, &d.0, &d.1)?;
                     let pool = Pool::new(1)?;
                     barrier.wait();
                     Ok(pool.install(|| call_rate(&m, x, t, reps)))
