@@ -1,7 +1,8 @@
 //! Row-wise operations on f32 activations: norms, activations, softmax, the KDA causal
 //! convolution and delta-rule recurrence. Each works on one row (or one head) at a time, so a
 //! row's result never depends on the other rows in a pass. Reductions over a row accumulate in
-//! f64 in index order: deterministic and well inside the f32 error budget.
+//! f64 in an order fixed by the row alone (index order; a softmax's sum in 8 lanes):
+//! deterministic and well inside the f32 error budget.
 
 use crate::isa::Isa;
 
@@ -68,18 +69,121 @@ pub fn silu_glu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
-/// In-place numerically stable softmax.
+/// In-place numerically stable softmax: `exp(x − max)` by [`exp_inplace`], summed in f64 in
+/// [`SOFTMAX_LANES`] lanes (value `i` into lane `i mod 8`, in index order; then the lanes
+/// pairwise, `((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))`). The order depends on the row alone.
+/// The maximum is taken in lanes too: the maximum of a set does not depend on the order (NaNs
+/// skipped either way; a +0.0 or −0.0 maximum gives the same `exp(x − max)`).
+///
+/// **Why lanes.** One f64 sum in index order is a chain of dependent additions, one addition's
+/// latency a value: once the exponentials ran 16 at a time ([`exp_inplace`]), that chain and the
+/// maximum's were most of a softmax over a 1,024-score row (docs/PERFORMANCE.md, issue 20,
+/// session 30).
 pub fn softmax_inplace(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f64;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += f64::from(*v);
+    let mut m = [f32::NEG_INFINITY; 16];
+    let mut rows = x.chunks_exact(16);
+    for c in &mut rows {
+        for (mi, &v) in m.iter_mut().zip(c) {
+            *mi = mi.max(v);
+        }
     }
+    let max = rows.remainder().iter().chain(&m).copied().fold(f32::NEG_INFINITY, f32::max);
+    for v in x.iter_mut() {
+        *v -= max;
+    }
+    exp_inplace(x);
+    let mut lanes = [0.0f64; SOFTMAX_LANES];
+    let mut rows = x.chunks_exact(SOFTMAX_LANES);
+    for c in &mut rows {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += f64::from(v);
+        }
+    }
+    for (l, &v) in lanes.iter_mut().zip(rows.remainder()) {
+        *l += f64::from(v);
+    }
+    let [a, b, c, d, e, f, g, h] = lanes;
+    let sum = ((a + b) + (c + d)) + ((e + f) + (g + h));
     #[allow(clippy::cast_possible_truncation)]
     let inv = (1.0 / sum) as f32;
     for v in x.iter_mut() {
         *v *= inv;
+    }
+}
+
+/// Lanes of a softmax's f64 sum ([`softmax_inplace`]).
+pub const SOFTMAX_LANES: usize = 8;
+
+/// `x = exp(x)` for every value, within one unit in the last place of the exact value, the
+/// same bits on every tier ([`exp_inplace_with`]).
+///
+/// **Why not `f32::exp`.** A softmax over attention scores takes one exponential a score:
+/// 2,048 × 1,024 × 32 a layer of a 2,048-token Qwen3-30B-A3B prefill, where the C library's
+/// scalar `expf` and the softmax around it were 9% of the pass (docs/PERFORMANCE.md, issue 20,
+/// session 30). Here the tiers run 8 or 16 at a time.
+pub fn exp_inplace(x: &mut [f32]) {
+    exp_inplace_with(crate::isa::isa(), x);
+}
+
+/// [`exp_inplace`] on tier `isa`. The body is plain f32 arithmetic, each step one IEEE
+/// operation (a multiply, a fused multiply-add, a round to nearest even, integer and bit
+/// moves) that the tiers only run side by side, so every tier gives the scalar tier's bits.
+///
+/// # Panics
+/// If the running CPU does not support `isa`.
+pub fn exp_inplace_with(isa: Isa, x: &mut [f32]) {
+    crate::isa::on_tier!(isa, "exp", (x: &mut [f32]) {
+        avx512("avx512f") => exp_body(x),
+        avx2("avx2,fma") => exp_body(x),
+        _ => exp_body(x),
+    });
+}
+
+/// The values of [`exp_inplace`], for every tier.
+#[inline(always)]
+fn exp_body(x: &mut [f32]) {
+    for v in x.iter_mut() {
+        *v = exp1(*v);
+    }
+}
+
+/// `exp(x)`: `x = n · ln 2 + r` with `n` the nearest integer to `x / ln 2` and `r` formed in
+/// two parts of ln 2 (the first exact in few bits, so `n · C1` is exact), `exp(r)` by Cephes'
+/// `expf` polynomial on `|r| ≤ ln 2 / 2`, then scaled by `2^n` as two powers of two, the first
+/// product exact, so that a result in the subnormal range is rounded once. `x` is clamped to
+/// `[−104, 89]` first: below, the result rounds to +0.0; above, it overflows to +∞ as `exp`
+/// does. NaN stays NaN.
+#[inline(always)]
+fn exp1(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const C1: f32 = 0.693_359_4;
+    const C2: f32 = -2.121_944_4e-4;
+    const P: [f32; 6] =
+        [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_66, 0.5];
+    let c = x.clamp(-104.0, 89.0);
+    let n = (c * LOG2E).round_ties_even();
+    let r = (-n).mul_add(C1, c);
+    let r = (-n).mul_add(C2, r);
+    let mut p = P[0];
+    for &k in &P[1..] {
+        p = p.mul_add(r, k);
+    }
+    let y = p.mul_add(r * r, r) + 1.0;
+    // `n` is a whole number in [−150, 129] (the clamp), so both halves' exponents are normal.
+    // It is read as an integer from the low bits of `n + 1.5 · 2^23`, exact for |n| < 2^22 (a
+    // saturating `as i32` made the tiers convert lane by lane).
+    const MAGIC: f32 = 12_582_912.0;
+    #[allow(clippy::cast_possible_wrap)]
+    let ni = (n + MAGIC).to_bits().wrapping_sub(MAGIC.to_bits()) as i32;
+    let n1 = ni >> 1;
+    let n2 = ni.wrapping_sub(n1);
+    #[allow(clippy::cast_sign_loss)]
+    let pow2 = |k: i32| f32::from_bits((k.wrapping_add(127) as u32) << 23);
+    let out = y * pow2(n1) * pow2(n2);
+    if x.is_nan() {
+        x
+    } else {
+        out
     }
 }
 

@@ -1,8 +1,8 @@
 //! The row-wise ops against straightforward f64 formulas (and one hand-computed convolution).
 
 use sluice_kernels::ops::{
-    causal_conv_silu_step, dot_f64, kda_step, kda_step_reference, kda_step_with, l2_norm_inplace,
-    rms_norm, sigmoid, silu, silu_glu, situ_glu, softmax_inplace,
+    causal_conv_silu_step, dot_f64, exp_inplace_with, kda_step, kda_step_reference, kda_step_with,
+    l2_norm_inplace, rms_norm, sigmoid, silu, silu_glu, situ_glu, softmax_inplace,
 };
 use sluice_kernels::Isa;
 
@@ -127,6 +127,75 @@ fn softmax_matches_f64() {
         let total: f64 = y.iter().map(|&v| f64::from(v)).sum();
         assert!((total - 1.0).abs() < 1e-5, "softmax sums to {total}");
     }
+}
+
+/// Values `exp` meets at its edges: zeros, infinities, NaN, the clamp's bounds, the overflow
+/// and subnormal thresholds, the smallest normals.
+const EXP_EDGES: [f32; 14] = [
+    0.0,
+    -0.0,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    f32::NAN,
+    -104.0,
+    -103.97,
+    -103.9,
+    -87.4,
+    88.722_83,
+    88.723,
+    89.0,
+    f32::MIN_POSITIVE,
+    -f32::MIN_POSITIVE,
+];
+
+#[test]
+fn softmax_took_the_c_librarys_scalar_expf_a_score_now_exp_on_every_tier_gives_the_scalar_bits() {
+    // A stride over every f32 bit pattern (all signs, magnitudes, subnormals, NaN payloads).
+    let mut xs: Vec<f32> = (0..=u32::MAX).step_by(4099).map(f32::from_bits).collect();
+    xs.extend(EXP_EDGES);
+    let mut want = xs.clone();
+    exp_inplace_with(Isa::Scalar, &mut want);
+    for isa in Isa::available() {
+        // Odd lengths: the tiers' tails too.
+        for len in [xs.len(), 17, 7] {
+            let mut got = xs[..len].to_vec();
+            exp_inplace_with(isa, &mut got);
+            for ((x, g), w) in xs.iter().zip(&got).zip(&want) {
+                assert!(
+                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                    "{isa}: exp({x:e}) = {g:e}, the scalar tier {w:e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn exp_is_within_one_unit_in_the_last_place() {
+    // Ulps between two finite non-negative floats.
+    let ulps = |a: f32, b: f32| a.to_bits().abs_diff(b.to_bits());
+    let mut xs: Vec<f32> = (0..1_000_000).map(|i| -104.0 + 193.0 * i as f32 / 1e6).collect();
+    xs.extend((0..100_000).map(|i| -1.0 + 2.0 * i as f32 / 1e5));
+    let mut got = xs.clone();
+    exp_inplace_with(Isa::Scalar, &mut got);
+    let mut worst = (0, 0.0f32);
+    for (&x, &g) in xs.iter().zip(&got) {
+        #[allow(clippy::cast_possible_truncation)]
+        let exact = f64::from(x).exp() as f32;
+        let u = ulps(g, exact);
+        if u > worst.0 {
+            worst = (u, x);
+        }
+    }
+    assert!(worst.0 <= 1, "exp({:e}) is {} ulps off", worst.1, worst.0);
+    let mut edges = EXP_EDGES;
+    exp_inplace_with(Isa::Scalar, &mut edges);
+    assert_eq!(edges[..2], [1.0, 1.0]);
+    assert_eq!(edges[2..4], [f32::INFINITY, 0.0]);
+    assert!(edges[4].is_nan());
+    assert_eq!(edges[5], 0.0, "exp(-104) rounds to +0");
+    assert!(edges[6] > 0.0 && edges[6] < f32::MIN_POSITIVE, "exp(-103.97) is subnormal");
+    assert!(edges[9].is_finite() && edges[10] == f32::INFINITY, "overflow at ln(f32::MAX)");
 }
 
 #[test]
