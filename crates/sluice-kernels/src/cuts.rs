@@ -109,7 +109,11 @@ pub(crate) fn packed_chunks(
     t: usize,
 ) -> Vec<(Range<usize>, Range<usize>)> {
     let mut left = rows * cols * t;
-    if threads <= 1 || left < PAR_MIN_WORK || !slices(true, t) || !sliced_enough(threads, rows, t) {
+    if threads <= 1
+        || left < PAR_MIN_WORK
+        || !slices(true, t)
+        || !sliced_enough(threads, slice_units(rows, t))
+    {
         // `split` runs the first two whole on the calling thread.
         return chunk_list(threads, rows, cols, t, true);
     }
@@ -152,14 +156,15 @@ pub(crate) fn slice_units(rows: usize, t: usize) -> usize {
     rows.div_ceil(crate::wide::GROUP) * (t / MIN_SLICE_TOKENS)
 }
 
-/// Whether a packed call of `rows` × `t` activation rows is cut by [`cut_guided`] on a pool
-/// of `threads`: where its [`slice_units`] are at least [`SLICES_PER_THREAD`] a thread.
+/// Whether a packed call of `units` [`slice_units`] (summed over its parts) is cut by
+/// [`cut_guided`] on a pool of `threads`: where they are at least [`SLICES_PER_THREAD`] a
+/// thread.
 /// Fewer row groups than threads were once cut as [`split`] cuts a small matrix, in 16-row
 /// chunks; cut by [`cut_guided`] instead, the device host's 16 threads ran a 768 × 2,048
 /// call at T = 256 (60 units) 1.18–1.22× and 512 × 7,168 (40) 1.06× faster, but 768 × 2,048
 /// at T = 128 (24) 0.92× and 256 × 7,168 at T = 256 (20) 0.84–0.88× (issue 20, session 30).
-pub(crate) fn sliced_enough(threads: usize, rows: usize, t: usize) -> bool {
-    slice_units(rows, t) >= SLICES_PER_THREAD * threads
+pub(crate) fn sliced_enough(threads: usize, units: usize) -> bool {
+    units >= SLICES_PER_THREAD * threads
 }
 
 /// Rows of a guided chunk that wants `want` rows: a multiple of `coarse` while `want` is at
@@ -359,7 +364,7 @@ mod tests {
             }
             assert!(seen.iter().all(|&n| n == 1), "{threads} {rows}x{cols} t={t}: {chunks:?}");
             let min = MIN_SLICE_TOKENS;
-            if t < 2 * min || !sliced_enough(threads, rows, t) {
+            if t < 2 * min || !sliced_enough(threads, slice_units(rows, t)) {
                 // Too few activation rows or row groups to cut so: as `split` cuts the call.
                 let (cuts, token_chunks) = split(threads, rows, cols, t).expect("split");
                 let tc = token_chunk(t, token_chunks, true);

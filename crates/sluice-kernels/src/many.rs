@@ -29,7 +29,7 @@
 //! its job's finish (GPT-OSS's interleaved gate/up rows with their bias into their activation,
 //! its down rows with theirs).
 
-use crate::cuts::{chunk_list, cut_guided, packed_chunks, slice_units, slices, SLICES_PER_THREAD};
+use crate::cuts::{chunk_list, cut_guided, packed_chunks, slice_units, sliced_enough, slices};
 use crate::finish::{add_weighted, Target};
 use crate::isa::{self, Isa};
 use crate::matmul::{run_cells, Matrix, OutPtr, MIN_CHUNK_ROWS, PAR_MIN_WORK};
@@ -88,11 +88,10 @@ struct Shape {
 }
 
 /// The chunks of parts of shapes `shapes`, in part order. A call of at least as many parts as
-/// threads, or of packed parts that [`cut_guided`] slices with enough slices among them
-/// (as [`crate::cuts::sliced_enough`] weighs one packed call), is cut as one whole
-/// ([`guided`]); otherwise each part is cut as [`matmul`] cuts a
-/// call of that shape on a pool of `threads` (one chunk of everything when it would run on the
-/// calling thread). How a part is cut changes no bit: every cell's reduction is the same.
+/// threads, or of packed parts with enough slices among them ([`sliced_enough`], as one
+/// packed call is weighed), is cut as one whole ([`guided`]); otherwise each part is cut as
+/// [`matmul`] cuts a call of that shape on a pool of `threads` (one chunk of everything when
+/// it would run on the calling thread). How a part is cut changes no bit: every cell's reduction is the same.
 ///
 /// **Why packed parts are cut as one whole.** Cut part by part, a packed expert with fewer row
 /// groups than threads (768 rows are 12 on 16 threads) was cut as [`split`] cuts a small
@@ -104,8 +103,7 @@ fn chunks(threads: usize, shapes: impl Iterator<Item = Shape>) -> Vec<Chunk> {
     let shapes: Vec<Shape> = shapes.collect();
     let work: usize = shapes.iter().map(|s| s.rows * s.cols * s.t).sum();
     let units: usize = shapes.iter().map(|s| slice_units(s.rows, s.t)).sum();
-    let sliced =
-        shapes.iter().all(|s| slices(s.grouped, s.t)) && units >= SLICES_PER_THREAD * threads;
+    let sliced = shapes.iter().all(|s| slices(s.grouped, s.t)) && sliced_enough(threads, units);
     if threads > 1 && (shapes.len() >= threads || sliced) && work >= PAR_MIN_WORK {
         return guided(threads, &shapes, work);
     }
