@@ -11,7 +11,9 @@
 //! Here each vector lane carries a sum of its own, so no sum changes its order:
 //! [`weighted_rows`] puts latent columns in the lanes (the context and the absorbed query, a few
 //! rows sharing each load of a matrix row), [`dot_lanes`] puts [`LANES`] rows of the pass in the
-//! lanes (the scores, each position's values broadcast to all of them), and [`attend`] runs one
+//! lanes (the scores, each position's values broadcast to all of them), [`dot_sets_strided`]
+//! runs several such sets (heads that share their keys) over one read of the keys, and
+//! [`attend`] runs one
 //! head's absorbed attention for up to [`LANES`] rows on them (the families multiply its context
 //! by their W_UV). Every lane adds the same
 //! products in the same order as the one-at-a-time sum, starting from the same zero (`+0.0` for
@@ -19,20 +21,18 @@
 //! `Iterator::sum` starts), and the product of two f32 values is exact in f64, so every result
 //! is bit for bit the one-at-a-time result on every tier (so is a fused multiply-add, which the
 //! AVX tiers use: rounding an exact product first changes nothing). The bodies are plain Rust
-//! compiled once per tier under `#[target_feature]` and picked by [`crate::isa::isa`].
+//! compiled once per tier under `#[target_feature]` and picked by [`crate::isa::isa`]; their
+//! tiles (how many sets, positions, rows and columns run side by side) are the tier's
+//! (`tiles`). No closure does arithmetic in them: a closure is compiled without the tier's
+//! features (an FMA in one became a call to the C library's `fma`, 25x slower).
 
 use crate::isa::{self, Isa};
 use crate::ops::softmax_inplace;
 
+mod tiles;
+
 /// Rows of the pass whose dot products share one vector in [`dot_lanes`].
 pub const LANES: usize = 8;
-
-/// Rows that share each load of a matrix row in [`weighted_rows`].
-const ROWS: usize = 4;
-/// Latent columns one [`weighted_rows`] tile keeps in registers per row.
-const COLS: usize = 16;
-/// Positions one [`dot_lanes`] tile computes at once.
-const POSITIONS: usize = 4;
 
 /// `out[r · width + a] = f32(Σ_{i < p[r].len()} f64(p[r][i]) · f64(m[i · width + a]))` for
 /// every row `r` of `p` and column `a < width`, each sum taken from `+0.0` in increasing `i`.
@@ -91,9 +91,9 @@ pub fn weighted_rows_on(
     crate::isa::on_tier!(isa, "weighted_rows", (
         p: &[&[f32]], m: &[f32], stride: usize, width: usize, out: &mut [f32],
     ) {
-        avx512("avx512f,fma") => weighted_rows_body::<true>(p, m, stride, width, out),
-        avx2("avx2,fma") => weighted_rows_body::<true>(p, m, stride, width, out),
-        _ => weighted_rows_body::<false>(p, m, stride, width, out),
+        avx512("avx512f,fma") => tiles::weighted_rows::<8, 16, true, true>(p, m, (stride, width), out),
+        avx2("avx2,fma") => tiles::weighted_rows::<4, 16, true, true>(p, m, (stride, width), out),
+        _ => tiles::weighted_rows::<4, 16, false, false>(p, m, (stride, width), out),
     });
 }
 
@@ -149,146 +149,59 @@ pub fn dot_lanes_on(
     npos: usize,
     out: &mut [[f64; LANES]],
 ) {
-    assert!(stride >= q.len(), "dot_lanes: rows overlap");
-    assert!(
-        npos == 0 || (npos - 1) * stride + q.len() <= m.len(),
-        "dot_lanes: fewer matrix rows than positions"
-    );
     assert!(out.len() >= npos, "dot_lanes: out length");
-    crate::isa::on_tier!(isa, "dot_lanes", (
-        q: &[[f32; LANES]], m: &[f32], stride: usize, npos: usize, out: &mut [[f64; LANES]],
-    ) {
-        avx512("avx512f,fma") => dot_lanes_body::<true>(q, m, stride, npos, out),
-        avx2("avx2,fma") => dot_lanes_body::<true>(q, m, stride, npos, out),
-        _ => dot_lanes_body::<false>(q, m, stride, npos, out),
-    });
+    dot_sets_on(isa, q, 1, m, stride, npos, &mut out[..npos]);
 }
 
-/// [`weighted_rows`] for every tier: groups of [`ROWS`] rows, then single rows.
-#[inline(always)]
-fn weighted_rows_body<const FUSED: bool>(
-    p: &[&[f32]],
-    m: &[f32],
-    stride: usize,
-    width: usize,
-    out: &mut [f32],
-) {
-    let mut r = 0;
-    while r + ROWS <= p.len() {
-        row_group::<ROWS, FUSED>(
-            &p[r..r + ROWS],
-            m,
-            (stride, width),
-            &mut out[r * width..(r + ROWS) * width],
-        );
-        r += ROWS;
-    }
-    while r < p.len() {
-        row_group::<1, FUSED>(&p[r..=r], m, (stride, width), &mut out[r * width..(r + 1) * width]);
-        r += 1;
-    }
-}
-
-/// `R` rows of [`weighted_rows`]: [`COLS`] columns at a time, the terms all `R` rows have
-/// sharing each load of `m`, then each row's own remaining terms, then the columns left over
-/// one at a time. Each column's sum adds its terms in increasing index whichever part of the
-/// loop adds them.
-#[inline(always)]
-fn row_group<const R: usize, const FUSED: bool>(
-    p: &[&[f32]],
-    m: &[f32],
-    (stride, width): (usize, usize),
-    out: &mut [f32],
-) {
-    let joint = p.iter().map(|r| r.len()).min().unwrap_or(0);
-    let mut a0 = 0;
-    while a0 + COLS <= width {
-        let mut acc = [[0.0f64; COLS]; R];
-        for i in 0..joint {
-            let row: &[f32; COLS] = m[i * stride + a0..i * stride + a0 + COLS]
-                .try_into()
-                .expect("invariant: a slice of COLS values");
-            let l = row.map(f64::from);
-            for (acc, pr) in acc.iter_mut().zip(p) {
-                let pv = f64::from(pr[i]);
-                for (a, &lv) in acc.iter_mut().zip(&l) {
-                    *a = madd::<FUSED>(pv, lv, *a);
-                }
-            }
-        }
-        for (acc, pr) in acc.iter_mut().zip(p) {
-            for (i, &pi) in pr.iter().enumerate().skip(joint) {
-                let pv = f64::from(pi);
-                let row = &m[i * stride + a0..i * stride + a0 + COLS];
-                for (a, &lv) in acc.iter_mut().zip(row) {
-                    *a = madd::<FUSED>(pv, f64::from(lv), *a);
-                }
-            }
-        }
-        for (r, acc) in acc.iter().enumerate() {
-            for (o, &a) in out[r * width + a0..r * width + a0 + COLS].iter_mut().zip(acc) {
-                #[allow(clippy::cast_possible_truncation)]
-                {
-                    *o = a as f32;
-                }
-            }
-        }
-        a0 += COLS;
-    }
-    for a in a0..width {
-        for (r, pr) in p.iter().enumerate() {
-            let mut acc = 0.0f64;
-            for (i, &pi) in pr.iter().enumerate() {
-                acc = madd::<FUSED>(f64::from(pi), f64::from(m[i * stride + a]), acc);
-            }
-            #[allow(clippy::cast_possible_truncation)]
-            {
-                out[r * width + a] = acc as f32;
-            }
-        }
-    }
-}
-
-/// [`dot_lanes`] for every tier: [`POSITIONS`] positions at a time, then one at a time.
-#[inline(always)]
-fn dot_lanes_body<const FUSED: bool>(
+/// [`dot_lanes_strided`] for `sets` query sets that share the matrix rows (the heads of one KV
+/// head, or every head of latent attention): `q` holds the sets one after another, `q.len() /
+/// sets` lane vectors each, and set `s`'s sums go to `out[s · npos ..][.. npos]`. Each sum is
+/// the one [`dot_lanes_strided`] of its set alone gives, bit for bit; the sets only share the
+/// loads (and widenings) of the matrix values.
+///
+/// # Panics
+/// If `q.len()` is not a multiple of `sets`, `m` is too short for `npos` rows `stride` apart,
+/// `stride` is less than a set's width, or `out` is shorter than `sets · npos`.
+pub fn dot_sets_strided(
     q: &[[f32; LANES]],
+    sets: usize,
     m: &[f32],
     stride: usize,
     npos: usize,
     out: &mut [[f64; LANES]],
 ) {
-    let w = q.len();
-    let mut pos = 0;
-    while pos + POSITIONS <= npos {
-        let rows: [&[f32]; POSITIONS] = std::array::from_fn(|j| &m[(pos + j) * stride..][..w]);
-        out[pos..pos + POSITIONS].copy_from_slice(&position_tile::<POSITIONS, FUSED>(q, rows));
-        pos += POSITIONS;
-    }
-    while pos < npos {
-        out[pos] = position_tile::<1, FUSED>(q, [&m[pos * stride..][..w]])[0];
-        pos += 1;
-    }
+    dot_sets_on(isa::isa(), q, sets, m, stride, npos, out);
 }
 
-/// The [`dot_lanes`] sums of `P` positions (`rows`, each `q.len()` long): each position's
-/// value at `a` is broadcast to the lanes and multiplied by the lanes' values at `a`.
-#[inline(always)]
-fn position_tile<const P: usize, const FUSED: bool>(
+/// [`dot_sets_strided`] on an explicit tier.
+///
+/// # Panics
+/// As [`dot_sets_strided`], and if the running CPU does not support `isa`.
+pub fn dot_sets_on(
+    isa: Isa,
     q: &[[f32; LANES]],
-    rows: [&[f32]; P],
-) -> [[f64; LANES]; P] {
-    let mut acc = [[-0.0f64; LANES]; P];
-    for (a, qa) in q.iter().enumerate() {
-        let qv = qa.map(f64::from);
-        for (acc, row) in acc.iter_mut().zip(&rows) {
-            let mv = f64::from(row[a]);
-            for (s, &x) in acc.iter_mut().zip(&qv) {
-                *s = madd::<FUSED>(x, mv, *s);
-            }
-        }
-    }
-    acc
+    sets: usize,
+    m: &[f32],
+    stride: usize,
+    npos: usize,
+    out: &mut [[f64; LANES]],
+) {
+    let w = q.len().checked_div(sets).unwrap_or(0);
+    assert_eq!(w * sets, q.len(), "dot_sets: the sets differ in width");
+    assert!(stride >= w, "dot_lanes: rows overlap");
+    assert!(
+        npos == 0 || (npos - 1) * stride + w <= m.len(),
+        "dot_lanes: fewer matrix rows than positions"
+    );
+    assert!(out.len() >= sets * npos, "dot_lanes: out length");
+    crate::isa::on_tier!(isa, "dot_lanes", (
+        q: &[[f32; LANES]], sets: usize, m: &[f32], stride: usize, npos: usize,
+        out: &mut [[f64; LANES]],
+    ) {
+        avx512("avx512f,fma") => tiles::dot_sets::<4, 4, 8, true>(q, sets, (m, stride), npos, out),
+        avx2("avx2,fma") => tiles::dot_sets::<2, 2, 4, true>(q, sets, (m, stride), npos, out),
+        _ => tiles::dot_sets::<2, 2, 4, false>(q, sets, (m, stride), npos, out),
+    });
 }
 
 /// Positions whose scores a group sums at a time.
@@ -369,17 +282,6 @@ pub fn attend(
     weighted_rows(&p, lat, kl, ctx);
 }
 
-/// `acc + a · b` for `a`, `b` widened from f32: fused where the tier has FMA, since their
-/// product is exact in f64 and rounding it first changes nothing (both give the same bits).
-#[inline(always)]
-fn madd<const FUSED: bool>(a: f64, b: f64, acc: f64) -> f64 {
-    if FUSED {
-        a.mul_add(b, acc)
-    } else {
-        acc + a * b
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,7 +308,16 @@ mod tests {
 
     #[test]
     fn weighted_rows_match_one_sum_at_a_time_on_every_tier() {
-        for (rows, width, n) in [(1, 16, 1), (3, 37, 5), (4, 512, 9), (9, 33, 17), (6, 64, 3)] {
+        for (rows, width, n) in [
+            (1, 16, 1),
+            (3, 37, 5),
+            (4, 512, 9),
+            (9, 33, 17),
+            (6, 64, 3),
+            (13, 128, 20),
+            (17, 48, 9),
+            (33, 16, 5),
+        ] {
             let m = values(n * width, 7);
             let lens: Vec<usize> = (0..rows).map(|r| (n + r) % (n + 1)).collect();
             let pv: Vec<Vec<f32>> =
@@ -453,6 +364,41 @@ mod tests {
                             want.to_bits(),
                             "{isa} w {w} pos {pos} lane {l}"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn grouped_heads_read_their_shared_keys_once_per_head_now_once_per_set_of_heads() {
+        // Sets of query lanes against the same strided rows: each set's sums are its own
+        // `dot_lanes` sums, whatever the tier's tile of sets and positions (and the widened
+        // blocks of a row: widths around a block's 32 values).
+        for (sets, w, stride, npos) in
+            [(1, 31, 31, 3), (4, 32, 40, 9), (5, 33, 33, 5), (8, 128, 512, 13), (9, 64, 96, 2)]
+        {
+            let m = values(npos * stride, 11);
+            let cols: Vec<Vec<f32>> =
+                (300u32..).take(LANES * sets).map(|seed| values(w, seed)).collect();
+            let cols = &cols;
+            let q: Vec<[f32; LANES]> = (0..sets)
+                .flat_map(|s| (0..w).map(move |a| std::array::from_fn(|l| cols[s * LANES + l][a])))
+                .collect::<Vec<_>>();
+            for isa in Isa::available() {
+                let mut got = vec![[f64::NAN; LANES]; sets * npos];
+                dot_sets_on(isa, &q, sets, &m, stride, npos, &mut got);
+                for s in 0..sets {
+                    for pos in 0..npos {
+                        for l in 0..LANES {
+                            let want = dot_f64(&cols[s * LANES + l], &m[pos * stride..][..w]);
+                            let g = got[s * npos + pos][l];
+                            assert_eq!(
+                                g.to_bits(),
+                                want.to_bits(),
+                                "{isa} {sets}x{w} {s} {pos} {l}"
+                            );
+                        }
                     }
                 }
             }

@@ -1,0 +1,245 @@
+//! The tier bodies of the [`super`] sums: tiles of query sets × positions (the scores) and of
+//! rows × latent columns (the weighted sums), their shapes chosen per tier.
+//!
+//! **Why sets.** A score sum costs one vector FMA per 4-byte key value and lane vector, so one
+//! set of [`LANES`] rows reads a head's keys at 8 bytes a cycle at the FMA peak: a 2,048-position
+//! prefill streamed them from the L3 cache for every eight rows and reached 45–50% of the f64 FMA
+//! peak on a Zen 5 core. Grouped-query and latent attention give many query heads the same keys;
+//! a tile of `S` sets (heads) × `P` positions reads each key once for all of them, and widens it
+//! to f64 once (into a small buffer the FMAs broadcast from, so a key costs no conversion per
+//! FMA). The weighted sums share each load of the matrix among `R` rows the same way, their
+//! weights widened once per row group. No lane's sum changes its order: a tile only decides
+//! which independent sums run side by side.
+
+use super::LANES;
+
+/// Values of each position a score tile widens to f64 at a time.
+const WIDEN: usize = 32;
+
+/// [`super::dot_sets_on`] on one tier: blocks of `S` sets over `P` positions at a time (then
+/// single positions), the sets left over one at a time over `P1` positions.
+#[inline(always)]
+pub(super) fn dot_sets<const S: usize, const P: usize, const P1: usize, const FUSED: bool>(
+    q: &[[f32; LANES]],
+    sets: usize,
+    (m, stride): (&[f32], usize),
+    npos: usize,
+    out: &mut [[f64; LANES]],
+) {
+    let w = q.len().checked_div(sets).unwrap_or(0);
+    let mut s = 0;
+    while s + S <= sets {
+        let out = &mut out[s * npos..(s + S) * npos];
+        sets_over_positions::<S, P, FUSED>(&q[s * w..(s + S) * w], w, (m, stride), npos, out);
+        s += S;
+    }
+    while s < sets {
+        let out = &mut out[s * npos..(s + 1) * npos];
+        sets_over_positions::<1, P1, FUSED>(&q[s * w..(s + 1) * w], w, (m, stride), npos, out);
+        s += 1;
+    }
+}
+
+/// `S` sets of `w` lane vectors (`q`, set-major) against positions `0..npos` of `m`, `P` at a
+/// time; set `s`'s sums go to `out[s · npos ..][.. npos]`.
+#[inline(always)]
+fn sets_over_positions<const S: usize, const P: usize, const FUSED: bool>(
+    q: &[[f32; LANES]],
+    w: usize,
+    (m, stride): (&[f32], usize),
+    npos: usize,
+    out: &mut [[f64; LANES]],
+) {
+    let mut pos = 0;
+    while pos + P <= npos {
+        let rows: [&[f32]; P] = std::array::from_fn(|j| &m[(pos + j) * stride..][..w]);
+        for (s, acc) in tile::<S, P, FUSED>(q, w, rows).iter().enumerate() {
+            out[s * npos + pos..][..P].copy_from_slice(acc);
+        }
+        pos += P;
+    }
+    while pos < npos {
+        for (s, acc) in tile::<S, 1, FUSED>(q, w, [&m[pos * stride..][..w]]).iter().enumerate() {
+            out[s * npos + pos] = acc[0];
+        }
+        pos += 1;
+    }
+}
+
+/// The sums of `S` sets × `P` positions (`rows`, each `w` long): [`WIDEN`] values of each
+/// position widened to f64 at a time, then for each index `a` every set's lane values (widened)
+/// multiplied by each position's value at `a`, broadcast. Each lane adds its products in
+/// increasing `a` from `-0.0`.
+#[inline(always)]
+fn tile<const S: usize, const P: usize, const FUSED: bool>(
+    q: &[[f32; LANES]],
+    w: usize,
+    rows: [&[f32]; P],
+) -> [[[f64; LANES]; P]; S] {
+    let mut acc = [[[-0.0f64; LANES]; P]; S];
+    let mut wide = [[0.0f64; WIDEN]; P];
+    for a0 in (0..w).step_by(WIDEN) {
+        let n = WIDEN.min(w - a0);
+        for (wd, row) in wide.iter_mut().zip(&rows) {
+            for (d, &v) in wd[..n].iter_mut().zip(&row[a0..a0 + n]) {
+                *d = f64::from(v);
+            }
+        }
+        for a in 0..n {
+            for (s, acc) in acc.iter_mut().enumerate() {
+                let qv = q[s * w + a0 + a].map(f64::from);
+                for (acc, wd) in acc.iter_mut().zip(&wide) {
+                    let mv = wd[a];
+                    for (x, &y) in acc.iter_mut().zip(&qv) {
+                        *x = madd::<FUSED>(y, mv, *x);
+                    }
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// [`super::weighted_rows_on`] on one tier: groups of `R` rows whose common weights are widened
+/// to f64 once (`WIDE`), then groups of 4, then single rows; `C` columns a tile.
+#[inline(always)]
+pub(super) fn weighted_rows<const R: usize, const C: usize, const WIDE: bool, const FUSED: bool>(
+    p: &[&[f32]],
+    m: &[f32],
+    (stride, width): (usize, usize),
+    out: &mut [f32],
+) {
+    let mut wide = Vec::new();
+    let mut r = 0;
+    while r + R <= p.len() {
+        let out = &mut out[r * width..(r + R) * width];
+        row_group::<R, C, WIDE, FUSED>(&p[r..r + R], m, (stride, width), out, &mut wide);
+        r += R;
+    }
+    while r + 4 <= p.len() {
+        let out = &mut out[r * width..(r + 4) * width];
+        row_group::<4, C, WIDE, FUSED>(&p[r..r + 4], m, (stride, width), out, &mut wide);
+        r += 4;
+    }
+    while r < p.len() {
+        let out = &mut out[r * width..(r + 1) * width];
+        row_group::<1, C, false, FUSED>(&p[r..=r], m, (stride, width), out, &mut wide);
+        r += 1;
+    }
+}
+
+/// `R` rows of the weighted sums: `C` columns at a time, the terms all `R` rows have sharing each
+/// load of `m` (their weights widened once into `wide`, row after row, where `WIDE`), then each row's
+/// own remaining terms, then the columns left over one at a time. Each column's sum adds its
+/// terms in increasing index whichever part of the loop adds them.
+#[inline(always)]
+fn row_group<const R: usize, const C: usize, const WIDE: bool, const FUSED: bool>(
+    p: &[&[f32]],
+    m: &[f32],
+    (stride, width): (usize, usize),
+    out: &mut [f32],
+    wide: &mut Vec<f64>,
+) {
+    let joint = p.iter().map(|r| r.len()).min().unwrap_or(0);
+    if WIDE {
+        wide.clear();
+        wide.resize(joint * R, 0.0);
+        for (r, pr) in p.iter().enumerate() {
+            for (i, &v) in pr[..joint].iter().enumerate() {
+                wide[r * joint + i] = f64::from(v);
+            }
+        }
+    }
+    let mut a0 = 0;
+    while a0 + C <= width {
+        let mut acc = [[0.0f64; C]; R];
+        joint_terms::<R, C, WIDE, FUSED>(p, (m, stride, a0), joint, wide, &mut acc);
+        for (acc, pr) in acc.iter_mut().zip(p) {
+            for (i, &pi) in pr.iter().enumerate().skip(joint) {
+                let pv = f64::from(pi);
+                for (a, &lv) in acc.iter_mut().zip(&m[i * stride + a0..][..C]) {
+                    *a = madd::<FUSED>(pv, f64::from(lv), *a);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for (o, &a) in out[r * width + a0..][..C].iter_mut().zip(acc) {
+                #[allow(clippy::cast_possible_truncation)]
+                {
+                    *o = a as f32;
+                }
+            }
+        }
+        a0 += C;
+    }
+    for a in a0..width {
+        for (r, pr) in p.iter().enumerate() {
+            let mut acc = 0.0f64;
+            for (i, &pi) in pr.iter().enumerate() {
+                acc = madd::<FUSED>(f64::from(pi), f64::from(m[i * stride + a]), acc);
+            }
+            #[allow(clippy::cast_possible_truncation)]
+            {
+                out[r * width + a] = acc as f32;
+            }
+        }
+    }
+}
+
+/// Adds to `out` the first `joint` terms of columns `a0 .. a0 + C` for the `R` rows of `p`
+/// (their weights from `wide`, row after row, where `WIDE`). Each widened row is read through
+/// its own slice: read as one position-major block, the compiler vectorized across the rows
+/// (gathers and scatters of the accumulators, 3% of the FMA peak), and a loop that also held
+/// the rows' own remaining terms stored half the accumulators to the stack on every term.
+#[inline(always)]
+fn joint_terms<const R: usize, const C: usize, const WIDE: bool, const FUSED: bool>(
+    p: &[&[f32]],
+    (m, stride, a0): (&[f32], usize, usize),
+    joint: usize,
+    wide: &[f64],
+    out: &mut [[f64; C]; R],
+) {
+    let mut acc = *out;
+    if WIDE {
+        let rows: [&[f64]; R] = std::array::from_fn(|r| &wide[r * joint..][..joint]);
+        for i in 0..joint {
+            let l = widened::<C>(&m[i * stride + a0..]);
+            for (acc, pw) in acc.iter_mut().zip(&rows) {
+                let pv = pw[i];
+                for (a, &lv) in acc.iter_mut().zip(&l) {
+                    *a = madd::<FUSED>(pv, lv, *a);
+                }
+            }
+        }
+    } else {
+        for i in 0..joint {
+            let l = widened::<C>(&m[i * stride + a0..]);
+            for (acc, pr) in acc.iter_mut().zip(p) {
+                let pv = f64::from(pr[i]);
+                for (a, &lv) in acc.iter_mut().zip(&l) {
+                    *a = madd::<FUSED>(pv, lv, *a);
+                }
+            }
+        }
+    }
+    *out = acc;
+}
+
+/// The first `C` values of `row` widened to f64 (a function, not a closure: a closure is
+/// compiled without the calling body's target features).
+#[inline(always)]
+fn widened<const C: usize>(row: &[f32]) -> [f64; C] {
+    let row: &[f32; C] = row[..C].try_into().expect("invariant: a slice of C values");
+    row.map(f64::from)
+}
+
+/// `acc + a · b` for `a`, `b` widened from f32: fused where the tier has FMA, since their
+/// product is exact in f64 and rounding it first changes nothing (both give the same bits).
+#[inline(always)]
+fn madd<const FUSED: bool>(a: f64, b: f64, acc: f64) -> f64 {
+    if FUSED {
+        a.mul_add(b, acc)
+    } else {
+        acc + a * b
+    }
+}
