@@ -239,35 +239,65 @@ pub fn attend(
     first: usize,
     ctx: &mut [f32],
 ) {
+    attend_heads(d, q_rows, &[w_uk], lat, pe, first, ctx);
+}
+
+/// [`attend`] for several heads of the same rows side by side (`w_uk.len()` heads; `q_rows`
+/// holds each head's `g ≤ LANES` rows after the previous head's, and `ctx [heads · g, kl]`
+/// receives them in that order): every head reads the same cache, so the heads' scores take
+/// each cached value from memory and widen it once for all of them ([`dot_sets_strided`]) and
+/// their weighted sums share each load of a latent row ([`weighted_rows`]). Each row's result
+/// is bit for bit its [`attend`] result.
+///
+/// # Panics
+/// As [`attend`], and if `q_rows` is not `heads · g` rows or `ctx` not `heads · g · kl` values.
+pub fn attend_heads(
+    d: &Absorbed,
+    q_rows: &[&[f32]],
+    w_uk: &[&[f32]],
+    lat: &[f32],
+    pe: &[f32],
+    first: usize,
+    ctx: &mut [f32],
+) {
     let (nope, rope, kl) = (d.nope, d.rope, d.kl);
-    let g = q_rows.len();
+    let heads = w_uk.len();
+    let g = q_rows.len().checked_div(heads).unwrap_or(0);
+    assert_eq!(g * heads, q_rows.len(), "attend: the heads hold different numbers of rows");
     assert!(g <= LANES, "attend: a group holds at most LANES rows");
-    // q_lat = W_UKᵀ q_nope (sum over the nope index in order), rounded to f32.
-    let q_nope: Vec<&[f32]> = q_rows.iter().map(|r| &r[..nope]).collect();
-    let mut q_lat = vec![0.0f32; g * kl];
-    weighted_rows(&q_nope, w_uk, kl, &mut q_lat);
-    // The rows as lanes: lane l holds row l (unused lanes stay zero).
-    let mut q_lanes = vec![[0.0f32; LANES]; kl];
-    let mut pe_lanes = vec![[0.0f32; LANES]; rope];
-    for (l, row) in q_rows.iter().enumerate() {
-        for (a, v) in q_lanes.iter_mut().enumerate() {
-            v[l] = q_lat[l * kl + a];
+    // q_lat = W_UKᵀ q_nope per head (sum over the nope index in order), rounded to f32.
+    let mut q_lat = vec![0.0f32; heads * g * kl];
+    for ((rows, w), q_lat) in q_rows.chunks(g.max(1)).zip(w_uk).zip(q_lat.chunks_mut(g * kl)) {
+        let q_nope: Vec<&[f32]> = rows.iter().map(|r| &r[..nope]).collect();
+        weighted_rows(&q_nope, w, kl, q_lat);
+    }
+    // Each head's rows as lanes: lane l holds row l (unused lanes stay zero).
+    let mut q_lanes = vec![[0.0f32; LANES]; heads * kl];
+    let mut pe_lanes = vec![[0.0f32; LANES]; heads * rope];
+    for (j, row) in q_rows.iter().enumerate() {
+        let (s, l) = (j / g, j % g);
+        for (a, v) in q_lanes[s * kl..(s + 1) * kl].iter_mut().enumerate() {
+            v[l] = q_lat[j * kl + a];
         }
-        for (j, v) in pe_lanes.iter_mut().enumerate() {
-            v[l] = row[nope + j];
+        for (i, v) in pe_lanes[s * rope..(s + 1) * rope].iter_mut().enumerate() {
+            v[l] = row[nope + i];
         }
     }
     // score = q_lat·lat[pos] + q_pe·pe[pos] (each an f64 dot), rounded to f32, then scaled.
     let npos = first + g;
-    let mut probs: Vec<Vec<f32>> = (0..g).map(|l| Vec::with_capacity(first + l + 1)).collect();
-    let (mut s_lat, mut s_pe) = ([[0.0f64; LANES]; SPAN], [[0.0f64; LANES]; SPAN]);
+    let mut probs: Vec<Vec<f32>> =
+        (0..heads * g).map(|j| Vec::with_capacity(first + j % g + 1)).collect();
+    let (mut s_lat, mut s_pe) =
+        (vec![[0.0f64; LANES]; heads * SPAN], vec![[0.0f64; LANES]; heads * SPAN]);
     for p0 in (0..npos).step_by(SPAN) {
         let n = SPAN.min(npos - p0);
-        dot_lanes(&q_lanes, &lat[p0 * kl..], n, &mut s_lat);
-        dot_lanes(&pe_lanes, &pe[p0 * rope..], n, &mut s_pe);
-        for (l, scores) in probs.iter_mut().enumerate() {
+        dot_sets_strided(&q_lanes, heads, &lat[p0 * kl..], kl, n, &mut s_lat[..heads * n]);
+        dot_sets_strided(&pe_lanes, heads, &pe[p0 * rope..], rope, n, &mut s_pe[..heads * n]);
+        for (j, scores) in probs.iter_mut().enumerate() {
+            let (s, l) = (j / g, j % g);
             let upto = (first + l + 1).saturating_sub(p0).min(n);
-            scores.extend(s_lat[..upto].iter().zip(&s_pe[..upto]).map(|(a, b)| {
+            let (a, b) = (&s_lat[s * n..][..upto], &s_pe[s * n..][..upto]);
+            scores.extend(a.iter().zip(b).map(|(a, b)| {
                 #[allow(clippy::cast_possible_truncation)]
                 let s = (a[l] + b[l]) as f32;
                 s * d.scale
@@ -440,6 +470,36 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn latent_heads_read_the_cache_once_per_head_now_once_per_set_and_each_row_keeps_its_bits() {
+        let d = Absorbed { nope: 40, rope: 8, kl: 48, scale: 0.3 };
+        let (first, g, heads) = (70usize, 5usize, 5usize);
+        let npos = first + g;
+        let (lat, pe) = (values(npos * d.kl, 21), values(npos * d.rope, 22));
+        let w_uk: Vec<Vec<f32>> =
+            (30u32..).take(heads).map(|seed| values(d.nope * d.kl, seed)).collect();
+        let q: Vec<Vec<f32>> =
+            (60u32..).take(heads * g).map(|seed| values(d.nope + d.rope, seed)).collect();
+        let rows: Vec<&[f32]> = q.iter().map(Vec::as_slice).collect();
+        let mut want = vec![0.0f32; heads * g * d.kl];
+        for (h, (w, out)) in w_uk.iter().zip(want.chunks_mut(g * d.kl)).enumerate() {
+            attend(&d, &rows[h * g..(h + 1) * g], w, &lat, &pe, first, out);
+        }
+        let w: Vec<&[f32]> = w_uk.iter().map(Vec::as_slice).collect();
+        let mut got = vec![f32::NAN; heads * g * d.kl];
+        attend_heads(&d, &rows, &w, &lat, &pe, first, &mut got);
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "head {} row {} col {}",
+                i / (g * d.kl),
+                i / d.kl % g,
+                i % d.kl
+            );
         }
     }
 

@@ -15,6 +15,7 @@ pub mod deepseek_v3;
 pub mod family;
 mod finite;
 pub mod gpt_oss;
+pub(crate) mod grouped;
 pub mod kimi_k3;
 pub mod linear;
 pub mod qwen3;

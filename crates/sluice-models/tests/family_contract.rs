@@ -6,6 +6,8 @@
 //!   really read them from the published shards (no repack); and so with the family's
 //!   next-layer prefetch reading its guesses;
 //! - a T-row pass is bit-identical to T single-row passes;
+//! - prefill + decode logits are bit-identical on pools of 1, 2, 3 and 8 threads (the
+//!   attention runs several heads side by side where the threads leave parts to spare);
 //! - `commit(n)` of a T-row pass leaves the state of n single rows (rollback of the rest);
 //! - a routes-only trace records every MoE layer's routes and no stage tensor.
 // Fixture ids, shapes and lengths are small; casts between them cannot truncate.
@@ -96,6 +98,23 @@ fn a_t_row_pass_equals_t_single_rows_for_every_family() {
                 "{family}/{name}: row {i} of a {}-row pass differs from a single-row pass",
                 prompt.len()
             );
+        }
+    }
+}
+
+#[test]
+fn attention_ran_one_head_a_part_now_sets_of_heads_and_every_pool_gives_the_same_logits() {
+    for (family, name) in MOE_FIXTURES {
+        let (_, m) = open_family(family, name);
+        let runs: Vec<Vec<u32>> = [1, 2, 3, 8]
+            .into_iter()
+            .map(|threads| {
+                let pool = sluice_kernels::Pool::new(threads).expect("a pool");
+                pool.install(|| family_prefill_and_decode(&m, 3))
+            })
+            .collect();
+        for (threads, run) in [2, 3, 8].into_iter().zip(&runs[1..]) {
+            assert!(*run == runs[0], "{family}/{name}: {threads} threads changed the logits");
         }
     }
 }

@@ -109,43 +109,61 @@ pub(crate) fn forward(
         let (lat_all, pe_all) = (&st.lat, &st.pe);
         let dims = latent::Absorbed { nope, rope: rd, kl, scale };
 
-        let heads: Vec<Vec<f32>> = sluice_kernels::pool::map(h, |hi| {
-            // kv_b_proj rows of head hi: W_UK (nope rows), then W_UV (v rows), decoded once per
+        // Per set of heads (`latent::attend_heads`: the set's heads read each cached latent
+        // value once; each sum in the order it had taken alone, so the same bits).
+        let threads = sluice_kernels::pool::with_current(sluice_kernels::Pool::threads);
+        let sets = crate::grouped::latent_heads_per_set(h, threads);
+        let parts: Vec<Vec<f32>> = sluice_kernels::pool::map(h / sets, |part| {
+            let heads = part * sets..(part + 1) * sets;
+            // kv_b_proj rows of each head: W_UK (nope rows), then W_UV (v rows), decoded once per
             // pass whatever the format (an FP8 block spans several heads, so rows are widened from
             // the whole matrix rather than sliced out of it).
-            let first = hi * (nope + vd);
-            let mut w = vec![0.0f32; (nope + vd) * kl];
-            for (i, row) in w.chunks_exact_mut(kl).enumerate() {
-                kv_b.row_to_f32(first + i, row);
-            }
-            let (w_uk, w_uv) = w.split_at(nope * kl);
-            let qrow = |ti: usize| &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
-            let mut out = vec![0.0f32; t * vd];
-            let mut ctx = vec![0.0f32; LANES * kl];
+            let ws: Vec<Vec<f32>> = heads
+                .clone()
+                .map(|hi| {
+                    let mut w = vec![0.0f32; (nope + vd) * kl];
+                    for (i, row) in w.chunks_exact_mut(kl).enumerate() {
+                        kv_b.row_to_f32(hi * (nope + vd) + i, row);
+                    }
+                    w
+                })
+                .collect();
+            let w_uk: Vec<&[f32]> = ws.iter().map(|w| &w[..nope * kl]).collect();
+            let qrow = |hi: usize, ti: usize| &q[ti * h * qd + hi * qd..][..qd];
+            // [head of the set][row][vd]
+            let mut out = vec![0.0f32; sets * t * vd];
+            let mut ctx = vec![0.0f32; sets * LANES * kl];
             let mut vals = vec![[0.0f64; LANES]; vd];
+            let mut lanes = vec![[0.0f32; LANES]; kl];
             for g0 in (0..t).step_by(LANES) {
                 let g = LANES.min(t - g0);
-                let rows: Vec<&[f32]> = (g0..g0 + g).map(qrow).collect();
-                latent::attend(&dims, &rows, w_uk, lat_all, pe_all, past + g0, &mut ctx[..g * kl]);
-                // out[h] = W_UV[h] · ctx, one f64 dot per value row, the group's rows as lanes.
-                let mut lanes = vec![[0.0f32; LANES]; kl];
-                for l in 0..g {
+                let rows: Vec<&[f32]> =
+                    heads.clone().flat_map(|hi| (g0..g0 + g).map(move |ti| qrow(hi, ti))).collect();
+                let c = &mut ctx[..sets * g * kl];
+                latent::attend_heads(&dims, &rows, &w_uk, lat_all, pe_all, past + g0, c);
+                for (s, (w, c)) in ws.iter().zip(c.chunks_exact(g * kl)).enumerate() {
+                    // out[h] = W_UV[h] · ctx, one f64 dot per value row, the rows as lanes.
                     for (a, v) in lanes.iter_mut().enumerate() {
-                        v[l] = ctx[l * kl + a];
+                        for (l, v) in v.iter_mut().enumerate() {
+                            *v = if l < g { c[l * kl + a] } else { 0.0 };
+                        }
                     }
-                }
-                latent::dot_lanes(&lanes, w_uv, vd, &mut vals);
-                for l in 0..g {
-                    for (o, v) in out[(g0 + l) * vd..(g0 + l + 1) * vd].iter_mut().zip(&vals) {
-                        #[allow(clippy::cast_possible_truncation)]
-                        {
-                            *o = v[l] as f32;
+                    latent::dot_lanes(&lanes, &w[nope * kl..], vd, &mut vals);
+                    for l in 0..g {
+                        let o = &mut out[(s * t + g0 + l) * vd..][..vd];
+                        for (o, v) in o.iter_mut().zip(&vals) {
+                            #[allow(clippy::cast_possible_truncation)]
+                            {
+                                *o = v[l] as f32;
+                            }
                         }
                     }
                 }
             }
             out
         });
+        let heads: Vec<&[f32]> =
+            parts.iter().flat_map(|p| p.chunks_exact((t * vd).max(1))).collect();
         let mut attn = vec![0.0f32; t * h * vd];
         for (hi, out) in heads.iter().enumerate() {
             for ti in 0..t {

@@ -19,8 +19,8 @@
 //! Batch invariance: projections go through the batch-invariant matmul; biases, RoPE, scores and
 //! sums are per (row, head) in position order.
 //!
-//! Scores and weighted sums run eight rows of the pass at a time, one per vector lane
-//! ([`sluice_kernels::latent::dot_lanes_strided`], [`sluice_kernels::latent::weighted_rows_strided`]):
+//! Scores and weighted sums run eight rows of the pass at a time, one per vector lane, and
+//! several heads of a KV head over one read of its keys ([`crate::grouped`]):
 //! each lane adds its row's f64 products in the one-row order, so each result is bit for bit the
 //! one-sum-at-a-time result. One f64 sum at a time was a chain of dependent additions: a
 //! 256-token prefill of a Qwen3-30B-A3B slice spent ~15% of its time there on 2 vCPUs
@@ -29,10 +29,8 @@
 use super::config::{AttnKind, GptOssConfig};
 use super::rope::{apply, HalfRows};
 use super::weights::AttnWeights;
-use crate::qwen3::attention::query_lanes;
 use crate::qwen3::state::KvCache;
 use crate::qwen3::Ctx;
-use sluice_kernels::latent::{dot_lanes_strided, weighted_rows_strided, LANES};
 
 /// Adds `bias` to every row of `x [t, bias.len()]`.
 pub(crate) fn add_bias(x: &mut [f32], bias: &[f32]) {
@@ -80,70 +78,36 @@ pub(crate) fn forward(
 
     #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
     let scale = (hd as f64).powf(-0.5) as f32;
-    let groups = heads / kv_heads;
-    let (k_all, v_all) = (&cache.k, &cache.v);
-    let first = |pos: usize| match kind {
-        AttnKind::Full => 0,
-        AttnKind::Sliding => (pos + 1).saturating_sub(c.sliding_window),
+    let window = match kind {
+        AttnKind::Full => None,
+        AttnKind::Sliding => Some(c.sliding_window),
     };
-    let per_head: Vec<Vec<f32>> = sluice_kernels::pool::map(heads, |h| {
-        let kv = h / groups;
+    let grouped = crate::grouped::Grouped {
+        q: &q,
+        k: &cache.k,
+        v: &cache.v,
+        heads,
+        kv_heads,
+        hd,
+        past,
+        t,
+        scale,
+        window,
+    };
+    // softmax over [scores, sink] in f32 after subtracting the max; the sink column is dropped
+    // from the weights but stays in the denominator.
+    let attn = grouped.attend(&|h, p| {
         let sink = w.sinks[h];
-        // This head's keys and values: rows `kw` apart in the cache, from the head's offset.
-        let (kh, vh) = (&k_all[kv * hd..], &v_all[kv * hd..]);
-        let mut out = vec![0.0f32; t * hd];
-        let mut lanes = vec![[0.0f32; LANES]; hd];
-        let mut dots = vec![[0.0f64; LANES]; past + t];
-        let mut probs: Vec<Vec<f32>> = Vec::with_capacity(LANES);
-        // LANES rows of the pass at a time, one per vector lane, each lane's dot products and
-        // weighted sums in the one-row order (`sluice_kernels::latent`).
-        for t0 in (0..t).step_by(LANES) {
-            let n = LANES.min(t - t0);
-            query_lanes(&q[t0 * qw + h * hd..], qw, n, &mut lanes);
-            // Row `ti` scores positions first(pos) ..= pos (pos = past + ti); the block's first
-            // row sees the earliest.
-            let (f0, seen) = (first(past + t0), past + t0 + n);
-            dot_lanes_strided(&lanes, &kh[f0 * kw..], kw, seen - f0, &mut dots[..seen - f0]);
-            probs.resize_with(n, Vec::new);
-            for (l, p) in probs.iter_mut().enumerate() {
-                let pos = past + t0 + l;
-                p.clear();
-                #[allow(clippy::cast_possible_truncation)]
-                p.extend(dots[first(pos) - f0..=pos - f0].iter().map(|d| d[l] as f32 * scale));
-                // softmax over [scores, sink] in f32 after subtracting the max; the sink column
-                // is dropped from the weights but stays in the denominator.
-                let max = p.iter().copied().fold(sink, f32::max);
-                let mut sum = f64::from((sink - max).exp());
-                for s in p.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += f64::from(*s);
-                }
-                #[allow(clippy::cast_possible_truncation)]
-                let inv = (1.0 / sum) as f32;
-                p.iter_mut().for_each(|e| *e *= inv);
-            }
-            // out = probs @ v, each row from its own first position: the block at once where
-            // every row starts at the same one (full attention), row by row otherwise.
-            let block = &mut out[t0 * hd..(t0 + n) * hd];
-            if first(past + t0 + n - 1) == f0 {
-                let rows: Vec<&[f32]> = probs.iter().map(Vec::as_slice).collect();
-                weighted_rows_strided(&rows, &vh[f0 * kw..], kw, hd, block);
-            } else {
-                for (l, (p, o)) in probs.iter().zip(block.chunks_exact_mut(hd)).enumerate() {
-                    let f = first(past + t0 + l);
-                    weighted_rows_strided(&[p.as_slice()], &vh[f * kw..], kw, hd, o);
-                }
-            }
+        let max = p.iter().copied().fold(sink, f32::max);
+        let mut sum = f64::from((sink - max).exp());
+        for s in p.iter_mut() {
+            *s = (*s - max).exp();
+            sum += f64::from(*s);
         }
-        out
+        #[allow(clippy::cast_possible_truncation)]
+        let inv = (1.0 / sum) as f32;
+        p.iter_mut().for_each(|e| *e *= inv);
     });
-    let mut attn = vec![0.0f32; t * qw];
-    for (h, out) in per_head.iter().enumerate() {
-        for ti in 0..t {
-            attn[ti * qw + h * hd..ti * qw + (h + 1) * hd]
-                .copy_from_slice(&out[ti * hd..(ti + 1) * hd]);
-        }
-    }
     let mut o = ctx.mm(&w.o_proj, &attn, t);
     add_bias(&mut o, &w.o_bias);
     o

@@ -56,32 +56,49 @@ pub(crate) fn forward(
         let (lat_all, pe_all) = (&st.lat, &st.pe);
         let dims = latent::Absorbed { nope, rope, kl, scale };
 
-        // Per head: absorbed attention for every row, the f64 sums several at a time
-        // (`latent::attend`: each sum in the order it had taken alone, so the same bits).
-        let heads: Vec<Vec<f32>> = sluice_kernels::pool::map(h, |hi| {
+        // Per set of heads: absorbed attention for every row, the f64 sums several at a time
+        // (`latent::attend_heads`: each sum in the order it had taken alone, so the same bits;
+        // the set's heads read each cached latent value once).
+        let threads = sluice_kernels::pool::with_current(sluice_kernels::Pool::threads);
+        let sets = crate::grouped::latent_heads_per_set(h, threads);
+        let parts: Vec<Vec<f32>> = sluice_kernels::pool::map(h / sets, |part| {
             // Head hi owns rows [hi·(nope+vd), (hi+1)·(nope+vd)): W_UK first, then W_UV. W_UK is
             // widened once per block, not once per row.
-            let first = hi * (nope + vd);
-            let wm = rows_of(&kv_b, first, nope);
-            let w_uv = rows_of(&kv_b, first + nope, vd);
-            let mut w_uk = vec![0.0f32; nope * kl];
-            for (i, row) in w_uk.chunks_exact_mut(kl).enumerate() {
-                wm.row_to_f32(i, row);
-            }
-            let qrow = |ti: usize| &q[ti * h * qd + hi * qd..ti * h * qd + (hi + 1) * qd];
-            let mut out = vec![0.0f32; t * vd];
-            let mut ctx_rows = vec![0.0f32; LANES * kl];
+            let heads = part * sets..(part + 1) * sets;
+            let w_uk: Vec<Vec<f32>> = heads
+                .clone()
+                .map(|hi| {
+                    let wm = rows_of(&kv_b, hi * (nope + vd), nope);
+                    let mut w_uk = vec![0.0f32; nope * kl];
+                    for (i, row) in w_uk.chunks_exact_mut(kl).enumerate() {
+                        wm.row_to_f32(i, row);
+                    }
+                    w_uk
+                })
+                .collect();
+            let w_uk: Vec<&[f32]> = w_uk.iter().map(Vec::as_slice).collect();
+            let w_uv: Vec<Matrix<'_>> =
+                heads.clone().map(|hi| rows_of(&kv_b, hi * (nope + vd) + nope, vd)).collect();
+            let qrow = |hi: usize, ti: usize| &q[ti * h * qd + hi * qd..][..qd];
+            // [head of the set][row][vd]
+            let mut out = vec![0.0f32; sets * t * vd];
+            let mut ctx_rows = vec![0.0f32; sets * LANES * kl];
             for g0 in (0..t).step_by(LANES) {
                 let g = LANES.min(t - g0);
-                let rows: Vec<&[f32]> = (g0..g0 + g).map(qrow).collect();
-                let c = &mut ctx_rows[..g * kl];
-                latent::attend(&dims, &rows, &w_uk, lat_all, pe_all, past + g0, c);
-                // out = W_UV ctx for the group's rows in one call (batch-invariant: each row's
+                let rows: Vec<&[f32]> =
+                    heads.clone().flat_map(|hi| (g0..g0 + g).map(move |ti| qrow(hi, ti))).collect();
+                let c = &mut ctx_rows[..sets * g * kl];
+                latent::attend_heads(&dims, &rows, &w_uk, lat_all, pe_all, past + g0, c);
+                // out = W_UV ctx for each head's rows in one call (batch-invariant: each row's
                 // bits are those of its single-row call).
-                matmul(&w_uv, c, g, &mut out[g0 * vd..(g0 + g) * vd]);
+                for (s, (w_uv, c)) in w_uv.iter().zip(c.chunks_exact(g * kl)).enumerate() {
+                    matmul(w_uv, c, g, &mut out[(s * t + g0) * vd..(s * t + g0 + g) * vd]);
+                }
             }
             out
         });
+        let heads: Vec<&[f32]> =
+            parts.iter().flat_map(|p| p.chunks_exact((t * vd).max(1))).collect();
         debug_assert_eq!(total, st.lat.len() / kl);
 
         let mut attn = vec![0.0f32; t * h * vd];

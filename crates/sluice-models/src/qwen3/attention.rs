@@ -14,9 +14,9 @@
 //! every score and weighted sum are computed per (row, head) in position order, so a row's output
 //! never depends on how many rows share the pass or how the heads are split across threads.
 //!
-//! Scores and weighted sums run eight rows of the pass at a time, one per vector lane
-//! ([`sluice_kernels::latent::dot_lanes_strided`], [`sluice_kernels::latent::weighted_rows_strided`]):
-//! each lane adds its row's f64 products in the one-row order, so each result is bit for bit the
+//! Scores and weighted sums run eight rows of the pass at a time, one per vector lane, and
+//! several heads of a KV head over one read of its keys ([`crate::grouped`]): each lane adds
+//! its row's f64 products in the one-row order, so each result is bit for bit the
 //! one-sum-at-a-time result. One f64 sum at a time was a chain of dependent additions: a
 //! 256-token prefill of a Qwen3-30B-A3B slice spent ~15% of its time there on 2 vCPUs
 //! (docs/PERFORMANCE.md, session 19).
@@ -49,7 +49,6 @@ use super::config::Qwen3Config;
 use super::state::KvCache;
 use super::weights::AttnWeights;
 use super::Ctx;
-use sluice_kernels::latent::{dot_lanes_strided, weighted_rows_strided, LANES};
 use sluice_kernels::ops::{rms_norm, softmax_inplace};
 
 /// Runs the attention of one layer on `x [t, d]` (the `input_layernorm` output), staging the t new
@@ -99,60 +98,22 @@ pub(crate) fn forward(
     // HF multiplies the f32 scores by the f32-rounded `head_dim ** -0.5`.
     #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
     let scale = (hd as f64).powf(-0.5) as f32;
-    let groups = heads / kv_heads;
-    let (k_all, v_all) = (&cache.k, &cache.v);
-    let per_head: Vec<Vec<f32>> = sluice_kernels::pool::map(heads, |h| {
-        let kv = h / groups;
-        // This head's keys and values: rows `kw` apart in the cache, from the head's offset.
-        let (kh, vh) = (&k_all[kv * hd..], &v_all[kv * hd..]);
-        let mut out = vec![0.0f32; t * hd];
-        let mut lanes = vec![[0.0f32; LANES]; hd];
-        let mut dots = vec![[0.0f64; LANES]; past + t];
-        let mut probs: Vec<Vec<f32>> = Vec::with_capacity(LANES);
-        // LANES rows of the pass at a time, one per vector lane, each lane's dot products and
-        // weighted sums in the one-row order (`sluice_kernels::latent`).
-        for t0 in (0..t).step_by(LANES) {
-            let n = LANES.min(t - t0);
-            query_lanes(&q[t0 * qw + h * hd..], qw, n, &mut lanes);
-            // attn_weights = matmul(query, key_states.T) * scaling + causal mask: the mask
-            // removes positions after each row's own, so row `ti` scores 0..=past+ti.
-            let seen = past + t0 + n;
-            dot_lanes_strided(&lanes, kh, kw, seen, &mut dots[..seen]);
-            probs.resize_with(n, Vec::new);
-            for (l, p) in probs.iter_mut().enumerate() {
-                p.clear();
-                #[allow(clippy::cast_possible_truncation)]
-                p.extend(dots[..=past + t0 + l].iter().map(|d| d[l] as f32 * scale));
-                // softmax(attn_weights, dim=-1, dtype=float32)
-                softmax_inplace(p);
-            }
-            // attn_output = matmul(attn_weights, value_states)
-            let rows: Vec<&[f32]> = probs.iter().map(Vec::as_slice).collect();
-            weighted_rows_strided(&rows, vh, kw, hd, &mut out[t0 * hd..(t0 + n) * hd]);
-        }
-        out
-    });
-
-    // attn_output.transpose(1, 2).reshape(*input_shape, -1): heads side by side per row.
-    let mut attn = vec![0.0f32; t * qw];
-    for (h, out) in per_head.iter().enumerate() {
-        for ti in 0..t {
-            attn[ti * qw + h * hd..ti * qw + (h + 1) * hd]
-                .copy_from_slice(&out[ti * hd..(ti + 1) * hd]);
-        }
+    // softmax(attn_weights, dim=-1, dtype=float32) over each row's scaled scores; then
+    // attn_output = matmul(attn_weights, value_states), heads side by side per row.
+    let attn = crate::grouped::Grouped {
+        q: &q,
+        k: &cache.k,
+        v: &cache.v,
+        heads,
+        kv_heads,
+        hd,
+        past,
+        t,
+        scale,
+        window: None,
     }
+    .attend(&|_, p| softmax_inplace(p));
     ctx.mm(&w.o_proj, &attn, t)
-}
-
-/// Puts the queries of one head of `n ≤ LANES` consecutive rows in vector lanes, as
-/// [`dot_lanes_strided`] takes them: `lanes[a][l] = q[l · qw + a]` for `l < n` (`q` starts at
-/// the first row's head, rows `qw` apart), and 0.0 in the lanes past `n`.
-pub(crate) fn query_lanes(q: &[f32], qw: usize, n: usize, lanes: &mut [[f32; LANES]]) {
-    for (a, lane) in lanes.iter_mut().enumerate() {
-        for (l, v) in lane.iter_mut().enumerate() {
-            *v = if l < n { q[l * qw + a] } else { 0.0 };
-        }
-    }
 }
 
 /// Inverse frequencies of one head width and θ.
