@@ -2,7 +2,7 @@
 
 use sluice_kernels::ops::{
     causal_conv_silu_step, dot_f64, exp_inplace_with, kda_step, kda_step_reference, kda_step_with,
-    l2_norm_inplace, rms_norm, sigmoid, silu, silu_glu, situ_glu, softmax_inplace,
+    l2_norm_inplace, rms_norm, sigmoid, silu, silu_glu, situ_glu, situ_glu_with, softmax_inplace,
 };
 use sluice_kernels::Isa;
 
@@ -88,6 +88,67 @@ fn situ_glu_matches_f64() {
             .collect();
         assert_close(&out, &want, 1e-5, 1e-12, "situ_glu");
     }
+}
+
+#[test]
+fn kimi_k3s_experts_took_the_c_librarys_tanhf_and_expf_a_value_now_every_tier_gives_the_scalar_bits(
+) {
+    // Gates and ups over the whole range: small (the polynomial), large (through exp), past the
+    // clamps, zeros of both signs, infinities, NaN; odd lengths for the tiers' tails.
+    let mut g: Vec<f32> = (0..=u32::MAX).step_by(65_537).map(f32::from_bits).collect();
+    g.extend(EXP_EDGES);
+    g.extend([0.624_999_9, 0.625, -0.625, 2.5, -2.5, 1e-20, -1e-20]);
+    let u: Vec<f32> = g.iter().rev().copied().collect();
+    for linear in [Some(8.0f32), None] {
+        let mut want = vec![0.0f32; g.len()];
+        situ_glu_with(Isa::Scalar, &g, &u, 4.0, linear, &mut want);
+        for isa in Isa::available() {
+            for len in [g.len(), 17, 7] {
+                let mut got = vec![f32::NAN; len];
+                situ_glu_with(isa, &g[..len], &u[..len], 4.0, linear, &mut got);
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                        "{isa} {linear:?}: situ_glu({:e}, {:e}) = {a:e}, the scalar tier {b:e}",
+                        g[i],
+                        u[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn situ_glu_is_within_a_few_units_in_the_last_place_of_f64() {
+    // tanh alone: the up branch with β_lin = 1 and a gate whose factor is exactly 1 (σ(g)·β·
+    // tanh(g/β) for g = 200, β = 1 rounds to 1) gives `tanh(u)` itself.
+    let ulps = |a: f32, b: f32| a.to_bits().abs_diff(b.to_bits());
+    let us: Vec<f32> = (0..400_001).map(|i| -20.0 + 40.0 * i as f32 / 4e5).collect();
+    let gs = vec![200.0f32; us.len()];
+    let mut got = vec![0.0f32; us.len()];
+    situ_glu(&gs, &us, 1.0, Some(1.0), &mut got);
+    let mut worst = (0, 0.0f32);
+    for (&u, &t) in us.iter().zip(&got) {
+        #[allow(clippy::cast_possible_truncation)]
+        let exact = f64::from(u).tanh() as f32;
+        let d = if exact == 0.0 { u32::from(t != 0.0) } else { ulps(t.abs(), exact.abs()) };
+        if d > worst.0 {
+            worst = (d, u);
+        }
+        assert_eq!(t.is_sign_negative(), exact.is_sign_negative(), "tanh({u:e}) sign");
+    }
+    assert!(worst.0 <= 2, "tanh({:e}) is {} ulps off", worst.1, worst.0);
+    let mut ends = [0.0f32; 4];
+    situ_glu(
+        &[200.0; 4],
+        &[f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0],
+        1.0,
+        Some(1.0),
+        &mut ends,
+    );
+    assert_eq!(ends, [1.0, -1.0, 0.0, -0.0]);
+    assert!(ends[3].is_sign_negative(), "tanh(-0) = -0");
 }
 
 #[test]
