@@ -108,7 +108,7 @@ fn situ_body(gate: &[f32], up: &[f32], beta: f32, linear_beta: Option<f32>, out:
 #[inline(always)]
 pub(crate) fn tanh1(x: f32) -> f32 {
     const P: [f32; 5] =
-        [-5.704_988_7e-3, 2.063_908_9e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328_2e-1];
+        [-5.704_988_7e-3, 2.063_909e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328e-1];
     let a = x.abs();
     let z = x * x;
     let mut p = P[0];
