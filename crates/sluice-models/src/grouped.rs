@@ -14,6 +14,7 @@
 //! lanes, sets, blocks or threads, and each row's softmax sees only its own scores, so a row's
 //! output is bit for bit the one it has alone.
 
+use crate::qwen3::state::KvCache;
 use sluice_kernels::latent::{dot_sets_strided, weighted_rows_strided, LANES};
 
 /// Heads of one KV head a part runs side by side, at most (the AVX-512 score tile's sets).
@@ -48,6 +49,23 @@ pub(crate) struct Grouped<'a> {
     /// A sliding window: a row at `pos` sees the last `window` positions up to its own; `None`
     /// sees every position.
     pub window: Option<usize>,
+}
+
+impl<'a> Grouped<'a> {
+    /// The attention of a pass's `t` rows over `cache`, whose last `t` positions are the pass's
+    /// own, with the `head_dim^-0.5` score scale HF rounds to f32 (Qwen3 and GPT-OSS alike).
+    pub(crate) fn over(
+        q: &'a [f32],
+        cache: &'a KvCache,
+        (heads, kv_heads, hd): (usize, usize, usize),
+        t: usize,
+        window: Option<usize>,
+    ) -> Self {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+        let scale = (hd as f64).powf(-0.5) as f32;
+        let (k, v, past) = (&cache.k, &cache.v, cache.len() - t);
+        Self { q, k, v, heads, kv_heads, hd, past, t, scale, window }
+    }
 }
 
 impl Grouped<'_> {

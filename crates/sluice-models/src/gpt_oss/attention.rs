@@ -74,26 +74,12 @@ pub(crate) fn forward(
     }
     cache.k.extend_from_slice(&k);
     cache.v.extend_from_slice(&v);
-    let past = cache.len() - t;
-
-    #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
-    let scale = (hd as f64).powf(-0.5) as f32;
     let window = match kind {
         AttnKind::Full => None,
         AttnKind::Sliding => Some(c.sliding_window),
     };
-    let grouped = crate::grouped::Grouped {
-        q: &q,
-        k: &cache.k,
-        v: &cache.v,
-        heads,
-        kv_heads,
-        hd,
-        past,
-        t,
-        scale,
-        window,
-    };
+    // Scores scaled by the f32-rounded `head_dim ** -0.5`.
+    let grouped = crate::grouped::Grouped::over(&q, cache, (heads, kv_heads, hd), t, window);
     // softmax over [scores, sink] in f32 after subtracting the max; the sink column is dropped
     // from the weights but stays in the denominator.
     let attn = grouped.attend(&|h, p| {

@@ -93,26 +93,11 @@ pub(crate) fn forward(
     // key_states, value_states = past_key_values.update(key_states, value_states, layer_idx)
     cache.k.extend_from_slice(&k);
     cache.v.extend_from_slice(&v);
-    let past = cache.len() - t;
-
-    // HF multiplies the f32 scores by the f32-rounded `head_dim ** -0.5`.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
-    let scale = (hd as f64).powf(-0.5) as f32;
+    // HF multiplies the f32 scores by the f32-rounded `head_dim ** -0.5`;
     // softmax(attn_weights, dim=-1, dtype=float32) over each row's scaled scores; then
     // attn_output = matmul(attn_weights, value_states), heads side by side per row.
-    let attn = crate::grouped::Grouped {
-        q: &q,
-        k: &cache.k,
-        v: &cache.v,
-        heads,
-        kv_heads,
-        hd,
-        past,
-        t,
-        scale,
-        window: None,
-    }
-    .attend(&|_, p| softmax_inplace(p));
+    let attn = crate::grouped::Grouped::over(&q, cache, (heads, kv_heads, hd), t, None)
+        .attend(&|_, p| softmax_inplace(p));
     ctx.mm(&w.o_proj, &attn, t)
 }
 
