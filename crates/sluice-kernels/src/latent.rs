@@ -246,8 +246,9 @@ pub fn attend(
 /// holds each head's `g ≤ LANES` rows after the previous head's, and `ctx [heads · g, kl]`
 /// receives them in that order): every head reads the same cache, so the heads' scores take
 /// each cached value from memory and widen it once for all of them ([`dot_sets_strided`]) and
-/// their weighted sums share each load of a latent row ([`weighted_rows`]). Each row's result
-/// is bit for bit its [`attend`] result.
+/// their weighted sums share each load of a latent row ([`weighted_rows`]). The (head, row)
+/// pairs fill the lanes in order, so a decode step's single rows of eight heads share one lane
+/// vector. Each row's result is bit for bit its [`attend`] result.
 ///
 /// # Panics
 /// As [`attend`], and if `q_rows` is not `heads · g` rows or `ctx` not `heads · g · kl` values.
@@ -271,11 +272,14 @@ pub fn attend_heads(
         let q_nope: Vec<&[f32]> = rows.iter().map(|r| &r[..nope]).collect();
         weighted_rows(&q_nope, w, kl, q_lat);
     }
-    // Each head's rows as lanes: lane l holds row l (unused lanes stay zero).
-    let mut q_lanes = vec![[0.0f32; LANES]; heads * kl];
-    let mut pe_lanes = vec![[0.0f32; LANES]; heads * rope];
+    // The (head, row) pairs in lanes, in order: pair `j` (head `j / g`, row `j % g`) is lane
+    // `j % LANES` of lane set `j / LANES` (unused lanes stay zero). A decode step's one row
+    // per head fills a set with eight heads instead of leaving seven lanes multiplying zeros.
+    let sets = (heads * g).div_ceil(LANES);
+    let mut q_lanes = vec![[0.0f32; LANES]; sets * kl];
+    let mut pe_lanes = vec![[0.0f32; LANES]; sets * rope];
     for (j, row) in q_rows.iter().enumerate() {
-        let (s, l) = (j / g, j % g);
+        let (s, l) = (j / LANES, j % LANES);
         for (a, v) in q_lanes[s * kl..(s + 1) * kl].iter_mut().enumerate() {
             v[l] = q_lat[j * kl + a];
         }
@@ -288,14 +292,14 @@ pub fn attend_heads(
     let mut probs: Vec<Vec<f32>> =
         (0..heads * g).map(|j| Vec::with_capacity(first + j % g + 1)).collect();
     let (mut s_lat, mut s_pe) =
-        (vec![[0.0f64; LANES]; heads * SPAN], vec![[0.0f64; LANES]; heads * SPAN]);
+        (vec![[0.0f64; LANES]; sets * SPAN], vec![[0.0f64; LANES]; sets * SPAN]);
     for p0 in (0..npos).step_by(SPAN) {
         let n = SPAN.min(npos - p0);
-        dot_sets_strided(&q_lanes, heads, &lat[p0 * kl..], kl, n, &mut s_lat[..heads * n]);
-        dot_sets_strided(&pe_lanes, heads, &pe[p0 * rope..], rope, n, &mut s_pe[..heads * n]);
+        dot_sets_strided(&q_lanes, sets, &lat[p0 * kl..], kl, n, &mut s_lat[..sets * n]);
+        dot_sets_strided(&pe_lanes, sets, &pe[p0 * rope..], rope, n, &mut s_pe[..sets * n]);
         for (j, scores) in probs.iter_mut().enumerate() {
-            let (s, l) = (j / g, j % g);
-            let upto = (first + l + 1).saturating_sub(p0).min(n);
+            let (s, l) = (j / LANES, j % LANES);
+            let upto = (first + j % g + 1).saturating_sub(p0).min(n);
             let (a, b) = (&s_lat[s * n..][..upto], &s_pe[s * n..][..upto]);
             scores.extend(a.iter().zip(b).map(|(a, b)| {
                 #[allow(clippy::cast_possible_truncation)]
@@ -475,8 +479,20 @@ mod tests {
 
     #[test]
     fn latent_heads_read_the_cache_once_per_head_now_once_per_set_and_each_row_keeps_its_bits() {
+        absorbed_heads_match_one_head_at_a_time(70, 5, 5);
+    }
+
+    #[test]
+    fn a_decode_step_scored_each_head_in_one_lane_of_eight_now_eight_heads_fill_the_lanes() {
+        // Decode's single rows (eight heads a lane set; 33 heads: five lane sets, one nearly
+        // empty) and a verification's 3 rows of 4 heads (pairs straddle lane sets).
+        for (first, g, heads) in [(70, 1, 9), (130, 1, 33), (3, 3, 4), (9, 2, 8)] {
+            absorbed_heads_match_one_head_at_a_time(first, g, heads);
+        }
+    }
+
+    fn absorbed_heads_match_one_head_at_a_time(first: usize, g: usize, heads: usize) {
         let d = Absorbed { nope: 40, rope: 8, kl: 48, scale: 0.3 };
-        let (first, g, heads) = (70usize, 5usize, 5usize);
         let npos = first + g;
         let (lat, pe) = (values(npos * d.kl, 21), values(npos * d.rope, 22));
         let w_uk: Vec<Vec<f32>> =
@@ -495,7 +511,7 @@ mod tests {
             assert_eq!(
                 a.to_bits(),
                 b.to_bits(),
-                "head {} row {} col {}",
+                "{heads} heads of {g} rows: head {} row {} col {}",
                 i / (g * d.kl),
                 i / d.kl % g,
                 i % d.kl

@@ -10,6 +10,12 @@
 //! head. The pool runs (set of heads, block of rows) parts, the blocks cut to about equal work
 //! (later rows see more positions) and the costliest claimed first.
 //!
+//! **Pairs in lanes.** A lane holds a (head, row) pair, the pairs in order: a prefill's eight
+//! rows of one head, a decode step's single rows of eight heads (before, a decode step's head
+//! filled one lane of eight and seven multiplied zeros). [`heads_a_part`] chooses the heads a
+//! part takes from what a part costs and how many parts the threads run at once; latent
+//! attention (Kimi K3, DeepSeek V3) chooses its parts the same way ([`latent_heads`]).
+//!
 //! Batch invariance: each lane adds its row's f64 products in the one-row order whatever the
 //! lanes, sets, blocks or threads, and each row's softmax sees only its own scores, so a row's
 //! output is bit for bit the one it has alone.
@@ -17,8 +23,11 @@
 use crate::qwen3::state::KvCache;
 use sluice_kernels::latent::{dot_sets_strided, weighted_rows_strided, LANES};
 
-/// Heads of one KV head a part runs side by side, at most (the AVX-512 score tile's sets).
-const MAX_SETS: usize = 4;
+/// Lane sets of (head, row) pairs a part runs side by side, at most (the AVX-512 score tile's
+/// sets).
+const MAX_LANE_SETS: usize = 4;
+/// What reading a cached value costs beside a multiply-add, for choosing the heads of a part.
+const READ: usize = 4;
 /// Parts a thread should have to claim, where the rows allow: blocks cut by estimated work
 /// still differ, and a thread's last part is its tail.
 const PARTS_PER_THREAD: usize = 4;
@@ -76,7 +85,10 @@ impl Grouped<'_> {
         let threads = sluice_kernels::pool::with_current(sluice_kernels::Pool::threads);
         let groups = self.heads / self.kv_heads.max(1);
         let row_groups = self.t.div_ceil(LANES);
-        let sets = heads_per_set(groups, self.heads, row_groups, threads);
+        // Positions cancel out of grouped attention's choice (every term reads them all).
+        let work = Work { positions: 1, key: hd, value: hd, per_pair: 0 };
+        let sets =
+            heads_a_part((self.heads, groups), (self.t.min(LANES), row_groups), threads, &work);
         let head_sets = self.heads / sets;
         let want = (PARTS_PER_THREAD * threads).div_ceil(head_sets).clamp(1, row_groups.max(1));
         let blocks = self.blocks(want);
@@ -140,9 +152,12 @@ impl Grouped<'_> {
         let mut block = vec![0.0f32; sets * LANES * hd];
         for t0 in (r0..r1).step_by(LANES) {
             let n = LANES.min(r1 - t0);
-            for (s, lanes) in lanes.chunks_exact_mut(hd).enumerate() {
-                query_lanes(&self.q[t0 * qw + (h0 + s) * hd..], qw, n, lanes);
-            }
+            // Pair `j` (head `h0 + j / n`, row `t0 + j % n`) in lane `j % LANES` of lane set
+            // `j / LANES`: whole sets of rows of one head in a prefill, a decode step's heads
+            // side by side.
+            let lane_sets = (sets * n).div_ceil(LANES);
+            let lanes = &mut lanes[..lane_sets * hd];
+            pair_lanes(&self.q[t0 * qw + h0 * hd..], (qw, hd), (sets, n), lanes);
             // attn_weights = matmul(query, key_states.T) * scaling + mask: row `ti` scores
             // first(pos) ..= pos; the group's first row sees the earliest position.
             let (f0, seen) = (self.first(self.past + t0), self.past + t0 + n);
@@ -151,11 +166,11 @@ impl Grouped<'_> {
             }
             for p0 in (f0..seen).step_by(SPAN) {
                 let span = SPAN.min(seen - p0);
-                let dots = &mut dots[..sets * span];
-                dot_sets_strided(&lanes, sets, &kh[p0 * kw..], kw, span, dots);
+                let dots = &mut dots[..lane_sets * span];
+                dot_sets_strided(lanes, lane_sets, &kh[p0 * kw..], kw, span, dots);
                 for (j, p) in probs[..sets * n].iter_mut().enumerate() {
-                    let (s, l) = (j / n, j % n);
-                    let pos = self.past + t0 + l;
+                    let (s, l) = (j / LANES, j % LANES);
+                    let pos = self.past + t0 + j % n;
                     let (from, to) = (self.first(pos).max(p0), (pos + 1).min(p0 + span));
                     #[allow(clippy::cast_possible_truncation)]
                     p.extend(
@@ -191,36 +206,86 @@ impl Grouped<'_> {
     }
 }
 
-/// Heads of one KV head a part runs side by side: the most of 4, 2 or 1 (the score tile takes
-/// sets four at a time, then one at a time) up to [`MAX_SETS`] that divide the
-/// KV head's `groups` heads and still leave a part for every thread (a decode step has one
-/// row group, so its parts are the head sets).
-fn heads_per_set(groups: usize, heads: usize, row_groups: usize, threads: usize) -> usize {
-    [4, 2, 1]
-        .into_iter()
-        .filter(|&s| s <= MAX_SETS)
-        .find(|&s| groups.is_multiple_of(s) && (heads / s) * row_groups >= threads)
+/// What a part of attention does, for choosing how many heads it runs side by side.
+pub(crate) struct Work {
+    /// Positions each row sees.
+    pub positions: usize,
+    /// Values of a cached position a score reads (`head_dim`; latent: `kv_lora_rank + rope`).
+    pub key: usize,
+    /// Values of a cached position a weighted sum reads (`head_dim`; latent: `kv_lora_rank`).
+    pub value: usize,
+    /// Multiply-adds per (head, row) pair that do not read the cache (latent attention's
+    /// absorbed query and its W_UV).
+    pub per_pair: usize,
+}
+
+/// Heads a part runs side by side: of the counts `s` dividing `divides` (a KV head's heads, or
+/// every head of latent attention) whose pairs (`s · rows`, `rows ≤ LANES` a row group) fill at
+/// most [`MAX_LANE_SETS`] lane sets, the one whose `heads / s · row_groups` parts finish first
+/// on `threads` threads (rounds of `threads` parts times a part's cost), the largest of equal
+/// ones. A part's cost, in scalar multiply-adds: the scores (a lane set costs its [`LANES`]
+/// lanes, used or not), the weighted sums and other work per pair, and each read of the cache
+/// ([`READ`]; the score tile reads it once per four lane sets, the sums once). A prefill takes
+/// four heads of eight rows (two when four leave threads idle); a decode step as many single
+/// rows as fill the threads' lane vectors.
+pub(crate) fn heads_a_part(
+    (heads, divides): (usize, usize),
+    (rows, row_groups): (usize, usize),
+    threads: usize,
+    w: &Work,
+) -> usize {
+    let time = |s: usize| {
+        let lane_sets = (s * rows).div_ceil(LANES);
+        let reads = lane_sets / 4 + lane_sets % 4 + 1;
+        let cost = lane_sets * LANES * w.positions * w.key
+            + s * rows * (w.positions * w.value + w.per_pair)
+            + READ * reads * w.positions * w.key.max(w.value);
+        (heads / s * row_groups).div_ceil(threads.max(1)) * cost
+    };
+    (1..=divides)
+        .filter(|&s| divides.is_multiple_of(s) && (s * rows).div_ceil(LANES) <= MAX_LANE_SETS)
+        .min_by_key(|&s| (time(s), std::cmp::Reverse(s)))
         .unwrap_or(1)
 }
 
-/// Heads of latent attention (MLA: every head reads the same latent cache) a pool part runs
-/// side by side ([`sluice_kernels::latent::attend_heads`]): the most of 4, 2 or 1 that divide
-/// `heads` and still leave every thread two parts (the parts cost the same; one a thread would
-/// leave no slack for a slow one).
-pub(crate) fn latent_heads_per_set(heads: usize, threads: usize) -> usize {
-    [4, 2, 1]
-        .into_iter()
-        .find(|&s| heads.is_multiple_of(s) && heads / s >= 2 * threads)
-        .unwrap_or(1)
+/// Latent attention's per-head contexts `[t, heads · vd]` (MLA: every head reads the same
+/// cache), the heads run by the pool in parts of [`heads_a_part`] heads: `part(heads)` returns
+/// the outputs of its heads' `t` rows, `[head][row][vd]`.
+pub(crate) fn latent_heads(
+    (heads, t, vd): (usize, usize, usize),
+    work: &Work,
+    part: &(dyn Fn(std::ops::Range<usize>) -> Vec<f32> + Sync),
+) -> Vec<f32> {
+    let threads = sluice_kernels::pool::with_current(sluice_kernels::Pool::threads);
+    let sets = heads_a_part((heads, heads), (t.min(LANES), 1), threads, work);
+    let parts = sluice_kernels::pool::map(heads / sets, |p| part(p * sets..(p + 1) * sets));
+    let mut attn = vec![0.0f32; t * heads * vd];
+    let outs = parts.iter().flat_map(|p| p.chunks_exact((t * vd).max(1)));
+    for (hi, out) in outs.enumerate() {
+        for (ti, o) in out.chunks_exact(vd.max(1)).enumerate() {
+            attn[(ti * heads + hi) * vd..][..vd].copy_from_slice(o);
+        }
+    }
+    attn
 }
 
-/// Puts the queries of one head of `n ≤ LANES` consecutive rows in vector lanes, as
-/// [`dot_sets_strided`] takes them: `lanes[a][l] = q[l · qw + a]` for `l < n` (`q` starts at
-/// the first row's head, rows `qw` apart), and 0.0 in the lanes past `n`.
-pub(crate) fn query_lanes(q: &[f32], qw: usize, n: usize, lanes: &mut [[f32; LANES]]) {
-    for (a, lane) in lanes.iter_mut().enumerate() {
-        for (l, v) in lane.iter_mut().enumerate() {
-            *v = if l < n { q[l * qw + a] } else { 0.0 };
+/// Puts the queries of `sets` consecutive heads of `n ≤ LANES` consecutive rows in vector
+/// lanes, as [`dot_sets_strided`] takes them: pair `j` (head `j / n`, row `j % n`) is lane
+/// `j % LANES` of lane set `j / LANES`, `lanes[set · hd + a][l]` its query value `a` (`q`
+/// starts at the first row's first head, rows `qw` apart, heads `hd`); lanes past the last
+/// pair hold 0.0.
+fn pair_lanes(
+    q: &[f32],
+    (qw, hd): (usize, usize),
+    (sets, n): (usize, usize),
+    lanes: &mut [[f32; LANES]],
+) {
+    for (set, lanes) in lanes.chunks_exact_mut(hd).enumerate() {
+        for (a, lane) in lanes.iter_mut().enumerate() {
+            for (l, v) in lane.iter_mut().enumerate() {
+                let j = set * LANES + l;
+                *v = if j < sets * n { q[(j % n) * qw + (j / n) * hd + a] } else { 0.0 };
+            }
         }
     }
 }
@@ -272,7 +337,19 @@ mod tests {
 
     #[test]
     fn heads_that_share_keys_give_each_row_its_one_row_sums_whatever_the_threads() {
-        let (heads, kv_heads, hd, past, t) = (8, 2, 24, 5, 21);
+        grouped_rows_match_one_row_at_a_time(5, 21);
+    }
+
+    #[test]
+    fn a_decode_step_scored_each_head_in_one_lane_of_eight_now_a_kv_heads_heads_share_them() {
+        // A decode step (one row: pairs of heads fill the lanes) and a verification's 3 rows
+        // (pairs straddle the lane sets).
+        grouped_rows_match_one_row_at_a_time(30, 1);
+        grouped_rows_match_one_row_at_a_time(9, 3);
+    }
+
+    fn grouped_rows_match_one_row_at_a_time(past: usize, t: usize) {
+        let (heads, kv_heads, hd) = (8, 2, 24);
         let positions = past + t;
         let (q, k, v) = (
             values(t * heads * hd, 1),
@@ -307,17 +384,28 @@ mod tests {
 
     #[test]
     fn heads_run_side_by_side_only_where_every_thread_keeps_a_part() {
-        assert_eq!(heads_per_set(8, 32, 256, 16), 4);
-        assert_eq!(heads_per_set(8, 32, 1, 16), 2, "a decode step: 16 parts for 16 threads");
-        assert_eq!(heads_per_set(8, 32, 1, 2), 4);
-        assert_eq!(heads_per_set(6, 12, 4, 2), 2);
-        assert_eq!(heads_per_set(1, 4, 9, 2), 1);
-        assert_eq!(heads_per_set(8, 8, 1, 64), 1);
-        assert_eq!(latent_heads_per_set(96, 16), 2, "Kimi K3: 48 parts for 16 threads");
-        assert_eq!(latent_heads_per_set(96, 2), 4);
-        assert_eq!(latent_heads_per_set(128, 16), 4, "DeepSeek V3: 32 parts for 16 threads");
-        assert_eq!(latent_heads_per_set(6, 1), 2);
-        assert_eq!(latent_heads_per_set(6, 2), 1);
-        assert_eq!(latent_heads_per_set(3, 16), 1);
+        // Qwen3-30B-A3B: 32 heads, 8 a KV head, head_dim 128.
+        let gqa = Work { positions: 1, key: 128, value: 128, per_pair: 0 };
+        assert_eq!(heads_a_part((32, 8), (8, 256), 16, &gqa), 4, "a 2,048-row prefill");
+        assert_eq!(heads_a_part((32, 8), (8, 256), 2, &gqa), 4);
+        assert_eq!(heads_a_part((12, 6), (8, 4), 2, &gqa), 3);
+        assert_eq!(heads_a_part((4, 1), (8, 9), 2, &gqa), 1);
+        // Kimi K3 (DeepSeek V3 has the same widths, 128 heads).
+        let k3 = |positions| Work { positions, key: 576, value: 512, per_pair: 256 * 512 };
+        assert_eq!(heads_a_part((96, 96), (8, 1), 16, &k3(512)), 3, "32 parts for 16 threads");
+        assert_eq!(heads_a_part((96, 96), (8, 1), 2, &k3(512)), 4);
+        assert_eq!(heads_a_part((128, 128), (8, 1), 16, &k3(512)), 4, "DeepSeek V3");
+        assert_eq!(heads_a_part((3, 3), (8, 1), 16, &k3(512)), 1);
+    }
+
+    #[test]
+    fn a_decode_step_ran_a_head_in_one_lane_of_eight_now_heads_share_the_lanes() {
+        let gqa = Work { positions: 1, key: 128, value: 128, per_pair: 0 };
+        assert_eq!(heads_a_part((32, 8), (1, 1), 2, &gqa), 8, "a KV head's 8 heads, one set");
+        assert_eq!(heads_a_part((32, 8), (1, 1), 16, &gqa), 2, "16 parts for 16 threads");
+        let k3 = Work { positions: 4096, key: 576, value: 512, per_pair: 256 * 512 };
+        assert_eq!(heads_a_part((96, 96), (1, 1), 16, &k3), 6, "16 parts of one lane set");
+        assert_eq!(heads_a_part((96, 96), (1, 1), 2, &k3), 24, "4 parts of 3 lane sets");
+        assert_eq!(heads_a_part((96, 96), (3, 1), 2, &k3), 8, "3 rows: 24 pairs, 3 lane sets");
     }
 }

@@ -26,6 +26,7 @@
 use super::config::DeepseekV3Config;
 use super::weights::{AttnWeights, QProj};
 use super::{mm, Rope};
+use crate::grouped::{latent_heads, Work};
 use crate::kimi_k3::state::MlaLayer;
 use crate::spine::TensorBytes;
 use sluice_kernels::latent::{self, LANES};
@@ -111,10 +112,10 @@ pub(crate) fn forward(
 
         // Per set of heads (`latent::attend_heads`: the set's heads read each cached latent
         // value once; each sum in the order it had taken alone, so the same bits).
-        let threads = sluice_kernels::pool::with_current(sluice_kernels::Pool::threads);
-        let sets = crate::grouped::latent_heads_per_set(h, threads);
-        let parts: Vec<Vec<f32>> = sluice_kernels::pool::map(h / sets, |part| {
-            let heads = part * sets..(part + 1) * sets;
+        let work =
+            Work { positions: past + t, key: kl + rd, value: kl, per_pair: (nope + vd) * kl };
+        let attn = latent_heads((h, t, vd), &work, &|heads| {
+            let sets = heads.len();
             // kv_b_proj rows of each head: W_UK (nope rows), then W_UV (v rows), decoded once per
             // pass whatever the format (an FP8 block spans several heads, so rows are widened from
             // the whole matrix rather than sliced out of it).
@@ -162,15 +163,6 @@ pub(crate) fn forward(
             }
             out
         });
-        let heads: Vec<&[f32]> =
-            parts.iter().flat_map(|p| p.chunks_exact((t * vd).max(1))).collect();
-        let mut attn = vec![0.0f32; t * h * vd];
-        for (hi, out) in heads.iter().enumerate() {
-            for ti in 0..t {
-                attn[ti * h * vd + hi * vd..ti * h * vd + (hi + 1) * vd]
-                    .copy_from_slice(&out[ti * vd..(ti + 1) * vd]);
-            }
-        }
         mm(src, &w.o_proj, &attn, t)
     })
 }

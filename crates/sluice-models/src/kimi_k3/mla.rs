@@ -18,6 +18,7 @@ use super::config::K3Config;
 use super::state::MlaLayer;
 use super::weights::MlaWeights;
 use super::Ctx;
+use crate::grouped::{latent_heads, Work};
 use sluice_kernels::latent::{self, LANES};
 use sluice_kernels::ops::{rms_norm, sigmoid};
 use sluice_kernels::{matmul, Matrix, WeightFormat};
@@ -59,12 +60,11 @@ pub(crate) fn forward(
         // Per set of heads: absorbed attention for every row, the f64 sums several at a time
         // (`latent::attend_heads`: each sum in the order it had taken alone, so the same bits;
         // the set's heads read each cached latent value once).
-        let threads = sluice_kernels::pool::with_current(sluice_kernels::Pool::threads);
-        let sets = crate::grouped::latent_heads_per_set(h, threads);
-        let parts: Vec<Vec<f32>> = sluice_kernels::pool::map(h / sets, |part| {
+        let work = Work { positions: total, key: kl + rope, value: kl, per_pair: (nope + vd) * kl };
+        let mut attn = latent_heads((h, t, vd), &work, &|heads| {
             // Head hi owns rows [hi·(nope+vd), (hi+1)·(nope+vd)): W_UK first, then W_UV. W_UK is
             // widened once per block, not once per row.
-            let heads = part * sets..(part + 1) * sets;
+            let sets = heads.len();
             let w_uk: Vec<Vec<f32>> = heads
                 .clone()
                 .map(|hi| {
@@ -97,17 +97,7 @@ pub(crate) fn forward(
             }
             out
         });
-        let heads: Vec<&[f32]> =
-            parts.iter().flat_map(|p| p.chunks_exact((t * vd).max(1))).collect();
         debug_assert_eq!(total, st.lat.len() / kl);
-
-        let mut attn = vec![0.0f32; t * h * vd];
-        for (hi, out) in heads.iter().enumerate() {
-            for ti in 0..t {
-                attn[ti * h * vd + hi * vd..ti * h * vd + (hi + 1) * vd]
-                    .copy_from_slice(&out[ti * vd..(ti + 1) * vd]);
-            }
-        }
         if let Some(g) = &w.g_proj {
             let gate = ctx.mm(g, x, t);
             for (a, &gv) in attn.iter_mut().zip(&gate) {
