@@ -34,6 +34,9 @@ const PARTS_PER_THREAD: usize = 4;
 /// Positions whose scores a row group takes at a time (the f64 sums of a span stay in the L1
 /// cache until the rows take their scores from them).
 const SPAN: usize = 128;
+/// Columns of a context a part of [`Grouped::attend_spread`]'s weighted sums takes (the
+/// weighted-sum tile's width).
+const COLS: usize = 16;
 
 /// One layer's grouped-query attention over the rows of a pass.
 pub(crate) struct Grouped<'a> {
@@ -85,6 +88,9 @@ impl Grouped<'_> {
         let threads = sluice_kernels::pool::with_current(sluice_kernels::Pool::threads);
         let groups = self.heads / self.kv_heads.max(1);
         let row_groups = self.t.div_ceil(LANES);
+        if row_groups == 1 && self.kv_heads < threads {
+            return self.attend_spread(softmax, threads);
+        }
         // Positions cancel out of grouped attention's choice (every term reads them all).
         let work = Work { positions: 1, key: hd, value: hd, per_pair: 0 };
         let sets =
@@ -101,6 +107,94 @@ impl Grouped<'_> {
             let h0 = (i % head_sets) * sets;
             for (ti, row) in (*r0..*r1).zip(out.chunks_exact(sets * hd)) {
                 attn[ti * qw + h0 * hd..][..sets * hd].copy_from_slice(row);
+            }
+        }
+        attn
+    }
+
+    /// [`Self::attend`] for one row group (a decode step, a short verification) on more threads
+    /// than KV heads, where parts of whole heads would leave threads idle or lanes empty: the
+    /// scores of each KV head's (head, row) pairs span by span of positions, a pool part each;
+    /// each pair's softmax, a part each; then the weighted sums tile by tile of [`COLS`]
+    /// columns, a part each. Each score is its own dot product and each context value its own
+    /// sum over the positions in order, so every row keeps the bits [`Self::part`] gives it.
+    fn attend_spread(
+        &self,
+        softmax: &(dyn Fn(usize, &mut [f32]) + Sync),
+        threads: usize,
+    ) -> Vec<f32> {
+        let (hd, t, kv_heads) = (self.hd, self.t, self.kv_heads);
+        let (qw, kw) = (self.heads * hd, kv_heads * hd);
+        let groups = self.heads / kv_heads;
+        let pairs = groups * t;
+        let lane_sets = pairs.div_ceil(LANES);
+        // The positions some row sees, cut into about two spans a thread.
+        let (f0, seen) = (self.first(self.past), self.past + t);
+        let spans = (2 * threads).div_ceil(kv_heads).clamp(1, (seen - f0).div_ceil(SPAN));
+        let span = (seen - f0).div_ceil(spans);
+        let spans = (seen - f0).div_ceil(span);
+        let lanes: Vec<Vec<[f32; LANES]>> = (0..kv_heads)
+            .map(|kv| {
+                let mut lanes = vec![[0.0f32; LANES]; lane_sets * hd];
+                pair_lanes(&self.q[kv * groups * hd..], (qw, hd), (groups, t), &mut lanes);
+                lanes
+            })
+            .collect();
+        let dots = sluice_kernels::pool::map(kv_heads * spans, |i| {
+            let (kv, p0) = (i / spans, f0 + (i % spans) * span);
+            let n = span.min(seen - p0);
+            let mut dots = vec![[0.0f64; LANES]; lane_sets * n];
+            let kh = &self.k[p0 * kw + kv * hd..];
+            dot_sets_strided(&lanes[kv], lane_sets, kh, kw, n, &mut dots);
+            dots
+        });
+        let probs = sluice_kernels::pool::map(kv_heads * pairs, |i| {
+            let (kv, j) = (i / pairs, i % pairs);
+            let (set, l) = (j / LANES, j % LANES);
+            let pos = self.past + j % t;
+            let from = self.first(pos);
+            let mut p = Vec::with_capacity(pos + 1 - from);
+            for (si, dots) in dots[kv * spans..(kv + 1) * spans].iter().enumerate() {
+                let p0 = f0 + si * span;
+                let n = span.min(seen - p0);
+                let (a, b) = (from.max(p0), (pos + 1).min(p0 + n));
+                if a < b {
+                    #[allow(clippy::cast_possible_truncation)]
+                    p.extend(
+                        dots[set * n + a - p0..set * n + b - p0]
+                            .iter()
+                            .map(|d| d[l] as f32 * self.scale),
+                    );
+                }
+            }
+            softmax(kv * groups + j / t, &mut p);
+            p
+        });
+        let tiles = hd.div_ceil(COLS);
+        let sums = sluice_kernels::pool::map(kv_heads * tiles, |i| {
+            let (kv, c0) = (i / tiles, (i % tiles) * COLS);
+            let cw = COLS.min(hd - c0);
+            let rows: Vec<&[f32]> =
+                probs[kv * pairs..(kv + 1) * pairs].iter().map(Vec::as_slice).collect();
+            let vh = &self.v[kv * hd + c0..];
+            let mut out = vec![0.0f32; pairs * cw];
+            if self.first(seen - 1) == f0 {
+                weighted_rows_strided(&rows, &vh[f0 * kw..], kw, cw, &mut out);
+            } else {
+                for (j, (p, o)) in rows.iter().zip(out.chunks_exact_mut(cw)).enumerate() {
+                    let f = self.first(self.past + j % t);
+                    weighted_rows_strided(&[p], &vh[f * kw..], kw, cw, o);
+                }
+            }
+            out
+        });
+        let mut attn = vec![0.0f32; t * qw];
+        for (i, out) in sums.iter().enumerate() {
+            let (kv, c0) = (i / tiles, (i % tiles) * COLS);
+            let cw = COLS.min(hd - c0);
+            for (j, o) in out.chunks_exact(cw).enumerate() {
+                let h = kv * groups + j / t;
+                attn[(j % t) * qw + h * hd + c0..][..cw].copy_from_slice(o);
             }
         }
         attn
@@ -337,18 +431,26 @@ mod tests {
 
     #[test]
     fn heads_that_share_keys_give_each_row_its_one_row_sums_whatever_the_threads() {
-        grouped_rows_match_one_row_at_a_time(5, 21);
+        grouped_rows_match_one_row_at_a_time(5, 21, &[None, Some(6)]);
     }
 
     #[test]
     fn a_decode_step_scored_each_head_in_one_lane_of_eight_now_a_kv_heads_heads_share_them() {
         // A decode step (one row: pairs of heads fill the lanes) and a verification's 3 rows
         // (pairs straddle the lane sets).
-        grouped_rows_match_one_row_at_a_time(30, 1);
-        grouped_rows_match_one_row_at_a_time(9, 3);
+        grouped_rows_match_one_row_at_a_time(30, 1, &[None, Some(6)]);
+        grouped_rows_match_one_row_at_a_time(9, 3, &[None, Some(6)]);
     }
 
-    fn grouped_rows_match_one_row_at_a_time(past: usize, t: usize) {
+    #[test]
+    fn a_decode_step_on_more_threads_than_kv_heads_left_threads_idle_now_spans_share_the_keys() {
+        // 3 and 7 threads for 2 KV heads take `attend_spread`: scores in spans of positions
+        // (several spans here, a window's first positions inside the second), sums by columns.
+        grouped_rows_match_one_row_at_a_time(300, 1, &[None, Some(200)]);
+        grouped_rows_match_one_row_at_a_time(300, 2, &[None, Some(200), Some(6)]);
+    }
+
+    fn grouped_rows_match_one_row_at_a_time(past: usize, t: usize, windows: &[Option<usize>]) {
         let (heads, kv_heads, hd) = (8, 2, 24);
         let positions = past + t;
         let (q, k, v) = (
@@ -356,7 +458,7 @@ mod tests {
             values(positions * kv_heads * hd, 2),
             values(positions * kv_heads * hd, 3),
         );
-        for window in [None, Some(6)] {
+        for &window in windows {
             let g =
                 Grouped { q: &q, k: &k, v: &v, heads, kv_heads, hd, past, t, scale: 0.2, window };
             let mut want = Vec::with_capacity(t * heads * hd);
