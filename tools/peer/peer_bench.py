@@ -7,6 +7,8 @@ within each of --runs ROUNDS, so the drift of a shared machine hits both alike; 
 
 - decode:  an 8-id prompt, then TG one-token passes, model in memory (page cache warm);
 - prefill: a PP-id prompt in one pass, model in memory;
+- context: the PP-id prompt, then TG one-token passes after it (decode at a long context: each
+           pass's attention reads PP cached positions), model in memory (not a default part);
 - cgroup:  decode (--cgroup-tg passes), each run in a fresh memory cgroup (v1 or v2) with the model's
            pages dropped first (posix_fadvise DONTNEED on every model file), so the process sees
            a machine on which the model does not fit, page cache included.
@@ -293,8 +295,8 @@ def main():
     TIMEOUT_S = a.timeout
     parts = a.parts.split(",")
     for part in parts:
-        if part not in ("decode", "prefill", "cgroup"):
-            fail(f"unknown part {part!r} (decode, prefill, cgroup)")
+        if part not in ("decode", "prefill", "context", "cgroup"):
+            fail(f"unknown part {part!r} (decode, prefill, context, cgroup)")
 
     cfg = json.load(open(os.path.join(a.model, "config.json")))
     k3 = "text_config" in cfg  # K3's release nests the language model's config
@@ -348,6 +350,8 @@ def main():
             jobs.append(("decode", short, a.tg + 1, False))
         if "prefill" in parts:
             jobs.append(("prefill", long, 1, False))
+        if "context" in parts:
+            jobs.append(("context", long, a.tg + 1, False))
         if "cgroup" in parts:
             jobs.append(("cgroup", short, a.cgroup_tg + 1, True))
         rr = {"round": rnd + 1, "load": load, "ratio": {}, "divergence": {}}
@@ -369,7 +373,8 @@ def main():
                 record(rnd + 1, part, engine, r)
                 got[engine] = r
             s_ids, p_ids = got["sluice"]["generated_ids"], got["llama.cpp"]["generated_ids"]
-            key = "prefill" if part == "prefill" else "decode"  # the long and the short prompt
+            # the long and the short prompt
+            key = "prefill" if part in ("prefill", "context") else "decode"
             ref = reference.setdefault(key, s_ids)
             n = min(len(ref), len(s_ids))
             if s_ids[:n] != ref[:n]:
@@ -385,7 +390,7 @@ def main():
 
     res["sluice_ids"] = reference
     out = {}
-    for part in ("decode", "prefill", "cgroup"):
+    for part in ("decode", "prefill", "context", "cgroup"):
         rs = {e: [rate(part, r, a.pp) for r in res["runs_raw"] if r["part"] == part and
                   r["engine"] == e] for e in ("sluice", "llama.cpp")}
         if rs["sluice"] and rs["llama.cpp"]:
@@ -400,6 +405,7 @@ def main():
         pass
 
     names = {"decode": f"decode tg{a.tg}, in memory", "prefill": f"prefill pp{a.pp}, in memory",
+             "context": f"decode tg{a.tg} after pp{a.pp}, in memory",
              "cgroup": f"decode tg{a.cgroup_tg}, cgroup {limit / 1e9:.2f} GB"}
     print(f"\n{a.runs} interleaved rounds, {a.threads} threads; tok/s and the per-round ratio, "
           "median (min–max):\n")
@@ -411,7 +417,7 @@ def main():
     print("\nPer round (load average before → after; the most CPU time stolen from the machine "
           "during one of the round's runs; the first step, from 0, where llama.cpp's greedy id "
           "differs from sluice's, per test in the order of the columns; none: equal):\n")
-    cols = [p for p in ("decode", "prefill", "cgroup") if p in out]
+    cols = [p for p in ("decode", "prefill", "context", "cgroup") if p in out]
     print("| round | load | stolen | " + " | ".join(f"{p} ratio" for p in cols)
           + " | first differing step |")
     print("|---|---|---|" + "---|" * len(cols) + "---|")
