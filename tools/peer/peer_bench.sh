@@ -22,7 +22,8 @@
 # and qwen3-30b-slice (LAYERS=48: Qwen3-30B-A3B; EXPERTS is ignored) are the models people run
 # in memory; with them RANKS is the vocabulary rows, the default parts are decode and prefill
 # (the cgroup rule is K3's) and there is no roofline step;
-# THREADS (2); PROBE_SECONDS (20: `sluice probe --kernels --seconds`); ROOFLINE=0 skips step 6;
+# --parts decode,prefill,context adds decode after the --pp prompt (attention over pp cached
+# positions); THREADS (2); PROBE_SECONDS (20: `sluice probe --kernels --seconds`); ROOFLINE=0 skips step 6;
 # OUTTYPE (bf16: the converter's type for the non-expert tensors, as published;
 # the MXFP4 experts are repacked as MXFP4 by the converter whatever this is); KEEP=1 keeps the
 # slice and the GGUF (default: both deleted at the end); JOBS (nproc): build parallelism.
