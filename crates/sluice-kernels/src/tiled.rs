@@ -8,7 +8,8 @@
 //! fused (decode in registers, no buffer), which a tier may leave to the buffered default.
 //! This module owns everything else, identically for every tier:
 //!
-//! - **One activation row** (decode, the common case): row tiles of four, long spans, and the
+//! - **One activation row** (decode, the common case): row tiles of four (one for bf16:
+//!   [`Format::ONE_ROW_TILE`]), long spans, and the
 //!   next tile's bytes prefetched while this one is computed (weights are read several rows at
 //!   a time, which hardware prefetchers follow poorly). The kernels prefetch as they go, a
 //!   cache line of the next tile per line consumed (bursts of prefetches between spans left
@@ -470,7 +471,7 @@ impl<F: Format, const TB: usize> Block<'_, '_, F, TB> {
         while r < n {
             // SAFETY: the caller guarantees the tier (every arm).
             r += unsafe {
-                match n - r {
+                match (n - r).min(F::ONE_ROW_TILE) {
                     4.. => one::<K, F, 4, TB>(&mut self, r, &x[..main_cols]),
                     2 | 3 => one::<K, F, 2, TB>(&mut self, r, &x[..main_cols]),
                     _ => one::<K, F, 1, TB>(&mut self, r, &x[..main_cols]),

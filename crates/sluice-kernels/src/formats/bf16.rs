@@ -45,6 +45,8 @@ impl Format for Bf16 {
         bf16s_scalar(&w[2 * c0..2 * (c0 + out.len())], out);
     }
 
+    const ONE_ROW_TILE: usize = 1;
+
     fn row_bytes(w: &[u8]) -> usize {
         w.len()
     }
