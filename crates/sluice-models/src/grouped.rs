@@ -125,7 +125,7 @@ impl Grouped<'_> {
     ) -> Vec<f32> {
         let (hd, t, kv_heads) = (self.hd, self.t, self.kv_heads);
         let (qw, kw) = (self.heads * hd, kv_heads * hd);
-        let groups = self.heads / kv_heads;
+        let groups = self.heads / kv_heads.max(1);
         let pairs = groups * t;
         let lane_sets = pairs.div_ceil(LANES);
         // The positions some row sees, cut into about two spans a thread.
@@ -330,7 +330,7 @@ pub(crate) fn heads_a_part(
 ) -> usize {
     let time = |s: usize| {
         let lane_sets = (s * rows).div_ceil(LANES);
-        let reads = lane_sets / 4 + lane_sets % 4 + 1;
+        let reads = lane_sets / MAX_LANE_SETS + lane_sets % MAX_LANE_SETS + 1;
         let cost = lane_sets * LANES * w.positions * w.key
             + s * rows * (w.positions * w.value + w.per_pair)
             + READ * reads * w.positions * w.key.max(w.value);
