@@ -157,15 +157,7 @@ impl Grouped<'_> {
             for (si, dots) in dots[kv * spans..(kv + 1) * spans].iter().enumerate() {
                 let p0 = f0 + si * span;
                 let n = span.min(seen - p0);
-                let (a, b) = (from.max(p0), (pos + 1).min(p0 + n));
-                if a < b {
-                    #[allow(clippy::cast_possible_truncation)]
-                    p.extend(
-                        dots[set * n + a - p0..set * n + b - p0]
-                            .iter()
-                            .map(|d| d[l] as f32 * self.scale),
-                    );
-                }
+                self.push_scores(&mut p, &dots[set * n..][..n], p0, (from, pos + 1), l);
             }
             softmax(kv * groups + j / t, &mut p);
             p
@@ -176,16 +168,9 @@ impl Grouped<'_> {
             let cw = COLS.min(hd - c0);
             let rows: Vec<&[f32]> =
                 probs[kv * pairs..(kv + 1) * pairs].iter().map(Vec::as_slice).collect();
-            let vh = &self.v[kv * hd + c0..];
             let mut out = vec![0.0f32; pairs * cw];
-            if self.first(seen - 1) == f0 {
-                weighted_rows_strided(&rows, &vh[f0 * kw..], kw, cw, &mut out);
-            } else {
-                for (j, (p, o)) in rows.iter().zip(out.chunks_exact_mut(cw)).enumerate() {
-                    let f = self.first(self.past + j % t);
-                    weighted_rows_strided(&[p], &vh[f * kw..], kw, cw, o);
-                }
-            }
+            let first = |j: usize| self.first(self.past + j % t);
+            self.weigh(&rows, &self.v[kv * hd + c0..], (cw, &first), &mut out);
             out
         });
         let mut attn = vec![0.0f32; t * qw];
@@ -198,6 +183,45 @@ impl Grouped<'_> {
             }
         }
         attn
+    }
+
+    /// Appends to `p` the scaled f32 scores in lane `l` of `dots` (one lane set's sums for the
+    /// positions from `p0`) of the positions `from .. to` that `dots` holds.
+    fn push_scores(
+        &self,
+        p: &mut Vec<f32>,
+        dots: &[[f64; LANES]],
+        p0: usize,
+        (from, to): (usize, usize),
+        l: usize,
+    ) {
+        let (a, b) = (from.max(p0), to.min(p0 + dots.len()));
+        if a < b {
+            #[allow(clippy::cast_possible_truncation)]
+            p.extend(dots[a - p0..b - p0].iter().map(|d| d[l] as f32 * self.scale));
+        }
+    }
+
+    /// attn_output = matmul(attn_weights, value_states) for the pairs whose weights `rows`
+    /// holds, pair `j`'s from position `first(j)`, over `width` columns of one head's values
+    /// (`vh`, rows the cache's width apart): into `out [pair][width]`, the pairs at once where
+    /// they start at one position (full attention), pair by pair otherwise.
+    fn weigh(
+        &self,
+        rows: &[&[f32]],
+        vh: &[f32],
+        (width, first): (usize, &dyn Fn(usize) -> usize),
+        out: &mut [f32],
+    ) {
+        let kw = self.kv_heads * self.hd;
+        let f0 = first(0);
+        if (0..rows.len()).all(|j| first(j) == f0) {
+            weighted_rows_strided(rows, &vh[f0 * kw..], kw, width, out);
+        } else {
+            for (j, (p, o)) in rows.iter().zip(out.chunks_exact_mut(width)).enumerate() {
+                weighted_rows_strided(&[p], &vh[first(j) * kw..], kw, width, o);
+            }
+        }
     }
 
     /// The first position the row at `pos` sees.
@@ -265,13 +289,8 @@ impl Grouped<'_> {
                 for (j, p) in probs[..sets * n].iter_mut().enumerate() {
                     let (s, l) = (j / LANES, j % LANES);
                     let pos = self.past + t0 + j % n;
-                    let (from, to) = (self.first(pos).max(p0), (pos + 1).min(p0 + span));
-                    #[allow(clippy::cast_possible_truncation)]
-                    p.extend(
-                        dots[s * span..][from.saturating_sub(p0)..to.saturating_sub(p0)]
-                            .iter()
-                            .map(|d| d[l] as f32 * self.scale),
-                    );
+                    let dots = &dots[s * span..][..span];
+                    self.push_scores(p, dots, p0, (self.first(pos), pos + 1), l);
                 }
             }
             for (j, p) in probs[..sets * n].iter_mut().enumerate() {
@@ -279,17 +298,10 @@ impl Grouped<'_> {
             }
             // attn_output = matmul(attn_weights, value_states): the group's rows at once where
             // they start at one position (full attention), row by row otherwise.
-            let rows = &probs[..sets * n];
+            let rows: Vec<&[f32]> = probs[..sets * n].iter().map(Vec::as_slice).collect();
             let sums = &mut block[..sets * n * hd];
-            if self.first(self.past + t0 + n - 1) == f0 {
-                let rows: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
-                weighted_rows_strided(&rows, &vh[f0 * kw..], kw, hd, sums);
-            } else {
-                for (j, (p, o)) in rows.iter().zip(sums.chunks_exact_mut(hd)).enumerate() {
-                    let f = self.first(self.past + t0 + j % n);
-                    weighted_rows_strided(&[p.as_slice()], &vh[f * kw..], kw, hd, o);
-                }
-            }
+            let first = |j: usize| self.first(self.past + t0 + j % n);
+            self.weigh(&rows, vh, (hd, &first), sums);
             // `sums` is [set][row][hd]; the part's rows are [row][set][hd].
             for (j, sum) in sums.chunks_exact(hd).enumerate() {
                 let (s, l) = (j / n, j % n);
