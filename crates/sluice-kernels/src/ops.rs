@@ -88,17 +88,22 @@ fn situ_body(gate: &[f32], up: &[f32], beta: f32, linear_beta: Option<f32>, out:
     match linear_beta {
         Some(lb) => {
             for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-                let gg = beta * tanh1(g / beta) * (1.0 / (1.0 + exp1(-g)));
-                *o = gg * (lb * tanh1(u / lb));
+                *o = situ_gate(g, beta) * (lb * tanh1(u / lb));
             }
         }
         None => {
             for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-                let gg = beta * tanh1(g / beta) * (1.0 / (1.0 + exp1(-g)));
-                *o = gg * u;
+                *o = situ_gate(g, beta) * u;
             }
         }
     }
+}
+
+/// SiTU's gate branch `β·tanh(g/β)·σ(g)` (a function, not a closure, so that it compiles with
+/// the calling tier's features).
+#[inline(always)]
+fn situ_gate(g: f32, beta: f32) -> f32 {
+    beta * tanh1(g / beta) * (1.0 / (1.0 + exp1(-g)))
 }
 
 /// `tanh(x)` in plain f32 arithmetic (Cephes' `tanhf`): for `|x| < 0.625` the odd polynomial
