@@ -354,6 +354,41 @@ pub(crate) fn heads_a_part(
         .unwrap_or(1)
 }
 
+thread_local! {
+    /// This thread's kv_b rows widened to f32 for latent attention's parts ([`with_widened`]),
+    /// kept for its life: made afresh for each part of each layer, their first-touch page
+    /// faults and zero fill took more of a DeepSeek-V3 slice's decode step than the widening.
+    static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on `len` values of this thread's buffer for widened weight rows (their contents
+/// left from an earlier call: `f` writes before it reads), or on a fresh buffer if the thread
+/// is already inside a call or being torn down.
+pub(crate) fn with_widened<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let mut f = Some(f);
+    let kept = WIDENED.try_with(|cell| {
+        let mut buf = cell.try_borrow_mut().ok()?;
+        if buf.len() < len {
+            buf.resize(len, 0.0);
+        }
+        f.take().map(|f| f(&mut buf[..len]))
+    });
+    match (kept, f) {
+        (Ok(Some(r)), _) => r,
+        (_, Some(f)) => f(&mut vec![0.0; len]),
+        (_, None) => unreachable!("invariant: f ran or is still here"),
+    }
+}
+
+/// Bytes the threads' [`with_widened`] buffers can hold for latent attention of `heads` heads
+/// that widens `rows` kv_b rows of `kl` values a head: a part takes at most [`MAX_LANE_SETS`]
+/// lane sets of heads (a decode step's single rows, [`LANES`] heads a set) and each thread
+/// keeps its largest, for the memory plan's fixed charge.
+pub(crate) fn widened_bytes(threads: usize, heads: usize, rows: usize, kl: usize) -> u64 {
+    let heads = heads.min(MAX_LANE_SETS * LANES);
+    (threads * heads * rows * kl * std::mem::size_of::<f32>()) as u64
+}
+
 /// Latent attention's per-head contexts `[t, heads · vd]` (MLA: every head reads the same
 /// cache), the heads run by the pool in parts of [`heads_a_part`] heads: `part(heads)` returns
 /// the outputs of its heads' `t` rows, `[head][row][vd]`.
@@ -413,6 +448,30 @@ mod tests {
                 u * 2.0 - 1.0
             })
             .collect()
+    }
+
+    /// Latent attention's parts widened their heads' kv_b rows into fresh buffers on every pass
+    /// (first-touch page faults and zero fill: more of a DeepSeek-V3 slice's decode step than
+    /// the widening itself); a thread now keeps one buffer, and a call inside a call gets its
+    /// own.
+    #[test]
+    fn latent_parts_widened_into_fresh_buffers_every_pass_now_the_thread_keeps_one() {
+        let first = with_widened(1000, |b| {
+            b.fill(1.0);
+            b.as_ptr() as usize
+        });
+        let again = with_widened(600, |b| {
+            assert_eq!(b.len(), 600);
+            b.as_ptr() as usize
+        });
+        assert_eq!(first, again, "the thread's buffer, kept");
+        with_widened(10, |outer| {
+            let inner = with_widened(20, |b| {
+                assert_eq!(b.len(), 20);
+                b.as_ptr() as usize
+            });
+            assert_ne!(inner, outer.as_ptr() as usize, "a call inside a call gets its own");
+        });
     }
 
     /// Row `ti`, head `h` one sum at a time: each score an f64 dot rounded to f32 and scaled,

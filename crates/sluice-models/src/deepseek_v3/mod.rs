@@ -172,8 +172,8 @@ impl DeepseekV3 {
 
     /// What the model holds besides its expert cache: the spine (attention, dense MLPs,
     /// routers, shared experts, embedding and head, as stored), the MLA latent cache per
-    /// position (`kv_lora_rank + qk_rope_head_dim` f32 per layer), the per-head `kv_b_proj`
-    /// rows an attention pass widens (fixed), and a pass's activations per row.
+    /// position (`kv_lora_rank + qk_rope_head_dim` f32 per layer), the `kv_b_proj` rows each
+    /// thread keeps widened for attention's parts (fixed), and a pass's activations per row.
     pub fn memory_needs(&self) -> MemoryNeeds {
         let c = &self.cfg;
         let (h, kl, rd) = (c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim);
@@ -181,8 +181,7 @@ impl DeepseekV3 {
         // Per row: q (and its LoRA), the latent row, the per-head latent query and attention
         // output, the heads' values (see `mla::forward`).
         let attn = c.q_lora_rank.unwrap_or(0) + h * c.qk_head_dim() + (kl + rd) + 2 * h * vd;
-        let threads =
-            sluice_kernels::pool::with_current(sluice_kernels::pool::Pool::threads) as u64;
+        let threads = sluice_kernels::pool::with_current(sluice_kernels::pool::Pool::threads);
         let (pass_per_row, prefill_per_row) = crate::working::row_charges(
             c.hidden_size,
             attn,
@@ -194,7 +193,7 @@ impl DeepseekV3 {
         );
         MemoryNeeds {
             spine: self.dense_weight_bytes(),
-            state_fixed: threads * ((c.qk_nope_head_dim + vd) * kl * 4) as u64,
+            state_fixed: crate::grouped::widened_bytes(threads, h, c.qk_nope_head_dim + vd, kl),
             state_per_position: (c.num_hidden_layers * (kl + rd) * 4) as u64,
             pass_per_row,
             prefill_per_row,

@@ -3,7 +3,7 @@
 //! memory needs, from the inventory, are written here), and the table line's check, which stops
 //! short of mapping the routed experts (a stream install has none).
 
-use super::config::K3Config;
+use super::config::{AttnKind, K3Config};
 use super::inventory::inventory;
 use super::state::{K3State, LayerShape};
 use super::working::{pass_bytes_per_row, prefill_bytes_per_row};
@@ -25,12 +25,22 @@ pub fn check(ckpt: &Checkpoint) -> Result<Checked, ModelError> {
 
 impl KimiK3 {
     /// What the model holds besides its expert cache, from the inventory: the spine, the KDA
-    /// states (fixed) and the MLA latents (per position), and the working memory of a pass row.
+    /// states and the W_UK rows each thread keeps widened for MLA's parts (fixed), the MLA
+    /// latents (per position), and the working memory of a pass row.
     pub fn memory_needs(&self) -> MemoryNeeds {
-        let inv = inventory(&self.ckpt, self.config());
+        let c = self.config();
+        let inv = inventory(&self.ckpt, c);
+        let threads = sluice_kernels::pool::with_current(sluice_kernels::pool::Pool::threads);
+        let mla = (0..c.num_hidden_layers).any(|i| c.attn_kind(i) == AttnKind::Mla);
+        let w_uk = crate::grouped::widened_bytes(
+            threads,
+            c.num_attention_heads,
+            c.qk_nope_head_dim,
+            c.kv_lora_rank,
+        );
         MemoryNeeds {
             spine: inv.spine_bytes,
-            state_fixed: inv.kda_state_bytes,
+            state_fixed: inv.kda_state_bytes + if mla { w_uk } else { 0 },
             state_per_position: inv.mla_bytes_per_token,
             pass_per_row: pass_bytes_per_row(self.config()),
             prefill_per_row: prefill_bytes_per_row(self.config()),

@@ -18,7 +18,7 @@ use super::config::K3Config;
 use super::state::MlaLayer;
 use super::weights::MlaWeights;
 use super::Ctx;
-use crate::grouped::{latent_heads, Work};
+use crate::grouped::{latent_heads, with_widened, Work};
 use sluice_kernels::latent::{self, LANES};
 use sluice_kernels::ops::{rms_norm, sigmoid};
 use sluice_kernels::{matmul, Matrix, WeightFormat};
@@ -65,37 +65,36 @@ pub(crate) fn forward(
             // Head hi owns rows [hi·(nope+vd), (hi+1)·(nope+vd)): W_UK first, then W_UV. W_UK is
             // widened once per block, not once per row.
             let sets = heads.len();
-            let w_uk: Vec<Vec<f32>> = heads
-                .clone()
-                .map(|hi| {
+            with_widened(sets * nope * kl, |widened| {
+                for (hi, w_uk) in heads.clone().zip(widened.chunks_exact_mut(nope * kl)) {
                     let wm = rows_of(&kv_b, hi * (nope + vd), nope);
-                    let mut w_uk = vec![0.0f32; nope * kl];
                     for (i, row) in w_uk.chunks_exact_mut(kl).enumerate() {
                         wm.row_to_f32(i, row);
                     }
-                    w_uk
-                })
-                .collect();
-            let w_uk: Vec<&[f32]> = w_uk.iter().map(Vec::as_slice).collect();
-            let w_uv: Vec<Matrix<'_>> =
-                heads.clone().map(|hi| rows_of(&kv_b, hi * (nope + vd) + nope, vd)).collect();
-            let qrow = |hi: usize, ti: usize| &q[ti * h * qd + hi * qd..][..qd];
-            // [head of the set][row][vd]
-            let mut out = vec![0.0f32; sets * t * vd];
-            let mut ctx_rows = vec![0.0f32; sets * LANES * kl];
-            for g0 in (0..t).step_by(LANES) {
-                let g = LANES.min(t - g0);
-                let rows: Vec<&[f32]> =
-                    heads.clone().flat_map(|hi| (g0..g0 + g).map(move |ti| qrow(hi, ti))).collect();
-                let c = &mut ctx_rows[..sets * g * kl];
-                latent::attend_heads(&dims, &rows, &w_uk, lat_all, pe_all, past + g0, c);
-                // out = W_UV ctx for each head's rows in one call (batch-invariant: each row's
-                // bits are those of its single-row call).
-                for (s, (w_uv, c)) in w_uv.iter().zip(c.chunks_exact(g * kl)).enumerate() {
-                    matmul(w_uv, c, g, &mut out[(s * t + g0) * vd..(s * t + g0 + g) * vd]);
                 }
-            }
-            out
+                let w_uk: Vec<&[f32]> = widened.chunks_exact(nope * kl).collect();
+                let w_uv: Vec<Matrix<'_>> =
+                    heads.clone().map(|hi| rows_of(&kv_b, hi * (nope + vd) + nope, vd)).collect();
+                let qrow = |hi: usize, ti: usize| &q[ti * h * qd + hi * qd..][..qd];
+                // [head of the set][row][vd]
+                let mut out = vec![0.0f32; sets * t * vd];
+                let mut ctx_rows = vec![0.0f32; sets * LANES * kl];
+                for g0 in (0..t).step_by(LANES) {
+                    let g = LANES.min(t - g0);
+                    let rows: Vec<&[f32]> = heads
+                        .clone()
+                        .flat_map(|hi| (g0..g0 + g).map(move |ti| qrow(hi, ti)))
+                        .collect();
+                    let c = &mut ctx_rows[..sets * g * kl];
+                    latent::attend_heads(&dims, &rows, &w_uk, lat_all, pe_all, past + g0, c);
+                    // out = W_UV ctx for each head's rows in one call (batch-invariant: each row's
+                    // bits are those of its single-row call).
+                    for (s, (w_uv, c)) in w_uv.iter().zip(c.chunks_exact(g * kl)).enumerate() {
+                        matmul(w_uv, c, g, &mut out[(s * t + g0) * vd..(s * t + g0 + g) * vd]);
+                    }
+                }
+                out
+            })
         });
         debug_assert_eq!(total, st.lat.len() / kl);
         if let Some(g) = &w.g_proj {
