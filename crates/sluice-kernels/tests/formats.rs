@@ -215,6 +215,27 @@ fn fp8_partial_blocks_on_both_axes() {
     }
 }
 
+/// `row_to_f32` (how a DeepSeek-V3 pass widens `kv_b_proj`) read a block's scale for every
+/// value; it now takes each block of columns at once, a partial block last, and must give
+/// `f32(e4m3) · s[r/128][c/128]` for every element.
+#[test]
+fn fp8_rows_widened_reading_the_scale_per_value_now_per_block_give_each_blocks_values() {
+    let (rows, cols) = (3, 300);
+    let mut rng = Rng::new(0xF9);
+    let (codes, scale_bytes) = fp8_data(&mut rng, Mode::Normal, rows, cols);
+    let s: Vec<f32> =
+        scale_bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let m = Matrix::fp8_block(rows, cols, &codes, &scale_bytes).expect("shape");
+    for r in 0..rows {
+        let mut got = vec![f32::NAN; cols];
+        m.row_to_f32(r, &mut got);
+        for (c, g) in got.iter().enumerate() {
+            let want = E4M3[usize::from(codes[r * cols + c])] * s[c / 128];
+            assert_eq!(g.to_bits(), want.to_bits(), "({r}, {c})");
+        }
+    }
+}
+
 /// compressed-tensors' definition, word by word: element `e` of a row in word `e/8` at bits
 /// `4·(e % 8)`, stored as `q + 8`; the matrix over the words' little-endian bytes gives
 /// `q · scale[r][c/32]`.

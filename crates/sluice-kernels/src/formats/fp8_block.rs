@@ -126,9 +126,18 @@ impl Format for Fp8Block {
     }
 
     fn widen(row: Fp8Row<'_>, c0: usize, out: &mut [f32]) {
-        for (i, o) in out.iter_mut().enumerate() {
-            let c = c0 + i;
-            *o = E4M3[usize::from(row.codes[c])] * row.scale(c / BLOCK_EDGE);
+        // Block by block, the block's scale read once (per value, its index and bounds checks
+        // took more time than the product when a pass widened kv_b_proj).
+        let codes = &row.codes[c0..c0 + out.len()];
+        let mut done = 0;
+        while done < out.len() {
+            let c = c0 + done;
+            let n = (BLOCK_EDGE - c % BLOCK_EDGE).min(out.len() - done);
+            let s = row.scale(c / BLOCK_EDGE);
+            for (o, &code) in out[done..done + n].iter_mut().zip(&codes[done..done + n]) {
+                *o = E4M3[usize::from(code)] * s;
+            }
+            done += n;
         }
     }
 
