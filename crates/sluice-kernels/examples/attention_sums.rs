@@ -1,8 +1,12 @@
 //! The f64 sums of attention ([`sluice_kernels::latent`]) on one thread, every tier, against
 //! the tier's f64 FMA peak (half its f32 FMA loop's rate: the same vectors hold half as many
 //! values):
-//! `cargo run --release -p sluice-kernels --example attention_sums -- [POSITIONS] [SETS...]`
+//! `cargo run --release -p sluice-kernels --example attention_sums -- [cold] [POSITIONS] [SETS...]`
 //! (defaults 2,048 positions; 1, 2, 4, 8 sets of eight rows).
+//!
+//! `cold` reads each call's keys and values from memory, as a decode step does (a step streams
+//! the weights between two layers' attention): it walks [`COLD_CACHES`] separate caches of the
+//! shape, one call each, and reports the best of 5 walks.
 //!
 //! The shape is one KV head of Qwen3-30B-A3B's cache (head width 128 in rows of 512): the
 //! scores of `SETS` heads of eight rows each over every position (`dot_sets_on`), and their
@@ -13,8 +17,13 @@ use sluice_kernels::isa::Isa;
 use sluice_kernels::latent::{dot_sets_on, weighted_rows_on, LANES};
 use std::time::Instant;
 
+/// Separate caches a `cold` walk calls on in turn (256 MiB at 2,048 positions: more than a
+/// last-level cache holds).
+const COLD_CACHES: usize = 64;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    let cold = args.next_if(|a| a == "cold").is_some();
     let npos: usize = args.next().map_or(Ok(2048), |a| a.parse())?;
     let mut sets: Vec<usize> = args.map(|a| a.parse()).collect::<Result<_, _>>()?;
     if sets.is_empty() {
@@ -25,14 +34,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let values = |n: usize, seed: usize| -> Vec<f32> {
         (0..n).map(|i| ((i * 7919 + seed) % 1000) as f32 / 1000.0 - 0.5).collect()
     };
-    let m = values(npos * stride, 1);
-    println!("{npos} positions");
-    let best = |f: &mut dyn FnMut()| {
-        (0..20)
+    let caches: Vec<Vec<f32>> =
+        (0..if cold { COLD_CACHES } else { 1 }).map(|c| values(npos * stride, 1 + c)).collect();
+    println!("{npos} positions{}", if cold { ", cold" } else { "" });
+    // The best of 20 calls on one cache, or (cold) the best of 5 walks over every cache, a
+    // call's time being the walk's over the caches.
+    let best = |f: &mut dyn FnMut(&[f32])| {
+        (0..if cold { 5 } else { 20 })
             .map(|_| {
                 let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64()
+                for m in &caches {
+                    f(m);
+                }
+                t.elapsed().as_secs_f64() / caches.len() as f64
             })
             .fold(f64::MAX, f64::min)
     };
@@ -52,12 +66,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .map(|c| std::array::from_fn(|l| c[l]))
                 .collect();
             let mut dots = vec![[0.0f64; LANES]; s * npos];
-            let dot = best(&mut || dot_sets_on(tier, &q, s, &m, stride, npos, &mut dots));
+            let dot = best(&mut |m| dot_sets_on(tier, &q, s, m, stride, npos, &mut dots));
             let probs: Vec<Vec<f32>> =
                 (0..s * LANES).map(|r| values(npos - LANES + 1 + r % LANES, r)).collect();
             let p: Vec<&[f32]> = probs.iter().map(Vec::as_slice).collect();
             let mut out = vec![0.0f32; p.len() * hd];
-            let sum = best(&mut || weighted_rows_on(tier, &p, &m, stride, hd, &mut out));
+            let sum = best(&mut |m| weighted_rows_on(tier, &p, m, stride, hd, &mut out));
             let gflops = |secs: f64| 2.0 * (npos * hd * LANES * s) as f64 / secs / 1e9;
             println!(
                 "  {s} sets: scores {:6.1} GFLOP/s{}, weighted sums {:6.1} GFLOP/s{}",
