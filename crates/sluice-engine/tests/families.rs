@@ -202,7 +202,25 @@ fn the_state_cache_charge_counted_each_snapshot_at_the_live_states_size() {
         let plan = l.plan.as_ref().expect("an MoE model is planned");
         assert_eq!(plan.needs.state_cache, want, "{family}/{name}");
         if family == "kimi_k3" {
-            assert_eq!(mem.state_fixed, 2 * fixed, "the live state keeps a working copy");
+            // A working copy of the KDA states, and the W_UK rows each kernel thread keeps
+            // widened for MLA's parts (at most 32 heads a part).
+            let text: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(dir(family, name).join("config.json")).unwrap(),
+            )
+            .unwrap();
+            let c = text.get("text_config").unwrap_or(&text);
+            let dim = |k: &str| c[k].as_u64().unwrap();
+            let threads = sluice_kernels::pool::global().threads() as u64;
+            let w_uk = threads
+                * dim("num_attention_heads").min(32)
+                * dim("qk_nope_head_dim")
+                * dim("kv_lora_rank")
+                * 4;
+            assert_eq!(
+                mem.state_fixed,
+                2 * fixed + w_uk,
+                "the live state keeps a working copy; each thread its widened W_UK"
+            );
         }
     }
 }
