@@ -149,7 +149,21 @@ impl<'a> Matrix<'a> {
     /// Writes row `r` widened to f32 (the values [`Matrix::get`] gives) into the first
     /// `cols` elements of `out` (all of it when shorter).
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
+        self.row_to_f32_with(isa::isa(), r, out);
+    }
+
+    /// [`Matrix::row_to_f32`] on an explicit tier: a whole row of a format whose tier decodes
+    /// give its widened values bit for bit (`Format::TIER_WIDENS`) takes the tier's decode (a DeepSeek-V3 pass widens its `kv_b_proj`
+    /// rows every step; the scalar reference decode took 10% of a slice's decode step), any
+    /// other row the scalar reference. The same values either way.
+    ///
+    /// # Panics
+    /// If the running CPU does not support `isa`, or `r` is not a row.
+    pub fn row_to_f32_with(&self, isa: Isa, r: usize, out: &mut [f32]) {
         let n = out.len().min(self.cols);
+        if n == self.cols && crate::arch::widen_row(isa, self, r, &mut out[..n]) {
+            return;
+        }
         self.format.visit(Widen { m: self, r, c0: 0, out: &mut out[..n] });
     }
 }

@@ -218,6 +218,52 @@ pub(crate) fn run(
     m.format().visit(Run { isa, m, x, t, rows, pack, emit });
 }
 
+/// A whole row's widening on a tier, waiting for its format ([`widen_row`]).
+struct WidenRow<'m, 'a, 'o> {
+    isa: Isa,
+    m: &'m Matrix<'a>,
+    r: usize,
+    out: &'o mut [f32],
+}
+
+impl Visit for WidenRow<'_, '_, '_> {
+    type Out = bool;
+
+    fn visit<F: Format>(self) -> bool {
+        let Self { isa, m, r, out } = self;
+        assert!(isa.is_available(), "row_to_f32: the {isa} tier is not supported by this CPU");
+        assert_eq!(out.len(), m.cols(), "widen_row: a whole row");
+        if !F::TIER_WIDENS {
+            return false;
+        }
+        let row = F::row(m, r);
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU supports AVX-512F (asserted above); the span is the whole row.
+            Isa::Avx512 => unsafe { avx512::Avx512::decode::<F>(row, 0, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU supports AVX2 and FMA (asserted above); the span is the row.
+            Isa::Avx2 => unsafe { avx2::Avx2::decode::<F>(row, 0, out) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: the CPU supports Advanced SIMD (asserted above); the span is the row.
+            Isa::Neon => unsafe { aarch64::Neon::decode::<F>(row, 0, out) },
+            _ => return false,
+        }
+        true
+    }
+}
+
+/// Widens row `r` of `m`, whole, into `out` (`m.cols()` values) with `isa`'s decode; false,
+/// with `out` untouched, for the portable tier and for a format whose decodes are not its
+/// widening bit for bit ([`Format::TIER_WIDENS`]), which the caller widens with the scalar
+/// reference.
+///
+/// # Panics
+/// If the running CPU does not support `isa`, `out` is not `m.cols()` long, or `r` is not a row.
+pub(crate) fn widen_row(isa: Isa, m: &Matrix<'_>, r: usize, out: &mut [f32]) -> bool {
+    m.format().visit(WidenRow { isa, m, r, out })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -33,6 +33,8 @@ fn bf16s_scalar(w: &[u8], out: &mut [f32]) {
 }
 
 impl Format for Bf16 {
+    const TIER_WIDENS: bool = true;
+
     /// `2 * cols` bytes.
     type Row<'a> = &'a [u8];
 

@@ -30,6 +30,8 @@ fn f32s_scalar(w: &[u8], out: &mut [f32]) {
 }
 
 impl Format for F32 {
+    const TIER_WIDENS: bool = true;
+
     /// `4 * cols` bytes.
     type Row<'a> = &'a [u8];
 

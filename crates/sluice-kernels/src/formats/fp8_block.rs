@@ -113,6 +113,8 @@ impl<'a> Matrix<'a> {
 }
 
 impl Format for Fp8Block {
+    const TIER_WIDENS: bool = true;
+
     type Row<'a> = Fp8Row<'a>;
 
     #[inline(always)]

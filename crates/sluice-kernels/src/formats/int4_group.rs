@@ -76,6 +76,8 @@ impl<'a> Matrix<'a> {
 }
 
 impl Format for Int4Group {
+    const TIER_WIDENS: bool = true;
+
     const BLOCK: usize = GROUP;
 
     type Row<'a> = Int4Row<'a>;

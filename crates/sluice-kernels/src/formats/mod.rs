@@ -174,6 +174,12 @@ pub(crate) trait Format: Sized + 'static {
         sum
     }
 
+    /// Whether the tiers' decodes give [`Format::widen`]'s values bit for bit, signed zeros
+    /// included, so that [`Matrix::row_to_f32`] may widen a row on the tier: not where the
+    /// folded values are not the widened ones ([`Format::finish`]: int8), nor where a decode
+    /// turns a negative zero positive, which no sum sees (MXFP4 on AVX2).
+    const TIER_WIDENS: bool = false;
+
     /// Weight rows a one-activation-row tile takes side by side (4, 2 or 1): several rows give
     /// independent FMA chains where decoding a value costs more than loading it; a format whose
     /// decode is a shift (bf16) reads its rows one after another, one sequential stream the
