@@ -153,9 +153,10 @@ impl<'a> Matrix<'a> {
     }
 
     /// [`Matrix::row_to_f32`] on an explicit tier: a whole row of a format whose tier decodes
-    /// give its widened values bit for bit (`Format::TIER_WIDENS`) takes the tier's decode (a DeepSeek-V3 pass widens its `kv_b_proj`
-    /// rows every step; the scalar reference decode took 10% of a slice's decode step), any
-    /// other row the scalar reference. The same values either way.
+    /// give its widened values bit for bit (`Format::TIER_WIDENS`) takes the tier's decode (a
+    /// DeepSeek-V3 pass widens its `kv_b_proj` rows every step; the scalar reference decode
+    /// took 10% of a slice's decode step), any other row the scalar reference. The same values
+    /// either way.
     ///
     /// # Panics
     /// If the running CPU does not support `isa`, or `r` is not a row.

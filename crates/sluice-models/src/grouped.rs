@@ -22,6 +22,7 @@
 
 use crate::qwen3::state::KvCache;
 use sluice_kernels::latent::{dot_sets_strided, weighted_rows_strided, LANES};
+use sluice_kernels::Matrix;
 
 /// Lane sets of (head, row) pairs a part runs side by side, at most (the AVX-512 score tile's
 /// sets).
@@ -378,6 +379,27 @@ pub(crate) fn with_widened<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R 
         (_, Some(f)) => f(&mut vec![0.0; len]),
         (_, None) => unreachable!("invariant: f ran or is still here"),
     }
+}
+
+/// Runs `f` on the widened `kv_b_proj` rows of `heads` (latent attention's W_UK, or W_UK and
+/// W_UV): head `hi`'s `rows` rows from row `hi · per_head` of `kv_b`, one slice of `rows ·
+/// kv_b.cols()` values a head, in this thread's buffer ([`with_widened`]).
+pub(crate) fn with_heads_widened<R>(
+    kv_b: &Matrix<'_>,
+    heads: std::ops::Range<usize>,
+    (per_head, rows): (usize, usize),
+    f: impl FnOnce(&[&[f32]]) -> R,
+) -> R {
+    let (kl, len) = (kv_b.cols().max(1), (rows * kv_b.cols()).max(1));
+    with_widened(heads.len() * len, |widened| {
+        for (hi, w) in heads.zip(widened.chunks_exact_mut(len)) {
+            for (i, row) in w.chunks_exact_mut(kl).enumerate() {
+                kv_b.row_to_f32(hi * per_head + i, row);
+            }
+        }
+        let ws: Vec<&[f32]> = widened.chunks_exact(len).collect();
+        f(&ws)
+    })
 }
 
 /// Bytes the threads' [`with_widened`] buffers can hold for latent attention of `heads` heads

@@ -26,7 +26,7 @@
 use super::config::DeepseekV3Config;
 use super::weights::{AttnWeights, QProj};
 use super::{mm, Rope};
-use crate::grouped::{latent_heads, with_widened, Work};
+use crate::grouped::{latent_heads, with_heads_widened, Work};
 use crate::kimi_k3::state::MlaLayer;
 use crate::spine::TensorBytes;
 use sluice_kernels::latent::{self, LANES};
@@ -119,13 +119,7 @@ pub(crate) fn forward(
             // kv_b_proj rows of each head: W_UK (nope rows), then W_UV (v rows), decoded once per
             // pass whatever the format (an FP8 block spans several heads, so rows are widened from
             // the whole matrix rather than sliced out of it).
-            with_widened(sets * (nope + vd) * kl, |widened| {
-                for (hi, w) in heads.clone().zip(widened.chunks_exact_mut((nope + vd) * kl)) {
-                    for (i, row) in w.chunks_exact_mut(kl).enumerate() {
-                        kv_b.row_to_f32(hi * (nope + vd) + i, row);
-                    }
-                }
-                let ws: Vec<&[f32]> = widened.chunks_exact((nope + vd) * kl).collect();
+            with_heads_widened(&kv_b, heads.clone(), (nope + vd, nope + vd), |ws| {
                 let w_uk: Vec<&[f32]> = ws.iter().map(|w| &w[..nope * kl]).collect();
                 let qrow = |hi: usize, ti: usize| &q[ti * h * qd + hi * qd..][..qd];
                 // [head of the set][row][vd]

@@ -18,7 +18,7 @@ use super::config::K3Config;
 use super::state::MlaLayer;
 use super::weights::MlaWeights;
 use super::Ctx;
-use crate::grouped::{latent_heads, with_widened, Work};
+use crate::grouped::{latent_heads, with_heads_widened, Work};
 use sluice_kernels::latent::{self, LANES};
 use sluice_kernels::ops::{rms_norm, sigmoid};
 use sluice_kernels::{matmul, Matrix, WeightFormat};
@@ -65,14 +65,7 @@ pub(crate) fn forward(
             // Head hi owns rows [hi·(nope+vd), (hi+1)·(nope+vd)): W_UK first, then W_UV. W_UK is
             // widened once per block, not once per row.
             let sets = heads.len();
-            with_widened(sets * nope * kl, |widened| {
-                for (hi, w_uk) in heads.clone().zip(widened.chunks_exact_mut(nope * kl)) {
-                    let wm = rows_of(&kv_b, hi * (nope + vd), nope);
-                    for (i, row) in w_uk.chunks_exact_mut(kl).enumerate() {
-                        wm.row_to_f32(i, row);
-                    }
-                }
-                let w_uk: Vec<&[f32]> = widened.chunks_exact(nope * kl).collect();
+            with_heads_widened(&kv_b, heads.clone(), (nope + vd, nope), |w_uk| {
                 let w_uv: Vec<Matrix<'_>> =
                     heads.clone().map(|hi| rows_of(&kv_b, hi * (nope + vd) + nope, vd)).collect();
                 let qrow = |hi: usize, ti: usize| &q[ti * h * qd + hi * qd..][..qd];
@@ -86,7 +79,7 @@ pub(crate) fn forward(
                         .flat_map(|hi| (g0..g0 + g).map(move |ti| qrow(hi, ti)))
                         .collect();
                     let c = &mut ctx_rows[..sets * g * kl];
-                    latent::attend_heads(&dims, &rows, &w_uk, lat_all, pe_all, past + g0, c);
+                    latent::attend_heads(&dims, &rows, w_uk, lat_all, pe_all, past + g0, c);
                     // out = W_UV ctx for each head's rows in one call (batch-invariant: each row's
                     // bits are those of its single-row call).
                     for (s, (w_uv, c)) in w_uv.iter().zip(c.chunks_exact(g * kl)).enumerate() {
