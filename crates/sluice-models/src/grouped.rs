@@ -402,6 +402,39 @@ pub(crate) fn with_heads_widened<R>(
     })
 }
 
+/// A family's W_UV step in [`latent_part`]: `(head of the set, its rows' latent contexts, rows,
+/// their outputs)`.
+pub(crate) type WuvStep<'a> = dyn FnMut(usize, &[f32], usize, &mut [f32]) + 'a;
+
+/// The body of a latent attention part ([`latent_heads`]) for `heads` over the `t` rows of a
+/// pass, [`LANES`] rows at a time: the heads' absorbed attention (`latent::attend_heads` with
+/// their widened `w_uk`, the queries `q [t][h][qd]`), then the family's W_UV step `w_uv(s, c, g,
+/// out)` for head `s` of the set: `c` its `g` rows' latent contexts, `out` their `[g][vd]`
+/// outputs. Returns `[head of the set][row][vd]`.
+pub(crate) fn latent_part(
+    dims: &sluice_kernels::latent::Absorbed,
+    heads: std::ops::Range<usize>,
+    (q, h, t, vd): (&[f32], usize, usize, usize),
+    (w_uk, lat, pe, past): (&[&[f32]], &[f32], &[f32], usize),
+    w_uv: &mut WuvStep<'_>,
+) -> Vec<f32> {
+    let (sets, kl, qd) = (heads.len(), dims.kl, dims.nope + dims.rope);
+    let qrow = |hi: usize, ti: usize| &q[ti * h * qd + hi * qd..][..qd];
+    let mut out = vec![0.0f32; sets * t * vd];
+    let mut ctx = vec![0.0f32; sets * LANES * kl];
+    for g0 in (0..t).step_by(LANES) {
+        let g = LANES.min(t - g0);
+        let rows: Vec<&[f32]> =
+            heads.clone().flat_map(|hi| (g0..g0 + g).map(move |ti| qrow(hi, ti))).collect();
+        let c = &mut ctx[..sets * g * kl];
+        sluice_kernels::latent::attend_heads(dims, &rows, w_uk, lat, pe, past + g0, c);
+        for (s, c) in c.chunks_exact(g * kl).enumerate() {
+            w_uv(s, c, g, &mut out[(s * t + g0) * vd..(s * t + g0 + g) * vd]);
+        }
+    }
+    out
+}
+
 /// Bytes the threads' [`with_widened`] buffers can hold for latent attention of `heads` heads
 /// that widens `rows` kv_b rows of `kl` values a head: a part takes at most [`MAX_LANE_SETS`]
 /// lane sets of heads (a decode step's single rows, [`LANES`] heads a set) and each thread

@@ -26,7 +26,7 @@
 use super::config::DeepseekV3Config;
 use super::weights::{AttnWeights, QProj};
 use super::{mm, Rope};
-use crate::grouped::{latent_heads, with_heads_widened, Work};
+use crate::grouped::{latent_heads, latent_part, with_heads_widened, Work};
 use crate::kimi_k3::state::MlaLayer;
 use crate::spine::TensorBytes;
 use sluice_kernels::latent::{self, LANES};
@@ -115,46 +115,32 @@ pub(crate) fn forward(
         let work =
             Work { positions: past + t, key: kl + rd, value: kl, per_pair: (nope + vd) * kl };
         let attn = latent_heads((h, t, vd), &work, &|heads| {
-            let sets = heads.len();
             // kv_b_proj rows of each head: W_UK (nope rows), then W_UV (v rows), decoded once per
             // pass whatever the format (an FP8 block spans several heads, so rows are widened from
             // the whole matrix rather than sliced out of it).
             with_heads_widened(&kv_b, heads.clone(), (nope + vd, nope + vd), |ws| {
                 let w_uk: Vec<&[f32]> = ws.iter().map(|w| &w[..nope * kl]).collect();
-                let qrow = |hi: usize, ti: usize| &q[ti * h * qd + hi * qd..][..qd];
-                // [head of the set][row][vd]
-                let mut out = vec![0.0f32; sets * t * vd];
-                let mut ctx = vec![0.0f32; sets * LANES * kl];
                 let mut vals = vec![[0.0f64; LANES]; vd];
                 let mut lanes = vec![[0.0f32; LANES]; kl];
-                for g0 in (0..t).step_by(LANES) {
-                    let g = LANES.min(t - g0);
-                    let rows: Vec<&[f32]> = heads
-                        .clone()
-                        .flat_map(|hi| (g0..g0 + g).map(move |ti| qrow(hi, ti)))
-                        .collect();
-                    let c = &mut ctx[..sets * g * kl];
-                    latent::attend_heads(&dims, &rows, &w_uk, lat_all, pe_all, past + g0, c);
-                    for (s, (w, c)) in ws.iter().zip(c.chunks_exact(g * kl)).enumerate() {
-                        // out[h] = W_UV[h] · ctx, one f64 dot per value row, the rows as lanes.
-                        for (a, v) in lanes.iter_mut().enumerate() {
-                            for (l, v) in v.iter_mut().enumerate() {
-                                *v = if l < g { c[l * kl + a] } else { 0.0 };
-                            }
+                // out[h] = W_UV[h] · ctx, one f64 dot per value row, the rows as lanes.
+                let mut step = |s: usize, c: &[f32], g: usize, out: &mut [f32]| {
+                    for (a, v) in lanes.iter_mut().enumerate() {
+                        for (l, v) in v.iter_mut().enumerate() {
+                            *v = if l < g { c[l * kl + a] } else { 0.0 };
                         }
-                        latent::dot_lanes(&lanes, &w[nope * kl..], vd, &mut vals);
-                        for l in 0..g {
-                            let o = &mut out[(s * t + g0 + l) * vd..][..vd];
-                            for (o, v) in o.iter_mut().zip(&vals) {
-                                #[allow(clippy::cast_possible_truncation)]
-                                {
-                                    *o = v[l] as f32;
-                                }
+                    }
+                    latent::dot_lanes(&lanes, &ws[s][nope * kl..], vd, &mut vals);
+                    for (l, o) in out.chunks_exact_mut(vd).enumerate() {
+                        for (o, v) in o.iter_mut().zip(&vals) {
+                            #[allow(clippy::cast_possible_truncation)]
+                            {
+                                *o = v[l] as f32;
                             }
                         }
                     }
-                }
-                out
+                };
+                let attn = (&w_uk[..], lat_all.as_slice(), pe_all.as_slice(), past);
+                latent_part(&dims, heads, (&q, h, t, vd), attn, &mut step)
             })
         });
         mm(src, &w.o_proj, &attn, t)

@@ -18,8 +18,8 @@ use super::config::K3Config;
 use super::state::MlaLayer;
 use super::weights::MlaWeights;
 use super::Ctx;
-use crate::grouped::{latent_heads, with_heads_widened, Work};
-use sluice_kernels::latent::{self, LANES};
+use crate::grouped::{latent_heads, latent_part, with_heads_widened, Work};
+use sluice_kernels::latent;
 use sluice_kernels::ops::{rms_norm, sigmoid};
 use sluice_kernels::{matmul, Matrix, WeightFormat};
 
@@ -64,29 +64,15 @@ pub(crate) fn forward(
         let mut attn = latent_heads((h, t, vd), &work, &|heads| {
             // Head hi owns rows [hi·(nope+vd), (hi+1)·(nope+vd)): W_UK first, then W_UV. W_UK is
             // widened once per block, not once per row.
-            let sets = heads.len();
             with_heads_widened(&kv_b, heads.clone(), (nope + vd, nope), |w_uk| {
                 let w_uv: Vec<Matrix<'_>> =
                     heads.clone().map(|hi| rows_of(&kv_b, hi * (nope + vd) + nope, vd)).collect();
-                let qrow = |hi: usize, ti: usize| &q[ti * h * qd + hi * qd..][..qd];
-                // [head of the set][row][vd]
-                let mut out = vec![0.0f32; sets * t * vd];
-                let mut ctx_rows = vec![0.0f32; sets * LANES * kl];
-                for g0 in (0..t).step_by(LANES) {
-                    let g = LANES.min(t - g0);
-                    let rows: Vec<&[f32]> = heads
-                        .clone()
-                        .flat_map(|hi| (g0..g0 + g).map(move |ti| qrow(hi, ti)))
-                        .collect();
-                    let c = &mut ctx_rows[..sets * g * kl];
-                    latent::attend_heads(&dims, &rows, w_uk, lat_all, pe_all, past + g0, c);
-                    // out = W_UV ctx for each head's rows in one call (batch-invariant: each row's
-                    // bits are those of its single-row call).
-                    for (s, (w_uv, c)) in w_uv.iter().zip(c.chunks_exact(g * kl)).enumerate() {
-                        matmul(w_uv, c, g, &mut out[(s * t + g0) * vd..(s * t + g0 + g) * vd]);
-                    }
-                }
-                out
+                // out = W_UV ctx for each head's rows in one call (batch-invariant: each row's
+                // bits are those of its single-row call).
+                let mut step = |s: usize, c: &[f32], g: usize, out: &mut [f32]| {
+                    matmul(&w_uv[s], c, g, out);
+                };
+                latent_part(&dims, heads, (&q, h, t, vd), (w_uk, lat_all, pe_all, past), &mut step)
             })
         });
         debug_assert_eq!(total, st.lat.len() / kl);
