@@ -177,6 +177,25 @@ fn spine_placed_under_a_tight_budget_equals_mapped_for_every_family() {
     }
 }
 
+/// DeepSeek-V3's plan charged each kernel thread one head's widened `kv_b_proj` rows, while a
+/// latent attention part widens every head it takes (up to 32, a decode step's four lane sets)
+/// and, since session 33, each thread keeps them: the fixed charge now counts them all.
+#[test]
+fn deepseek_charged_one_heads_widened_kv_b_rows_a_thread_where_a_part_widens_all_its_heads() {
+    let l = load::open(&dir("deepseek_v3", "tiny-a"), &LoadOptions::default()).unwrap();
+    let mem = l.model.memory_needs().expect("planned");
+    let text: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir("deepseek_v3", "tiny-a").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    let dim = |k: &str| text[k].as_u64().unwrap();
+    let threads = sluice_kernels::pool::global().threads() as u64;
+    let heads = dim("num_attention_heads");
+    assert!(heads > 1, "the fixture has several heads");
+    let per_head = (dim("qk_nope_head_dim") + dim("v_head_dim")) * dim("kv_lora_rank") * 4;
+    assert_eq!(mem.state_fixed, threads * heads.min(32) * per_head);
+}
+
 #[test]
 fn the_state_cache_charge_counted_each_snapshot_at_the_live_states_size() {
     // Each snapshot the state cache holds (restored, being written, queued) keeps the
