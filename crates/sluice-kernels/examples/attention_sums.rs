@@ -8,13 +8,14 @@
 //! the weights between two layers' attention): it walks [`COLD_CACHES`] separate caches of the
 //! shape, one call each, and reports the best of 5 walks.
 //!
-//! The shape is one KV head of Qwen3-30B-A3B's cache (head width 128 in rows of 512): the
+//! The caches start on a cache line, as the engine's do. The shape is one KV head of Qwen3-30B-A3B's cache (head width 128 in rows of 512): the
 //! scores of `SETS` heads of eight rows each over every position (`dot_sets_on`), and their
 //! weighted sums (`weighted_rows_on`, rows of `POSITIONS - 7 ..= POSITIONS` weights, as a
 //! causal block of eight rows has). Best of 20 calls each, GFLOP/s and the share of the peak.
 
 use sluice_kernels::isa::Isa;
 use sluice_kernels::latent::{dot_sets_on, weighted_rows_on, LANES};
+use sluice_kernels::LineVec;
 use std::time::Instant;
 
 /// Separate caches a `cold` walk calls on in turn (256 MiB at 2,048 positions: more than a
@@ -34,8 +35,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let values = |n: usize, seed: usize| -> Vec<f32> {
         (0..n).map(|i| ((i * 7919 + seed) % 1000) as f32 / 1000.0 - 0.5).collect()
     };
-    let caches: Vec<Vec<f32>> =
-        (0..if cold { COLD_CACHES } else { 1 }).map(|c| values(npos * stride, 1 + c)).collect();
+    // Each cache from a cache line, as the engine's caches are (`LineVec`).
+    let caches: Vec<LineVec> = (0..if cold { COLD_CACHES } else { 1 })
+        .map(|c| LineVec::from(values(npos * stride, 1 + c)))
+        .collect();
     println!("{npos} positions{}", if cold { ", cold" } else { "" });
     // The best of 20 calls on one cache, or (cold) the best of 5 walks over every cache, a
     // call's time being the walk's over the caches.

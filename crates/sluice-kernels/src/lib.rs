@@ -13,6 +13,7 @@ pub mod finish;
 pub mod formats;
 pub mod isa;
 pub mod latent;
+pub mod lines;
 pub mod many;
 pub mod matmul;
 pub mod ops;
@@ -37,6 +38,7 @@ mod wide;
 
 pub use finish::{add_weighted, matmul_add_rows, matmul_pair, matmul_then, Target};
 pub use isa::{isa, Isa, IsaError};
+pub use lines::LineVec;
 pub use many::{
     add_rows_many, matmul_many, matmul_pair_many, matmul_then_many, AddRows, Job, ManyFinish,
     PairJob, ThenJob,

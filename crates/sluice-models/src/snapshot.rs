@@ -35,6 +35,7 @@ use crate::kimi_k3::synth::{K3Dims, SplitMix};
 use crate::qwen3::state::{KvCache, Qwen3State};
 use crate::state::{FamilyState, State};
 use crate::ModelError;
+use sluice_kernels::LineVec;
 use std::any::Any;
 use std::sync::Arc;
 
@@ -71,8 +72,8 @@ impl Rows {
     }
 
     /// The rows as one vector.
-    fn restore(&self) -> Vec<f32> {
-        let mut v = Vec::with_capacity(self.len);
+    fn restore(&self) -> LineVec {
+        let mut v = LineVec::with_capacity(self.len);
         for s in &self.segs {
             v.extend_from_slice(s);
         }
@@ -430,8 +431,8 @@ fn fill_k3(s: &mut K3State, positions: usize, seed: u64) {
                 k.rows.clear();
             }
             LayerState::Mla(m) => {
-                m.lat = draw(&mut rng, positions * m.lat_dim);
-                m.pe = draw(&mut rng, positions * m.pe_dim);
+                m.lat = draw(&mut rng, positions * m.lat_dim).into();
+                m.pe = draw(&mut rng, positions * m.pe_dim).into();
             }
         }
     }
@@ -443,8 +444,8 @@ fn fill_kv(s: &mut Qwen3State, positions: usize, seed: u64) {
     let mut rng = SplitMix::new(seed);
     let mut layers = std::mem::take(&mut s.layers);
     for l in &mut layers {
-        l.k = draw(&mut rng, positions * l.width);
-        l.v = draw(&mut rng, positions * l.width);
+        l.k = draw(&mut rng, positions * l.width).into();
+        l.v = draw(&mut rng, positions * l.width).into();
     }
     *s = Qwen3State::restored(layers, positions);
 }
@@ -495,15 +496,15 @@ mod tests {
         let b = Rows::capture(&data, 10, Some(&a));
         assert_eq!(b.segs.len(), 2);
         assert!(Arc::ptr_eq(&a.segs[0], &b.segs[0]), "the prefix is shared");
-        assert_eq!(b.restore(), data[..10].to_vec());
+        assert_eq!(&b.restore()[..], &data[..10]);
         // A base that is not a prefix of the data is not shared.
         let other: Vec<f32> = (0..12u8).map(|x| f32::from(x) + 0.5).collect();
         let c = Rows::capture(&other, 10, Some(&a));
         assert_eq!(c.segs.len(), 1);
-        assert_eq!(c.restore(), other[..10].to_vec());
+        assert_eq!(&c.restore()[..], &other[..10]);
         // A base longer than the data is not shared either.
         let d = Rows::capture(&data, 2, Some(&b));
-        assert_eq!(d.restore(), data[..2].to_vec());
+        assert_eq!(&d.restore()[..], &data[..2]);
         let e = Rows::capture(&data, 4, Some(&a));
         assert_eq!((e.segs.len(), e.len), (1, 4), "nothing new: only the shared segment");
     }

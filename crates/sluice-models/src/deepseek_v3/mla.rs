@@ -139,7 +139,7 @@ pub(crate) fn forward(
                         }
                     }
                 };
-                let attn = (&w_uk[..], lat_all.as_slice(), pe_all.as_slice(), past);
+                let attn = (&w_uk[..], &lat_all[..], &pe_all[..], past);
                 latent_part(&dims, heads, (&q, h, t, vd), attn, &mut step)
             })
         });

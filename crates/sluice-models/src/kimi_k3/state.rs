@@ -22,6 +22,7 @@
 use super::config::{AttnKind, K3Config};
 use super::synth::SplitMix;
 use sluice_kernels::ops::kda_step;
+use sluice_kernels::LineVec;
 
 /// One row's recurrence inputs for every head (kept so `commit(n < T)` can replay them).
 #[derive(Debug, Clone, Default)]
@@ -182,8 +183,9 @@ impl KdaLayer {
 /// An MLA layer's latent cache: `lat [len, kv_lora]` (normalised) and `k_pe [len, rope]`.
 #[derive(Debug, Clone)]
 pub(crate) struct MlaLayer {
-    pub(crate) lat: Vec<f32>,
-    pub(crate) pe: Vec<f32>,
+    /// From a cache line, as the attention sums stream it (see [`LineVec`]).
+    pub(crate) lat: LineVec,
+    pub(crate) pe: LineVec,
     pub(crate) lat_dim: usize,
     pub(crate) pe_dim: usize,
 }
@@ -248,9 +250,12 @@ impl K3State {
                 LayerShape::Kda { heads, dim, conv_len } => {
                     LayerState::Kda(KdaLayer::new(heads, dim, conv_len))
                 }
-                LayerShape::Mla { lat_dim, pe_dim } => {
-                    LayerState::Mla(MlaLayer { lat: Vec::new(), pe: Vec::new(), lat_dim, pe_dim })
-                }
+                LayerShape::Mla { lat_dim, pe_dim } => LayerState::Mla(MlaLayer {
+                    lat: LineVec::new(),
+                    pe: LineVec::new(),
+                    lat_dim,
+                    pe_dim,
+                }),
             })
             .collect();
         Self { layers, committed: 0, pending: None, whole: false, capture_at: Vec::new() }
@@ -384,8 +389,10 @@ impl K3State {
                     fill(&mut k.committed.conv, c);
                 }
                 LayerState::Mla(m) => {
-                    fill(&mut m.lat, positions * m.lat_dim);
-                    fill(&mut m.pe, positions * m.pe_dim);
+                    let (mut lat, mut pe) = (Vec::new(), Vec::new());
+                    fill(&mut lat, positions * m.lat_dim);
+                    fill(&mut pe, positions * m.pe_dim);
+                    (m.lat, m.pe) = (lat.into(), pe.into());
                 }
             }
         }

@@ -8,20 +8,23 @@
 //! one-token pass would have written: keys and values depend only on the token and its position
 //! (RoPE uses the absolute position `committed + row`), never on the other rows of the pass.
 
+use sluice_kernels::LineVec;
+
 /// One layer's keys and values.
 #[derive(Debug, Clone)]
 pub(crate) struct KvCache {
-    /// Rotated, normalised keys `[len, width]`.
-    pub(crate) k: Vec<f32>,
-    /// Values `[len, width]`.
-    pub(crate) v: Vec<f32>,
+    /// Rotated, normalised keys `[len, width]`, from a cache line (so is every row of a whole
+    /// number of lines: see [`LineVec`]).
+    pub(crate) k: LineVec,
+    /// Values `[len, width]`, as `k`.
+    pub(crate) v: LineVec,
     /// `kv_heads · head_dim`.
     pub(crate) width: usize,
 }
 
 impl KvCache {
     fn new(width: usize) -> Self {
-        Self { k: Vec::new(), v: Vec::new(), width }
+        Self { k: LineVec::new(), v: LineVec::new(), width }
     }
 
     /// Positions held (committed and staged).
