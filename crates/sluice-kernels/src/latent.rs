@@ -381,6 +381,46 @@ mod tests {
     }
 
     #[test]
+    fn a_decode_steps_sums_read_from_memory_now_name_blocks_ahead_same_bits() {
+        // A decode step's shape (one vector of rows, rows of equal length, a head's values in
+        // a wider row): the sums name their rows to the prefetcher a block of 32 positions
+        // ahead, so lengths around and across blocks; every sum is the one-at-a-time sum.
+        let (width, stride) = (48, 80);
+        for (rows, n) in [(8, 31), (8, 32), (8, 33), (8, 97), (5, 70), (1, 65)] {
+            let m = values(n * stride, 21);
+            let pv: Vec<Vec<f32>> = (0..rows).zip(400u32..).map(|(_, s)| values(n, s)).collect();
+            let p: Vec<&[f32]> = pv.iter().map(Vec::as_slice).collect();
+            let q: Vec<[f32; LANES]> =
+                (0..width).map(|a| std::array::from_fn(|l| pv[l % rows][a % n])).collect();
+            for isa in Isa::available() {
+                let mut got = vec![f32::NAN; rows * width];
+                weighted_rows_on(isa, &p, &m, stride, width, &mut got);
+                let mut dots = vec![[f64::NAN; LANES]; n];
+                dot_sets_on(isa, &q, 1, &m, stride, n, &mut dots);
+                for (r, pr) in p.iter().enumerate() {
+                    for a in 0..width {
+                        let mut acc = 0.0f64;
+                        for (i, &x) in pr.iter().enumerate() {
+                            acc += f64::from(x) * f64::from(m[i * stride + a]);
+                        }
+                        #[allow(clippy::cast_possible_truncation)]
+                        let want = acc as f32;
+                        let g = got[r * width + a];
+                        assert_eq!(g.to_bits(), want.to_bits(), "{isa} {rows}x{n} row {r} col {a}");
+                    }
+                }
+                for (pos, d) in dots.iter().enumerate() {
+                    for (l, &dl) in d.iter().enumerate() {
+                        let col: Vec<f32> = q.iter().map(|v| v[l]).collect();
+                        let want = dot_f64(&col, &m[pos * stride..][..width]);
+                        assert_eq!(dl.to_bits(), want.to_bits(), "{isa} score {pos} lane {l}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn dot_lanes_match_dot_f64_on_every_tier() {
         for (w, npos) in [(1, 1), (64, 3), (512, 9), (37, 4), (33, 17)] {
             let m = values(npos * w, 3);
