@@ -340,6 +340,25 @@ mod tests {
             .collect()
     }
 
+    /// The weighted sums one at a time: row `r`, column `a` of `[p.len(), width]` is
+    /// `Σ_i p[r][i] · m[i · stride + a]` in f64 from `+0.0` in increasing `i`, rounded to f32.
+    fn one_sum_at_a_time(p: &[&[f32]], m: &[f32], stride: usize, width: usize) -> Vec<f32> {
+        let mut want = vec![0.0f32; p.len() * width];
+        for (r, pr) in p.iter().enumerate() {
+            for a in 0..width {
+                let mut acc = 0.0f64;
+                for (i, &x) in pr.iter().enumerate() {
+                    acc += f64::from(x) * f64::from(m[i * stride + a]);
+                }
+                #[allow(clippy::cast_possible_truncation)]
+                {
+                    want[r * width + a] = acc as f32;
+                }
+            }
+        }
+        want
+    }
+
     #[test]
     fn weighted_rows_match_one_sum_at_a_time_on_every_tier() {
         for (rows, width, n) in [
@@ -357,19 +376,7 @@ mod tests {
             let pv: Vec<Vec<f32>> =
                 lens.iter().zip(0u32..).map(|(&l, r)| values(l, 100 + r)).collect();
             let p: Vec<&[f32]> = pv.iter().map(Vec::as_slice).collect();
-            let mut want = vec![0.0f32; rows * width];
-            for (r, pr) in p.iter().enumerate() {
-                for a in 0..width {
-                    let mut acc = 0.0f64;
-                    for (i, &x) in pr.iter().enumerate() {
-                        acc += f64::from(x) * f64::from(m[i * width + a]);
-                    }
-                    #[allow(clippy::cast_possible_truncation)]
-                    {
-                        want[r * width + a] = acc as f32;
-                    }
-                }
-            }
+            let want = one_sum_at_a_time(&p, &m, width, width);
             for isa in Isa::available() {
                 let mut got = vec![f32::NAN; rows * width];
                 weighted_rows_with(isa, &p, &m, width, &mut got);
@@ -397,17 +404,9 @@ mod tests {
                 weighted_rows_on(isa, &p, &m, stride, width, &mut got);
                 let mut dots = vec![[f64::NAN; LANES]; n];
                 dot_sets_on(isa, &q, 1, &m, stride, n, &mut dots);
-                for (r, pr) in p.iter().enumerate() {
-                    for a in 0..width {
-                        let mut acc = 0.0f64;
-                        for (i, &x) in pr.iter().enumerate() {
-                            acc += f64::from(x) * f64::from(m[i * stride + a]);
-                        }
-                        #[allow(clippy::cast_possible_truncation)]
-                        let want = acc as f32;
-                        let g = got[r * width + a];
-                        assert_eq!(g.to_bits(), want.to_bits(), "{isa} {rows}x{n} row {r} col {a}");
-                    }
+                let want = one_sum_at_a_time(&p, &m, stride, width);
+                for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{isa} {rows}x{n} at {j}");
                 }
                 for (pos, d) in dots.iter().enumerate() {
                     for (l, &dl) in d.iter().enumerate() {
@@ -502,16 +501,9 @@ mod tests {
                 }
                 let mut out = vec![f32::NAN; npos * w];
                 weighted_rows_on(isa, &p, head, stride, w, &mut out);
-                for (r, pr) in p.iter().enumerate() {
-                    for a in 0..w {
-                        let mut acc = 0.0f64;
-                        for (i, &x) in pr.iter().enumerate() {
-                            acc += f64::from(x) * f64::from(head[i * stride + a]);
-                        }
-                        #[allow(clippy::cast_possible_truncation)]
-                        let want = acc as f32;
-                        assert_eq!(out[r * w + a].to_bits(), want.to_bits(), "{isa} sum {r} {a}");
-                    }
+                let want = one_sum_at_a_time(&p, head, stride, w);
+                for (j, (o, v)) in out.iter().zip(&want).enumerate() {
+                    assert_eq!(o.to_bits(), v.to_bits(), "{isa} sum at {j}");
                 }
             }
         }
