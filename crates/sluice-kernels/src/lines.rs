@@ -71,12 +71,22 @@ impl LineVec {
         self.truncate(0);
     }
 
-    /// Appends `values`.
+    /// Appends `values`, each written once (a restored snapshot's caches are hundreds of
+    /// megabytes: no zero fill before the copy).
     pub fn extend_from_slice(&mut self, values: &[f32]) {
-        let (start, end) = (self.len, self.len + values.len());
-        self.lines.resize(end.div_ceil(LINE), Line([0.0; LINE]));
-        self.len = end;
-        self[start..].copy_from_slice(values);
+        let start = self.len;
+        // The rest of the last, partly filled line first; then whole lines (the last of them
+        // padded with zeros).
+        let head = ((LINE - start % LINE) % LINE).min(values.len());
+        self.len += head;
+        self[start..].copy_from_slice(&values[..head]);
+        let rest = &values[head..];
+        self.lines.extend(rest.chunks(LINE).map(|c| {
+            let mut line = Line([0.0; LINE]);
+            line.0[..c.len()].copy_from_slice(c);
+            line
+        }));
+        self.len += rest.len();
     }
 }
 
