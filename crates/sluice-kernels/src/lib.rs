@@ -8,6 +8,7 @@
 //! verification pass therefore gives bit-for-bit the logits of T single-row passes.
 
 mod arch;
+mod buffered;
 mod cuts;
 pub mod finish;
 pub mod formats;

@@ -9,7 +9,8 @@
 //! This module owns everything else, identically for every tier:
 //!
 //! - **One activation row** (decode, the common case): row tiles of four (one for bf16:
-//!   [`Format::ONE_ROW_TILE`]), long spans, and the
+//!   [`Format::ONE_ROW_TILE`], whose rows a tier folds one after another in one loop,
+//!   [`Kernel::fold_one_rows`]), long spans, and the
 //!   next tile's bytes prefetched while this one is computed (weights are read several rows at
 //!   a time, which hardware prefetchers follow poorly). The kernels prefetch as they go, a
 //!   cache line of the next tile per line consumed (bursts of prefetches between spans left
@@ -47,6 +48,8 @@ use crate::arch::prefetch;
 use crate::formats::Format;
 use crate::matmul::{reduce16, Matrix};
 use crate::sweep::fold_tiles;
+
+pub(crate) use crate::buffered::{fold_one_buffered, fold_stored_buffered};
 
 /// Weight rows decoded together for each column chunk.
 pub(crate) const ROW_BLOCK: usize = 8;
@@ -218,6 +221,27 @@ pub(crate) trait Kernel {
         unsafe { fold_one_buffered::<Self, F, R>(rows, c0, x, acc) }
     }
 
+    /// [`Kernel::fold_one`] of each of `rows` in turn, over all of `x` from column 0 (a
+    /// multiple of 16 and of [`Format::BLOCK`] long), into `acc[i][0]`: what a format read one
+    /// row at a time ([`Format::ONE_ROW_TILE`] 1) takes, so that a tier can keep the loop over
+    /// rows in its own code. The default folds each row in [`ONE_SPAN`] spans.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier; `acc` holds an entry per row.
+    unsafe fn fold_one_rows<F: Format, const TB: usize>(
+        rows: &[F::Row<'_>],
+        x: &[f32],
+        acc: &mut [[Lanes; TB]],
+    ) {
+        for (&row, a) in rows.iter().zip(acc) {
+            for c0 in (0..x.len()).step_by(ONE_SPAN) {
+                let span = &x[c0..(c0 + ONE_SPAN).min(x.len())];
+                // SAFETY: guaranteed by the caller; spans start at multiples of `ONE_SPAN`.
+                unsafe { Self::fold_one::<F, 1>([row], c0, span, [&mut a[0]]) };
+            }
+        }
+    }
+
     /// The most activation rows of a call for which the tier folds `F`'s rows straight from
     /// their stored bytes ([`Kernel::fold_stored`]) rather than through widened copies (what
     /// the nest of [`crate::stored`] needs); 0 where it never does.
@@ -244,6 +268,18 @@ pub(crate) trait Kernel {
         unsafe { fold_stored_buffered::<Self, F, R, N>(rows, c0, x, acc) }
     }
 
+    /// Sets every accumulator of `acc` to +0.0 with stores as wide as the loads the tier's
+    /// kernels read them with: a load is served from a pending store only when one store
+    /// covers it, so a 64-byte load of lanes written by 16-byte stores (what `fill` compiles to
+    /// outside the tier's code) waits until those stores retire, after every older instruction,
+    /// on a one-row call the previous rows' whole dependency chains. The default fills them.
+    ///
+    /// # Safety
+    /// The running CPU supports the tier.
+    unsafe fn zero(acc: &mut [Lanes]) {
+        acc.fill([0.0; 16]);
+    }
+
     /// [`reduce16`] of each of 16 accumulators, bit for bit: every cell takes the same
     /// additions of the same pairs of lanes in the same order, 16 cells at once (see
     /// [`crate::reduce`]). The default is [`reduce16`] cell by cell.
@@ -252,67 +288,6 @@ pub(crate) trait Kernel {
     /// The running CPU supports the tier.
     unsafe fn reduce16x16(acc: [&Lanes; 16]) -> [f32; 16] {
         acc.map(|a| reduce16(*a))
-    }
-}
-
-/// [`Kernel::fold_one`] by `decode` into a buffer and `fold`, [`CHUNK`] columns at a time:
-/// the default, and the fallback of tiers whose fused code covers only common cases.
-///
-/// # Safety
-/// The running CPU supports the tier `K`; `c0` and `x.len()` suit [`Kernel::fold_one`].
-pub(crate) unsafe fn fold_one_buffered<K: Kernel + ?Sized, F: Format, const R: usize>(
-    rows: [F::Row<'_>; R],
-    c0: usize,
-    x: &[f32],
-    mut acc: [&mut Lanes; R],
-) {
-    let mut buf = [[0.0f32; CHUNK]; R];
-    for (k, xs) in x.chunks(CHUNK).enumerate() {
-        for (b, &row) in buf.iter_mut().zip(&rows) {
-            // SAFETY: the caller guarantees the tier and the span.
-            unsafe { K::decode::<F>(row, c0 + k * CHUNK, &mut b[..xs.len()]) };
-        }
-        let ws: [&[f32]; R] = std::array::from_fn(|r| &buf[r][..xs.len()]);
-        let mut it = acc.iter_mut();
-        let a: [&mut [Lanes; 1]; R] = std::array::from_fn(|_| {
-            std::array::from_mut(&mut **it.next().expect("invariant: R accumulators"))
-        });
-        // SAFETY: the caller guarantees the tier.
-        unsafe { K::fold(ws, [xs], a) };
-    }
-}
-
-/// [`Kernel::fold_stored`] by `decode` into a buffer and `fold`, [`CHUNK`] columns at a time:
-/// the default, exact on every tier.
-///
-/// # Safety
-/// The running CPU supports the tier `K`; `c0` and the span suit [`Kernel::fold_stored`].
-pub(crate) unsafe fn fold_stored_buffered<
-    K: Kernel + ?Sized,
-    F: Format,
-    const R: usize,
-    const N: usize,
->(
-    rows: [F::Row<'_>; R],
-    c0: usize,
-    x: [&[f32]; N],
-    mut acc: [&mut [Lanes; N]; R],
-) {
-    let len = x.first().map_or(0, |s| s.len());
-    let mut buf = [[0.0f32; CHUNK]; R];
-    for k in (0..len).step_by(CHUNK) {
-        let n = CHUNK.min(len - k);
-        for (b, &row) in buf.iter_mut().zip(&rows) {
-            // SAFETY: the caller guarantees the tier and the span.
-            unsafe { K::decode::<F>(row, c0 + k, &mut b[..n]) };
-        }
-        let ws: [&[f32]; R] = std::array::from_fn(|r| &buf[r][..n]);
-        let xs: [&[f32]; N] = std::array::from_fn(|j| &x[j][k..k + n]);
-        let mut it = acc.iter_mut();
-        let a: [&mut [Lanes; N]; R] =
-            std::array::from_fn(|_| &mut **it.next().expect("invariant: R rows of accumulators"));
-        // SAFETY: the caller guarantees the tier.
-        unsafe { K::fold(ws, xs, a) };
     }
 }
 
@@ -407,7 +382,8 @@ unsafe fn run_blocks<K: Kernel, F: Format, const TB: usize>(
         for t0 in (0..t).step_by(TB) {
             let tb = TB.min(t - t0);
             for a in &mut acc[..rb] {
-                a[..tb].fill([0.0; 16]);
+                // SAFETY: guaranteed by the caller.
+                unsafe { K::zero(&mut a[..tb]) };
             }
             for (j, p) in xpad[..tb].iter_mut().enumerate() {
                 let xr = &x[(t0 + j) * cols..(t0 + j + 1) * cols];
@@ -467,16 +443,26 @@ impl<F: Format, const TB: usize> Block<'_, '_, F, TB> {
         let cols = x.len();
         let main_cols = cols - cols % 16;
         let n = self.rows.len();
-        let mut r = 0;
-        while r < n {
-            // SAFETY: the caller guarantees the tier (every arm).
-            r += unsafe {
-                match (n - r).min(F::ONE_ROW_TILE) {
-                    4.. => one::<K, F, 4, TB>(&mut self, r, &x[..main_cols]),
-                    2 | 3 => one::<K, F, 2, TB>(&mut self, r, &x[..main_cols]),
-                    _ => one::<K, F, 1, TB>(&mut self, r, &x[..main_cols]),
-                }
-            };
+        if F::ONE_ROW_TILE == 1 {
+            // Whole rows, one after another, in one call: the next row's loads issue while
+            // the last FMAs of this one finish (a row's lanes are one dependency chain).
+            for bytes in self.next {
+                prefetch(bytes);
+            }
+            // SAFETY: the caller guarantees the tier.
+            unsafe { K::fold_one_rows::<F, TB>(self.rows, &x[..main_cols], &mut self.acc[..n]) };
+        } else {
+            let mut r = 0;
+            while r < n {
+                // SAFETY: the caller guarantees the tier (every arm).
+                r += unsafe {
+                    match (n - r).min(F::ONE_ROW_TILE) {
+                        4.. => one::<K, F, 4, TB>(&mut self, r, &x[..main_cols]),
+                        2 | 3 => one::<K, F, 2, TB>(&mut self, r, &x[..main_cols]),
+                        _ => one::<K, F, 1, TB>(&mut self, r, &x[..main_cols]),
+                    }
+                };
+            }
         }
         if main_cols < cols {
             let mut w = [[0.0f32; 16]; ROW_BLOCK];
@@ -545,18 +531,18 @@ unsafe fn one<K: Kernel, F: Format, const R: usize, const TB: usize>(
     let spans = x.len().div_ceil(ONE_SPAN);
     let parts = b.rows.len().div_ceil(R) * spans;
     let rows: [F::Row<'_>; R] = std::array::from_fn(|i| b.rows[r + i]);
-    let mut acc: [Lanes; R] = std::array::from_fn(|i| b.acc[r + i][0]);
     for (k, c0) in (0..x.len()).step_by(ONE_SPAN).enumerate() {
         for bytes in b.next {
             prefetch(share(bytes, (r / R) * spans + k, parts));
         }
-        let mut it = acc.iter_mut();
-        let a: [&mut Lanes; R] = std::array::from_fn(|_| it.next().expect("invariant: R lanes"));
+        // The block's accumulators themselves, not a copy: a copy's narrower stores (this
+        // code is not compiled for the tier) cannot be forwarded to the kernel's full-width
+        // loads, which then wait for every older instruction to retire (see `Kernel::zero`).
+        let mut it = b.acc[r..r + R].iter_mut();
+        let a: [&mut Lanes; R] =
+            std::array::from_fn(|_| &mut it.next().expect("invariant: R rows")[0]);
         // SAFETY: guaranteed by the caller; spans start at multiples of `ONE_SPAN`.
         unsafe { K::fold_one::<F, R>(rows, c0, &x[c0..(c0 + ONE_SPAN).min(x.len())], a) };
-    }
-    for (i, a) in acc.iter().enumerate() {
-        b.acc[r + i][0] = *a;
     }
     R
 }

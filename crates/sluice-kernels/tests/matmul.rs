@@ -122,6 +122,21 @@ fn every_awkward_width_and_group_size() {
     }
 }
 
+/// bf16 decode folded each row through the generic nest, its accumulator copied into a
+/// local with narrower stores than the kernel's loads, so every row waited for the last to
+/// retire (half the rate on a Zen 5 core); the tiers now fold a block's rows in one loop
+/// (`Kernel::fold_one_rows`) into accumulators zeroed at the tier's width. Every row of
+/// several blocks and block tails, spans past `ONE_SPAN` and a partial last step, bit for bit.
+#[test]
+fn a_bf16_decode_row_waited_on_the_last_through_a_copied_accumulator_now_rows_fold_in_one_loop() {
+    for (i, &cols) in [16usize, 1024, 1040, 2069, 4096].iter().enumerate() {
+        for rows in [1usize, 7, 8, 9, 17, 67] {
+            let seed = u64::try_from(1000 + i * 100 + rows).expect("small");
+            case("bf16", rows, cols, 1, seed, Mode::Mixed, Mode::Normal);
+        }
+    }
+}
+
 /// Runs `f` with a fresh kernel pool of `threads` threads as the current one.
 fn in_pool<R>(threads: usize, f: impl FnOnce() -> R) -> R {
     sluice_kernels::Pool::new(threads).expect("kernel pool").install(f)

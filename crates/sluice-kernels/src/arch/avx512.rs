@@ -26,6 +26,17 @@ impl Kernel for Avx512 {
     const WIDE: bool = true;
 
     #[target_feature(enable = "avx512f")]
+    unsafe fn fold_one_rows<F: Format, const TB: usize>(
+        rows: &[F::Row<'_>],
+        x: &[f32],
+        acc: &mut [[Lanes; TB]],
+    ) {
+        assert!(x.len().is_multiple_of(16) && acc.len() >= rows.len(), "fold_one_rows span");
+        // SAFETY: the caller guarantees AVX-512F and the span.
+        unsafe { F::avx512_fold_rows::<TB>(rows, x, acc) }
+    }
+
+    #[target_feature(enable = "avx512f")]
     unsafe fn decode<F: Format>(row: F::Row<'_>, c0: usize, out: &mut [f32]) {
         // SAFETY: the caller guarantees AVX-512F.
         unsafe { F::avx512_decode(row, c0, out) }
@@ -83,6 +94,14 @@ impl Kernel for Avx512 {
     ) {
         // SAFETY: the caller guarantees AVX-512F and the span.
         unsafe { F::avx512_tile(rows, c0, x, acc, ahead) }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn zero(acc: &mut [Lanes]) {
+        for l in acc {
+            // SAFETY: `l` holds 16 f32.
+            unsafe { _mm512_storeu_ps(l.as_mut_ptr(), _mm512_setzero_ps()) };
+        }
     }
 
     #[target_feature(enable = "avx512f")]

@@ -310,6 +310,40 @@ pub(crate) trait Format: Sized + 'static {
         }
     }
 
+    /// AVX2 fold of each of `rows` in turn against one activation row, over all of `x`
+    /// ([`crate::tiled::Kernel::fold_one_rows`]); the default folds each row with
+    /// [`Format::avx2_fold_one`].
+    ///
+    /// # Safety
+    /// As [`Format::avx2_fold_one`]; `acc` holds an entry per row.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx2_fold_rows<const TB: usize>(
+        rows: &[Self::Row<'_>],
+        x: &[f32],
+        acc: &mut [[Lanes; TB]],
+    ) {
+        for (&row, a) in rows.iter().zip(acc) {
+            // SAFETY: guaranteed by the caller.
+            unsafe { Self::avx2_fold_one::<1>([row], 0, x, [&mut a[0]]) };
+        }
+    }
+
+    /// AVX-512F fold of each of `rows` in turn (as [`Format::avx2_fold_rows`]).
+    ///
+    /// # Safety
+    /// As [`Format::avx2_fold_rows`], for AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx512_fold_rows<const TB: usize>(
+        rows: &[Self::Row<'_>],
+        x: &[f32],
+        acc: &mut [[Lanes; TB]],
+    ) {
+        for (&row, a) in rows.iter().zip(acc) {
+            // SAFETY: guaranteed by the caller.
+            unsafe { Self::avx512_fold_one::<1>([row], 0, x, [&mut a[0]]) };
+        }
+    }
+
     /// AVX-512F one-activation-row fold (as [`Format::avx2_fold_one`]).
     ///
     /// # Safety

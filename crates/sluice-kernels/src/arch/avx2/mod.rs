@@ -45,6 +45,28 @@ impl Kernel for Avx2 {
     const HALVES: bool = true;
 
     #[target_feature(enable = "avx2,fma")]
+    unsafe fn fold_one_rows<F: Format, const TB: usize>(
+        rows: &[F::Row<'_>],
+        x: &[f32],
+        acc: &mut [[Lanes; TB]],
+    ) {
+        assert!(x.len().is_multiple_of(16) && acc.len() >= rows.len(), "fold_one_rows span");
+        // SAFETY: the caller guarantees AVX2 and FMA and the span.
+        unsafe { F::avx2_fold_rows::<TB>(rows, x, acc) }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn zero(acc: &mut [Lanes]) {
+        for l in acc {
+            // SAFETY: `l` holds 16 f32.
+            unsafe {
+                _mm256_storeu_ps(l.as_mut_ptr(), _mm256_setzero_ps());
+                _mm256_storeu_ps(l.as_mut_ptr().add(8), _mm256_setzero_ps());
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn reduce16x16(acc: [&Lanes; 16]) -> [f32; 16] {
         reduce16x16(acc)
     }
