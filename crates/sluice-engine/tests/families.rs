@@ -177,6 +177,16 @@ fn spine_placed_under_a_tight_budget_equals_mapped_for_every_family() {
     }
 }
 
+/// A dimension of a fixture's config.json, by key (from its `text_config` where it nests one).
+fn config_dims(family: &str, name: &str) -> impl Fn(&str) -> u64 {
+    let text: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir(family, name).join("config.json")).unwrap(),
+    )
+    .unwrap();
+    let config = text.get("text_config").cloned().unwrap_or(text);
+    move |k| config[k].as_u64().unwrap()
+}
+
 /// DeepSeek-V3's plan charged each kernel thread one head's widened `kv_b_proj` rows, while a
 /// latent attention part widens every head it takes (up to 32, a decode step's four lane sets)
 /// and, since session 33, each thread keeps them: the fixed charge now counts them all.
@@ -184,11 +194,7 @@ fn spine_placed_under_a_tight_budget_equals_mapped_for_every_family() {
 fn deepseek_charged_one_heads_widened_kv_b_rows_a_thread_where_a_part_widens_all_its_heads() {
     let l = load::open(&dir("deepseek_v3", "tiny-a"), &LoadOptions::default()).unwrap();
     let mem = l.model.memory_needs().expect("planned");
-    let text: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir("deepseek_v3", "tiny-a").join("config.json")).unwrap(),
-    )
-    .unwrap();
-    let dim = |k: &str| text[k].as_u64().unwrap();
+    let dim = config_dims("deepseek_v3", "tiny-a");
     let threads = sluice_kernels::pool::global().threads() as u64;
     let heads = dim("num_attention_heads");
     assert!(heads > 1, "the fixture has several heads");
@@ -223,12 +229,7 @@ fn the_state_cache_charge_counted_each_snapshot_at_the_live_states_size() {
         if family == "kimi_k3" {
             // A working copy of the KDA states, and the W_UK rows each kernel thread keeps
             // widened for MLA's parts (at most 32 heads a part).
-            let text: serde_json::Value = serde_json::from_str(
-                &std::fs::read_to_string(dir(family, name).join("config.json")).unwrap(),
-            )
-            .unwrap();
-            let c = text.get("text_config").unwrap_or(&text);
-            let dim = |k: &str| c[k].as_u64().unwrap();
+            let dim = config_dims(family, name);
             let threads = sluice_kernels::pool::global().threads() as u64;
             let w_uk = threads
                 * dim("num_attention_heads").min(32)
