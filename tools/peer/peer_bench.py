@@ -229,7 +229,7 @@ def sluice(a, ids, n_new, cgroup=None):
     return {"generated_ids": v["generated_ids"], "prefill_s": st["prefill_s"],
             "decode_s": st["decode_s"], "decode_passes": st["passes"] - st["prefill_passes"],
             "wall_s": wall, "load_s": v.get("load_s"), "plan": plan[:8],
-            "steal_share": v["_steal"]}
+            "steal_share": v["_steal"], "isa": v.get("isa")}
 
 
 def peer(a, ids, n_new, cgroup=None):
@@ -414,6 +414,12 @@ def main():
     for part, r in out.items():
         print(f"| {names[part]} | {fmt_range(r['sluice'], 3)} | {fmt_range(r['llama.cpp'], 3)} "
               f"| **{fmt_range(r['ratio'])}×** |")
+    # Which instruction sets ran: sluice's kernel tier (its `run --json`) and llama.cpp's
+    # build (its system_info), from the first run of each.
+    isas = {e: next((r[k] for r in res["runs_raw"] if r.get("engine") == e and r.get(k)),
+                    None) for e, k in (("sluice", "isa"), ("llama.cpp", "system_info"))}
+    print(f"\nsluice kernels: {isas['sluice'] or 'not reported'}; llama.cpp built with: "
+          f"{(isas['llama.cpp'] or 'not reported').strip()}")
     print("\nPer round (load average before → after; the most CPU time stolen from the machine "
           "during one of the round's runs; the first step, from 0, where llama.cpp's greedy id "
           "differs from sluice's, per test in the order of the columns; none: equal):\n")

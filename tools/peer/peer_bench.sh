@@ -27,6 +27,9 @@
 # OUTTYPE (bf16: the converter's type for the non-expert tensors, as published;
 # the MXFP4 experts are repacked as MXFP4 by the converter whatever this is); KEEP=1 keeps the
 # slice and the GGUF (default: both deleted at the end); JOBS (nproc): build parallelism.
+# ISA=avx2: both engines on the AVX2 tier of an AVX-512 machine, as on an AVX2-only CPU: llama.cpp
+# built with GGML_NATIVE=OFF (AVX, AVX2, FMA, F16C, BMI2; no AVX-512), into build-avx2/ and
+# peer_run-avx2 beside the native build, and sluice run with SLUICE_ISA=avx2.
 # SDIST: a copy of the source distribution (.tar.gz as PyPI serves it, or a .tar.xz / .tar.gz of
 # the same llama_cpp_python-0.3.36/ tree trimmed to what the CPU build and the converter read),
 # used instead of PyPI; with it, cmake and ninja on PATH are used as they are. PEER_PYTHON: a
@@ -48,6 +51,13 @@ fail() { echo "peer_bench.sh: $*" >&2; exit 1; }
 [ -x "$SLUICE" ] || fail "$SLUICE is not an executable sluice binary"
 mkdir -p "$W" && W=$(realpath "$W")
 LL=$W/src/llama_cpp_python-$VERSION/vendor/llama.cpp
+ISA=${ISA:-native} BUILD=$W/build PEER_RUN=$W/peer_run ISA_FLAGS=()
+case $ISA in
+  native) ;;
+  avx2) BUILD=$W/build-avx2 PEER_RUN=$W/peer_run-avx2 ISA_FLAGS=(-DGGML_NATIVE=OFF)
+    export SLUICE_ISA=avx2 ;;
+  *) fail "ISA=$ISA: native or avx2" ;;
+esac
 
 # 1. The source distribution. Its build backend (scikit-build-core) comes as a wheel: pip's
 # isolated build of the metadata would otherwise compile CMake from source.
@@ -70,21 +80,21 @@ if [ ! -f "$LL/convert_hf_to_gguf.py" ]; then
 fi
 grep -q KIMI_K3 "$LL/gguf-py/gguf/constants.py" || fail "the vendored llama.cpp has no Kimi K3"
 
-# 2. The library (CPU only, llama.cpp's default flags) and the small driver against its C API.
+# 2. The library (CPU only; llama.cpp's default flags, or ISA=avx2's) and the small driver against its C API.
 [ -d "$W/venv-build/bin" ] && PATH=$W/venv-build/bin:$PATH
-if [ ! -x "$W/peer_run" ]; then
+if [ ! -x "$PEER_RUN" ]; then
   # (Only to build: a WORK that already holds peer_run and its libraries needs neither.)
   command -v cmake > /dev/null && command -v ninja > /dev/null \
     || fail "cmake and ninja are needed on PATH to build llama.cpp"
-  cmake -S "$LL" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+  cmake -S "$LL" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF "${ISA_FLAGS[@]}" \
       -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
-      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF > "$W/cmake.log" 2>&1 \
-    || fail "cmake configure failed: see $W/cmake.log"
-  grep -E "Adding CPU backend variant" "$W/cmake.log" || true
-  cmake --build "$W/build" -j "$JOBS" --target llama > "$W/build.log" 2>&1 \
-    || fail "building llama.cpp failed: see $W/build.log"
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF > "$BUILD.cmake.log" 2>&1 \
+    || fail "cmake configure failed: see $BUILD.cmake.log"
+  grep -E "Adding CPU backend variant" "$BUILD.cmake.log" || true
+  cmake --build "$BUILD" -j "$JOBS" --target llama > "$BUILD.log" 2>&1 \
+    || fail "building llama.cpp failed: see $BUILD.log"
   c++ -O2 -std=c++17 "$HERE/peer_run.cpp" -I"$LL/include" -I"$LL/ggml/include" \
-      -L"$W/build/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$W/build/bin" -o "$W/peer_run" \
+      -L"$BUILD/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$BUILD/bin" -o "$PEER_RUN" \
     || fail "compiling tools/peer/peer_run.cpp against llama.cpp failed"
 fi
 
@@ -129,7 +139,7 @@ fi
 PARTS=()
 [ "$PRESET" = k3-slice ] || { PARTS=(--parts decode,prefill); ROOFLINE=0; }
 python3 "$HERE/peer_bench.py" --sluice "$SLUICE" --model "$MODEL" --gguf "$GGUF" \
-    --peer-run "$W/peer_run" --threads "$THREADS" --out "$W/peer-bench.json" "${PARTS[@]}" "$@" \
+    --peer-run "$PEER_RUN" --threads "$THREADS" --out "$W/peer-bench.json" "${PARTS[@]}" "$@" \
   | tee "$W/peer-bench.md" || fail "the benchmark failed"
 echo "peer_bench.sh: every run in $W/peer-bench.json"
 

@@ -147,6 +147,7 @@ pub fn json(
         "demo_model": target.demo,
         "experts": loaded.mode,
         "io_backend": loaded.io_backend(),
+        "isa": sluice_kernels::isa().name(),
         "spine": opened.spine,
         "plan": loaded.plan.as_ref().map(serde_json::to_value).transpose()?,
         "prompt_ids": prompt_ids,

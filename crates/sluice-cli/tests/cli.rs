@@ -71,6 +71,35 @@ fn run_json_reproduces_the_mlx_greedy_tokens() {
     }
 }
 
+/// A benchmark's JSON did not say which kernel tier ran, so a run with `SLUICE_ISA` forced could
+/// not be told from one on the CPU's best tier: `run --json` names it, and a forced tier still
+/// gives the reference's greedy tokens.
+#[test]
+fn run_json_did_not_name_the_kernel_tier_it_ran() {
+    let cache = tempfile::tempdir().unwrap();
+    let (prompt, want) = golden_greedy("tiny-a").remove(0);
+    let ids = prompt.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let n = want.len().to_string();
+    let args = ["run", "--model", &k3_fixture("tiny-a"), "--prompt-ids", &ids, "--max-new", &n];
+    let auto = json_out(&sluice(&[&args[..], &["--json"]].concat(), cache.path()));
+    let best = auto["isa"].as_str().expect("isa is named").to_string();
+    assert!(["avx512", "avx2", "neon", "scalar"].contains(&best.as_str()), "{best}");
+    let forced = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .arg("--json")
+        .env("SLUICE_CACHE", cache.path())
+        .env("SLUICE_ISA", "scalar")
+        .output()
+        .unwrap();
+    let forced = json_out(&forced);
+    assert_eq!(forced["isa"], "scalar");
+    for v in [&auto, &forced] {
+        let got: Vec<u64> =
+            v["generated_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        assert_eq!(got, want, "{}", v["isa"]);
+    }
+}
+
 #[test]
 fn dump_logits_writes_an_npy_of_steps_by_vocab() {
     let cache = tempfile::tempdir().unwrap();
