@@ -18,7 +18,7 @@ use sluice_checkpoint::Checkpoint;
 use sluice_core::MemoryBudget;
 use sluice_models::{LogitRows, Model};
 use sluice_store::fault::{Fault, When};
-use sluice_store::{FaultyReader, IoMode, Placement, ReadAt, ShardFiles, SpineStore};
+use sluice_store::{FaultyReader, IoMode, Placement, ReadAt, ShardFiles, SpineStats, SpineStore};
 use std::sync::Arc;
 
 /// `EIO` on Linux.
@@ -61,6 +61,14 @@ fn files(ckpt: &Checkpoint, io: IoMode) -> Arc<ShardFiles> {
     Arc::new(ShardFiles::open(ckpt.shard_paths(), io).unwrap())
 }
 
+/// Whether every counter of `s` lies between `lo`'s and `hi`'s.
+fn within(lo: SpineStats, s: SpineStats, hi: SpineStats) -> bool {
+    let fields = |x: SpineStats| {
+        [x.bytes_read, x.resident_bytes_read, x.piece_reads, x.row_reads, x.wait_ns]
+    };
+    fields(lo).iter().zip(fields(s)).zip(fields(hi)).all(|((&l, v), h)| l <= v && v <= h)
+}
+
 #[test]
 fn logits_are_bit_identical_for_every_spine_placement_of_every_family() {
     use Placement::{Resident as R, Rows as W, Streamed as S};
@@ -83,8 +91,16 @@ fn logits_are_bit_identical_for_every_spine_placement_of_every_family() {
                     run(&m) == want,
                     "{family}/{name}: spine {placements:?} ({io:?}) changed the logits"
                 );
+                // The store's readers may still be reading the next pass's first piece (started
+                // as the last pass ended) and count its bytes as they land: the model's report
+                // of the store lies between two reads of the store's own counters.
+                let before = store.stats();
                 let s = m.spine_stats();
-                assert_eq!(s, store.stats(), "{family}/{name}: the model reports its store");
+                let after = store.stats();
+                assert!(
+                    within(before, s, after),
+                    "{family}/{name}: the model reports its store: {before:?} ≤ {s:?} ≤ {after:?}"
+                );
                 assert!(s.bytes_read > 0, "{family}/{name}: {placements:?} read nothing: {s:?}");
                 let streamed = placements.iter().filter(|&&p| p == S).count() as u64;
                 if streamed > 2 {
