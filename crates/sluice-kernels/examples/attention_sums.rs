@@ -2,7 +2,8 @@
 //! the tier's f64 FMA peak (half its f32 FMA loop's rate: the same vectors hold half as many
 //! values):
 //! `cargo run --release -p sluice-kernels --example attention_sums -- [cold] [POSITIONS] [SETS...]`
-//! (defaults 2,048 positions; 1, 2, 4, 8 sets of eight rows).
+//! (defaults 2,048 positions; 1, 2, 4, 8 sets of eight rows). `STRIDE=N` sets the floats
+//! between two positions' values (default 512, a Qwen3-30B-A3B cache row).
 //!
 //! `cold` reads each call's keys and values from memory, as a decode step does (a step streams
 //! the weights between two layers' attention): it walks [`COLD_CACHES`] separate caches of the
@@ -31,7 +32,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         sets = vec![1, 2, 4, 8];
     }
     let npos = npos.max(LANES);
-    let (hd, stride) = (128usize, 512usize);
+    let stride: usize = std::env::var("STRIDE").map_or(Ok(512), |s| s.parse())?;
+    let hd = 128usize;
     let values = |n: usize, seed: usize| -> Vec<f32> {
         (0..n).map(|i| ((i * 7919 + seed) % 1000) as f32 / 1000.0 - 0.5).collect()
     };

@@ -29,6 +29,8 @@
 use crate::isa::{self, Isa};
 use crate::ops::softmax_inplace;
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod tiles;
 
 /// Rows of the pass whose dot products share one vector in [`dot_lanes`].
@@ -92,7 +94,12 @@ pub fn weighted_rows_on(
         p: &[&[f32]], m: &[f32], stride: usize, width: usize, out: &mut [f32],
     ) {
         avx512("avx512f,fma") => tiles::weighted_rows::<8, 16, true, true>(p, m, (stride, width), out),
-        avx2("avx2,fma") => tiles::weighted_rows::<4, 16, true, true>(p, m, (stride, width), out),
+        avx2("avx2,fma") => if p.len() > LANES {
+            // SAFETY: this arm runs on AVX2 and FMA; the lengths are asserted above.
+            unsafe { avx2::weighted_rows_blocked(p, m, (stride, width), out, &mut Vec::new()) }
+        } else {
+            tiles::weighted_rows::<4, 16, true, true>(p, m, (stride, width), out)
+        },
         _ => tiles::weighted_rows::<4, 16, false, false>(p, m, (stride, width), out),
     });
 }
@@ -380,6 +387,36 @@ mod tests {
             for isa in Isa::available() {
                 let mut got = vec![f32::NAN; rows * width];
                 weighted_rows_with(isa, &p, &m, width, &mut got);
+                for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{isa} {rows}x{width}x{n} at {j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn avx2_prefill_sums_read_every_position_once_a_row_group_from_two_l1_sets_now_blocks_same_bits(
+    ) {
+        // A prefill part's shape: several sets of eight causal rows of one KV head, its 128
+        // values in cache rows of 512 (2 KiB apart), over positions that cross several of the
+        // AVX2 tier's blocks; odd row counts, rows shorter than their pair's partner, a width
+        // with a partial last tile, and rows shorter than a block.
+        for (rows, width, stride, n) in [
+            (32, 128, 512, 100),
+            (9, 128, 512, 70),
+            (16, 40, 48, 65),
+            (11, 16, 16, 33),
+            (24, 128, 512, 20),
+        ] {
+            let m = values(n * stride, 11);
+            let lens: Vec<usize> = (0..rows).map(|r| n - (r * 5) % 9).collect();
+            let pv: Vec<Vec<f32>> =
+                lens.iter().zip(0u32..).map(|(&l, r)| values(l, 300 + r)).collect();
+            let p: Vec<&[f32]> = pv.iter().map(Vec::as_slice).collect();
+            let want = one_sum_at_a_time(&p, &m, stride, width);
+            for isa in Isa::available() {
+                let mut got = vec![f32::NAN; rows * width];
+                weighted_rows_on(isa, &p, &m, stride, width, &mut got);
                 for (j, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(g.to_bits(), w.to_bits(), "{isa} {rows}x{width}x{n} at {j}");
                 }
