@@ -115,18 +115,7 @@ pub(super) unsafe fn weighted_rows_blocked(
         }
         a0 += COLS;
     }
-    for a in a0..width {
-        for (r, pr) in p.iter().enumerate() {
-            let mut acc = 0.0f64;
-            for (i, &pi) in pr.iter().enumerate() {
-                acc = f64::from(pi).mul_add(f64::from(m[i * stride + a]), acc);
-            }
-            #[allow(clippy::cast_possible_truncation)]
-            {
-                out[r * width + a] = acc as f32;
-            }
-        }
-    }
+    super::tiles::columns_one_at_a_time::<true>(p, (m, stride, width), a0, out);
 }
 
 /// Adds to `acc[..R]` the terms `start..end` of a block (its positions in increasing order) of

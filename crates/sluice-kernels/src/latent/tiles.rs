@@ -219,6 +219,18 @@ fn row_group<
         }
         a0 += C;
     }
+    columns_one_at_a_time::<FUSED>(p, (m, stride, width), a0, out);
+}
+
+/// Columns `a0..width` of every row of `p` (`out [p.len()][width]`), one sum at a time: from
+/// +0.0, every term in increasing position.
+#[inline(always)]
+pub(super) fn columns_one_at_a_time<const FUSED: bool>(
+    p: &[&[f32]],
+    (m, stride, width): (&[f32], usize, usize),
+    a0: usize,
+    out: &mut [f32],
+) {
     for a in a0..width {
         for (r, pr) in p.iter().enumerate() {
             let mut acc = 0.0f64;
