@@ -96,7 +96,9 @@ pub fn weighted_rows_on(
         avx512("avx512f,fma") => tiles::weighted_rows::<8, 16, true, true>(p, m, (stride, width), out),
         avx2("avx2,fma") => if p.len() > LANES {
             // SAFETY: this arm runs on AVX2 and FMA; the lengths are asserted above.
-            unsafe { avx2::weighted_rows_blocked(p, m, (stride, width), out, &mut Vec::new()) }
+            avx2::with_wide(|wide| unsafe {
+                avx2::weighted_rows_blocked(p, m, (stride, width), out, wide)
+            })
         } else {
             tiles::weighted_rows::<4, 16, true, true>(p, m, (stride, width), out)
         },

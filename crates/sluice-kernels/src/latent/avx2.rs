@@ -23,6 +23,27 @@ use std::arch::x86_64::{
     __m256d, _mm256_broadcast_sd, _mm256_fmadd_pd, _mm256_loadu_pd, _mm256_storeu_pd,
 };
 
+thread_local! {
+    /// This thread's widened weights, kept for its life: a prefill part's are half a MiB (32 rows
+    /// of 2,048 positions), which made afresh every call would be page faults and zero fill.
+    static WIDE: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on this thread's buffer for widened weights (a fresh one if the thread is already
+/// inside a call or being torn down); `f` writes what it reads.
+pub(super) fn with_wide<R>(f: impl FnOnce(&mut Vec<f64>) -> R) -> R {
+    let mut f = Some(f);
+    let kept = WIDE.try_with(|cell| {
+        let mut buf = cell.try_borrow_mut().ok()?;
+        f.take().map(|f| f(&mut buf))
+    });
+    match (kept, f) {
+        (Ok(Some(r)), _) => r,
+        (_, Some(f)) => f(&mut Vec::new()),
+        (_, None) => unreachable!("invariant: f ran or is still here"),
+    }
+}
+
 /// Columns of a tile.
 const COLS: usize = 16;
 /// Positions of a block: their widened tile (4 KiB) and the rows' weights of the block stay in
