@@ -8,10 +8,11 @@
 //! stream every position of the call once per group of rows, and on AVX2 they reached ~50% of
 //! the tier's f64 FMA peak (the same tiles with the cache rows 2,112 bytes apart: ~57%; the
 //! generic tile of 4 rows × 16 columns also keeps accumulators on the stack: 16 of AVX2's 16
-//! registers). Here a block of [`BLOCK`] positions' tile lines is read from L2 once per call
-//! and folded by every pair of rows while it stays in L1, and a pair's tile holds 8
-//! accumulators, the pair's two weights broadcast and one widened vector of 4 values at a
-//! time: 11 registers.
+//! registers). Here a block of [`BLOCK`] positions' tile is read from L2 once per call,
+//! widened into a 4 KiB buffer, and folded from L1 by every pair of rows; a pair's tile holds 8
+//! accumulators, the pair's two weights broadcast and one vector of 4 values at a time: 11
+//! registers. The rows' weights are widened once per call, block-major (row after row, every
+//! row's block would fall in the same L1 sets again).
 //!
 //! **Exactness.** Each column's sum is the generic one: from +0.0, the terms all the group's
 //! rows have (positions below the group's shortest row) in increasing position, block after
