@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{k3_fixture, sluice};
+use common::{k3_fixture, sluice, sluice_with_env};
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -84,13 +84,11 @@ fn run_json_did_not_name_the_kernel_tier_it_ran() {
     let auto = json_out(&sluice(&[&args[..], &["--json"]].concat(), cache.path()));
     let best = auto["isa"].as_str().expect("isa is named").to_string();
     assert!(["avx512", "avx2", "neon", "scalar"].contains(&best.as_str()), "{best}");
-    let forced = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
-        .arg("--json")
-        .env("SLUICE_CACHE", cache.path())
-        .env("SLUICE_ISA", "scalar")
-        .output()
-        .unwrap();
+    let forced = sluice_with_env(
+        &[&args[..], &["--json"]].concat(),
+        cache.path(),
+        &[("SLUICE_ISA", "scalar")],
+    );
     let forced = json_out(&forced);
     assert_eq!(forced["isa"], "scalar");
     for v in [&auto, &forced] {

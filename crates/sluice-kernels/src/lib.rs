@@ -13,6 +13,7 @@ mod cuts;
 pub mod finish;
 pub mod formats;
 pub mod isa;
+pub mod kept;
 pub mod latent;
 pub mod lines;
 pub mod many;

@@ -220,29 +220,16 @@ pub(crate) unsafe fn run<K: Kernel, F: Format>(
     if t == 0 || rows.is_empty() {
         return;
     }
-    let mut emit = Some(emit);
     with_scratch(|s| {
-        if let Some(emit) = emit.take() {
-            // SAFETY: guaranteed by the caller.
-            unsafe { run_in::<K, F>(s, m, x, t, rows.clone(), emit) };
-        }
+        // SAFETY: guaranteed by the caller.
+        unsafe { run_in::<K, F>(s, m, x, t, rows, emit) }
     });
 }
 
 /// Runs `go` once with this thread's [`Scratch`], or a fresh one if the thread is already
 /// inside a call (an `emit` that calls back into the kernels) or being torn down.
-fn with_scratch(mut go: impl FnMut(&mut Scratch)) {
-    let mut done = false;
-    let _ = SCRATCH.try_with(|cell| {
-        match cell.try_borrow_mut() {
-            Ok(mut slot) => go(slot.get_or_insert_with(Scratch::new)),
-            Err(_) => go(&mut Scratch::new()),
-        }
-        done = true;
-    });
-    if !done {
-        go(&mut Scratch::new());
-    }
+fn with_scratch(go: impl FnOnce(&mut Scratch)) {
+    crate::kept::with_kept(&SCRATCH, || None, |slot| go(slot.get_or_insert_with(Scratch::new)));
 }
 
 /// The outer-product nest of `isa` ([`crate::outer::run`], with AVX-512's tiles or AVX2's
@@ -268,28 +255,24 @@ pub(crate) unsafe fn run_outer<F: Format>(
     if tokens.is_empty() || rows.is_empty() {
         return;
     }
-    let mut emit = Some(emit);
     with_scratch(|s| {
-        if let Some(emit) = emit.take() {
-            let buffers = crate::outer::Buffers {
-                panel: floats_mut(&mut s.panel),
-                acc: floats_mut(&mut s.acc),
-                stage: floats_mut(&mut s.stage),
-            };
-            let (tokens, rows) = (tokens.clone(), rows.clone());
-            // SAFETY: the caller guarantees the tier; the scratch's buffers are on cache lines
-            // and hold what either nest needs (asserted at compile time above and in
-            // `crate::outer_avx2`).
-            unsafe {
-                match isa {
-                    crate::isa::Isa::Avx512 => crate::outer::run::<crate::arch::avx512::Avx512, F>(
-                        buffers, m, p, tokens, rows, emit,
-                    ),
-                    crate::isa::Isa::Avx2 => crate::outer::run::<crate::arch::avx2::Avx2, F>(
-                        buffers, m, p, tokens, rows, emit,
-                    ),
-                    other => panic!("outer nest: the {other} tier has none"),
-                }
+        let buffers = crate::outer::Buffers {
+            panel: floats_mut(&mut s.panel),
+            acc: floats_mut(&mut s.acc),
+            stage: floats_mut(&mut s.stage),
+        };
+        // SAFETY: the caller guarantees the tier; the scratch's buffers are on cache lines
+        // and hold what either nest needs (asserted at compile time above and in
+        // `crate::outer_avx2`).
+        unsafe {
+            match isa {
+                crate::isa::Isa::Avx512 => crate::outer::run::<crate::arch::avx512::Avx512, F>(
+                    buffers, m, p, tokens, rows, emit,
+                ),
+                crate::isa::Isa::Avx2 => crate::outer::run::<crate::arch::avx2::Avx2, F>(
+                    buffers, m, p, tokens, rows, emit,
+                ),
+                other => panic!("outer nest: the {other} tier has none"),
             }
         }
     });

@@ -366,19 +366,7 @@ thread_local! {
 /// left from an earlier call: `f` writes before it reads), or on a fresh buffer if the thread
 /// is already inside a call or being torn down.
 pub(crate) fn with_widened<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    let mut f = Some(f);
-    let kept = WIDENED.try_with(|cell| {
-        let mut buf = cell.try_borrow_mut().ok()?;
-        if buf.len() < len {
-            buf.resize(len, 0.0);
-        }
-        f.take().map(|f| f(&mut buf[..len]))
-    });
-    match (kept, f) {
-        (Ok(Some(r)), _) => r,
-        (_, Some(f)) => f(&mut vec![0.0; len]),
-        (_, None) => unreachable!("invariant: f ran or is still here"),
-    }
+    sluice_kernels::kept::with_kept_slice(&WIDENED, len, f)
 }
 
 /// Runs `f` on the widened `kv_b_proj` rows of `heads` (latent attention's W_UK, or W_UK and

@@ -8,9 +8,15 @@ use std::process::{Command, Output};
 
 /// Runs `sluice` with `args`, its cache (`SLUICE_CACHE`) in `cache`, to completion.
 pub fn sluice(args: &[&str], cache: &Path) -> Output {
+    sluice_with_env(args, cache, &[])
+}
+
+/// [`sluice`] with the environment variables `env` set as well (`SLUICE_ISA`, ...).
+pub fn sluice_with_env(args: &[&str], cache: &Path, env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(args)
         .env("SLUICE_CACHE", cache)
+        .envs(env.iter().copied())
         .output()
         .expect("spawn sluice")
 }

@@ -30,19 +30,10 @@ thread_local! {
     static WIDE: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` on this thread's buffer for widened weights (a fresh one if the thread is already
-/// inside a call or being torn down); `f` writes what it reads.
+/// Runs `f` on this thread's buffer for widened weights ([`crate::kept`]); `f` writes what it
+/// reads.
 pub(super) fn with_wide<R>(f: impl FnOnce(&mut Vec<f64>) -> R) -> R {
-    let mut f = Some(f);
-    let kept = WIDE.try_with(|cell| {
-        let mut buf = cell.try_borrow_mut().ok()?;
-        f.take().map(|f| f(&mut buf))
-    });
-    match (kept, f) {
-        (Ok(Some(r)), _) => r,
-        (_, Some(f)) => f(&mut Vec::new()),
-        (_, None) => unreachable!("invariant: f ran or is still here"),
-    }
+    crate::kept::with_kept(&WIDE, Vec::new, f)
 }
 
 /// Columns of a tile.
@@ -78,8 +69,12 @@ pub(super) unsafe fn weighted_rows_blocked(
     // `(k · rows + r) · BLOCK` (row after row, a row's 2,048 weights would put every row's
     // block in the same L1 sets).
     let rows = p.len();
-    wide.clear();
-    wide.resize(longest.div_ceil(BLOCK) * rows * BLOCK, 0.0);
+    // Grown only: every entry `weights` reads is written below first (a row's entries past
+    // its joint terms are never read), so what earlier calls left needs no zeroing.
+    let need = longest.div_ceil(BLOCK) * rows * BLOCK;
+    if wide.len() < need {
+        wide.resize(need, 0.0);
+    }
     for &(r, n, joint) in &groups {
         for (k, row) in p[r..r + n].iter().enumerate() {
             for (i, &x) in row[..joint].iter().enumerate() {
