@@ -317,7 +317,7 @@ fn joint_terms<
 /// bytes alone runs at 28 GB/s (`attention_sums cold`). The L2, not the L1: rows 2 KB apart
 /// fall in two sets of the L1's 64, so a block named into it evicts itself.
 #[inline(always)]
-fn name_rows(m: &[f32], (stride, w): (usize, usize), range: std::ops::Range<usize>) {
+pub(super) fn name_rows(m: &[f32], (stride, w): (usize, usize), range: std::ops::Range<usize>) {
     #[cfg(target_arch = "x86_64")]
     for pos in range {
         let row = m[pos * stride..].as_ptr();
