@@ -96,7 +96,7 @@ impl DraftModel {
     /// and one feed chunk's activations, attention scores and logits.
     pub fn memory_needs(&self, context: usize) -> u64 {
         let c = self.model.config();
-        let kv = 2 * 4 * c.num_hidden_layers * c.kv_width() * context;
+        let kv = 2 * 4 * c.num_hidden_layers * c.kv_cache_row() * context;
         let chunk = FEED_CHUNK.min(context.max(1));
         let q = c.num_attention_heads * c.head_dim;
         let acts = 4 * chunk * (6 * c.hidden_size + 3 * c.intermediate_size + 2 * q);

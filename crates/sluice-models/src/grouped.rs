@@ -43,10 +43,13 @@ const COLS: usize = 16;
 pub(crate) struct Grouped<'a> {
     /// Queries `[t, heads · hd]`, normed and rotated as the family does.
     pub q: &'a [f32],
-    /// The cache's keys `[positions, kv_heads · hd]`, the pass's rows last.
+    /// The cache's keys `[positions, stride]` (a position's `kv_heads · hd` values, then
+    /// padding), the pass's rows last.
     pub k: &'a [f32],
     /// The cache's values, as `k`.
     pub v: &'a [f32],
+    /// Values from one cached position's row to the next (`kv_heads · hd` or more).
+    pub stride: usize,
     /// Query heads.
     pub heads: usize,
     /// KV heads (dividing `heads`).
@@ -76,8 +79,8 @@ impl<'a> Grouped<'a> {
     ) -> Self {
         #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
         let scale = (hd as f64).powf(-0.5) as f32;
-        let (k, v, past) = (&cache.k, &cache.v, cache.len() - t);
-        Self { q, k, v, heads, kv_heads, hd, past, t, scale, window }
+        let (k, v, stride, past) = (&cache.k, &cache.v, cache.stride, cache.len() - t);
+        Self { q, k, v, stride, heads, kv_heads, hd, past, t, scale, window }
     }
 }
 
@@ -125,7 +128,7 @@ impl Grouped<'_> {
         threads: usize,
     ) -> Vec<f32> {
         let (hd, t, kv_heads) = (self.hd, self.t, self.kv_heads);
-        let (qw, kw) = (self.heads * hd, kv_heads * hd);
+        let (qw, kw) = (self.heads * hd, self.stride);
         let groups = self.heads / kv_heads.max(1);
         let pairs = groups * t;
         let lane_sets = pairs.div_ceil(LANES);
@@ -205,7 +208,7 @@ impl Grouped<'_> {
 
     /// attn_output = matmul(attn_weights, value_states) for the pairs whose weights `rows`
     /// holds, pair `j`'s from position `first(j)`, over `width` columns of one head's values
-    /// (`vh`, rows the cache's width apart): into `out [pair][width]`, the pairs at once where
+    /// (`vh`, rows the cache's stride apart): into `out [pair][width]`, the pairs at once where
     /// they start at one position (full attention), pair by pair otherwise.
     fn weigh(
         &self,
@@ -214,7 +217,7 @@ impl Grouped<'_> {
         (width, first): (usize, &dyn Fn(usize) -> usize),
         out: &mut [f32],
     ) {
-        let kw = self.kv_heads * self.hd;
+        let kw = self.stride;
         let f0 = first(0);
         if (0..rows.len()).all(|j| first(j) == f0) {
             weighted_rows_strided(rows, &vh[f0 * kw..], kw, width, out);
@@ -260,7 +263,7 @@ impl Grouped<'_> {
         (r0, r1): (usize, usize),
         softmax: &(dyn Fn(usize, &mut [f32]) + Sync),
     ) -> Vec<f32> {
-        let (hd, qw, kw) = (self.hd, self.heads * self.hd, self.kv_heads * self.hd);
+        let (hd, qw, kw) = (self.hd, self.heads * self.hd, self.stride);
         let kv = h0 / (self.heads / self.kv_heads);
         // This KV head's keys and values: rows `kw` apart in the cache, from the head's offset.
         let (kh, vh) = (&self.k[kv * hd..], &self.v[kv * hd..]);
@@ -520,7 +523,7 @@ mod tests {
     /// Row `ti`, head `h` one sum at a time: each score an f64 dot rounded to f32 and scaled,
     /// the softmax, each context value an f64 sum from +0.0 in increasing position.
     fn one_row(g: &Grouped<'_>, ti: usize, h: usize) -> Vec<f32> {
-        let (hd, qw, kw) = (g.hd, g.heads * g.hd, g.kv_heads * g.hd);
+        let (hd, qw, kw) = (g.hd, g.heads * g.hd, g.stride);
         let kv = h / (g.heads / g.kv_heads);
         let pos = g.past + ti;
         let q = &g.q[ti * qw + h * hd..][..hd];
@@ -564,17 +567,57 @@ mod tests {
         grouped_rows_match_one_row_at_a_time(300, 2, &[None, Some(200), Some(6)]);
     }
 
+    #[test]
+    fn cache_rows_of_two_kib_put_a_tiles_positions_in_two_l1_sets_now_padded_and_pads_never_read() {
+        // The padded layout: rows `kv_stride(width)` apart whose pads hold NaN here (the cache
+        // holds zeros), so a sum that read one would not match.
+        let width = 2 * 256;
+        let stride = crate::qwen3::state::kv_stride(width);
+        assert_eq!((stride, (4 * stride).is_multiple_of(1024)), (width + 16, false));
+        for (past, t) in [(40, 9), (70, 1)] {
+            grouped_rows_match_one_row_at_a_time_in((2, 256, stride), past, t, &[None, Some(6)]);
+        }
+    }
+
     fn grouped_rows_match_one_row_at_a_time(past: usize, t: usize, windows: &[Option<usize>]) {
-        let (heads, kv_heads, hd) = (8, 2, 24);
+        grouped_rows_match_one_row_at_a_time_in((2, 24, 48), past, t, windows);
+    }
+
+    fn grouped_rows_match_one_row_at_a_time_in(
+        (kv_heads, hd, stride): (usize, usize, usize),
+        past: usize,
+        t: usize,
+        windows: &[Option<usize>],
+    ) {
+        let heads = 4 * kv_heads;
         let positions = past + t;
+        let padded = |vals: Vec<f32>| -> Vec<f32> {
+            let mut rows = vec![f32::NAN; positions * stride];
+            for (dst, src) in rows.chunks_exact_mut(stride).zip(vals.chunks_exact(kv_heads * hd)) {
+                dst[..src.len()].copy_from_slice(src);
+            }
+            rows
+        };
         let (q, k, v) = (
             values(t * heads * hd, 1),
-            values(positions * kv_heads * hd, 2),
-            values(positions * kv_heads * hd, 3),
+            padded(values(positions * kv_heads * hd, 2)),
+            padded(values(positions * kv_heads * hd, 3)),
         );
         for &window in windows {
-            let g =
-                Grouped { q: &q, k: &k, v: &v, heads, kv_heads, hd, past, t, scale: 0.2, window };
+            let (scale, g) = (0.2, (&q, &k, &v));
+            let g = Grouped {
+                q: g.0,
+                k: g.1,
+                v: g.2,
+                stride,
+                heads,
+                kv_heads,
+                hd,
+                past,
+                t,
+                scale,
+                window,
+            };
             let mut want = Vec::with_capacity(t * heads * hd);
             for ti in 0..t {
                 for h in 0..heads {

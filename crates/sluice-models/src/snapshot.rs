@@ -71,6 +71,57 @@ impl Rows {
         Self { segs, len: data.len() }
     }
 
+    /// [`Self::capture`] of the first `n` rows of a padded cache (`width` values a row, rows
+    /// `stride` apart): only the rows' values are kept, so a snapshot (and the file written
+    /// from it) holds `n · width` values whatever the cache's padding.
+    fn capture_rows(
+        data: &[f32],
+        (width, stride): (usize, usize),
+        n: usize,
+        base: Option<&Rows>,
+    ) -> Self {
+        if width == stride || width == 0 {
+            return Self::capture(data, n * width, base);
+        }
+        let n = n.min(data.len() / stride);
+        let row = |i: usize| &data[i * stride..][..width];
+        let shared = base.filter(|b| {
+            b.len <= n * width
+                && b.len % width == 0
+                && b.segs.last().is_none_or(|last| {
+                    let r0 = (b.len - last.len()) / width;
+                    last.chunks_exact(width).enumerate().all(|(i, l)| same_bits(l, row(r0 + i)))
+                })
+        });
+        let mut segs = shared.map(|b| b.segs.clone()).unwrap_or_default();
+        let start = shared.map_or(0, |b| b.len / width);
+        if n > start {
+            let mut seg = Vec::with_capacity((n - start) * width);
+            for i in start..n {
+                seg.extend_from_slice(row(i));
+            }
+            segs.push(Arc::from(seg));
+        }
+        Self { segs, len: n * width }
+    }
+
+    /// The rows, `width` values each, as a padded cache's vector (rows `stride` apart, the
+    /// padding zeros).
+    fn restore_rows(&self, (width, stride): (usize, usize)) -> LineVec {
+        if width == stride || width == 0 {
+            return self.restore();
+        }
+        let mut v = LineVec::with_capacity(self.len / width * stride);
+        let pad = vec![0.0f32; stride - width];
+        for s in &self.segs {
+            for row in s.chunks_exact(width) {
+                v.extend_from_slice(row);
+                v.extend_from_slice(&pad);
+            }
+        }
+        v
+    }
+
     /// The rows as one vector.
     fn restore(&self) -> LineVec {
         let mut v = LineVec::with_capacity(self.len);
@@ -174,8 +225,8 @@ fn kv_layers(
         .map(|(i, l)| {
             let (bk, bv) = base_rows(base, i);
             SnapLayer::Kv {
-                k: Rows::capture(&l.k, n * l.width, bk),
-                v: Rows::capture(&l.v, n * l.width, bv),
+                k: Rows::capture_rows(&l.k, (l.width, l.stride), n, bk),
+                v: Rows::capture_rows(&l.v, (l.width, l.stride), n, bv),
                 width: l.width,
             }
         })
@@ -344,7 +395,10 @@ impl StateSnapshot {
                 let layers =
                     sluice_kernels::pool::map(self.layers.len(), |i| match &self.layers[i] {
                         SnapLayer::Kv { k, v, width } => {
-                            Some(KvCache { k: k.restore(), v: v.restore(), width: *width })
+                            let mut cache = KvCache::new(*width);
+                            let rows = (*width, cache.stride);
+                            (cache.k, cache.v) = (k.restore_rows(rows), v.restore_rows(rows));
+                            Some(cache)
                         }
                         _ => None,
                     });
@@ -444,8 +498,9 @@ fn fill_kv(s: &mut Qwen3State, positions: usize, seed: u64) {
     let mut rng = SplitMix::new(seed);
     let mut layers = std::mem::take(&mut s.layers);
     for l in &mut layers {
-        l.k = draw(&mut rng, positions * l.width).into();
-        l.v = draw(&mut rng, positions * l.width).into();
+        let (k, v) = (draw(&mut rng, positions * l.width), draw(&mut rng, positions * l.width));
+        *l = KvCache::new(l.width);
+        l.push(&k, &v);
     }
     *s = Qwen3State::restored(layers, positions);
 }
@@ -487,6 +542,52 @@ mod tests {
         assert!(k.work.s.iter().chain(&k.work.conv).all(|&x| x == 0.0), "copied twice");
         let LayerState::Mla(m) = &r.layers[1] else { panic!("layer 1 is MLA") };
         assert_eq!((m.lat.len(), m.pe.len()), (5 * 3, 5 * 2));
+    }
+
+    #[test]
+    fn padded_cache_rows_are_snapshotted_and_written_unpadded_and_restored_padded() {
+        // Rows of 256 values are kept 272 apart in memory; a snapshot, its file bytes and its
+        // restore see the rows alone, and a later snapshot shares the earlier one's rows.
+        let mut live = Qwen3State::new(2, 256);
+        assert_eq!(live.layers[0].stride, 272);
+        fill_kv(&mut live, 5, 9);
+        let first = snapshot_kv(&live, None, "qwen3");
+        for l in &first.layers {
+            let SnapLayer::Kv { k, v, .. } = l else { panic!("KV layers") };
+            assert_eq!((k.len, v.len), (5 * 256, 5 * 256), "the rows alone");
+        }
+        let mut file = Vec::new();
+        first.encode(&mut file).expect("encode");
+        assert_eq!(file.len(), first.encoded_len());
+        let shape = codec::kv_shape(&live, "qwen3");
+        let back =
+            StateSnapshot::decode(&mut file.as_slice(), &shape, file.len() as u64).expect("decode");
+        for snap in [&first, &back] {
+            let restored = snap.restore();
+            let r = restored.family_ref::<Qwen3State>("qwen3").expect("a Qwen3 state");
+            for (a, b) in r.layers.iter().zip(&live.layers) {
+                assert_eq!((a.len(), a.stride), (5, 272));
+                assert!(same_bits(&a.k, &b.k) && same_bits(&a.v, &b.v), "rows and zero pads");
+            }
+        }
+        // Two more positions: the first five rows are shared, the two new ones copied.
+        live.begin(2);
+        for l in &mut live.layers {
+            let row: Vec<f32> = (0..2 * 256u16).map(f32::from).collect();
+            l.push(&row, &row);
+        }
+        live.commit(2);
+        let second = snapshot_kv(&live, Some(&first), "qwen3");
+        let (SnapLayer::Kv { k: a, .. }, SnapLayer::Kv { k: b, .. }) =
+            (&first.layers[0], &second.layers[0])
+        else {
+            panic!("KV layers")
+        };
+        assert!(Arc::ptr_eq(&a.segs[0], &b.segs[0]), "the earlier rows are shared");
+        assert_eq!((b.segs.len(), b.len), (2, 7 * 256));
+        let restored = second.restore();
+        let r = restored.family_ref::<Qwen3State>("qwen3").expect("a Qwen3 state");
+        assert!(same_bits(&r.layers[1].v, &live.layers[1].v));
     }
 
     #[test]

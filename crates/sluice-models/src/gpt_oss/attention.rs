@@ -72,8 +72,7 @@ pub(crate) fn forward(
             apply(head, cos, sin);
         }
     }
-    cache.k.extend_from_slice(&k);
-    cache.v.extend_from_slice(&v);
+    cache.push(&k, &v);
     let window = match kind {
         AttnKind::Full => None,
         AttnKind::Sliding => Some(c.sliding_window),

@@ -262,6 +262,12 @@ impl GptOssConfig {
     pub fn kv_width(&self) -> usize {
         self.num_key_value_heads * self.head_dim
     }
+
+    /// Values a position's row of one layer's key (or value) cache holds: [`Self::kv_width`]
+    /// and the padding that keeps successive rows out of the same cache sets.
+    pub fn kv_cache_row(&self) -> usize {
+        crate::qwen3::state::kv_stride(self.kv_width())
+    }
 }
 
 /// θ and YaRN from `rope_parameters` or the published `rope_theta` + `rope_scaling`; absent

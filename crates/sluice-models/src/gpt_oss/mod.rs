@@ -117,7 +117,7 @@ impl GptOss {
         MemoryNeeds {
             spine: self.dense_weight_bytes(),
             state_fixed: 0,
-            state_per_position: (c.num_hidden_layers * c.kv_width() * 2 * 4) as u64,
+            state_per_position: (c.num_hidden_layers * c.kv_cache_row() * 2 * 4) as u64,
             pass_per_row,
             prefill_per_row,
         }

@@ -91,8 +91,7 @@ pub(crate) fn forward(
     norm_rope(&mut q, qw, &w.q_norm);
     norm_rope(&mut k, kw, &w.k_norm);
     // key_states, value_states = past_key_values.update(key_states, value_states, layer_idx)
-    cache.k.extend_from_slice(&k);
-    cache.v.extend_from_slice(&v);
+    cache.push(&k, &v);
     // HF multiplies the f32 scores by the f32-rounded `head_dim ** -0.5`;
     // softmax(attn_weights, dim=-1, dtype=float32) over each row's scaled scores; then
     // attn_output = matmul(attn_weights, value_states), heads side by side per row.

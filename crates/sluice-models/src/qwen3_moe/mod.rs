@@ -91,7 +91,7 @@ impl Qwen3Moe {
         MemoryNeeds {
             spine: self.dense_weight_bytes(),
             state_fixed: 0,
-            state_per_position: (b.num_hidden_layers * b.kv_width() * 2 * 4) as u64,
+            state_per_position: (b.num_hidden_layers * b.kv_cache_row() * 2 * 4) as u64,
             pass_per_row,
             prefill_per_row,
         }
