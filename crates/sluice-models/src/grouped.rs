@@ -569,10 +569,10 @@ mod tests {
 
     #[test]
     fn cache_rows_of_two_kib_put_a_tiles_positions_in_two_l1_sets_now_padded_and_pads_never_read() {
-        // The padded layout: rows `kv_stride(width)` apart whose pads hold NaN here (the cache
+        // The padded layout: rows `row_stride(width)` apart whose pads hold NaN here (the cache
         // holds zeros), so a sum that read one would not match.
         let width = 2 * 256;
-        let stride = crate::qwen3::state::kv_stride(width);
+        let stride = sluice_kernels::lines::row_stride(width);
         assert_eq!((stride, (4 * stride).is_multiple_of(1024)), (width + 16, false));
         for (past, t) in [(40, 9), (70, 1)] {
             grouped_rows_match_one_row_at_a_time_in((2, 256, stride), past, t, &[None, Some(6)]);

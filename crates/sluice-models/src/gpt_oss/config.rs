@@ -266,7 +266,7 @@ impl GptOssConfig {
     /// Values a position's row of one layer's key (or value) cache holds: [`Self::kv_width`]
     /// and the padding that keeps successive rows out of the same cache sets.
     pub fn kv_cache_row(&self) -> usize {
-        crate::qwen3::state::kv_stride(self.kv_width())
+        sluice_kernels::lines::row_stride(self.kv_width())
     }
 }
 

@@ -2,44 +2,33 @@
 //!
 //! Each layer's cache holds, per position, the keys after `k_norm` and RoPE and the values, all KV
 //! heads side by side (`[len, kv_heads · head_dim]`, f32), exactly what HF's `DynamicCache`
-//! stores, each row padded to [`kv_stride`] values in memory (a snapshot keeps the rows
+//! stores, each row padded to [`row_stride`] values in memory (a snapshot keeps the rows
 //! unpadded). A pass appends its T rows past the committed length; nothing else in the state changes,
 //! so [`Qwen3State::commit`]`(n)` truncates every cache to `committed + n` rows and
 //! [`Qwen3State::rollback`] truncates to `committed`. A kept row is bit-identical to the row a
 //! one-token pass would have written: keys and values depend only on the token and its position
 //! (RoPE uses the absolute position `committed + row`), never on the other rows of the pass.
 
+use sluice_kernels::lines::row_stride;
 use sluice_kernels::LineVec;
-
-/// Values a cache row of `width` keeps (`width` and its padding): whole cache lines, and an odd
-/// number of them from 8 lines (512 bytes) up. A row of 2 KiB (Qwen3-30B-A3B, GPT-OSS: 512
-/// floats) put one tile's 16 columns of successive positions into two of the L1 cache's 64
-/// sets and 32 of the L2's, so that the attention sums read a long context's tile from L3
-/// again for every group of rows; rows 33 lines apart spread the positions over every set
-/// (AVX-512 weighted sums 1.2×, a decode step's 1.3× in `attention_sums`, for 3% more
-/// memory). Rows below 8 lines are left whole-line: padding them would cost up to a third.
-pub(crate) fn kv_stride(width: usize) -> usize {
-    let lines = width.div_ceil(16);
-    16 * if lines >= 8 && lines.is_multiple_of(2) { lines + 1 } else { lines }
-}
 
 /// One layer's keys and values.
 #[derive(Debug, Clone)]
 pub(crate) struct KvCache {
     /// Rotated, normalised keys `[len, stride]` (a position's `width` values, then padding),
-    /// from a cache line (so is every row: see [`LineVec`] and [`kv_stride`]).
+    /// from a cache line (so is every row: see [`LineVec`] and [`row_stride`]).
     pub(crate) k: LineVec,
     /// Values `[len, stride]`, as `k`.
     pub(crate) v: LineVec,
     /// `kv_heads · head_dim`.
     pub(crate) width: usize,
-    /// Values from one position's row to the next ([`kv_stride`] of `width`).
+    /// Values from one position's row to the next ([`row_stride`] of `width`).
     pub(crate) stride: usize,
 }
 
 impl KvCache {
     pub(crate) fn new(width: usize) -> Self {
-        Self { k: LineVec::new(), v: LineVec::new(), width, stride: kv_stride(width) }
+        Self { k: LineVec::new(), v: LineVec::new(), width, stride: row_stride(width) }
     }
 
     /// Positions held (committed and staged).
