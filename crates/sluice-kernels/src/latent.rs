@@ -224,17 +224,13 @@ pub struct Absorbed {
     pub rope: usize,
     /// Latent width (`kv_lora_rank`).
     pub kl: usize,
-    /// Values from one cached latent row to the next (`kl` or more: see
-    /// [`crate::lines::row_stride`]).
-    pub lat_stride: usize,
     /// Score scale.
     pub scale: f32,
 }
 
 /// Computes `ctx [g, kl]` for the `g ≤ LANES` rows whose queries (`nope + rope` values each,
 /// no-position part first) `q_rows` holds, one head: row `l` attends to positions `0 ..=
-/// first + l` of the cache `lat [positions, lat_stride]` (each row's first `kl` values),
-/// `pe [positions, rope]`. `w_uk` is the
+/// first + l` of the cache `lat [positions, kl]`, `pe [positions, rope]`. `w_uk` is the
 /// head's W_UK widened to f32, `[nope, kl]`. Each row's result is what the one-row sums give:
 /// `q_lat` from +0.0 in increasing nope index, rounded to f32; each score the f64 sum of the two
 /// dot products (each from −0.0 in index order, as [`crate::ops::dot_f64`]), rounded to f32 and
@@ -274,8 +270,7 @@ pub fn attend_heads(
     first: usize,
     ctx: &mut [f32],
 ) {
-    let (nope, rope, kl, ls) = (d.nope, d.rope, d.kl, d.lat_stride);
-    assert!(ls >= kl, "attend: latent rows overlap");
+    let (nope, rope, kl) = (d.nope, d.rope, d.kl);
     let heads = w_uk.len();
     let g = q_rows.len().checked_div(heads).unwrap_or(0);
     assert_eq!(g * heads, q_rows.len(), "attend: the heads hold different numbers of rows");
@@ -309,7 +304,7 @@ pub fn attend_heads(
         (vec![[0.0f64; LANES]; sets * SPAN], vec![[0.0f64; LANES]; sets * SPAN]);
     for p0 in (0..npos).step_by(SPAN) {
         let n = SPAN.min(npos - p0);
-        dot_sets_strided(&q_lanes, sets, &lat[p0 * ls..], ls, n, &mut s_lat[..sets * n]);
+        dot_sets_strided(&q_lanes, sets, &lat[p0 * kl..], kl, n, &mut s_lat[..sets * n]);
         dot_sets_strided(&pe_lanes, sets, &pe[p0 * rope..], rope, n, &mut s_pe[..sets * n]);
         for (j, scores) in probs.iter_mut().enumerate() {
             let (s, l) = (j / LANES, j % LANES);
@@ -327,7 +322,7 @@ pub fn attend_heads(
     }
     // ctx = Σ p·lat over each row's positions in order.
     let p: Vec<&[f32]> = probs.iter().map(Vec::as_slice).collect();
-    weighted_rows_strided(&p, lat, ls, kl, ctx);
+    weighted_rows(&p, lat, kl, ctx);
 }
 
 #[cfg(test)]

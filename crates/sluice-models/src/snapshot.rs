@@ -199,7 +199,7 @@ fn k3_layers(
             LayerState::Mla(m) => {
                 let (bl, bp) = base_rows(base, i);
                 SnapLayer::Mla {
-                    lat: Rows::capture_rows(&m.lat, (m.lat_dim, m.lat_stride), n, bl),
+                    lat: Rows::capture(&m.lat, n * m.lat_dim, bl),
                     pe: Rows::capture(&m.pe, n * m.pe_dim, bp),
                     lat_dim: m.lat_dim,
                     pe_dim: m.pe_dim,
@@ -377,10 +377,12 @@ impl StateSnapshot {
                             Some(LayerState::Kda(KdaLayer::restored(st, *heads, *dim)))
                         }
                         SnapLayer::Mla { lat, pe, lat_dim, pe_dim } => {
-                            let mut m = MlaLayer::new(*lat_dim, *pe_dim);
-                            m.lat = lat.restore_rows((*lat_dim, m.lat_stride));
-                            m.pe = pe.restore();
-                            Some(LayerState::Mla(m))
+                            Some(LayerState::Mla(MlaLayer {
+                                lat: lat.restore(),
+                                pe: pe.restore(),
+                                lat_dim: *lat_dim,
+                                pe_dim: *pe_dim,
+                            }))
                         }
                         SnapLayer::Kv { .. } => None,
                     });
@@ -483,12 +485,8 @@ fn fill_k3(s: &mut K3State, positions: usize, seed: u64) {
                 k.rows.clear();
             }
             LayerState::Mla(m) => {
-                let (lat, pe) =
-                    (draw(&mut rng, positions * m.lat_dim), draw(&mut rng, positions * m.pe_dim));
-                *m = MlaLayer::new(m.lat_dim, m.pe_dim);
-                for (l, p) in lat.chunks_exact(m.lat_dim).zip(pe.chunks_exact(m.pe_dim)) {
-                    m.push(l, p);
-                }
+                m.lat = draw(&mut rng, positions * m.lat_dim).into();
+                m.pe = draw(&mut rng, positions * m.pe_dim).into();
             }
         }
     }
@@ -543,7 +541,7 @@ mod tests {
         assert_eq!((k.work.s.len(), k.work.conv.len()), (8 * 4, 6));
         assert!(k.work.s.iter().chain(&k.work.conv).all(|&x| x == 0.0), "copied twice");
         let LayerState::Mla(m) = &r.layers[1] else { panic!("layer 1 is MLA") };
-        assert_eq!((m.len(), m.lat.len(), m.pe.len()), (5, 5 * m.lat_stride, 5 * 2));
+        assert_eq!((m.lat.len(), m.pe.len()), (5 * 3, 5 * 2));
     }
 
     #[test]
@@ -590,22 +588,6 @@ mod tests {
         let restored = second.restore();
         let r = restored.family_ref::<Qwen3State>("qwen3").expect("a Qwen3 state");
         assert!(same_bits(&r.layers[1].v, &live.layers[1].v));
-    }
-
-    #[test]
-    fn padded_latent_rows_are_snapshotted_unpadded_and_restored_padded() {
-        let mut live = K3State::new(&[LayerShape::Mla { lat_dim: 512, pe_dim: 64 }]);
-        fill_k3(&mut live, 5, 7);
-        let snap = snapshot_k3(&live, None, "kimi_k3");
-        let SnapLayer::Mla { lat, .. } = &snap.layers[0] else { panic!("an MLA layer") };
-        assert_eq!(lat.len, 5 * 512, "the rows alone");
-        let restored = snap.restore();
-        let r = restored.family_ref::<K3State>("kimi_k3").expect("a K3 state");
-        let (LayerState::Mla(a), LayerState::Mla(b)) = (&r.layers[0], &live.layers[0]) else {
-            panic!("MLA layers")
-        };
-        assert_eq!((a.len(), a.lat_stride), (5, 528));
-        assert!(same_bits(&a.lat, &b.lat) && same_bits(&a.pe, &b.pe), "rows and zero pads");
     }
 
     #[test]

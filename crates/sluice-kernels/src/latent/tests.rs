@@ -223,7 +223,7 @@ fn a_decode_step_scored_each_head_in_one_lane_of_eight_now_eight_heads_fill_the_
 }
 
 fn absorbed_heads_match_one_head_at_a_time(first: usize, g: usize, heads: usize) {
-    let d = Absorbed { nope: 40, rope: 8, kl: 48, lat_stride: 48, scale: 0.3 };
+    let d = Absorbed { nope: 40, rope: 8, kl: 48, scale: 0.3 };
     let npos = first + g;
     let (lat, pe) = (values(npos * d.kl, 21), values(npos * d.rope, 22));
     let w_uk: Vec<Vec<f32>> =
@@ -247,37 +247,6 @@ fn absorbed_heads_match_one_head_at_a_time(first: usize, g: usize, heads: usize)
             i / d.kl % g,
             i % d.kl
         );
-    }
-}
-
-#[test]
-fn latent_rows_of_two_kib_shared_two_l1_sets_now_padded_and_the_pads_never_read() {
-    // A latent cache of 512-value rows kept `row_stride(512)` = 528 apart, the pads NaN (the
-    // cache holds zeros there): every context value equals the one over unpadded rows, for a
-    // decode step's heads and a prefill part's rows.
-    let d = Absorbed { nope: 24, rope: 8, kl: 512, lat_stride: 512, scale: 0.3 };
-    let padded = Absorbed { lat_stride: crate::lines::row_stride(512), ..d };
-    assert_eq!(padded.lat_stride, 528);
-    for (first, g, heads) in [(40, 1, 8), (33, 8, 2)] {
-        let npos = first + g;
-        let (lat, pe) = (values(npos * d.kl, 31), values(npos * d.rope, 32));
-        let mut lat_p = vec![f32::NAN; npos * padded.lat_stride];
-        for (dst, src) in lat_p.chunks_exact_mut(padded.lat_stride).zip(lat.chunks_exact(d.kl)) {
-            dst[..d.kl].copy_from_slice(src);
-        }
-        let w_uk: Vec<Vec<f32>> =
-            (40u32..).take(heads).map(|seed| values(d.nope * d.kl, seed)).collect();
-        let w: Vec<&[f32]> = w_uk.iter().map(Vec::as_slice).collect();
-        let q: Vec<Vec<f32>> =
-            (70u32..).take(heads * g).map(|seed| values(d.nope + d.rope, seed)).collect();
-        let rows: Vec<&[f32]> = q.iter().map(Vec::as_slice).collect();
-        let (mut want, mut got) =
-            (vec![0.0f32; heads * g * d.kl], vec![f32::NAN; heads * g * d.kl]);
-        attend_heads(&d, &rows, &w, &lat, &pe, first, &mut want);
-        attend_heads(&padded, &rows, &w, &lat_p, &pe, first, &mut got);
-        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(a.to_bits(), b.to_bits(), "{heads} heads of {g} rows: value {i}");
-        }
     }
 }
 

@@ -69,7 +69,7 @@ pub(crate) fn forward(
         let (nope, rd, vd, kl) =
             (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank);
         let qd = nope + rd;
-        let past = st.len();
+        let past = st.lat.len() / kl;
         let rows = rope.rows(past, t);
         let half = rd / 2;
 
@@ -95,6 +95,7 @@ pub(crate) fn forward(
         for (ti, row) in ckv.chunks_exact(kl + rd).enumerate() {
             let mut lat = vec![0.0f32; kl];
             rms_norm(&row[..kl], Some(&w.kv_a_norm), LATENT_NORM_EPS, &mut lat);
+            st.lat.extend_from_slice(&lat);
             let mut pe = row[kl..].to_vec();
             rotate(
                 &mut pe,
@@ -102,12 +103,12 @@ pub(crate) fn forward(
                 &rows.sin[ti * half..(ti + 1) * half],
                 c.rope_interleave,
             );
-            st.push(&lat, &pe);
+            st.pe.extend_from_slice(&pe);
         }
         let scale = c.softmax_scale();
         let kv_b = w.kv_b.get(src);
         let (lat_all, pe_all) = (&st.lat, &st.pe);
-        let dims = latent::Absorbed { nope, rope: rd, kl, lat_stride: st.lat_stride, scale };
+        let dims = latent::Absorbed { nope, rope: rd, kl, scale };
 
         // Per set of heads (`latent::attend_heads`: the set's heads read each cached latent
         // value once; each sum in the order it had taken alone, so the same bits).

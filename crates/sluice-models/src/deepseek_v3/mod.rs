@@ -194,9 +194,7 @@ impl DeepseekV3 {
         MemoryNeeds {
             spine: self.dense_weight_bytes(),
             state_fixed: crate::grouped::widened_bytes(threads, h, c.qk_nope_head_dim + vd, kl),
-            state_per_position: (c.num_hidden_layers
-                * (sluice_kernels::lines::row_stride(kl) + rd)
-                * 4) as u64,
+            state_per_position: (c.num_hidden_layers * (kl + rd) * 4) as u64,
             pass_per_row,
             prefill_per_row,
         }

@@ -23,8 +23,7 @@ pub struct Inventory {
     pub other_bytes: u64,
     /// KDA state bytes per sequence (f32 recurrent matrices and conv windows).
     pub kda_state_bytes: u64,
-    /// MLA latent-cache bytes per token in memory (f32; the latent rows padded to
-    /// [`sluice_kernels::lines::row_stride`], a state file holds them unpadded).
+    /// MLA latent-cache bytes per token (f32).
     pub mla_bytes_per_token: u64,
     /// Expert bytes one position reads with nothing cached (top-k per MoE layer).
     pub expert_bytes_per_token: u64,
@@ -90,8 +89,7 @@ pub fn inventory(ckpt: &Checkpoint, c: &K3Config) -> Inventory {
     let h = la.num_heads as u64;
     let dd = la.head_dim as u64;
     inv.kda_state_bytes = kda * 4 * (2 * h * dd * dd + 2 * (kk - 1) * 3 * h * dd);
-    let lat = sluice_kernels::lines::row_stride(c.kv_lora_rank);
-    inv.mla_bytes_per_token = mla * 4 * (lat + c.qk_rope_head_dim) as u64;
+    inv.mla_bytes_per_token = mla * 4 * (c.kv_lora_rank + c.qk_rope_head_dim) as u64;
     inv.expert_bytes_per_token = moe * c.num_experts_per_token as u64 * inv.expert_bytes;
     inv
 }

@@ -44,17 +44,18 @@ pub(crate) fn forward(
         let qa_n = crate::served::norm_rows(&qa, &w.q_a_norm, ql, 1e-6);
         let q = ctx.mm(&w.q_b, &qa_n, t);
         let ckv = ctx.mm(&w.kv_a, x, t);
-        let past = st.len();
+        let past = st.lat.len() / kl;
         for row in ckv.chunks_exact(kl + rope) {
             let mut lat = vec![0.0f32; kl];
             rms_norm(&row[..kl], Some(&w.kv_a_norm), 1e-6, &mut lat);
-            st.push(&lat, &row[kl..]);
+            st.lat.extend_from_slice(&lat);
+            st.pe.extend_from_slice(&row[kl..]);
         }
         let total = past + t;
         let scale = (qd as f32).powf(-0.5);
         let kv_b = w.kv_b.get(ctx.spine);
         let (lat_all, pe_all) = (&st.lat, &st.pe);
-        let dims = latent::Absorbed { nope, rope, kl, lat_stride: st.lat_stride, scale };
+        let dims = latent::Absorbed { nope, rope, kl, scale };
 
         // Per set of heads: absorbed attention for every row, the f64 sums several at a time
         // (`latent::attend_heads`: each sum in the order it had taken alone, so the same bits;
@@ -74,7 +75,7 @@ pub(crate) fn forward(
                 latent_part(&dims, heads, (&q, h, t, vd), (w_uk, lat_all, pe_all, past), &mut step)
             })
         });
-        debug_assert_eq!(total, st.len());
+        debug_assert_eq!(total, st.lat.len() / kl);
         if let Some(g) = &w.g_proj {
             let gate = ctx.mm(g, x, t);
             for (a, &gv) in attn.iter_mut().zip(&gate) {

@@ -180,8 +180,7 @@ impl KdaLayer {
     }
 }
 
-/// An MLA layer's latent cache: `lat [len, lat_stride]` (normalised; each row's `lat_dim`
-/// values, then padding) and `k_pe [len, rope]`.
+/// An MLA layer's latent cache: `lat [len, kv_lora]` (normalised) and `k_pe [len, rope]`.
 #[derive(Debug, Clone)]
 pub(crate) struct MlaLayer {
     /// From a cache line, as the attention sums stream it (see [`LineVec`]).
@@ -189,35 +188,11 @@ pub(crate) struct MlaLayer {
     pub(crate) pe: LineVec,
     pub(crate) lat_dim: usize,
     pub(crate) pe_dim: usize,
-    /// Values from one position's latent row to the next
-    /// ([`sluice_kernels::lines::row_stride`] of `lat_dim`: rows of 2 KiB put a tile's
-    /// positions in two L1 sets).
-    pub(crate) lat_stride: usize,
 }
 
 impl MlaLayer {
-    /// An empty cache of `lat_dim` latent and `pe_dim` rope values a position.
-    pub(crate) fn new(lat_dim: usize, pe_dim: usize) -> Self {
-        let lat_stride = sluice_kernels::lines::row_stride(lat_dim);
-        Self { lat: LineVec::new(), pe: LineVec::new(), lat_dim, pe_dim, lat_stride }
-    }
-
-    /// Positions held (committed and staged).
-    pub(crate) fn len(&self) -> usize {
-        self.lat.len() / self.lat_stride
-    }
-
-    /// Appends one position: its latent row (`lat_dim` values, padded to the stride with
-    /// zeros) and its rope key (`pe_dim`).
-    pub(crate) fn push(&mut self, lat: &[f32], pe: &[f32]) {
-        debug_assert_eq!((lat.len(), pe.len()), (self.lat_dim, self.pe_dim));
-        self.lat.extend_from_slice(lat);
-        self.lat.extend_from_slice(&[0.0; 32][..self.lat_stride - self.lat_dim]);
-        self.pe.extend_from_slice(pe);
-    }
-
     fn truncate(&mut self, len: usize) {
-        self.lat.truncate(len * self.lat_stride);
+        self.lat.truncate(len * self.lat_dim);
         self.pe.truncate(len * self.pe_dim);
     }
 }
@@ -275,9 +250,12 @@ impl K3State {
                 LayerShape::Kda { heads, dim, conv_len } => {
                     LayerState::Kda(KdaLayer::new(heads, dim, conv_len))
                 }
-                LayerShape::Mla { lat_dim, pe_dim } => {
-                    LayerState::Mla(MlaLayer::new(lat_dim, pe_dim))
-                }
+                LayerShape::Mla { lat_dim, pe_dim } => LayerState::Mla(MlaLayer {
+                    lat: LineVec::new(),
+                    pe: LineVec::new(),
+                    lat_dim,
+                    pe_dim,
+                }),
             })
             .collect();
         Self { layers, committed: 0, pending: None, whole: false, capture_at: Vec::new() }
@@ -414,9 +392,7 @@ impl K3State {
                     let (mut lat, mut pe) = (Vec::new(), Vec::new());
                     fill(&mut lat, positions * m.lat_dim);
                     fill(&mut pe, positions * m.pe_dim);
-                    for (l, p) in lat.chunks_exact(m.lat_dim).zip(pe.chunks_exact(m.pe_dim)) {
-                        m.push(l, p);
-                    }
+                    (m.lat, m.pe) = (lat.into(), pe.into());
                 }
             }
         }
