@@ -24,7 +24,7 @@ struct Line([f32; LINE]);
 
 /// Values a cache row of `width` values keeps in a [`LineVec`] of rows (the row and its
 /// padding): whole cache lines, and an odd number of them from 8 lines (512 bytes) up. A row
-/// of 2 KiB (a Qwen3-30B-A3B or GPT-OSS KV cache row, 512 floats; a latent cache row of 512)
+/// of 2 KiB (a Qwen3-30B-A3B or GPT-OSS KV cache row, 512 floats)
 /// put one tile's 16 columns of successive positions into two of the L1 cache's 64 sets and 32
 /// of the L2's, so the weighted sums of a long context read the tile from L3 again for every
 /// group of rows; rows an odd number of lines apart step through every set (AVX-512 weighted
