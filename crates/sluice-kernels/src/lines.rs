@@ -177,7 +177,9 @@ mod tests {
     fn cache_rows_of_a_power_of_two_lines_shared_l1_sets_now_an_odd_number_of_lines() {
         // (width, stride): rows of 8 lines or more an odd number of lines; shorter rows whole
         // lines only.
-        for (w, want) in [(512, 528), (256, 272), (128, 144), (96, 96), (100, 112), (144, 144), (64, 64)] {
+        for (w, want) in
+            [(512, 528), (256, 272), (128, 144), (96, 96), (100, 112), (144, 144), (64, 64)]
+        {
             assert_eq!(row_stride(w), want, "width {w}");
         }
         for w in (1..2_000).step_by(7) {
