@@ -45,6 +45,27 @@ pub fn with_kept_slice<T: Copy + Default + 'static, R>(
     })
 }
 
+/// Takes this thread's value of `key` out of it (leaving the default; the default as well if
+/// the value is lent or the thread is being torn down), for a body that must not run inside a
+/// closure (the kernels' tier bodies: a closure is compiled without the tier's features); hand
+/// it back with [`give_back`].
+pub fn take<T: Default + 'static>(key: &'static LocalKey<RefCell<T>>) -> T {
+    key.try_with(|cell| cell.try_borrow_mut().map(|mut v| std::mem::take(&mut *v)).ok())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Puts `value` back as this thread's value of `key` (dropped if the thread is being torn down
+/// or the value is lent).
+pub fn give_back<T: 'static>(key: &'static LocalKey<RefCell<T>>, value: T) {
+    let _ = key.try_with(|cell| {
+        if let Ok(mut v) = cell.try_borrow_mut() {
+            *v = value;
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,6 +84,17 @@ mod tests {
         let (again, left) = with_kept_slice(&KEPT, 16, |s| (s.as_ptr() as usize, s[15]));
         assert_eq!((again, left), (first, 7));
         assert_eq!(KEPT.with(|k| k.borrow().len()), 64);
+    }
+
+    #[test]
+    fn a_taken_buffer_comes_back_with_its_storage() {
+        give_back(&KEPT, vec![3u32; 40]);
+        let v = take(&KEPT);
+        assert_eq!((v.len(), KEPT.with(|k| k.borrow().len())), (40, 0), "taken out");
+        let at = v.as_ptr() as usize;
+        give_back(&KEPT, v);
+        let again = take(&KEPT);
+        assert_eq!(again.as_ptr() as usize, at, "the same storage");
     }
 
     #[test]
