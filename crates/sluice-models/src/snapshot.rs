@@ -53,35 +53,24 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 
 impl Rows {
     /// The first `len` values of `data`, sharing `base`'s segments when `base` is a prefix of
-    /// them. The check compares `base`'s last segment with the same span of `data`; earlier
-    /// segments are trusted because a chain is only ever built from one growing state.
+    /// them ([`Self::capture_rows`] of rows of one value).
     fn capture(data: &[f32], len: usize, base: Option<&Rows>) -> Self {
-        let data = &data[..len.min(data.len())];
-        let shared = base.filter(|b| {
-            b.len <= data.len()
-                && b.segs
-                    .last()
-                    .is_none_or(|last| same_bits(last, &data[b.len - last.len()..b.len]))
-        });
-        let mut segs = shared.map(|b| b.segs.clone()).unwrap_or_default();
-        let start = shared.map_or(0, |b| b.len);
-        if data.len() > start {
-            segs.push(Arc::from(&data[start..]));
-        }
-        Self { segs, len: data.len() }
+        Self::capture_rows(data, (1, 1), len, base)
     }
 
-    /// [`Self::capture`] of the first `n` rows of a padded cache (`width` values a row, rows
-    /// `stride` apart): only the rows' values are kept, so a snapshot (and the file written
-    /// from it) holds `n · width` values whatever the cache's padding.
+    /// The values of the first `n` rows of a cache (`width` values a row, rows `stride` apart:
+    /// a padded cache's padding is not kept, so a snapshot and the file written from it hold
+    /// `n · width` values), sharing `base`'s segments when `base` is a prefix of them. The
+    /// check compares `base`'s last segment with the same rows of `data`; earlier segments are
+    /// trusted because a chain is only ever built from one growing state.
     fn capture_rows(
         data: &[f32],
         (width, stride): (usize, usize),
         n: usize,
         base: Option<&Rows>,
     ) -> Self {
-        if width == stride || width == 0 {
-            return Self::capture(data, n * width, base);
+        if width == 0 {
+            return Self::default();
         }
         let n = n.min(data.len() / stride);
         let row = |i: usize| &data[i * stride..][..width];
@@ -96,11 +85,15 @@ impl Rows {
         let mut segs = shared.map(|b| b.segs.clone()).unwrap_or_default();
         let start = shared.map_or(0, |b| b.len / width);
         if n > start {
-            let mut seg = Vec::with_capacity((n - start) * width);
-            for i in start..n {
-                seg.extend_from_slice(row(i));
+            if stride == width {
+                segs.push(Arc::from(&data[start * width..n * width]));
+            } else {
+                let mut seg = Vec::with_capacity((n - start) * width);
+                for i in start..n {
+                    seg.extend_from_slice(row(i));
+                }
+                segs.push(Arc::from(seg));
             }
-            segs.push(Arc::from(seg));
         }
         Self { segs, len: n * width }
     }
