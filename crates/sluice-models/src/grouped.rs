@@ -604,20 +604,8 @@ mod tests {
             padded(values(positions * kv_heads * hd, 3)),
         );
         for &window in windows {
-            let (scale, g) = (0.2, (&q, &k, &v));
-            let g = Grouped {
-                q: g.0,
-                k: g.1,
-                v: g.2,
-                stride,
-                heads,
-                kv_heads,
-                hd,
-                past,
-                t,
-                scale,
-                window,
-            };
+            let (q, k, v, scale) = (&q[..], &k[..], &v[..], 0.2);
+            let g = Grouped { q, k, v, stride, heads, kv_heads, hd, past, t, scale, window };
             let mut want = Vec::with_capacity(t * heads * hd);
             for ti in 0..t {
                 for h in 0..heads {
