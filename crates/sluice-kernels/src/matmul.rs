@@ -275,6 +275,7 @@ pub(crate) fn for_chunks(
 
 /// An output buffer shared by the chunks of one call ([`matmul_with`], and the variants in
 /// [`crate::finish`], whose chunks finish their cells into a second buffer too).
+#[derive(Clone, Copy)]
 pub(crate) struct OutPtr(*mut f32);
 
 // SAFETY: the pointer is only dereferenced through `OutPtr::write` and `OutPtr::cells`, at
@@ -326,11 +327,15 @@ pub(crate) unsafe fn run_cells(
     assert!(rows.end <= m.rows, "matmul: row range");
     assert!(tokens.end * m.cols <= x.len(), "matmul: token range");
     let (t0, t) = (tokens.start, tokens.len());
-    let emit = |ti: usize, r: usize, v: f32| {
-        assert!(ti < t && r < m.rows, "matmul: output cell");
+    // The output's pointer and row count as values the closure owns: read through `out` and
+    // `m`, the compiler loaded both again for every cell, since the cell's store might have
+    // changed them.
+    let (out, n) = (*out, m.rows);
+    let emit = move |ti: usize, r: usize, v: f32| {
+        assert!(ti < t && r < n, "matmul: output cell");
         // SAFETY: `t0 + ti < tokens.end` and `r < m.rows` (asserted), so the cell is inside
         // the buffer, and the caller gives this call sole access to these cells.
-        unsafe { out.write((t0 + ti) * m.rows + r, v) };
+        unsafe { out.write((t0 + ti) * n + r, v) };
     };
     let x = &x[t0 * m.cols..tokens.end * m.cols];
     let pack = pack.map(|p| {
