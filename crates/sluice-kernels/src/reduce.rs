@@ -9,7 +9,9 @@
 //! shuffles for all 16 (AVX-512): the shuffles only gather the lanes each addition pairs.
 //! Where a row's accumulators lie side by side (the prefill nest, 16 activation rows or more)
 //! [`reduce_run`] takes them 16 at a time in place; gathering each batch cell by cell
-//! ([`reduce_cells`], 24 bytes a cell) cost about as much as the reductions themselves.
+//! ([`reduce_cells`], 24 bytes a cell) cost about as much as the reductions themselves, so
+//! a row group of fewer tokens ([`reduce_rows`]) takes a token's accumulators of 16 rows,
+//! a row apart, straight from the group's buffer, and its 16 sums are one run of the output.
 //!
 //! **Exactness.** Each cell's sum takes the same additions as [`reduce16`]: at every level,
 //! the same two partial sums, the lower lanes' as the first operand. Vectors only carry
@@ -79,6 +81,45 @@ pub(crate) unsafe fn reduce_run<K: Kernel>(lanes: &[Lanes], mut out: impl FnMut(
     }
 }
 
+/// Reduces a row group's accumulators `acc` (its `rows` rows one after the other, `t` tokens
+/// each) to [`reduce16`] of each and hands them to `out(token, row, sum)`: a token's sums of 16
+/// rows at a time, through the tier's [`Kernel::reduce16x16`] over accumulators a row apart,
+/// so that the 16 sums of a token are one run of the output; rows past the last 16 one cell
+/// at a time. (Gathered cell by cell in rows' order, [`reduce_cells`]' batches took 5–13% of
+/// an expert's call at 8–24 activation rows, and the 16 sums of a batch went to 16 output
+/// rows.)
+///
+/// # Safety
+/// The running CPU supports the tier `K`.
+///
+/// # Panics
+/// If `acc` holds fewer than `rows · t` accumulators.
+#[inline]
+pub(crate) unsafe fn reduce_rows<K: Kernel>(
+    acc: &[Lanes],
+    t: usize,
+    rows: usize,
+    mut out: impl FnMut(usize, usize, f32),
+) {
+    let acc = &acc[..rows * t];
+    let full = rows - rows % 16;
+    for i0 in (0..full).step_by(16) {
+        for j in 0..t {
+            let lanes: [&Lanes; 16] = std::array::from_fn(|k| &acc[(i0 + k) * t + j]);
+            // SAFETY: the caller guarantees the tier.
+            let sums = unsafe { K::reduce16x16(lanes) };
+            for (k, s) in sums.into_iter().enumerate() {
+                out(j, i0 + k, s);
+            }
+        }
+    }
+    for i in full..rows {
+        for j in 0..t {
+            out(j, i, reduce16(acc[i * t + j]));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,6 +169,18 @@ mod tests {
                     reduce_run::<K>(&acc[..len], |k, s| run.push((k / 5, k % 5, s.to_bits())))
                 };
                 assert_eq!(run, want, "{name}, seed {seed}, {len} accumulators side by side");
+            }
+            // A row group of `rows` rows × `t` tokens, row after row.
+            for (rows, t) in [(1, 1), (16, 1), (16, 3), (17, 2), (33, 1), (15, 4), (32, 2)] {
+                let mut got = Vec::new();
+                // SAFETY: as above.
+                unsafe { reduce_rows::<K>(&acc, t, rows, |j, i, s| got.push((i, j, s.to_bits()))) };
+                got.sort_unstable();
+                let want: Vec<(usize, usize, u32)> = (0..rows)
+                    .flat_map(|i| (0..t).map(move |j| (i, j)))
+                    .map(|(i, j)| (i, j, reduce16(acc[i * t + j]).to_bits()))
+                    .collect();
+                assert_eq!(got, want, "{name}, seed {seed}, {rows} rows x {t} tokens");
             }
         }
     }

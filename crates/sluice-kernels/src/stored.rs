@@ -117,13 +117,9 @@ pub(crate) unsafe fn run<K: Kernel, F: Format>(
                 j += n;
             }
         }
-        let cells = acc
-            .chunks_exact(t)
-            .enumerate()
-            .flat_map(|(i, a)| a.iter().enumerate().map(move |(j, lanes)| (j, i, lanes)));
         // SAFETY: the caller guarantees the tier.
         unsafe {
-            crate::reduce::reduce_cells::<K>(cells, |j, i, s| {
+            crate::reduce::reduce_rows::<K>(acc, t, gr, |j, i, s| {
                 emit(j, g0 + i, F::finish(views[i], s));
             });
         }

@@ -401,7 +401,7 @@ pub(crate) fn group_rows<'m, F: Format>(
 /// (the group's rows one after the other, `n` tokens each) reduced, finished with its row of
 /// `rows` and handed to `emit(t0 + token, g0 + row, value)`. At 16 tokens or more a row's
 /// accumulators are reduced 16 at a time where they lie ([`crate::reduce::reduce_run`]);
-/// fewer, in batches gathered across rows.
+/// fewer, a token's 16 rows at a time ([`crate::reduce::reduce_rows`]).
 ///
 /// # Safety
 /// The running CPU supports the tier `K`.
@@ -428,13 +428,9 @@ unsafe fn emit_group<K: Kernel, F: Format>(
             }
         }
     } else {
-        let cells = acc
-            .chunks_exact(n)
-            .enumerate()
-            .flat_map(|(i, a)| a.iter().enumerate().map(move |(j, lanes)| (j, i, lanes)));
         // SAFETY: the caller guarantees the tier.
         unsafe {
-            crate::reduce::reduce_cells::<K>(cells, |j, i, s| {
+            crate::reduce::reduce_rows::<K>(acc, n, acc.len() / n, |j, i, s| {
                 emit(t0 + j, g0 + i, F::finish(rows[i], s));
             });
         }
