@@ -236,8 +236,8 @@ impl Tier for Avx2 {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn reduce_lanes(acc: *const f32, lane: usize) -> [f32; 16] {
         macro_rules! q {
-            // SAFETY: guaranteed by the caller: the 16 lanes' vectors at `acc + l · lane`.
             ($l:literal) => {
+                // SAFETY: guaranteed by the caller: the 16 lanes' vectors at `acc + l · lane`.
                 unsafe { _mm256_load_ps(acc.add($l * lane)) }
             };
         }

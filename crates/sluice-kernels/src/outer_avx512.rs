@@ -178,8 +178,8 @@ impl Tier for Avx512 {
     #[target_feature(enable = "avx512f")]
     unsafe fn reduce_lanes(acc: *const f32, lane: usize) -> [f32; 16] {
         macro_rules! q {
-            // SAFETY: guaranteed by the caller: the 16 lanes' vectors at `acc + l · lane`.
             ($l:literal) => {
+                // SAFETY: guaranteed by the caller: the 16 lanes' vectors at `acc + l · lane`.
                 unsafe { _mm512_load_ps(acc.add($l * lane)) }
             };
         }
