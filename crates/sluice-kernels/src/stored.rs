@@ -30,10 +30,12 @@
 //!
 //! The blocking is otherwise the wide nest's: row groups of [`GROUP`] rows whose
 //! accumulators live in the thread's scratch between chunks of [`WIDE_CHUNK`] columns, token
-//! groups of the tier's tile ([`crate::sweep`]), tiles of up to 4 rows; a token group's
-//! chunk of activations is copied once into the scratch's stage, rows on cache lines and off
-//! the 4 KiB stride, so that no activation load straddles two lines and the group's rows do
-//! not all fall in one L1 set.
+//! groups of the tier's tile ([`crate::sweep`]), tiles of up to 4 rows. The call's
+//! activations are copied once into the scratch's panel (which this nest does not otherwise
+//! use), rows on cache lines and off the 4 KiB stride, so that no activation load straddles two
+//! lines and the group's rows do not all fall in one L1 set; where they do not fit there, a
+//! token group's chunk is copied into the stage for every row group (session 38: read where
+//! they lie, bf16 gained 4–11% at 16–24 rows and MXFP4 lost 5–9% at 12).
 //!
 //! **Exactness** is every nest's: accumulators start at +0.0, are stored and reloaded
 //! bit-unchanged between chunks, every span starts at a multiple of 16 columns and spans are
@@ -57,14 +59,24 @@ pub(crate) fn serves<K: Kernel, F: Format>(m: &Matrix<'_>, t: usize) -> bool {
     t <= K::stored_rows::<F>().min(STORED_ROWS) && m.cols().is_multiple_of(16)
 }
 
+/// Floats from one staged activation row to the next in [`run`]'s call-wide stage: the row
+/// in whole lines, and one line more, so that rows whose length is a multiple of 4 KiB do
+/// not all fall in the same L1 sets.
+pub(crate) fn whole_stride(cols: usize) -> usize {
+    cols.next_multiple_of(16) + 16
+}
+
 /// `emit(ti, r, Σ_c W[r, c] · x[ti, c])` for every `r` in `rows` and `ti < t`, in the
-/// canonical order, with `acc` (at least `GROUP * t` accumulators) as the row group's.
+/// canonical order, with `acc` (at least `GROUP * t` accumulators) as the row group's, and
+/// the activations staged once for the call in `whole` where they fit there (rows
+/// [`whole_stride`] floats apart), else a token group's chunk at a time in `stage`.
 ///
 /// # Safety
 /// The running CPU supports the tier `K`; [`serves`] holds.
 pub(crate) unsafe fn run<K: Kernel, F: Format>(
     acc: &mut [Lanes],
     stage: &mut [f32],
+    whole: &mut [f32],
     m: &Matrix<'_>,
     x: &[f32],
     t: usize,
@@ -72,6 +84,16 @@ pub(crate) unsafe fn run<K: Kernel, F: Format>(
     mut emit: impl FnMut(usize, usize, f32),
 ) {
     let cols = m.cols();
+    // The call's activations staged once, on cache lines and off the 4 KiB stride, where they
+    // fit in `whole`: copied a token group's chunk at a time for every row group instead, the
+    // copies took 2% of a 256-token prefill (an expert's 16 rows at 768 and 2,048 columns).
+    let stride = whole_stride(cols);
+    let once = t * stride <= whole.len();
+    if once {
+        for (i, w) in whole.chunks_exact_mut(stride).take(t).enumerate() {
+            w[..cols].copy_from_slice(&x[i * cols..][..cols]);
+        }
+    }
     // The token group whose sweep names the next span to the prefetcher: the second (the
     // first reads what the previous chunk's second named), or the only one.
     let first = group::<K>(t, false);
@@ -97,21 +119,26 @@ pub(crate) unsafe fn run<K: Kernel, F: Format>(
             let mut j = 0;
             while j < t {
                 let n = group::<K>(t - j, false);
-                // The group's activations on cache lines, rows a line off the 4 KiB stride.
-                for (i, st) in stage.chunks_exact_mut(PANEL_STRIDE).take(n).enumerate() {
-                    st[..len].copy_from_slice(&x[(j + i) * cols + c0..][..len]);
-                }
-                let xs = &*stage;
+                let (xs, xstride) = if once {
+                    (&whole[j * stride + c0..], stride)
+                } else {
+                    // The group's activations on cache lines, rows a line off the 4 KiB
+                    // stride.
+                    for (i, st) in stage.chunks_exact_mut(PANEL_STRIDE).take(n).enumerate() {
+                        st[..len].copy_from_slice(&x[(j + i) * cols + c0..][..len]);
+                    }
+                    (&*stage, PANEL_STRIDE)
+                };
                 let ahead = if j == namer { next } else { 0 };
                 // SAFETY: guaranteed by the caller (every arm).
                 unsafe {
                     match n {
-                        6 => g.sweep::<K, 6>(acc, xs, c0, len, j, ahead),
-                        5 => g.sweep::<K, 5>(acc, xs, c0, len, j, ahead),
-                        4 => g.sweep::<K, 4>(acc, xs, c0, len, j, ahead),
-                        3 => g.sweep::<K, 3>(acc, xs, c0, len, j, ahead),
-                        2 => g.sweep::<K, 2>(acc, xs, c0, len, j, ahead),
-                        _ => g.sweep::<K, 1>(acc, xs, c0, len, j, ahead),
+                        6 => g.sweep::<K, 6>(acc, xs, xstride, c0, len, j, ahead),
+                        5 => g.sweep::<K, 5>(acc, xs, xstride, c0, len, j, ahead),
+                        4 => g.sweep::<K, 4>(acc, xs, xstride, c0, len, j, ahead),
+                        3 => g.sweep::<K, 3>(acc, xs, xstride, c0, len, j, ahead),
+                        2 => g.sweep::<K, 2>(acc, xs, xstride, c0, len, j, ahead),
+                        _ => g.sweep::<K, 1>(acc, xs, xstride, c0, len, j, ahead),
                     }
                 }
                 j += n;
@@ -144,12 +171,13 @@ impl<F: Format> Group<'_, '_, F> {
         &self,
         acc: &mut [Lanes],
         stage: &[f32],
+        stride: usize,
         c0: usize,
         len: usize,
         j: usize,
         ahead: usize,
     ) {
-        let xs: [&[f32]; N] = std::array::from_fn(|i| &stage[i * PANEL_STRIDE..][..len]);
+        let xs: [&[f32]; N] = std::array::from_fn(|i| &stage[i * stride..][..len]);
         let most = tile_rows::<K>(N, false);
         let mut r = 0;
         while r < self.gr {

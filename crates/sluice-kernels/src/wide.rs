@@ -297,6 +297,7 @@ unsafe fn run_in<K: Kernel, F: Format>(
             crate::stored::run::<K, F>(
                 lanes_mut(&mut s.acc),
                 floats_mut(&mut s.stage),
+                floats_mut(&mut s.panel),
                 m,
                 x,
                 t,
