@@ -69,14 +69,14 @@ pub(crate) fn whole_stride(cols: usize) -> usize {
 /// `emit(ti, r, Σ_c W[r, c] · x[ti, c])` for every `r` in `rows` and `ti < t`, in the
 /// canonical order, with `acc` (at least `GROUP * t` accumulators) as the row group's, and
 /// the activations staged once for the call in `whole` where they fit there (rows
-/// [`whole_stride`] floats apart), else a token group's chunk at a time in `stage`.
+/// [`whole_stride`] floats apart), else a token group's chunk at a time in `stage` (the pair
+/// `(stage, whole)`).
 ///
 /// # Safety
 /// The running CPU supports the tier `K`; [`serves`] holds.
 pub(crate) unsafe fn run<K: Kernel, F: Format>(
     acc: &mut [Lanes],
-    stage: &mut [f32],
-    whole: &mut [f32],
+    (stage, whole): (&mut [f32], &mut [f32]),
     m: &Matrix<'_>,
     x: &[f32],
     t: usize,
@@ -133,12 +133,12 @@ pub(crate) unsafe fn run<K: Kernel, F: Format>(
                 // SAFETY: guaranteed by the caller (every arm).
                 unsafe {
                     match n {
-                        6 => g.sweep::<K, 6>(acc, xs, xstride, c0, len, j, ahead),
-                        5 => g.sweep::<K, 5>(acc, xs, xstride, c0, len, j, ahead),
-                        4 => g.sweep::<K, 4>(acc, xs, xstride, c0, len, j, ahead),
-                        3 => g.sweep::<K, 3>(acc, xs, xstride, c0, len, j, ahead),
-                        2 => g.sweep::<K, 2>(acc, xs, xstride, c0, len, j, ahead),
-                        _ => g.sweep::<K, 1>(acc, xs, xstride, c0, len, j, ahead),
+                        6 => g.sweep::<K, 6>(acc, (xs, xstride), c0, len, j, ahead),
+                        5 => g.sweep::<K, 5>(acc, (xs, xstride), c0, len, j, ahead),
+                        4 => g.sweep::<K, 4>(acc, (xs, xstride), c0, len, j, ahead),
+                        3 => g.sweep::<K, 3>(acc, (xs, xstride), c0, len, j, ahead),
+                        2 => g.sweep::<K, 2>(acc, (xs, xstride), c0, len, j, ahead),
+                        _ => g.sweep::<K, 1>(acc, (xs, xstride), c0, len, j, ahead),
                     }
                 }
                 j += n;
@@ -161,17 +161,17 @@ struct Group<'g, 'm, F: Format> {
 }
 
 impl<F: Format> Group<'_, '_, F> {
-    /// Folds columns `c0 .. c0 + len` of every row of the group against tokens `j .. j + N`,
-    /// in tiles of [`tile_rows`] rows; the first token group's tiles name the next tile's
-    /// bytes to the prefetcher.
+    /// Folds columns `c0 .. c0 + len` of every row of the group against tokens `j .. j + N`
+    /// (the staged rows `stage`, `stride` floats apart, from token `j`'s column `c0`), in
+    /// tiles of [`tile_rows`] rows; the first token group's tiles name the next tile's bytes
+    /// to the prefetcher.
     ///
     /// # Safety
     /// The running CPU supports the tier `K`; the span lies in the rows.
     unsafe fn sweep<K: Kernel, const N: usize>(
         &self,
         acc: &mut [Lanes],
-        stage: &[f32],
-        stride: usize,
+        (stage, stride): (&[f32], usize),
         c0: usize,
         len: usize,
         j: usize,

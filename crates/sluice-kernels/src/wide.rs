@@ -296,8 +296,7 @@ unsafe fn run_in<K: Kernel, F: Format>(
         unsafe {
             crate::stored::run::<K, F>(
                 lanes_mut(&mut s.acc),
-                floats_mut(&mut s.stage),
-                floats_mut(&mut s.panel),
+                (floats_mut(&mut s.stage), floats_mut(&mut s.panel)),
                 m,
                 x,
                 t,
