@@ -405,9 +405,11 @@ pub(crate) fn group_rows<'m, F: Format>(
 ///
 /// # Safety
 /// The running CPU supports the tier `K`.
-// The stored nest ([`crate::stored`]) ends its groups with the same lines written out: through
-// this function, inlined or not, its bf16 calls of 4 and 8 rows measured 2-5% slower (session
-// 22, one thread), the code around it inlined differently.
+// The stored nest ([`crate::stored`]) ends its groups itself, with `reduce_rows` at every token
+// count: through this function, inlined or not, its bf16 calls of 4 and 8 rows measured 2-5%
+// slower (session 22, one thread), the code around it inlined differently; and at 16-24 tokens
+// `reduce_rows` measured 1.02-1.03x `reduce_run` there (session 38), where this nest's MXFP4
+// groups of 16-24 tokens measured even (0.98-1.02x), so both keep what they have.
 #[inline(always)]
 unsafe fn emit_group<K: Kernel, F: Format>(
     acc: &[Lanes],
