@@ -19,7 +19,7 @@
 //!   widened once per block of up to [`TOKEN_BLOCK`] activation rows into a stack buffer, so
 //!   a verification pass of 8 rows pays the MXFP4 or int8 decode once, not eight times. Calls
 //!   of more rows (prefill chunks) take the compute-bound nest of [`crate::wide`], and calls
-//!   of 2 to 32 rows (12 for MXFP4 and INT4 on AVX-512, f32 on AVX2) on a format the tier
+//!   of 2 to 32 rows (12 for MXFP4, INT4 and FP8 on AVX-512, f32 on AVX2) on a format the tier
 //!   folds from its stored bytes take [`crate::stored`].
 //! - **Activations stay in L1.** A chunk of each activation row (2 KiB) is reused by all
 //!   [`ROW_BLOCK`] weight rows of the block before the next chunk is touched; without this a

@@ -598,6 +598,18 @@ fn few_row_f32_calls_copied_each_chunk_before_folding_now_fold_the_stored_bytes_
     few_row_calls_same_bits("f32", &shapes, &modes, 0x5704_ED40);
 }
 
+/// As the bf16 test above, on FP8 block rows, which were widened chunk by chunk into a buffer
+/// or a panel before folding: the AVX-512 tile widens 16 stored codes in a register per step
+/// (through halves, the scale's product fused, NaN codes masked) and folds them into every
+/// token's accumulators; the weights alternate the generator's modes (every finite code,
+/// scales from f32 subnormals to 1e30).
+#[test]
+fn few_row_fp8_calls_widened_each_chunk_before_folding_now_fold_the_stored_codes_same_bits() {
+    let shapes = [(1, 16), (5, 1024), (70, 1040), (130, 2064), (3, 3072), (9, 144)];
+    let modes = [Mode::Mixed, Mode::Normal, Mode::Large, Mode::Tiny, Mode::Zeros];
+    few_row_calls_same_bits("fp8", &shapes, &modes, 0x5704_ED50);
+}
+
 /// Every call of 2 to 33 activation rows on `format` rows of `shapes` (weights of
 /// `modes[k % modes.len()]` for shape `k`) equals the scalar reference bit for bit, on every
 /// tier, activations off a cache line, in pools of one and three threads.

@@ -210,6 +210,28 @@ impl Format for Fp8Block {
         x86::fold_one_avx2(rows, c0, x, acc);
     }
 
+    /// Calls of up to this many activation rows fold FP8 rows from their stored codes on
+    /// AVX-512 ([`crate::stored`]); more take the panel. A layer of 32 experts of 2,048 ×
+    /// 7,168 from memory, 2 threads (`layer_batch 2 32 T 2048 7168 5 fp8`, Zen 5, 2 rounds,
+    /// session 39) against the buffered nest and the panel: 3 to 6 rows 2.0–2.3×, 7 / 8 rows
+    /// 1.36–1.39 / 1.24–1.40×, 10 rows 1.09–1.16×, 12 rows 1.03–1.09×, 14 / 16 rows
+    /// 0.97–1.00 / 0.96×. (On a matrix the L3 holds, 7 and 8 rows are 0.88–0.96×: two token
+    /// groups each widen the codes again where the buffered nest widens them once.)
+    #[cfg(target_arch = "x86_64")]
+    const AVX512_TILE_ROWS: usize = 12;
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512_tile<const R: usize, const N: usize>(
+        rows: [Fp8Row<'_>; R],
+        c0: usize,
+        x: [&[f32]; N],
+        acc: [&mut [Lanes; N]; R],
+        ahead: usize,
+    ) {
+        x86::tile_avx512(rows, c0, x, acc, ahead);
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn avx512_fold_one<const R: usize>(
@@ -226,7 +248,7 @@ impl Format for Fp8Block {
 mod x86 {
     use super::{Fp8Row, BLOCK_EDGE};
     use crate::arch::avx2::{load2, store2};
-    use crate::arch::avx512::{load1, store1};
+    use crate::arch::avx512::{load1, load_tile, store1, store_tile};
     use crate::arch::prefetch_line;
     use crate::tiled::Lanes;
     use core::arch::x86_64::*;
@@ -395,7 +417,8 @@ mod x86 {
         }
     }
 
-    /// Sixteen codes at `p` → `e4m3 · 2^-8` each, and the lanes holding a NaN code.
+    /// Sixteen codes at `p` → `e4m3 · 2^-8` each, and the lanes holding a finite code (a
+    /// widened code is never NaN itself, so "not equal" is "not a NaN code").
     ///
     /// # Safety
     /// `p` points to 16 readable bytes.
@@ -406,8 +429,8 @@ mod x86 {
         let raw = unsafe { _mm_loadu_si128(p.cast()) };
         let half = _mm256_and_si256(_mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(raw)), k.fields);
         let v = _mm512_cvtph_ps(half);
-        let is_nan = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(_mm512_abs_ps(v), k.nan_half);
-        (v, is_nan)
+        let finite = _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(_mm512_abs_ps(v), k.nan_half);
+        (v, finite)
     }
 
     /// Sixteen codes → their values times `scale`.
@@ -416,12 +439,14 @@ mod x86 {
     pub(super) fn decode16(k: &Consts512, codes: &[u8], scale: f32) -> __m512 {
         assert!(codes.len() == 16);
         // SAFETY: `codes` is 16 bytes (asserted).
-        let (v, is_nan) = unsafe { widen16(k, codes.as_ptr()) };
-        let v = _mm512_mask_blend_ps(is_nan, _mm512_mul_ps(v, k.two_8), k.nan);
+        let (v, finite) = unsafe { widen16(k, codes.as_ptr()) };
+        let v = _mm512_mask_mul_ps(k.nan, finite, v, k.two_8);
         _mm512_mul_ps(v, _mm512_set1_ps(scale))
     }
 
-    /// Sixteen codes at `p` → their values times the block scale, given as `scale · 2^8`.
+    /// Sixteen codes at `p` → their values times the block scale, given as `scale · 2^8`: the
+    /// NaN codes' lanes take the canonical NaN in the masked multiplication itself (a blend
+    /// after it was one more instruction per 16 weights).
     ///
     /// # Safety
     /// `p` points to 16 readable bytes.
@@ -429,8 +454,8 @@ mod x86 {
     #[inline]
     unsafe fn decode16_fused(k: &Consts512, p: *const u8, scale: __m512) -> __m512 {
         // SAFETY: guaranteed by the caller.
-        let (v, is_nan) = unsafe { widen16(k, p) };
-        _mm512_mask_blend_ps(is_nan, _mm512_mul_ps(v, scale), k.nan)
+        let (v, finite) = unsafe { widen16(k, p) };
+        _mm512_mask_mul_ps(k.nan, finite, v, scale)
     }
 
     /// FP8 rows against one activation row (AVX-512), as [`fold_one_avx2`].
@@ -481,6 +506,70 @@ mod x86 {
             }
         }
         store1(&acc, lanes);
+    }
+
+    /// FP8 rows against `N` activation rows (AVX-512, [`crate::stored`]'s tile), folded from
+    /// the stored codes: per 16-column step each row's codes are decoded in registers once
+    /// ([`decode16_fused`]) and folded into its N accumulators, in the order the panel's fold
+    /// takes them, so the bits are the buffered decode's. A span whose scales do not fuse
+    /// takes the buffered decode. When `ahead` is not 0, each row's codes `ahead` on from its
+    /// span are named to the prefetcher, a line per 64 columns read.
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn tile_avx512<const R: usize, const N: usize>(
+        rows: [Fp8Row<'_>; R],
+        c0: usize,
+        x: [&[f32]; N],
+        lanes: [&mut [Lanes; N]; R],
+        ahead: usize,
+    ) {
+        let n = x.first().map_or(0, |s| s.len());
+        assert!(c0.is_multiple_of(16) && n.is_multiple_of(16), "fp8 span");
+        assert!(x.iter().all(|s| s.len() == n));
+        assert!(rows.iter().all(|r| c0 + n <= r.codes.len()));
+        if !scales_fuse(&rows, c0, n) {
+            // SAFETY: AVX-512F is enabled here; the span suits `fold_stored`.
+            unsafe {
+                crate::tiled::fold_stored_buffered::<
+                    crate::arch::avx512::Avx512,
+                    super::Fp8Block,
+                    R,
+                    N,
+                >(rows, c0, x, lanes);
+            }
+            return;
+        }
+        let k = Consts512::new();
+        let mut a = load_tile(&lanes);
+        let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
+        let mut c = 0;
+        while c < n {
+            let b = (c0 + c) / BLOCK_EDGE;
+            let end = ((b + 1) * BLOCK_EDGE - c0).min(n);
+            let scales: [__m512; R] = std::array::from_fn(|i| {
+                _mm512_set1_ps(fused_scale(rows[i].scale(b)).unwrap_or(f32::NAN))
+            });
+            while c < end {
+                let col = c0 + c;
+                if ahead != 0 && col.is_multiple_of(64) {
+                    for r in &rows {
+                        prefetch_line(r.codes.as_ptr().wrapping_add(col + ahead));
+                    }
+                }
+                // SAFETY: `col + 16 <= c0 + n <= r.codes.len()` (asserted above).
+                let wv: [__m512; R] = std::array::from_fn(|r| unsafe {
+                    decode16_fused(&k, rows[r].codes.as_ptr().add(col), scales[r])
+                });
+                for (j, &xj) in xp.iter().enumerate() {
+                    // SAFETY: `c + 16 <= n`, each `x[j]`'s length (asserted).
+                    let xv = unsafe { _mm512_loadu_ps(xj.add(c)) };
+                    for (v, ar) in wv.iter().zip(a.iter_mut()) {
+                        ar[j] = _mm512_fmadd_ps(*v, xv, ar[j]);
+                    }
+                }
+                c += 16;
+            }
+        }
+        store_tile(&a, lanes);
     }
 }
 
