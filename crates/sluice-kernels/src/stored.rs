@@ -27,8 +27,10 @@
 //! **AVX2** ([`crate::formats::Format::avx2_tile`], `arch/avx2/stored.rs`): bf16 and row
 //! int8 up to 32 rows, f32 up to 12, in tiles of 2 rows × 3 tokens whose 16-lane
 //! accumulators are register pairs, one 8-lane half of a step at a time; at 2 rows bf16 ran
-//! 2.9× and int8 1.6× as fast as the buffered few-row nest (session 26). MXFP4, INT4 and
-//! FP8 rows take the buffered nest or the panel there.
+//! 2.9× and int8 1.6× as fast as the buffered few-row nest (session 26); FP8 up to 4 rows
+//! (its own tile of 8 codes widened through halves a half step; a layer from memory at 2 to
+//! 4 rows 1.13–1.99×, session 39). MXFP4 and INT4 rows take the buffered nest or the panel
+//! there.
 //!
 //! The blocking is otherwise the wide nest's: row groups of [`GROUP`] rows whose
 //! accumulators live in the thread's scratch between chunks of [`WIDE_CHUNK`] columns, token
