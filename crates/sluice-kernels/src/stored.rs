@@ -29,8 +29,10 @@
 //! accumulators are register pairs, one 8-lane half of a step at a time; at 2 rows bf16 ran
 //! 2.9× and int8 1.6× as fast as the buffered few-row nest (session 26); FP8 up to 4 rows
 //! (its own tile of 8 codes widened through halves a half step; a layer from memory at 2 to
-//! 4 rows 1.13–1.99×, session 39). MXFP4 and INT4 rows take the buffered nest or the panel
-//! there.
+//! 4 rows 1.13–1.99×, session 39); MXFP4 up to 8 rows and INT4 up to 6 in
+//! `arch::avx2::fold_nibble_tile`, a row at a time over the span (two rows' accumulators, a
+//! block's four widened registers and the decoder's tables spilled out of the 16 registers),
+//! 1.10–1.98× and 1.03–1.79× (session 39).
 //!
 //! The blocking is otherwise the wide nest's: row groups of [`GROUP`] rows whose
 //! accumulators live in the thread's scratch between chunks of [`WIDE_CHUNK`] columns, token

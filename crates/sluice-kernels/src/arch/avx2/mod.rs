@@ -31,7 +31,7 @@
 
 mod stored;
 
-pub(crate) use stored::{fold_stored_tile, Widen8};
+pub(crate) use stored::{fold_nibble_tile, fold_stored_tile, NibbleBlocks, Widen8};
 
 use crate::arch::{fold_wide_with, WideLoop};
 use crate::formats::Format;

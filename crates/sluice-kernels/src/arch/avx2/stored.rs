@@ -13,7 +13,7 @@
 //! **Exactness**: each lane takes the FMAs of the panel's fold, in the same order (the
 //! widened values are the format's `fold_values`), so a result does not depend on the nest.
 
-use super::{load2, store2, Acc2};
+use super::{load2, store2, Acc2, NibbleDecoder};
 use crate::tiled::Lanes;
 use core::arch::x86_64::*;
 
@@ -100,6 +100,69 @@ fn stored_tile<W: Widen8, const R: usize, const N: usize, const PF: bool>(
     }
 }
 
+/// A weight format of 32-column blocks of 16 packed nibble bytes that [`NibbleDecoder`]
+/// widens (MXFP4, INT4 groups): what [`fold_nibble_tile`] needs of it.
+pub(crate) trait NibbleBlocks {
+    /// The decoder's table: nibble → signed byte.
+    const TABLE: [i8; 16];
+
+    /// Block `b` of a row, `packed` its 16 bytes and `scales` the span's scale bytes → its
+    /// columns 0–7, 8–15, 16–23 and 24–31 as the format's `fold_values` widens them.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA; `scales` holds block `b`'s scale, and the span's scales
+    /// are ones the format's fast decode takes.
+    unsafe fn block(d: &NibbleDecoder, packed: &[u8], scales: &[u8], b: usize) -> [__m256; 4];
+}
+
+/// [`crate::formats::Format::avx2_tile`] of a nibble format `B`: `R` rows (each the span's
+/// packed bytes, 16 a block, and its scale bytes) against `N` activation rows, a 32-column
+/// block at a time: each row's block widened in registers once ([`NibbleBlocks::block`]) and
+/// folded into every token's accumulators, columns 0–7 and 16–23 into the low 8 lanes and
+/// 8–15 and 24–31 into the high ones, the order the panel's fold takes. When `ahead` is not
+/// 0, each row's bytes `ahead` on are named to the prefetcher, a line per 4 blocks.
+///
+/// # Panics
+/// If a row's bytes are not 16 a block of the span, the `x[j]` differ in length, or their
+/// length is not a multiple of 32.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) fn fold_nibble_tile<B: NibbleBlocks, const R: usize, const N: usize>(
+    rows: [(&[u8], &[u8]); R],
+    x: [&[f32]; N],
+    mut acc: [&mut [Lanes; N]; R],
+    ahead: usize,
+) {
+    let len = x.first().map_or(0, |s| s.len());
+    assert!(len.is_multiple_of(32), "nibble tile span");
+    let blocks = len / 32;
+    assert!(rows.iter().all(|(p, _)| p.len() == 16 * blocks) && x.iter().all(|x| x.len() == len));
+    let d = NibbleDecoder::new(&B::TABLE);
+    let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
+    // A row at a time over the whole span (the activations' span stays in L1): the N
+    // tokens' accumulators of two rows, a block's four widened registers and the decoder's
+    // tables are more than AVX2's 16 registers, and the spills cost more than the fold.
+    for ((packed, scales), lanes_r) in rows.iter().zip(acc.iter_mut()) {
+        let mut ar: Acc2<N> = load2(&lanes_r.each_mut());
+        for b in 0..blocks {
+            if ahead != 0 && b.is_multiple_of(4) {
+                crate::arch::prefetch_line(packed.as_ptr().wrapping_add(16 * b + ahead));
+            }
+            // SAFETY: the CPU has AVX2 and FMA (this function's features); the scales are
+            // the caller's.
+            let wv = unsafe { B::block(&d, &packed[16 * b..16 * b + 16], scales, b) };
+            for (j, &xj) in xp.iter().enumerate() {
+                for (k, v) in wv.iter().enumerate() {
+                    // SAFETY: `32 * b + 8 * k + 8 <= len`, each `x[j]`'s length (asserted).
+                    let xv = unsafe { _mm256_loadu_ps(xj.add(32 * b + 8 * k)) };
+                    ar[j][k % 2] = _mm256_fmadd_ps(*v, xv, ar[j][k % 2]);
+                }
+            }
+        }
+        store2(&ar, lanes_r.each_mut());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::Avx2;
@@ -110,17 +173,17 @@ mod tests {
 
     /// Calls of 2 to 32 activation rows on bf16 and int8 (12 on f32) widened every chunk into a
     /// buffer before folding it on the AVX2 tier, so 2 rows ran slower than 1 (session 26);
-    /// they now take the stored nest. The formats whose decode is several shuffles a block
-    /// keep the buffered nest; FP8 (its own tile, `formats/fp8_block_x86.rs`) takes the
-    /// stored nest up to 4 rows, where a layer from memory ran 1.13–1.99× (session 39).
+    /// they now take the stored nest. Since session 39 FP8 does up to 4 rows (its own tile,
+    /// `formats/fp8_block_x86.rs`; a layer from memory 1.13–1.99×), MXFP4 up to 8 and INT4 up
+    /// to 6 ([`fold_nibble_tile`]; 1.10–1.98× and 1.03–1.79×).
     /// (Each path's bits are the few-row tests' in `tests/batch.rs`.)
     #[test]
     fn avx2_few_row_calls_widened_each_chunk_into_a_buffer_now_fold_the_stored_bytes() {
         assert_eq!(Avx2::stored_rows::<Bf16>(), STORED_ROWS);
         assert_eq!(Avx2::stored_rows::<Int8Row>(), STORED_ROWS);
         assert_eq!(Avx2::stored_rows::<F32>(), 12);
-        assert_eq!(Avx2::stored_rows::<Mxfp4>(), 0);
-        assert_eq!(Avx2::stored_rows::<Int4Group>(), 0);
+        assert_eq!(Avx2::stored_rows::<Mxfp4>(), 8);
+        assert_eq!(Avx2::stored_rows::<Int4Group>(), 6);
         assert_eq!(Avx2::stored_rows::<Fp8Block>(), 4);
     }
 }
