@@ -120,7 +120,10 @@ pub(crate) trait NibbleBlocks {
 /// block at a time: each row's block widened in registers once ([`NibbleBlocks::block`]) and
 /// folded into every token's accumulators, columns 0–7 and 16–23 into the low 8 lanes and
 /// 8–15 and 24–31 into the high ones, the order the panel's fold takes. When `ahead` is not
-/// 0, each row's bytes `ahead` on are named to the prefetcher, a line per 4 blocks.
+/// 0, each row's bytes `ahead` on are named to the prefetcher, a line per 4 blocks. The
+/// span's scales must be ones `B`'s block decode takes (MXFP4's fast range: its caller checks
+/// the span first and takes the buffered decode otherwise); others give wrong values, never an
+/// access outside the slices.
 ///
 /// # Panics
 /// If a row's bytes are not 16 a block of the span, the `x[j]` differ in length, or their
@@ -141,7 +144,9 @@ pub(crate) fn fold_nibble_tile<B: NibbleBlocks, const R: usize, const N: usize>(
     let xp: [*const f32; N] = std::array::from_fn(|j| x[j].as_ptr());
     // A row at a time over the whole span (the activations' span stays in L1): the N
     // tokens' accumulators of two rows, a block's four widened registers and the decoder's
-    // tables are more than AVX2's 16 registers, and the spills cost more than the fold.
+    // tables are more than AVX2's 16 registers, and the spills cost more than reading the
+    // activations again for the second row (INT4 at 6 and 8 rows ran 0.75–0.79× the buffered
+    // nest with both rows a block).
     for ((packed, scales), lanes_r) in rows.iter().zip(acc.iter_mut()) {
         let mut ar: Acc2<N> = load2(&lanes_r.each_mut());
         for b in 0..blocks {
