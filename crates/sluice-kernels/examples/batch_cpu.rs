@@ -55,6 +55,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for hi in bytes.iter_mut().skip(1).step_by(2) {
         *hi = (*hi & 0x83) | 0x3C;
     }
+    // FP8 codes as checkpoints publish them: no NaN code (0x7F, 0xFF; a span that holds one
+    // decodes with a NaN mask, which costs the FP8 kernels a fifth of their rate).
+    for lo in bytes.iter_mut().step_by(2) {
+        if *lo & 0x7F == 0x7F {
+            *lo -= 1;
+        }
+    }
     let int8_scales = [0x00, 0x20].repeat(rows);
     let (gr, gc) = GPT_OSS_EXPERT_SHAPE;
     let mx_scales: Vec<u8> =

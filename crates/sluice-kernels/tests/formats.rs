@@ -196,6 +196,48 @@ fn fp8_nan_codes_give_nan() {
     }
 }
 
+/// The FP8 register kernels fold a span without the NaN mask when it holds no NaN code, and
+/// masked only when it does (AVX-512: the span folded again after a running check; AVX2: a
+/// scan first). A few NaN codes among clean spans — in the first 32 codes of a span, in the
+/// second 16 of a 32-code check, in a span's last 16 codes after an odd number of 16-column
+/// steps, one of each sign — must make exactly their rows NaN and leave every other output the
+/// scalar reference's bits, one to 14 activation rows (the one-row fold, the tiles, the
+/// buffered nest), in pools of one and three threads.
+#[test]
+fn fp8_nan_codes_among_clean_spans_make_only_their_rows_nan() {
+    let (rows, cols) = (40, 1072);
+    let mut rng = Rng::new(0x0F8A_A7);
+    let (mut codes, scales) = fp8_data(&mut rng, Mode::Normal, rows, cols);
+    let nan_at = [(3, 1060, 0x7F), (17, 5, 0xFF), (22, 20, 0x7F), (30, 700, 0xFF)];
+    for &(r, c, code) in &nan_at {
+        codes[r * cols + c] = code;
+    }
+    let m = Matrix::fp8_block(rows, cols, &codes, &scales).expect("shape");
+    let x = values(&mut rng, Mode::Normal, 14 * cols);
+    let pools = [Pool::new(1).expect("kernel pool"), Pool::new(3).expect("kernel pool")];
+    for t in 1..=14 {
+        let mut want = vec![0.0f32; t * rows];
+        matmul_scalar(&m, &x[..t * cols], t, &mut want);
+        for (ti, row) in want.chunks_exact(rows).enumerate() {
+            for (r, v) in row.iter().enumerate() {
+                let nan_row = nan_at.iter().any(|&(nr, _, _)| nr == r);
+                assert_eq!(v.is_nan(), nan_row, "reference: token {ti}, row {r}");
+            }
+        }
+        for isa in tiers() {
+            for (pool, threads) in pools.iter().zip([1, 3]) {
+                let mut got = vec![0.0f32; t * rows];
+                pool.install(|| matmul_with(isa, &m, &x[..t * cols], t, &mut got));
+                assert_eq!(
+                    bits_nan_as_one(&got),
+                    bits_nan_as_one(&want),
+                    "{isa} t={t} threads={threads}"
+                );
+            }
+        }
+    }
+}
+
 /// Element `(r, c)` of an FP8 matrix is `f32(e4m3) · s[r/128][c/128]` with partial blocks
 /// along both rows and columns.
 #[test]
