@@ -214,11 +214,12 @@ impl Format for Fp8Block {
     /// ([`crate::stored`]); more take the buffered nest or the panel. A layer of 32 experts of
     /// 2,048 × 7,168 from memory, 2 threads (`SLUICE_ISA=avx2 layer_batch 2 32 T 2048 7168 3
     /// fp8`, Zen 5, 2 rounds, session 39) against the buffered nest: 2 / 3 / 4 rows
-    /// 1.93–1.99 / 1.64–1.76 / 1.13–1.16×, 6 rows 1.03–1.05×, 8 rows 0.85–0.88× (tiles of 2
-    /// or 3 tokens widen the codes again for each). On a matrix the L3 holds, 2 / 3 rows
-    /// 1.14–1.33× but 4 rows 0.83×.
+    /// 1.93–1.99 / 1.64–1.76 / 1.13–1.16×. Session 40 (the tile unmasked and widening 16
+    /// codes at once), against a cap of 4: 5 / 6 rows 1.28–1.31 / 1.22–1.24×, 8 rows
+    /// 1.05–1.10×, 10 / 12 rows 0.85 / 0.80× (tiles of 2 or 3 tokens widen the codes again
+    /// for each); on a matrix the L3 holds (`batch_cpu`) 5 / 6 rows 1.00 / 1.07×, 8 rows 0.92×.
     #[cfg(target_arch = "x86_64")]
-    const AVX2_TILE_ROWS: usize = 4;
+    const AVX2_TILE_ROWS: usize = 6;
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
