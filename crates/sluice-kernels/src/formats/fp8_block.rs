@@ -15,7 +15,9 @@
 //! same sign, exponent and mantissa bits (sign-extend to 16 bits, shift left by 7, clear bit 14),
 //! which is `e4m3 · 2^-8` exactly, subnormal codes included (e4m3's and f16's subnormals line up);
 //! the hardware half → single conversion widens it to an f32 that is always normal, and NaN
-//! codes (the only ones that widen to ±1.875) are blended to the canonical NaN. The earlier
+//! codes (the only ones that widen to ±1.875) are blended to the canonical NaN — in the
+//! register kernels only in a span that holds one, since published checkpoints hold none
+//! (`fp8_block_x86.rs` says how each tier knows). The earlier
 //! decode put the bits straight into an f32 (`e4m3 · 2^-120`), which made every subnormal code
 //! an f32 subnormal: Intel cores take a microcode assist on each multiplication with one (the
 //! FP8 kernels ran 7× slower per thread on a Xeon than on Zen 4). One multiplication by the
