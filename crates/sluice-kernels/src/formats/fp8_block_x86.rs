@@ -122,14 +122,23 @@ pub(super) fn fused_scale(s: f32) -> Option<f32> {
     (f.is_finite() || !s.is_finite()).then_some(f)
 }
 
-/// The span of `rows` over columns `c0..c0 + n` checked (16-column aligned, inside every row),
-/// and whether every block scale it uses fuses ([`fused_scale`]), so that a register kernel
-/// may fold it; otherwise the buffered decode runs.
-fn fused_span(rows: &[Fp8Row<'_>], c0: usize, n: usize) -> bool {
+/// The span of `rows` over columns `c0..c0 + n` checked: 16-column aligned, inside every row.
+fn check_span(rows: &[Fp8Row<'_>], c0: usize, n: usize) {
     assert!(c0.is_multiple_of(16) && n.is_multiple_of(16), "fp8 span");
     assert!(rows.iter().all(|r| c0 + n <= r.codes.len()));
-    let blocks = c0 / BLOCK_EDGE..(c0 + n).div_ceil(BLOCK_EDGE);
-    rows.iter().all(|r| blocks.clone().all(|b| fused_scale(r.scale(b)).is_some()))
+}
+
+/// The fused factors ([`fused_scale`]) of `rows`' scale block `b`, or `None` if one does not
+/// fuse: the register kernels then give the span to the buffered decode, before storing
+/// anything (they check each block as they reach it, not the span first: a pass over the
+/// span's scales before each call was 6% of a DeepSeek-V3 slice's decode step).
+#[inline]
+fn block_factors<const R: usize>(rows: &[Fp8Row<'_>; R], b: usize) -> Option<[f32; R]> {
+    let mut f = [0.0; R];
+    for (o, r) in f.iter_mut().zip(rows) {
+        *o = fused_scale(r.scale(b))?;
+    }
+    Some(f)
 }
 
 /// Whether `rows`' codes over columns `c0..c0 + n` hold no NaN code: the AVX2 kernels' check,
@@ -214,32 +223,32 @@ pub(super) fn fold_one_avx2<const R: usize>(
     x: &[f32],
     lanes: [&mut Lanes; R],
 ) {
-    if !fused_span(&rows, c0, x.len()) {
-        // SAFETY: AVX2 and FMA are enabled here; the span suits `fold_one`.
-        unsafe {
-            crate::tiled::fold_one_buffered::<crate::arch::avx2::Avx2, super::Fp8Block, R>(
-                rows, c0, x, lanes,
-            );
-        }
-        return;
-    }
+    check_span(&rows, c0, x.len());
     let acc = if nan_free(&rows, c0, x.len()) {
         fold_one_avx2_on::<R, false>(&rows, c0, x, &lanes)
     } else {
         fold_one_avx2_on::<R, true>(&rows, c0, x, &lanes)
     };
-    store2(&acc, lanes);
+    match acc {
+        Some(acc) => store2(&acc, lanes),
+        // SAFETY: AVX2 and FMA are enabled here; the span suits `fold_one`.
+        None => unsafe {
+            crate::tiled::fold_one_buffered::<crate::arch::avx2::Avx2, super::Fp8Block, R>(
+                rows, c0, x, lanes,
+            );
+        },
+    }
 }
 
-/// [`fold_one_avx2`]'s fold of a fused span from `lanes`, returning the accumulators;
-/// `MASKED` as [`times8`].
+/// [`fold_one_avx2`]'s fold of a span from `lanes`, returning the accumulators, or `None` at
+/// the first block whose scale does not fuse ([`block_factors`]); `MASKED` as [`times8`].
 #[target_feature(enable = "avx2,fma,f16c")]
 fn fold_one_avx2_on<const R: usize, const MASKED: bool>(
     rows: &[Fp8Row<'_>; R],
     c0: usize,
     x: &[f32],
     lanes: &[&mut Lanes; R],
-) -> Acc2<R> {
+) -> Option<Acc2<R>> {
     let n = x.len();
     let ahead = R * rows[0].codes.len();
     let k = Consts::new();
@@ -248,8 +257,7 @@ fn fold_one_avx2_on<const R: usize, const MASKED: bool>(
     while c < n {
         let b = (c0 + c) / BLOCK_EDGE;
         let end = ((b + 1) * BLOCK_EDGE - c0).min(n);
-        let scales: [f32; R] =
-            std::array::from_fn(|i| fused_scale(rows[i].scale(b)).unwrap_or(f32::NAN));
+        let scales = block_factors(rows, b)?;
         while c < end {
             let col = c0 + c;
             if col.is_multiple_of(64) {
@@ -263,7 +271,7 @@ fn fold_one_avx2_on<const R: usize, const MASKED: bool>(
             };
             for ((r, ar), s) in rows.iter().zip(acc.iter_mut()).zip(&scales) {
                 let s = _mm256_broadcast_ss(s);
-                // SAFETY: `col + 16 <= c0 + n <= r.codes.len()` (asserted in `fused_span`).
+                // SAFETY: `col + 16 <= c0 + n <= r.codes.len()` (asserted in `check_span`).
                 let (wl, wh) = unsafe { widen8x2(&k, r.codes.as_ptr().add(col)) };
                 let (wl, wh) = (times8::<MASKED>(&k, wl, s), times8::<MASKED>(&k, wh, s));
                 ar[0] = _mm256_fmadd_ps(wl, xl, ar[0]);
@@ -272,7 +280,7 @@ fn fold_one_avx2_on<const R: usize, const MASKED: bool>(
             c += 16;
         }
     }
-    acc
+    Some(acc)
 }
 
 /// FP8 rows against `N` activation rows (AVX2 with F16C, [`crate::stored`]'s tile), folded
@@ -294,7 +302,13 @@ pub(super) fn tile_avx2<const R: usize, const N: usize>(
 ) {
     let n = x.first().map_or(0, |s| s.len());
     assert!(x.iter().all(|s| s.len() == n));
-    if !fused_span(&rows, c0, n) {
+    check_span(&rows, c0, n);
+    let a = if nan_free(&rows, c0, n) {
+        tile_avx2_on::<R, N, false>(&rows, c0, &x, &mut lanes, ahead)
+    } else {
+        tile_avx2_on::<R, N, true>(&rows, c0, &x, &mut lanes, ahead)
+    };
+    let Some(a) = a else {
         // SAFETY: AVX2 and FMA are enabled here; the span suits `fold_stored`.
         unsafe {
             crate::tiled::fold_stored_buffered::<crate::arch::avx2::Avx2, super::Fp8Block, R, N>(
@@ -302,18 +316,13 @@ pub(super) fn tile_avx2<const R: usize, const N: usize>(
             );
         }
         return;
-    }
-    let a = if nan_free(&rows, c0, n) {
-        tile_avx2_on::<R, N, false>(&rows, c0, &x, &mut lanes, ahead)
-    } else {
-        tile_avx2_on::<R, N, true>(&rows, c0, &x, &mut lanes, ahead)
     };
     for (ar, lanes_r) in a.iter().zip(lanes.iter_mut()) {
         store2(ar, lanes_r.each_mut());
     }
 }
 
-/// [`tile_avx2`]'s fold of a fused span from `lanes`, as [`fold_one_avx2_on`].
+/// [`tile_avx2`]'s fold of a span from `lanes`, as [`fold_one_avx2_on`].
 #[target_feature(enable = "avx2,fma,f16c")]
 fn tile_avx2_on<const R: usize, const N: usize, const MASKED: bool>(
     rows: &[Fp8Row<'_>; R],
@@ -321,7 +330,7 @@ fn tile_avx2_on<const R: usize, const N: usize, const MASKED: bool>(
     x: &[&[f32]; N],
     lanes: &mut [&mut [Lanes; N]; R],
     ahead: usize,
-) -> [Acc2<N>; R] {
+) -> Option<[Acc2<N>; R]> {
     let n = x.first().map_or(0, |s| s.len());
     let k = Consts::new();
     let mut a: [Acc2<N>; R] = std::array::from_fn(|r| load2(&lanes[r].each_mut()));
@@ -330,9 +339,7 @@ fn tile_avx2_on<const R: usize, const N: usize, const MASKED: bool>(
     while c < n {
         let b = (c0 + c) / BLOCK_EDGE;
         let end = ((b + 1) * BLOCK_EDGE - c0).min(n);
-        let scales: [__m256; R] = std::array::from_fn(|i| {
-            _mm256_set1_ps(fused_scale(rows[i].scale(b)).unwrap_or(f32::NAN))
-        });
+        let scales = block_factors(rows, b)?.map(|f| _mm256_set1_ps(f));
         while c < end {
             let col = c0 + c;
             if ahead != 0 && col.is_multiple_of(64) {
@@ -340,7 +347,7 @@ fn tile_avx2_on<const R: usize, const N: usize, const MASKED: bool>(
                     prefetch_line(r.codes.as_ptr().wrapping_add(col + ahead));
                 }
             }
-            // SAFETY: `col + 16 <= c0 + n <= r.codes.len()` (asserted in `fused_span`).
+            // SAFETY: `col + 16 <= c0 + n <= r.codes.len()` (asserted in `check_span`).
             let halves: [(__m256, __m256); R] =
                 std::array::from_fn(|r| unsafe { widen8x2(&k, rows[r].codes.as_ptr().add(col)) });
             for h in 0..2 {
@@ -359,7 +366,7 @@ fn tile_avx2_on<const R: usize, const N: usize, const MASKED: bool>(
             c += 16;
         }
     }
-    a
+    Some(a)
 }
 
 /// The AVX-512 decode's constants.
@@ -440,31 +447,33 @@ pub(super) fn fold_one_avx512<const R: usize>(
     x: &[f32],
     lanes: [&mut Lanes; R],
 ) {
-    if !fused_span(&rows, c0, x.len()) {
+    check_span(&rows, c0, x.len());
+    let acc = match fold_one_avx512_on::<R, false>(&rows, c0, x, &lanes) {
+        Some((acc, true)) => Some(acc),
+        Some((_, false)) => fold_one_avx512_on::<R, true>(&rows, c0, x, &lanes).map(|a| a.0),
+        None => None,
+    };
+    match acc {
+        Some(acc) => store1(&acc, lanes),
         // SAFETY: AVX-512F is enabled here; the span suits `fold_one`.
-        unsafe {
+        None => unsafe {
             crate::tiled::fold_one_buffered::<crate::arch::avx512::Avx512, super::Fp8Block, R>(
                 rows, c0, x, lanes,
             );
-        }
-        return;
+        },
     }
-    let (mut acc, clean) = fold_one_avx512_on::<R, false>(&rows, c0, x, &lanes);
-    if !clean {
-        acc = fold_one_avx512_on::<R, true>(&rows, c0, x, &lanes).0;
-    }
-    store1(&acc, lanes);
 }
 
-/// [`fold_one_avx512`]'s fold of a fused span from `lanes`; `MASKED` as [`times16`]. Returns
-/// the accumulators and, unmasked, whether no NaN code was met ([`Seen`]; masked: true).
+/// [`fold_one_avx512`]'s fold of a span from `lanes`; `MASKED` as [`times16`]. Returns the
+/// accumulators and, unmasked, whether no NaN code was met ([`Seen`]; masked: true), or `None`
+/// at the first block whose scale does not fuse ([`block_factors`]).
 #[target_feature(enable = "avx512f")]
 fn fold_one_avx512_on<const R: usize, const MASKED: bool>(
     rows: &[Fp8Row<'_>; R],
     c0: usize,
     x: &[f32],
     lanes: &[&mut Lanes; R],
-) -> ([__m512; R], bool) {
+) -> Option<([__m512; R], bool)> {
     let n = x.len();
     let ahead = R * rows[0].codes.len();
     let k = Consts512::new();
@@ -474,9 +483,7 @@ fn fold_one_avx512_on<const R: usize, const MASKED: bool>(
     while c < n {
         let b = (c0 + c) / BLOCK_EDGE;
         let end = ((b + 1) * BLOCK_EDGE - c0).min(n);
-        let scales: [__m512; R] = std::array::from_fn(|i| {
-            _mm512_set1_ps(fused_scale(rows[i].scale(b)).unwrap_or(f32::NAN))
-        });
+        let scales = block_factors(rows, b)?.map(|f| _mm512_set1_ps(f));
         while c < end {
             let col = c0 + c;
             if col.is_multiple_of(64) {
@@ -491,14 +498,14 @@ fn fold_one_avx512_on<const R: usize, const MASKED: bool>(
             // SAFETY: `c + 16 <= n = x.len()`.
             let xv = unsafe { _mm512_loadu_ps(x.as_ptr().add(c)) };
             for ((r, ar), &s) in rows.iter().zip(acc.iter_mut()).zip(&scales) {
-                // SAFETY: `col + 16 <= c0 + n <= r.codes.len()` (asserted in `fused_span`).
+                // SAFETY: `col + 16 <= c0 + n <= r.codes.len()` (asserted in `check_span`).
                 let w = unsafe { decode16_fused::<MASKED>(&k, r.codes.as_ptr().add(col), s) };
                 *ar = _mm512_fmadd_ps(w, xv, *ar);
             }
             c += 16;
         }
     }
-    (acc, MASKED || seen.clean())
+    Some((acc, MASKED || seen.clean()))
 }
 
 /// FP8 rows against `N` activation rows (AVX-512, [`crate::stored`]'s tile), folded from
@@ -518,23 +525,24 @@ pub(super) fn tile_avx512<const R: usize, const N: usize>(
 ) {
     let n = x.first().map_or(0, |s| s.len());
     assert!(x.iter().all(|s| s.len() == n));
-    if !fused_span(&rows, c0, n) {
+    check_span(&rows, c0, n);
+    let a = match tile_avx512_on::<R, N, false>(&rows, c0, &x, &lanes, ahead) {
+        Some((a, true)) => Some(a),
+        Some((_, false)) => tile_avx512_on::<R, N, true>(&rows, c0, &x, &lanes, 0).map(|a| a.0),
+        None => None,
+    };
+    match a {
+        Some(a) => store_tile(&a, lanes),
         // SAFETY: AVX-512F is enabled here; the span suits `fold_stored`.
-        unsafe {
+        None => unsafe {
             crate::tiled::fold_stored_buffered::<crate::arch::avx512::Avx512, super::Fp8Block, R, N>(
                 rows, c0, x, lanes,
             );
-        }
-        return;
+        },
     }
-    let (mut a, clean) = tile_avx512_on::<R, N, false>(&rows, c0, &x, &lanes, ahead);
-    if !clean {
-        a = tile_avx512_on::<R, N, true>(&rows, c0, &x, &lanes, 0).0;
-    }
-    store_tile(&a, lanes);
 }
 
-/// [`tile_avx512`]'s fold of a fused span from `lanes`; returns as [`fold_one_avx512_on`].
+/// [`tile_avx512`]'s fold of a span from `lanes`; returns as [`fold_one_avx512_on`].
 #[target_feature(enable = "avx512f")]
 fn tile_avx512_on<const R: usize, const N: usize, const MASKED: bool>(
     rows: &[Fp8Row<'_>; R],
@@ -542,7 +550,7 @@ fn tile_avx512_on<const R: usize, const N: usize, const MASKED: bool>(
     x: &[&[f32]; N],
     lanes: &[&mut [Lanes; N]; R],
     ahead: usize,
-) -> ([[__m512; N]; R], bool) {
+) -> Option<([[__m512; N]; R], bool)> {
     let n = x.first().map_or(0, |s| s.len());
     let k = Consts512::new();
     let mut a = load_tile(lanes);
@@ -552,9 +560,7 @@ fn tile_avx512_on<const R: usize, const N: usize, const MASKED: bool>(
     while c < n {
         let b = (c0 + c) / BLOCK_EDGE;
         let end = ((b + 1) * BLOCK_EDGE - c0).min(n);
-        let scales: [__m512; R] = std::array::from_fn(|i| {
-            _mm512_set1_ps(fused_scale(rows[i].scale(b)).unwrap_or(f32::NAN))
-        });
+        let scales = block_factors(rows, b)?.map(|f| _mm512_set1_ps(f));
         while c < end {
             let col = c0 + c;
             if ahead != 0 && col.is_multiple_of(64) {
@@ -566,7 +572,7 @@ fn tile_avx512_on<const R: usize, const N: usize, const MASKED: bool>(
                 // SAFETY: `col + 16 <= c0 + n`, and `col + 32` when `c + 32 <= n`.
                 seen = unsafe { seen.note(rows, col, c, n) };
             }
-            // SAFETY: `col + 16 <= c0 + n <= r.codes.len()` (asserted in `fused_span`).
+            // SAFETY: `col + 16 <= c0 + n <= r.codes.len()` (asserted in `check_span`).
             let wv: [__m512; R] = std::array::from_fn(|r| unsafe {
                 decode16_fused::<MASKED>(&k, rows[r].codes.as_ptr().add(col), scales[r])
             });
@@ -580,5 +586,5 @@ fn tile_avx512_on<const R: usize, const N: usize, const MASKED: bool>(
             c += 16;
         }
     }
-    (a, MASKED || seen.clean())
+    Some((a, MASKED || seen.clean()))
 }
