@@ -289,9 +289,8 @@ fn fold_one_avx2_on<const R: usize, const MASKED: bool>(
 /// ([`widen8x2`]), each half scaled ([`times8`]) and folded into its N accumulators' half, in
 /// the order the panel's fold takes them, so the bits are the buffered decode's. NaN lanes
 /// masked only in a span that holds a NaN code ([`nan_free`]); a span whose scales do not fuse
-/// takes the buffered decode. When
-/// `ahead` is not 0, each row's codes `ahead` on from its span are named to the prefetcher, a
-/// line per 64 columns read.
+/// takes the buffered decode. When `ahead` is not 0, each row's codes `ahead` on from its span
+/// are named to the prefetcher, a line per 64 columns read.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn tile_avx2<const R: usize, const N: usize>(
     rows: [Fp8Row<'_>; R],
