@@ -126,7 +126,7 @@ fn mxfp4_pair(d: &Decoder, w: [(&[u8], &[u8]); 2], x: &[f32], acc: &mut [__m256;
     let mut factors = [[0.0f32; PAIR_SPAN / 32]; 2];
     for (f, (_, scales)) in factors.iter_mut().zip(&w) {
         for (fb, &s) in f.iter_mut().zip(*scales) {
-            *fb = f32::from_bits(u32::from(s.wrapping_sub(25)) << 23);
+            *fb = fast_factor(s);
         }
     }
     // SAFETY: the tables are 32 bytes each.
@@ -192,10 +192,7 @@ impl crate::arch::avx2::NibbleBlocks for Blocks {
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn block(d: &NibbleDecoder, packed: &[u8], scales: &[u8], b: usize) -> [__m256; 4] {
-        let s = scales[b];
-        debug_assert!(FAST.contains(&s));
-        let scale = _mm256_set1_ps(f32::from_bits(u32::from(s.wrapping_sub(25)) << 23));
-        d.top_bytes(packed).map(|q| _mm256_mul_ps(_mm256_cvtepi32_ps(q), scale))
+        fast_block(d, packed, scales[b])
     }
 }
 
@@ -213,11 +210,25 @@ impl Decoder {
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     fn fast(&self, packed: &[u8], s: u8) -> [__m256; 4] {
-        debug_assert!(FAST.contains(&s));
-        // 2^(s − 152): exponent field s − 25 in 1..=229, a normal f32.
-        let scale = _mm256_set1_ps(f32::from_bits(u32::from(s.wrapping_sub(25)) << 23));
-        self.0.top_bytes(packed).map(|q| _mm256_mul_ps(_mm256_cvtepi32_ps(q), scale))
+        fast_block(&self.0, packed, s)
     }
+}
+
+/// `2^(s − 152)` for a scale byte `s` in the fast range: exponent field `s − 25` in 1..=229,
+/// a normal f32 (see the module docs).
+#[inline]
+fn fast_factor(s: u8) -> f32 {
+    debug_assert!(FAST.contains(&s));
+    f32::from_bits(u32::from(s.wrapping_sub(25)) << 23)
+}
+
+/// One block (16 packed bytes, scale byte `s` in the fast range) → columns 0–7, 8–15, 16–23,
+/// 24–31: the one-row fold's values, the nibble tile's and the buffered decode's.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn fast_block(d: &NibbleDecoder, packed: &[u8], s: u8) -> [__m256; 4] {
+    let scale = _mm256_set1_ps(fast_factor(s));
+    d.top_bytes(packed).map(|q| _mm256_mul_ps(_mm256_cvtepi32_ps(q), scale))
 }
 
 /// One block with an out-of-range scale, by the reference's expression.
