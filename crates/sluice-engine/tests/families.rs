@@ -247,9 +247,9 @@ fn the_state_cache_charge_counted_each_snapshot_at_the_live_states_size() {
 
 #[test]
 fn the_kernel_threads_scratch_was_left_to_the_fixed_io_headroom() {
-    let threads = sluice_kernels::pool::global().threads() as u64;
-    let scratch = threads * sluice_kernels::WIDE_SCRATCH_BYTES as u64
-        + sluice_kernels::pool_scratch_bytes() as u64;
+    let threads = sluice_kernels::pool::global().threads();
+    let scratch = threads as u64 * sluice_kernels::WIDE_SCRATCH_BYTES as u64
+        + sluice_kernels::pool_scratch_bytes(threads) as u64;
     for (family, name) in FIXTURES {
         for experts in [ExpertMode::Auto, ExpertMode::Stream] {
             let l = open(family, name, experts);

@@ -46,14 +46,14 @@ pub use many::{
     PairJob, ThenJob,
 };
 pub use matmul::{matmul, matmul_with, Matrix, WeightFormat};
-pub use packed::{pool_scratch_bytes, PACK_BYTES};
+pub use packed::{pack_buffers, pool_scratch_bytes, PACK_BYTES};
 pub use pool::{Pool, PoolBusy};
 pub use wide::WIDE_SCRATCH_BYTES;
 
 /// Makes every thread of `pool` hold what its first call of more than eight activation rows
 /// keeps for the thread's life (the wide nest's scratch, [`WIDE_SCRATCH_BYTES`]), by running
 /// one such call, a tiny one, on each thread ([`Pool::on_every_thread`]), and makes the
-/// pool's own pack buffer where the tier packs a prefill's activations
+/// pool's own pack buffers where the tier packs a prefill's activations
 /// ([`pool_scratch_bytes`]). After it, the first prefill-sized pass allocates no more than
 /// later ones do, whichever threads its row chunks reach. What is made already is not made
 /// again.

@@ -5,11 +5,19 @@
 //!
 //! The pack is made once and shared: every row chunk of the call (every thread) reads the same
 //! one. Made per chunk, a call of a few dozen chunks would transpose its activations a few
-//! dozen times. It is made on the pool too (one part per 8 token groups × [`CHUNK`] columns), in a
-//! buffer the **pool** keeps for its life and lends to one call at a time ([`PackBuf`],
-//! [`PACK_BYTES`], made by the pool's first packed call or by [`crate::reserve_scratch`]): a
-//! call that finds it lent (another thread's, or one made from inside a packed call) runs
-//! unpacked, in the other nests, with the same bits. A call is packed and run in blocks of at
+//! dozen times. It is made on the pool too (one part per 8 token groups × [`CHUNK`] columns), in
+//! buffers the **pool** keeps for its life and lends to one call at a time ([`PackBuf`],
+//! [`PACK_BYTES`] each, made by the pool's first packed call or by [`crate::reserve_scratch`]):
+//! a call that finds them lent (another thread's, or one made from inside a packed call) runs
+//! unpacked, in the other nests, with the same bits.
+//!
+//! **A pool of many threads rotates its packs through several buffers** ([`pack_buffers`]):
+//! every thread reads a whole pack, and writing lines that many cores have read waits on them
+//! long after the lines have left those cores' caches (a 16-thread pack took 0.85–1.03 ms where
+//! one written after one or two readers took 0.12–0.14; session 29). Each pack (a block of
+//! [`in_blocks`], a turn of [`in_turns`]) takes the next buffer, so a buffer is written again
+//! only after several others were: on the device's 16-thread Xeon, 8 buffers made a T = 256
+//! call 1.04–1.10× faster (docs/PERFORMANCE.md, issue 20, session 41). A call is packed and run in blocks of at
 //! most [`BLOCK`] tokens ([`in_blocks`]), each block's results those of the whole call (no
 //! result depends on how the tokens are cut); the nest decodes its weights once per block.
 //!
@@ -35,12 +43,17 @@ use crate::isa::Isa;
 pub(crate) const CHUNK: usize = 1024;
 /// Steps of 16 columns per chunk (a lane's values per chunk).
 pub(crate) const STEPS: usize = CHUNK / 16;
-/// The bytes of packed activations a pool keeps ([`PackBuf`]), made by its first packed call
-/// (or [`crate::reserve_scratch`]) and kept for its life: a block of [`BLOCK`] tokens of up
-/// to 7,168 columns (Kimi K3's hidden size) fits; wider rows are packed in smaller blocks.
-/// Charged once per pool ([`pool_scratch_bytes`]): held per thread, 8 MiB a thread took a
-/// 96 MiB budget's expert cache slots (`tests/streaming_budget.rs` in sluice-cli, session 23).
+/// The bytes of one buffer of packed activations a pool keeps ([`PackBuf`]), made by its first
+/// packed call (or [`crate::reserve_scratch`]) and kept for its life: a block of [`BLOCK`]
+/// tokens of up to 7,168 columns (Kimi K3's hidden size) fits; wider rows are packed in
+/// smaller blocks. Charged per pool ([`pool_scratch_bytes`], times [`pack_buffers`]): held per
+/// thread, 8 MiB a thread took a 96 MiB budget's expert cache slots
+/// (`tests/streaming_budget.rs` in sluice-cli, session 23).
 pub const PACK_BYTES: usize = 8 << 20;
+/// Floats of one pack buffer.
+const PACK_FLOATS: usize = PACK_BYTES / 4;
+/// Most buffers a pool rotates its packs through ([`pack_buffers`]).
+const MOST_BUFFERS: usize = 8;
 /// Most tokens per block of the outer nest: its weights are decoded once per block (44
 /// token groups of 6, so that a 256-token prefill decodes them once).
 pub(crate) const BLOCK: usize = 44 * GROUP_TOKENS;
@@ -102,32 +115,54 @@ fn block_tokens(cols: usize) -> Option<usize> {
 #[repr(C, align(64))]
 struct Line([f32; 16]);
 
-/// A pool's pack buffer ([`PACK_BYTES`]): made by the first packed call on the pool (or
-/// [`crate::reserve_scratch`]), kept for the pool's life, lent to one call at a time.
+/// A pool's pack buffers ([`pack_buffers`] of [`PACK_BYTES`]): made by the first packed call
+/// on the pool (or [`crate::reserve_scratch`]), kept for the pool's life, lent to one call at
+/// a time, each pack of the call taking the next buffer in turn.
+pub(crate) struct PackBuf {
+    /// How many buffers the pool rotates through.
+    buffers: usize,
+    ring: Mutex<Ring>,
+}
+
+/// The buffers of a [`PackBuf`], one allocation of `buffers` × [`PACK_BYTES`] once made, and
+/// the buffer the next pack takes.
 #[derive(Default)]
-pub(crate) struct PackBuf(Mutex<Vec<Line>>);
+struct Ring {
+    lines: Vec<Line>,
+    next: usize,
+}
 
 impl PackBuf {
-    /// Makes the buffer if the process's tier packs and it is not made yet (what
-    /// [`crate::reserve_scratch`] asks of a pool); a buffer lent to a call is left as it is.
+    /// The pack buffers of a pool of `threads` threads, not yet made.
+    pub(crate) fn new(threads: usize) -> Self {
+        Self { buffers: pack_buffers(threads), ring: Mutex::default() }
+    }
+
+    /// Makes the buffers if the process's tier packs and they are not made yet (what
+    /// [`crate::reserve_scratch`] asks of a pool); buffers lent to a call are left as they are.
     pub(crate) fn reserve(&self, isa: Isa) {
         if packs(isa) {
-            match self.0.try_lock() {
-                Ok(mut b) => drop(made(&mut b)),
-                Err(TryLockError::Poisoned(p)) => drop(made(&mut p.into_inner())),
-                Err(TryLockError::WouldBlock) => {}
+            if let Some(mut lent) = lend(self) {
+                lent.make();
             }
         }
     }
 }
 
-/// The bytes a pool keeps for the calls made on it beyond its threads' own scratch
-/// ([`crate::WIDE_SCRATCH_BYTES`] each): its pack buffer ([`PACK_BYTES`]) where the process's
-/// tier packs a prefill's activations (AVX-512 and AVX2), else nothing. A memory plan charges
-/// it once per pool.
-pub fn pool_scratch_bytes() -> usize {
+/// Buffers a pool of `threads` threads rotates its packs through: one for every two threads,
+/// at most [`MOST_BUFFERS`]. Pools of one to three threads keep one: after one or two readers
+/// a pack is written as fast as into lines no core has read (session 29).
+pub fn pack_buffers(threads: usize) -> usize {
+    (threads / 2).clamp(1, MOST_BUFFERS)
+}
+
+/// The bytes a pool of `threads` threads keeps for the calls made on it beyond its threads'
+/// own scratch ([`crate::WIDE_SCRATCH_BYTES`] each): its pack buffers ([`pack_buffers`] of
+/// [`PACK_BYTES`]) where the process's tier packs a prefill's activations (AVX-512 and AVX2),
+/// else nothing. A memory plan charges it once per pool.
+pub fn pool_scratch_bytes(threads: usize) -> usize {
     if packs(crate::isa()) {
-        PACK_BYTES
+        pack_buffers(threads) * PACK_BYTES
     } else {
         0
     }
@@ -138,14 +173,36 @@ fn packs(isa: Isa) -> bool {
     cfg!(target_arch = "x86_64") && matches!(isa, Isa::Avx512 | Isa::Avx2)
 }
 
-/// The buffer `b`, made at its full size if it is not yet.
-fn made(b: &mut Vec<Line>) -> &mut [f32] {
-    if b.is_empty() {
-        *b = vec![Line([0.0; 16]); PACK_BYTES / 64];
+/// A pool's pack buffers lent to one call ([`lend`]).
+struct Lent<'b> {
+    ring: MutexGuard<'b, Ring>,
+    buffers: usize,
+}
+
+impl Lent<'_> {
+    /// Makes every buffer at its full size if they are not yet.
+    fn make(&mut self) {
+        let lines = self.buffers * PACK_BYTES / 64;
+        if self.ring.lines.len() != lines {
+            self.ring.lines = vec![Line([0.0; 16]); lines];
+        }
     }
+
+    /// The buffer the next pack takes ([`PACK_FLOATS`] floats on a cache line): the one after
+    /// the last pack's, in turn.
+    fn next(&mut self) -> &mut [f32] {
+        self.make();
+        let at = self.ring.next % self.buffers;
+        self.ring.next = (at + 1) % self.buffers;
+        floats(&mut self.ring.lines[at * PACK_BYTES / 64..(at + 1) * PACK_BYTES / 64])
+    }
+}
+
+/// `lines` as the floats they hold.
+fn floats(lines: &mut [Line]) -> &mut [f32] {
     // SAFETY: `Line` is `repr(C)` around `[f32; 16]`, 64 bytes, so the lines are `16 · len`
     // contiguous initialised floats; the borrow is unique.
-    unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len() * 16) }
+    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), lines.len() * 16) }
 }
 
 /// Tokens per block of a call of `t` activation rows of `cols` on `isa`: where the outer nest
@@ -157,15 +214,16 @@ fn block_size(isa: Isa, t: usize, cols: usize) -> Option<usize> {
         .then(|| t.div_ceil(t.div_ceil(most)).next_multiple_of(GROUP_TOKENS).min(most))
 }
 
-/// The pool's pack buffer, or `None` if it is lent (to a call on another thread, or to the
+/// The pool's pack buffers, or `None` if they are lent (to a call on another thread, or to the
 /// packed call this one is made from inside): such a call runs unpacked. A buffer poisoned by
 /// a panicking call is filled anew before it is read.
-fn lend(buf: &PackBuf) -> Option<MutexGuard<'_, Vec<Line>>> {
-    match buf.0.try_lock() {
-        Ok(b) => Some(b),
-        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(TryLockError::WouldBlock) => None,
-    }
+fn lend(buf: &PackBuf) -> Option<Lent<'_>> {
+    let ring = match buf.ring.try_lock() {
+        Ok(b) => b,
+        Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(TryLockError::WouldBlock) => return None,
+    };
+    Some(Lent { ring, buffers: buf.buffers })
 }
 
 /// Runs `f(tokens, pack)` over the activation rows `0..t` of a call on `isa` (`x`, `t` rows
@@ -184,12 +242,12 @@ pub(crate) fn in_blocks(
         return f(0..t, None);
     };
     crate::pool::with_current(|pool| {
-        let Some(mut b) = lend(pool.pack_buf()) else {
+        let Some(mut lent) = lend(pool.pack_buf()) else {
             return f(0..t, None);
         };
-        let buf = made(&mut b);
         for s0 in (0..t).step_by(size) {
             let n = size.min(t - s0);
+            let buf = lent.next();
             fill(isa, &[Fill { x: &x[s0 * cols..(s0 + n) * cols], tokens: n, cols, at: 0 }], buf);
             let (len, groups) = pack_size(n, cols);
             let p = Packed { data: &buf[..len], groups, cols, first: s0, tokens: n };
@@ -243,10 +301,9 @@ pub(crate) fn in_turns(isa: Isa, jobs: &[Acts<'_>], f: &mut dyn FnMut(&[Part<'_>
         return f(&whole());
     }
     crate::pool::with_current(|pool| {
-        let Some(mut b) = lend(pool.pack_buf()) else {
+        let Some(mut lent) = lend(pool.pack_buf()) else {
             return f(&whole());
         };
-        let buf = made(&mut b);
         let mut turns: Vec<Vec<Slot>> = vec![Vec::new()];
         let mut used = 0;
         for (j, (a, size)) in jobs.iter().zip(&sizes).enumerate() {
@@ -258,7 +315,7 @@ pub(crate) fn in_turns(isa: Isa, jobs: &[Acts<'_>], f: &mut dyn FnMut(&[Part<'_>
                 let n = size.min(a.t - s0);
                 // A block fits an empty buffer (`block_tokens`); a full turn starts the next.
                 let len = pack_size(n, a.cols).0;
-                if used + len > buf.len() {
+                if used + len > PACK_FLOATS {
                     turns.push(Vec::new());
                     used = 0;
                 }
@@ -279,6 +336,7 @@ pub(crate) fn in_turns(isa: Isa, jobs: &[Acts<'_>], f: &mut dyn FnMut(&[Part<'_>
                     })
                 })
                 .collect();
+            let buf = lent.next();
             fill(isa, &fills, buf);
             let view: &[f32] = buf;
             let parts: Vec<Part<'_>> = turn
@@ -426,8 +484,7 @@ mod tests {
                         })
                         .collect();
                     let mut lines = vec![Line([f32::NAN; 16]); at.div_ceil(16)];
-                    // Not empty, so `made` lends these lines as they are.
-                    let buf = made(&mut lines);
+                    let buf = floats(&mut lines);
                     pool.install(|| fill(isa, &fills, buf));
                     for f in &fills {
                         let (_, groups) = pack_size(f.tokens, f.cols);
@@ -456,5 +513,40 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A 16-thread pool wrote each pack into the one buffer its last call had every thread
+    /// read, and waited on those cores for it; now a pool of many threads rotates its packs
+    /// through one buffer for every two threads (at most 8), so a buffer is written again
+    /// only after the others were. Each is a whole, distinct, line-aligned buffer, taken in
+    /// turn, and a pool of up to three threads keeps one.
+    #[test]
+    fn a_16_thread_pool_rewrote_the_pack_every_thread_had_just_read_now_it_rotates_8_buffers() {
+        let want = [(1, 1), (2, 1), (3, 1), (4, 2), (5, 2), (8, 4), (16, 8), (17, 8), (128, 8)];
+        for (threads, buffers) in want {
+            assert_eq!(pack_buffers(threads), buffers, "{threads} threads");
+            let buf = PackBuf::new(threads);
+            let mut lent = lend(&buf).expect("nothing else holds the buffers");
+            let starts: Vec<usize> = (0..2 * buffers + 1)
+                .map(|_| {
+                    let b = lent.next();
+                    assert_eq!(b.len(), PACK_FLOATS);
+                    assert!(b.as_ptr().addr().is_multiple_of(64));
+                    b.as_ptr().addr()
+                })
+                .collect();
+            for (i, &a) in starts.iter().enumerate() {
+                assert_eq!(a, starts[i % buffers], "pack {i} of a {threads}-thread pool");
+                for &b in &starts[i + 1..(i + buffers).min(starts.len())] {
+                    assert!(a.abs_diff(b) >= PACK_BYTES, "packs {buffers} apart overlap");
+                }
+            }
+            assert!(lend(&buf).is_none(), "lent to one call at a time");
+            drop(lent);
+            assert!(lend(&buf).is_some());
+        }
+        let isa = crate::isa();
+        let per_pool = if packs(isa) { 8 * PACK_BYTES } else { 0 };
+        assert_eq!(pool_scratch_bytes(16), per_pool);
     }
 }

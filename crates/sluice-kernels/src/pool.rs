@@ -163,7 +163,7 @@ pub struct Pool {
     shared: Arc<Shared>,
     helpers: Vec<JoinHandle<()>>,
     threads: usize,
-    /// The buffer a prefill call's activations are packed into, lent to one call at a time.
+    /// The buffers a prefill call's activations are packed into, lent to one call at a time.
     pack: crate::packed::PackBuf,
 }
 
@@ -219,8 +219,12 @@ impl Pool {
             wake: Condvar::new(),
             counters: Tally::default(),
         });
-        let mut pool =
-            Self { shared, helpers: Vec::new(), threads, pack: crate::packed::PackBuf::default() };
+        let mut pool = Self {
+            shared,
+            helpers: Vec::new(),
+            threads,
+            pack: crate::packed::PackBuf::new(threads),
+        };
         for index in 1..threads {
             let s = Arc::clone(&pool.shared);
             let h = std::thread::Builder::new()
@@ -344,7 +348,7 @@ impl Pool {
         Ok(())
     }
 
-    /// The buffer this pool lends a packed prefill call ([`crate::packed`]).
+    /// The buffers this pool lends a packed prefill call ([`crate::packed`]).
     pub(crate) fn pack_buf(&self) -> &crate::packed::PackBuf {
         &self.pack
     }

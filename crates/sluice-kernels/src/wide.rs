@@ -105,7 +105,7 @@ pub(crate) const PANEL_STRIDE: usize = WIDE_CHUNK + 16;
 /// (its f32 weight panel, accumulators and padded activation tails), whatever the row count:
 /// allocated by the first such call on a thread and reused by every later one for the
 /// thread's life, a fixed cost per kernel thread that a memory plan's headroom must cover.
-/// The buffer a prefill call's activations are packed into is the pool's, not a thread's
+/// The buffers a prefill call's activations are packed into are the pool's, not a thread's
 /// ([`crate::pool_scratch_bytes`]).
 pub const WIDE_SCRATCH_BYTES: usize =
     (GROUP * PANEL_STRIDE + ACC_LINES * 16 + WIDE_TOKEN_BLOCK * 16 + STAGE_ROWS * PANEL_STRIDE) * 4;
