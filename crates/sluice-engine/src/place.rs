@@ -34,8 +34,8 @@ const HEADROOM: u64 = 64 << 20;
 /// What every plan keeps beyond its named parts: [`HEADROOM`], one prefill-nest scratch
 /// per kernel thread ([`sluice_kernels::WIDE_SCRATCH_BYTES`], made on the thread's first
 /// prefill-sized call and kept for its life), the kernel pool's own buffer
-/// ([`sluice_kernels::pool_scratch_bytes`]: a prefill's packed activations, in one buffer for
-/// every two threads, at most eight), and the buffers of a batch of a layer's routed
+/// ([`sluice_kernels::pool_scratch_bytes`]: a prefill's packed activations, [`pack_buffers`]),
+/// and the buffers of a batch of a layer's routed
 /// experts ([`sluice_models::LAYER_BATCH_BYTES`], held while a layer's experts run batched,
 /// whatever the pass's rows) when `batch`: only mapped experts run batched, so a plan whose
 /// experts stream does not charge it (a tight streamed budget lost its cache slots to it). The
@@ -45,8 +45,33 @@ fn plan_headroom(batch: bool) -> u64 {
     let threads = sluice_kernels::pool::global().threads();
     HEADROOM
         + threads as u64 * sluice_kernels::WIDE_SCRATCH_BYTES as u64
-        + sluice_kernels::pool_scratch_bytes(threads) as u64
+        + sluice_kernels::pool_scratch_bytes(pack_buffers(sluice_kernels::pool::global(), batch))
+            as u64
         + if batch { sluice_models::LAYER_BATCH_BYTES as u64 } else { 0 }
+}
+
+/// Pack buffers the kernel pool keeps for a model whose routed experts are mapped (`mapped`:
+/// the model is in memory, and a prefill's packs rotate through one buffer for every two kernel
+/// threads, [`sluice_kernels::pack_buffers`]) or stream (one: the bytes are worth more to the
+/// expert cache, and a streamed pass waits on its reads more than on its packs). The plan
+/// charges them ([`plan_headroom`]) and [`keep_pack_buffers`] tells the pool.
+fn pack_buffers(pool: &sluice_kernels::Pool, mapped: bool) -> usize {
+    if mapped {
+        sluice_kernels::pack_buffers(pool.threads())
+    } else {
+        1
+    }
+}
+
+/// Makes the process's kernel pool keep no more pack buffers than a plan charged for a model
+/// whose experts are `mapped` or stream ([`pack_buffers`]). It only ever lowers the count: a
+/// pool that a streamed model (or a second model of the process) left with fewer keeps them,
+/// so no model's passes use more than its plan charged.
+fn keep_pack_buffers(pool: &sluice_kernels::Pool, mapped: bool) {
+    let want = pack_buffers(pool, mapped);
+    if want < pool.pack_buffers() {
+        pool.set_pack_buffers(want);
+    }
 }
 
 /// Whether `opts` and a plan's verdict (`all_resident`) leave the routed experts mapped (so
@@ -176,6 +201,8 @@ pub(crate) fn place(
         Plan::compute(budget.limit(), needs, opts.spine_placement)
     };
     let mut plan = plan_experts(opts, true, plan_with)?;
+    let mapped = experts_mapped(opts, plan.all_experts_resident);
+    keep_pack_buffers(sluice_kernels::pool::global(), mapped);
     if opts.slots.is_some() {
         // `--cache-slots` sizes the cache exactly: the stored states keep what was asked.
         plan.sessions = plan.needs.sessions;
@@ -398,6 +425,7 @@ pub(crate) fn open_mapped_spine(
         budget.charge("spine", plan.spine.charged).map_err(EngineError::Budget)?,
     ]);
     let stream = remote.is_some() || !experts_mapped(opts, plan.all_experts_resident);
+    keep_pack_buffers(sluice_kernels::pool::global(), !stream);
     if !stream {
         return Ok(Loaded {
             model,
@@ -432,4 +460,27 @@ pub(crate) fn open_mapped_spine(
         budget,
         charges,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{keep_pack_buffers, pack_buffers};
+    use sluice_kernels::Pool;
+
+    /// A model in memory keeps a 16-thread pool's 8 pack buffers; a streamed one was charged
+    /// one and leaves the pool one, and a model planned after it (charged 8) does not raise it
+    /// again: no model's passes hold more than its plan charged.
+    #[test]
+    fn a_streamed_plan_charged_one_pack_buffer_and_the_pool_keeps_no_more() {
+        let pool = Pool::new(16).expect("kernel pool");
+        assert_eq!((pack_buffers(&pool, true), pack_buffers(&pool, false)), (8, 1));
+        keep_pack_buffers(&pool, true);
+        assert_eq!(pool.pack_buffers(), 8);
+        keep_pack_buffers(&pool, false);
+        assert_eq!(pool.pack_buffers(), 1);
+        keep_pack_buffers(&pool, true);
+        assert_eq!(pool.pack_buffers(), 1);
+        let small = Pool::new(2).expect("kernel pool");
+        assert_eq!(pack_buffers(&small, true), 1);
+    }
 }

@@ -35,7 +35,8 @@
 //! (docs/PERFORMANCE.md, issue 20, sessions 23 and 24).
 
 use std::ops::Range;
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
 use crate::isa::Isa;
 
@@ -120,7 +121,7 @@ struct Line([f32; 16]);
 /// a time, each pack of the call taking the next buffer in turn.
 pub(crate) struct PackBuf {
     /// How many buffers the pool rotates through.
-    buffers: usize,
+    buffers: AtomicUsize,
     ring: Mutex<Ring>,
 }
 
@@ -135,7 +136,21 @@ struct Ring {
 impl PackBuf {
     /// The pack buffers of a pool of `threads` threads, not yet made.
     pub(crate) fn new(threads: usize) -> Self {
-        Self { buffers: pack_buffers(threads), ring: Mutex::default() }
+        Self { buffers: AtomicUsize::new(pack_buffers(threads)), ring: Mutex::default() }
+    }
+
+    /// How many buffers the pool rotates through.
+    pub(crate) fn buffers(&self) -> usize {
+        self.buffers.load(Ordering::Relaxed)
+    }
+
+    /// Keeps `buffers` buffers (at least 1, at most [`MOST_BUFFERS`]) from now on; buffers made
+    /// already are freed now, and the new count made by the next packed call. Waits for a call
+    /// that holds them.
+    pub(crate) fn set_buffers(&self, buffers: usize) {
+        let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        self.buffers.store(buffers.clamp(1, MOST_BUFFERS), Ordering::Relaxed);
+        *ring = Ring::default();
     }
 
     /// Makes the buffers if the process's tier packs and they are not made yet (what
@@ -149,20 +164,21 @@ impl PackBuf {
     }
 }
 
-/// Buffers a pool of `threads` threads rotates its packs through: one for every two threads,
-/// at most [`MOST_BUFFERS`]. Pools of one to three threads keep one: after one or two readers
-/// a pack is written as fast as into lines no core has read (session 29).
+/// Buffers a pool of `threads` threads rotates its packs through unless told otherwise
+/// ([`crate::Pool::set_pack_buffers`]): one for every two threads, at most [`MOST_BUFFERS`].
+/// Pools of one to three threads keep one: after one or two readers a pack is written as fast
+/// as into lines no core has read (session 29).
 pub fn pack_buffers(threads: usize) -> usize {
     (threads / 2).clamp(1, MOST_BUFFERS)
 }
 
-/// The bytes a pool of `threads` threads keeps for the calls made on it beyond its threads'
-/// own scratch ([`crate::WIDE_SCRATCH_BYTES`] each): its pack buffers ([`pack_buffers`] of
-/// [`PACK_BYTES`]) where the process's tier packs a prefill's activations (AVX-512 and AVX2),
-/// else nothing. A memory plan charges it once per pool.
-pub fn pool_scratch_bytes(threads: usize) -> usize {
+/// The bytes a pool that keeps `buffers` pack buffers ([`crate::Pool::pack_buffers`]) holds
+/// for the calls made on it beyond its threads' own scratch ([`crate::WIDE_SCRATCH_BYTES`]
+/// each): `buffers` × [`PACK_BYTES`] where the process's tier packs a prefill's activations
+/// (AVX-512 and AVX2), else nothing. A memory plan charges it once per pool.
+pub fn pool_scratch_bytes(buffers: usize) -> usize {
     if packs(crate::isa()) {
-        pack_buffers(threads) * PACK_BYTES
+        buffers.clamp(1, MOST_BUFFERS) * PACK_BYTES
     } else {
         0
     }
@@ -223,7 +239,7 @@ fn lend(buf: &PackBuf) -> Option<Lent<'_>> {
         Err(TryLockError::Poisoned(p)) => p.into_inner(),
         Err(TryLockError::WouldBlock) => return None,
     };
-    Some(Lent { ring, buffers: buf.buffers })
+    Some(Lent { ring, buffers: buf.buffers() })
 }
 
 /// Runs `f(tokens, pack)` over the activation rows `0..t` of a call on `isa` (`x`, `t` rows
@@ -545,8 +561,17 @@ mod tests {
             drop(lent);
             assert!(lend(&buf).is_some());
         }
-        let isa = crate::isa();
-        let per_pool = if packs(isa) { 8 * PACK_BYTES } else { 0 };
-        assert_eq!(pool_scratch_bytes(16), per_pool);
+        let packing = packs(crate::isa());
+        assert_eq!(pool_scratch_bytes(8), if packing { 8 * PACK_BYTES } else { 0 });
+        assert_eq!(pool_scratch_bytes(0), if packing { PACK_BYTES } else { 0 });
+        // Told to keep one, a 16-thread pool frees what it made and takes one from then on.
+        let buf = PackBuf::new(16);
+        lend(&buf).expect("free").make();
+        buf.set_buffers(1);
+        assert!(lend(&buf).expect("free").ring.lines.is_empty(), "freed when told");
+        let mut lent = lend(&buf).expect("free");
+        let first = lent.next().as_ptr();
+        assert_eq!(lent.next().as_ptr(), first);
+        assert_eq!(lent.ring.lines.len(), PACK_BYTES / 64);
     }
 }

@@ -348,6 +348,19 @@ impl Pool {
         Ok(())
     }
 
+    /// How many buffers this pool rotates a prefill's packed activations through
+    /// ([`crate::pack_buffers`] of its threads unless set otherwise).
+    pub fn pack_buffers(&self) -> usize {
+        self.pack.buffers()
+    }
+
+    /// Keeps `buffers` pack buffers (1 to 8) from now on: a memory plan that cannot spare
+    /// them keeps one ([`crate::pool_scratch_bytes`]). Buffers made already are freed now.
+    /// Waits for a call that holds them.
+    pub fn set_pack_buffers(&self, buffers: usize) {
+        self.pack.set_buffers(buffers);
+    }
+
     /// The buffers this pool lends a packed prefill call ([`crate::packed`]).
     pub(crate) fn pack_buf(&self) -> &crate::packed::PackBuf {
         &self.pack

@@ -108,7 +108,7 @@ fn the_plan_charged_no_working_memory_for_a_prompt_pass() {
     // run still measured tiny-a's Last pass at 20,666 bytes per row against 19,760 charged).
     let pool = sluice_kernels::pool::global();
     let scratch = pool.threads() * sluice_kernels::WIDE_SCRATCH_BYTES
-        + sluice_kernels::pool_scratch_bytes(pool.threads());
+        + sluice_kernels::pool_scratch_bytes(pool.pack_buffers());
     // Every helper thread running (what a thread allocates as it starts is not scratch) and
     // the tier chosen.
     pool.on_every_thread(&|_| {}).expect("nothing else runs on the pool");
