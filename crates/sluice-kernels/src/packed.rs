@@ -9,17 +9,18 @@
 //! buffers the **pool** keeps for its life and lends to one call at a time ([`PackBuf`],
 //! [`PACK_BYTES`] each, made by the pool's first packed call or by [`crate::reserve_scratch`]):
 //! a call that finds them lent (another thread's, or one made from inside a packed call) runs
-//! unpacked, in the other nests, with the same bits.
+//! unpacked, in the other nests, with the same bits. A call is packed and run in blocks of at
+//! most [`BLOCK`] tokens ([`in_blocks`]), each block's results those of the whole call (no
+//! result depends on how the tokens are cut); the nest decodes its weights once per block.
 //!
 //! **A pool of many threads rotates its packs through several buffers** ([`pack_buffers`]):
 //! every thread reads a whole pack, and writing lines that many cores have read waits on them
-//! long after the lines have left those cores' caches (a 16-thread pack took 0.85–1.03 ms where
-//! one written after one or two readers took 0.12–0.14; session 29). Each pack (a block of
-//! [`in_blocks`], a turn of [`in_turns`]) takes the next buffer, so a buffer is written again
-//! only after several others were: on the device's 16-thread Xeon, 8 buffers made a T = 256
-//! call 1.04–1.10× faster (docs/PERFORMANCE.md, issue 20, session 41). A call is packed and run in blocks of at
-//! most [`BLOCK`] tokens ([`in_blocks`]), each block's results those of the whole call (no
-//! result depends on how the tokens are cut); the nest decodes its weights once per block.
+//! long after the lines have left those cores' caches (a 16-thread pack took 0.85–1.03 ms
+//! where one written after one or two readers took 0.12–0.14; session 29). Each pack (a block
+//! of [`in_blocks`], a turn of [`in_turns`]) takes the next buffer, so a buffer is written
+//! again only after the others were: on the device's 16-thread Xeon, 8 buffers made a T = 256
+//! call 1.04–1.10× faster (docs/PERFORMANCE.md, issue 20, session 41). The engine keeps one
+//! for a model whose experts stream ([`crate::Pool::set_pack_buffers`]).
 //!
 //! Two kinds of call pack: one matmul ([`in_blocks`]: `matmul`, `matmul_pair`, `matmul_then`)
 //! and a layer's batched experts ([`in_turns`]: `matmul_many` and its kin, `crate::many`),
