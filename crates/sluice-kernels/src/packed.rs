@@ -112,11 +112,6 @@ fn block_tokens(cols: usize) -> Option<usize> {
     (fit >= GROUP_TOKENS).then_some(fit.min(BLOCK))
 }
 
-/// 16 floats on a cache line of their own: the unit of the pack buffer.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([f32; 16]);
-
 /// A pool's pack buffers ([`pack_buffers`] of [`PACK_BYTES`]): made by the first packed call
 /// on the pool (or [`crate::reserve_scratch`]), kept for the pool's life, lent to one call at
 /// a time, each pack of the call taking the next buffer in turn.
@@ -126,11 +121,11 @@ pub(crate) struct PackBuf {
     ring: Mutex<Ring>,
 }
 
-/// The buffers of a [`PackBuf`], one allocation of `buffers` × [`PACK_BYTES`] once made, and
-/// the buffer the next pack takes.
+/// The buffers of a [`PackBuf`], one allocation of `buffers` × [`PACK_BYTES`] (and a cache
+/// line's slack) once made, and the buffer the next pack takes.
 #[derive(Default)]
 struct Ring {
-    lines: Vec<Line>,
+    floats: Vec<f32>,
     next: usize,
 }
 
@@ -197,11 +192,16 @@ struct Lent<'b> {
 }
 
 impl Lent<'_> {
-    /// Makes every buffer at its full size if they are not yet.
+    /// Makes every buffer at its full size if they are not yet: zeroed floats, which the
+    /// allocator takes as fresh pages from the system, each entering memory when a pack first
+    /// writes it (on the pool's threads), not in a fill on the calling thread. Filled on the
+    /// calling thread, 64 MiB of buffers took about a tenth of a 256-token prompt's first
+    /// pass at 16 threads on the device (session 41).
     fn make(&mut self) {
-        let lines = self.buffers * PACK_BYTES / 64;
-        if self.ring.lines.len() != lines {
-            self.ring.lines = vec![Line([0.0; 16]); lines];
+        let floats = self.buffers * PACK_FLOATS + 15;
+        if self.ring.floats.len() != floats {
+            self.ring.floats = Vec::new();
+            self.ring.floats = vec![0.0; floats];
         }
     }
 
@@ -211,15 +211,11 @@ impl Lent<'_> {
         self.make();
         let at = self.ring.next % self.buffers;
         self.ring.next = (at + 1) % self.buffers;
-        floats(&mut self.ring.lines[at * PACK_BYTES / 64..(at + 1) * PACK_BYTES / 64])
+        // Floats to the first cache line (a `Vec<f32>` starts on 4 bytes at least).
+        let skip = (64 - self.ring.floats.as_ptr().addr() % 64) % 64 / 4;
+        let start = skip + at * PACK_FLOATS;
+        &mut self.ring.floats[start..start + PACK_FLOATS]
     }
-}
-
-/// `lines` as the floats they hold.
-fn floats(lines: &mut [Line]) -> &mut [f32] {
-    // SAFETY: `Line` is `repr(C)` around `[f32; 16]`, 64 bytes, so the lines are `16 · len`
-    // contiguous initialised floats; the borrow is unique.
-    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), lines.len() * 16) }
 }
 
 /// Tokens per block of a call of `t` activation rows of `cols` on `isa`: where the outer nest
@@ -500,8 +496,9 @@ mod tests {
                             f
                         })
                         .collect();
-                    let mut lines = vec![Line([f32::NAN; 16]); at.div_ceil(16)];
-                    let buf = floats(&mut lines);
+                    let mut floats = vec![f32::NAN; at + 15];
+                    let skip = (64 - floats.as_ptr().addr() % 64) % 64 / 4;
+                    let buf = &mut floats[skip..skip + at];
                     pool.install(|| fill(isa, &fills, buf));
                     for f in &fills {
                         let (_, groups) = pack_size(f.tokens, f.cols);
@@ -569,10 +566,10 @@ mod tests {
         let buf = PackBuf::new(16);
         lend(&buf).expect("free").make();
         buf.set_buffers(1);
-        assert!(lend(&buf).expect("free").ring.lines.is_empty(), "freed when told");
+        assert!(lend(&buf).expect("free").ring.floats.is_empty(), "freed when told");
         let mut lent = lend(&buf).expect("free");
         let first = lent.next().as_ptr();
         assert_eq!(lent.next().as_ptr(), first);
-        assert_eq!(lent.ring.lines.len(), PACK_BYTES / 64);
+        assert_eq!(lent.ring.floats.len(), PACK_FLOATS + 15);
     }
 }
