@@ -170,11 +170,12 @@ pub fn pack_buffers(threads: usize) -> usize {
 
 /// The bytes a pool that keeps `buffers` pack buffers ([`crate::Pool::pack_buffers`]) holds
 /// for the calls made on it beyond its threads' own scratch ([`crate::WIDE_SCRATCH_BYTES`]
-/// each): `buffers` × [`PACK_BYTES`] where the process's tier packs a prefill's activations
-/// (AVX-512 and AVX2), else nothing. A memory plan charges it once per pool.
+/// each): `buffers` × [`PACK_BYTES`] and a cache line's slack where the process's tier packs
+/// a prefill's activations (AVX-512 and AVX2), else nothing. A memory plan charges it once per
+/// pool.
 pub fn pool_scratch_bytes(buffers: usize) -> usize {
     if packs(crate::isa()) {
-        buffers.clamp(1, MOST_BUFFERS) * PACK_BYTES
+        buffers.clamp(1, MOST_BUFFERS) * PACK_BYTES + 64
     } else {
         0
     }
@@ -198,6 +199,7 @@ impl Lent<'_> {
     /// calling thread, 64 MiB of buffers took about a tenth of a 256-token prompt's first
     /// pass at 16 threads on the device (session 41).
     fn make(&mut self) {
+        // A cache line's slack ([`pool_scratch_bytes`] charges it): the buffers start on one.
         let floats = self.buffers * PACK_FLOATS + 15;
         if self.ring.floats.len() != floats {
             self.ring.floats = Vec::new();
@@ -560,8 +562,8 @@ mod tests {
             assert!(lend(&buf).is_some());
         }
         let packing = packs(crate::isa());
-        assert_eq!(pool_scratch_bytes(8), if packing { 8 * PACK_BYTES } else { 0 });
-        assert_eq!(pool_scratch_bytes(0), if packing { PACK_BYTES } else { 0 });
+        assert_eq!(pool_scratch_bytes(8), if packing { 8 * PACK_BYTES + 64 } else { 0 });
+        assert_eq!(pool_scratch_bytes(0), if packing { PACK_BYTES + 64 } else { 0 });
         // Told to keep one, a 16-thread pool frees what it made and takes one from then on.
         let buf = PackBuf::new(16);
         lend(&buf).expect("free").make();
