@@ -1,5 +1,5 @@
 //! Random stored matrices in every weight format for the kernels' examples (`layer_batch`,
-//! `neighbours`; each names it as `mod stored;`).
+//! `neighbours`, `pack_buffers`; each names it as `mod stored;`).
 
 use sluice_kernels::probe::random_bytes;
 use sluice_kernels::Matrix;
