@@ -33,10 +33,10 @@ const HEADROOM: u64 = 64 << 20;
 
 /// What every plan keeps beyond its named parts: [`HEADROOM`], one prefill-nest scratch
 /// per kernel thread ([`sluice_kernels::WIDE_SCRATCH_BYTES`], made on the thread's first
-/// prefill-sized call and kept for its life), the kernel pool's own buffer
+/// prefill-sized call and kept for its life), the kernel pool's own buffers
 /// ([`sluice_kernels::pool_scratch_bytes`]: a prefill's packed activations, [`pack_buffers`]),
-/// and the buffers of a batch of a layer's routed
-/// experts ([`sluice_models::LAYER_BATCH_BYTES`], held while a layer's experts run batched,
+/// and the buffers of a batch of a layer's routed experts
+/// ([`sluice_models::LAYER_BATCH_BYTES`], held while a layer's experts run batched,
 /// whatever the pass's rows) when `batch`: only mapped experts run batched, so a plan whose
 /// experts stream does not charge it (a tight streamed budget lost its cache slots to it). The
 /// scratch used to live inside the fixed headroom, which at 804 KiB a thread more than ~80
