@@ -12,14 +12,10 @@
 use std::time::{Duration, Instant};
 
 mod stored;
-use stored::{matrix, stored, Error};
+use stored::{arg, matrix, stored, Error};
 
 use sluice_kernels::probe::{fma_peak, random_bytes};
 use sluice_kernels::{isa, matmul_many, matmul_pair_many, Job, Matrix, PairJob, Pool};
-
-fn arg(i: usize, default: usize) -> Result<usize, Error> {
-    std::env::args().nth(i).map_or(Ok(default), |a| Ok(a.parse()?))
-}
 
 fn main() -> Result<(), Error> {
     let threads = arg(1, 2)?;

@@ -25,11 +25,7 @@ use sluice_kernels::probe::{fma_loop, fma_peak, random_bytes};
 use sluice_kernels::{isa, matmul, Isa, Matrix, Pool};
 
 mod stored;
-use stored::{matrix, stored, Error};
-
-fn arg(i: usize, default: usize) -> Result<usize, Error> {
-    std::env::args().nth(i).map_or(Ok(default), |a| Ok(a.parse()?))
-}
+use stored::{arg, matrix, stored, Error};
 
 /// The FMA loop on the calling thread for about `secs`: GFLOP/s.
 fn fma_rate(isa: Isa, secs: f64) -> f64 {

@@ -15,11 +15,7 @@ use sluice_kernels::probe::{fma_peak, random_bytes};
 use sluice_kernels::{matmul, Pool};
 
 mod stored;
-use stored::{matrix, stored, Error};
-
-fn arg(i: usize, default: usize) -> Result<usize, Error> {
-    std::env::args().nth(i).map_or(Ok(default), |a| Ok(a.parse()?))
-}
+use stored::{arg, matrix, stored, Error};
 
 fn main() -> Result<(), Error> {
     let threads = arg(1, 16)?.max(1);

@@ -1,11 +1,16 @@
 //! Random stored matrices in every weight format for the kernels' examples (`layer_batch`,
-//! `neighbours`, `pack_buffers`; each names it as `mod stored;`).
+//! `neighbours`, `pack_buffers`; each names it as `mod stored;`), and their argument reader.
 
 use sluice_kernels::probe::random_bytes;
 use sluice_kernels::Matrix;
 
 /// The examples' error: `Send` and `Sync`, so that threads can return it.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The `i`-th command-line argument as a number, or `default` where it is not given.
+pub fn arg(i: usize, default: usize) -> Result<usize, Error> {
+    std::env::args().nth(i).map_or(Ok(default), |a| Ok(a.parse()?))
+}
 
 /// Random bytes and scales of a `rows × cols` matrix in `format` (bf16 and f32 with a finite,
 /// moderate exponent; the scales as `sluice_kernels::probe` makes them).
