@@ -213,11 +213,16 @@ impl Lent<'_> {
         self.make();
         let at = self.ring.next % self.buffers;
         self.ring.next = (at + 1) % self.buffers;
-        // Floats to the first cache line (a `Vec<f32>` starts on 4 bytes at least).
-        let skip = (64 - self.ring.floats.as_ptr().addr() % 64) % 64 / 4;
-        let start = skip + at * PACK_FLOATS;
-        &mut self.ring.floats[start..start + PACK_FLOATS]
+        on_line(&mut self.ring.floats, at * PACK_FLOATS, PACK_FLOATS)
     }
+}
+
+/// `len` floats of `v` from its `start`-th float counted from its first cache line (`v` holds
+/// a line's slack, 15 floats, past them).
+fn on_line(v: &mut [f32], start: usize, len: usize) -> &mut [f32] {
+    // Floats to the first cache line (a `Vec<f32>` starts on 4 bytes at least).
+    let skip = (64 - v.as_ptr().addr() % 64) % 64 / 4;
+    &mut v[skip + start..skip + start + len]
 }
 
 /// Tokens per block of a call of `t` activation rows of `cols` on `isa`: where the outer nest
@@ -499,8 +504,7 @@ mod tests {
                         })
                         .collect();
                     let mut floats = vec![f32::NAN; at + 15];
-                    let skip = (64 - floats.as_ptr().addr() % 64) % 64 / 4;
-                    let buf = &mut floats[skip..skip + at];
+                    let buf = on_line(&mut floats, 0, at);
                     pool.install(|| fill(isa, &fills, buf));
                     for f in &fills {
                         let (_, groups) = pack_size(f.tokens, f.cols);

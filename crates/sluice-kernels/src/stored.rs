@@ -29,7 +29,8 @@
 //! accumulators are register pairs, one 8-lane half of a step at a time; at 2 rows bf16 ran
 //! 2.9× and int8 1.6× as fast as the buffered few-row nest (session 26); FP8 up to 6 rows
 //! (its own tile of 16 codes widened through halves, folded a half step at a time; a layer
-//! from memory at 2 to 4 rows 1.13–1.99×, session 39, and 5 / 6 rows 1.22–1.31×, session 40); MXFP4 up to 8 rows and INT4 up to 6 in
+//! from memory at 2 to 4 rows 1.13–1.99×, session 39, and 5 / 6 rows 1.22–1.31×, session
+//! 40); MXFP4 up to 8 rows and INT4 up to 6 in
 //! `arch::avx2::fold_nibble_tile`, a row at a time over the span (two rows' accumulators, a
 //! block's four widened registers and the decoder's tables spilled out of the 16 registers),
 //! 1.10–1.98× and 1.03–1.79× (session 39).
