@@ -17,6 +17,7 @@ mod finite;
 pub mod gpt_oss;
 pub(crate) mod grouped;
 pub mod kimi_k3;
+mod latent_parts;
 pub mod linear;
 pub mod qwen3;
 pub mod qwen3_moe;

@@ -26,8 +26,9 @@
 use super::config::DeepseekV3Config;
 use super::weights::{AttnWeights, QProj};
 use super::{mm, Rope};
-use crate::grouped::{latent_heads, latent_part, with_heads_widened, Work};
+use crate::grouped::Work;
 use crate::kimi_k3::state::MlaLayer;
+use crate::latent_parts::{latent_heads, latent_part, with_heads_widened};
 use crate::spine::TensorBytes;
 use sluice_kernels::latent::{self, LANES};
 use sluice_kernels::ops::rms_norm;

@@ -193,7 +193,12 @@ impl DeepseekV3 {
         );
         MemoryNeeds {
             spine: self.dense_weight_bytes(),
-            state_fixed: crate::grouped::widened_bytes(threads, h, c.qk_nope_head_dim + vd, kl),
+            state_fixed: crate::latent_parts::widened_bytes(
+                threads,
+                h,
+                c.qk_nope_head_dim + vd,
+                kl,
+            ),
             state_per_position: (c.num_hidden_layers * (kl + rd) * 4) as u64,
             pass_per_row,
             prefill_per_row,

@@ -32,7 +32,7 @@ impl KimiK3 {
         let inv = inventory(&self.ckpt, c);
         let threads = sluice_kernels::pool::with_current(sluice_kernels::pool::Pool::threads);
         let mla = (0..c.num_hidden_layers).any(|i| c.attn_kind(i) == AttnKind::Mla);
-        let w_uk = crate::grouped::widened_bytes(
+        let w_uk = crate::latent_parts::widened_bytes(
             threads,
             c.num_attention_heads,
             c.qk_nope_head_dim,
