@@ -5,7 +5,8 @@ slice, or a GPT-OSS / Qwen3-MoE one (gpt-oss-20b and Qwen3-30B-A3B are what peop
 Every measurement is a fresh process and the two engines alternate (sluice, llama.cpp, sluice, ...)
 within each of --runs ROUNDS, so the drift of a shared machine hits both alike; each round is:
 
-- decode:  an 8-id prompt, then TG one-token passes, model in memory (page cache warm);
+- decode:  an 8-id prompt, then TG one-token passes, model in memory (each engine's run starts
+           from its own files in the page cache, the other engine's dropped);
 - prefill: a PP-id prompt in one pass, model in memory;
 - context: the PP-id prompt, then TG one-token passes after it (decode at a long context: each
            pass's attention reads PP cached positions), model in memory (not a default part);
@@ -97,11 +98,20 @@ def drop_pages(paths):
 
 
 def warm_pages(paths):
-    """Reads every file once so both engines start from the page cache in memory runs."""
+    """Reads every file once, into the page cache."""
     for p in paths:
         with open(p, "rb") as f:
             while f.read(16 << 20):
                 pass
+
+
+def cache_only(own, other):
+    """Drops the other engine's cached pages, then reads the running engine's files once: an
+    in-memory run starts from its own model in the page cache, also where memory cannot hold
+    both engines' files (there, reading both in turn left the first one read partly evicted: a
+    sluice decode round ran at 0.75x, its experts read from disk again during the pass)."""
+    drop_pages(other)
+    warm_pages(own)
 
 
 class Cgroup:
@@ -306,8 +316,8 @@ def main():
         fail(f"the default cgroup rule is the full Kimi K3's; a {cfg['architectures'][0]} slice "
              "needs --cgroup-bytes (or --parts decode,prefill)")
     expert, other = safetensors_bytes(a.model)
-    files = [os.path.join(a.model, f) for f in os.listdir(a.model) if f.endswith(".safetensors")]
-    files.append(a.gguf)
+    shards = [os.path.join(a.model, f) for f in os.listdir(a.model) if f.endswith(".safetensors")]
+    files = shards + [a.gguf]
     limit = a.cgroup_bytes or int(other + K3_EXPERT_SHARE * expert)
     a.sluice_memory = a.sluice_memory or limit - (256 << 20)
     rule = ("--cgroup-bytes (given)" if a.cgroup_bytes else
@@ -343,8 +353,6 @@ def main():
         load = {"before": os.getloadavg()}
         print(f"peer_bench: round {rnd + 1}/{a.runs}, load average {load['before']}",
               file=sys.stderr)
-        if "decode" in parts or "prefill" in parts:
-            warm_pages(files)
         jobs = []
         if "decode" in parts:
             jobs.append(("decode", short, a.tg + 1, False))
@@ -362,6 +370,10 @@ def main():
                 if limited:
                     drop_pages(files)
                     cg = Cgroup(limit, f"{rnd}-{engine}")
+                elif engine == "sluice":
+                    cache_only(shards, [a.gguf])
+                else:
+                    cache_only([a.gguf], shards)
                 try:
                     r = fn(a, ids, n_new, cg)
                     if cg:
