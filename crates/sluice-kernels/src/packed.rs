@@ -202,6 +202,7 @@ impl Lent<'_> {
         // A cache line's slack ([`pool_scratch_bytes`] charges it): the buffers start on one.
         let floats = self.buffers * PACK_FLOATS + 15;
         if self.ring.floats.len() != floats {
+            // The old buffers go before the new ones are made, so the two never coexist.
             self.ring.floats = Vec::new();
             self.ring.floats = vec![0.0; floats];
         }
